@@ -1,0 +1,5 @@
+import sys
+
+from zlayout.cli import main
+
+sys.exit(main())

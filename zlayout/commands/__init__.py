@@ -1,0 +1,1 @@
+"""Subcommands of the command line, one module each (see zlayout/cli.py)."""

@@ -1,0 +1,54 @@
+"""One immutable plan: every layout's memory, communication and step time, break-even sizes
+and the recommendation. This is the object the CLI prints and the TUI displays."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zlayout.core.breakeven import BreakEven, break_even
+from zlayout.core.comm import CommEstimate, estimate_comm
+from zlayout.core.memory import MemoryEstimate, estimate_memory
+from zlayout.core.recommend import Recommendation, recommend
+from zlayout.core.steptime import StepTimeEstimate, estimate_step_time
+from zlayout.spec import Layout, PlanInput, all_layouts
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutPlan:
+    layout: Layout
+    memory: MemoryEstimate
+    comm: CommEstimate
+    time: StepTimeEstimate
+    breakeven: BreakEven | None
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    input: PlanInput
+    layouts: tuple[LayoutPlan, ...]
+    recommendation: Recommendation
+
+    def for_layout(self, layout: Layout) -> LayoutPlan:
+        for lp in self.layouts:
+            if lp.layout == layout:
+                return lp
+        raise KeyError(layout.key)
+
+
+def plan_layout(inp: PlanInput, layout: Layout, with_breakeven: bool = True) -> LayoutPlan:
+    memory = estimate_memory(inp, layout)
+    comm = estimate_comm(inp, layout)
+    return LayoutPlan(
+        layout=layout,
+        memory=memory,
+        comm=comm,
+        time=estimate_step_time(inp, layout, comm),
+        breakeven=break_even(inp, layout) if with_breakeven else None,
+    )
+
+
+def make_plan(inp: PlanInput, layouts: tuple[Layout, ...] | None = None,
+              with_breakeven: bool = True) -> Plan:
+    chosen = layouts if layouts is not None else all_layouts()
+    planned = tuple(plan_layout(inp, layout, with_breakeven) for layout in chosen)
+    return Plan(input=inp, layouts=planned, recommendation=recommend(inp, planned))

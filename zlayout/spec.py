@@ -1,0 +1,233 @@
+"""Validated inputs: the model, the hardware, the training setup, DeepSpeed's knobs, the layout.
+
+Everything the planner computes is a pure function of a `PlanInput`. Every model here is
+frozen, so a plan can be cached and compared, and every validator says what to type instead.
+Sizes are bytes, bandwidths GB/s (1e9 bytes per second), rates FLOP/s.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Stage = Literal[0, 1, 2, 3]
+Device = Literal["gpu", "cpu", "nvme"]
+Precision = Literal["bf16", "fp16", "fp32"]
+Checkpointing = Literal["none", "full"]
+MlpKind = Literal["gelu", "swiglu"]
+NormKind = Literal["layernorm", "rmsnorm"]
+
+GiB = 2**30
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ModelSpec(Frozen):
+    """A decoder-only transformer, described by its architecture."""
+
+    name: str = "custom"
+    family: str | None = None
+    layers: int = Field(gt=0)
+    hidden: int = Field(gt=0)
+    heads: int = Field(gt=0)
+    kv_heads: int | None = Field(default=None, gt=0, description="defaults to heads (no GQA)")
+    ffn: int | None = Field(default=None, gt=0, description="MLP inner size; defaults to 4*hidden")
+    vocab: int = Field(gt=0)
+    mlp: MlpKind = "gelu"
+    norm: NormKind = "layernorm"
+    bias: bool = True
+    tie_embeddings: bool = False
+
+    @model_validator(mode="after")
+    def _shape_is_consistent(self) -> "ModelSpec":
+        if self.hidden % self.heads:
+            raise ValueError(
+                f"hidden ({self.hidden}) must be divisible by heads ({self.heads}); "
+                f"try --heads {_nearest_divisor(self.hidden, self.heads)}"
+            )
+        if self.heads % self.num_kv_heads:
+            raise ValueError(
+                f"heads ({self.heads}) must be a multiple of kv-heads ({self.num_kv_heads})"
+            )
+        return self
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.kv_heads or self.heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def ffn_size(self) -> int:
+        return self.ffn or 4 * self.hidden
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def layer_params(self) -> int:
+        """Parameters of one transformer block (exact, counting biases and norms)."""
+        h, kv, f = self.hidden, self.kv_size, self.ffn_size
+        attn = h * (h + 2 * kv) + h * h
+        mlp = (3 if self.mlp == "swiglu" else 2) * h * f
+        norms = 2 * (2 * h if self.norm == "layernorm" else h)
+        biases = (h + 2 * kv) + h + ((2 if self.mlp == "swiglu" else 1) * f + h) if self.bias else 0
+        return attn + mlp + norms + biases
+
+    def embedding_params(self) -> int:
+        return self.vocab * self.hidden
+
+    def head_params(self) -> int:
+        return 0 if self.tie_embeddings else self.vocab * self.hidden
+
+    def final_norm_params(self) -> int:
+        return 2 * self.hidden if self.norm == "layernorm" else self.hidden
+
+    @property
+    def params(self) -> int:
+        return (self.layers * self.layer_params() + self.embedding_params()
+                + self.head_params() + self.final_norm_params())
+
+    def largest_tensor_numel(self) -> int:
+        """The largest single parameter (sizes DeepSpeed's stage-3 fetch of one module)."""
+        h = self.hidden
+        return max(self.vocab * h, h * (h + 2 * self.kv_size), self.ffn_size * h)
+
+
+def _nearest_divisor(n: int, near: int) -> int:
+    divisors = [d for d in range(1, n + 1) if n % d == 0]
+    return min(divisors, key=lambda d: (abs(d - near), d))
+
+
+class GpuSpec(Frozen):
+    name: str
+    memory_bytes: int = Field(gt=0)
+    peak_bf16_flops: float = Field(gt=0, description="dense bf16 tensor-core FLOP/s")
+    hbm_gbps: float = Field(default=3350.0, gt=0)
+    pcie_gbps: float = Field(default=55.0, gt=0, description="host<->device copy bandwidth achieved")
+    cuda_context_bytes: int = Field(default=int(0.55 * GiB), ge=0,
+                                    description="CUDA context + cuBLAS/NCCL workspaces outside the allocator")
+
+
+class LinkSpec(Frozen):
+    name: str
+    bandwidth_gbps: float = Field(gt=0, description="per-GPU unidirectional bandwidth, GB/s")
+    latency_us: float = Field(default=5.0, ge=0)
+    efficiency: float = Field(default=0.8, gt=0, le=1, description="achieved bus bandwidth / nominal")
+
+
+class HardwareSpec(Frozen):
+    gpu: GpuSpec
+    gpus_per_node: int = Field(gt=0)
+    nodes: int = Field(default=1, gt=0)
+    intra_link: LinkSpec
+    inter_link: LinkSpec | None = None
+    host_ram_bytes: int = Field(default=2048 * GiB, gt=0, description="per node")
+    host_mem_gbps: float = Field(default=200.0, gt=0, description="host memory bandwidth per node")
+    nvme_bytes: int = Field(default=0, ge=0, description="per node")
+    nvme_gbps: float = Field(default=6.0, gt=0, description="per node, read/write")
+
+    @property
+    def world(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+    @model_validator(mode="after")
+    def _multi_node_needs_a_link(self) -> "HardwareSpec":
+        if self.nodes > 1 and self.inter_link is None:
+            raise ValueError("nodes > 1 needs an inter-node link: add --inter-link (e.g. ib-ndr)")
+        return self
+
+
+class TrainingSpec(Frozen):
+    seq: int = Field(gt=0)
+    micro_batch: int = Field(default=1, gt=0)
+    grad_accum: int = Field(default=1, gt=0)
+    precision: Precision = "bf16"
+    checkpointing: Checkpointing = "none"
+    optimizer: Literal["adamw"] = "adamw"
+    flash_attention: bool = True
+
+
+class ZeroKnobs(Frozen):
+    """DeepSpeed's sizing knobs, at DeepSpeed 0.19.8's defaults (users change these)."""
+
+    overlap_comm: bool = True
+    contiguous_gradients: bool = True
+    reduce_bucket_size: int = Field(default=500_000_000, gt=0)
+    allgather_bucket_size: int = Field(default=500_000_000, gt=0)
+    stage3_prefetch_bucket_size: int = Field(default=50_000_000, ge=0)
+    stage3_max_live_parameters: int = Field(default=1_000_000_000, ge=0)
+    stage3_max_reuse_distance: int = Field(default=1_000_000_000, ge=0)
+    stage3_param_persistence_threshold: int = Field(default=100_000, ge=0)
+    sub_group_size: int = Field(default=1_000_000_000, gt=0)
+    pin_memory: bool = True
+    gradient_clipping: float = Field(default=1.0, ge=0)
+
+
+class Layout(Frozen):
+    stage: Stage
+    offload_optimizer: Device = "gpu"
+    offload_param: Device = "gpu"
+
+    @field_validator("offload_optimizer", "offload_param", mode="before")
+    @classmethod
+    def _none_means_gpu(cls, value: object) -> object:
+        return "gpu" if value in (None, "none") else value
+
+    @model_validator(mode="after")
+    def _deepspeed_rules(self) -> "Layout":
+        if self.offload_param != "gpu" and self.stage != 3:
+            raise ValueError(f"parameter offload needs ZeRO stage 3 (got stage {self.stage}): "
+                             "use --stage 3 or --offload-param none")
+        if "nvme" in (self.offload_param, self.offload_optimizer) and self.stage != 3:
+            raise ValueError(f"NVMe offload needs ZeRO stage 3 (got stage {self.stage}): use --stage 3")
+        if self.offload_optimizer != "gpu" and self.stage == 0:
+            raise ValueError("optimizer offload needs ZeRO stage 1 or higher: use --stage 1, 2 or 3")
+        if self.offload_param == "nvme" and self.offload_optimizer == "gpu":
+            raise ValueError("NVMe parameter offload needs the optimizer offloaded too: "
+                             "add --offload-optimizer cpu or nvme")
+        return self
+
+    @property
+    def label(self) -> str:
+        parts = [f"ZeRO-{self.stage}"]
+        if self.offload_optimizer != "gpu":
+            parts.append(f"opt→{self.offload_optimizer}")
+        if self.offload_param != "gpu":
+            parts.append(f"param→{self.offload_param}")
+        return " ".join(parts)
+
+    @property
+    def key(self) -> str:
+        """A stable short id, e.g. 'z3-opt_cpu-param_cpu'."""
+        return f"z{self.stage}-opt_{self.offload_optimizer}-param_{self.offload_param}"
+
+
+def all_layouts() -> tuple[Layout, ...]:
+    """Every layout DeepSpeed accepts, in a stable order."""
+    layouts = [Layout(stage=0)]
+    for stage in (1, 2):
+        layouts += [Layout(stage=stage), Layout(stage=stage, offload_optimizer="cpu")]
+    for opt in ("gpu", "cpu", "nvme"):
+        for param in ("gpu", "cpu", "nvme"):
+            try:
+                layouts.append(Layout(stage=3, offload_optimizer=opt, offload_param=param))
+            except ValueError:
+                continue
+    return tuple(layouts)
+
+
+class PlanInput(Frozen):
+    """Everything a plan depends on."""
+
+    model: ModelSpec
+    hardware: HardwareSpec
+    training: TrainingSpec
+    zero: ZeroKnobs = ZeroKnobs()
+    headroom_fraction: float = Field(default=0.05, ge=0, lt=1,
+                                     description="GPU memory kept free when judging 'fits'")
