@@ -39,6 +39,7 @@ class ModelSpec(Frozen):
     mlp: MlpKind = "gelu"
     norm: NormKind = "layernorm"
     bias: bool = True
+    qkv_bias: bool | None = Field(default=None, description="bias on q/k/v only (Qwen2); defaults to bias")
     tie_embeddings: bool = False
 
     @model_validator(mode="after")
@@ -76,7 +77,10 @@ class ModelSpec(Frozen):
         attn = h * (h + 2 * kv) + h * h
         mlp = (3 if self.mlp == "swiglu" else 2) * h * f
         norms = 2 * (2 * h if self.norm == "layernorm" else h)
-        biases = (h + 2 * kv) + h + ((2 if self.mlp == "swiglu" else 1) * f + h) if self.bias else 0
+        has_qkv_bias = self.bias if self.qkv_bias is None else self.qkv_bias
+        biases = (h + 2 * kv) if has_qkv_bias else 0
+        if self.bias:
+            biases += h + (2 if self.mlp == "swiglu" else 1) * f + h
         return attn + mlp + norms + biases
 
     def embedding_params(self) -> int:
