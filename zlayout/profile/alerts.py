@@ -1,0 +1,80 @@
+"""Alert thresholds derived from the measurement (or the prediction until one exists).
+
+The numbers are what an on-call engineer wires into monitoring; each carries a one-line why,
+so the person paged at 3 a.m. knows what crossing it means and what to look at.
+"""
+
+from __future__ import annotations
+
+from zlayout.profile.schema import (Alerts, Basis, GpuMemoryAlert, HostMemoryAlert, LossSpikeAlert,
+                                    Prediction, StepTimeAlert, Verification)
+from zlayout.spec import GiB, PlanInput
+
+GPU_MEMORY_MARGIN = 0.10
+HOST_MEMORY_MARGIN = 0.15
+HOST_MEMORY_CEILING = 0.95  # of host RAM: above this the kernel's OOM killer is near
+STEP_TIME_FACTOR = 1.25
+LOSS_SPIKE_FACTOR = 2.0
+LOSS_SPIKE_WINDOW_STEPS = 100
+
+
+def _gib(n: float) -> str:
+    return f"{n / GiB:.1f} GiB"
+
+
+def derive_alerts(inp: PlanInput, prediction: Prediction, verification: Verification) -> Alerts:
+    """Thresholds from the validated measurement when there is one, else from the prediction."""
+    measured = verification.measured if verification.status == "validated" else {}
+
+    def pick(key: str, predicted: int | float | None) -> tuple[Basis, int | float | None]:
+        if key in measured:
+            return "measured", measured[key]
+        return "predicted", predicted
+
+    gpu_basis, peak = pick("gpu_peak_allocated_bytes", prediction.gpu_peak_allocated_bytes)
+    used_basis, used = pick("gpu_device_used_bytes", prediction.gpu_device_used_bytes)
+    capacity = prediction.gpu_capacity_bytes
+    peak, used = int(peak), int(used)
+    warn_alloc = min(int(peak * (1 + GPU_MEMORY_MARGIN)), capacity)
+    warn_used = min(int(used * (1 + GPU_MEMORY_MARGIN)), capacity)
+    gpu = GpuMemoryAlert(
+        basis=gpu_basis if gpu_basis == used_basis else "measured",
+        peak_allocated_bytes=peak, warn_allocated_above_bytes=warn_alloc,
+        device_used_bytes=used, warn_device_used_above_bytes=warn_used,
+        capacity_bytes=capacity, margin_fraction=GPU_MEMORY_MARGIN,
+        why=(f"the {gpu_basis} peak is {_gib(peak)} of {_gib(capacity)}; "
+             f"{GPU_MEMORY_MARGIN:.0%} above it something grew (sequence length, batch, a leak) "
+             f"and the next step may run out of memory"),
+    )
+
+    host_basis, host_peak = pick("host_peak_bytes", prediction.host_peak_bytes)
+    host_peak = int(host_peak)
+    host_cap = inp.hardware.host_ram_bytes
+    host = HostMemoryAlert(
+        basis=host_basis, peak_bytes=host_peak,
+        warn_above_bytes=min(int(host_peak * (1 + HOST_MEMORY_MARGIN)), int(host_cap * HOST_MEMORY_CEILING)),
+        capacity_bytes=host_cap, margin_fraction=HOST_MEMORY_MARGIN,
+        why=(f"the {host_basis} host peak is {_gib(host_peak)} per node of {_gib(host_cap)}; "
+             "offload buffers are fixed, so growth means dataloader workers or a leak, "
+             "and the kernel's OOM killer ends the job without a Python traceback"),
+    )
+
+    step_basis, step_s = pick("step_time_s", prediction.step_time_s)
+    step = None
+    if step_s:
+        step = StepTimeAlert(
+            basis=step_basis, step_time_s=float(step_s),
+            warn_above_s=round(float(step_s) * STEP_TIME_FACTOR, 6), factor=STEP_TIME_FACTOR,
+            why=(f"{STEP_TIME_FACTOR}x the {step_basis} step time of {float(step_s):.3g} s: "
+                 "a throttled or failing GPU, a slow link, a straggler node, "
+                 "or host memory swapping under offload"),
+        )
+
+    loss = LossSpikeAlert(
+        window_steps=LOSS_SPIKE_WINDOW_STEPS, factor=LOSS_SPIKE_FACTOR,
+        rule=(f"loss > {LOSS_SPIKE_FACTOR} x its median over the last {LOSS_SPIKE_WINDOW_STEPS} steps, "
+              "or loss not finite"),
+        why=("a spike that size usually precedes divergence: stop, resume from the last "
+             "checkpoint and skip the batch or lower the learning rate"),
+    )
+    return Alerts(gpu_memory=gpu, host_memory=host, step_time=step, loss_spike=loss)

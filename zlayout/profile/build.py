@@ -1,0 +1,193 @@
+"""Making a profile from a plan, and folding a verification result into it.
+
+`build_profile` is what `zlayout export` calls; `attach_verification` is what the verification
+run calls with its result dict. Both return new frozen `Profile`s; nothing here touches files.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Mapping
+
+from pydantic import ValidationError
+
+from zlayout import __version__
+from zlayout.core.plan import plan_layout
+from zlayout.profile.alerts import derive_alerts
+from zlayout.profile.schema import (ChangeEntry, PredictedTerm, Prediction, Profile, RestartDrill,
+                                    RunSettings, Verification, utc_now)
+from zlayout.spec import Layout, PlanInput
+
+
+def predict(inp: PlanInput, layout: Layout) -> Prediction:
+    """The planner's prediction for one layout, as the profile stores it."""
+    lp = plan_layout(inp, layout, with_breakeven=False)
+    mem, time, comm = lp.memory, lp.time, lp.comm
+    return Prediction(
+        planner=f"zlayout {__version__}",
+        gpu_peak_allocated_bytes=mem.gpu_peak_allocated_bytes,
+        gpu_peak_reserved_bytes=mem.gpu_peak_reserved_bytes,
+        gpu_device_used_bytes=mem.gpu_device_used_bytes,
+        host_peak_bytes=mem.host_peak_bytes,
+        nvme_bytes=mem.nvme_bytes,
+        gpu_capacity_bytes=mem.gpu_capacity_bytes,
+        gpu_usable_bytes=mem.gpu_usable_bytes,
+        gpu_headroom_bytes=mem.gpu_headroom_bytes,
+        host_capacity_bytes=mem.host_capacity_bytes,
+        nvme_capacity_bytes=mem.nvme_capacity_bytes,
+        peak_phase=mem.peak_phase,
+        fits=mem.fits, fits_gpu=mem.fits_gpu, fits_host=mem.fits_host, fits_nvme=mem.fits_nvme,
+        step_time_s=time.step_time_s, compute_s=time.compute_s, comm_s=time.comm_s,
+        offload_s=time.offload_s, tokens_per_s=time.tokens_per_s, mfu=time.mfu,
+        intra_node_bytes=comm.intra_node_bytes, inter_node_bytes=comm.inter_node_bytes,
+        pcie_bytes=comm.pcie_bytes, nvme_read_bytes=comm.nvme_read_bytes,
+        nvme_write_bytes=comm.nvme_write_bytes,
+        terms=[PredictedTerm(name=t.name, where=t.where, bytes=t.bytes, category=t.category,
+                             explanation=t.explanation) for t in mem.terms],
+    )
+
+
+def default_name(inp: PlanInput, layout: Layout) -> str:
+    hw = inp.hardware
+    return f"{inp.model.name}-{hw.world}x{hw.gpu.name}-{layout.key}"
+
+
+def describe(inp: PlanInput, layout: Layout) -> str:
+    hw = inp.hardware
+    nodes = f"{hw.nodes} nodes of " if hw.nodes > 1 else ""
+    return f"{layout.label} for {inp.model.name} on {nodes}{hw.gpus_per_node}x {hw.gpu.name}"
+
+
+def build_profile(inp: PlanInput, layout: Layout, *, name: str | None = None,
+                  description: str | None = None, run: RunSettings | None = None,
+                  why: str | None = None, previous: Profile | None = None,
+                  now: datetime | None = None) -> Profile:
+    """A fresh, unverified profile for `layout`.
+
+    With `previous` (the profile being replaced) its change log is kept and this export is
+    appended with the before/after figures, so the file remembers why the layout changed.
+    """
+    when = now or utc_now()
+    prediction = predict(inp, layout)
+    verification = Verification()
+    if previous is not None:
+        before = _figures(previous)
+        entry = ChangeEntry(
+            when=when, why=why or f"re-exported: {describe(inp, layout)}", basis="predicted",
+            layout_before=previous.layout.label, layout_after=layout.label,
+            gpu_peak_bytes_before=before[0], gpu_peak_bytes_after=prediction.gpu_peak_allocated_bytes,
+            host_peak_bytes_before=before[1], host_peak_bytes_after=prediction.host_peak_bytes,
+            step_time_s_before=before[2], step_time_s_after=prediction.step_time_s)
+        changelog = [*previous.changelog, entry]
+        run = run or previous.run
+    else:
+        changelog = [ChangeEntry(
+            when=when, why=why or f"exported: {describe(inp, layout)}", basis="predicted",
+            layout_after=layout.label,
+            gpu_peak_bytes_after=prediction.gpu_peak_allocated_bytes,
+            host_peak_bytes_after=prediction.host_peak_bytes,
+            step_time_s_after=prediction.step_time_s)]
+    return Profile(
+        name=name or default_name(inp, layout),
+        description=description or describe(inp, layout),
+        zlayout_version=__version__,
+        inputs=inp, layout=layout, run=run or RunSettings(),
+        prediction=prediction, verification=verification, changelog=changelog,
+        alerts=derive_alerts(inp, prediction, verification),
+    )
+
+
+def _figures(profile: Profile) -> tuple[int, int, float | None]:
+    """(GPU peak, host peak, step time) as best known: measured when validated."""
+    p = profile.prediction
+    m = profile.verification.measured if profile.verification.status == "validated" else {}
+    step = m.get("step_time_s", p.step_time_s)
+    return (int(m.get("gpu_peak_allocated_bytes", p.gpu_peak_allocated_bytes)),
+            int(m.get("host_peak_bytes", p.host_peak_bytes)),
+            None if step is None else float(step))
+
+
+def _numbers(block: Mapping[str, Any] | None) -> dict[str, int | float]:
+    """Numeric figures only (bools and None dropped: TOML can hold neither as a figure)."""
+    out: dict[str, int | float] = {}
+    for key, value in (block or {}).items():
+        if isinstance(value, bool) or value is None:
+            continue
+        if isinstance(value, (int, float)):
+            out[str(key)] = value
+    return out
+
+
+def _gpus_text(gpus: Any) -> tuple[str | None, int | None]:
+    if gpus is None:
+        return None, None
+    if isinstance(gpus, (list, tuple)):
+        names = [str(g) for g in gpus]
+        if not names:
+            return None, 0
+        if len(set(names)) == 1:
+            return f"{len(names)}x {names[0]}", len(names)
+        return ", ".join(names), len(names)
+    return str(gpus), None
+
+
+def attach_verification(profile: Profile, result: Mapping[str, Any],
+                        now: datetime | None = None) -> Profile:
+    """Fold a verification run's result into the profile.
+
+    `result` is the verification run's dict: `status` (validated|unverified|failed|does-not-fit),
+    `measured` and `predicted` figures (gpu_peak_allocated_bytes, gpu_peak_reserved_bytes,
+    host_peak_bytes, step_time_s, tokens_per_s, ...), optional `restart_drill`
+    {resumed_ok, resume_s} and `environment` {gpus, gpu_count, driver, cuda, torch, deepspeed},
+    optional `when` (datetime or ISO string), `steps`, `message`. Fills [verification] and
+    [restart_drill], recomputes [alerts] from the measurement and appends a change-log entry.
+    Raises ValueError naming the bad field.
+    """
+    env = dict(result.get("environment") or {})
+    measured = _numbers(result.get("measured"))
+    predicted = _numbers(result.get("predicted")) or profile.prediction.figures()
+    errors = {k: round((predicted[k] - v) / v, 6) for k, v in measured.items()
+              if k in predicted and v}
+    gpus, count = _gpus_text(env.get("gpus"))
+    fields = {
+        "status": result.get("status"),
+        "when": result.get("when") or env.get("when") or now or utc_now(),
+        "gpus": gpus, "gpu_count": env.get("gpu_count", count),
+        "driver": env.get("driver"), "cuda": env.get("cuda"),
+        "torch": env.get("torch"), "deepspeed": env.get("deepspeed"),
+        "steps": result.get("steps"), "message": result.get("message"),
+        "measured": measured, "predicted": predicted, "error_fraction": errors,
+    }
+    fields = {k: (str(v) if k in ("driver", "cuda", "torch", "deepspeed") and v is not None else v)
+              for k, v in fields.items() if v is not None}
+    try:
+        verification = Verification(**fields)
+        drill_block = result.get("restart_drill")
+        drill = (RestartDrill(**{k: v for k, v in dict(drill_block).items()
+                                 if k in RestartDrill.model_fields and v is not None})
+                 if drill_block else profile.restart_drill)
+    except ValidationError as exc:
+        from zlayout.profile.store import describe_validation_error
+
+        raise ValueError(f"verification result: {describe_validation_error(exc)}") from None
+
+    before = _figures(profile)
+    after_gpu = int(measured.get("gpu_peak_allocated_bytes", profile.prediction.gpu_peak_allocated_bytes))
+    after_host = int(measured.get("host_peak_bytes", profile.prediction.host_peak_bytes))
+    after_step = measured.get("step_time_s", profile.prediction.step_time_s)
+    where = f" on {verification.gpus}" if verification.gpus else ""
+    entry = ChangeEntry(
+        when=verification.when, why=f"verification {verification.status}{where}"
+        + (f": {verification.message}" if verification.message else ""),
+        basis="measured" if measured else "predicted",
+        layout_before=profile.layout.label, layout_after=profile.layout.label,
+        gpu_peak_bytes_before=before[0], gpu_peak_bytes_after=after_gpu,
+        host_peak_bytes_before=before[1], host_peak_bytes_after=after_host,
+        step_time_s_before=before[2],
+        step_time_s_after=None if after_step is None else float(after_step))
+    return profile.model_copy(update={
+        "verification": verification,
+        "restart_drill": drill,
+        "alerts": derive_alerts(profile.inputs, profile.prediction, verification),
+        "changelog": [*profile.changelog, entry],
+    })

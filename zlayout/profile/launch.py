@@ -1,0 +1,131 @@
+"""Launch scripts beside the profile: DeepSpeed's launcher, torchrun, and SLURM (srun + torchrun).
+
+Each runs the team's own training script, `${TRAIN_SCRIPT:-train.py}`, with
+`--deepspeed_config ds_config.json`; the script must hand that file to `deepspeed.initialize`
+(`deepspeed.add_config_arguments(parser)` adds the flag). zlayout ships no training script.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from zlayout.profile.schema import Profile
+
+DEEPSPEED_SCRIPT = "launch_deepspeed.sh"
+TORCHRUN_SCRIPT = "launch_torchrun.sh"
+SLURM_SCRIPT = "launch_slurm.sbatch"
+
+
+def _header(profile: Profile, how: str) -> str:
+    hw = profile.inputs.hardware
+    train = shlex.quote(profile.run.train_script)
+    description, name = " ".join(profile.description.split()), " ".join(profile.name.split())
+    lines = [
+        "#!/usr/bin/env bash",
+        f"# {description}",
+        f"# {how}. Written by zlayout {profile.zlayout_version} from profile.toml ({name});",
+        "# re-export the profile rather than editing this file by hand.",
+        "#",
+        f"# It runs YOUR training script: TRAIN_SCRIPT (default {train}) with",
+        "#   --deepspeed_config ds_config.json",
+        "# and any arguments given to this script. The training script must pass that file to",
+        "# deepspeed.initialize (deepspeed.add_config_arguments(parser) adds the flag).",
+        f"# Hardware: {hw.nodes} node(s) x {hw.gpus_per_node} {hw.gpu.name} GPUs = {hw.world} processes.",
+    ]
+    if "nvme" in (profile.layout.offload_optimizer, profile.layout.offload_param):
+        lines.append(f"# NVMe offload: {profile.run.nvme_path} must exist and be writable on every node.")
+    return "\n".join(lines) + "\n"
+
+
+_FIND_CONFIG = (
+    'PROFILE_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n'
+    'DS_CONFIG="${DS_CONFIG:-$PROFILE_DIR/ds_config.json}"\n'
+)
+
+
+def deepspeed_script(profile: Profile) -> str:
+    hw, run = profile.inputs.hardware, profile.run
+    train = shlex.quote(run.train_script)
+    out = _header(profile, "Launch with DeepSpeed's launcher (`deepspeed`)")
+    if hw.nodes > 1:
+        out += (
+            "# Multi-node: HOSTFILE lists one node per line as 'hostname slots=GPUS'\n"
+            f"# ({hw.nodes} lines, slots={hw.gpus_per_node}); the launcher reaches the nodes over ssh.\n"
+        )
+    out += "set -euo pipefail\n" + _FIND_CONFIG
+    out += f'TRAIN_SCRIPT="${{TRAIN_SCRIPT:-{train}}}"\n\n'
+    if hw.nodes > 1:
+        out += (
+            f'exec deepspeed --hostfile "${{HOSTFILE:-hostfile}}" --num_nodes {hw.nodes} '
+            f"--num_gpus {hw.gpus_per_node} \\\n"
+            f'    --master_port "${{MASTER_PORT:-{run.master_port}}}" \\\n'
+        )
+    else:
+        out += (
+            f"exec deepspeed --num_gpus {hw.gpus_per_node} "
+            f'--master_port "${{MASTER_PORT:-{run.master_port}}}" \\\n'
+        )
+    out += '    "$TRAIN_SCRIPT" --deepspeed_config "$DS_CONFIG" "$@"\n'
+    return out
+
+
+def torchrun_script(profile: Profile) -> str:
+    hw, run = profile.inputs.hardware, profile.run
+    train = shlex.quote(run.train_script)
+    out = _header(profile, "Launch with torchrun (one process per GPU)")
+    out += "# The training script reads LOCAL_RANK from the environment (torchrun sets it).\n"
+    if hw.nodes > 1:
+        out += (
+            f"# Multi-node: run this once on each of the {hw.nodes} nodes with NODE_RANK=0..{hw.nodes - 1}\n"
+            "# and MASTER_ADDR set to node 0's address.\n"
+        )
+    out += "set -euo pipefail\n" + _FIND_CONFIG
+    out += f'TRAIN_SCRIPT="${{TRAIN_SCRIPT:-{train}}}"\n\n'
+    if hw.nodes > 1:
+        out += (
+            f"exec torchrun --nnodes {hw.nodes} --nproc_per_node {hw.gpus_per_node} "
+            '--node_rank "${NODE_RANK:?set NODE_RANK to this node\'s index}" \\\n'
+            '    --rdzv_backend c10d --rdzv_id "${RDZV_ID:-zlayout}" '
+            f'--rdzv_endpoint "${{MASTER_ADDR:?set MASTER_ADDR to node 0}}:${{MASTER_PORT:-{run.master_port}}}" \\\n'
+        )
+    else:
+        out += (
+            f"exec torchrun --standalone --nproc_per_node {hw.gpus_per_node} \\\n"
+        )
+    out += '    "$TRAIN_SCRIPT" --deepspeed_config "$DS_CONFIG" "$@"\n'
+    return out
+
+
+def slurm_script(profile: Profile) -> str:
+    hw, run = profile.inputs.hardware, profile.run
+    train = shlex.quote(run.train_script)
+    job = "".join(c if c.isalnum() or c in "-_." else "-" for c in profile.name)[:60]
+    out = _header(profile, "Submit with `sbatch launch_slurm.sbatch`: srun starts one torchrun per node")
+    out += (
+        "# sbatch runs a copy of this file, so ds_config.json is found through the directory you\n"
+        "# submit from: cd into the profile's directory first, or set DS_CONFIG=/path/ds_config.json.\n"
+        f"#SBATCH --job-name={job}\n"
+        f"#SBATCH --nodes={hw.nodes}\n"
+        "#SBATCH --ntasks-per-node=1\n"
+        f"#SBATCH --gpus-per-node={hw.gpus_per_node}\n"
+        "#SBATCH --exclusive\n"
+        "set -euo pipefail\n"
+        'DS_CONFIG="${DS_CONFIG:-${SLURM_SUBMIT_DIR:-$PWD}/ds_config.json}"\n'
+        f'TRAIN_SCRIPT="${{TRAIN_SCRIPT:-{train}}}"\n'
+        'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"\n'
+        f'MASTER_PORT="${{MASTER_PORT:-{run.master_port}}}"\n\n'
+        "srun --ntasks-per-node=1 --kill-on-bad-exit=1 \\\n"
+        f'    torchrun --nnodes "$SLURM_NNODES" --nproc_per_node {hw.gpus_per_node} \\\n'
+        '    --rdzv_backend c10d --rdzv_id "$SLURM_JOB_ID" --rdzv_endpoint "$MASTER_ADDR:$MASTER_PORT" \\\n'
+        '    "$TRAIN_SCRIPT" --deepspeed_config "$DS_CONFIG" "$@"\n'
+    )
+    return out
+
+
+def launch_scripts(profile: Profile) -> dict[str, str]:
+    """File name -> script text, for every launcher."""
+    return {
+        DEEPSPEED_SCRIPT: deepspeed_script(profile),
+        TORCHRUN_SCRIPT: torchrun_script(profile),
+        SLURM_SCRIPT: slurm_script(profile),
+    }
