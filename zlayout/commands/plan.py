@@ -1,0 +1,83 @@
+"""`zlayout plan`: memory, step time and fit for one layout (--stage) or every layout.
+
+With --json, one JSON object: for one layout its figures at the top level (`params`,
+`gpu_peak_allocated_bytes`, `gpu_peak_reserved_bytes`, `host_peak_bytes`, `fits`,
+`step_time_s`, the memory terms, comm and time); for every layout a `layouts` list of those.
+Both carry the recommendation over every layout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from zlayout.cli import add_plan_arguments, layout_from_args, plan_input_from_args
+from zlayout.core.plan import Plan, make_plan
+from zlayout.core.serialize import layout_plan_dict, model_dict, recommendation_dict
+from zlayout.spec import GiB
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("plan", help="memory per GPU/host/NVMe, fit and step time per layout",
+                            description=__doc__.splitlines()[0])
+    add_plan_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    inp = plan_input_from_args(args)
+    layout = layout_from_args(args)
+    # Every layout is evaluated (cheaply, without break-even) so the recommendation is real.
+    plan = make_plan(inp, with_breakeven=False)
+    if args.json:
+        print(json.dumps(plan_json(plan, layout), indent=None))
+    else:
+        print(plan_table(plan, layout))
+    return 0
+
+
+def plan_json(plan: Plan, layout=None) -> dict:
+    base = {"params": plan.input.model.params, "model": model_dict(plan),
+            "world": plan.input.hardware.world, "gpu": plan.input.hardware.gpu.name,
+            "recommendation": recommendation_dict(plan)}
+    if layout is not None:
+        return {**base, **layout_plan_dict(plan.for_layout(layout))}
+    return {**base, "layouts": [layout_plan_dict(lp) for lp in plan.layouts]}
+
+
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / GiB:8.2f}"
+
+
+def plan_table(plan: Plan, layout=None) -> str:
+    inp = plan.input
+    m, hw, t = inp.model, inp.hardware, inp.training
+    lines = [
+        f"{m.name}: {m.params / 1e9:.2f}B params (L{m.layers} h{m.hidden} heads {m.heads}"
+        f"{f'/{m.num_kv_heads} kv' if m.num_kv_heads != m.heads else ''} ffn {m.ffn_size} vocab {m.vocab})",
+        f"{hw.nodes} x {hw.gpus_per_node} {hw.gpu.name} ({hw.gpu.memory_bytes / GiB:.0f} GiB), "
+        f"seq {t.seq}, micro-batch {t.micro_batch}, accumulation {t.grad_accum}, {t.precision}, "
+        f"checkpointing {t.checkpointing}",
+        "",
+    ]
+    chosen = [plan.for_layout(layout)] if layout is not None else list(plan.layouts)
+    header = f"{'layout':26} {'GPU alloc':>9} {'reserved':>9} {'device':>9} {'headroom':>9} " \
+             f"{'host/node':>10} {'NVMe':>8} {'step s':>7}  fits"
+    lines += [header + "   (GiB)", "-" * len(header)]
+    rec = plan.recommendation.layout
+    for lp in chosen:
+        mem = lp.memory
+        mark = " <- recommended" if lp.layout == rec else ""
+        fits = "yes" if mem.fits else f"no ({mem.limited_by})"
+        lines.append(
+            f"{lp.layout.label:26} {_gib(mem.gpu_peak_allocated_bytes):>9} {_gib(mem.gpu_peak_reserved_bytes):>9} "
+            f"{_gib(mem.gpu_device_used_bytes):>9} {mem.gpu_headroom_fraction * 100:8.1f}% "
+            f"{_gib(mem.host_peak_bytes):>10} {_gib(mem.nvme_bytes):>8} {lp.time.step_time_s:7.3f}  {fits}{mark}")
+    if layout is not None:
+        mem = chosen[0].memory
+        lines += ["", f"Terms (peak in the {mem.peak_phase} phase):"]
+        for term in mem.terms:
+            lines.append(f"  {term.where:4} {term.name:30} {_gib(term.bytes)} GiB  {term.explanation}")
+    lines += ["", f"Recommendation: {plan.recommendation.reason}"]
+    lines += [f"  - {s}" for s in plan.recommendation.suggestions]
+    return "\n".join(lines)
