@@ -1,0 +1,252 @@
+"""Measured against predicted: the verification result and its verdict (no torch here).
+
+The workers leave one report per rank (`<out>.rank<r>.json`); this module folds them into
+the figures the planner predicts, computes the error of each in percent and decides:
+
+- `validated`: the run completed and the measured peak allocated GPU memory is within
+  `TOLERANCE_FRACTION` of the prediction (the memory model's stated tolerance);
+- `mismatch`: the run completed but the peak is further off than that (the plan is wrong);
+- `does-not-fit`: a rank ran out of GPU memory (a result, not a crash);
+- `failed`: anything else, with its cause (the rank's error and the last lines of output);
+- `cancelled`: stopped by the user;
+- `cpu-ok`: CPU mode ran end to end; no GPU memory to compare, so nothing is validated.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Iterable
+
+from zlayout.core.plan import plan_layout
+from zlayout.spec import GiB, Layout, PlanInput
+
+TOLERANCE_FRACTION = 0.10
+DRILL_LOSS_TOLERANCE = 1e-3  # relative; bitwise equality is reported separately as loss_exact
+
+STATUSES = ("validated", "mismatch", "does-not-fit", "failed", "cancelled", "cpu-ok")
+
+
+def predicted_figures(inp: PlanInput, layout: Layout) -> dict[str, Any]:
+    """What the planner says this layout will measure (per GPU, per node for the host)."""
+    lp = plan_layout(inp, layout, with_breakeven=False)
+    mem, time = lp.memory, lp.time
+    return {
+        "params": inp.model.params,
+        "gpu_peak_allocated_bytes": mem.gpu_peak_allocated_bytes,
+        "gpu_peak_reserved_bytes": mem.gpu_peak_reserved_bytes,
+        "gpu_device_used_bytes": mem.gpu_device_used_bytes,
+        "host_peak_bytes": mem.host_peak_bytes,
+        "nvme_bytes": mem.nvme_bytes,
+        "fits": mem.fits,
+        "peak_phase": mem.peak_phase,
+        "step_time_s": time.step_time_s,
+        "tokens_per_s": time.tokens_per_s,
+        "tflops_per_gpu": _tflops_per_gpu(inp, time.step_time_s),
+    }
+
+
+def _tflops_per_gpu(inp: PlanInput, step_time_s: float | None) -> float | None:
+    """Achieved model TFLOP/s per GPU, 6 * params * tokens per GPU / step time (as MFU counts)."""
+    if not step_time_s:
+        return None
+    t = inp.training
+    tokens_per_gpu = t.seq * t.micro_batch * t.grad_accum
+    return 6 * inp.model.params * tokens_per_gpu / step_time_s / 1e12
+
+
+def _max(values: Iterable[Any]) -> Any:
+    present = [v for v in values if v is not None]
+    return max(present) if present else None
+
+
+def measured_figures(inp: PlanInput, reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """Fold per-rank reports into per-GPU figures (the worst rank) and per-node host memory."""
+    ok = [r for r in reports if r.get("steps_run")]
+    world = len(reports)
+    per_step_peak: list[int | None] = []
+    per_step_s: list[float] = []
+    if ok:
+        n_steps = min(len(r["step_s"]) for r in ok)
+        for i in range(n_steps):
+            per_step_peak.append(_max(r["peak_allocated_bytes"][i] for r in ok))
+            per_step_s.append(max(r["step_s"][i] for r in ok))
+    timed = per_step_s[1:] or per_step_s  # the first step pays one-time costs
+    step_time_s = statistics.fmean(timed) if timed else None
+    host_by_node: dict[str, int] = {}
+    for r in reports:
+        if r.get("host_maxrss_bytes") is not None:
+            node = r.get("hostname", "?")
+            host_by_node[node] = host_by_node.get(node, 0) + r["host_maxrss_bytes"]
+    t = inp.training
+    rank0 = next((r for r in reports if r.get("rank") == 0), reports[0] if reports else {})
+    return {
+        "world": world,
+        "params": rank0.get("params"),
+        "after_init_allocated_bytes": _max(r.get("after_init_allocated_bytes") for r in reports),
+        "gpu_peak_allocated_bytes": _max(per_step_peak) if per_step_peak else
+        _max(r.get("max_allocated_bytes_at_failure") for r in reports),
+        "gpu_peak_allocated_bytes_per_step": per_step_peak,
+        "gpu_peak_reserved_bytes": _max(r.get("max_reserved_bytes") for r in reports),
+        "gpu_device_used_bytes": _max(r.get("device_used_bytes") for r in reports),
+        "host_peak_bytes": max(host_by_node.values()) if host_by_node else None,
+        "host_maxrss_bytes_per_rank": [r.get("host_maxrss_bytes") for r in reports],
+        "step_time_s": step_time_s,
+        "step_times_s": per_step_s,
+        "tokens_per_s": (t.seq * t.micro_batch * t.grad_accum * world / step_time_s
+                         if step_time_s else None),
+        "tflops_per_gpu": _tflops_per_gpu(inp, step_time_s),
+        "init_s": _max(r.get("init_s") for r in reports),
+        "losses": rank0.get("losses", []),
+        "steps_run": rank0.get("steps_run", []),
+    }
+
+
+ERROR_FIGURES = ("gpu_peak_allocated_bytes", "gpu_peak_reserved_bytes", "gpu_device_used_bytes",
+                 "host_peak_bytes", "step_time_s", "tokens_per_s", "tflops_per_gpu")
+
+
+def errors_pct(measured: dict[str, Any], predicted: dict[str, Any]) -> dict[str, float | None]:
+    """(predicted - measured) / measured in percent: positive means the plan over-estimates."""
+    errors: dict[str, float | None] = {}
+    for key in ERROR_FIGURES:
+        m, p = measured.get(key), predicted.get(key)
+        errors[key] = round(100.0 * (p - m) / m, 2) if m and p is not None else None
+    return errors
+
+
+def restart_drill_result(first: list[dict[str, Any]], resumed: list[dict[str, Any]],
+                         save_at_step: int, resume_wall_s: float | None) -> dict[str, Any]:
+    """Did the resumed run continue at the saved step with the losses of the uninterrupted one?"""
+    by_rank = {r["rank"]: r for r in first}
+    step_after = _max(r.get("step_resumed") for r in resumed)
+    steps_ok = bool(resumed) and all(r.get("step_resumed") == save_at_step for r in resumed)
+    compared, exact, worst_rel = 0, True, 0.0
+    loss_expected = loss_resumed = None
+    for r in resumed:
+        original = by_rank.get(r["rank"], {})
+        expected = dict(zip(original.get("steps_run", []), original.get("losses", [])))
+        for step, loss in zip(r.get("steps_run", []), r.get("losses", [])):
+            if step not in expected:
+                continue
+            if r["rank"] == 0 and loss_expected is None:
+                loss_expected, loss_resumed = expected[step], loss
+            compared += 1
+            exact &= loss == expected[step]
+            worst_rel = max(worst_rel, abs(loss - expected[step]) / max(abs(expected[step]), 1e-12))
+    losses_ok = compared > 0 and worst_rel <= DRILL_LOSS_TOLERANCE
+    return {
+        "resumed_ok": steps_ok and losses_ok,
+        "resume_s": _max(r.get("resume_s") for r in resumed),
+        "restart_wall_s": resume_wall_s,
+        "save_s": _max(r.get("save_s") for r in first),
+        "step_before": save_at_step,
+        "step_after": step_after,
+        "loss_expected": loss_expected,
+        "loss_resumed": loss_resumed,
+        "loss_exact": exact and compared > 0,
+        "loss_max_rel_diff": worst_rel if compared else None,
+        "losses_compared": compared,
+    }
+
+
+def verdict(reports: list[dict[str, Any]], measured: dict[str, Any], predicted: dict[str, Any],
+            cpu: bool, returncode: int | None, output_tail: list[str], cancelled: bool,
+            expected_ranks: int) -> tuple[str, str | None]:
+    """The status and, unless validated, its cause in one sentence a user can act on."""
+    if cancelled:
+        return "cancelled", "stopped by the user; every rank was killed"
+    oom = [r for r in reports if r.get("status") == "oom"]
+    if oom:
+        r = oom[0]
+        return "does-not-fit", (f"rank {r['rank']} ran out of memory during {r.get('phase')}: "
+                                f"{r.get('error', '')[:300]}")
+    errors = [r for r in reports if r.get("status") == "error"]
+    if errors:
+        r = errors[0]
+        return "failed", f"rank {r['rank']} failed during {r.get('phase')}: {r.get('error', '')[:500]}"
+    done = [r for r in reports if r.get("status") == "ok"]
+    if len(done) < expected_ranks or returncode not in (0, None):
+        tail = "\n".join(output_tail[-20:])
+        return "failed", (f"{len(done)} of {expected_ranks} ranks finished "
+                          f"(launcher exit code {returncode}); last output:\n{tail}")
+    if cpu:
+        return "cpu-ok", "CPU mode: the configuration ran end to end; GPU memory is not measured on CPU"
+    m, p = measured.get("gpu_peak_allocated_bytes"), predicted.get("gpu_peak_allocated_bytes")
+    if not m or p is None:
+        return "failed", "no GPU peak memory was measured"
+    error = (p - m) / m
+    if abs(error) <= TOLERANCE_FRACTION:
+        return "validated", None
+    return "mismatch", (f"measured peak allocated {m / GiB:.2f} GiB, predicted {p / GiB:.2f} GiB "
+                        f"({100 * error:+.1f}%, tolerance ±{100 * TOLERANCE_FRACTION:.0f}%)")
+
+
+def build_result(inp: PlanInput, layout: Layout, reports: list[dict[str, Any]], *,
+                 cpu: bool, returncode: int | None, output_tail: list[str], cancelled: bool = False,
+                 expected_ranks: int, restart_drill: dict[str, Any] | None = None,
+                 environment: dict[str, Any] | None = None,
+                 extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    predicted = predicted_figures(inp, layout)
+    measured = measured_figures(inp, reports) if reports else {}
+    status, cause = verdict(reports, measured, predicted, cpu, returncode, output_tail,
+                            cancelled, expected_ranks)
+    if status == "validated" and restart_drill is not None and not restart_drill.get("resumed_ok"):
+        status, cause = "failed", "the restart drill did not resume where the run stopped"
+    env = dict(environment or {})
+    rank0 = next((r for r in reports if r.get("rank") == 0), {})
+    env.setdefault("torch", rank0.get("torch"))
+    env.setdefault("deepspeed", rank0.get("deepspeed"))
+    env.setdefault("hostname", rank0.get("hostname"))
+    env.setdefault("gpus", [r.get("gpu_name") for r in sorted(reports, key=lambda r: r["rank"])]
+                   if not cpu else [])
+    result = {
+        "status": status,
+        "cause": cause,
+        "mode": "cpu" if cpu else "gpu",
+        "tolerance_pct": 100 * TOLERANCE_FRACTION,
+        "layout": {**layout.model_dump(mode="json"), "key": layout.key, "label": layout.label},
+        "inputs": inp.model_dump(mode="json"),
+        "measured": measured,
+        "predicted": predicted,
+        "errors_pct": errors_pct(measured, predicted) if not cpu else {},
+        "restart_drill": restart_drill,
+        "environment": env,
+        "ranks": [{k: v for k, v in r.items() if k != "traceback"} for r in reports],
+        "output_tail": output_tail[-40:] if status not in ("validated", "cpu-ok") else [],
+    }
+    if extra:
+        result.update(extra)
+    return result
+
+
+def reference_row(result: dict[str, Any]) -> dict[str, Any]:
+    """The result in the field format of ../shared/reference/h200-*.jsonl (for the benchmark)."""
+    inp = PlanInput.model_validate(result["inputs"])
+    m, t = inp.model, inp.training
+    lay, meas = result["layout"], result["measured"]
+    rank0 = next((r for r in result["ranks"] if r.get("rank") == 0), {})
+
+    def gib(x: float | None) -> float | None:
+        return round(x / GiB, 4) if x is not None else None
+
+    off = lambda d: "none" if d == "gpu" else d  # noqa: E731
+    return {
+        "stage": lay["stage"], "offload_opt": off(lay["offload_optimizer"]),
+        "offload_param": off(lay["offload_param"]), "world": meas.get("world"),
+        "layers": m.layers, "hidden": m.hidden, "heads": m.heads, "kv_heads": m.num_kv_heads,
+        "ffn": m.ffn_size, "vocab": m.vocab, "mlp": m.mlp, "norm": m.norm, "bias": m.bias,
+        "qkv_bias": m.qkv_bias, "tie": int(m.tie_embeddings), "seq": t.seq, "mbs": t.micro_batch,
+        "gas": t.grad_accum, "ckpt": int(t.checkpointing == "full"), "params": meas.get("params"),
+        "init_s": round(meas["init_s"], 1) if meas.get("init_s") else None,
+        "after_init_gib": gib(meas.get("after_init_allocated_bytes")),
+        "peak_gib": [gib(x) for x in meas.get("gpu_peak_allocated_bytes_per_step", [])],
+        "reserved_gib": gib(meas.get("gpu_peak_reserved_bytes")),
+        "device_used_gib": gib(meas.get("gpu_device_used_bytes")),
+        "host_maxrss_gib": gib(rank0.get("host_maxrss_bytes")),
+        "step_s": [round(x, 3) for x in meas.get("step_times_s", [])],
+        "loss": [round(x, 3) for x in meas.get("losses", [])],
+        "status": result["status"],
+        "torch": result["environment"].get("torch"),
+        "deepspeed": result["environment"].get("deepspeed"),
+        "source": "zlayout verify",
+    }

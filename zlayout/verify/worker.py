@@ -1,0 +1,231 @@
+"""The verification worker: runs inside each rank, trains the planned layout for a few steps.
+
+    python -m torch.distributed.run --nproc_per_node P -m zlayout.verify.worker \
+        --spec spec.json --out run/result.json [--resume]
+
+One of the two modules (with `worker_model`) that import torch and deepspeed. It builds the
+planned model with random weights under the planned DeepSpeed config (inside
+`deepspeed.zero.Init` for stage 3), trains on random tokens and measures, per rank, what the
+planner predicted: peak allocated and reserved GPU memory, device memory used, host peak RSS,
+step times, tokens/s, achieved TFLOP/s and the losses. Progress goes to stdout as JSON lines
+(`{"event": "init"|"step"|"checkpoint"|"resumed"|"done"|"oom"|"error", "rank": r, ...}`),
+and every rank writes its figures to `<out>.rank<r>.json`, so a rank that runs out of memory
+still leaves its report behind when the launcher tears the others down.
+
+Batches are seeded by (step, micro-step, rank), so a run resumed from a checkpoint sees
+exactly the batches the uninterrupted run saw: the restart drill compares their losses.
+On CPU (`"device": "cpu"` in the spec) the backend is gloo and the optimizer is torch's AdamW
+(`torch_adam`), because DeepSpeed's FusedAdam and CPUAdam are JIT-compiled CUDA/C++ ops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+PROCESS_START_S = time.time()
+
+
+
+def emit(event: str, rank: int, **fields: Any) -> None:
+    """One progress line on stdout, flushed at once (the launcher streams it live)."""
+    print(json.dumps({"event": event, "rank": rank, **fields}), flush=True)
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    import torch
+
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+
+
+def batch(step: int, micro: int, rank: int, seed: int, shape: tuple[int, int], vocab: int):
+    """Random tokens fixed by (seed, step, micro-step, rank): the same in a resumed run."""
+    import torch
+
+    generator = torch.Generator(device="cpu").manual_seed(
+        seed * 1_000_003 + step * 10_007 + micro * 101 + rank)
+    return torch.randint(0, vocab, shape, generator=generator)
+
+
+def host_maxrss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def host_rss_now_bytes() -> int | None:
+    try:
+        import psutil
+    except ImportError:
+        return None
+    return psutil.Process().memory_info().rss
+
+
+def run(spec: dict[str, Any], out: Path, resume: bool) -> int:
+    cpu = spec["device"] == "cpu"
+    if cpu:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed
+    import torch
+    import torch.distributed as dist
+
+    from zlayout.spec import Layout, PlanInput
+    from zlayout.verify.worker_model import build_model, count_parameters
+
+    inp = PlanInput.model_validate(spec["inputs"])
+    layout = Layout.model_validate(spec["layout"])
+    cfg = json.loads(json.dumps(spec["ds_config"]))
+    if cpu:
+        cfg.setdefault("optimizer", {"type": "AdamW", "params": {}})
+        cfg["optimizer"].setdefault("params", {})["torch_adam"] = True
+
+    deepspeed.init_distributed(dist_backend="gloo" if cpu else "nccl")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if cpu:
+        device = torch.device("cpu")
+    else:
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+
+    report: dict[str, Any] = {
+        "rank": rank, "world": world, "local_rank": local_rank, "resume": resume,
+        "hostname": os.uname().nodename, "device": str(device), "status": "running",
+        "phase": "build", "torch": torch.__version__, "deepspeed": deepspeed.__version__,
+    }
+    rank_file = out.with_name(f"{out.name}.rank{rank}.json")
+
+    def write_report() -> None:
+        report["host_maxrss_bytes"] = host_maxrss_bytes()
+        report["host_rss_end_bytes"] = host_rss_now_bytes()
+        tmp = rank_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(report, indent=1))
+        tmp.replace(rank_file)
+
+    def synchronize() -> None:
+        if not cpu:
+            torch.cuda.synchronize()
+
+    try:
+        m, t = inp.model, inp.training
+        torch.manual_seed(spec.get("seed", 0))
+        checkpointing = t.checkpointing == "full"
+        if layout.stage == 3:
+            with deepspeed.zero.Init(config_dict_or_path=cfg):
+                model = build_model(m, checkpointing)
+        else:
+            model = build_model(m, checkpointing)
+        params = count_parameters(model)
+        report["params"] = params
+        if params != m.params:
+            raise AssertionError(f"built {params} parameters, the plan says {m.params}: "
+                                 "worker_model and ModelSpec.params disagree")
+        report["phase"] = "initialize"
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                          config=cfg)
+        synchronize()
+        report["init_s"] = time.time() - PROCESS_START_S
+        if not cpu:
+            report["after_init_allocated_bytes"] = torch.cuda.memory_allocated()
+            report["init_peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+        emit("init", rank, params=params, init_s=round(report["init_s"], 2),
+             after_init_allocated_bytes=report.get("after_init_allocated_bytes"))
+
+        if resume:
+            report["phase"] = "resume"
+            load_start = time.time()
+            load_path, _ = engine.load_checkpoint(spec["checkpoint_dir"])
+            synchronize()
+            report["resume_s"] = time.time() - load_start
+            report["resumed_from"] = str(load_path)
+            report["step_resumed"] = int(engine.global_steps)
+            emit("resumed", rank, step=int(engine.global_steps), resume_s=round(report["resume_s"], 3),
+                 path=str(load_path))
+            if load_path is None:
+                raise RuntimeError(f"no checkpoint found under {spec['checkpoint_dir']}")
+
+        shape = (t.micro_batch, t.seq)
+        seed = int(spec.get("seed", 0))
+        save_at = spec.get("save_at_step")
+        steps = int(spec["resume_steps"] if resume else spec["steps"])
+        report.update(steps_run=[], losses=[], step_s=[], peak_allocated_bytes=[])
+        report["phase"] = "train"
+        for _ in range(steps):
+            step_index = int(engine.global_steps)
+            synchronize()
+            started = time.time()
+            for micro in range(t.grad_accum):
+                ids = batch(step_index, micro, rank, seed, shape, m.vocab).to(device)
+                loss = engine(ids)
+                engine.backward(loss)
+                engine.step()
+            loss_value = float(loss.detach().float().item())
+            synchronize()
+            step_s = time.time() - started
+            peak = torch.cuda.max_memory_allocated() if not cpu else None
+            report["steps_run"].append(int(engine.global_steps))
+            report["losses"].append(loss_value)
+            report["step_s"].append(step_s)
+            report["peak_allocated_bytes"].append(peak)
+            emit("step", rank, step=int(engine.global_steps), loss=loss_value,
+                 step_s=round(step_s, 4), peak_allocated_bytes=peak)
+            if save_at is not None and not resume and int(engine.global_steps) == int(save_at):
+                save_start = time.time()
+                engine.save_checkpoint(spec["checkpoint_dir"], tag=f"step{save_at}")
+                synchronize()
+                report["save_s"] = time.time() - save_start
+                emit("checkpoint", rank, step=int(engine.global_steps),
+                     save_s=round(report["save_s"], 3), path=spec["checkpoint_dir"])
+
+        if not cpu:
+            free, total = torch.cuda.mem_get_info()
+            report["max_reserved_bytes"] = torch.cuda.max_memory_reserved()
+            report["device_used_bytes"] = total - free
+            report["device_total_bytes"] = total
+            report["gpu_name"] = torch.cuda.get_device_name(local_rank)
+            report["alloc_retries"] = torch.cuda.memory_stats().get("num_alloc_retries", 0)
+        report["status"] = "ok"
+        report["phase"] = "done"
+        write_report()
+        emit("done", rank, host_maxrss_bytes=report["host_maxrss_bytes"])
+        dist.barrier()
+        return 0
+    except BaseException as exc:  # noqa: BLE001 - every failure must leave a report behind
+        oom = not isinstance(exc, KeyboardInterrupt) and is_out_of_memory(exc)
+        report["status"] = "oom" if oom else "error"
+        report["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+        report["traceback"] = traceback.format_exc()[-4000:]
+        if not cpu and torch.cuda.is_available():
+            report["max_allocated_bytes_at_failure"] = torch.cuda.max_memory_allocated()
+        write_report()
+        emit("oom" if oom else "error", rank, phase=report["phase"], message=report["error"][:500])
+        sys.stdout.flush()
+        sys.stderr.write(report["traceback"])
+        sys.stderr.flush()
+        # Peers are blocked in collectives: leave at once, the launcher tears the group down.
+        os._exit(3 if oom else 1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m zlayout.verify.worker",
+                                     description="Run the planned layout for a few steps (one rank).")
+    parser.add_argument("--spec", required=True, type=Path, help="run spec written by the launcher")
+    parser.add_argument("--out", required=True, type=Path,
+                        help="result path; each rank writes <out>.rank<r>.json")
+    parser.add_argument("--resume", action="store_true",
+                        help="load the latest checkpoint of the spec's checkpoint_dir first")
+    args = parser.parse_args(argv)
+    spec = json.loads(args.spec.read_text())
+    return run(spec, args.out, args.resume)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

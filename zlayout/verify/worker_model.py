@@ -1,0 +1,96 @@
+"""The planned model in plain PyTorch, built from a `ModelSpec` with random weights.
+
+Imported only by the worker (it imports torch). The structure follows the reference GPT of
+../shared/reference (fused QKV, causal `scaled_dot_product_attention`, MLP, final norm,
+loss on fp32 logits) and generalises it the way `ModelSpec` does: grouped-query attention
+(`kv_heads`), SwiGLU with its own `ffn` size, RMSNorm, biases per `bias`/`qkv_bias`, tied
+or untied head. Its parameter count equals `ModelSpec.params` exactly; the worker asserts it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.utils.checkpoint
+
+from zlayout.spec import ModelSpec
+
+
+class Norm(nn.Module):
+    """LayerNorm (weight and bias, always: `ModelSpec` counts 2*hidden) or RMSNorm (weight)."""
+
+    def __init__(self, hidden: int, kind: str):
+        super().__init__()
+        self.kind = kind
+        self.weight = nn.Parameter(torch.ones(hidden))
+        self.bias = nn.Parameter(torch.zeros(hidden)) if kind == "layernorm" else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind == "layernorm":
+            return F.layer_norm(x, x.shape[-1:], self.weight, self.bias)
+        return F.rms_norm(x, x.shape[-1:], self.weight)
+
+
+class Block(nn.Module):
+    def __init__(self, m: ModelSpec):
+        super().__init__()
+        h, kv, f = m.hidden, m.kv_size, m.ffn_size
+        self.heads, self.kv_heads, self.head_dim = m.heads, m.num_kv_heads, m.head_dim
+        qkv_bias = m.bias if m.qkv_bias is None else m.qkv_bias
+        self.norm1, self.norm2 = Norm(h, m.norm), Norm(h, m.norm)
+        self.qkv = nn.Linear(h, h + 2 * kv, bias=qkv_bias)
+        self.proj = nn.Linear(h, h, bias=m.bias)
+        self.swiglu = m.mlp == "swiglu"
+        # SwiGLU's gate and up projections are one fused Linear (as in the accuracy benchmark).
+        self.fc1 = nn.Linear(h, (2 if self.swiglu else 1) * f, bias=m.bias)
+        self.fc2 = nn.Linear(f, h, bias=m.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, h = x.shape
+        kv = self.kv_heads * self.head_dim
+        q, k, v = self.qkv(self.norm1(x)).split([h, kv, kv], -1)
+        q = q.view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        k = k.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                              enable_gqa=self.kv_heads != self.heads)
+        x = x + self.proj(attn.transpose(1, 2).reshape(b, s, h))
+        up = self.fc1(self.norm2(x))
+        if self.swiglu:
+            gate, up = up.chunk(2, -1)
+            up = F.silu(gate) * up
+        else:
+            up = F.gelu(up)
+        return x + self.fc2(up)
+
+
+class GPT(nn.Module):
+    def __init__(self, m: ModelSpec, checkpointing: bool):
+        super().__init__()
+        self.emb = nn.Embedding(m.vocab, m.hidden)
+        self.blocks = nn.ModuleList(Block(m) for _ in range(m.layers))
+        self.norm = Norm(m.hidden, m.norm)
+        self.head = nn.Linear(m.hidden, m.vocab, bias=False)
+        if m.tie_embeddings:
+            self.head.weight = self.emb.weight
+        self.checkpointing = checkpointing
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.emb(ids)
+        for block in self.blocks:
+            if self.checkpointing:
+                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
+        logits = self.head(self.norm(x))
+        return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten())
+
+
+def build_model(m: ModelSpec, checkpointing: bool) -> GPT:
+    return GPT(m, checkpointing)
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Distinct parameters (a tied head counts once); full sizes under ZeRO-3 partitioning."""
+    return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
