@@ -1,0 +1,179 @@
+"""The app's default collaborators: the preset catalog, profile files, the verification run.
+
+Each is passed into `ZLayoutApp` so tests hand it fakes; the defaults here bind them to the
+real modules, imported lazily so the app starts without them (and never imports torch or
+deepspeed: the verification runs in a child process, `zlayout verify`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable, Iterator
+
+from zlayout.core.plan import Plan
+from zlayout.spec import GiB, Layout, PlanInput
+from zlayout.tui.form import Presets
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileIO:
+    """Profile files: `save(plan, layout, path)` writes, `load(path) -> PlanInput` reads.
+    `exists(path)` says whether saving would replace something (the app asks first)."""
+
+    save: Callable[[Plan, Layout, str], object]
+    load: Callable[[str], PlanInput]
+    exists: Callable[[str], bool] = lambda path: Path(path).exists()
+
+
+def default_profile_io() -> ProfileIO | str:
+    """zlayout.profile's functions, or why they are not available."""
+    try:
+        from zlayout import profile
+    except ImportError as exc:  # pragma: no cover - the profile package ships with zlayout
+        return f"profiles are not available: {exc}"
+    needed = ("build_profile", "load_profile", "save_profile", "save_profile_dir", "PROFILE_FILE")
+    missing = [name for name in needed if not hasattr(profile, name)]
+    if missing:
+        return f"profiles are not available yet: zlayout.profile lacks {', '.join(missing)}"
+
+    def target(path: str) -> Path:
+        p = Path(path)
+        return p if p.suffix == ".toml" else p / profile.PROFILE_FILE
+
+    def save(plan: Plan, layout: Layout, path: str) -> object:
+        previous = None
+        if target(path).exists():
+            try:
+                previous = profile.load_profile(target(path))  # keeps its change log
+            except Exception:
+                previous = None
+        built = profile.build_profile(plan.input, layout, previous=previous)
+        if Path(path).suffix == ".toml":
+            return profile.save_profile(built, path)
+        return profile.save_profile_dir(built, path)
+
+    def load(path: str) -> PlanInput:
+        return profile.load_profile(path).plan_input()
+
+    return ProfileIO(save=save, load=load, exists=lambda path: target(path).exists())
+
+
+@lru_cache(maxsize=1)
+def catalog_presets() -> Presets:
+    """The preset names and loaders of zlayout.catalog (empty when it is missing)."""
+    try:
+        from zlayout import catalog
+    except ImportError:
+        def missing(name: str):
+            raise LookupError(f"no preset catalog (zlayout.catalog is missing): cannot load {name!r}")
+
+        return Presets(models=(), gpus=(), links=(), load_gpu=missing, load_link=missing)
+    return Presets(
+        models=tuple(catalog.list_presets("models")),
+        gpus=tuple(catalog.list_presets("gpus")),
+        links=tuple(catalog.list_presets("links")),
+        load_gpu=catalog.load_gpu,
+        load_link=catalog.load_link,
+    )
+
+
+def default_plan_input() -> PlanInput:
+    """What the app shows first: Llama 3 8B on one node of 8 H200s."""
+    from zlayout import catalog
+    from zlayout.spec import HardwareSpec, TrainingSpec
+
+    gpu = catalog.load_gpu("h200")
+    hardware = HardwareSpec(gpu=gpu, gpus_per_node=8, nodes=1,
+                            intra_link=catalog.load_link(catalog.default_intra_link("h200")),
+                            inter_link=catalog.load_link("ib-ndr"),
+                            host_ram_bytes=2048 * GiB)
+    return PlanInput(model=catalog.load_model("llama3-8b"), hardware=hardware,
+                     training=TrainingSpec(seq=4096, micro_batch=1))
+
+
+# ------------------------------------------------------------------------ verification
+
+def verification_missing() -> str | None:
+    """Why `zlayout verify` cannot run yet, or None when it can."""
+    if importlib.util.find_spec("zlayout.commands.verify") is None:
+        return ("verification is not available yet: `zlayout verify` "
+                "(zlayout/commands/verify.py, issue 5) is missing")
+    return None
+
+
+def verify_flags(inp: PlanInput, layout: Layout) -> list[str]:
+    """The `zlayout verify` flags that describe this plan input and layout."""
+    m, hw, t = inp.model, inp.hardware, inp.training
+    flags = ["--layers", str(m.layers), "--hidden", str(m.hidden), "--heads", str(m.heads),
+             "--vocab", str(m.vocab), "--mlp", m.mlp, "--norm", m.norm]
+    if m.kv_heads is not None:
+        flags += ["--kv-heads", str(m.kv_heads)]
+    if m.ffn is not None:
+        flags += ["--ffn", str(m.ffn)]
+    if not m.bias:
+        flags.append("--no-bias")
+    if m.tie_embeddings:
+        flags.append("--tie-embeddings")
+    flags += ["--gpu", hw.gpu.name, "--gpus-per-node", str(hw.gpus_per_node),
+              "--nodes", str(hw.nodes), "--intra-link", hw.intra_link.name,
+              "--host-ram-gib", f"{hw.host_ram_bytes / GiB:g}", "--nvme-gib", f"{hw.nvme_bytes / GiB:g}"]
+    if hw.inter_link is not None:
+        flags += ["--inter-link", hw.inter_link.name]
+    flags += ["--seq", str(t.seq), "--micro-batch", str(t.micro_batch),
+              "--grad-accum", str(t.grad_accum), "--precision", t.precision,
+              "--checkpointing", t.checkpointing, "--stage", str(layout.stage),
+              "--offload-optimizer", "none" if layout.offload_optimizer == "gpu" else layout.offload_optimizer,
+              "--offload-param", "none" if layout.offload_param == "gpu" else layout.offload_param]
+    return flags
+
+
+def cli_verifier(inp: PlanInput, layout: Layout, cancel: threading.Event) -> Iterator[str]:
+    """Run `zlayout verify` in its own process group and yield its output lines; on cancel
+    (or when the caller closes this generator) the whole group is terminated."""
+    command = [sys.executable, "-m", "zlayout", "verify", *verify_flags(inp, layout), "--json"]
+    yield "$ zlayout verify " + " ".join(command[4:])
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             bufsize=1, start_new_session=True)
+    finished = threading.Event()
+    watcher = threading.Thread(target=_kill_on_cancel, args=(child, cancel, finished), daemon=True)
+    watcher.start()
+    try:
+        assert child.stdout is not None
+        for line in child.stdout:
+            yield line.rstrip("\n")
+        code = child.wait()
+        if cancel.is_set():
+            yield "cancelled"
+        elif code:
+            yield f"zlayout verify exited with code {code}"
+    finally:
+        finished.set()  # stops the watcher
+        _terminate(child)
+
+
+def _kill_on_cancel(child: subprocess.Popen, cancel: threading.Event,
+                    finished: threading.Event) -> None:
+    while not finished.is_set():
+        if cancel.wait(0.2):
+            _terminate(child)
+            return
+
+
+def _terminate(child: subprocess.Popen) -> None:
+    if child.poll() is not None:
+        return
+    try:
+        os.killpg(child.pid, signal.SIGTERM)
+        child.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,218 @@
+"""The inputs panel's values <-> a `PlanInput`, without Textual.
+
+The panel holds strings (what the user typed) and choices; this module turns them into a
+validated `PlanInput`, or into a reason per field that the panel shows next to that field.
+Anything the panel does not show (DeepSpeed knobs, link and GPU details, headroom) comes from
+the `base` input, so a loaded profile keeps every value it carried.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from pydantic import ValidationError
+
+from zlayout.spec import GiB, HardwareSpec, ModelSpec, PlanInput, TrainingSpec
+
+# Architecture fields the panel shows, in order; the rest of ModelSpec comes from the base model.
+MODEL_INT_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab")
+MODEL_CHOICE_FIELDS = ("mlp", "norm")
+MODEL_BOOL_FIELDS = ("bias", "tie_embeddings")
+HARDWARE_INT_FIELDS = ("gpus_per_node", "nodes")
+HARDWARE_GIB_FIELDS = {"host_ram_gib": "host_ram_bytes", "nvme_gib": "nvme_bytes"}
+TRAINING_INT_FIELDS = ("seq", "micro_batch", "grad_accum")
+TRAINING_CHOICE_FIELDS = ("precision", "checkpointing")
+OPTIONAL_INT_FIELDS = ("kv_heads", "ffn")  # empty means "the default" (heads, 4*hidden)
+NO_LINK = "none"
+
+FIELD_EXAMPLES = {
+    "layers": "32", "hidden": "4096", "heads": "32", "kv_heads": "8 (or empty)",
+    "ffn": "14336 (or empty)", "vocab": "128256", "gpus_per_node": "8", "nodes": "1",
+    "seq": "4096", "micro_batch": "1", "grad_accum": "1", "host_ram_gib": "2048", "nvme_gib": "0",
+}
+
+
+class FormInvalid(Exception):
+    """Some fields do not make a valid plan input: `errors` maps field id -> reason."""
+
+    def __init__(self, errors: Mapping[str, str]):
+        super().__init__("; ".join(f"{k}: {v}" for k, v in errors.items()))
+        self.errors = dict(errors)
+
+
+@dataclass(frozen=True, slots=True)
+class Presets:
+    """Preset names the selects offer, and how to load one (the catalog, or a fake in tests)."""
+
+    models: tuple[str, ...]
+    gpus: tuple[str, ...]
+    links: tuple[str, ...]
+    load_gpu: Callable[[str], Any]
+    load_link: Callable[[str], Any]
+
+
+def form_values(inp: PlanInput) -> dict[str, Any]:
+    """The panel's values that show `inp` (the inverse of `plan_input_from_form`)."""
+    m, hw, t = inp.model, inp.hardware, inp.training
+    return {
+        "layers": str(m.layers), "hidden": str(m.hidden), "heads": str(m.heads),
+        "kv_heads": "" if m.kv_heads is None else str(m.kv_heads),
+        "ffn": "" if m.ffn is None else str(m.ffn),
+        "vocab": str(m.vocab), "mlp": m.mlp, "norm": m.norm, "bias": m.bias,
+        "tie_embeddings": m.tie_embeddings,
+        "gpu": hw.gpu.name, "gpus_per_node": str(hw.gpus_per_node), "nodes": str(hw.nodes),
+        "intra_link": hw.intra_link.name,
+        "inter_link": hw.inter_link.name if hw.inter_link is not None else NO_LINK,
+        "host_ram_gib": _format_gib(hw.host_ram_bytes), "nvme_gib": _format_gib(hw.nvme_bytes),
+        "seq": str(t.seq), "micro_batch": str(t.micro_batch), "grad_accum": str(t.grad_accum),
+        "precision": t.precision, "checkpointing": t.checkpointing,
+    }
+
+
+def _format_gib(n_bytes: int) -> str:
+    gib = n_bytes / GiB
+    return str(int(gib)) if gib == int(gib) else f"{gib:g}"
+
+
+def model_from_form(values: Mapping[str, Any], model_base: ModelSpec) -> ModelSpec:
+    """The model the architecture fields describe, on top of `model_base` (keeps its name
+    when nothing differs, so a preset stays a preset)."""
+    errors: dict[str, str] = {}
+    arch: dict[str, Any] = {}
+    for field in MODEL_INT_FIELDS:
+        _parse_int(values, field, arch, errors, optional=field in OPTIONAL_INT_FIELDS)
+    for field in MODEL_CHOICE_FIELDS + MODEL_BOOL_FIELDS:
+        arch[field] = values[field]
+    if errors:
+        raise FormInvalid(errors)
+    data = model_base.model_dump()
+    changed = any(data.get(k) != v for k, v in arch.items())
+    data.update(arch)
+    if changed:
+        data["name"] = "custom"
+    try:
+        return ModelSpec(**data)
+    except ValidationError as exc:
+        raise FormInvalid(_errors_by_field(exc, _model_field_of)) from None
+
+
+def plan_input_from_form(values: Mapping[str, Any], model_base: ModelSpec, base: PlanInput,
+                         presets: Presets) -> PlanInput:
+    """Build and validate the plan input; raises FormInvalid naming every bad field."""
+    errors: dict[str, str] = {}
+    model = None
+    try:
+        model = model_from_form(values, model_base)
+    except FormInvalid as exc:
+        errors.update(exc.errors)
+
+    hw_kwargs: dict[str, Any] = {}
+    for field in HARDWARE_INT_FIELDS:
+        _parse_int(values, field, hw_kwargs, errors)
+    for field, spec_field in HARDWARE_GIB_FIELDS.items():
+        gib = _parse_float(values, field, errors)
+        if gib is not None:
+            hw_kwargs[spec_field] = int(gib * GiB)
+    hw_kwargs["gpu"] = _resolve(values["gpu"], base.hardware.gpu, presets.load_gpu, "gpu", errors)
+    hw_kwargs["intra_link"] = _resolve(values["intra_link"], base.hardware.intra_link,
+                                       presets.load_link, "intra_link", errors)
+    inter = values["inter_link"]
+    hw_kwargs["inter_link"] = (None if inter in (None, NO_LINK) else
+                               _resolve(inter, base.hardware.inter_link, presets.load_link,
+                                        "inter_link", errors))
+
+    train_kwargs: dict[str, Any] = {}
+    for field in TRAINING_INT_FIELDS:
+        _parse_int(values, field, train_kwargs, errors)
+    for field in TRAINING_CHOICE_FIELDS:
+        train_kwargs[field] = values[field]
+
+    hardware = training = None
+    if not any(f in errors for f in (*HARDWARE_INT_FIELDS, *HARDWARE_GIB_FIELDS, "gpu",
+                                      "intra_link", "inter_link")):
+        data = {**base.hardware.model_dump(exclude={"gpu", "intra_link", "inter_link"}), **hw_kwargs}
+        try:
+            hardware = HardwareSpec(**data)
+        except ValidationError as exc:
+            errors.update(_errors_by_field(exc, _hardware_field_of))
+    if not any(f in errors for f in TRAINING_INT_FIELDS):
+        try:
+            training = TrainingSpec(**{**base.training.model_dump(), **train_kwargs})
+        except ValidationError as exc:
+            errors.update(_errors_by_field(exc, lambda loc: loc))
+    if errors or model is None or hardware is None or training is None:
+        raise FormInvalid(errors or {"layers": "invalid model"})
+    return base.model_copy(update={"model": model, "hardware": hardware, "training": training})
+
+
+def _parse_int(values: Mapping[str, Any], field: str, out: dict[str, Any],
+               errors: dict[str, str], optional: bool = False) -> None:
+    text = str(values[field]).strip().replace("_", "").replace(",", "")
+    if optional and not text:
+        out[field] = None
+        return
+    try:
+        number = int(text)
+    except ValueError:
+        errors[field] = f"type a whole number, e.g. {FIELD_EXAMPLES.get(field, '8')}"
+        return
+    if number <= 0:
+        errors[field] = "must be greater than 0"
+        return
+    out[field] = number
+
+
+def _parse_float(values: Mapping[str, Any], field: str, errors: dict[str, str]) -> float | None:
+    text = str(values[field]).strip().replace("_", "").replace(",", "")
+    try:
+        number = float(text)
+    except ValueError:
+        errors[field] = f"type a number of GiB, e.g. {FIELD_EXAMPLES.get(field, '0')}"
+        return None
+    if number < 0 or number != number:
+        errors[field] = "must be 0 or more"
+        return None
+    return number
+
+
+def _resolve(name: Any, base_spec: Any, load: Callable[[str], Any], field: str,
+             errors: dict[str, str]) -> Any:
+    if not name:
+        errors[field] = "pick a preset"
+        return None
+    if base_spec is not None and base_spec.name == name:
+        return base_spec
+    try:
+        return load(str(name))
+    except Exception as exc:  # the catalog says what is wrong (unknown name, bad file)
+        errors[field] = str(exc).strip("'\"")
+        return None
+
+
+def _model_field_of(loc: str) -> str:
+    return loc
+
+
+def _hardware_field_of(loc: str) -> str:
+    return {"host_ram_bytes": "host_ram_gib", "nvme_bytes": "nvme_gib"}.get(loc, loc)
+
+
+def _errors_by_field(exc: ValidationError, field_of: Callable[[str], str]) -> dict[str, str]:
+    """pydantic's errors keyed by the panel field they belong to. A model-level error
+    (empty loc) goes to the field its message names."""
+    errors: dict[str, str] = {}
+    for err in exc.errors():
+        message = err["msg"].removeprefix("Value error, ")
+        loc = str(err["loc"][0]) if err["loc"] else _field_named_in(message)
+        errors.setdefault(field_of(loc), message)
+    return errors
+
+
+def _field_named_in(message: str) -> str:
+    lowered = message.lower()
+    for needle, field in (("kv-heads", "kv_heads"), ("heads", "heads"), ("inter-node", "inter_link"),
+                          ("nodes", "nodes")):
+        if needle in lowered:
+            return field
+    return "layers"

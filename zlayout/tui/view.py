@@ -1,0 +1,356 @@
+"""What the widgets show, derived from a `Plan` by pure functions (no Textual here).
+
+The widgets only lay these out; keeping the arithmetic of "which term goes in which column"
+here means it is tested without an app, and the app cannot drift from the core's numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zlayout.core.memory import MemoryEstimate, MemoryTerm
+from zlayout.core.plan import LayoutPlan, Plan
+from zlayout.spec import GiB
+
+# The per-GPU columns of the table and the segments of the bar chart, in stacking order.
+MEMORY_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("params", "Param"),
+    ("grads", "Grad"),
+    ("optimizer", "Optim"),
+    ("activations", "Activ"),
+    ("buffers", "DSbuf"),
+    ("overhead", "Other"),
+)
+
+HEADROOM_OK_FRACTION = 0.20  # green above this
+HEADROOM_TIGHT_FRACTION = 0.05  # yellow between this and the one above, red below
+
+
+def column_of(term: MemoryTerm) -> str:
+    """Which table column a memory term is summed into."""
+    if term.category == "activations":
+        return "activations"
+    if term.category == "deepspeed_buffers":
+        return "buffers"
+    if term.category == "overhead":
+        return "overhead"
+    name = term.name.lower()
+    if "grad" in name:
+        return "grads"
+    if "optim" in name or "adam" in name or "master" in name or "moment" in name:
+        return "optimizer"
+    if "param" in name or "weight" in name:
+        return "params"
+    return "optimizer"
+
+
+def gpu_bytes_by_column(memory: MemoryEstimate) -> dict[str, int]:
+    """Per-GPU bytes of each column. What the allocator reserves and the CUDA context add on
+    top of the listed terms is shown as overhead, so the columns add up to the device use."""
+    by_column = {key: 0 for key, _ in MEMORY_COLUMNS}
+    for term in memory.gpu_terms():
+        by_column[column_of(term)] += term.bytes
+    unlisted = memory.gpu_device_used_bytes - sum(by_column.values())
+    if unlisted > 0:
+        by_column["overhead"] += unlisted
+    return by_column
+
+
+def headroom_level(memory: MemoryEstimate) -> str:
+    """'ok' (green), 'tight' (yellow) or 'over' (red: under 5% free, or it does not fit)."""
+    if not memory.fits:
+        return "over"
+    fraction = memory.gpu_headroom_fraction
+    if fraction > HEADROOM_OK_FRACTION:
+        return "ok"
+    if fraction >= HEADROOM_TIGHT_FRACTION:
+        return "tight"
+    return "over"
+
+
+def headroom_text(memory: MemoryEstimate) -> str:
+    percent = f"{memory.gpu_headroom_fraction * 100:.0f}%"
+    if memory.fits:
+        return percent
+    if not memory.fits_gpu:
+        return f"✗ {percent}"
+    return "✗ host" if not memory.fits_host else "✗ nvme"
+
+
+def fmt_gib(n_bytes: int | float) -> str:
+    """Bytes as GiB in at most 5 characters: 0.42, 9.87, 99.9, 1234, 12.3T (TiB)."""
+    gib = n_bytes / GiB
+    if gib == 0:
+        return "·"
+    if abs(gib) < 10:
+        return f"{gib:.2f}"
+    if abs(gib) < 1000:
+        return f"{gib:.1f}"
+    if abs(gib) < 10000:
+        return f"{gib:.0f}"
+    return f"{gib / 1024:.1f}T"
+
+
+def fmt_gb(n_bytes: int | float) -> str:
+    """Bytes as decimal GB (the unit of link bandwidths)."""
+    gb = n_bytes / 1e9
+    if gb == 0:
+        return "·"
+    return f"{gb:.2f}" if gb < 10 else f"{gb:.1f}" if gb < 1000 else f"{gb:.0f}"
+
+
+def fmt_seconds(seconds: float) -> str:
+    if seconds <= 0:
+        return "·"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
+    if seconds < 100:
+        return f"{seconds:.2f}s"
+    return f"{seconds:.0f}s"
+
+
+def fmt_rate(per_s: float) -> str:
+    if per_s <= 0:
+        return "·"
+    for unit, scale in (("M", 1e6), ("k", 1e3)):
+        if per_s >= scale:
+            return f"{per_s / scale:.1f}{unit}"
+    return f"{per_s:.0f}"
+
+
+def fmt_params(params: int) -> str:
+    """A parameter count the way people say it: 1.87B, 70.6B, 350M."""
+    if params <= 0:
+        return "—"
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if params >= scale:
+            value = params / scale
+            return f"{value:.0f}{unit}" if value >= 100 else f"{value:.3g}{unit}"
+    return str(params)
+
+
+def fmt_percent_change(new: float, old: float) -> str:
+    """'+62%', '-5%', '=' when unchanged, 'new' when there was nothing before."""
+    if new == old:
+        return "="
+    if not old:
+        return "new"
+    change = (new - old) / old * 100
+    return f"{change:+.0f}%" if abs(change) >= 1 else f"{change:+.1f}%"
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutRow:
+    """One row of the layouts table, already in display units."""
+
+    key: str
+    stage: str
+    optimizer_on: str
+    params_on: str
+    columns: tuple[str, ...]  # one per MEMORY_COLUMNS
+    peak_allocated: str
+    device_used: str
+    headroom: str
+    headroom_level: str
+    host: str
+    host_fits: bool
+    comm: str
+    step_time: str
+    tokens_per_s: str
+    recommended: bool
+
+
+def layout_rows(plan: Plan) -> list[LayoutRow]:
+    recommended = plan.recommendation.layout
+    rows = []
+    for lp in plan.layouts:
+        mem, layout = lp.memory, lp.layout
+        by_column = gpu_bytes_by_column(mem)
+        rows.append(LayoutRow(
+            key=layout.key,
+            stage=str(layout.stage),
+            optimizer_on=layout.offload_optimizer,
+            params_on=layout.offload_param,
+            columns=tuple(fmt_gib(by_column[key]) for key, _ in MEMORY_COLUMNS),
+            peak_allocated=fmt_gib(mem.gpu_peak_allocated_bytes),
+            device_used=fmt_gib(mem.gpu_device_used_bytes),
+            headroom=headroom_text(mem),
+            headroom_level=headroom_level(mem),
+            host=fmt_gib(mem.host_peak_bytes),
+            host_fits=mem.fits_host,
+            comm=fmt_gb(lp.comm.network_bytes),
+            step_time=fmt_seconds(lp.time.step_time_s),
+            tokens_per_s=fmt_rate(lp.time.tokens_per_s),
+            recommended=layout == recommended,
+        ))
+    return rows
+
+
+@dataclass(frozen=True, slots=True)
+class BarSegments:
+    """One layout's stacked bar: cells per column, and where the capacity marker falls."""
+
+    key: str
+    label: str
+    cells: tuple[tuple[str, int], ...]  # (column key, cells)
+    capacity_cell: int
+    overflow: bool  # the bar is longer than the capacity
+    used_gib: str
+
+
+def bar_segments(plan: Plan, width: int) -> list[BarSegments]:
+    """Scale every layout's per-GPU bytes to `width` cells on a common axis, whose capacity
+    mark sits at 3/4 of the width when some layout exceeds the GPU, else at the right end."""
+    if not plan.layouts:
+        return []
+    capacity = plan.layouts[0].memory.gpu_capacity_bytes
+    largest = max(lp.memory.gpu_device_used_bytes for lp in plan.layouts)
+    axis_bytes = capacity if largest <= capacity else capacity * 4 / 3
+    axis_bytes = max(axis_bytes, largest * 1.0)
+    cells_per_byte = width / axis_bytes if axis_bytes else 0
+    capacity_cell = min(width - 1, int(capacity * cells_per_byte)) if width else 0
+    out = []
+    for lp in plan.layouts:
+        by_column = gpu_bytes_by_column(lp.memory)
+        cells = []
+        cumulative_bytes = 0
+        drawn = 0
+        for key, _ in MEMORY_COLUMNS:
+            cumulative_bytes += by_column[key]
+            end = min(width, round(cumulative_bytes * cells_per_byte))
+            cells.append((key, max(0, end - drawn)))
+            drawn = max(drawn, end)
+        out.append(BarSegments(
+            key=lp.layout.key, label=short_label(lp),
+            cells=tuple(cells), capacity_cell=capacity_cell,
+            overflow=lp.memory.gpu_device_used_bytes > capacity,
+            used_gib=fmt_gib(lp.memory.gpu_device_used_bytes),
+        ))
+    return out
+
+
+def short_label(lp: LayoutPlan) -> str:
+    """'Z3 opt:cpu par:nvme' (the table's three columns in one, for the chart)."""
+    layout = lp.layout
+    parts = [f"Z{layout.stage}"]
+    if layout.offload_optimizer != "gpu":
+        parts.append(f"opt:{layout.offload_optimizer}")
+    if layout.offload_param != "gpu":
+        parts.append(f"par:{layout.offload_param}")
+    return " ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class BreakEvenRow:
+    key: str
+    label: str
+    max_params: str
+    max_micro_batch: str
+    limited_by: str
+
+
+def breakeven_rows(plan: Plan) -> list[BreakEvenRow]:
+    """Largest model and micro-batch per layout; '—' where nothing fits or nothing was computed."""
+    rows = []
+    for lp in plan.layouts:
+        be = lp.breakeven
+        if be is None:
+            rows.append(BreakEvenRow(lp.layout.key, short_label(lp), "—", "—", "not computed"))
+            continue
+        rows.append(BreakEvenRow(
+            key=lp.layout.key, label=short_label(lp),
+            max_params=fmt_params(be.max_params),
+            max_micro_batch=str(be.max_micro_batch) if be.max_micro_batch > 0 else "—",
+            limited_by=be.limited_by if be.max_params > 0 else "—",
+        ))
+    return rows
+
+
+def crossover_lines(plan: Plan) -> list[str]:
+    """Where the choice changes as the model grows: for each size threshold (ascending), the
+    layouts that still fit beyond it. Empty when the break-even sizes are not known."""
+    sizes = sorted(((lp.breakeven.max_params, short_label(lp)) for lp in plan.layouts
+                    if lp.breakeven is not None and lp.breakeven.max_params > 0))
+    if not sizes:
+        return []
+    lines = []
+    current = plan.input.model.params
+    by_size: dict[int, list[str]] = {}
+    for size, label in sizes:
+        by_size.setdefault(size, []).append(label)
+    for size, labels in by_size.items():
+        marker = " ◀ this model" if current <= size and not any(
+            line.endswith("◀ this model") for line in lines) else ""
+        lines.append(f"> {fmt_params(size)}: {', '.join(labels)} out{marker}")
+    largest = sizes[-1]
+    lines.append(f"largest that fits at all: {fmt_params(largest[0])} ({largest[1]})")
+    return lines
+
+
+@dataclass(frozen=True, slots=True)
+class CompareRow:
+    key: str
+    label: str
+    pinned_peak: str
+    peak: str
+    peak_delta: str
+    peak_delta_sign: int
+    pinned_step: str
+    step: str
+    step_delta: str
+    step_delta_sign: int
+
+
+def compare_rows(pinned: Plan, current: Plan) -> list[CompareRow]:
+    """Peak memory and step time now vs the pinned plan, per layout present in both."""
+    rows = []
+    for lp in current.layouts:
+        try:
+            old = pinned.for_layout(lp.layout)
+        except KeyError:
+            continue
+        new_peak, old_peak = lp.memory.gpu_peak_allocated_bytes, old.memory.gpu_peak_allocated_bytes
+        new_step, old_step = lp.time.step_time_s, old.time.step_time_s
+        rows.append(CompareRow(
+            key=lp.layout.key, label=short_label(lp),
+            pinned_peak=fmt_gib(old_peak), peak=fmt_gib(new_peak),
+            peak_delta=fmt_percent_change(new_peak, old_peak),
+            peak_delta_sign=(new_peak > old_peak) - (new_peak < old_peak),
+            pinned_step=fmt_seconds(old_step), step=fmt_seconds(new_step),
+            step_delta=fmt_percent_change(new_step, old_step),
+            step_delta_sign=(new_step > old_step) - (new_step < old_step),
+        ))
+    return rows
+
+
+def input_changes(pinned: Plan, current: Plan) -> list[str]:
+    """Which inputs differ between the pinned plan and now ('seq: 2048 → 4096')."""
+    changes = []
+    old, new = pinned.input.model_dump(), current.input.model_dump()
+    for section in ("model", "hardware", "training", "zero"):
+        for key, value in new[section].items():
+            before = old[section].get(key)
+            if isinstance(value, dict) or isinstance(before, dict):
+                value = (value or {}).get("name") if isinstance(value, dict) or value is None else value
+                before = (before or {}).get("name") if isinstance(before, dict) or before is None else before
+            if value != before:
+                changes.append(f"{key}: {before} → {value}")
+    return changes
+
+
+def plan_summary(plan: Plan) -> str:
+    """The header's subtitle: model, size, hardware."""
+    inp = plan.input
+    hw = inp.hardware
+    nodes = f" × {hw.nodes} nodes" if hw.nodes > 1 else ""
+    return (f"{inp.model.name} · {fmt_params(inp.model.params)} params · "
+            f"{hw.gpus_per_node}× {hw.gpu.name}{nodes} · seq {inp.training.seq} · "
+            f"mb {inp.training.micro_batch}")
+
+
+def recommendation_text(plan: Plan) -> str:
+    rec = plan.recommendation
+    if rec.layout is None:
+        extra = f" Try: {'; '.join(rec.suggestions)}" if rec.suggestions else ""
+        return f"✗ {rec.reason}{extra}"
+    return f"★ {rec.layout.label}: {rec.reason}"

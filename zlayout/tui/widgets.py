@@ -1,0 +1,324 @@
+"""The app's widgets. Each one displays a `Plan` (or the inputs); none of them computes."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.containers import Horizontal, VerticalScroll
+from textual.message import Message
+from textual.reactive import reactive
+from textual.widget import Widget
+from textual.widgets import Checkbox, DataTable, Input, Label, Select, Static, TabbedContent, TabPane
+
+from zlayout.core.plan import Plan
+from zlayout.tui import view
+from zlayout.tui.form import NO_LINK, Presets
+
+CATEGORY_STYLES = {
+    "params": "#5f87ff",
+    "grads": "#d75fd7",
+    "optimizer": "#ffaf00",
+    "activations": "#5fd75f",
+    "buffers": "#00d7d7",
+    "overhead": "#8a8a8a",
+}
+HEADROOM_STYLES = {"ok": "bold green", "tight": "bold yellow", "over": "bold red"}
+
+
+class LayoutTable(DataTable):
+    """Every layout, one row each; the recommended one starred and bold."""
+
+    plan: reactive[Plan | None] = reactive(None, init=False, always_update=True)
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(cursor_type="row", zebra_stripes=True, fixed_columns=3, **kwargs)
+        self.border_title = "Layouts · GiB per GPU · Host: GiB per node · Comm: GB per GPU per step"
+
+    def on_mount(self) -> None:
+        self.add_column("ZeRO", key="stage", width=4)
+        self.add_column("Opt", key="opt", width=4)
+        self.add_column("Par", key="param", width=4)
+        for key, title in view.MEMORY_COLUMNS:
+            self.add_column(title, key=key, width=5)
+        for key, title, width in (("peak", "Peak", 5), ("used", "Used", 5), ("free", "Free", 6),
+                                  ("host", "Host", 5), ("comm", "Comm", 5), ("step", "Step", 6),
+                                  ("tps", "tok/s", 5)):
+            self.add_column(title, key=key, width=width)
+
+    def watch_plan(self, plan: Plan | None) -> None:
+        if plan is None:
+            return
+        cursor_key = self.selected_key
+        self.clear()
+        recommended_row = None
+        for index, row in enumerate(view.layout_rows(plan)):
+            style = "bold" if row.recommended else ""
+            cells: list[Any] = [
+                Text.assemble(("★ " if row.recommended else "  ", "bold yellow"), (row.stage, style)),
+                Text(row.optimizer_on, style=style),
+                Text(row.params_on, style=style),
+                *(Text(cell, justify="right") for cell in row.columns),
+                Text(row.peak_allocated, justify="right", style=style),
+                Text(row.device_used, justify="right"),
+                Text(row.headroom, justify="right", style=HEADROOM_STYLES[row.headroom_level]),
+                Text(row.host, justify="right", style="" if row.host_fits else "bold red"),
+                Text(row.comm, justify="right"),
+                Text(row.step_time, justify="right"),
+                Text(row.tokens_per_s, justify="right"),
+            ]
+            self.add_row(*cells, key=row.key)
+            if row.recommended:
+                recommended_row = index
+        keys = [row.key.value for row in self.ordered_rows]
+        if cursor_key in keys:
+            self.move_cursor(row=keys.index(cursor_key), animate=False)
+        elif recommended_row is not None:
+            self.move_cursor(row=recommended_row, animate=False)
+
+    @property
+    def selected_key(self) -> str | None:
+        """The layout key under the cursor (None before the first plan)."""
+        if not self.row_count:
+            return None
+        return self.ordered_rows[self.cursor_row].key.value
+
+
+class MemoryBars(Widget):
+    """Each layout's per-GPU memory as a stacked bar against the GPU's capacity (│)."""
+
+    plan: reactive[Plan | None] = reactive(None, init=False, layout=True)
+
+    LABEL_WIDTH = 21
+    VALUE_WIDTH = 7
+
+    def render(self) -> Text:
+        plan = self.plan
+        if plan is None:
+            return Text("")
+        width = max(10, self.size.width - self.LABEL_WIDTH - self.VALUE_WIDTH - 1)
+        capacity = plan.layouts[0].memory.gpu_capacity_bytes if plan.layouts else 0
+        out = Text(no_wrap=True, overflow="crop")
+        for key, title in view.MEMORY_COLUMNS:
+            out.append("■ ", style=CATEGORY_STYLES[key])
+            out.append(f"{title}  ", style="dim")
+        out.append("│", style="bold red")
+        out.append(f" capacity {view.fmt_gib(capacity)} GiB\n", style="dim")
+        for bar in view.bar_segments(plan, width):
+            out.append(f"{bar.label:<{self.LABEL_WIDTH - 1}} ", style="bold" if
+                       plan.recommendation.layout is not None
+                       and plan.recommendation.layout.key == bar.key else "")
+            line = []
+            for key, cells in bar.cells:
+                line += [("█", CATEGORY_STYLES[key])] * cells
+            line += [(" ", "")] * (width - len(line))
+            marker_char = line[bar.capacity_cell][0] if bar.capacity_cell < len(line) else " "
+            line[bar.capacity_cell] = ("│" if marker_char == " " else "┃", "bold red")
+            for char, style in line[:width]:
+                out.append(char, style=style)
+            out.append(f" {bar.used_gib:>5}", style="bold red" if bar.overflow else "")
+            out.append("\n")
+        out.rstrip()
+        return out
+
+
+class BreakEvenPanel(Widget):
+    """The largest model (and micro-batch) each layout fits, and where the choice changes."""
+
+    plan: reactive[Plan | None] = reactive(None, init=False, layout=True)
+
+    def render(self) -> Text:
+        plan = self.plan
+        if plan is None:
+            return Text("")
+        out = Text(no_wrap=True, overflow="ellipsis")
+        out.append(f"{'Layout':<20} {'max model':>9} {'max mb':>6}  limit\n", style="bold")
+        rows = view.breakeven_rows(plan)
+        for row in rows:
+            out.append(f"{row.label:<20} {row.max_params:>9} {row.max_micro_batch:>6}  "
+                       f"{row.limited_by}\n")
+        lines = view.crossover_lines(plan)
+        if lines:
+            out.append("\n")
+            for line in lines:
+                out.append(line + "\n", style="bold" if "◀" in line else "")
+        elif all(row.max_params == "—" for row in rows):
+            out.append("\nBreak-even sizes are not available yet (the core reports none).",
+                       style="dim italic")
+        out.rstrip()
+        return out
+
+
+class ComparePanel(Widget):
+    """Peak memory and step time now vs a pinned plan, side by side with the deltas."""
+
+    plan: reactive[Plan | None] = reactive(None, init=False, layout=True)
+    pinned: reactive[Plan | None] = reactive(None, init=False, layout=True)
+
+    def render(self) -> Text:
+        plan, pinned = self.plan, self.pinned
+        if pinned is None or plan is None:
+            return Text("Nothing pinned. Press ctrl+t to pin the current plan, then change "
+                        "inputs to see what changes.", style="dim italic")
+        out = Text(no_wrap=True, overflow="ellipsis")
+        changes = view.input_changes(pinned, plan)
+        out.append("Changed since pinned: ", style="bold")
+        out.append(", ".join(changes) if changes else "nothing yet", style="" if changes else "dim")
+        out.append("\n")
+        out.append(f"{'Layout':<20} {'peak GiB: pinned':>16} {'now':>6} {'Δ':>5}   "
+                   f"{'step: pinned':>12} {'now':>6} {'Δ':>5}\n", style="bold")
+        sign_style = {1: "red", -1: "green", 0: "dim"}
+        for row in view.compare_rows(pinned, plan):
+            out.append(f"{row.label:<20} {row.pinned_peak:>16} {row.peak:>6} ")
+            out.append(f"{row.peak_delta:>5}", style=sign_style[row.peak_delta_sign])
+            out.append(f"   {row.pinned_step:>12} {row.step:>6} ")
+            out.append(f"{row.step_delta:>5}", style=sign_style[row.step_delta_sign])
+            out.append("\n")
+        out.rstrip()
+        return out
+
+
+# --- the inputs panel -------------------------------------------------------------------
+
+MODEL_INT_LABELS = (("layers", "Layers"), ("hidden", "Hidden"), ("heads", "Heads"),
+                    ("kv_heads", "KV heads"), ("ffn", "FFN"), ("vocab", "Vocab"))
+HARDWARE_INT_LABELS = (("gpus_per_node", "GPUs/node"), ("nodes", "Nodes"),
+                       ("host_ram_gib", "Host RAM GiB"), ("nvme_gib", "NVMe GiB"))
+TRAINING_INT_LABELS = (("seq", "Sequence"), ("micro_batch", "Micro-batch"),
+                       ("grad_accum", "Grad accum"))
+
+
+class InputsPanel(Widget):
+    """Model, hardware and training inputs in three tabs. Posts `InputsPanel.Changed(field)`
+    when the user edits a field; the app turns the values into a plan input."""
+
+    class Changed(Message):
+        def __init__(self, field: str) -> None:
+            super().__init__()
+            self.field = field
+
+    def __init__(self, presets: Presets, values: Mapping[str, Any], *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self._presets = presets
+        self._initial = dict(values)
+
+    def compose(self) -> ComposeResult:
+        v = self._initial
+        with TabbedContent(id="input-tabs"):
+            with TabPane("Model", id="tab-model"):
+                with VerticalScroll():
+                    yield from self._row("Preset", Select(
+                        _options(self._presets.models, v.get("preset")), value=_or_null(v.get("preset")),
+                        prompt="custom", allow_blank=True, compact=True, id="preset"), "preset")
+                    yield from self._row("Size", Input(value="", placeholder="e.g. 70B",
+                                                       compact=True, id="size"), "size")
+                    for field, label in MODEL_INT_LABELS:
+                        yield from self._row(label, Input(value=v[field], compact=True, id=field,
+                                                          placeholder="default" if field in ("kv_heads", "ffn") else ""),
+                                             field)
+                    yield from self._row("MLP", Select([(k, k) for k in ("gelu", "swiglu")],
+                                                       value=v["mlp"], allow_blank=False,
+                                                       compact=True, id="mlp"), "mlp")
+                    yield from self._row("Norm", Select([(k, k) for k in ("layernorm", "rmsnorm")],
+                                                        value=v["norm"], allow_blank=False,
+                                                        compact=True, id="norm"), "norm")
+                    yield Checkbox("Biases", v["bias"], compact=True, id="bias")
+                    yield Checkbox("Tied embeddings", v["tie_embeddings"], compact=True,
+                                   id="tie_embeddings")
+            with TabPane("Hardware", id="tab-hardware"):
+                with VerticalScroll():
+                    yield from self._row("GPU", Select(_options(self._presets.gpus, v["gpu"]),
+                                                       value=v["gpu"], allow_blank=False,
+                                                       compact=True, id="gpu"), "gpu")
+                    for field, label in HARDWARE_INT_LABELS[:2]:
+                        yield from self._row(label, Input(value=v[field], compact=True, id=field), field)
+                    yield from self._row("Intra link", Select(
+                        _options(self._presets.links, v["intra_link"]), value=v["intra_link"],
+                        allow_blank=False, compact=True, id="intra_link"), "intra_link")
+                    yield from self._row("Inter link", Select(
+                        _options((NO_LINK, *self._presets.links), v["inter_link"]),
+                        value=v["inter_link"], allow_blank=False, compact=True, id="inter_link"),
+                        "inter_link")
+                    for field, label in HARDWARE_INT_LABELS[2:]:
+                        yield from self._row(label, Input(value=v[field], compact=True, id=field), field)
+            with TabPane("Training", id="tab-training"):
+                with VerticalScroll():
+                    for field, label in TRAINING_INT_LABELS:
+                        yield from self._row(label, Input(value=v[field], compact=True, id=field), field)
+                    yield from self._row("Precision", Select(
+                        [(k, k) for k in ("bf16", "fp16", "fp32")], value=v["precision"],
+                        allow_blank=False, compact=True, id="precision"), "precision")
+                    yield from self._row("Checkpoint", Select(
+                        [("none", "none"), ("full (every layer)", "full")], value=v["checkpointing"],
+                        allow_blank=False, compact=True, id="checkpointing"), "checkpointing")
+
+    @staticmethod
+    def _row(label: str, widget: Widget, field: str) -> Iterable[Widget]:
+        yield Horizontal(Label(label, classes="field-label"), widget, classes="field-row",
+                         id=f"row-{field}")
+        yield Static("", classes="field-error", id=f"error-{field}")
+
+    # The fields whose values make the plan input (not preset/size: those fill the others).
+    FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "mlp", "norm", "bias",
+              "tie_embeddings", "gpu", "gpus_per_node", "nodes", "intra_link", "inter_link",
+              "host_ram_gib", "nvme_gib", "seq", "micro_batch", "grad_accum", "precision",
+              "checkpointing")
+
+    def values(self) -> dict[str, Any]:
+        out = {}
+        for field in self.FIELDS + ("preset", "size"):
+            widget = self.query_one(f"#{field}")
+            value = widget.value
+            out[field] = None if value is Select.NULL else value
+        return out
+
+    def set_values(self, values: Mapping[str, Any]) -> None:
+        """Show `values` without posting Changed (the app already knows them)."""
+        with self.prevent(Input.Changed, Select.Changed, Checkbox.Changed):
+            for field, value in values.items():
+                widget = self.query_one(f"#{field}")
+                if isinstance(widget, Select):
+                    if value is None:
+                        widget.clear()
+                        continue
+                    if value not in {v for _, v in widget._options}:
+                        widget.set_options(_options(_option_values(widget), value))
+                    widget.value = value
+                else:
+                    widget.value = value
+
+    def mark_errors(self, errors: Mapping[str, str]) -> None:
+        """Mark each invalid field with its reason; clear the marks of the others."""
+        for row in self.query(".field-row"):
+            field = (row.id or "").removeprefix("row-")
+            reason = errors.get(field, "")
+            row.set_class(bool(reason), "invalid")
+            error = self.query_one(f"#error-{field}", Static)
+            error.update(f"↳ {reason}" if reason else "")
+            error.display = bool(reason)
+
+    @on(Input.Changed)
+    @on(Select.Changed)
+    @on(Checkbox.Changed)
+    def _field_changed(self, event: Input.Changed | Select.Changed | Checkbox.Changed) -> None:
+        event.stop()
+        widget = event.control if hasattr(event, "control") else None
+        if widget is not None and widget.id:
+            self.post_message(self.Changed(widget.id))
+
+
+def _or_null(value: Any) -> Any:
+    return Select.NULL if value is None else value
+
+
+def _options(names: Iterable[str], current: Any = None) -> list[tuple[str, str]]:
+    names = list(dict.fromkeys(names))
+    if current not in (None, "") and current not in names:
+        names.insert(0, current)
+    return [(name, name) for name in names]
+
+
+def _option_values(select: Select) -> list[str]:
+    return [value for _, value in select._options if value is not Select.NULL]
