@@ -1,18 +1,289 @@
-"""Break-even sizes (stub: filled in by the break-even work)."""
+"""Break-even sizes: the largest model each layout carries, the largest micro-batch, crossovers.
+
+"Largest model" means the largest model of the current model's family (the family's shape
+rule scales depth and width together: `catalog.model_for_size`) that fits GPU memory with
+the requested headroom, host RAM and NVMe, everything else unchanged. A model without a
+family (or of a family no preset names) is scaled in depth at fixed width: same layers'
+shape, vocabulary and style, more or fewer layers.
+
+The TUI recomputes every layout's break-even on each keystroke, so the searches count their
+memory evaluations: a bisection in log(params) (about a dozen evaluations, fewer when
+neighbouring sizes map to the same shape), a micro-batch search that extrapolates the
+(nearly linear) memory growth and then checks its neighbours, and a memo of the whole
+answer per (input, layout).
+"""
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass
 
-from zlayout.spec import Layout, PlanInput
+from zlayout.core.memory import MemoryEstimate, estimate_memory
+from zlayout.spec import Layout, ModelSpec, PlanInput, all_layouts
+
+MIN_PARAMS = 1e8
+MAX_PARAMS = 1e13
+PARAMS_TOLERANCE = 0.002  # stop bisecting when the bracket is this narrow (relative)
+MAX_MICRO_BATCH = 65536
 
 
 @dataclass(frozen=True, slots=True)
 class BreakEven:
     max_params: int  # largest model of the family that fits with the requested headroom
     max_micro_batch: int  # largest micro-batch that fits the current model (0: none)
-    limited_by: str  # "gpu", "host" or "nvme"
+    limited_by: str  # what the next larger model runs out of: "gpu", "host", "nvme"; "range" if none within 1e13
+    max_model: ModelSpec | None = None  # the model at max_params (None when none fits)
+    next_params: int = 0  # the smallest larger model of the family, which does not fit (0: none)
+    next_model: ModelSpec | None = None  # that model
+    scaling: str = "family"  # "family" (model_for_size) or "depth" (layers at fixed width)
 
 
+@dataclass(frozen=True, slots=True)
+class Crossover:
+    params: int  # the first model size (of the family) at which `stops_fitting` no longer fits
+    stops_fitting: Layout
+    takes_over: Layout | None  # the fastest layout that still fits at that size; None: none does
+
+    def describe(self) -> str:
+        size = format_params(self.params)
+        if self.takes_over is None:
+            return f"from {size} params, {self.stops_fitting.label} stops fitting; nothing else fits"
+        return (f"from {size} params, {self.stops_fitting.label} stops fitting; "
+                f"{self.takes_over.label} takes over")
+
+
+def format_params(params: float) -> str:
+    """'350M', '13.2B', '1.20T'."""
+    if params >= 1e12:
+        return f"{params / 1e12:.2f}T"
+    if params >= 1e9:
+        return f"{params / 1e9:.1f}B"
+    return f"{params / 1e6:.0f}M"
+
+
+# --------------------------------------------------------------------------- scaling the model
+
+
+@functools.lru_cache(maxsize=8192)
+def _family_model(family: str, target_params: float) -> ModelSpec:
+    from zlayout import catalog
+
+    return catalog.model_for_size(target_params, family)
+
+
+@functools.lru_cache(maxsize=256)
+def _family_is_known(family: str | None) -> bool:
+    if not family:
+        return False
+    try:
+        _family_model(family, 1e9)
+    except (KeyError, ValueError):
+        return False
+    return True
+
+
+def scaling_rule(model: ModelSpec) -> str:
+    """"family" when the catalog can scale this model's family, else "depth"."""
+    return "family" if _family_is_known(model.family) else "depth"
+
+
+def model_with_layers(model: ModelSpec, layers: int) -> ModelSpec:
+    return model.model_copy(update={"layers": layers})
+
+
+def scaled_model(model: ModelSpec, target_params: float) -> ModelSpec:
+    """The model of `model`'s family (or depth series) nearest `target_params`."""
+    if scaling_rule(model) == "family":
+        return _family_model(model.family, _round_target(target_params))
+    fixed = model.params - model.layers * model.layer_params()
+    layers = max(1, round((target_params - fixed) / model.layer_params()))
+    return model_with_layers(model, layers)
+
+
+TARGET_GRID = PARAMS_TOLERANCE / 8  # log-params grid the searches' targets snap to
+
+
+def _snap(log_params: float) -> float:
+    """A search target on a fixed grid in log(params), so searches share cached shapes."""
+    return round(log_params / TARGET_GRID) * TARGET_GRID
+
+
+def _with_model(inp: PlanInput, model: ModelSpec) -> PlanInput:
+    return inp.model_copy(update={"model": model})
+
+
+def _binding(est: MemoryEstimate) -> str:
+    if not est.fits_gpu:
+        return "gpu"
+    if not est.fits_host:
+        return "host"
+    return "nvme"
+
+
+# --------------------------------------------------------------------------- searches
+
+
+def _load_log(est: MemoryEstimate) -> float:
+    """log of the most loaded resource's use over its capacity (> 0: does not fit)."""
+    ratios = [est.gpu_device_used_bytes / max(1, est.gpu_usable_bytes)]
+    if est.host_peak_bytes:
+        ratios.append(est.host_peak_bytes / max(1, est.host_capacity_bytes))
+    if est.nvme_bytes:
+        ratios.append(est.nvme_bytes / max(1, est.nvme_capacity_bytes))
+    return math.log(max(max(ratios), 1e-12))
+
+
+def _largest_fitting(inp: PlanInput, layout: Layout,
+                     candidate) -> tuple[ModelSpec | None, ModelSpec | None, str]:
+    """(largest fitting model, smallest non-fitting model, what that one runs out of).
+
+    `candidate(x)` is the model of the series nearest params = exp(x), non-decreasing in x.
+    The bracket [lo fits, hi does not] in log(params) shrinks by regula falsi on the log of
+    the memory load (nearly linear in log params for large models), Illinois-modified so
+    both ends move, kept tolerance/2 inside the bracket so it closes; steps whose model is
+    one already judged cost no evaluation.
+    """
+    def judge(model: ModelSpec) -> MemoryEstimate:
+        return estimate_memory(_with_model(inp, model), layout)
+
+    lo, hi = math.log(MIN_PARAMS), math.log(MAX_PARAMS)
+    lo_model = candidate(lo)
+    est = judge(lo_model)
+    if not est.fits:
+        return None, lo_model, _binding(est)
+    f_lo = min(_load_log(est), 0.0)
+    hi_model = candidate(hi)
+    est = judge(hi_model)
+    if est.fits:
+        return hi_model, None, "range"
+    f_hi, hi_binding = max(_load_log(est), 1e-9), _binding(est)
+    side = 0
+    while hi - lo > PARAMS_TOLERANCE:
+        width = hi - lo
+        x = lo - f_lo * width / (f_hi - f_lo) if f_hi > f_lo else lo + 0.5 * width
+        x = min(max(x, lo + 0.5 * PARAMS_TOLERANCE), hi - 0.5 * PARAMS_TOLERANCE)
+        model = candidate(x)
+        if model == lo_model:
+            lo = x
+            continue
+        if model == hi_model:
+            hi = x
+            continue
+        est = judge(model)
+        if est.fits:
+            lo, lo_model, f_lo = x, model, min(_load_log(est), 0.0)
+            if side == -1:
+                f_hi *= 0.5
+            side = -1
+        else:
+            hi, hi_model, hi_binding = x, model, _binding(est)
+            f_hi = max(_load_log(est), 1e-9)
+            if side == 1:
+                f_lo *= 0.5
+            side = 1
+    return lo_model, hi_model, hi_binding
+
+
+def largest_micro_batch(inp: PlanInput, layout: Layout) -> int:
+    """The largest micro-batch that fits the current model (0 when even 1 does not).
+
+    Memory grows almost linearly with the micro-batch, so two evaluations predict the
+    answer; a gallop from the prediction and a bisection make it exact.
+    """
+    def fits(micro_batch: int) -> bool:
+        training = inp.training.model_copy(update={"micro_batch": micro_batch})
+        return estimate_memory(inp.model_copy(update={"training": training}), layout).fits
+
+    def used(micro_batch: int) -> tuple[bool, int, int]:
+        training = inp.training.model_copy(update={"micro_batch": micro_batch})
+        est = estimate_memory(inp.model_copy(update={"training": training}), layout)
+        return est.fits, est.gpu_device_used_bytes, est.gpu_usable_bytes
+
+    fits1, used1, usable = used(1)
+    if not fits1:
+        return 0
+    fits2, used2, _ = used(2)
+    if not fits2:
+        return 1
+    slope = used2 - used1
+    guess = MAX_MICRO_BATCH if slope <= 0 else int(1 + (usable - used1) // slope)
+    guess = min(MAX_MICRO_BATCH, max(2, guess))
+    # bracket [lo fits, hi does not], galloping out from the guess
+    if fits(guess):
+        lo, step = guess, 1
+        hi = guess + step
+        while hi <= MAX_MICRO_BATCH and fits(hi):
+            lo, step = hi, step * 2
+            hi = lo + step
+        if hi > MAX_MICRO_BATCH:
+            if fits(MAX_MICRO_BATCH):
+                return MAX_MICRO_BATCH
+            hi = MAX_MICRO_BATCH
+    else:
+        hi, step = guess, 1
+        lo = max(2, guess - step)
+        while lo > 2 and not fits(lo):
+            hi, step = lo, step * 2
+            lo = max(2, hi - step)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+@functools.lru_cache(maxsize=1024)
 def break_even(inp: PlanInput, layout: Layout) -> BreakEven:
-    return BreakEven(max_params=0, max_micro_batch=0, limited_by="gpu")
+    """The largest model and micro-batch `layout` carries on `inp`'s hardware (memoized)."""
+    rule = scaling_rule(inp.model)
+    model = inp.model
+    if rule == "family":
+        def candidate(log_params: float) -> ModelSpec:
+            return _family_model(model.family, math.exp(_snap(log_params)))
+    else:
+        def candidate(log_params: float) -> ModelSpec:
+            return scaled_model(model, math.exp(log_params))
+    largest, smallest_failing, limited_by = _largest_fitting(inp, layout, candidate)
+    return BreakEven(
+        max_params=largest.params if largest else 0,
+        max_micro_batch=largest_micro_batch(inp, layout),
+        limited_by=limited_by,
+        max_model=largest,
+        next_params=smallest_failing.params if smallest_failing else 0,
+        next_model=smallest_failing,
+        scaling=rule,
+    )
+
+
+def crossovers(inp: PlanInput, layouts: tuple[Layout, ...] | None = None) -> list[Crossover]:
+    """Where each layout stops fitting as the model grows, and which layout is fastest beyond.
+
+    One entry per layout that fits some size of the family and stops within the range, in
+    order of size; `takes_over` is the fastest (by predicted step time) of the layouts that
+    still fit at the first size `stops_fitting` cannot carry.
+    """
+    from zlayout.core.comm import estimate_comm
+    from zlayout.core.steptime import estimate_step_time
+
+    chosen = tuple(layouts) if layouts is not None else all_layouts()
+    evens = {layout: break_even(inp, layout) for layout in chosen}
+    out = []
+    ordered = sorted((be.next_params, layout.key, layout) for layout, be in evens.items()
+                     if be.max_params > 0 and be.next_params > 0)
+    for next_params, _, layout in ordered:
+        still = [other for other, be in evens.items()
+                 if other != layout and (be.max_params >= next_params or be.limited_by == "range")]
+        takes_over = None
+        if still:
+            bigger = _with_model(inp, evens[layout].next_model)
+
+            def step_s(other: Layout) -> float:
+                return estimate_step_time(bigger, other, estimate_comm(bigger, other)).step_time_s
+
+            takes_over = min(still, key=lambda other: (step_s(other), other.key))
+        out.append(Crossover(next_params, layout, takes_over))
+    return out
+

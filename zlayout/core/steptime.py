@@ -1,11 +1,44 @@
-"""Step time per layout (stub: filled in by the comm/step-time work)."""
+"""Step time per layout: compute from FLOPs, the communication that cannot hide, the offload.
+
+A roofline-style model with a handful of constants, each calibrated on the H200 measurements
+(`benchmarks/steptime_accuracy.py` prints the error on every measured layout):
+
+- Compute: matmul FLOPs (6 per parameter per token, 8 with full checkpointing's recompute)
+  plus attention's (12*layers*hidden*seq per token for forward+backward; the causal flash
+  kernel skips the masked half of the blocks) over the GPU's peak times an achieved efficiency.
+- The GPU-side optimizer and gradient bookkeeping: memory-bound passes over HBM.
+- Communication: each collective's bytes over the bus bandwidth of the link it crosses
+  (intra- vs inter-node, the slower share paces the ring), plus a latency per ring step.
+  What overlaps: stage 1-3 gradient reductions run in the backward hooks on a side stream
+  with overlap_comm, hidden behind the backward pass except the last bucket; stage 3's
+  prefetch hides part of the parameter all-gathers behind forward and backward; stage 0's
+  all-reduce and stage 1-2's post-step all-gather are fully exposed.
+- Stage 3's per-module hooks (fetch, release, partition) cost a fixed time per fetch.
+- Offload: PCIe copies at the GPU's achieved host<->device bandwidth (gradients going down
+  overlap with backward, parameters coming up after the step do not); the CPU optimizer
+  step (DeepSpeedCPUAdam plus gradient clipping and the fp32->bf16 cast: ~42 bytes of host
+  memory traffic per parameter) bound by the node's host memory bandwidth shared by its
+  GPUs, or by the threads each rank runs with; NVMe reads and writes at the node's NVMe
+  bandwidth, not overlapped.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zlayout.core.comm import CommEstimate
-from zlayout.spec import Layout, PlanInput
+from zlayout.core.comm import Collective, CommEstimate, estimate_comm, stage3_fetched_modules
+from zlayout.spec import Layout, LinkSpec, PlanInput
+
+# Calibrated on shared/reference/h200-2026-11-29.jsonl (see docs/tradeoffs.md).
+GPU_COMPUTE_EFFICIENCY = 0.45  # achieved / peak bf16 FLOP/s in forward+backward matmuls
+HBM_EFFICIENCY = 0.8  # achieved / nominal HBM bandwidth for elementwise optimizer kernels
+GPU_OPTIMIZER_BYTES_PER_PARAM = 42  # fused Adam r/w of fp32 master+moments, grad read, bf16 write, clip
+HOST_MEM_EFFICIENCY = 0.55  # DeepSpeedCPUAdam's achieved / nominal host memory bandwidth
+HOST_CORE_GBPS = 14.0  # host memory traffic one CPU thread drives through the CPU optimizer step
+CPU_OPTIMIZER_BYTES_PER_PARAM = 42  # clip r/w 8 + Adam r 16 w 12 + fp32->bf16 cast r 4 w 2
+STAGE3_FETCH_OVERHEAD_S = 0.3e-3  # Python hooks per gathered module (fetch, release, reduce)
+STAGE3_GATHER_OVERHEAD_S = 0.3e-3  # more per fetch with world > 1: gather buffers, waits, record_stream
+STAGE3_PREFETCH_OVERLAP = 0.0  # share of fwd+bwd compute stage-3 prefetch hides gathers behind (measured: ~none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,12 +49,160 @@ class StepTimeEstimate:
     step_time_s: float
     tokens_per_s: float
     mfu: float
+    gpu_optimizer_s: float = 0.0  # optimizer step and gradient bookkeeping on the GPU (HBM-bound)
+    stage3_overhead_s: float = 0.0  # stage 3's per-module hooks
+    comm_total_s: float = 0.0  # all network communication, hidden or not
+    cpu_optimizer_s: float = 0.0  # of offload_s: the optimizer step on the host
+    pcie_s: float = 0.0  # of offload_s: exposed PCIe copies
+    nvme_s: float = 0.0  # of offload_s: NVMe reads and writes
+    tokens_per_step: int = 0  # all GPUs together
+    model_flops_per_step: float = 0.0  # 6 * params * tokens (what MFU counts)
 
 
-def estimate_step_time(inp: PlanInput, layout: Layout, comm: CommEstimate) -> StepTimeEstimate:
-    t = inp.training
-    tokens = t.seq * t.micro_batch * t.grad_accum * inp.hardware.world
-    flops = 6 * inp.model.params * tokens
-    compute = flops / (inp.hardware.world * inp.hardware.gpu.peak_bf16_flops * 0.45)
-    step = compute
-    return StepTimeEstimate(compute, 0.0, 0.0, step, tokens / step, 0.45)
+def matmul_params(inp: PlanInput) -> int:
+    """Parameters that take part in matmuls: the blocks and the output head (not the lookup)."""
+    m = inp.model
+    return m.layers * m.layer_params() + m.vocab * m.hidden
+
+
+def compute_flops_per_token(inp: PlanInput) -> float:
+    """Hardware FLOPs one token costs in forward+backward, recompute included."""
+    m, t = inp.model, inp.training
+    recompute = t.checkpointing == "full"
+    dense = (8 if recompute else 6) * matmul_params(inp)
+    # QK^T and AV: 4*hidden*seq per layer forward, twice that backward, once more recomputed
+    attention = (16 if recompute else 12) * m.layers * m.hidden * t.seq
+    if t.flash_attention:
+        attention *= 0.5  # the causal flash kernel skips the fully masked blocks
+    return dense + attention
+
+
+def collective_time_s(coll: Collective, inp: PlanInput) -> float:
+    """Bandwidth time of the slower share plus the ring's per-step latency for every launch."""
+    hw = inp.hardware
+    intra_s = coll.intra_node_bytes / _bus_bytes_per_s(hw.intra_link)
+    inter_s = 0.0
+    latency_us = hw.intra_link.latency_us
+    if coll.inter_node_bytes and hw.inter_link is not None:
+        inter_s = coll.inter_node_bytes / _bus_bytes_per_s(hw.inter_link)
+        latency_us = max(latency_us, hw.inter_link.latency_us)
+    ring_steps = (2 if coll.kind == "all_reduce" else 1) * (hw.world - 1)
+    return max(intra_s, inter_s) + coll.calls_per_step * ring_steps * latency_us * 1e-6
+
+
+def _bus_bytes_per_s(link: LinkSpec) -> float:
+    return link.bandwidth_gbps * link.efficiency * 1e9
+
+
+def host_optimizer_bytes_per_s(inp: PlanInput, cpu_threads_per_rank: int | None) -> float:
+    """Host memory traffic one rank's CPU optimizer step gets.
+
+    The node's bandwidth is shared by its ranks; a rank with few threads (torchrun sets
+    OMP_NUM_THREADS=1 when it starts several processes) is bound by its threads instead.
+    """
+    hw = inp.hardware
+    shared = hw.host_mem_gbps * HOST_MEM_EFFICIENCY * 1e9 / hw.gpus_per_node
+    if cpu_threads_per_rank is None:
+        return shared
+    return min(shared, cpu_threads_per_rank * HOST_CORE_GBPS * 1e9)
+
+
+def estimate_step_time(inp: PlanInput, layout: Layout, comm: CommEstimate | None = None,
+                       cpu_threads_per_rank: int | None = None) -> StepTimeEstimate:
+    """Wall time of one optimizer step (all micro-steps) and what it buys.
+
+    `cpu_threads_per_rank`: the threads each rank's CPU optimizer runs with (None: enough that
+    host memory bandwidth binds, as with OMP_NUM_THREADS = cores / ranks).
+    """
+    if comm is None:
+        comm = estimate_comm(inp, layout)
+    m, t, hw = inp.model, inp.training, inp.hardware
+    n, accum = hw.world, t.grad_accum
+    tokens_per_micro = t.seq * t.micro_batch  # per GPU
+    flops_per_token = compute_flops_per_token(inp)
+    peak = hw.gpu.peak_bf16_flops * (0.5 if t.precision == "fp32" else 1.0)
+    micro_compute_s = flops_per_token * tokens_per_micro / (peak * GPU_COMPUTE_EFFICIENCY)
+    compute_s = micro_compute_s * accum
+    backward_share = (6 / 8) if t.checkpointing == "full" else (2 / 3)  # recompute runs in backward
+    micro_backward_s = micro_compute_s * backward_share
+
+    # GPU memory-bound passes: the optimizer (on the rank's partition) and gradient copies
+    params = m.params
+    partition = params / n if layout.stage >= 1 else params
+    hbm_bytes_per_s = hw.gpu.hbm_gbps * HBM_EFFICIENCY * 1e9
+    hbm_bytes = 0.0
+    if layout.offload_optimizer == "gpu":
+        hbm_bytes += GPU_OPTIMIZER_BYTES_PER_PARAM * partition
+    if layout.stage == 0:
+        hbm_bytes += 6 * params  # bf16 gradients accumulated into fp32 (BF16_Optimizer)
+    else:
+        hbm_bytes += 4 * params * accum + 6 * partition  # bucket copies, partition cast to fp32
+    gpu_optimizer_s = hbm_bytes / hbm_bytes_per_s
+
+    stage3_overhead_s = 0.0
+    if layout.stage == 3:
+        per_fetch_s = STAGE3_FETCH_OVERHEAD_S + (STAGE3_GATHER_OVERHEAD_S if n > 1 else 0.0)
+        stage3_overhead_s = 2 * accum * stage3_fetched_modules(inp) * per_fetch_s
+
+    # network: what cannot hide behind compute
+    comm_total_s = 0.0
+    exposed_comm_s = 0.0
+    prefetch_s = 0.0  # stage-3 gathers (and their PCIe fetches) hidden behind fwd+bwd
+    grad_reduce_s = 0.0
+    grad_last_bucket_s = 0.0
+    for coll in comm.collectives:
+        coll_s = collective_time_s(coll, inp)
+        comm_total_s += coll_s
+        if coll.phase in ("after_backward", "after_step"):
+            exposed_comm_s += coll_s
+        elif coll.phase == "forward_backward":
+            prefetch_s += coll_s
+        else:
+            grad_reduce_s += coll_s
+            calls = max(1, coll.calls_per_step)
+            grad_last_bucket_s += coll_s / calls  # the bucket filled last waits for nothing
+    reduce_window_s = micro_backward_s * (1 if layout.stage == 1 else accum)
+    if grad_reduce_s:
+        exposed_comm_s += max(grad_last_bucket_s, grad_reduce_s - reduce_window_s)
+
+    # PCIe: gradients down during backward, parameters up after the step, fetches in fwd/bwd
+    pcie_bytes_per_s = hw.gpu.pcie_gbps * 1e9
+    down_s = comm.pcie_to_host_bytes / pcie_bytes_per_s
+    fetch_s = comm.pcie_param_fetch_bytes / pcie_bytes_per_s
+    up_after_step_s = (comm.pcie_to_gpu_bytes - comm.pcie_param_fetch_bytes) / pcie_bytes_per_s
+    pcie_exposed_s = up_after_step_s + max(0.0, down_s - reduce_window_s)
+
+    if layout.stage == 3:
+        hideable_s = STAGE3_PREFETCH_OVERLAP * compute_s
+        # a fetch from host memory precedes the gather of the same module
+        exposed_fetch_s = max(0.0, prefetch_s + fetch_s - hideable_s)
+        comm_part = min(exposed_fetch_s, prefetch_s)
+        exposed_comm_s += comm_part
+        pcie_exposed_s += exposed_fetch_s - comm_part
+
+    cpu_optimizer_s = 0.0
+    if layout.offload_optimizer != "gpu":
+        cpu_optimizer_s = (CPU_OPTIMIZER_BYTES_PER_PARAM * params / n
+                           / host_optimizer_bytes_per_s(inp, cpu_threads_per_rank))
+    nvme_s = (comm.nvme_read_bytes + comm.nvme_write_bytes) / (hw.nvme_gbps * 1e9)
+    offload_s = cpu_optimizer_s + pcie_exposed_s + nvme_s
+
+    step_s = compute_s + gpu_optimizer_s + stage3_overhead_s + exposed_comm_s + offload_s
+    tokens = tokens_per_micro * accum * n
+    model_flops = 6 * params * tokens
+    return StepTimeEstimate(
+        compute_s=compute_s,
+        comm_s=exposed_comm_s,
+        offload_s=offload_s,
+        step_time_s=step_s,
+        tokens_per_s=tokens / step_s,
+        mfu=model_flops / (step_s * n * hw.gpu.peak_bf16_flops),
+        gpu_optimizer_s=gpu_optimizer_s,
+        stage3_overhead_s=stage3_overhead_s,
+        comm_total_s=comm_total_s,
+        cpu_optimizer_s=cpu_optimizer_s,
+        pcie_s=pcie_exposed_s,
+        nvme_s=nvme_s,
+        tokens_per_step=tokens,
+        model_flops_per_step=model_flops,
+    )
