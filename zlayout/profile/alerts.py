@@ -6,8 +6,8 @@ so the person paged at 3 a.m. knows what crossing it means and what to look at.
 
 from __future__ import annotations
 
-from zlayout.profile.schema import (Alerts, Basis, GpuMemoryAlert, HostMemoryAlert, LossSpikeAlert,
-                                    Prediction, StepTimeAlert, Verification)
+from zlayout.profile.schema import (MEASURED_STATUSES, Alerts, Basis, GpuMemoryAlert, HostMemoryAlert,
+                                    LossSpikeAlert, Prediction, StepTimeAlert, Verification)
 from zlayout.spec import GiB, PlanInput
 
 GPU_MEMORY_MARGIN = 0.10
@@ -23,8 +23,8 @@ def _gib(n: float) -> str:
 
 
 def derive_alerts(inp: PlanInput, prediction: Prediction, verification: Verification) -> Alerts:
-    """Thresholds from the validated measurement when there is one, else from the prediction."""
-    measured = verification.measured if verification.status == "validated" else {}
+    """Thresholds from a complete run's measurement when there is one, else from the prediction."""
+    measured = verification.measured if verification.status in MEASURED_STATUSES else {}
 
     def pick(key: str, predicted: int | float | None) -> tuple[Basis, int | float | None]:
         if key in measured:

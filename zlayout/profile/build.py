@@ -14,8 +14,8 @@ from pydantic import ValidationError
 from zlayout import __version__
 from zlayout.core.plan import plan_layout
 from zlayout.profile.alerts import derive_alerts
-from zlayout.profile.schema import (ChangeEntry, PredictedTerm, Prediction, Profile, RestartDrill,
-                                    RunSettings, Verification, utc_now)
+from zlayout.profile.schema import (MEASURED_STATUSES, ChangeEntry, PredictedTerm, Prediction, Profile,
+                                    RestartDrill, RunSettings, Verification, utc_now)
 from zlayout.spec import Layout, PlanInput
 
 
@@ -98,9 +98,9 @@ def build_profile(inp: PlanInput, layout: Layout, *, name: str | None = None,
 
 
 def _figures(profile: Profile) -> tuple[int, int, float | None]:
-    """(GPU peak, host peak, step time) as best known: measured when validated."""
+    """(GPU peak, host peak, step time) as best known: measured after a complete run."""
     p = profile.prediction
-    m = profile.verification.measured if profile.verification.status == "validated" else {}
+    m = profile.verification.measured if profile.verification.status in MEASURED_STATUSES else {}
     step = m.get("step_time_s", p.step_time_s)
     return (int(m.get("gpu_peak_allocated_bytes", p.gpu_peak_allocated_bytes)),
             int(m.get("host_peak_bytes", p.host_peak_bytes)),
@@ -108,7 +108,7 @@ def _figures(profile: Profile) -> tuple[int, int, float | None]:
 
 
 def _numbers(block: Mapping[str, Any] | None) -> dict[str, int | float]:
-    """Numeric figures only (bools and None dropped: TOML can hold neither as a figure)."""
+    """Numeric figures only: lists, strings, bools and None are left out (TOML has no null)."""
     out: dict[str, int | float] = {}
     for key, value in (block or {}).items():
         if isinstance(value, bool) or value is None:
@@ -122,40 +122,70 @@ def _gpus_text(gpus: Any) -> tuple[str | None, int | None]:
     if gpus is None:
         return None, None
     if isinstance(gpus, (list, tuple)):
-        names = [str(g) for g in gpus]
+        names = [str(g) for g in gpus if g]
         if not names:
-            return None, 0
+            return None, None
         if len(set(names)) == 1:
             return f"{len(names)}x {names[0]}", len(names)
         return ", ".join(names), len(names)
     return str(gpus), None
 
 
+def _check_same_run(profile: Profile, result: Mapping[str, Any]) -> None:
+    """A result for another layout or other inputs must not be filed under this profile."""
+    layout = result.get("layout")
+    if isinstance(layout, Mapping):
+        try:
+            ran = Layout(**{k: v for k, v in layout.items() if k in Layout.model_fields})
+        except ValidationError:
+            raise ValueError(f"verification result: unreadable layout {dict(layout)}") from None
+        if ran != profile.layout:
+            raise ValueError(f"verification result is for {ran.label}, this profile is {profile.layout.label}: "
+                             "verify the profile's own layout")
+    inputs = result.get("inputs")
+    if isinstance(inputs, Mapping):
+        try:
+            ran_inputs = PlanInput.model_validate(inputs)
+        except ValidationError:
+            raise ValueError("verification result: its inputs are not a valid plan input") from None
+        if ran_inputs != profile.inputs:
+            raise ValueError("verification result was run with other inputs than this profile's "
+                             "(model, hardware or training differ): verify the profile itself")
+
+
 def attach_verification(profile: Profile, result: Mapping[str, Any],
                         now: datetime | None = None) -> Profile:
-    """Fold a verification run's result into the profile.
+    """Fold a verification run's result (zlayout.verify's result dict) into the profile.
 
-    `result` is the verification run's dict: `status` (validated|unverified|failed|does-not-fit),
-    `measured` and `predicted` figures (gpu_peak_allocated_bytes, gpu_peak_reserved_bytes,
-    host_peak_bytes, step_time_s, tokens_per_s, ...), optional `restart_drill`
-    {resumed_ok, resume_s} and `environment` {gpus, gpu_count, driver, cuda, torch, deepspeed},
-    optional `when` (datetime or ISO string), `steps`, `message`. Fills [verification] and
-    [restart_drill], recomputes [alerts] from the measurement and appends a change-log entry.
-    Raises ValueError naming the bad field.
+    Reads `status` (validated, mismatch, does-not-fit, failed, cpu-ok; `cancelled` is refused),
+    `cause`, `measured` and `predicted` figures (gpu_peak_allocated_bytes, gpu_peak_reserved_bytes,
+    gpu_device_used_bytes, host_peak_bytes, step_time_s, tokens_per_s, ...: numbers are kept,
+    per-step lists dropped), `restart_drill` {resumed_ok, resume_s, ...}, `environment`
+    {gpus (list or text), driver, cuda, torch, deepspeed}, and when present `layout`/`inputs`
+    (which must be the profile's) and `when`. Fills [verification] and [restart_drill],
+    recomputes [alerts] from the measurement and appends a change-log entry.
+    Raises ValueError naming what is wrong.
     """
+    status = result.get("status")
+    if status == "cancelled":
+        raise ValueError("the verification run was cancelled: it verified nothing; run it to the end")
+    _check_same_run(profile, result)
     env = dict(result.get("environment") or {})
-    measured = _numbers(result.get("measured"))
+    measured_block = result.get("measured") or {}
+    measured = _numbers(measured_block)
     predicted = _numbers(result.get("predicted")) or profile.prediction.figures()
     errors = {k: round((predicted[k] - v) / v, 6) for k, v in measured.items()
-              if k in predicted and v}
+              if k in predicted and v and k not in ("world", "params")}
     gpus, count = _gpus_text(env.get("gpus"))
+    steps_run = measured_block.get("steps_run") if isinstance(measured_block, Mapping) else None
     fields = {
-        "status": result.get("status"),
+        "status": status,
         "when": result.get("when") or env.get("when") or now or utc_now(),
         "gpus": gpus, "gpu_count": env.get("gpu_count", count),
         "driver": env.get("driver"), "cuda": env.get("cuda"),
         "torch": env.get("torch"), "deepspeed": env.get("deepspeed"),
-        "steps": result.get("steps"), "message": result.get("message"),
+        "steps": result.get("steps", len(steps_run) if isinstance(steps_run, list) and steps_run else None),
+        "message": result.get("message") or result.get("cause"),
         "measured": measured, "predicted": predicted, "error_fraction": errors,
     }
     fields = {k: (str(v) if k in ("driver", "cuda", "torch", "deepspeed") and v is not None else v)
@@ -172,13 +202,15 @@ def attach_verification(profile: Profile, result: Mapping[str, Any],
         raise ValueError(f"verification result: {describe_validation_error(exc)}") from None
 
     before = _figures(profile)
-    after_gpu = int(measured.get("gpu_peak_allocated_bytes", profile.prediction.gpu_peak_allocated_bytes))
-    after_host = int(measured.get("host_peak_bytes", profile.prediction.host_peak_bytes))
-    after_step = measured.get("step_time_s", profile.prediction.step_time_s)
+    complete = verification.status in MEASURED_STATUSES
+    after_gpu = int(measured.get("gpu_peak_allocated_bytes", before[0]))
+    after_host = int(measured.get("host_peak_bytes", before[1]))
+    after_step = measured.get("step_time_s", before[2]) if complete else before[2]
     where = f" on {verification.gpus}" if verification.gpus else ""
+    first_line = (verification.message or "").strip().splitlines()
     entry = ChangeEntry(
         when=verification.when, why=f"verification {verification.status}{where}"
-        + (f": {verification.message}" if verification.message else ""),
+        + (f": {first_line[0][:200]}" if first_line else ""),
         basis="measured" if measured else "predicted",
         layout_before=profile.layout.label, layout_after=profile.layout.label,
         gpu_peak_bytes_before=before[0], gpu_peak_bytes_after=after_gpu,

@@ -7,8 +7,6 @@ Each runs the team's own training script, `${TRAIN_SCRIPT:-train.py}`, with
 
 from __future__ import annotations
 
-import shlex
-
 from zlayout.profile.schema import Profile
 
 DEEPSPEED_SCRIPT = "launch_deepspeed.sh"
@@ -16,9 +14,14 @@ TORCHRUN_SCRIPT = "launch_torchrun.sh"
 SLURM_SCRIPT = "launch_slurm.sbatch"
 
 
+def _in_double_quotes(text: str) -> str:
+    """`text` escaped to sit inside "..." in bash (the default of ${TRAIN_SCRIPT:-...})."""
+    return "".join("\\" + c if c in '\\"$`' else c for c in text)
+
+
 def _header(profile: Profile, how: str) -> str:
     hw = profile.inputs.hardware
-    train = shlex.quote(profile.run.train_script)
+    train = " ".join(profile.run.train_script.split())
     description, name = " ".join(profile.description.split()), " ".join(profile.name.split())
     lines = [
         "#!/usr/bin/env bash",
@@ -45,7 +48,7 @@ _FIND_CONFIG = (
 
 def deepspeed_script(profile: Profile) -> str:
     hw, run = profile.inputs.hardware, profile.run
-    train = shlex.quote(run.train_script)
+    train = _in_double_quotes(run.train_script)
     out = _header(profile, "Launch with DeepSpeed's launcher (`deepspeed`)")
     if hw.nodes > 1:
         out += (
@@ -71,7 +74,7 @@ def deepspeed_script(profile: Profile) -> str:
 
 def torchrun_script(profile: Profile) -> str:
     hw, run = profile.inputs.hardware, profile.run
-    train = shlex.quote(run.train_script)
+    train = _in_double_quotes(run.train_script)
     out = _header(profile, "Launch with torchrun (one process per GPU)")
     out += "# The training script reads LOCAL_RANK from the environment (torchrun sets it).\n"
     if hw.nodes > 1:
@@ -84,7 +87,7 @@ def torchrun_script(profile: Profile) -> str:
     if hw.nodes > 1:
         out += (
             f"exec torchrun --nnodes {hw.nodes} --nproc_per_node {hw.gpus_per_node} "
-            '--node_rank "${NODE_RANK:?set NODE_RANK to this node\'s index}" \\\n'
+            f'--node_rank "${{NODE_RANK:?set NODE_RANK to this node index, 0..{hw.nodes - 1}}}" \\\n'
             '    --rdzv_backend c10d --rdzv_id "${RDZV_ID:-zlayout}" '
             f'--rdzv_endpoint "${{MASTER_ADDR:?set MASTER_ADDR to node 0}}:${{MASTER_PORT:-{run.master_port}}}" \\\n'
         )
@@ -98,7 +101,7 @@ def torchrun_script(profile: Profile) -> str:
 
 def slurm_script(profile: Profile) -> str:
     hw, run = profile.inputs.hardware, profile.run
-    train = shlex.quote(run.train_script)
+    train = _in_double_quotes(run.train_script)
     job = "".join(c if c.isalnum() or c in "-_." else "-" for c in profile.name)[:60]
     out = _header(profile, "Submit with `sbatch launch_slurm.sbatch`: srun starts one torchrun per node")
     out += (

@@ -18,7 +18,10 @@ from zlayout.spec import Layout, PlanInput
 
 SCHEMA_VERSION = 1
 
-Status = Literal["validated", "unverified", "failed", "does-not-fit"]
+# validated: measured within tolerance; mismatch: ran, but the measurement is off the prediction
+# (alerts then follow the measurement); cpu-ok: ran end to end on CPU only, nothing measured on GPU.
+Status = Literal["validated", "unverified", "failed", "does-not-fit", "mismatch", "cpu-ok"]
+MEASURED_STATUSES = ("validated", "mismatch")  # a complete run whose figures alerts may follow
 Basis = Literal["measured", "predicted"]
 Where = Literal["gpu", "host", "nvme"]
 
@@ -45,6 +48,13 @@ class RunSettings(Section):
     nvme_path: str = Field(default=DEFAULT_NVME_PATH, description="NVMe offload directory on every node")
     checkpoint_dir: str | None = Field(default=None, description="where the job saves DeepSpeed checkpoints")
     master_port: int = Field(default=29500, gt=0, lt=65536)
+
+    @field_validator("train_script", "nvme_path", "checkpoint_dir")
+    @classmethod
+    def _one_line(cls, value: str | None) -> str | None:
+        if value is not None and any(ord(c) < 32 for c in value):
+            raise ValueError("a path on one line, without control characters")
+        return value
 
 
 class PredictedTerm(Section):
@@ -122,7 +132,15 @@ class RestartDrill(Section):
     """Did the job resume from its own checkpoint (kill, restart, same loss)?"""
 
     resumed_ok: bool
-    resume_s: float | None = None
+    resume_s: float | None = Field(default=None, description="restart to the first resumed step")
+    restart_wall_s: float | None = None
+    save_s: float | None = None
+    step_before: int | None = None
+    step_after: int | None = None
+    loss_expected: float | None = None
+    loss_resumed: float | None = None
+    loss_exact: bool | None = None
+    loss_max_rel_diff: float | None = None
     message: str | None = None
 
 

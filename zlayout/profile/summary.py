@@ -8,9 +8,6 @@ from __future__ import annotations
 from zlayout.profile.schema import Profile
 from zlayout.spec import GiB
 
-_BYTE_FIGURES = ("_bytes",)
-
-
 def gib(n: float | int | None) -> str:
     return "-" if n is None else f"{n / GiB:,.1f} GiB"
 
@@ -25,6 +22,8 @@ def figure(key: str, value: float | int | None) -> str:
         return "-"
     if key.endswith("_bytes"):
         return gib(value)
+    if key.endswith("_per_s"):
+        return f"{value:,.0f}/s"
     if key.endswith("_s"):
         return seconds(float(value))
     return f"{value:,.4g}" if isinstance(value, float) else f"{value:,}"

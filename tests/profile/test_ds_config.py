@@ -1,0 +1,85 @@
+"""ds_config.json as written beside the profile is accepted by DeepSpeed's own config class."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from zlayout.profile import build_profile, save_profile_dir
+from zlayout.spec import Layout, all_layouts
+
+deepspeed_config = pytest.importorskip("deepspeed.runtime.config")
+
+
+@pytest.fixture
+def world_of(monkeypatch):
+    """DeepSpeedConfig asks torch.distributed for the world size (1 when it is not initialized)
+    and checks train_batch_size against it; stand in for the profile's world of processes."""
+
+    def set_world(world: int) -> None:
+        monkeypatch.setattr(deepspeed_config.dist, "get_world_size", lambda *a, **k: world)
+        monkeypatch.setattr(deepspeed_config.dist, "get_rank", lambda *a, **k: 0)
+
+    return set_world
+
+
+def _load(path, world_of, world):
+    world_of(world)
+    return deepspeed_config.DeepSpeedConfig(str(path))
+
+
+@pytest.mark.parametrize("layout", all_layouts(), ids=lambda lay: lay.key)
+@pytest.mark.parametrize("shape", [
+    dict(gpus_per_node=1, precision="bf16"),
+    dict(gpus_per_node=8, micro_batch=2, grad_accum=4, precision="fp16", checkpointing="full"),
+    dict(gpus_per_node=8, nodes=8, precision="bf16", grad_accum=16),
+], ids=["1gpu-bf16", "8gpu-fp16", "64gpu-bf16"])
+def test_deepspeed_accepts_the_written_config(layout, shape, make_input, tmp_path, world_of):
+    inp = make_input(nvme_gib=4096, **shape)
+    profile = build_profile(inp, layout)
+    save_profile_dir(profile, tmp_path)
+    cfg = _load(tmp_path / "ds_config.json", world_of, inp.hardware.world)
+    t = inp.training
+    assert cfg.zero_optimization_stage == layout.stage
+    assert cfg.train_micro_batch_size_per_gpu == t.micro_batch
+    assert cfg.gradient_accumulation_steps == t.grad_accum
+    assert cfg.train_batch_size == t.micro_batch * t.grad_accum * inp.hardware.world
+    assert cfg.bfloat16_config.enabled == (t.precision == "bf16")
+    assert cfg.float16_config.enabled == (t.precision == "fp16")
+    zero = cfg.zero_config
+    assert zero.overlap_comm == inp.zero.overlap_comm
+    assert zero.reduce_bucket_size == inp.zero.reduce_bucket_size
+    offload_opt = zero.offload_optimizer.device if zero.offload_optimizer else "none"
+    offload_param = zero.offload_param.device if zero.offload_param else "none"
+    assert offload_opt == {"gpu": "none"}.get(layout.offload_optimizer, layout.offload_optimizer)
+    assert offload_param == {"gpu": "none"}.get(layout.offload_param, layout.offload_param)
+    assert cfg.optimizer_name == "adamw"
+    assert cfg.gradient_clipping == inp.zero.gradient_clipping
+
+
+def test_the_test_catches_a_rejected_config(make_input, tmp_path, world_of):
+    """The check above can fail: DeepSpeed rejects a misspelt knob and a wrong batch size."""
+    profile = build_profile(make_input(), Layout(stage=3))
+    save_profile_dir(profile, tmp_path)
+    path = tmp_path / "ds_config.json"
+    good = json.loads(path.read_text())
+    bad = json.loads(path.read_text())
+    bad["zero_optimization"]["stage3_prefetch_bucket"] = 1
+    path.write_text(json.dumps(bad))
+    with pytest.raises(Exception, match="stage3_prefetch_bucket"):
+        _load(path, world_of, 8)
+    path.write_text(json.dumps(good))
+    with pytest.raises(AssertionError, match="train_batch_size"):
+        _load(path, world_of, 16)  # the profile says 8 processes
+
+
+def test_nvme_path_reaches_the_config(make_input, tmp_path, world_of):
+    from zlayout.profile import RunSettings
+
+    layout = Layout(stage=3, offload_optimizer="nvme", offload_param="nvme")
+    profile = build_profile(make_input(nvme_gib=4096), layout, run=RunSettings(nvme_path="/scratch/nvme0"))
+    save_profile_dir(profile, tmp_path)
+    cfg = _load(tmp_path / "ds_config.json", world_of, 8)
+    assert str(cfg.zero_config.offload_optimizer.nvme_path) == "/scratch/nvme0"
+    assert str(cfg.zero_config.offload_param.nvme_path) == "/scratch/nvme0"
