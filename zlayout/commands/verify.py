@@ -58,6 +58,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--preflight-only", action="store_true", help="run the checks and stop")
     run.add_argument("--update-profile", action="store_true",
                      help="write the result into PROFILE's [verification] section")
+    run.add_argument("--batch", type=Path, metavar="FILE",
+                     help="verify several layouts one after another: each line of FILE holds the "
+                          "plan and verification flags of one run; results go to "
+                          "OUT/results.jsonl and OUT/reference.jsonl")
+    run.add_argument("--deadline", type=float, default=None,
+                     help="with --batch: start no new run after this many seconds")
     multi = parser.add_argument_group("beyond one node")
     multi.add_argument("--slurm", type=Path, metavar="SCRIPT",
                        help="write a SLURM batch script running this verification on the plan's "
@@ -70,6 +76,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     multi.add_argument("--hostfile", type=Path, default=None,
                        help="print the `deepspeed --hostfile` command for clusters without SLURM")
     parser.set_defaults(func=run_command)
+    global _VERIFY_PARSER
+    _VERIFY_PARSER = parser
+
+
+_VERIFY_PARSER: argparse.ArgumentParser | None = None
 
 
 def _inputs(args: argparse.Namespace) -> tuple[PlanInput, Layout, Any, Path | None]:
@@ -193,6 +204,8 @@ def format_result(result: dict[str, Any]) -> str:
 
 
 def run_command(args: argparse.Namespace) -> int:
+    if args.batch:
+        return _run_batch(args)
     inp, layout, profile, profile_path = _inputs(args)
     options = _options(args, profile)
     if args.submit and not args.slurm:
@@ -282,3 +295,58 @@ def _multi_node(args: argparse.Namespace, inp: PlanInput, layout: Layout, option
                                      cancel=cancel)
     print(json.dumps(result, default=str) if args.json else format_result(result))
     return 0 if result["status"] in OK_STATUSES else 1
+
+
+def _run_batch(args: argparse.Namespace) -> int:
+    """Several verifications in one go (a GPU node's time is scarce): one line of flags each."""
+    import shlex
+    import time
+
+    from zlayout.verify.launcher import run_verification
+    from zlayout.verify.result import reference_row
+
+    assert _VERIFY_PARSER is not None
+    try:
+        lines = [line.split("#", 1)[0].strip() for line in args.batch.read_text().splitlines()]
+    except OSError as exc:
+        raise UsageError(f"cannot read --batch {args.batch}: {exc.strerror}") from None
+    runs = [shlex.split(line) for line in lines if line]
+    base = (args.out or Path("zlayout-verify")).resolve()
+    base.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    worst = 0
+    for index, flags in enumerate(runs):
+        if args.deadline is not None and time.time() - started > args.deadline:
+            print(f"zlayout: batch deadline reached; skipped: {' '.join(flags)}", file=sys.stderr)
+            worst = 1
+            continue
+        try:
+            one = _VERIFY_PARSER.parse_args(flags)
+            if one.batch or one.slurm or one.profile:
+                raise UsageError("a --batch line runs one layout on this node (no --batch/--slurm/PROFILE)")
+            inp, layout, _, _ = _inputs(one)
+            one.no_preflight = one.no_preflight or (args.no_preflight or index > 0)
+            one.python = args.python if one.python == sys.executable else one.python
+            options = _options(one, None)
+        except (UsageError, SystemExit) as exc:
+            print(f"zlayout: batch line {index + 1} skipped: {exc}", file=sys.stderr)
+            worst = 1
+            continue
+        from dataclasses import replace
+
+        world = options.processes or (1 if options.cpu else inp.hardware.gpus_per_node)
+        options = replace(options, out_dir=base / f"{index:02d}-{layout.key}-w{world}")
+        result = run_verification(inp, layout, options, on_line=ProgressPrinter(options.steps))
+        print(format_result(result), file=sys.stderr)
+        slim = {k: v for k, v in result.items() if k != "output_tail" or v}
+        with (base / "results.jsonl").open("a") as f:
+            f.write(json.dumps(slim, default=str) + "\n")
+        row = reference_row(result)
+        row["predicted_peak_gib"] = (round(result["predicted"]["gpu_peak_allocated_bytes"] / GiB, 4)
+                                     if result["predicted"].get("gpu_peak_allocated_bytes") else None)
+        row["predicted_step_s"] = result["predicted"].get("step_time_s")
+        with (base / "reference.jsonl").open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        if result["status"] not in OK_STATUSES:
+            worst = 1
+    return worst

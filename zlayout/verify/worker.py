@@ -86,14 +86,14 @@ def run(spec: dict[str, Any], out: Path, resume: bool) -> int:
         cfg.setdefault("optimizer", {"type": "AdamW", "params": {}})
         cfg["optimizer"].setdefault("params", {})["torch_adam"] = True
 
-    deepspeed.init_distributed(dist_backend="gloo" if cpu else "nccl")
-    rank, world = dist.get_rank(), dist.get_world_size()
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if cpu:
         device = torch.device("cpu")
-    else:
+    else:  # before the process group, so NCCL's first collective uses this rank's GPU
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
+    deepspeed.init_distributed(dist_backend="gloo" if cpu else "nccl")
+    rank, world = dist.get_rank(), dist.get_world_size()
 
     report: dict[str, Any] = {
         "rank": rank, "world": world, "local_rank": local_rank, "resume": resume,
