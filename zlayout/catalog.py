@@ -261,9 +261,14 @@ def format_size(params: float) -> str:
 
 HIDDEN_MULTIPLE = 128
 FFN_MULTIPLE = 256
-# The shape cost (ln layers/ideal layers)^2 is weighed against (ln params/requested)^2: a
-# depth twice the family's for the width costs as much as missing the size by ~1.5%.
-ASPECT_WEIGHT = 0.0005
+# A shape's cost, weighed against the size miss (ln params/requested)^2, is
+#   aspect weight * (ln layers/ideal layers)^2  (+ KV_HALVED_COST if the kv heads were halved).
+# The aspect weight ramps from SMALL (at 1B and below: few shapes exist there, so hit the size)
+# to LARGE (at 10B and above: shapes are dense, so keep the family's depth): at 13B a depth 30%
+# off costs as much as missing the size by 1.5%.
+ASPECT_WEIGHT_SMALL = 0.0003
+ASPECT_WEIGHT_LARGE = 0.003
+KV_HALVED_COST = 0.01 ** 2
 _TABLE_MAX_PARAMS = 2e13  # requests above this get the largest shape (20T)
 _WINDOW_NEIGHBOURS = 2  # each width offers depths reaching its second neighbours' ideal sizes
 _WINDOW_OVERLAP = 0.3  # ... and 30% beyond
@@ -325,26 +330,31 @@ def _nearest_anchor(anchors: tuple[ModelSpec, ...], log_params: float) -> ModelS
 
 
 def _width_template(anchors: tuple[ModelSpec, ...], hidden: int, head_dim: int,
-                    log_params: float) -> ModelSpec | None:
-    """A one-layer model of this width (heads, kv heads, ffn, vocab and style from the family),
-    or None when the width does not split into the family's kv-head groups."""
+                    log_params: float) -> tuple[ModelSpec, float] | None:
+    """A one-layer model of this width (heads, kv heads, ffn, vocab and style from the family)
+    and the cost of its kv heads, or None when the width does not split into kv-head groups."""
     nearest = _nearest_anchor(anchors, log_params)
     heads = hidden // head_dim
     kv_heads = None
     if nearest.kv_heads is not None:
-        if heads >= nearest.kv_heads and heads % nearest.kv_heads:
+        # the family's kv heads, or half as many (llama 3.2 3B: 24 heads, 8 kv), or all of them
+        # for widths below that many heads; other widths are skipped
+        options = [nearest.kv_heads, nearest.kv_heads // 2] if heads >= nearest.kv_heads else [heads]
+        kv_heads = next((kv for kv in options if kv >= 1 and heads % kv == 0), None)
+        if kv_heads is None:
             return None
-        kv_heads = min(nearest.kv_heads, heads)
     ffn = None
     if nearest.hidden == hidden:
         ffn = nearest.ffn
     elif any(a.ffn is not None for a in anchors):
         ratio = _interpolate(anchors, log_params, lambda a: a.ffn_size / a.hidden)
         ffn = max(FFN_MULTIPLE, round(ratio * hidden / FFN_MULTIPLE) * FFN_MULTIPLE)
-    return ModelSpec(
+    template = ModelSpec(
         name="template", family=nearest.family, layers=1, hidden=hidden, heads=heads,
         kv_heads=kv_heads, ffn=ffn, vocab=nearest.vocab, mlp=nearest.mlp, norm=nearest.norm,
         bias=nearest.bias, qkv_bias=nearest.qkv_bias, tie_embeddings=nearest.tie_embeddings)
+    halved = nearest.kv_heads is not None and kv_heads is not None and kv_heads < min(nearest.kv_heads, heads)
+    return template, (KV_HALVED_COST if halved else 0.0)
 
 
 @functools.lru_cache(maxsize=32)
@@ -352,25 +362,26 @@ def _family_table(family: str, anchors: tuple[ModelSpec, ...]) -> _FamilyTable:
     """Every shape the family rule allows, sorted by params (the rule: docs/presets.md)."""
     head_dim = anchors[0].head_dim
     step = math.lcm(HIDDEN_MULTIPLE, head_dim)
-    # (hidden, template, ideal layers, ideal params) of each allowed width
-    widths: list[tuple[int, ModelSpec, float, float]] = []
+    # (hidden, template, ideal layers, ideal params, kv cost) of each allowed width
+    widths: list[tuple[int, ModelSpec, float, float, float]] = []
     log_params = math.log(anchors[0].params)
     hidden = 0
     while not widths or widths[-1][3] <= _TABLE_MAX_PARAMS:
         hidden += step
-        template = None
+        made = None
         for _ in range(4):  # fixed point: the aspect and the ffn depend on the size they give
-            template = _width_template(anchors, hidden, head_dim, log_params)
-            if template is None:
+            made = _width_template(anchors, hidden, head_dim, log_params)
+            if made is None:
                 break
+            template, kv_cost = made
             aspect = _interpolate(anchors, log_params, lambda a: a.layers / a.hidden)
             ideal_layers = max(1.0, aspect * hidden)
             layer = template.layer_params()
             log_params = math.log(template.params - layer + ideal_layers * layer)
-        if template is not None:
-            widths.append((hidden, template, ideal_layers, math.exp(log_params)))
+        if made is not None:
+            widths.append((hidden, template, ideal_layers, math.exp(log_params), kv_cost))
     rows: list[tuple[int, float, int, int]] = []  # params, aspect cost, hidden, layers
-    for i, (hidden, template, ideal_layers, ideal_params) in enumerate(widths):
+    for i, (hidden, template, ideal_layers, ideal_params, kv_cost) in enumerate(widths):
         lower = widths[max(0, i - _WINDOW_NEIGHBOURS)][3]
         upper = widths[min(len(widths) - 1, i + _WINDOW_NEIGHBOURS)][3]
         layer = template.layer_params()
@@ -379,8 +390,9 @@ def _family_table(family: str, anchors: tuple[ModelSpec, ...]) -> _FamilyTable:
         last = max(first, math.ceil((upper * (1 + _WINDOW_OVERLAP) - fixed) / layer),
                    round(ideal_layers))
         for layers in range(first, last + 1):
-            cost = ASPECT_WEIGHT * math.log(layers / ideal_layers) ** 2
-            rows.append((fixed + layers * layer, cost, hidden, layers))
+            params = fixed + layers * layer
+            cost = _aspect_weight(params) * math.log(layers / ideal_layers) ** 2 + kv_cost
+            rows.append((params, cost, hidden, layers))
     rows.sort()
     return _FamilyTable(
         family=family,
@@ -390,6 +402,11 @@ def _family_table(family: str, anchors: tuple[ModelSpec, ...]) -> _FamilyTable:
         hidden=tuple(r[2] for r in rows),
         layers=tuple(r[3] for r in rows),
         templates={w[0]: w[1] for w in widths})
+
+
+def _aspect_weight(params: float) -> float:
+    ramp = min(1.0, max(0.0, math.log10(params) - 9.0))
+    return ASPECT_WEIGHT_SMALL + (ASPECT_WEIGHT_LARGE - ASPECT_WEIGHT_SMALL) * ramp
 
 
 def _family_anchors(family: str, extra_dirs: Iterable[str | os.PathLike[str]]) -> tuple[ModelSpec, ...]:
