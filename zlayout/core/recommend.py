@@ -1,14 +1,39 @@
-"""The recommendation (stub: filled in by the comm/step-time work)."""
+"""The recommendation: the fastest layout that fits with headroom, and why, in one sentence.
+
+When nothing fits, the planner is re-run on changed inputs to find what would make the
+model fit: more GPUs (or nodes), NVMe capacity for ZeRO-Infinity, a smaller micro-batch
+with more accumulation (same global batch), activation checkpointing. Every suggestion is
+checked with the memory model before it is offered, and says which flags to type.
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from zlayout.spec import Layout, PlanInput
+from zlayout.core.comm import estimate_comm
+from zlayout.core.memory import MemoryEstimate, estimate_memory
+from zlayout.core.steptime import estimate_step_time
+from zlayout.spec import GiB, Layout, PlanInput, all_layouts
 
 if TYPE_CHECKING:
     from zlayout.core.plan import LayoutPlan
+
+TIE_FRACTION = 0.01  # step times this close count as a tie: the layout with more headroom wins
+MAX_GPUS_SUGGESTED = 4096
+DEFAULT_INTER_LINK = "ib-ndr"  # the CLI's default, for suggestions that add nodes
+
+
+@dataclass(frozen=True, slots=True)
+class Fix:
+    """A change of inputs that makes `layout` fit (verified), for a front end to apply."""
+
+    text: str  # one sentence, with the flags to type
+    flags: str  # e.g. "--nodes 2"
+    input: PlanInput
+    layout: Layout
+    step_time_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,11 +41,230 @@ class Recommendation:
     layout: Layout | None  # None when nothing fits
     reason: str  # one sentence a user reads
     suggestions: tuple[str, ...] = ()  # when nothing fits: what would make it fit
+    fixes: tuple[Fix, ...] = ()  # the same suggestions with the inputs they change
+    runner_up: Layout | None = None  # the next fastest layout that fits
+
+
+_LAYOUT_ORDER = {layout: i for i, layout in enumerate(all_layouts())}
+
+
+def _order_key(lp: "LayoutPlan", fastest_s: float) -> tuple:
+    """Fastest first; near-ties go to more headroom, then to the simpler layout."""
+    tied = lp.time.step_time_s <= fastest_s * (1 + TIE_FRACTION)
+    return (not tied, lp.time.step_time_s if not tied else 0.0, -lp.memory.gpu_headroom_bytes,
+            _LAYOUT_ORDER.get(lp.layout, len(_LAYOUT_ORDER)))
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else math.inf
+
+
+def _why(best: "LayoutPlan", runner: "LayoutPlan | None") -> str:
+    mem, t = best.memory, best.time
+    head = (f"{best.layout.label}: fits with {mem.gpu_headroom_fraction:.0%} headroom "
+            f"({mem.gpu_headroom_bytes / GiB:.0f} GiB free per GPU)")
+    if runner is None:
+        return f"{head}, the only layout that does, at {t.step_time_s:.2f} s/step ({t.mfu:.0%} MFU)."
+    rt = runner.time
+    name = runner.layout.label
+    if rt.step_time_s <= t.step_time_s * (1 + TIE_FRACTION):
+        more_gib = _headroom_gib(best) - _headroom_gib(runner)
+        if more_gib >= 0.05:
+            return (f"{head}, as fast as {name} ({t.step_time_s:.2f} s/step) with "
+                    f"{more_gib:.1f} GiB more room per GPU.")
+        return (f"{head} at {t.step_time_s:.2f} s/step ({t.mfu:.0%} MFU), the same as {name} "
+                f"here; the simpler layout wins the tie.")
+    speed = f"{_ratio(rt.step_time_s, t.step_time_s):.1f}x faster than {name}"
+    extra_offload_s = rt.offload_s - t.offload_s
+    if extra_offload_s > 0.5 * (rt.step_time_s - t.step_time_s):
+        return (f"{head} and runs {speed}, which spends {rt.offload_s:.2f} s/step on "
+                f"offload (CPU optimizer, PCIe, NVMe).")
+    data = _ratio(runner.comm.network_bytes, best.comm.network_bytes)
+    if data >= 1.2 and math.isfinite(data):
+        return (f"{head} and moves {data:.1f}x less data than {name} at this size "
+                f"({t.step_time_s:.2f} vs {rt.step_time_s:.2f} s/step).")
+    if best.comm.network_bytes == 0 and runner.comm.network_bytes > 0:
+        return f"{head} and needs no communication, {speed}."
+    return f"{head} and runs {speed} ({t.step_time_s:.2f} vs {rt.step_time_s:.2f} s/step)."
+
+
+def _headroom_gib(lp: "LayoutPlan") -> float:
+    return lp.memory.gpu_headroom_bytes / GiB
 
 
 def recommend(inp: PlanInput, planned: "tuple[LayoutPlan, ...]") -> Recommendation:
+    """The fastest fitting layout with a reason; else verified suggestions."""
     fitting = [lp for lp in planned if lp.memory.fits]
-    if not fitting:
-        return Recommendation(None, "No layout fits.", ())
-    best = min(fitting, key=lambda lp: lp.time.step_time_s)
-    return Recommendation(best.layout, f"{best.layout.label} fits and is fastest.")
+    if fitting:
+        fastest_s = min(lp.time.step_time_s for lp in fitting)
+        ranked = sorted(fitting, key=lambda lp: _order_key(lp, fastest_s))
+        best = ranked[0]
+        runner = ranked[1] if len(ranked) > 1 else None
+        return Recommendation(best.layout, _why(best, runner),
+                              runner_up=runner.layout if runner else None)
+    layouts = tuple(lp.layout for lp in planned) or all_layouts()
+    fixes = suggest_fixes(inp, layouts)
+    closest = min(planned, key=lambda lp: _overshoot(lp.memory)) if planned else None
+    reason = "No layout fits"
+    if closest is not None:
+        reason += f": the closest, {closest.layout.label}, {_shortfall(closest.memory)}"
+    return Recommendation(None, reason + ".", tuple(f.text for f in fixes), fixes)
+
+
+def _overshoot(mem: MemoryEstimate) -> float:
+    ratios = [mem.gpu_device_used_bytes / max(1, mem.gpu_usable_bytes),
+              mem.host_peak_bytes / max(1, mem.host_capacity_bytes)]
+    if mem.nvme_bytes:
+        ratios.append(mem.nvme_bytes / max(1, mem.nvme_capacity_bytes))
+    return max(ratios)
+
+
+def _shortfall(mem: MemoryEstimate) -> str:
+    if not mem.fits_gpu:
+        return (f"needs {mem.gpu_device_used_bytes / GiB:.1f} GiB per GPU of "
+                f"{mem.gpu_usable_bytes / GiB:.1f} GiB usable")
+    if not mem.fits_host:
+        return (f"needs {mem.host_peak_bytes / GiB:.0f} GiB of host RAM per node of "
+                f"{mem.host_capacity_bytes / GiB:.0f} GiB")
+    return f"needs {mem.nvme_bytes / GiB:.0f} GiB of NVMe per node of {mem.nvme_capacity_bytes / GiB:.0f} GiB"
+
+
+# --------------------------------------------------------------------------- suggestions
+
+
+def _fastest_fitting(inp: PlanInput, layouts: tuple[Layout, ...]) -> tuple[Layout, MemoryEstimate, float] | None:
+    best = None
+    for layout in layouts:
+        mem = estimate_memory(inp, layout)
+        if not mem.fits:
+            continue
+        step_s = estimate_step_time(inp, layout, estimate_comm(inp, layout)).step_time_s
+        if best is None or step_s < best[2]:
+            best = (layout, mem, step_s)
+    return best
+
+
+def _fix(inp: PlanInput, layouts: tuple[Layout, ...], flags: str, change: str) -> Fix | None:
+    found = _fastest_fitting(inp, layouts)
+    if found is None:
+        return None
+    layout, mem, step_s = found
+    text = (f"{change} ({flags}): {layout.label} fits with {mem.gpu_headroom_fraction:.0%} "
+            f"headroom at {step_s:.2f} s/step")
+    return Fix(text, flags, inp, layout, step_s)
+
+
+def _with_hardware(inp: PlanInput, **update) -> PlanInput:
+    return inp.model_copy(update={"hardware": inp.hardware.model_copy(update=update)})
+
+
+def _with_training(inp: PlanInput, **update) -> PlanInput:
+    return inp.model_copy(update={"training": inp.training.model_copy(update=update)})
+
+
+def _more_gpus(inp: PlanInput, layouts: tuple[Layout, ...]) -> Fix | None:
+    """The fewest GPUs (more per node up to 8, then more nodes) with which some layout fits."""
+    hw = inp.hardware
+    options: list[tuple[str, str, PlanInput]] = []
+    if hw.nodes == 1:
+        for per_node in range(hw.gpus_per_node + 1, max(hw.gpus_per_node, 8) + 1):
+            options.append((f"use {per_node} GPUs", f"--gpus-per-node {per_node}",
+                            _with_hardware(inp, gpus_per_node=per_node)))
+    inter = hw.inter_link
+    if inter is None:
+        from zlayout import catalog
+
+        try:
+            inter = catalog.load_link(DEFAULT_INTER_LINK)
+        except (KeyError, ValueError):
+            inter = None
+    if inter is not None:
+        node_counts = sorted({n for n in (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+                              if n > hw.nodes and n * hw.gpus_per_node <= MAX_GPUS_SUGGESTED})
+        for nodes in node_counts:
+            options.append((f"use {nodes} nodes ({nodes * hw.gpus_per_node} GPUs)", f"--nodes {nodes}",
+                            _with_hardware(inp, nodes=nodes, inter_link=inter)))
+    # fits is monotone enough in the GPU count for a bisection over the options
+    lo, hi = -1, len(options)
+    found: Fix | None = None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        change, flags, candidate = options[mid]
+        fix = _fix(candidate, layouts, flags, change)
+        if fix is not None:
+            hi, found = mid, fix
+        else:
+            lo = mid
+    return found
+
+
+def _nvme(inp: PlanInput, layouts: tuple[Layout, ...]) -> Fix | None:
+    """NVMe offload with enough capacity (ZeRO-Infinity), when GPU and host would then fit."""
+    nvme_layouts = tuple(l for l in layouts if "nvme" in (l.offload_optimizer, l.offload_param))
+    needed = 0
+    for layout in nvme_layouts:
+        mem = estimate_memory(inp, layout)
+        if mem.fits_gpu and mem.fits_host and not mem.fits_nvme:
+            size = mem.nvme_bytes
+            needed = size if not needed else min(needed, size)
+    if not needed:
+        return None
+    gib = int(math.ceil(needed * 1.1 / GiB / 64) * 64)  # 10% spare, whole 64 GiB
+    candidate = _with_hardware(inp, nvme_bytes=gib * GiB)
+    return _fix(candidate, nvme_layouts, f"--nvme-gib {gib}", f"add {gib} GiB of NVMe per node")
+
+
+def _smaller_micro_batch(inp: PlanInput, layouts: tuple[Layout, ...]) -> Fix | None:
+    """The largest smaller micro-batch (dividing the current one) that fits, same global batch."""
+    t = inp.training
+    for micro in sorted((d for d in range(1, t.micro_batch) if t.micro_batch % d == 0), reverse=True):
+        accum = t.grad_accum * t.micro_batch // micro
+        fix = _fix(_with_training(inp, micro_batch=micro, grad_accum=accum), layouts,
+                   f"--micro-batch {micro} --grad-accum {accum}",
+                   f"use micro-batch {micro} with {accum} accumulation steps (same global batch)")
+        if fix is not None:
+            return fix
+    return None
+
+
+def _checkpointing(inp: PlanInput, layouts: tuple[Layout, ...]) -> Fix | None:
+    if inp.training.checkpointing != "none":
+        return None
+    return _fix(_with_training(inp, checkpointing="full"), layouts, "--checkpointing full",
+                "turn on activation checkpointing, a third more compute,")
+
+
+def suggest_fixes(inp: PlanInput, layouts: tuple[Layout, ...] | None = None) -> tuple[Fix, ...]:
+    """What would make the model fit, each verified with the memory model.
+
+    Single changes first, in the order a team would try them (those that keep the hardware
+    first). When no single change is enough, NVMe and more GPUs are tried again on top of
+    the cheap changes (checkpointing, micro-batch 1 with more accumulation).
+    """
+    chosen = tuple(layouts) if layouts is not None else all_layouts()
+    singles = (_checkpointing(inp, chosen), _smaller_micro_batch(inp, chosen),
+               _nvme(inp, chosen), _more_gpus(inp, chosen))
+    found = tuple(fix for fix in singles if fix is not None)
+    if found:
+        return found
+    lighter, flags, changes = inp, [], []
+    if inp.training.checkpointing == "none":
+        lighter = _with_training(lighter, checkpointing="full")
+        flags.append("--checkpointing full")
+        changes.append("turn on activation checkpointing")
+    t = inp.training
+    if t.micro_batch > 1:
+        accum = t.grad_accum * t.micro_batch
+        lighter = _with_training(lighter, micro_batch=1, grad_accum=accum)
+        flags.append(f"--micro-batch 1 --grad-accum {accum}")
+        changes.append(f"use micro-batch 1 with {accum} accumulation steps")
+    if not changes:
+        return ()
+    combined = []
+    for fix in (_nvme(lighter, chosen), _more_gpus(lighter, chosen)):
+        if fix is None:
+            continue
+        text = ", ".join(changes) + " and " + fix.text[0].lower() + fix.text[1:]
+        text = text.replace(f"({fix.flags})", f"({' '.join(flags + [fix.flags])})")
+        combined.append(Fix(text, " ".join(flags + [fix.flags]), fix.input, fix.layout, fix.step_time_s))
+    return tuple(combined)

@@ -1,0 +1,113 @@
+"""`zlayout breakeven`: the largest model and micro-batch each layout carries, and the crossovers.
+
+The largest model is of the current model's family (`--preset`'s or `--family`'s shape rule;
+a custom architecture grows in depth at fixed width) that fits GPU memory with the
+--headroom kept free, host RAM and NVMe. With --json, one object:
+`{"params": N, "family": ..., "scaling": "family"|"depth", "layouts": [{"stage": 0-3,
+"offload_optimizer": "none|cpu|nvme", "offload_param": ..., "max_params": N,
+"max_micro_batch": N, "limited_by": "gpu|host|nvme|range", ...}, ...], "crossovers": [...]}`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from zlayout.cli import add_plan_arguments, plan_input_from_args
+from zlayout.core.breakeven import BreakEven, Crossover, break_even, crossovers, format_params
+from zlayout.spec import Layout, PlanInput, all_layouts
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "breakeven", help="the largest model and micro-batch each layout fits, and crossovers",
+        description="For every layout: the largest model of the current model's family that fits "
+                    "(GPU memory with --headroom free, host RAM, NVMe), what runs out first, the "
+                    "largest micro-batch for the current model, and the sizes at which layouts "
+                    "stop fitting and which one takes over.")
+    add_plan_arguments(parser, with_layout=False)
+    parser.set_defaults(func=run)
+
+
+def _offload(device: str) -> str:
+    return "none" if device == "gpu" else device
+
+
+def _layout_fields(layout: Layout) -> dict[str, Any]:
+    return {"stage": layout.stage, "offload_optimizer": _offload(layout.offload_optimizer),
+            "offload_param": _offload(layout.offload_param), "label": layout.label}
+
+
+def layout_breakeven_dict(inp: PlanInput, layout: Layout, be: BreakEven) -> dict[str, Any]:
+    out = _layout_fields(layout)
+    out.update({
+        "max_params": be.max_params,
+        "max_micro_batch": be.max_micro_batch,
+        "limited_by": be.limited_by,
+        "fits_current_model": be.max_micro_batch >= inp.training.micro_batch,
+        "next_params": be.next_params,
+        "max_model": None if be.max_model is None else {
+            "name": be.max_model.name, "layers": be.max_model.layers, "hidden": be.max_model.hidden,
+            "heads": be.max_model.heads, "params": be.max_model.params},
+    })
+    return out
+
+
+def crossover_dict(c: Crossover) -> dict[str, Any]:
+    return {"params": c.params, "stops_fitting": _layout_fields(c.stops_fitting),
+            "takes_over": None if c.takes_over is None else _layout_fields(c.takes_over),
+            "text": c.describe()}
+
+
+def breakeven_json(inp: PlanInput) -> dict[str, Any]:
+    layouts = all_layouts()
+    evens = [(layout, break_even(inp, layout)) for layout in layouts]
+    return {
+        "params": inp.model.params,
+        "model": inp.model.name,
+        "family": inp.model.family,
+        "scaling": evens[0][1].scaling if evens else None,
+        "world": inp.hardware.world,
+        "headroom_fraction": inp.headroom_fraction,
+        "layouts": [layout_breakeven_dict(inp, layout, be) for layout, be in evens],
+        "crossovers": [crossover_dict(c) for c in crossovers(inp, layouts)],
+    }
+
+
+_LIMIT_WORDS = {"gpu": "GPU memory", "host": "host RAM", "nvme": "NVMe", "range": "(beyond 10T)"}
+
+
+def breakeven_table(inp: PlanInput) -> str:
+    m, hw = inp.model, inp.hardware
+    data = breakeven_json(inp)
+    scaled = (f"the {m.family} family's shapes" if data["scaling"] == "family"
+              else f"{m.name} deeper or shallower at hidden {m.hidden}")
+    lines = [
+        f"{m.name}: {format_params(m.params)} params now; sizes along {scaled}",
+        f"{hw.nodes} x {hw.gpus_per_node} {hw.gpu.name}, seq {inp.training.seq}, "
+        f"micro-batch {inp.training.micro_batch}, headroom {inp.headroom_fraction:.0%}",
+        "",
+        f"{'layout':28} {'largest model':>14} {'layers x hidden':>16} {'runs out of':>13} {'max micro-batch':>16}",
+    ]
+    lines.append("-" * len(lines[-1]))
+    for row in data["layouts"]:
+        shape = ("" if row["max_model"] is None
+                 else f"{row['max_model']['layers']} x {row['max_model']['hidden']}")
+        size = format_params(row["max_params"]) if row["max_params"] else "none"
+        micro = str(row["max_micro_batch"]) if row["max_micro_batch"] else "none fits"
+        lines.append(f"{row['label']:28} {size:>14} {shape:>16} "
+                     f"{_LIMIT_WORDS.get(row['limited_by'], row['limited_by']):>13} {micro:>16}")
+    if data["crossovers"]:
+        lines += ["", "Crossovers:"]
+        lines += [f"  {c['text']}" for c in data["crossovers"]]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    inp = plan_input_from_args(args)
+    if args.json:
+        print(json.dumps(breakeven_json(inp)))
+    else:
+        print(breakeven_table(inp))
+    return 0
