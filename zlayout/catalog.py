@@ -270,6 +270,7 @@ ASPECT_WEIGHT_SMALL = 0.0003
 ASPECT_WEIGHT_LARGE = 0.003
 KV_HALVED_COST = 0.01 ** 2
 _TABLE_MAX_PARAMS = 2e13  # requests above this get the largest shape (20T)
+_MAX_HIDDEN = 2**18  # stops the width scan for families whose shapes grow oddly
 _WINDOW_NEIGHBOURS = 2  # each width offers depths reaching its second neighbours' ideal sizes
 _WINDOW_OVERLAP = 0.3  # ... and 30% beyond
 
@@ -362,12 +363,17 @@ def _family_table(family: str, anchors: tuple[ModelSpec, ...]) -> _FamilyTable:
     """Every shape the family rule allows, sorted by params (the rule: docs/presets.md)."""
     head_dim = anchors[0].head_dim
     step = math.lcm(HIDDEN_MULTIPLE, head_dim)
+    if step > _MAX_HIDDEN // 8:
+        raise ValueError(f"family {family!r}: head size {head_dim} is too odd to scale; "
+                         "use a head size that divides a multiple of 128 (e.g. 64, 96, 128)")
     # (hidden, template, ideal layers, ideal params, kv cost) of each allowed width
     widths: list[tuple[int, ModelSpec, float, float, float]] = []
     log_params = math.log(anchors[0].params)
     hidden = 0
     while not widths or widths[-1][3] <= _TABLE_MAX_PARAMS:
         hidden += step
+        if hidden > _MAX_HIDDEN:
+            break
         made = None
         for _ in range(4):  # fixed point: the aspect and the ffn depend on the size they give
             made = _width_template(anchors, hidden, head_dim, log_params)

@@ -192,3 +192,10 @@ def test_catalog_imports_no_ui_or_torch():
             "print(sorted(m for m in ('textual', 'torch', 'deepspeed') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_broken_model_file_is_named_when_scaling_a_family(tmp_path):
+    path = write(tmp_path / "models" / "half-written.toml", 'family = "llama3"\nlayers = \n')
+    with pytest.raises(ValueError, match=str(path)):
+        catalog.model_for_size(13e9, "llama3", [tmp_path])
+    assert catalog.model_for_size(13e9, "llama3").family == "llama3"  # the built-ins alone are fine
