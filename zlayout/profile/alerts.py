@@ -24,7 +24,8 @@ def _gib(n: float) -> str:
 
 def derive_alerts(inp: PlanInput, prediction: Prediction, verification: Verification) -> Alerts:
     """Thresholds from a complete run's measurement when there is one, else from the prediction."""
-    measured = verification.measured if verification.status in MEASURED_STATUSES else {}
+    same_world = verification.world in (None, inp.hardware.world)  # per-GPU shards differ otherwise
+    measured = verification.measured if verification.status in MEASURED_STATUSES and same_world else {}
 
     def pick(key: str, predicted: int | float | None) -> tuple[Basis, int | float | None]:
         if key in measured:

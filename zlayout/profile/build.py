@@ -100,7 +100,8 @@ def build_profile(inp: PlanInput, layout: Layout, *, name: str | None = None,
 def _figures(profile: Profile) -> tuple[int, int, float | None]:
     """(GPU peak, host peak, step time) as best known: measured after a complete run."""
     p = profile.prediction
-    m = profile.verification.measured if profile.verification.status in MEASURED_STATUSES else {}
+    v = profile.verification
+    m = v.measured if v.status in MEASURED_STATUSES and v.world in (None, profile.world) else {}
     step = m.get("step_time_s", p.step_time_s)
     return (int(m.get("gpu_peak_allocated_bytes", p.gpu_peak_allocated_bytes)),
             int(m.get("host_peak_bytes", p.host_peak_bytes)),
@@ -131,8 +132,14 @@ def _gpus_text(gpus: Any) -> tuple[str | None, int | None]:
     return str(gpus), None
 
 
-def _check_same_run(profile: Profile, result: Mapping[str, Any]) -> None:
-    """A result for another layout or other inputs must not be filed under this profile."""
+_WORLD_KEYS = ("gpus_per_node", "nodes", "inter_link")
+
+
+def _check_same_run(profile: Profile, result: Mapping[str, Any]) -> int | None:
+    """A result for another layout or other inputs must not be filed under this profile.
+
+    The run may use fewer GPUs than the profile (one node of a multi-node profile); everything
+    else must match. Returns the world the run used, when the result says."""
     layout = result.get("layout")
     if isinstance(layout, Mapping):
         try:
@@ -143,14 +150,25 @@ def _check_same_run(profile: Profile, result: Mapping[str, Any]) -> None:
             raise ValueError(f"verification result is for {ran.label}, this profile is {profile.layout.label}: "
                              "verify the profile's own layout")
     inputs = result.get("inputs")
-    if isinstance(inputs, Mapping):
-        try:
-            ran_inputs = PlanInput.model_validate(inputs)
-        except ValidationError:
-            raise ValueError("verification result: its inputs are not a valid plan input") from None
-        if ran_inputs != profile.inputs:
-            raise ValueError("verification result was run with other inputs than this profile's "
-                             "(model, hardware or training differ): verify the profile itself")
+    if not isinstance(inputs, Mapping):
+        return None
+    try:
+        ran_inputs = PlanInput.model_validate(inputs)
+    except ValidationError:
+        raise ValueError("verification result: its inputs are not a valid plan input") from None
+
+    def comparable(inp: PlanInput) -> dict[str, Any]:
+        data = inp.model_dump(mode="json")
+        for key in _WORLD_KEYS:
+            data["hardware"].pop(key, None)
+        return data
+
+    mine, theirs = comparable(profile.inputs), comparable(ran_inputs)
+    if mine != theirs:
+        differing = sorted(f"{section}" for section in mine if mine[section] != theirs.get(section))
+        raise ValueError(f"verification result was run with other inputs than this profile's "
+                         f"({', '.join(differing)} differ): verify the profile itself")
+    return ran_inputs.hardware.world
 
 
 def attach_verification(profile: Profile, result: Mapping[str, Any],
@@ -169,10 +187,16 @@ def attach_verification(profile: Profile, result: Mapping[str, Any],
     status = result.get("status")
     if status == "cancelled":
         raise ValueError("the verification run was cancelled: it verified nothing; run it to the end")
-    _check_same_run(profile, result)
+    ran_world = _check_same_run(profile, result)
     env = dict(result.get("environment") or {})
     measured_block = result.get("measured") or {}
     measured = _numbers(measured_block)
+    world = int(measured.get("world") or ran_world or 0) or None
+    message = result.get("message") or result.get("cause")
+    if world is not None and world != profile.world:
+        note = (f"run on {world} of the profile's {profile.world} GPUs: per-GPU figures are for "
+                f"{world}; alerts stay on the prediction")
+        message = f"{note}. {message}" if message else note
     predicted = _numbers(result.get("predicted")) or profile.prediction.figures()
     errors = {k: round((predicted[k] - v) / v, 6) for k, v in measured.items()
               if k in predicted and v and k not in ("world", "params")}
@@ -185,7 +209,7 @@ def attach_verification(profile: Profile, result: Mapping[str, Any],
         "driver": env.get("driver"), "cuda": env.get("cuda"),
         "torch": env.get("torch"), "deepspeed": env.get("deepspeed"),
         "steps": result.get("steps", len(steps_run) if isinstance(steps_run, list) and steps_run else None),
-        "message": result.get("message") or result.get("cause"),
+        "message": message, "world": world,
         "measured": measured, "predicted": predicted, "error_fraction": errors,
     }
     fields = {k: (str(v) if k in ("driver", "cuda", "torch", "deepspeed") and v is not None else v)
@@ -193,25 +217,28 @@ def attach_verification(profile: Profile, result: Mapping[str, Any],
     try:
         verification = Verification(**fields)
         drill_block = result.get("restart_drill")
-        drill = (RestartDrill(**{k: v for k, v in dict(drill_block).items()
-                                 if k in RestartDrill.model_fields and v is not None})
-                 if drill_block else profile.restart_drill)
+        drill = profile.restart_drill
+        if drill_block:
+            drill_fields = dict(drill_block)
+            drill_fields.setdefault("message", drill_fields.get("cause"))
+            drill = RestartDrill(**{k: v for k, v in drill_fields.items()
+                                    if k in RestartDrill.model_fields and v is not None})
     except ValidationError as exc:
         from zlayout.profile.store import describe_validation_error
 
         raise ValueError(f"verification result: {describe_validation_error(exc)}") from None
 
     before = _figures(profile)
-    complete = verification.status in MEASURED_STATUSES
-    after_gpu = int(measured.get("gpu_peak_allocated_bytes", before[0]))
-    after_host = int(measured.get("host_peak_bytes", before[1]))
+    complete = verification.status in MEASURED_STATUSES and world in (None, profile.world)
+    after_gpu = int(measured.get("gpu_peak_allocated_bytes", before[0])) if complete else before[0]
+    after_host = int(measured.get("host_peak_bytes", before[1])) if complete else before[1]
     after_step = measured.get("step_time_s", before[2]) if complete else before[2]
     where = f" on {verification.gpus}" if verification.gpus else ""
     first_line = (verification.message or "").strip().splitlines()
     entry = ChangeEntry(
         when=verification.when, why=f"verification {verification.status}{where}"
         + (f": {first_line[0][:200]}" if first_line else ""),
-        basis="measured" if measured else "predicted",
+        basis="measured" if complete and measured else "predicted",
         layout_before=profile.layout.label, layout_after=profile.layout.label,
         gpu_peak_bytes_before=before[0], gpu_peak_bytes_after=after_gpu,
         host_peak_bytes_before=before[1], host_peak_bytes_after=after_host,

@@ -111,6 +111,8 @@ class Verification(Section):
     when: datetime | None = None
     gpus: str | None = Field(default=None, description="e.g. '8x NVIDIA H100 80GB HBM3'")
     gpu_count: int | None = None
+    world: int | None = Field(default=None, description="processes the verification ran (the profile's world, "
+                              "or fewer: one node of a multi-node profile)")
     driver: str | None = None
     cuda: str | None = None
     torch: str | None = None

@@ -1,0 +1,128 @@
+"""attach_verification: a verification run's result becomes [verification], [restart_drill],
+measured alerts and a change-log entry, and survives the trip through the file."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from zlayout.profile import attach_verification, build_profile, load_profile, save_profile
+from zlayout.profile.alerts import GPU_MEMORY_MARGIN, STEP_TIME_FACTOR
+from zlayout.spec import Layout
+
+
+def test_validated_result_fills_the_profile(profile_8b, make_verify_result, tmp_path, fixed_time):
+    result = json.loads(json.dumps(make_verify_result(profile_8b)))  # as read back from result.json
+    profile = attach_verification(profile_8b, result, now=fixed_time)
+    v = profile.verification
+    measured_peak = result["measured"]["gpu_peak_allocated_bytes"]
+    assert v.status == "validated" and v.when == fixed_time
+    assert v.gpus == "8x NVIDIA H100 80GB HBM3" and v.gpu_count == 8 and v.world == 8
+    assert (v.driver, v.cuda, v.torch, v.deepspeed) == ("560.35.03", "12.6", "2.5.1", "0.19.8")
+    assert v.steps == 3
+    assert v.measured["gpu_peak_allocated_bytes"] == measured_peak
+    assert isinstance(v.measured["gpu_peak_allocated_bytes"], int)
+    assert "gpu_peak_allocated_bytes_per_step" not in v.measured  # lists are not figures
+    assert v.error_fraction["gpu_peak_allocated_bytes"] == pytest.approx(1 / 1.04 - 1, abs=1e-4)
+    assert profile.restart_drill.resumed_ok and profile.restart_drill.resume_s == 12.5
+    assert profile.restart_drill.loss_exact is True
+
+    gpu = profile.alerts.gpu_memory
+    assert gpu.basis == "measured" and gpu.peak_allocated_bytes == measured_peak
+    assert gpu.warn_allocated_above_bytes == int(measured_peak * (1 + GPU_MEMORY_MARGIN))
+    assert profile.alerts.step_time.basis == "measured"
+    assert profile.alerts.step_time.warn_above_s == pytest.approx(0.5 * STEP_TIME_FACTOR)
+    assert profile.alerts.host_memory.peak_bytes == result["measured"]["host_peak_bytes"]
+
+    entry = profile.changelog[-1]
+    assert len(profile.changelog) == 2 and entry.basis == "measured"
+    assert entry.why == "verification validated on 8x NVIDIA H100 80GB HBM3"
+    assert entry.gpu_peak_bytes_before == profile_8b.prediction.gpu_peak_allocated_bytes
+    assert entry.gpu_peak_bytes_after == measured_peak
+    assert entry.step_time_s_after == 0.5
+
+    path = save_profile(profile, tmp_path)
+    assert load_profile(path) == profile
+    assert profile_8b.verification.status == "unverified"  # the original is untouched
+
+
+def test_failed_run_keeps_alerts_on_the_prediction(profile_8b, make_verify_result):
+    profile = attach_verification(profile_8b, make_verify_result(profile_8b, status="failed"))
+    assert profile.verification.status == "failed"
+    assert profile.verification.message == "rank 0 failed during step: boom"
+    assert profile.alerts == profile_8b.alerts
+    assert profile.changelog[-1].why == "verification failed on 8x NVIDIA H100 80GB HBM3: rank 0 failed during step: boom"
+    assert profile.changelog[-1].gpu_peak_bytes_after == profile_8b.prediction.gpu_peak_allocated_bytes
+
+
+def test_mismatch_alerts_follow_the_measurement(profile_8b, make_verify_result):
+    profile = attach_verification(profile_8b, make_verify_result(profile_8b, status="mismatch", scale=1.5))
+    assert profile.alerts.gpu_memory.basis == "measured"
+    assert profile.alerts.gpu_memory.peak_allocated_bytes == int(profile_8b.prediction.gpu_peak_allocated_bytes * 1.5)
+
+
+def test_does_not_fit_is_recorded(profile_8b, make_verify_result):
+    result = make_verify_result(profile_8b, status="does-not-fit")
+    result["cause"] = "rank 3 ran out of memory during backward: CUDA out of memory"
+    profile = attach_verification(profile_8b, result)
+    assert profile.status == "does-not-fit"
+    assert "ran out of memory" in profile.verification.message
+
+
+def test_a_run_on_fewer_gpus_does_not_move_the_alerts(make_input, make_verify_result):
+    profile = build_profile(make_input(model="llama3-70b", nodes=8), Layout(stage=3))
+    result = make_verify_result(profile)
+    one_node = profile.inputs.model_copy(update={"hardware": profile.inputs.hardware.model_copy(
+        update={"nodes": 1, "inter_link": None})})
+    result["inputs"] = one_node.model_dump(mode="json")
+    result["measured"]["world"] = 8
+    attached = attach_verification(profile, result)
+    assert attached.verification.world == 8 and attached.world == 64
+    assert "run on 8 of the profile's 64 GPUs" in attached.verification.message
+    assert attached.alerts.gpu_memory.basis == "predicted"
+    assert attached.changelog[-1].basis == "predicted"
+
+
+def test_results_for_something_else_are_refused(profile_8b, make_verify_result):
+    other_layout = make_verify_result(profile_8b)
+    other_layout["layout"] = {"stage": 2, "offload_optimizer": "gpu", "offload_param": "gpu"}
+    with pytest.raises(ValueError, match="is for ZeRO-2, this profile is ZeRO-3 opt→cpu"):
+        attach_verification(profile_8b, other_layout)
+    other_inputs = make_verify_result(profile_8b)
+    other_inputs["inputs"]["training"]["seq"] = 99
+    with pytest.raises(ValueError, match="training differ"):
+        attach_verification(profile_8b, other_inputs)
+    cancelled = make_verify_result(profile_8b, status="cancelled")
+    with pytest.raises(ValueError, match="cancelled"):
+        attach_verification(profile_8b, cancelled)
+    bad_status = make_verify_result(profile_8b, status="splendid")
+    with pytest.raises(ValueError, match="status"):
+        attach_verification(profile_8b, bad_status)
+
+
+def test_result_from_the_verification_module(make_input):
+    """The dict zlayout.verify.result.build_result makes (from per-rank reports) attaches as is."""
+    result_module = pytest.importorskip("zlayout.verify.result")
+    inp = make_input(gpus_per_node=2)
+    layout = Layout(stage=2)
+    profile = build_profile(inp, layout)
+    peak = profile.prediction.gpu_peak_allocated_bytes
+    reports = [{
+        "rank": r, "status": "ok", "hostname": "gpu-node-1", "gpu_name": "NVIDIA H100 80GB HBM3",
+        "torch": "2.5.1", "deepspeed": "0.19.8", "params": inp.model.params,
+        "steps_run": [1, 2, 3], "step_s": [3.0, 1.0, 1.0], "losses": [10.0, 9.9, 9.8],
+        "peak_allocated_bytes": [int(peak * 0.9), int(peak * 1.02), int(peak * 1.02)],
+        "after_init_allocated_bytes": int(peak * 0.5), "max_reserved_bytes": int(peak * 1.1),
+        "device_used_bytes": int(peak * 1.15), "host_maxrss_bytes": 20 * 2**30, "init_s": 40.0,
+    } for r in range(2)]
+    result = result_module.build_result(inp, layout, reports, cpu=False, returncode=0, output_tail=[],
+                                        expected_ranks=2, environment={"driver": "560.35.03"})
+    result = json.loads(json.dumps(result, default=str))
+    attached = attach_verification(profile, result)
+    v = attached.verification
+    assert v.status == result["status"] == "validated"
+    assert v.measured["gpu_peak_allocated_bytes"] == int(peak * 1.02)
+    assert v.measured["host_peak_bytes"] == 40 * 2**30  # two ranks on one node
+    assert v.gpus == "2x NVIDIA H100 80GB HBM3" and v.driver == "560.35.03" and v.world == 2
+    assert attached.alerts.gpu_memory.basis == "measured"

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# ZeRO-1 for llama3-8b on 8x h100
+# Launch with torchrun (one process per GPU). Written by zlayout 0.1.0 from profile.toml (llama3-8b-8xh100);
+# re-export the profile rather than editing this file by hand.
+#
+# It runs YOUR training script: TRAIN_SCRIPT (default train.py) with
+#   --deepspeed_config ds_config.json
+# and any arguments given to this script. The training script must pass that file to
+# deepspeed.initialize (deepspeed.add_config_arguments(parser) adds the flag).
+# Hardware: 1 node(s) x 8 h100 GPUs = 8 processes.
+# The training script reads LOCAL_RANK from the environment (torchrun sets it).
+set -euo pipefail
+PROFILE_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+DS_CONFIG="${DS_CONFIG:-$PROFILE_DIR/ds_config.json}"
+TRAIN_SCRIPT="${TRAIN_SCRIPT:-train.py}"
+
+exec torchrun --standalone --nproc_per_node 8 \
+    "$TRAIN_SCRIPT" --deepspeed_config "$DS_CONFIG" "$@"
