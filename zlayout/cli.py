@@ -14,7 +14,7 @@ from typing import Sequence
 
 from pydantic import ValidationError
 
-from zlayout.spec import GiB, HardwareSpec, Layout, PlanInput, TrainingSpec, ZeroKnobs
+from zlayout.spec import GiB, HardwareSpec, Layout, ModelSpec, PlanInput, TrainingSpec, ZeroKnobs
 
 SUBCOMMANDS = ("plan", "breakeven", "export", "show", "check", "diff", "verify", "serve")
 
@@ -97,15 +97,14 @@ def _model_from_args(args: argparse.Namespace):
         raise UsageError("give either --preset or --params, not both")
     if args.preset:
         base = catalog.load_model(args.preset, dirs)
-        return base.model_copy(update=given) if given else base
+        # Re-validate: architecture flags on top of a preset must still form a valid model.
+        return ModelSpec.model_validate({**base.model_dump(), **given}) if given else base
     if args.params:
         size = catalog.parse_size(args.params)
         return catalog.model_for_size(size, family=args.family or "llama3", extra_dirs=dirs)
     missing = [f"--{k}" for k in ("layers", "hidden", "heads", "vocab") if k not in given]
     if missing:
         raise UsageError(f"the model needs {', '.join(missing)} (or --preset NAME, or --params 13B)")
-    from zlayout.spec import ModelSpec
-
     return ModelSpec(**given)
 
 

@@ -261,10 +261,16 @@ def estimate_memory(inp: PlanInput, layout: Layout) -> MemoryEstimate:
     host: list[MemoryTerm] = []
     nvme: list[MemoryTerm] = []
 
+    ranks = hw.gpus_per_node
+
     def add(where: Where, name: str, nbytes: int, category: Category, why: str) -> MemoryTerm:
-        term = MemoryTerm(name, where, int(nbytes), category, why)
-        {"gpu": gpu, "host": host, "nvme": nvme}[where].append(term)
-        return term
+        """GPU terms are per GPU; host and NVMe terms are per node (all its ranks)."""
+        per_gpu = int(nbytes)
+        if where != "gpu" and ranks > 1:
+            why += f" (x{ranks} ranks on the node)"
+        node_term = MemoryTerm(name, where, per_gpu * (ranks if where != "gpu" else 1), category, why)
+        {"gpu": gpu, "host": host, "nvme": nvme}[where].append(node_term)
+        return MemoryTerm(name, where, per_gpu, category, why)
 
     # --- model states ------------------------------------------------------------
     param_shard = n if stage == 3 else 1
@@ -379,11 +385,10 @@ def estimate_memory(inp: PlanInput, layout: Layout) -> MemoryEstimate:
         "CUDA context, cuBLAS and NCCL workspaces outside PyTorch's allocator")
 
     # --- host and NVMe (per node) --------------------------------------------------
-    ranks = hw.gpus_per_node
-    add("host", "process_baseline", HOST_PROCESS_BASE_BYTES * ranks, "overhead",
-        f"Python, torch, CUDA and NCCL libraries, {HOST_PROCESS_BASE_BYTES / GiB:.1f} GiB x {ranks} ranks")
+    add("host", "process_baseline", HOST_PROCESS_BASE_BYTES, "overhead",
+        f"Python, torch, CUDA and NCCL libraries, {HOST_PROCESS_BASE_BYTES / GiB:.1f} GiB per rank")
     if stage < 3:
-        add("host", "model_construction", FP32_BYTES * p * ranks, "model_states",
+        add("host", "model_construction", FP32_BYTES * p, "model_states",
             "each rank builds the model in fp32 on the host before DeepSpeed moves it "
             "(stage 3 builds it partitioned on the GPU under zero.Init)")
     pinned_staging = 0
@@ -393,17 +398,10 @@ def estimate_memory(inp: PlanInput, layout: Layout) -> MemoryEstimate:
     elif not opt_on_gpu and stage == 3:
         pinned_staging = FP32_BYTES * p // n  # fp32 sub-group gradient buffers (pinned)
     if pinned_staging:
-        add("host", "offload_pinned_buffers", pinned_staging * ranks, "deepspeed_buffers",
-            "pinned fp32 gradient partition (and bf16 upload copy) per rank")
-    host_states = [t for t in (params_term, master_term, moments_term, grads) if t.where == "host"]
-    for term in host_states:
-        host.append(MemoryTerm(term.name, "host", term.bytes * ranks, term.category,
-                               term.explanation + f" (x{ranks} ranks on the node)"))
-    host[:] = [t for t in host if t.bytes or t.name == "process_baseline"]
-    nvme_total = sum(t.bytes for t in nvme) * ranks
-    nvme[:] = [MemoryTerm(t.name, "nvme", t.bytes * ranks, t.category,
-                          t.explanation + f" (x{ranks} ranks on the node)") for t in nvme]
+        add("host", "offload_pinned_buffers", pinned_staging, "deepspeed_buffers",
+            "pinned fp32 gradient partition (and bf16 upload copy)")
     host_peak = sum(t.bytes for t in host)
+    nvme_total = sum(t.bytes for t in nvme)
     terms = tuple(t for t in gpu + host + nvme if t.bytes or t.name == "process_baseline")
 
     cap = hw.gpu.memory_bytes

@@ -1,0 +1,175 @@
+"""The memory model: each term against hand-computed bytes, the phases, and invariants."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from zlayout import catalog
+from zlayout.core.memory import estimate_memory
+from zlayout.spec import GiB, HardwareSpec, Layout, ModelSpec, PlanInput, TrainingSpec, all_layouts
+
+REFERENCE_PARAMS = 1_873_190_912  # ../shared/reference/README.md
+
+
+def reference_input(world: int = 1, **training) -> PlanInput:
+    model = ModelSpec(name="reference-gpt", layers=8, hidden=4096, heads=32, vocab=32000)
+    hardware = HardwareSpec(gpu=catalog.load_gpu("h200"), gpus_per_node=world,
+                            intra_link=catalog.load_link("nvlink4"))
+    return PlanInput(model=model, hardware=hardware,
+                     training=TrainingSpec(seq=2048, micro_batch=2, **training))
+
+
+def term(estimate, name: str, where: str = "gpu") -> int:
+    matches = [t.bytes for t in estimate.terms if t.name == name and t.where == where]
+    assert matches, f"no {where} term {name!r}"
+    return matches[0]
+
+
+def test_reference_model_has_the_published_parameter_count():
+    assert reference_input().model.params == REFERENCE_PARAMS
+
+
+@pytest.mark.parametrize("stage,world,expected_param_bytes,expected_master_bytes", [
+    (0, 1, 2 * REFERENCE_PARAMS, 4 * REFERENCE_PARAMS),
+    (1, 2, 2 * REFERENCE_PARAMS, 2 * REFERENCE_PARAMS),
+    (2, 2, 2 * REFERENCE_PARAMS, 2 * REFERENCE_PARAMS),
+    (3, 2, REFERENCE_PARAMS, 2 * REFERENCE_PARAMS),
+])
+def test_model_state_terms_shard_by_stage(stage, world, expected_param_bytes, expected_master_bytes):
+    est = estimate_memory(reference_input(world), Layout(stage=stage))
+    assert term(est, "parameters") == expected_param_bytes
+    assert term(est, "master_weights") == expected_master_bytes
+    assert term(est, "adam_moments") == 2 * expected_master_bytes
+
+
+def test_optimizer_offload_moves_master_and_moments_to_the_host_of_every_rank():
+    est = estimate_memory(reference_input(2), Layout(stage=2, offload_optimizer="cpu"))
+    assert not [t for t in est.gpu_terms() if t.name in ("master_weights", "adam_moments")]
+    # per node = both ranks' partitions = the whole model's fp32 master + moments
+    assert term(est, "master_weights", "host") == 4 * REFERENCE_PARAMS
+    assert term(est, "adam_moments", "host") == 8 * REFERENCE_PARAMS
+
+
+def test_activations_of_the_reference_block_are_34_bytes_per_token_and_hidden():
+    """17 bf16 tensors of hidden size per token (see layer_activation_bytes) plus fp32 stats."""
+    est = estimate_memory(reference_input(), Layout(stage=2))
+    tokens = 2 * 2048
+    stats = 4 * (2 * 2 + 32)  # two LayerNorms (mean, rstd) + one log-sum-exp per head
+    assert term(est, "activations") == 8 * tokens * (34 * 4096 + stats)
+
+
+def test_checkpointing_keeps_only_block_inputs_and_recomputes_one_block():
+    plain = estimate_memory(reference_input(), Layout(stage=2))
+    ckpt = estimate_memory(reference_input(checkpointing="full"), Layout(stage=2))
+    tokens = 2 * 2048
+    assert term(ckpt, "activations") == 8 * tokens * 4096 * 2
+    assert term(ckpt, "recompute") == term(plain, "activations") // 8
+
+
+def test_reduce_buckets_follow_reduce_bucket_size_and_overlap_comm():
+    inp = reference_input(2)
+    est = estimate_memory(inp, Layout(stage=2))
+    assert term(est, "reduce_buckets") == 2 * 500_000_000 * 2  # double-buffered bf16
+    single = inp.model_copy(update={"zero": inp.zero.model_copy(update={"overlap_comm": False})})
+    assert term(estimate_memory(single, Layout(stage=2)), "reduce_buckets") == 500_000_000 * 2
+
+
+def test_after_init_matches_the_reference_measurements_exactly_where_deepspeed_is_deterministic():
+    """after_init_gib in ../shared/reference: 14P (stage 0), 6P (stage 2, 1 GPU), 4P (stage 1/2,
+    2 GPUs), 8P + one reduce bucket (stage 3)."""
+    cases = [(0, 1, 24.425), (2, 1, 10.468), (2, 2, 6.978), (3, 1, 14.888), (3, 2, 7.91)]
+    for stage, world, measured_gib in cases:
+        est = estimate_memory(reference_input(world), Layout(stage=stage))
+        assert est.after_init_bytes / GiB == pytest.approx(measured_gib, abs=0.01), (stage, world)
+
+
+def test_peak_is_the_largest_phase_and_reserved_and_device_used_add_on_top():
+    est = estimate_memory(reference_input(), Layout(stage=0))
+    assert est.peak_phase == "optimizer step"  # stage 0 casts all gradients to fp32 in step()
+    assert est.gpu_peak_reserved_bytes >= est.gpu_peak_allocated_bytes
+    assert est.gpu_device_used_bytes > est.gpu_peak_reserved_bytes
+
+
+def test_fits_uses_the_requested_headroom():
+    inp = reference_input()
+    est = estimate_memory(inp, Layout(stage=0))
+    assert est.fits
+    needed_fraction = est.gpu_device_used_bytes / est.gpu_capacity_bytes
+    tight = inp.model_copy(update={"headroom_fraction": 1 - needed_fraction + 0.01})
+    assert not estimate_memory(tight, Layout(stage=0)).fits_gpu
+
+
+def test_agrees_with_deepspeeds_zero2_estimator_on_the_model_states_it_counts():
+    """DeepSpeed's estimate_zero2_model_states_mem_needs: 2P + 18P/n (bf16 params, bf16 and fp32
+    grads, fp32 master, two moments). zlayout's corresponding terms add to the same bytes."""
+    for world in (1, 2, 8):
+        inp = reference_input(world)
+        est = estimate_memory(inp, Layout(stage=2))
+        p = inp.model.params
+        ours = (term(est, "parameters") + term(est, "gradients") + term(est, "master_weights")
+                + term(est, "adam_moments") + 4 * p // world)
+        assert ours == pytest.approx(2 * p + 18 * p / world, rel=1e-6)
+
+
+def test_agrees_with_deepspeeds_zero3_offload_estimator_on_gpu_parameters():
+    """estimate_zero3_model_states_mem_needs with cpu_offload and not cpu_offload_params:
+    2P/n of bf16 parameter partitions on the GPU."""
+    inp = reference_input(2)
+    est = estimate_memory(inp, Layout(stage=3, offload_optimizer="cpu"))
+    assert term(est, "parameters") == 2 * inp.model.params // 2
+
+
+# ----------------------------------------------------------------------------- properties
+
+shapes = st.builds(
+    lambda layers, heads, head_dim, vocab_k: ModelSpec(layers=layers, hidden=heads * head_dim, heads=heads,
+                                                      vocab=vocab_k * 1000),
+    st.integers(1, 96), st.integers(1, 64), st.sampled_from([64, 128]), st.integers(8, 256))
+worlds = st.integers(1, 64)
+
+
+def input_for(model: ModelSpec, world: int) -> PlanInput:
+    hardware = HardwareSpec(gpu=catalog.load_gpu("h100"), gpus_per_node=min(world, 8),
+                            nodes=max(1, world // 8), intra_link=catalog.load_link("nvlink4"),
+                            inter_link=catalog.load_link("ib-ndr"))
+    return PlanInput(model=model, hardware=hardware, training=TrainingSpec(seq=2048))
+
+
+def model_state_gpu_bytes(est) -> int:
+    return sum(t.bytes for t in est.gpu_terms() if t.category == "model_states")
+
+
+@settings(max_examples=60, deadline=None)
+@given(shapes, st.integers(1, 8))
+def test_more_gpus_never_raise_per_gpu_model_states_at_stage_3(model, nodes):
+    small = estimate_memory(input_for(model, 8 * nodes), Layout(stage=3))
+    large = estimate_memory(input_for(model, 8 * (nodes + 1)), Layout(stage=3))
+    assert model_state_gpu_bytes(large) <= model_state_gpu_bytes(small)
+
+
+@settings(max_examples=60, deadline=None)
+@given(shapes, worlds)
+def test_a_higher_stage_never_raises_model_state_bytes(model, world):
+    inp = input_for(model, world)
+    per_stage = [model_state_gpu_bytes(estimate_memory(inp, Layout(stage=s))) for s in range(4)]
+    assert per_stage == sorted(per_stage, reverse=True)
+
+
+@settings(max_examples=60, deadline=None)
+@given(shapes, worlds)
+def test_offloading_never_raises_gpu_bytes_beyond_deepspeeds_staging_buffer(model, world):
+    """Offloading the optimizer removes 12-14 bytes/param/n from the GPU but DeepSpeed adds a GPU
+    staging buffer the size of the largest tensor; so offloading never raises GPU bytes by more
+    than that buffer, and never raises them at all once the states it moves outweigh it."""
+    inp = input_for(model, world)
+    staging = model.largest_tensor_numel() * 2
+    for layout in all_layouts():
+        if layout.offload_optimizer == "gpu" and layout.offload_param == "gpu":
+            continue
+        offloaded = estimate_memory(inp, layout).gpu_peak_allocated_bytes
+        resident = estimate_memory(inp, Layout(stage=layout.stage)).gpu_peak_allocated_bytes
+        assert offloaded <= resident + staging, layout.key
+        if 12 * model.params // inp.hardware.world >= staging:
+            assert offloaded <= resident, layout.key
