@@ -1,0 +1,99 @@
+"""`zlayout plan`: the command-line contract of DESIGN.md, run as a real subprocess and in-process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from zlayout.cli import main
+
+REFERENCE_FLAGS = ["--layers", "8", "--hidden", "4096", "--heads", "32", "--vocab", "32000",
+                   "--seq", "2048", "--micro-batch", "2", "--gpus-per-node", "2", "--gpu", "h200"]
+CONTRACT_KEYS = {"params", "gpu_peak_allocated_bytes", "gpu_peak_reserved_bytes", "host_peak_bytes",
+                 "fits", "step_time_s"}
+
+
+def run_plan(capsys, *flags: str) -> tuple[int, str, str]:
+    code = main(["plan", *flags])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_contract_command_prints_one_json_object_with_the_contract_keys():
+    proc = subprocess.run(
+        [sys.executable, "-m", "zlayout", "plan", *REFERENCE_FLAGS, "--stage", "3",
+         "--offload-optimizer", "cpu", "--offload-param", "cpu", "--checkpointing", "full", "--json"],
+        capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert CONTRACT_KEYS <= data.keys()
+    assert data["params"] == 1_873_190_912
+    assert data["stage"] == 3 and data["offload_optimizer"] == "cpu" and data["offload_param"] == "cpu"
+    assert isinstance(data["fits"], bool)
+    assert data["gpu_peak_reserved_bytes"] >= data["gpu_peak_allocated_bytes"] > 0
+    assert data["host_peak_bytes"] > 0 and data["step_time_s"] > 0
+
+
+def test_without_stage_every_layout_is_evaluated(capsys):
+    code, out, _ = run_plan(capsys, *REFERENCE_FLAGS, "--json")
+    assert code == 0
+    data = json.loads(out)
+    keys = {(lp["stage"], lp["offload_optimizer"], lp["offload_param"]) for lp in data["layouts"]}
+    assert len(keys) == 13
+    assert (0, "none", "none") in keys and (3, "nvme", "nvme") in keys
+    for lp in data["layouts"]:
+        assert CONTRACT_KEYS - {"params"} <= lp.keys()
+    assert data["recommendation"]["layout"] is not None
+
+
+def test_terms_add_up_to_the_peak_phase_and_carry_explanations(capsys):
+    code, out, _ = run_plan(capsys, *REFERENCE_FLAGS, "--stage", "2", "--json")
+    data = json.loads(out)
+    gpu_terms = [t for t in data["terms"] if t["where"] == "gpu"]
+    assert all(t["explanation"] for t in data["terms"])
+    assert {"parameters", "gradients", "master_weights", "adam_moments", "activations",
+            "reduce_buckets", "cuda_context"} <= {t["name"] for t in gpu_terms}
+
+
+def test_readable_table_by_default(capsys):
+    code, out, _ = run_plan(capsys, *REFERENCE_FLAGS)
+    assert code == 0
+    assert "ZeRO-3 opt→cpu param→cpu" in out and "Recommendation:" in out
+
+
+def test_presets_and_sizes_extend_the_contract(capsys):
+    code, out, _ = run_plan(capsys, "--preset", "llama3-8b", "--gpus-per-node", "8", "--gpu", "h100",
+                            "--stage", "3", "--json")
+    assert code == 0 and json.loads(out)["params"] == 8_030_261_248
+    code, out, _ = run_plan(capsys, "--params", "13B", "--gpus-per-node", "8", "--stage", "2", "--json")
+    assert code == 0 and abs(json.loads(out)["params"] / 13e9 - 1) < 0.05
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--stage", "1", "--offload-param", "cpu"], "parameter offload needs ZeRO stage 3"),
+    (["--stage", "2", "--offload-optimizer", "nvme"], "NVMe offload needs ZeRO stage 3"),
+    (["--stage", "0", "--offload-optimizer", "cpu"], "optimizer offload needs ZeRO stage 1"),
+])
+def test_impossible_layouts_exit_2_with_what_to_change(capsys, flags, message):
+    code, out, err = run_plan(capsys, *REFERENCE_FLAGS, *flags, "--json")
+    assert code == 2 and out == ""
+    assert message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--layers", "8", "--hidden", "4100", "--heads", "32", "--vocab", "32000"], "divisible by heads"),
+    (["--layers", "8", "--hidden", "4096", "--heads", "32"], "--vocab"),
+    (["--layers", "-1", "--hidden", "4096", "--heads", "32", "--vocab", "32000"], "layers"),
+    (["--preset", "llama9"], "available:"),
+    (["--params", "lots"], "13B"),
+    (["--params", "7B", "--gpus-per-node", "0"], "gpus_per_node"),
+    (["--params", "7B", "--gpu", "h300"], "unknown GPU"),
+])
+def test_bad_input_exits_2_without_a_traceback(capsys, flags, message):
+    code, out, err = run_plan(capsys, *flags)
+    assert code == 2
+    assert message in err, err
+    assert "Traceback" not in err

@@ -1,0 +1,43 @@
+"""The planner starts without torch or deepspeed: each planning module is imported in a fresh
+interpreter and must leave both out of sys.modules (the verification worker is the only place
+that may import them)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+PLANNER_MODULES = [
+    "zlayout.spec", "zlayout.catalog", "zlayout.core.memory", "zlayout.core.plan",
+    "zlayout.core.breakeven", "zlayout.core.steptime", "zlayout.core.comm", "zlayout.core.recommend",
+    "zlayout.profile.ds_config", "zlayout.cli", "zlayout.commands.plan", "zlayout.tui.app",
+]
+CORE_MODULES = [m for m in PLANNER_MODULES if m.startswith(("zlayout.spec", "zlayout.core"))]
+
+
+def modules_after_import(module: str, code: str = "") -> set[str]:
+    probe = f"import sys, {module}\n{code}\nprint('\\n'.join(sys.modules))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    return set(out.stdout.split())
+
+
+@pytest.mark.parametrize("module", PLANNER_MODULES)
+def test_planner_modules_do_not_import_torch_or_deepspeed(module):
+    loaded = modules_after_import(module)
+    assert "torch" not in loaded and "deepspeed" not in loaded
+
+
+@pytest.mark.parametrize("module", CORE_MODULES)
+def test_the_core_does_not_import_textual(module):
+    assert "textual" not in modules_after_import(module)
+
+
+def test_a_whole_plan_run_stays_free_of_torch_and_deepspeed():
+    code = ("from zlayout.cli import main\n"
+            "import contextlib, io\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    main(['plan', '--preset', 'llama3-8b', '--gpus-per-node', '8', '--json'])\n")
+    loaded = modules_after_import("zlayout", code)
+    assert "torch" not in loaded and "deepspeed" not in loaded
