@@ -287,3 +287,17 @@ def test_check_corrupt_profile_exits_2(tmp_path, capsys):
     (tmp_path / "profile.toml").write_text("schema_version = 1\nname = \n")
     assert main(["check", str(tmp_path)]) == 2
     assert "line 2" in capsys.readouterr().err
+
+
+def test_check_reads_a_real_h200_nvidia_smi_line(tmp_path, capsys, monkeypatch):
+    """The line nvidia-smi printed on the H200 machines (driver 580, 143771 MiB per GPU)."""
+    from zlayout import catalog
+
+    preset = catalog.preset_path("profiles", "llama3-8b-1xh200-offload")
+    _fake_nvidia_smi(tmp_path, monkeypatch, ["NVIDIA H200, 143771 MiB, 143195 MiB"])
+    capsys.readouterr()
+    main(["check", str(preset), "--json"])
+    checks = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
+    assert checks["GPUs visible"]["verdict"] == "pass"
+    assert checks["GPU model"]["verdict"] == "pass"
+    assert checks["GPU free memory"]["verdict"] == "pass"

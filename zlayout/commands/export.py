@@ -15,7 +15,10 @@ from pathlib import Path
 from zlayout.cli import UsageError, add_plan_arguments, layout_from_args, plan_input_from_args
 from zlayout.profile import (DS_CONFIG_FILE, PROFILE_FILE, ProfileError, RunSettings, build_profile,
                              load_profile, save_profile_dir)
+from zlayout.profile.launch import DEEPSPEED_SCRIPT, SLURM_SCRIPT, TORCHRUN_SCRIPT
 from zlayout.spec import GiB
+
+SCRIPT_NAMES = (DEEPSPEED_SCRIPT, TORCHRUN_SCRIPT, SLURM_SCRIPT)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -57,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file; give a directory")
     previous = None
-    existing = [name for name in (PROFILE_FILE, DS_CONFIG_FILE) if (out / name).exists()]
+    existing = [name for name in (PROFILE_FILE, DS_CONFIG_FILE, *SCRIPT_NAMES) if (out / name).exists()]
     if existing:
         if not args.force:
             raise UsageError(f"{out / existing[0]} already exists; add --force to replace it "
