@@ -31,12 +31,13 @@ from zlayout.spec import Layout, PlanInput
 
 CollectiveKind = Literal["all_reduce", "reduce_scatter", "all_gather"]
 # When a collective runs, which decides what compute can hide it:
-#   "backward": issued from backward hooks (overlap_comm hides it behind the backward pass)
-#   "forward_backward": stage-3 parameter prefetch, hidden behind forward and backward
+#   "forward": stage-3 parameter prefetch during the forward pass
+#   "backward": issued during the backward pass (gradient reduction from the backward hooks
+#               with overlap_comm, stage-3 parameter prefetch)
 #   "after_backward": after the last backward, before the step, or on the compute stream
 #                     without overlap_comm (nothing to hide behind)
 #   "after_step": after the optimizer step (nothing to hide behind)
-Phase = Literal["backward", "forward_backward", "after_backward", "after_step"]
+Phase = Literal["forward", "backward", "after_backward", "after_step"]
 
 MASTER_BYTES_PER_PARAM = 4  # fp32 master weights and gradients that the offloaded optimizer reads
 OPTIMIZER_STATE_BYTES_PER_PARAM = 12  # fp32 master weights + Adam's two moments
@@ -141,9 +142,9 @@ def collectives(inp: PlanInput, layout: Layout) -> tuple[Collective, ...]:
         )
     fetches = stage3_fetched_modules(inp)
     return (
-        _collective(inp, "parameter all-gather (forward)", "all_gather", "forward_backward",
+        _collective(inp, "parameter all-gather (forward)", "all_gather", "forward",
                     model_bytes, accum, accum * fetches),
-        _collective(inp, "parameter all-gather (backward)", "all_gather", "forward_backward",
+        _collective(inp, "parameter all-gather (backward)", "all_gather", "backward",
                     model_bytes, accum, accum * fetches),
         _collective(inp, "gradient reduce-scatter", "reduce_scatter",
                     "backward" if zero.overlap_comm else "after_backward",

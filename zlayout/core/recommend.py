@@ -34,6 +34,7 @@ class Fix:
     input: PlanInput
     layout: Layout
     step_time_s: float
+    change: str = ""  # the change alone, e.g. "use 2 nodes (16 GPUs)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,9 +150,9 @@ def _fix(inp: PlanInput, layouts: tuple[Layout, ...], flags: str, change: str) -
     if found is None:
         return None
     layout, mem, step_s = found
-    text = (f"{change} ({flags}): {layout.label} fits with {mem.gpu_headroom_fraction:.0%} "
-            f"headroom at {step_s:.2f} s/step")
-    return Fix(text, flags, inp, layout, step_s)
+    text = (f"{change}: {layout.label} fits with {mem.gpu_headroom_fraction:.0%} "
+            f"headroom at {step_s:.2f} s/step ({flags})")
+    return Fix(text, flags, inp, layout, step_s, change)
 
 
 def _with_hardware(inp: PlanInput, **update) -> PlanInput:
@@ -231,7 +232,7 @@ def _checkpointing(inp: PlanInput, layouts: tuple[Layout, ...]) -> Fix | None:
     if inp.training.checkpointing != "none":
         return None
     return _fix(_with_training(inp, checkpointing="full"), layouts, "--checkpointing full",
-                "turn on activation checkpointing, a third more compute,")
+                "turn on activation checkpointing (a third more compute)")
 
 
 def suggest_fixes(inp: PlanInput, layouts: tuple[Layout, ...] | None = None) -> tuple[Fix, ...]:
@@ -264,7 +265,10 @@ def suggest_fixes(inp: PlanInput, layouts: tuple[Layout, ...] | None = None) -> 
     for fix in (_nvme(lighter, chosen), _more_gpus(lighter, chosen)):
         if fix is None:
             continue
-        text = ", ".join(changes) + " and " + fix.text[0].lower() + fix.text[1:]
-        text = text.replace(f"({fix.flags})", f"({' '.join(flags + [fix.flags])})")
-        combined.append(Fix(text, " ".join(flags + [fix.flags]), fix.input, fix.layout, fix.step_time_s))
+        change = ", ".join(changes + [fix.change])
+        all_flags = " ".join(flags + [fix.flags])
+        mem = estimate_memory(fix.input, fix.layout)
+        text = (f"{change}: {fix.layout.label} fits with {mem.gpu_headroom_fraction:.0%} "
+                f"headroom at {fix.step_time_s:.2f} s/step ({all_flags})")
+        combined.append(Fix(text, all_flags, fix.input, fix.layout, fix.step_time_s, change))
     return tuple(combined)

@@ -144,41 +144,40 @@ def estimate_step_time(inp: PlanInput, layout: Layout, comm: CommEstimate | None
         per_fetch_s = STAGE3_FETCH_OVERHEAD_S + (STAGE3_GATHER_OVERHEAD_S if n > 1 else 0.0)
         stage3_overhead_s = 2 * accum * stage3_fetched_modules(inp) * per_fetch_s
 
-    # network: what cannot hide behind compute
-    comm_total_s = 0.0
-    exposed_comm_s = 0.0
-    prefetch_s = 0.0  # stage-3 gathers (and their PCIe fetches) hidden behind fwd+bwd
-    grad_reduce_s = 0.0
-    grad_last_bucket_s = 0.0
-    for coll in comm.collectives:
-        coll_s = collective_time_s(coll, inp)
-        comm_total_s += coll_s
-        if coll.phase in ("after_backward", "after_step"):
-            exposed_comm_s += coll_s
-        elif coll.phase == "forward_backward":
-            prefetch_s += coll_s
-        else:
-            grad_reduce_s += coll_s
-            calls = max(1, coll.calls_per_step)
-            grad_last_bucket_s += coll_s / calls  # the bucket filled last waits for nothing
-    reduce_window_s = micro_backward_s * (1 if layout.stage == 1 else accum)
-    if grad_reduce_s:
-        exposed_comm_s += max(grad_last_bucket_s, grad_reduce_s - reduce_window_s)
-
-    # PCIe: gradients down during backward, parameters up after the step, fetches in fwd/bwd
+    # What hides behind compute: two side streams, each serial (a bucket is reduced, then its
+    # partition copied to the host; a module's partition comes up, then is gathered), each
+    # hidden behind its pass except the piece that has nothing to wait behind.
     pcie_bytes_per_s = hw.gpu.pcie_gbps * 1e9
     down_s = comm.pcie_to_host_bytes / pcie_bytes_per_s
     fetch_s = comm.pcie_param_fetch_bytes / pcie_bytes_per_s
     up_after_step_s = (comm.pcie_to_gpu_bytes - comm.pcie_param_fetch_bytes) / pcie_bytes_per_s
-    pcie_exposed_s = up_after_step_s + max(0.0, down_s - reduce_window_s)
-
-    if layout.stage == 3:
-        hideable_s = STAGE3_PREFETCH_OVERLAP * compute_s
-        # a fetch from host memory precedes the gather of the same module
-        exposed_fetch_s = max(0.0, prefetch_s + fetch_s - hideable_s)
-        comm_part = min(exposed_fetch_s, prefetch_s)
-        exposed_comm_s += comm_part
-        pcie_exposed_s += exposed_fetch_s - comm_part
+    comm_total_s = 0.0
+    exposed_comm_s = 0.0
+    streams = {"forward": [0.0, 0.0, fetch_s / 2], "backward": [0.0, 0.0, down_s + fetch_s / 2]}
+    for coll in comm.collectives:  # stream: [network s, longest single launch s, PCIe s]
+        coll_s = collective_time_s(coll, inp)
+        comm_total_s += coll_s
+        if coll.phase in ("after_backward", "after_step"):
+            exposed_comm_s += coll_s
+            continue
+        stream = streams[coll.phase]
+        stream[0] += coll_s
+        stream[1] = max(stream[1], coll_s / max(1, coll.calls_per_step))
+    windows = {
+        "forward": STAGE3_PREFETCH_OVERLAP * (micro_compute_s - micro_backward_s) * accum,
+        "backward": micro_backward_s * (1 if layout.stage == 1 else accum),
+    }
+    pcie_exposed_s = up_after_step_s
+    for phase, (network_s, piece_s, pcie_s) in streams.items():
+        busy_s = network_s + pcie_s
+        if busy_s <= 0:
+            continue
+        # the piece with nothing to hide behind: the first gather, or the last bucket
+        # reduced and its copy to the host
+        tail_s = piece_s + pcie_s / max(1, accum * stage3_fetched_modules(inp))
+        exposed_s = min(busy_s, max(tail_s, busy_s - windows[phase]))
+        exposed_comm_s += exposed_s * network_s / busy_s
+        pcie_exposed_s += exposed_s * pcie_s / busy_s
 
     cpu_optimizer_s = 0.0
     if layout.offload_optimizer != "gpu":

@@ -1,0 +1,102 @@
+"""`zlayout breakeven`: the JSON contract, the table, and bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from zlayout.cli import build_parser, main, plan_input_from_args
+from zlayout.core.breakeven import break_even
+from zlayout.core.memory import estimate_memory
+from zlayout.spec import Layout, all_layouts
+
+REFERENCE_FLAGS = ["--layers", "8", "--hidden", "4096", "--heads", "32", "--vocab", "32000",
+                   "--seq", "2048", "--micro-batch", "2", "--gpus-per-node", "2", "--gpu", "h200"]
+
+
+def run_json(capsys, *flags: str) -> dict:
+    assert main(["breakeven", *flags, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_json_has_every_layout_with_the_core_answer(capsys):
+    data = run_json(capsys, *REFERENCE_FLAGS)
+    inp = plan_input_from_args(build_parser().parse_args(["breakeven", *REFERENCE_FLAGS]))
+    assert data["params"] == 1_873_190_912 and data["scaling"] == "depth"
+    assert len(data["layouts"]) == len(all_layouts())
+    for row, layout in zip(data["layouts"], all_layouts()):
+        assert set(row) >= {"stage", "offload_optimizer", "offload_param", "max_params", "max_micro_batch",
+                            "limited_by"}
+        assert row["stage"] == layout.stage
+        assert row["offload_optimizer"] == ("none" if layout.offload_optimizer == "gpu" else layout.offload_optimizer)
+        assert row["offload_param"] == ("none" if layout.offload_param == "gpu" else layout.offload_param)
+        assert Layout(stage=row["stage"], offload_optimizer=row["offload_optimizer"],
+                      offload_param=row["offload_param"]) == layout
+        be = break_even(inp, layout)
+        assert (row["max_params"], row["max_micro_batch"], row["limited_by"]) == \
+            (be.max_params, be.max_micro_batch, be.limited_by)
+        assert row["limited_by"] in ("gpu", "host", "nvme", "range")
+
+
+def test_the_reference_model_fits_and_grows_on_two_h200(capsys):
+    data = run_json(capsys, *REFERENCE_FLAGS)
+    stage2 = next(r for r in data["layouts"] if r["stage"] == 2 and r["offload_optimizer"] == "none")
+    # measured: this layout peaks at 21 GiB on 2 H200s (shared/reference), so it carries more
+    assert stage2["max_params"] > data["params"]
+    assert stage2["max_micro_batch"] >= 2 and stage2["fits_current_model"]
+    # the largest model is the same architecture, deeper
+    assert stage2["max_model"]["hidden"] == 4096
+    assert stage2["max_model"]["params"] == stage2["max_params"]
+
+
+def test_nvme_layouts_without_nvme_are_limited_by_nvme(capsys):
+    data = run_json(capsys, *REFERENCE_FLAGS)
+    for row in data["layouts"]:
+        if "nvme" in (row["offload_optimizer"], row["offload_param"]):
+            assert (row["max_params"], row["limited_by"]) == (0, "nvme")
+
+
+def test_family_preset_and_crossovers(capsys):
+    data = run_json(capsys, "--preset", "llama3-8b", "--gpus-per-node", "8", "--nvme-gib", "8192")
+    assert data["family"] == "llama3" and data["scaling"] == "family"
+    assert data["crossovers"]
+    inp = plan_input_from_args(build_parser().parse_args(
+        ["breakeven", "--preset", "llama3-8b", "--gpus-per-node", "8", "--nvme-gib", "8192"]))
+    for c in data["crossovers"]:
+        stops = Layout(stage=c["stops_fitting"]["stage"], offload_optimizer=c["stops_fitting"]["offload_optimizer"],
+                       offload_param=c["stops_fitting"]["offload_param"])
+        be = break_even(inp, stops)
+        assert c["params"] == be.next_params
+        assert not estimate_memory(inp.model_copy(update={"model": be.next_model}), stops).fits
+        assert "stops fitting" in c["text"]
+
+
+def test_table_lists_every_layout(capsys):
+    assert main(["breakeven", *REFERENCE_FLAGS]) == 0
+    out = capsys.readouterr().out
+    for layout in all_layouts():
+        assert layout.label in out
+    assert "largest model" in out and "max micro-batch" in out
+
+
+def test_stage_flag_is_not_accepted(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["breakeven", *REFERENCE_FLAGS, "--stage", "2"])
+    assert exc.value.code == 2
+    assert "--stage" in capsys.readouterr().err
+
+
+def test_unknown_preset_says_what_exists(capsys):
+    assert main(["breakeven", "--preset", "llama9-1t"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("zlayout: error:") and "llama3-8b" in err
+
+
+def test_installed_entry_point_prints_json():
+    out = subprocess.run([sys.executable, "-m", "zlayout", "breakeven", *REFERENCE_FLAGS, "--json"],
+                         capture_output=True, text=True, check=True, timeout=60).stdout
+    data = json.loads(out)
+    assert len(data["layouts"]) == len(all_layouts())

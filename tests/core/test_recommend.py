@@ -1,0 +1,100 @@
+"""The recommendation: the fastest layout that fits, a reason with real numbers, verified fixes."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from zlayout import catalog
+from zlayout.cli import build_parser, plan_input_from_args
+from zlayout.core.memory import estimate_memory
+from zlayout.core.plan import make_plan
+from zlayout.core.recommend import suggest_fixes
+from zlayout.spec import GiB, HardwareSpec, PlanInput, TrainingSpec
+
+
+def make_input(preset="llama3-8b", gpus_per_node=8, nodes=1, micro_batch=1, seq=4096,
+               nvme_bytes=0, checkpointing="none") -> PlanInput:
+    hardware = HardwareSpec(
+        gpu=catalog.load_gpu("h200"), gpus_per_node=gpus_per_node, nodes=nodes,
+        intra_link=catalog.load_link("nvlink4"),
+        inter_link=catalog.load_link("ib-ndr") if nodes > 1 else None, nvme_bytes=nvme_bytes)
+    return PlanInput(model=catalog.load_model(preset), hardware=hardware,
+                     training=TrainingSpec(seq=seq, micro_batch=micro_batch, checkpointing=checkpointing))
+
+
+@pytest.mark.parametrize("preset, gpus", [("llama3-8b", 8), ("reference-gpt", 1), ("llama3-70b", 8)])
+def test_recommends_the_fastest_fitting_layout(preset, gpus):
+    plan = make_plan(make_input(preset, gpus_per_node=gpus, checkpointing="full"), with_breakeven=False)
+    rec = plan.recommendation
+    assert rec.layout is not None
+    chosen = plan.for_layout(rec.layout)
+    assert chosen.memory.fits
+    fitting = [lp for lp in plan.layouts if lp.memory.fits]
+    fastest = min(lp.time.step_time_s for lp in fitting)
+    assert chosen.time.step_time_s <= fastest * 1.01
+    # the sentence carries the chosen layout's real headroom
+    assert rec.reason.startswith(rec.layout.label + ":")
+    assert f"{chosen.memory.gpu_headroom_fraction:.0%} headroom" in rec.reason
+    assert rec.suggestions == ()
+    if rec.runner_up is not None:
+        assert plan.for_layout(rec.runner_up).memory.fits
+        assert rec.runner_up.label in rec.reason
+
+
+def test_nothing_fits_gives_verified_suggestions():
+    inp = make_input("llama3-70b", gpus_per_node=1, micro_batch=4)
+    plan = make_plan(inp, with_breakeven=False)
+    rec = plan.recommendation
+    assert rec.layout is None and rec.reason.startswith("No layout fits")
+    assert rec.fixes, "more GPUs always make a 70B model fit somewhere"
+    assert rec.suggestions == tuple(f.text for f in rec.fixes)
+    for fix in rec.fixes:
+        assert estimate_memory(fix.input, fix.layout).fits, fix.text
+        assert fix.layout.label in fix.text and fix.flags in fix.text
+
+
+CLI_BASE = ["plan", "--preset", "llama3-70b", "--gpus-per-node", "1", "--micro-batch", "4", "--seq", "4096"]
+
+
+def test_suggested_flags_reproduce_the_verified_input():
+    """Typing a suggestion's flags on the command line gives exactly the input that was checked."""
+    base = plan_input_from_args(build_parser().parse_args(CLI_BASE))
+    fixes = make_plan(base, with_breakeven=False).recommendation.fixes
+    assert fixes
+    for fix in fixes:
+        typed = plan_input_from_args(build_parser().parse_args(CLI_BASE + fix.flags.split()))
+        assert typed.training == fix.input.training
+        hw_typed, hw_fix = typed.hardware, fix.input.hardware
+        assert (hw_typed.gpus_per_node, hw_typed.nodes) == (hw_fix.gpus_per_node, hw_fix.nodes)
+        assert hw_typed.nvme_bytes >= hw_fix.nvme_bytes
+        assert estimate_memory(typed, fix.layout).fits
+
+
+def test_checkpointing_suggested_when_it_alone_fits():
+    inp = make_input("llama3-70b", gpus_per_node=8, micro_batch=2)
+    plan = make_plan(inp, with_breakeven=False)
+    if plan.recommendation.layout is not None:
+        pytest.skip("this input fits without changes under the current memory model")
+    flags = [f.flags for f in plan.recommendation.fixes]
+    assert "--checkpointing full" in flags
+
+
+def test_smaller_micro_batch_keeps_the_global_batch():
+    inp = make_input("llama3-8b", gpus_per_node=2, micro_batch=16, checkpointing="full")
+    for fix in suggest_fixes(inp):
+        t = fix.input.training
+        if fix.flags.startswith("--micro-batch"):
+            assert t.micro_batch * t.grad_accum == 16
+            assert t.micro_batch < 16
+
+
+def test_nvme_suggestion_sizes_the_capacity():
+    inp = make_input("llama3-70b", gpus_per_node=1, checkpointing="full")
+    nvme = [f for f in suggest_fixes(inp) if "--nvme-gib" in f.flags]
+    for fix in nvme:
+        gib = int(re.search(r"--nvme-gib (\d+)", fix.flags).group(1))
+        assert fix.input.hardware.nvme_bytes == gib * GiB
+        assert "nvme" in (fix.layout.offload_optimizer, fix.layout.offload_param)
+        assert estimate_memory(fix.input, fix.layout).fits
