@@ -301,3 +301,15 @@ def test_check_reads_a_real_h200_nvidia_smi_line(tmp_path, capsys, monkeypatch):
     assert checks["GPUs visible"]["verdict"] == "pass"
     assert checks["GPU model"]["verdict"] == "pass"
     assert checks["GPU free memory"]["verdict"] == "pass"
+
+
+def test_export_json_and_a_layout_that_does_not_fit(tmp_path, capsys):
+    code = main(["export", "--preset", "llama3-70b", "--gpu", "h100", "--gpus-per-node", "8", "--stage", "0",
+                 "--out", str(tmp_path / "big"), "--json"])
+    assert code == 0
+    captured = capsys.readouterr()
+    data = json.loads(captured.out)
+    assert data["fits"] is False and data["layout"] == "z0-opt_gpu-param_gpu"
+    assert data["profile"] == str(tmp_path / "big" / "profile.toml")
+    assert "predicted NOT to fit" in captured.err
+    assert load_profile(tmp_path / "big").prediction.fits is False
