@@ -47,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="processes (GPUs) to run; default the plan's GPUs per node, 1 with --cpu")
     run.add_argument("--out", type=Path, default=None,
                      help="directory for the spec, logs, checkpoint and result.json "
-                          "(default ./zlayout-verify/<time>-<layout>)")
+                          "(default ~/.cache/zlayout/verify/<time>-<layout>)")
     run.add_argument("--checkpoint-dir", type=Path, default=None,
                      help="where the restart drill saves (default OUT/checkpoint)")
     run.add_argument("--nvme-path", default=None, help="NVMe offload directory (NVMe layouts)")
@@ -311,7 +311,10 @@ def _run_batch(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise UsageError(f"cannot read --batch {args.batch}: {exc.strerror}") from None
     runs = [shlex.split(line) for line in lines if line]
-    base = (args.out or Path("zlayout-verify")).resolve()
+    from zlayout.verify.launcher import default_out_dir
+
+    base = (args.out or default_out_dir(Layout(stage=0)).with_name(
+        f"batch-{time.strftime('%Y%m%d-%H%M%S')}")).resolve()
     base.mkdir(parents=True, exist_ok=True)
     started = time.time()
     worst = 0

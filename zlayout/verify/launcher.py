@@ -86,8 +86,10 @@ def input_for_run(inp: PlanInput, processes: int) -> PlanInput:
 
 
 def default_out_dir(layout: Layout) -> Path:
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    return Path("zlayout-verify") / f"{stamp}-{layout.key}"
+    """$XDG_CACHE_HOME/zlayout/verify/<time>-<layout> (checkpoints are large: not the work tree)."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-%f")
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "zlayout" / "verify" / f"{stamp}-{layout.key}"
 
 
 def free_port() -> int:

@@ -42,9 +42,12 @@ def emit(event: str, rank: int, **fields: Any) -> None:
 def is_out_of_memory(exc: BaseException) -> bool:
     import torch
 
-    if isinstance(exc, torch.cuda.OutOfMemoryError):
+    if isinstance(exc, (torch.cuda.OutOfMemoryError, MemoryError)):
         return True
-    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+    text = str(exc).lower()
+    # CUDA says "out of memory"; the CPU allocator "can't allocate memory" (CPU mode, host RAM).
+    return isinstance(exc, RuntimeError) and any(
+        phrase in text for phrase in ("out of memory", "can't allocate memory"))
 
 
 def batch(step: int, micro: int, rank: int, seed: int, shape: tuple[int, int], vocab: int):
@@ -136,7 +139,7 @@ def run(spec: dict[str, Any], out: Path, resume: bool) -> int:
             report["after_init_allocated_bytes"] = torch.cuda.memory_allocated()
             report["init_peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
             torch.cuda.reset_peak_memory_stats()
-        emit("init", rank, params=params, init_s=round(report["init_s"], 2),
+        emit("init", rank, pid=os.getpid(), params=params, init_s=round(report["init_s"], 2),
              after_init_allocated_bytes=report.get("after_init_allocated_bytes"))
 
         if resume:

@@ -1,0 +1,189 @@
+"""Real DeepSpeed engines on CPU (gloo): every stage, optimizer and parameter offload, one and
+two processes, the restart drill, cancel, an allocation failure and the command line.
+Each test launches its ranks through torchrun exactly as on GPUs; models are tiny."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from zlayout.spec import Layout
+from zlayout.verify.launcher import VerifyOptions, parse_event, run_verification
+
+from .conftest import tiny_input
+
+pytestmark = pytest.mark.slow
+
+
+def run(inp, layout, tmp: Path, **options):
+    lines: list[str] = []
+    options.setdefault("steps", 2)
+    result = run_verification(inp, layout, VerifyOptions(cpu=True, out_dir=tmp, **options),
+                              on_line=lines.append)
+    return result, lines
+
+
+def events(lines: list[str], kind: str) -> list[dict]:
+    return [e for e in map(parse_event, lines) if e and e["event"] == kind]
+
+
+@pytest.fixture(scope="module")
+def drill(tmp_path_factory):
+    """ZeRO-3 with optimizer and parameters on CPU, 2 processes, GQA + SwiGLU + RMSNorm,
+    checkpointing, and the restart drill: one launch pair, several checks."""
+    inp = tiny_input(gpus=2, checkpointing="full", kv_heads=2, mlp="swiglu", norm="rmsnorm",
+                     ffn=96, bias=False)
+    layout = Layout(stage=3, offload_optimizer="cpu", offload_param="cpu")
+    out = tmp_path_factory.mktemp("drill")
+    result, lines = run(inp, layout, out, processes=2, steps=3, restart_drill=True)
+    return inp, result, lines, out
+
+
+def test_drill_run_completes_on_both_ranks(drill):
+    inp, result, lines, _ = drill
+    assert result["status"] == "cpu-ok", result.get("cause")
+    assert [r["status"] for r in result["ranks"]] == ["ok", "ok"]
+    assert result["measured"]["params"] == inp.model.params
+    assert result["measured"]["steps_run"] == [1, 2, 3]
+    assert all(math.isfinite(x) and x > 0 for x in result["measured"]["losses"])
+    assert result["measured"]["host_peak_bytes"] > 0
+    assert result["measured"]["step_time_s"] > 0 and result["measured"]["tokens_per_s"] > 0
+
+
+def test_drill_resumes_at_the_saved_step_with_the_same_losses(drill):
+    _, result, _, _ = drill
+    d = result["restart_drill"]
+    assert d["resumed_ok"] and d["loss_exact"], d
+    assert d["step_before"] == 1 and d["step_after"] == 1
+    assert d["loss_expected"] == d["loss_resumed"] == result["measured"]["losses"][1]
+    assert d["losses_compared"] == 4  # steps 2 and 3 on both ranks
+    assert d["resume_s"] > 0 and d["restart_wall_s"] > d["resume_s"]
+
+
+def test_drill_streams_prefixed_rank_lines_and_preflight(drill):
+    _, _, lines, _ = drill
+    steps = events(lines, "step")
+    assert {e["rank"] for e in steps} == {0, 1}
+    assert any(line.startswith("[rank 1] {") for line in lines)
+    assert any(line.startswith("preflight PASS torch+deepspeed") for line in lines)
+    assert len(events(lines, "resumed")) == 2 and len(events(lines, "checkpoint")) == 2
+
+
+def test_drill_writes_spec_config_and_result(drill):
+    _, result, _, out = drill
+    config = json.loads((out / "ds_config.json").read_text())
+    zero = config["zero_optimization"]
+    assert zero["stage"] == 3 and zero["offload_optimizer"]["device"] == "cpu"
+    assert zero["offload_param"]["device"] == "cpu"
+    assert json.loads((out / "result.json").read_text())["status"] == "cpu-ok"
+    assert result["result_path"] == str(out / "result.json")
+    assert (out / "checkpoint" / "latest").read_text().strip() == "step1"
+
+
+@pytest.mark.parametrize("stage, offload, processes", [
+    (0, "gpu", 1), (1, "gpu", 2), (2, "cpu", 1), (3, "gpu", 2),
+], ids=["z0-p1", "z1-p2", "z2-opt_cpu-p1", "z3-p2"])
+def test_every_stage_runs_on_cpu(tmp_path, stage, offload, processes):
+    inp = tiny_input(gpus=processes)
+    layout = Layout(stage=stage, offload_optimizer=offload)
+    result, lines = run(inp, layout, tmp_path, processes=processes, run_preflight=False)
+    assert result["status"] == "cpu-ok", result.get("cause")
+    assert result["measured"]["world"] == processes
+    assert len(result["measured"]["losses"]) == 2
+    assert json.loads((tmp_path / "ds_config.json").read_text())["zero_optimization"]["stage"] == stage
+    assert {e["rank"] for e in events(lines, "done")} == set(range(processes))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
+
+
+def test_cancel_kills_every_rank(tmp_path):
+    inp = tiny_input(gpus=2)
+    cancel = threading.Event()
+    pids: list[int] = []
+
+    def on_line(line: str) -> None:
+        event = parse_event(line)
+        if event and event["event"] == "init":
+            pids.append(event["pid"])
+        if event and event["event"] == "step":
+            cancel.set()
+
+    result = run_verification(inp, Layout(stage=2), VerifyOptions(
+        cpu=True, processes=2, steps=100_000, out_dir=tmp_path, run_preflight=False),
+        on_line=on_line, cancel=cancel)
+    assert result["status"] == "cancelled"
+    assert len(pids) == 2
+    assert not any(_alive(pid) for pid in pids)
+
+
+def test_an_allocation_failure_is_does_not_fit(tmp_path):
+    # 2^30 sequences of 2^20 tokens: the batch alone is 8 PiB, no allocator can serve it.
+    inp = tiny_input(micro_batch=2**30, seq=2**20)
+    result, lines = run(inp, Layout(stage=1), tmp_path, run_preflight=False)
+    assert result["status"] == "does-not-fit", result.get("cause")
+    assert "rank 0" in result["cause"] and "train" in result["cause"]
+    assert events(lines, "oom")
+
+
+def test_bad_config_is_failed_with_the_cause(tmp_path):
+    inp = tiny_input()
+    bad = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+           "zero_optimization": {"stage": 2, "no_such_knob": 1},
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}}
+    result, _ = run(inp, Layout(stage=2), tmp_path, run_preflight=False, ds_config=bad)
+    assert result["status"] == "failed"
+    assert "no_such_knob" in result["cause"]
+
+
+TINY_FLAGS = ["--layers", "2", "--hidden", "64", "--heads", "4", "--vocab", "128", "--seq", "32",
+              "--micro-batch", "2", "--gpus-per-node", "1"]
+
+
+def zlayout(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "zlayout", *args], capture_output=True, text=True,
+                          **kwargs)
+
+
+def test_command_line_json_and_live_log(tmp_path):
+    proc = zlayout("verify", *TINY_FLAGS, "--stage", "1", "--offload-optimizer", "cpu", "--cpu",
+                   "--steps", "3", "--restart-drill", "--json", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    for key in ("status", "measured", "predicted", "restart_drill", "errors_pct", "environment",
+                "layout", "inputs"):
+        assert key in result
+    assert result["status"] == "cpu-ok"
+    assert result["restart_drill"]["resumed_ok"] is True
+    assert result["layout"]["offload_optimizer"] == "cpu"
+    assert "[rank 0] step 3/3: loss" in proc.stderr
+    assert "preflight PASS" in proc.stderr
+
+
+def test_command_line_needs_a_layout():
+    proc = zlayout("verify", *TINY_FLAGS, "--cpu")
+    assert proc.returncode == 2
+    assert "add --stage" in proc.stderr
+
+
+def test_command_line_verifies_a_profile_preflight(tmp_path):
+    from zlayout.profile import build_profile
+    from zlayout.profile.store import save_profile
+
+    path = save_profile(build_profile(tiny_input(), Layout(stage=2)), tmp_path / "p")
+    proc = zlayout("verify", str(path.parent), "--cpu", "--preflight-only", "--out", str(tmp_path / "o"))
+    assert proc.returncode == 0, proc.stderr
+    assert "preflight PASS gpus: skipped" in proc.stdout
+    assert "preflight PASS checkpoint dir" in proc.stdout

@@ -1,0 +1,142 @@
+"""Preflight lines: pass/fail with the number and what to do, blocking only where the run
+cannot start. GPUs are given as nvidia-smi would list them (no GPU on CI)."""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+from pathlib import Path
+
+import pytest
+
+from zlayout.core.memory import estimate_memory
+from zlayout.spec import GiB, Layout
+from zlayout.verify import preflight
+from zlayout.verify.launcher import VerifyOptions
+from zlayout.verify.preflight import Check, GpuInfo
+
+from .conftest import tiny_input
+
+
+def gpus(n: int, free_gib: float = 140.0, name: str = "NVIDIA H200") -> list[GpuInfo]:
+    return [GpuInfo(i, name, int(143.7 * GiB), int(free_gib * GiB), "580.95") for i in range(n)]
+
+
+def test_enough_gpus_pass_and_say_how_many():
+    checks = preflight.check_gpus(tiny_input(gpus=2), Layout(stage=1), 2, gpus(2))
+    assert all(c.ok for c in checks), [c.line() for c in checks]
+    assert checks[0].line().startswith("preflight PASS gpus: 2 visible")
+
+
+def test_too_few_gpus_block_and_suggest_processes():
+    checks = preflight.check_gpus(tiny_input(gpus=4), Layout(stage=1), 4, gpus(2))
+    count = checks[0]
+    assert not count.ok and count.blocking
+    assert "2 visible, the layout needs 4" in count.line() and "--processes 2" in count.line()
+
+
+def test_no_gpu_blocks_and_points_to_cpu_mode():
+    (check,) = preflight.check_gpus(tiny_input(), Layout(stage=0), 1, [])
+    assert not check.ok and check.blocking and "--cpu" in check.fix
+
+
+def test_little_free_memory_warns_with_both_numbers():
+    inp = tiny_input()
+    need = estimate_memory(inp, Layout(stage=0)).gpu_device_used_bytes
+    checks = preflight.check_gpus(inp, Layout(stage=0), 1, gpus(1, free_gib=need / GiB / 2))
+    memory = next(c for c in checks if c.name == "gpu memory")
+    assert not memory.ok and not memory.blocking
+    assert memory.line().startswith("preflight WARN gpu memory")
+    assert f"{need / GiB:.1f} GiB" in memory.detail
+
+
+def test_another_gpu_kind_warns():
+    checks = preflight.check_gpus(tiny_input(), Layout(stage=0), 1, gpus(1, name="NVIDIA A100-SXM4-80GB"))
+    kind = next(c for c in checks if c.name == "gpu kind")
+    assert not kind.ok and not kind.blocking and "--gpu" in kind.fix
+
+
+def test_pinned_memory_limit_is_checked_for_offload_only():
+    inp = tiny_input()
+    names = [c.name for c in preflight.check_host(inp, Layout(stage=2, offload_optimizer="cpu"), 1)]
+    assert names == ["host ram", "pinned memory (ulimit -l)"]
+    assert [c.name for c in preflight.check_host(inp, Layout(stage=2), 1)] == ["host ram"]
+    pinned = preflight.check_host(inp, Layout(stage=2, offload_optimizer="cpu"), 1)[1]
+    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    assert ("unlimited" in pinned.detail) == (soft == resource.RLIM_INFINITY)
+    assert "ulimit -l unlimited" in pinned.fix
+
+
+def test_writable_dir_passes_with_its_free_space(tmp_path):
+    (check,) = preflight.check_writable_dir("checkpoint dir", tmp_path / "ckpt", 0, "use --out")
+    assert check.ok and "writable" in check.detail and (tmp_path / "ckpt").is_dir()
+
+
+def test_missing_nvme_path_blocks(tmp_path):
+    (check,) = preflight.check_writable_dir("nvme path", tmp_path / "nope", 0, "pass --nvme-path DIR",
+                                            create=False)
+    assert not check.ok and check.blocking and "does not exist" in check.detail
+
+
+def test_not_enough_room_blocks(tmp_path):
+    (check,) = preflight.check_writable_dir("nvme path", tmp_path, 1 << 60, "pass --nvme-path DIR")
+    assert not check.ok and check.blocking and "needs" in check.detail
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes anywhere")
+def test_read_only_dir_blocks(tmp_path):
+    tmp_path.chmod(0o500)
+    try:
+        (check,) = preflight.check_writable_dir("checkpoint dir", tmp_path, 0, "use --out")
+    finally:
+        tmp_path.chmod(0o700)
+    assert not check.ok and "not writable" in check.detail
+
+
+def test_cpu_mode_skips_gpus_and_checks_versions(tmp_path):
+    options = VerifyOptions(cpu=True, out_dir=tmp_path)
+    checks = preflight.run_checks(tiny_input(), Layout(stage=3, offload_optimizer="nvme",
+                                                       offload_param="nvme"),
+                                  VerifyOptions(cpu=True, out_dir=tmp_path,
+                                                nvme_path=str(tmp_path / "missing-nvme")), 1)
+    by_name = {c.name: c for c in checks}
+    assert "skipped" in by_name["gpus"].detail and by_name["gpus"].ok
+    assert by_name["torch+deepspeed"].ok and "deepspeed 0.19.8" in by_name["torch+deepspeed"].detail
+    assert not by_name["nvme path"].ok and by_name["nvme path"].blocking
+    assert by_name["checkpoint dir"].ok
+    assert options.cpu
+
+
+def test_missing_torch_blocks_with_the_install_command(tmp_path):
+    fake_python = tmp_path / "python"
+    fake_python.write_text("#!/bin/sh\necho 'ModuleNotFoundError: No module named torch' >&2\nexit 1\n")
+    fake_python.chmod(0o755)
+    check, facts = preflight.check_versions(str(fake_python), cpu=True)
+    assert not check.ok and check.blocking and facts == {}
+    assert "No module named torch" in check.detail and "pip install" in check.fix
+
+
+def test_query_gpus_without_nvidia_smi_is_empty(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert preflight.query_gpus() == []
+
+
+def test_query_gpus_parses_nvidia_smi_and_respects_visible_devices(monkeypatch, tmp_path):
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho '0, NVIDIA H200, 143771, 143000, 580.95.05'\n"
+                   "echo '1, NVIDIA H200, 143771, 100000, 580.95.05'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    found = preflight.query_gpus()
+    assert [g.name for g in found] == ["NVIDIA H200"] * 2
+    assert found[1].memory_free_bytes == 100000 * 2**20 and found[0].driver == "580.95.05"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert [g.index for g in preflight.query_gpus()] == [1]
+
+
+def test_check_line_format():
+    assert Check("x", True, "fine").line() == "preflight PASS x: fine"
+    assert Check("x", False, "3 < 4", "do y").line() == "preflight FAIL x: 3 < 4 -> do y"
+    assert Check("x", False, "3 < 4", "do y", blocking=False).line().startswith("preflight WARN")

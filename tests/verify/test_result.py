@@ -1,0 +1,152 @@
+"""Measured against predicted: folding rank reports, errors in percent, the verdict,
+the restart drill's check, and the reference-format row (no torch needed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from zlayout.spec import GiB, Layout
+from zlayout.verify.result import (TOLERANCE_FRACTION, build_result, errors_pct, measured_figures,
+                                   predicted_figures, reference_row, restart_drill_result)
+
+from .conftest import tiny_input
+
+LAYOUT = Layout(stage=2)
+
+
+def report(rank: int, peak_bytes: int | None, status: str = "ok", **extra):
+    base = {"rank": rank, "hostname": "node0", "status": status, "phase": "done", "params": 116480,
+            "torch": "2.11.0", "deepspeed": "0.19.8", "gpu_name": "NVIDIA H200",
+            "after_init_allocated_bytes": 1 * GiB, "max_reserved_bytes": peak_bytes and peak_bytes + GiB,
+            "device_used_bytes": peak_bytes and peak_bytes + 2 * GiB,
+            "host_maxrss_bytes": 3 * GiB, "steps_run": [1, 2, 3], "losses": [5.0, 4.9, 4.8],
+            "step_s": [2.0, 0.5, 0.7], "peak_allocated_bytes": [peak_bytes] * 3, "init_s": 10.0}
+    base.update(extra)
+    return base
+
+
+@pytest.fixture
+def inp():
+    return tiny_input(gpus=2)
+
+
+def predicted_peak(inp) -> int:
+    return predicted_figures(inp, LAYOUT)["gpu_peak_allocated_bytes"]
+
+
+def test_within_tolerance_is_validated(inp):
+    peak = int(predicted_peak(inp) * 1.05)
+    result = build_result(inp, LAYOUT, [report(0, peak), report(1, peak - 1000)], cpu=False,
+                          returncode=0, output_tail=[], expected_ranks=2)
+    assert result["status"] == "validated"
+    assert result["cause"] is None
+    assert result["measured"]["gpu_peak_allocated_bytes"] == peak  # the worst rank
+    assert result["errors_pct"]["gpu_peak_allocated_bytes"] == pytest.approx(100 * (1 / 1.05 - 1), abs=0.01)
+    for key in ("status", "measured", "predicted", "errors_pct", "restart_drill", "environment",
+                "layout", "inputs"):
+        assert key in result
+    assert result["environment"]["gpus"] == ["NVIDIA H200", "NVIDIA H200"]
+    json.dumps(result)  # serialisable as is
+
+
+def test_beyond_tolerance_is_a_mismatch_with_the_numbers(inp):
+    peak = int(predicted_peak(inp) / (1 - 2 * TOLERANCE_FRACTION))
+    result = build_result(inp, LAYOUT, [report(0, peak), report(1, peak)], cpu=False,
+                          returncode=0, output_tail=[], expected_ranks=2)
+    assert result["status"] == "mismatch"
+    assert "tolerance" in result["cause"] and "GiB" in result["cause"]
+
+
+def test_an_out_of_memory_rank_means_does_not_fit(inp):
+    oom = report(1, None, status="oom", phase="train", steps_run=[], losses=[], step_s=[],
+                 peak_allocated_bytes=[], error="OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+                 max_allocated_bytes_at_failure=139 * GiB)
+    result = build_result(inp, LAYOUT, [report(0, 10 * GiB), oom], cpu=False, returncode=1,
+                          output_tail=["..."], expected_ranks=2)
+    assert result["status"] == "does-not-fit"
+    assert "rank 1" in result["cause"] and "out of memory" in result["cause"]
+
+
+def test_a_crash_is_failed_with_the_last_output_lines(inp):
+    tail = [f"line {i}" for i in range(50)] + ["torch.distributed.elastic: SIGKILL"]
+    result = build_result(inp, LAYOUT, [report(0, 10 * GiB)], cpu=False, returncode=-9,
+                          output_tail=tail, expected_ranks=2)
+    assert result["status"] == "failed"
+    assert "1 of 2 ranks" in result["cause"] and "SIGKILL" in result["cause"]
+    assert result["output_tail"][-1] == tail[-1]
+
+
+def test_a_rank_error_is_failed_with_its_message(inp):
+    broken = report(0, None, status="error", phase="initialize", error="ValueError: bad config")
+    result = build_result(inp, LAYOUT, [broken], cpu=False, returncode=1, output_tail=[],
+                          expected_ranks=1)
+    assert result["status"] == "failed"
+    assert "initialize" in result["cause"] and "bad config" in result["cause"]
+
+
+def test_cpu_mode_is_not_a_memory_validation(inp):
+    reports = [report(r, None, peak_allocated_bytes=[None] * 3, max_reserved_bytes=None,
+                      device_used_bytes=None, after_init_allocated_bytes=None) for r in (0, 1)]
+    result = build_result(inp, LAYOUT, reports, cpu=True, returncode=0, output_tail=[],
+                          expected_ranks=2)
+    assert result["status"] == "cpu-ok"
+    assert result["measured"]["gpu_peak_allocated_bytes"] is None
+    assert result["measured"]["host_peak_bytes"] == 6 * GiB  # two ranks on one node
+
+
+def test_step_time_skips_the_first_step_and_takes_the_slowest_rank(inp):
+    reports = [report(0, GiB, step_s=[9.0, 1.0, 3.0]), report(1, GiB, step_s=[9.0, 2.0, 1.0])]
+    m = measured_figures(inp, reports)
+    assert m["step_times_s"] == [9.0, 2.0, 3.0]
+    assert m["step_time_s"] == pytest.approx(2.5)
+    tokens = 32 * 2 * 2
+    assert m["tokens_per_s"] == pytest.approx(tokens / 2.5)
+
+
+def test_errors_are_signed_relative_to_the_measurement():
+    errors = errors_pct({"gpu_peak_allocated_bytes": 100, "step_time_s": 2.0},
+                        {"gpu_peak_allocated_bytes": 110, "step_time_s": 1.0})
+    assert errors["gpu_peak_allocated_bytes"] == 10.0  # over-estimate
+    assert errors["step_time_s"] == -50.0  # under-estimate
+    assert errors["host_peak_bytes"] is None
+
+
+def test_restart_drill_compares_the_overlapping_steps():
+    first = [{"rank": r, "steps_run": [1, 2, 3, 4], "losses": [5.0, 4.0 + r, 3.0, 2.0], "save_s": 0.5}
+             for r in (0, 1)]
+    resumed = [{"rank": r, "step_resumed": 2, "resume_s": 0.25, "steps_run": [3, 4],
+                "losses": [3.0, 2.0]} for r in (0, 1)]
+    drill = restart_drill_result(first, resumed, save_at_step=2, resume_wall_s=12.0)
+    assert drill["resumed_ok"] and drill["loss_exact"]
+    assert (drill["step_before"], drill["step_after"]) == (2, 2)
+    assert (drill["loss_expected"], drill["loss_resumed"]) == (3.0, 3.0)
+    assert drill["losses_compared"] == 4 and drill["resume_s"] == 0.25
+
+
+def test_restart_drill_fails_on_a_different_loss_or_step():
+    first = [{"rank": 0, "steps_run": [1, 2, 3], "losses": [5.0, 4.0, 3.0]}]
+    wrong_loss = [{"rank": 0, "step_resumed": 2, "steps_run": [3], "losses": [3.5]}]
+    assert not restart_drill_result(first, wrong_loss, 2, None)["resumed_ok"]
+    wrong_step = [{"rank": 0, "step_resumed": 0, "steps_run": [3], "losses": [3.0]}]
+    assert not restart_drill_result(first, wrong_step, 2, None)["resumed_ok"]
+    assert not restart_drill_result(first, [], 2, None)["resumed_ok"]
+
+
+def test_reference_row_has_the_fields_of_the_shared_measurements(inp):
+    peak = predicted_peak(inp)
+    result = build_result(inp, LAYOUT, [report(0, peak), report(1, peak)], cpu=False,
+                          returncode=0, output_tail=[], expected_ranks=2)
+    row = reference_row(result)
+    reference = Path(__file__).resolve().parents[2].parent / "shared/reference/h200-2026-11-29.jsonl"
+    wanted = {"stage", "offload_opt", "offload_param", "world", "layers", "hidden", "vocab", "seq",
+              "mbs", "ckpt", "params", "after_init_gib", "peak_gib", "reserved_gib",
+              "device_used_gib", "host_maxrss_gib", "step_s", "heads", "kv_heads", "ffn", "mlp",
+              "norm", "bias"}
+    if reference.exists():
+        wanted |= set(json.loads(reference.read_text().splitlines()[0])) - {"init_s", "loss"}
+    assert wanted <= set(row)
+    assert row["offload_opt"] == "none" and row["world"] == 2
+    assert row["peak_gib"] == [round(peak / GiB, 4)] * 3
