@@ -29,7 +29,8 @@ def _fake_bin(tmp_path: Path) -> Path:
         tool.write_text(f'#!/bin/sh\nprintf "%s\\n" "{name}" "$@" > "$ARGS_OUT"\n')
         tool.chmod(0o755)
     scontrol = bin_dir / "scontrol"
-    scontrol.write_text('#!/bin/sh\necho node-a\necho node-b\n')
+    # many nodes: a reader that stops early would kill scontrol with SIGPIPE under pipefail
+    scontrol.write_text('#!/bin/sh\necho node-a\ni=0\nwhile [ $i -lt 5000 ]; do echo node-$i; i=$((i+1)); done\n')
     scontrol.chmod(0o755)
     return bin_dir
 

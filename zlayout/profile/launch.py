@@ -115,7 +115,8 @@ def slurm_script(profile: Profile) -> str:
         "set -euo pipefail\n"
         'DS_CONFIG="${DS_CONFIG:-${SLURM_SUBMIT_DIR:-$PWD}/ds_config.json}"\n'
         f'TRAIN_SCRIPT="${{TRAIN_SCRIPT:-{train}}}"\n'
-        'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"\n'
+        "# sed, not head: head would close the pipe early and pipefail would end the job\n"
+        'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)"\n'
         f'MASTER_PORT="${{MASTER_PORT:-{run.master_port}}}"\n\n'
         "srun --ntasks-per-node=1 --kill-on-bad-exit=1 \\\n"
         f'    torchrun --nnodes "$SLURM_NNODES" --nproc_per_node {hw.gpus_per_node} \\\n'
