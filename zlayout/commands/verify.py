@@ -318,7 +318,14 @@ def _run_batch(args: argparse.Namespace) -> int:
     base.mkdir(parents=True, exist_ok=True)
     started = time.time()
     worst = 0
+    cancel = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda *_: cancel.set())
     for index, flags in enumerate(runs):
+        if cancel.is_set():
+            print(f"zlayout: batch cancelled; skipped: {' '.join(flags)}", file=sys.stderr)
+            worst = 1
+            continue
         if args.deadline is not None and time.time() - started > args.deadline:
             print(f"zlayout: batch deadline reached; skipped: {' '.join(flags)}", file=sys.stderr)
             worst = 1
@@ -339,7 +346,8 @@ def _run_batch(args: argparse.Namespace) -> int:
 
         world = options.processes or (1 if options.cpu else inp.hardware.gpus_per_node)
         options = replace(options, out_dir=base / f"{index:02d}-{layout.key}-w{world}")
-        result = run_verification(inp, layout, options, on_line=ProgressPrinter(options.steps))
+        result = run_verification(inp, layout, options, on_line=ProgressPrinter(options.steps),
+                                  cancel=cancel)
         print(format_result(result), file=sys.stderr)
         slim = {k: v for k, v in result.items() if k != "output_tail" or v}
         with (base / "results.jsonl").open("a") as f:
