@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from zlayout import catalog
 from zlayout.core.comm import estimate_comm
-from zlayout.core.steptime import (GPU_COMPUTE_EFFICIENCY, compute_flops_per_token, estimate_step_time,
-                                   matmul_params)
+from zlayout.core.steptime import (GPU_MATMUL_EFFICIENCY, STEP_OVERHEAD_S, compute_flops_per_token,
+                                   estimate_step_time, matmul_params)
 from zlayout.spec import HardwareSpec, Layout, ModelSpec, PlanInput, TrainingSpec, all_layouts
 
 MODEL = ModelSpec(name="gpt-1.9b", layers=8, hidden=4096, heads=32, vocab=32000)
@@ -58,8 +58,8 @@ def test_mfu_counts_six_flops_per_parameter_per_token():
     assert est.tokens_per_step == tokens
     assert est.mfu == pytest.approx(6 * MODEL.params * tokens / (est.step_time_s * 989e12))
     assert est.tokens_per_s == pytest.approx(tokens / est.step_time_s)
-    # MFU can never beat the achieved efficiency the compute assumes (plus the embedding's share)
-    assert est.mfu < GPU_COMPUTE_EFFICIENCY * MODEL.params / matmul_params(inp)
+    # MFU can never beat the matmuls' achieved efficiency (plus the embedding's share)
+    assert est.mfu < GPU_MATMUL_EFFICIENCY * MODEL.params / matmul_params(inp)
 
 
 @settings(max_examples=80, deadline=None)
@@ -82,8 +82,8 @@ def test_step_time_grows_with_tokens(layout, gpus, seq, micro, accum, which):
 def test_parts_add_up_and_exposed_comm_is_bounded(layout, gpus, nodes, accum):
     est = step(make_input(gpus_per_node=gpus, nodes=nodes, grad_accum=accum), layout)
     assert 0 <= est.comm_s <= est.comm_total_s + 1e-12
-    assert est.step_time_s == pytest.approx(est.compute_s + est.gpu_optimizer_s + est.stage3_overhead_s
-                                            + est.comm_s + est.offload_s)
+    assert est.step_time_s == pytest.approx(est.compute_s + STEP_OVERHEAD_S + est.gpu_optimizer_s
+                                            + est.stage3_overhead_s + est.comm_s + est.offload_s)
     assert est.offload_s == pytest.approx(est.cpu_optimizer_s + est.pcie_s + est.nvme_s)
     assert 0 < est.mfu < 1
 

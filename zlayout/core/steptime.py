@@ -4,8 +4,10 @@ A roofline-style model with a handful of constants, each calibrated on the H200 
 (`benchmarks/steptime_accuracy.py` prints the error on every measured layout):
 
 - Compute: matmul FLOPs (6 per parameter per token, 8 with full checkpointing's recompute)
-  plus attention's (12*layers*hidden*seq per token for forward+backward; the causal flash
-  kernel skips the masked half of the blocks) over the GPU's peak times an achieved efficiency.
+  over the GPU's peak times the GEMMs' achieved efficiency, plus attention's (12*layers*
+  hidden*seq per token for forward+backward, 16 recomputed; the causal flash kernel skips
+  the masked half of the blocks) at the attention kernels' (much lower) achieved efficiency,
+  plus a fixed time per step for DeepSpeed's engine and the Python around the kernels.
 - The GPU-side optimizer and gradient bookkeeping: memory-bound passes over HBM.
 - Communication: each collective's bytes over the bus bandwidth of the link it crosses
   (intra- vs inter-node, the slower share paces the ring), plus a latency per ring step.
@@ -30,11 +32,13 @@ from zlayout.core.comm import Collective, CommEstimate, estimate_comm, stage3_fe
 from zlayout.spec import Layout, LinkSpec, PlanInput
 
 # Calibrated on shared/reference/h200-2026-11-29.jsonl (see docs/tradeoffs.md).
-GPU_COMPUTE_EFFICIENCY = 0.45  # achieved / peak bf16 FLOP/s in forward+backward matmuls
+GPU_MATMUL_EFFICIENCY = 0.75  # achieved / peak bf16 FLOP/s of the dense layers' GEMMs, fwd+bwd
+GPU_ATTENTION_EFFICIENCY = 0.15  # the same for causal SDPA (on its halved FLOP count), fwd+bwd
+STEP_OVERHEAD_S = 0.032  # per optimizer step: DeepSpeed's engine and Python around the kernels
 HBM_EFFICIENCY = 0.8  # achieved / nominal HBM bandwidth for elementwise optimizer kernels
 GPU_OPTIMIZER_BYTES_PER_PARAM = 42  # fused Adam r/w of fp32 master+moments, grad read, bf16 write, clip
 HOST_MEM_EFFICIENCY = 0.55  # DeepSpeedCPUAdam's achieved / nominal host memory bandwidth
-HOST_CORE_GBPS = 14.0  # host memory traffic one CPU thread drives through the CPU optimizer step
+HOST_CORE_GBPS = 15.0  # host memory traffic one CPU thread drives through the CPU optimizer step
 CPU_OPTIMIZER_BYTES_PER_PARAM = 42  # clip r/w 8 + Adam r 16 w 12 + fp32->bf16 cast r 4 w 2
 STAGE3_FETCH_OVERHEAD_S = 0.3e-3  # Python hooks per gathered module (fetch, release, reduce)
 STAGE3_GATHER_OVERHEAD_S = 0.3e-3  # more per fetch with world > 1: gather buffers, waits, record_stream
@@ -50,6 +54,7 @@ class StepTimeEstimate:
     tokens_per_s: float
     mfu: float
     gpu_optimizer_s: float = 0.0  # optimizer step and gradient bookkeeping on the GPU (HBM-bound)
+    step_overhead_s: float = 0.0  # fixed per step: engine and Python
     stage3_overhead_s: float = 0.0  # stage 3's per-module hooks
     comm_total_s: float = 0.0  # all network communication, hidden or not
     cpu_optimizer_s: float = 0.0  # of offload_s: the optimizer step on the host
@@ -65,16 +70,23 @@ def matmul_params(inp: PlanInput) -> int:
     return m.layers * m.layer_params() + m.vocab * m.hidden
 
 
-def compute_flops_per_token(inp: PlanInput) -> float:
-    """Hardware FLOPs one token costs in forward+backward, recompute included."""
+def matmul_flops_per_token(inp: PlanInput) -> float:
+    """Dense-layer FLOPs per token, forward+backward (+ the recomputed forward)."""
+    return (8 if inp.training.checkpointing == "full" else 6) * matmul_params(inp)
+
+
+def attention_flops_per_token(inp: PlanInput) -> float:
+    """QK^T and AV: 4*hidden*seq per layer forward, twice that backward, once more recomputed."""
     m, t = inp.model, inp.training
-    recompute = t.checkpointing == "full"
-    dense = (8 if recompute else 6) * matmul_params(inp)
-    # QK^T and AV: 4*hidden*seq per layer forward, twice that backward, once more recomputed
-    attention = (16 if recompute else 12) * m.layers * m.hidden * t.seq
+    attention = (16 if t.checkpointing == "full" else 12) * m.layers * m.hidden * t.seq
     if t.flash_attention:
         attention *= 0.5  # the causal flash kernel skips the fully masked blocks
-    return dense + attention
+    return attention
+
+
+def compute_flops_per_token(inp: PlanInput) -> float:
+    """Hardware FLOPs one token costs in forward+backward, recompute included."""
+    return matmul_flops_per_token(inp) + attention_flops_per_token(inp)
 
 
 def collective_time_s(coll: Collective, inp: PlanInput) -> float:
@@ -119,9 +131,9 @@ def estimate_step_time(inp: PlanInput, layout: Layout, comm: CommEstimate | None
     m, t, hw = inp.model, inp.training, inp.hardware
     n, accum = hw.world, t.grad_accum
     tokens_per_micro = t.seq * t.micro_batch  # per GPU
-    flops_per_token = compute_flops_per_token(inp)
     peak = hw.gpu.peak_bf16_flops * (0.5 if t.precision == "fp32" else 1.0)
-    micro_compute_s = flops_per_token * tokens_per_micro / (peak * GPU_COMPUTE_EFFICIENCY)
+    micro_compute_s = tokens_per_micro * (matmul_flops_per_token(inp) / (peak * GPU_MATMUL_EFFICIENCY)
+                                          + attention_flops_per_token(inp) / (peak * GPU_ATTENTION_EFFICIENCY))
     compute_s = micro_compute_s * accum
     backward_share = (6 / 8) if t.checkpointing == "full" else (2 / 3)  # recompute runs in backward
     micro_backward_s = micro_compute_s * backward_share
@@ -186,7 +198,7 @@ def estimate_step_time(inp: PlanInput, layout: Layout, comm: CommEstimate | None
     nvme_s = (comm.nvme_read_bytes + comm.nvme_write_bytes) / (hw.nvme_gbps * 1e9)
     offload_s = cpu_optimizer_s + pcie_exposed_s + nvme_s
 
-    step_s = compute_s + gpu_optimizer_s + stage3_overhead_s + exposed_comm_s + offload_s
+    step_s = compute_s + STEP_OVERHEAD_S + gpu_optimizer_s + stage3_overhead_s + exposed_comm_s + offload_s
     tokens = tokens_per_micro * accum * n
     model_flops = 6 * params * tokens
     return StepTimeEstimate(
@@ -197,6 +209,7 @@ def estimate_step_time(inp: PlanInput, layout: Layout, comm: CommEstimate | None
         tokens_per_s=tokens / step_s,
         mfu=model_flops / (step_s * n * hw.gpu.peak_bf16_flops),
         gpu_optimizer_s=gpu_optimizer_s,
+        step_overhead_s=STEP_OVERHEAD_S,
         stage3_overhead_s=stage3_overhead_s,
         comm_total_s=comm_total_s,
         cpu_optimizer_s=cpu_optimizer_s,
