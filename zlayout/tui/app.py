@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from textual import on
 from textual.app import App, ComposeResult
@@ -29,9 +29,18 @@ from zlayout.tui.commands import ZLayoutCommands
 from zlayout.tui.form import FormInvalid, Presets, form_values, plan_input_from_form
 from zlayout.tui.screens import (ConfirmScreen, DetailScreen, HelpScreen, PathScreen, Verifier,
                                  VerifyScreen)
-from zlayout.tui.widgets import BreakEvenPanel, ComparePanel, InputsPanel, LayoutTable, MemoryBars
+from zlayout.tui.widgets import (BreakEvenPanel, ComparePanel, InputsPanel, LayoutTable, MemoryBars,
+                                 StatusLine)
 
 Planner = Callable[[PlanInput], Plan]
+CrossoverFinder = Callable[[PlanInput], Sequence[Any]]
+
+
+def _core_crossovers(inp: PlanInput) -> Sequence[Any]:
+    from zlayout.core import breakeven
+
+    finder = getattr(breakeven, "crossovers", None)
+    return finder(inp) if finder is not None else ()
 
 COMPACT_WIDTH = 120  # below this the inputs panel starts hidden (ctrl+b shows it)
 
@@ -69,7 +78,8 @@ class ZLayoutApp(App[None]):
 
     def __init__(self, initial: PlanInput | None = None, planner: Planner = make_plan,
                  verifier: Verifier | None = None, profile_io: ProfileIO | None = None,
-                 presets: Presets | None = None, cursor_blink: bool = True) -> None:
+                 presets: Presets | None = None, crossovers: CrossoverFinder | None = _core_crossovers,
+                 cursor_blink: bool = True) -> None:
         super().__init__()
         self._presets = presets if presets is not None else catalog_presets()
         self._base_input = initial if initial is not None else default_plan_input()
@@ -77,11 +87,15 @@ class ZLayoutApp(App[None]):
         self._planner = planner
         self._verifier = verifier
         self._profile_io = profile_io
+        self._crossover_finder = crossovers
+        self.planner_error: str | None = None
         self.cursor_blink = cursor_blink
         self.input_errors: dict[str, str] = {}
         self._extra_errors: dict[str, str] = {}  # preset/size fields: not part of the input
         self.recompute_s = 0.0  # the last input-to-plan time, for benchmarks/tui_startup.py
         self._compact: bool | None = None
+        self._crossovers: tuple[Any, ...] = ()
+        self._shown_values: dict[str, Any] = {}  # the panel's values the plan was last built from
 
     # -- layout -------------------------------------------------------------------------
 
@@ -90,7 +104,7 @@ class ZLayoutApp(App[None]):
         with Horizontal(id="body"):
             yield InputsPanel(self._presets, self._panel_values(self._base_input), id="inputs")
             with Vertical(id="main"):
-                yield Static("", id="recommendation")
+                yield StatusLine(id="recommendation")
                 yield LayoutTable(id="layouts")
                 with VerticalScroll(id="views"):
                     yield MemoryBars(id="bars")
@@ -133,7 +147,9 @@ class ZLayoutApp(App[None]):
         self.sub_title = view.plan_summary(plan)
         self.query_one(LayoutTable).plan = plan
         self.query_one(MemoryBars).plan = plan
-        self.query_one(BreakEvenPanel).plan = plan
+        panel = self.query_one(BreakEvenPanel)
+        panel.crossovers = self._crossovers
+        panel.plan = plan
         self.query_one(ComparePanel).plan = plan
         self._show_status()
 
@@ -141,14 +157,17 @@ class ZLayoutApp(App[None]):
         self.query_one(ComparePanel).pinned = pinned
 
     def _show_status(self) -> None:
-        status = self.query_one("#recommendation", Static)
+        status = self.query_one("#recommendation", StatusLine)
         errors = {**self.input_errors, **self._extra_errors}
-        status.set_class(bool(errors), "has-errors")
-        if errors:
-            status.update(f"⚠ {len(errors)} field{'s' if len(errors) > 1 else ''} invalid "
-                          f"({', '.join(errors)}): showing the last valid plan")
+        status.set_class(bool(errors) or self.planner_error is not None, "has-errors")
+        if self.planner_error is not None:
+            status.text = (f"⚠ the planner failed on these inputs ({self.planner_error}): "
+                           "showing the last plan")
+        elif errors:
+            status.text = (f"⚠ {len(errors)} field{'s' if len(errors) > 1 else ''} invalid "
+                           f"({', '.join(errors)}): showing the last valid plan")
         elif self.plan is not None:
-            status.update(view.recommendation_text(self.plan))
+            status.text = view.recommendation_text(self.plan)
 
     def _panel_values(self, inp: PlanInput) -> dict[str, Any]:
         values = form_values(inp)
@@ -160,22 +179,26 @@ class ZLayoutApp(App[None]):
         started = time.perf_counter()
         panel = self.query_one(InputsPanel)
         values = panel.values()
+        self._shown_values = values
         try:
             inp = plan_input_from_form(values, self._model_base, self._base_input, self._presets)
             errors: dict[str, str] = {}
         except FormInvalid as exc:
             inp, errors = None, exc.errors
+        self.input_errors = errors
+        panel.mark_errors({**errors, **self._extra_errors})
+        self.planner_error = None
         if inp is not None:
             try:
                 plan = self._planner(inp)
+                crossovers = tuple(self._crossover_finder(inp)) if self._crossover_finder else ()
             except Exception as exc:  # a planner bug must not take the app down
-                plan, errors = None, {"layers": f"the planner failed: {exc}"}
-        self.input_errors = errors
-        panel.mark_errors({**errors, **self._extra_errors})
-        if inp is not None and not errors:
-            if inp.model.name == "custom":
-                panel.set_values({"preset": None})
-            self.plan = plan
+                self.planner_error = f"{type(exc).__name__}: {exc}"
+            else:
+                if inp.model.name == "custom" and (values["preset"] is not None or values["size"]):
+                    panel.set_values({"preset": None, "size": ""})
+                self._crossovers = crossovers
+                self.plan = plan
         self.recompute_s = time.perf_counter() - started
         self._show_status()
 
@@ -183,6 +206,8 @@ class ZLayoutApp(App[None]):
     def _input_changed(self, event: InputsPanel.Changed) -> None:
         panel = self.query_one(InputsPanel)
         values = panel.values()
+        if values.get(event.field) == self._shown_values.get(event.field):
+            return  # a select announcing the value it was built with, not an edit
         if event.field == "preset":
             self._extra_errors.pop("preset", None)
             if values["preset"] is not None:

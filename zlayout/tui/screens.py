@@ -38,7 +38,7 @@ class DetailScreen(ModalScreen[None]):
     def __init__(self, layout_plan: LayoutPlan, ds_config: dict[str, Any]) -> None:
         super().__init__()
         self._layout_plan = layout_plan
-        self._ds_config = ds_config
+        self.ds_config_json = json.dumps(ds_config, indent=2)
 
     def compose(self) -> ComposeResult:
         lp = self._layout_plan
@@ -51,7 +51,7 @@ class DetailScreen(ModalScreen[None]):
             with VerticalScroll(id="detail-body"):
                 yield DataTable(id="detail-terms", cursor_type="row", zebra_stripes=True)
                 yield Label("[b]ds_config.json[/b]")
-                yield Static(Syntax(json.dumps(self._ds_config, indent=2), "json",
+                yield Static(Syntax(self.ds_config_json, "json",
                                     theme="ansi_dark", background_color="default"),
                              id="detail-ds-config")
             yield Label("[dim]escape: close · ↑↓ scroll[/dim]", classes="dialog-hint")

@@ -7,10 +7,11 @@ here means it is tested without an app, and the app cannot drift from the core's
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Sequence
 
 from zlayout.core.memory import MemoryEstimate, MemoryTerm
 from zlayout.core.plan import LayoutPlan, Plan
-from zlayout.spec import GiB
+from zlayout.spec import GiB, Layout
 
 # The per-GPU columns of the table and the segments of the bar chart, in stacking order.
 MEMORY_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -230,14 +231,7 @@ def bar_segments(plan: Plan, width: int) -> list[BarSegments]:
 
 
 def short_label(lp: LayoutPlan) -> str:
-    """'Z3 opt:cpu par:nvme' (the table's three columns in one, for the chart)."""
-    layout = lp.layout
-    parts = [f"Z{layout.stage}"]
-    if layout.offload_optimizer != "gpu":
-        parts.append(f"opt:{layout.offload_optimizer}")
-    if layout.offload_param != "gpu":
-        parts.append(f"par:{layout.offload_param}")
-    return " ".join(parts)
+    return layout_label(lp.layout)
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,44 +241,63 @@ class BreakEvenRow:
     max_params: str
     max_micro_batch: str
     limited_by: str
+    then: str  # the fastest layout that still fits the next size up ('—': none known)
 
 
-def breakeven_rows(plan: Plan) -> list[BreakEvenRow]:
-    """Largest model and micro-batch per layout; '—' where nothing fits or nothing was computed."""
+def breakeven_rows(plan: Plan, crossovers: Sequence[Any] | None = None) -> list[BreakEvenRow]:
+    """Largest model and micro-batch per layout, and what takes over beyond it; '—' where
+    nothing fits or nothing was computed. `crossovers` are the core's `Crossover`s."""
+    takes_over = {c.stops_fitting: c.takes_over for c in (crossovers or ())}
     rows = []
     for lp in plan.layouts:
         be = lp.breakeven
+        label = compact_label(lp.layout)
+        if lp.layout in takes_over:
+            nxt = takes_over[lp.layout]
+            then = compact_label(nxt) if nxt is not None else "none fits"
+        else:
+            then = "—"
         if be is None:
-            rows.append(BreakEvenRow(lp.layout.key, short_label(lp), "—", "—", "not computed"))
+            rows.append(BreakEvenRow(lp.layout.key, label, "—", "—", "not computed", then))
             continue
         rows.append(BreakEvenRow(
-            key=lp.layout.key, label=short_label(lp),
+            key=lp.layout.key, label=label,
             max_params=fmt_params(be.max_params),
             max_micro_batch=str(be.max_micro_batch) if be.max_micro_batch > 0 else "—",
             limited_by=be.limited_by if be.max_params > 0 else "—",
+            then=then,
         ))
     return rows
 
 
-def crossover_lines(plan: Plan) -> list[str]:
-    """Where the choice changes as the model grows: for each size threshold (ascending), the
-    layouts that still fit beyond it. Empty when the break-even sizes are not known."""
-    sizes = sorted(((lp.breakeven.max_params, short_label(lp)) for lp in plan.layouts
-                    if lp.breakeven is not None and lp.breakeven.max_params > 0))
-    if not sizes:
-        return []
-    lines = []
+def first_crossover_line(plan: Plan, crossovers: Sequence[Any] | None) -> str:
+    """Where this model sits among the crossovers: the next size at which the choice changes."""
+    if not crossovers:
+        return ""
     current = plan.input.model.params
-    by_size: dict[int, list[str]] = {}
-    for size, label in sizes:
-        by_size.setdefault(size, []).append(label)
-    for size, labels in by_size.items():
-        marker = " ◀ this model" if current <= size and not any(
-            line.endswith("◀ this model") for line in lines) else ""
-        lines.append(f"> {fmt_params(size)}: {', '.join(labels)} out{marker}")
-    largest = sizes[-1]
-    lines.append(f"largest that fits at all: {fmt_params(largest[0])} ({largest[1]})")
-    return lines
+    ahead = sorted((c for c in crossovers if c.params > current), key=lambda c: c.params)
+    if not ahead:
+        return f"This model ({fmt_params(current)}) is past every crossover."
+    nxt = ahead[0]
+    takes = (f"ZeRO {compact_label(nxt.takes_over).strip()}" if nxt.takes_over is not None
+             else "nothing")
+    return (f"This model: {fmt_params(current)}. At {fmt_params(nxt.params)} "
+            f"ZeRO {compact_label(nxt.stops_fitting).strip()} stops fitting; {takes} takes over.")
+
+
+def compact_label(layout: Layout) -> str:
+    """The table's three columns in 12 characters: ' 3 cpu  nvme'."""
+    return f"{layout.stage:>2} {layout.offload_optimizer:<4} {layout.offload_param:<4}"
+
+
+def layout_label(layout: Layout) -> str:
+    """'Z3 opt:cpu par:nvme': a layout in the chart's and panels' short form."""
+    parts = [f"Z{layout.stage}"]
+    if layout.offload_optimizer != "gpu":
+        parts.append(f"opt:{layout.offload_optimizer}")
+    if layout.offload_param != "gpu":
+        parts.append(f"par:{layout.offload_param}")
+    return " ".join(parts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,7 +325,7 @@ def compare_rows(pinned: Plan, current: Plan) -> list[CompareRow]:
         new_peak, old_peak = lp.memory.gpu_peak_allocated_bytes, old.memory.gpu_peak_allocated_bytes
         new_step, old_step = lp.time.step_time_s, old.time.step_time_s
         rows.append(CompareRow(
-            key=lp.layout.key, label=short_label(lp),
+            key=lp.layout.key, label=compact_label(lp.layout),
             pinned_peak=fmt_gib(old_peak), peak=fmt_gib(new_peak),
             peak_delta=fmt_percent_change(new_peak, old_peak),
             peak_delta_sign=(new_peak > old_peak) - (new_peak < old_peak),

@@ -48,28 +48,24 @@ class LayoutTable(DataTable):
                                   ("tps", "tok/s", 5)):
             self.add_column(title, key=key, width=width)
 
+    COLUMN_KEYS = ("stage", "opt", "param", *(key for key, _ in view.MEMORY_COLUMNS),
+                   "peak", "used", "free", "host", "comm", "step", "tps")
+
     def watch_plan(self, plan: Plan | None) -> None:
         if plan is None:
+            return
+        rows = view.layout_rows(plan)
+        if [row.key.value for row in self.ordered_rows] == [row.key for row in rows]:
+            # Same layouts: update the cells in place (no relayout, so typing stays smooth).
+            for row in rows:
+                for column, cell in zip(self.COLUMN_KEYS, self._cells(row)):
+                    self.update_cell(row.key, column, cell)
             return
         cursor_key = self.selected_key
         self.clear()
         recommended_row = None
-        for index, row in enumerate(view.layout_rows(plan)):
-            style = "bold" if row.recommended else ""
-            cells: list[Any] = [
-                Text.assemble(("★ " if row.recommended else "  ", "bold yellow"), (row.stage, style)),
-                Text(row.optimizer_on, style=style),
-                Text(row.params_on, style=style),
-                *(Text(cell, justify="right") for cell in row.columns),
-                Text(row.peak_allocated, justify="right", style=style),
-                Text(row.device_used, justify="right"),
-                Text(row.headroom, justify="right", style=HEADROOM_STYLES[row.headroom_level]),
-                Text(row.host, justify="right", style="" if row.host_fits else "bold red"),
-                Text(row.comm, justify="right"),
-                Text(row.step_time, justify="right"),
-                Text(row.tokens_per_s, justify="right"),
-            ]
-            self.add_row(*cells, key=row.key)
+        for index, row in enumerate(rows):
+            self.add_row(*self._cells(row), key=row.key)
             if row.recommended:
                 recommended_row = index
         keys = [row.key.value for row in self.ordered_rows]
@@ -77,6 +73,23 @@ class LayoutTable(DataTable):
             self.move_cursor(row=keys.index(cursor_key), animate=False)
         elif recommended_row is not None:
             self.move_cursor(row=recommended_row, animate=False)
+
+    @staticmethod
+    def _cells(row: view.LayoutRow) -> list[Text]:
+        style = "bold" if row.recommended else ""
+        return [
+            Text.assemble(("★ " if row.recommended else "  ", "bold yellow"), (row.stage, style)),
+            Text(row.optimizer_on, style=style),
+            Text(row.params_on, style=style),
+            *(Text(cell, justify="right") for cell in row.columns),
+            Text(row.peak_allocated, justify="right", style=style),
+            Text(row.device_used, justify="right"),
+            Text(row.headroom, justify="right", style=HEADROOM_STYLES[row.headroom_level]),
+            Text(row.host, justify="right", style="" if row.host_fits else "bold red"),
+            Text(row.comm, justify="right"),
+            Text(row.step_time, justify="right"),
+            Text(row.tokens_per_s, justify="right"),
+        ]
 
     @property
     def selected_key(self) -> str | None:
@@ -86,10 +99,25 @@ class LayoutTable(DataTable):
         return self.ordered_rows[self.cursor_row].key.value
 
 
-class MemoryBars(Widget):
-    """Each layout's per-GPU memory as a stacked bar against the GPU's capacity (│)."""
+class PlanPanel(Widget):
+    """A panel drawn from the plan. A new plan repaints it; only a change in its number of
+    lines asks for a relayout of the screen (which is what costs time on each keystroke)."""
 
-    plan: reactive[Plan | None] = reactive(None, init=False, layout=True)
+    plan: reactive[Plan | None] = reactive(None, init=False)
+    _line_count = -1
+
+    def watch_plan(self) -> None:
+        self._relayout_if_taller_or_shorter()
+
+    def _relayout_if_taller_or_shorter(self) -> None:
+        lines = len(self.render().plain.splitlines())
+        if lines != self._line_count:
+            self._line_count = lines
+            self.refresh(layout=True)
+
+
+class MemoryBars(PlanPanel):
+    """Each layout's per-GPU memory as a stacked bar against the GPU's capacity (│)."""
 
     LABEL_WIDTH = 21
     VALUE_WIDTH = 7
@@ -124,38 +152,38 @@ class MemoryBars(Widget):
         return out
 
 
-class BreakEvenPanel(Widget):
+class BreakEvenPanel(PlanPanel):
     """The largest model (and micro-batch) each layout fits, and where the choice changes."""
-
-    plan: reactive[Plan | None] = reactive(None, init=False, layout=True)
+    crossovers: tuple[Any, ...] = ()  # set with the plan: the core's Crossover list
 
     def render(self) -> Text:
         plan = self.plan
         if plan is None:
             return Text("")
         out = Text(no_wrap=True, overflow="ellipsis")
-        out.append(f"{'Layout':<20} {'max model':>9} {'max mb':>6}  limit\n", style="bold")
-        rows = view.breakeven_rows(plan)
+        out.append(f"{'ZeRO Opt  Par':<12} {'max model':>9} {'max mb':>6}  {'limit':<5}  beyond →\n",
+                   style="bold")
+        rows = view.breakeven_rows(plan, self.crossovers)
         for row in rows:
-            out.append(f"{row.label:<20} {row.max_params:>9} {row.max_micro_batch:>6}  "
-                       f"{row.limited_by}\n")
-        lines = view.crossover_lines(plan)
-        if lines:
-            out.append("\n")
-            for line in lines:
-                out.append(line + "\n", style="bold" if "◀" in line else "")
+            out.append(f"{row.label:<12} {row.max_params:>9} {row.max_micro_batch:>6}  "
+                       f"{row.limited_by:<5}  {row.then}\n")
+        line = view.first_crossover_line(plan, self.crossovers)
+        if line:
+            out.append("\n" + line, style="italic")
         elif all(row.max_params == "—" for row in rows):
-            out.append("\nBreak-even sizes are not available yet (the core reports none).",
+            out.append("\nBreak-even sizes are not available (the core reports none).",
                        style="dim italic")
         out.rstrip()
         return out
 
 
-class ComparePanel(Widget):
+class ComparePanel(PlanPanel):
     """Peak memory and step time now vs a pinned plan, side by side with the deltas."""
 
-    plan: reactive[Plan | None] = reactive(None, init=False, layout=True)
-    pinned: reactive[Plan | None] = reactive(None, init=False, layout=True)
+    pinned: reactive[Plan | None] = reactive(None, init=False)
+
+    def watch_pinned(self) -> None:
+        self._relayout_if_taller_or_shorter()
 
     def render(self) -> Text:
         plan, pinned = self.plan, self.pinned
@@ -164,16 +192,17 @@ class ComparePanel(Widget):
                         "inputs to see what changes.", style="dim italic")
         out = Text(no_wrap=True, overflow="ellipsis")
         changes = view.input_changes(pinned, plan)
-        out.append("Changed since pinned: ", style="bold")
+        out.append("Changed: ", style="bold")
         out.append(", ".join(changes) if changes else "nothing yet", style="" if changes else "dim")
         out.append("\n")
-        out.append(f"{'Layout':<20} {'peak GiB: pinned':>16} {'now':>6} {'Δ':>5}   "
-                   f"{'step: pinned':>12} {'now':>6} {'Δ':>5}\n", style="bold")
+        out.append(f"{'':12} {'peak GiB':^17}   {'step time':^21}\n", style="bold")
+        out.append(f"{'ZeRO Opt  Par':<12} {'pinned':>5} {'now':>5} {'Δ':>5}   "
+                   f"{'pinned':>7} {'now':>7} {'Δ':>5}\n", style="bold")
         sign_style = {1: "red", -1: "green", 0: "dim"}
         for row in view.compare_rows(pinned, plan):
-            out.append(f"{row.label:<20} {row.pinned_peak:>16} {row.peak:>6} ")
+            out.append(f"{row.label:<12} {row.pinned_peak:>5} {row.peak:>5} ")
             out.append(f"{row.peak_delta:>5}", style=sign_style[row.peak_delta_sign])
-            out.append(f"   {row.pinned_step:>12} {row.step:>6} ")
+            out.append(f"   {row.pinned_step:>7} {row.step:>7} ")
             out.append(f"{row.step_delta:>5}", style=sign_style[row.step_delta_sign])
             out.append("\n")
         out.rstrip()
@@ -203,6 +232,7 @@ class InputsPanel(Widget):
         super().__init__(id=id)
         self._presets = presets
         self._initial = dict(values)
+        self._marked: dict[str, str] = {}
 
     def compose(self) -> ComposeResult:
         v = self._initial
@@ -291,13 +321,17 @@ class InputsPanel(Widget):
 
     def mark_errors(self, errors: Mapping[str, str]) -> None:
         """Mark each invalid field with its reason; clear the marks of the others."""
-        for row in self.query(".field-row"):
-            field = (row.id or "").removeprefix("row-")
+        if errors == self._marked:
+            return
+        for field in set(errors) | set(self._marked):
             reason = errors.get(field, "")
-            row.set_class(bool(reason), "invalid")
+            if reason == self._marked.get(field, ""):
+                continue
+            self.query_one(f"#row-{field}").set_class(bool(reason), "invalid")
             error = self.query_one(f"#error-{field}", Static)
             error.update(f"↳ {reason}" if reason else "")
             error.display = bool(reason)
+        self._marked = dict(errors)
 
     @on(Input.Changed)
     @on(Select.Changed)
@@ -322,3 +356,12 @@ def _options(names: Iterable[str], current: Any = None) -> list[tuple[str, str]]
 
 def _option_values(select: Select) -> list[str]:
     return [value for _, value in select._options if value is not Select.NULL]
+
+
+class StatusLine(Widget):
+    """One line: the recommendation, or why the plan on screen is not the inputs' plan."""
+
+    text: reactive[str] = reactive("")
+
+    def render(self) -> Text:
+        return Text(self.text, no_wrap=True, overflow="ellipsis")

@@ -1,0 +1,440 @@
+"""The real app through Pilot: live recompute, bad input, and every action."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from textual.widgets import DataTable, Input, Log, Static
+
+from tui_fakes import FakeVerifier, fixed_input, stub_planner
+from zlayout.core.plan import make_plan
+from zlayout.spec import all_layouts
+from zlayout.tui import app as app_module
+from zlayout.tui.app import ZLayoutApp
+from zlayout.tui.backends import default_profile_io
+from zlayout.tui.form import form_values
+from zlayout.tui.screens import (ConfirmScreen, DetailScreen, HelpScreen, PathScreen,
+                                 VerifyScreen)
+from zlayout.tui.widgets import InputsPanel, LayoutTable
+
+WIDE = (160, 48)
+COMPACT = (80, 24)
+
+
+def make_app(**kwargs) -> ZLayoutApp:
+    kwargs.setdefault("initial", fixed_input())
+    return ZLayoutApp(cursor_blink=False, **kwargs)
+
+
+async def type_into(pilot, field_id: str, text: str, keys: bool = False) -> None:
+    """Replace a field's text: with `keys`, the way a user does (focus, clear, type each key);
+    else in one edit (the same Input.Changed path, fewer recomputes: faster tests)."""
+    app = pilot.app
+    if not app.show_inputs:
+        await pilot.press("ctrl+b")
+    widget = app.query_one(f"#{field_id}", Input)
+    tabs = app.query_one("#input-tabs")
+    pane = next(a for a in widget.ancestors if getattr(a, "id", "") and a.id.startswith("tab-"))
+    tabs.active = pane.id
+    await pilot.pause()
+    widget.focus()
+    if keys:
+        await pilot.press("ctrl+a", "ctrl+k", *text)
+    else:
+        widget.value = text
+    await pilot.pause()
+
+
+def row_classes(app: ZLayoutApp, field: str) -> set[str]:
+    return set(app.query_one(f"#row-{field}").classes)
+
+
+def error_text(app: ZLayoutApp, field: str) -> str:
+    return str(app.query_one(f"#error-{field}", Static).render())
+
+
+# -- the live view -----------------------------------------------------------------------
+
+async def test_shows_every_layout_with_the_recommended_one_starred():
+    app = make_app()
+    async with app.run_test(size=WIDE):
+        table = app.query_one(LayoutTable)
+        assert table.row_count == len(all_layouts())
+        recommended = app.plan.recommendation.layout
+        assert recommended is not None
+        row = table.get_row(recommended.key)
+        assert str(row[0]).startswith("★")
+        assert table.selected_key == recommended.key  # the cursor starts on it
+        assert app.sub_title.startswith("reference-gpt")
+
+
+async def test_every_keystroke_replaces_the_plan():
+    app = make_app()
+    async with app.run_test(size=WIDE) as pilot:
+        first = app.plan
+        await type_into(pilot, "seq", "8192", keys=True)
+        assert app.plan is not first
+        assert app.plan.input.training.seq == 8192
+        assert app.plan == make_plan(app.plan.input)  # what the table shows is the core's plan
+        assert app.input_errors == {}
+
+
+async def test_an_invalid_value_is_marked_and_the_plan_stays():
+    app = make_app()
+    async with app.run_test(size=WIDE) as pilot:
+        good = app.plan
+        await type_into(pilot, "hidden", "40x6", keys=True)
+        assert app.is_running
+        assert "invalid" in row_classes(app, "hidden")
+        assert "whole number" in error_text(app, "hidden")
+        assert app.plan is good
+        status = app.query_one("#recommendation").text
+        assert "invalid" in status and "hidden" in status
+        await type_into(pilot, "hidden", "2048")
+        assert "invalid" not in row_classes(app, "hidden")
+        assert app.plan.input.model.hidden == 2048
+
+
+async def test_a_cross_field_error_names_the_field_with_pydantics_reason():
+    app = make_app()
+    async with app.run_test(size=WIDE) as pilot:
+        good = app.plan
+        await type_into(pilot, "heads", "33")
+        assert "invalid" in row_classes(app, "heads")
+        assert "divisible by heads" in error_text(app, "heads")
+        assert app.plan is good
+
+
+async def test_zero_and_negative_numbers_are_refused():
+    app = make_app()
+    async with app.run_test(size=WIDE) as pilot:
+        good = app.plan
+        await type_into(pilot, "gpus_per_node", "0")
+        assert "greater than 0" in error_text(app, "gpus_per_node")
+        await type_into(pilot, "host_ram_gib", "-5")
+        assert "0 or more" in error_text(app, "host_ram_gib")
+        assert app.plan is good
+
+
+async def test_multi_node_without_an_inter_node_link_is_marked_on_the_link():
+    app = make_app()
+    async with app.run_test(size=WIDE) as pilot:
+        panel = app.query_one(InputsPanel)
+        panel.set_values({"inter_link": "none"})
+        await type_into(pilot, "nodes", "2")
+        assert "inter-node link" in error_text(app, "inter_link")
+        assert app.plan.input.hardware.nodes == 1
+
+
+async def test_a_planner_failure_keeps_the_app_and_the_last_plan():
+    def planner(inp):
+        if inp.training.seq == 1234:
+            raise ZeroDivisionError("boom")
+        return make_plan(inp)
+
+    app = make_app(planner=planner)
+    async with app.run_test(size=WIDE) as pilot:
+        await type_into(pilot, "seq", "123", keys=True)
+        good = app.plan
+        await pilot.press("4")
+        await pilot.pause()
+        assert app.plan is good
+        assert "planner failed" in app.query_one("#recommendation").text
+        await type_into(pilot, "seq", "2048")
+        assert app.plan.input.training.seq == 2048
+
+
+async def test_the_size_field_maps_onto_a_model_family():
+    app = make_app()
+    async with app.run_test(size=WIDE) as pilot:
+        await type_into(pilot, "size", "70B")
+        params = app.plan.input.model.params
+        assert 60e9 < params < 80e9
+        assert app.query_one("#layers", Input).value == str(app.plan.input.model.layers)
+        await type_into(pilot, "size", "lots")
+        assert "invalid" in row_classes(app, "size")
+        assert "70B" in error_text(app, "size")
+        assert app.plan.input.model.params == params
+
+
+async def test_the_model_preset_select_searches_as_you_type_and_fills_the_architecture():
+    app = make_app()
+    async with app.run_test(size=WIDE) as pilot:
+        app.query_one("#preset").focus()
+        await pilot.press("enter")
+        await pilot.press(*"llama3-70")
+        await pilot.press("enter")
+        await pilot.pause()
+        model = app.plan.input.model
+        assert model.name == "llama3-70b"
+        assert app.query_one("#layers", Input).value == "80"
+        # editing an architecture field makes it a custom model: the preset is cleared
+        await type_into(pilot, "layers", "40")
+        assert app.plan.input.model.name == "custom"
+        assert app.query_one("#preset").is_blank()
+
+
+async def test_choosing_a_gpu_brings_its_intra_node_link():
+    app = make_app()
+    async with app.run_test(size=WIDE) as pilot:
+        app.query_one("#gpu").value = "a100-80gb"
+        await pilot.pause()
+        hardware = app.plan.input.hardware
+        assert hardware.gpu.name == "a100-80gb"
+        assert hardware.intra_link.name == "nvlink3"
+
+
+# -- detail --------------------------------------------------------------------------------
+
+async def test_enter_on_a_row_shows_its_terms_and_ds_config():
+    app = make_app()
+    async with app.run_test(size=WIDE) as pilot:
+        table = app.query_one(LayoutTable)
+        table.focus()
+        await pilot.press("down", "down", "enter")
+        await pilot.pause()
+        assert isinstance(app.screen, DetailScreen)
+        layout = app.plan.layouts[table.cursor_row].layout
+        terms = app.screen.query_one("#detail-terms", DataTable)
+        memory = app.plan.for_layout(layout).memory
+        assert terms.row_count == len(memory.terms)
+        assert [str(terms.get_row_at(i)[3]) for i in range(terms.row_count)] == \
+            [t.explanation for t in memory.terms]
+        assert f'"stage": {layout.stage}' in app.screen.ds_config_json
+        assert app.screen.query_one("#detail-ds-config", Static).region.height > 10
+        await pilot.press("escape")
+        assert not isinstance(app.screen, DetailScreen)
+
+
+# -- export and load ----------------------------------------------------------------------------
+
+async def submit_path(pilot, path: Path | str) -> None:
+    field = pilot.app.screen.query_one("#path-input", Input)
+    field.value = str(path)
+    await pilot.press("enter")
+    await pilot.pause()
+
+
+async def test_export_asks_for_a_path_and_never_overwrites_without_asking(tmp_path):
+    app = make_app()
+    target = tmp_path / "team-profile"
+    async with app.run_test(size=WIDE) as pilot:
+        await pilot.press("ctrl+s")
+        assert isinstance(app.screen, PathScreen)
+        await submit_path(pilot, target)
+        profile_file = target / "profile.toml"
+        assert profile_file.is_file() and (target / "ds_config.json").is_file()
+        first = profile_file.read_bytes()
+
+        await type_into(pilot, "seq", "2048")
+        app.query_one(LayoutTable).focus()
+        await pilot.press("ctrl+s")
+        await submit_path(pilot, target)
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("n")
+        await pilot.pause()
+        assert profile_file.read_bytes() == first  # said no: untouched
+
+        await pilot.press("ctrl+s")
+        await submit_path(pilot, target)
+        await pilot.press("y")
+        await pilot.pause()
+        assert profile_file.read_bytes() != first
+        assert "seq = 2048" in profile_file.read_text()
+
+
+async def test_export_refuses_while_a_field_is_invalid(tmp_path):
+    app = make_app()
+    async with app.run_test(size=WIDE) as pilot:
+        await type_into(pilot, "seq", "x")
+        app.query_one(LayoutTable).focus()
+        await pilot.press("ctrl+s")
+        assert not isinstance(app.screen, PathScreen)
+        assert any("Fix the marked fields" in n.message for n in app._notifications)
+
+
+async def test_load_restores_every_input(tmp_path):
+    io = default_profile_io()
+    original = fixed_input()
+    changed = original.model_copy(update={
+        "model": original.model.model_copy(update={"name": "custom", "layers": 12}),
+        "hardware": original.hardware.model_copy(update={"gpus_per_node": 4, "nvme_bytes": 512 * 2**30}),
+        "training": original.training.model_copy(update={"seq": 2048, "micro_batch": 2,
+                                                           "checkpointing": "full"}),
+    })
+    path = tmp_path / "saved"
+    io.save(make_plan(changed), all_layouts()[3], str(path))
+
+    app = make_app()
+    async with app.run_test(size=WIDE) as pilot:
+        await pilot.press("ctrl+o")
+        await submit_path(pilot, path)
+        assert app.plan.input == io.load(str(path))
+        panel_values = app.query_one(InputsPanel).values()
+        for field, value in form_values(app.plan.input).items():
+            assert panel_values[field] == value, field
+        assert panel_values["checkpointing"] == "full" and panel_values["seq"] == "2048"
+
+
+async def test_load_of_a_broken_profile_says_why_and_keeps_the_plan(tmp_path):
+    broken = tmp_path / "profile.toml"
+    broken.write_text("schema_version = 1\n[inputs\n")
+    app = make_app()
+    async with app.run_test(size=WIDE) as pilot:
+        good = app.plan
+        await pilot.press("ctrl+o")
+        await submit_path(pilot, broken)
+        assert isinstance(app.screen, PathScreen)  # still asking
+        reason = str(app.screen.query_one("#path-error", Static).render())
+        assert str(broken) in reason or "line" in reason
+        await pilot.press("escape")
+        assert app.plan is good
+
+
+# -- verify ------------------------------------------------------------------------------
+
+async def wait_until(predicate, pilot, timeout_s: float = 5.0) -> None:
+    for _ in range(int(timeout_s / 0.05)):
+        if predicate():
+            return
+        await pilot.pause(0.05)
+    raise AssertionError("condition not reached")
+
+
+async def test_verify_streams_the_output_and_shows_the_result():
+    result = '{"status": "validated", "measured": {"gpu_peak_allocated_bytes": 100}, ' \
+             '"predicted": {"gpu_peak_allocated_bytes": 104}}'
+    verifier = FakeVerifier(["preflight PASS gpus", '{"step": 1, "steps": 2}', result])
+    app = make_app(verifier=verifier)
+    async with app.run_test(size=WIDE) as pilot:
+        selected = app.selected_layout()
+        await pilot.press("ctrl+r")
+        screen = app.screen
+        assert isinstance(screen, VerifyScreen)
+        await wait_until(lambda: screen.state == "finished", pilot)
+        assert screen.lines == verifier.lines
+        log_text = "\n".join(screen.query_one("#verify-log", Log).lines)
+        assert "preflight PASS gpus" in log_text and "error +4.0%" in log_text
+        assert verifier.calls == [(app.plan.input, selected)]
+        assert "validated" in str(screen.query_one("#verify-status").render())
+        await pilot.press("escape")
+        assert not isinstance(app.screen, VerifyScreen)
+
+
+async def test_cancel_stops_the_verification():
+    verifier = FakeVerifier(["rank 0 starting"], wait_for_cancel=True)
+    app = make_app(verifier=verifier)
+    async with app.run_test(size=WIDE) as pilot:
+        await pilot.press("ctrl+r")
+        screen = app.screen
+        await wait_until(lambda: screen.lines == ["rank 0 starting"], pilot)
+        await pilot.press("escape")
+        await wait_until(lambda: screen.state == "cancelled", pilot)
+        assert verifier.cleaned_up.wait(5)  # the verifier's cleanup ran (it kills its ranks)
+        assert isinstance(app.screen, VerifyScreen)  # the outcome stays on screen
+        await pilot.press("escape")
+        assert not isinstance(app.screen, VerifyScreen)
+
+
+async def test_a_failing_verifier_is_reported_not_fatal():
+    verifier = FakeVerifier(["launching"], error=RuntimeError("torchrun not found"))
+    app = make_app(verifier=verifier)
+    async with app.run_test(size=WIDE) as pilot:
+        await pilot.press("ctrl+r")
+        screen = app.screen
+        await wait_until(lambda: screen.state == "failed", pilot)
+        assert app.is_running
+        assert "torchrun not found" in str(screen.query_one("#verify-status").render())
+
+
+async def test_verify_says_what_is_missing_when_it_cannot_run(monkeypatch):
+    monkeypatch.setattr(app_module, "verification_missing",
+                        lambda: "`zlayout verify` (issue 5) is missing")
+    app = make_app()
+    async with app.run_test(size=WIDE) as pilot:
+        await pilot.press("ctrl+r")
+        await pilot.pause()
+        assert not isinstance(app.screen, VerifyScreen)
+        assert any("zlayout verify" in n.message for n in app._notifications)
+
+
+# -- what-if, help, palette, layout, quit -----------------------------------------------------
+
+async def test_pin_then_change_shows_the_deltas_side_by_side():
+    app = make_app()
+    async with app.run_test(size=WIDE) as pilot:
+        await pilot.press("ctrl+t")
+        pinned = app.pinned
+        assert pinned is app.plan
+        await type_into(pilot, "micro_batch", "2")
+        text = str(app.query_one("#compare").render())
+        assert "micro_batch: 1 → 2" in text
+        assert "+" in text and "%" in text
+        assert app.pinned is pinned
+        app.query_one(LayoutTable).focus()
+        await pilot.press("ctrl+t")
+        assert app.pinned is None
+
+
+async def test_help_lists_every_key_binding():
+    app = make_app()
+    async with app.run_test(size=COMPACT) as pilot:
+        await pilot.press("f1")
+        assert isinstance(app.screen, HelpScreen)
+        table = app.screen.query_one("#help-keys", DataTable)
+        described = {str(table.get_row_at(i)[1]) for i in range(table.row_count)}
+        for binding in ZLayoutApp.BINDINGS:
+            assert binding.description in described
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+
+
+@pytest.mark.parametrize("query, check", [
+    ("pin", lambda app: app.pinned is not None),
+    ("help", lambda app: isinstance(app.screen, HelpScreen)),
+    ("export", lambda app: isinstance(app.screen, PathScreen)),
+    ("detail", lambda app: isinstance(app.screen, DetailScreen)),
+])
+async def test_the_command_palette_runs_the_actions(query, check):
+    app = make_app()
+    async with app.run_test(size=WIDE) as pilot:
+        await pilot.press("ctrl+p")
+        await pilot.press(*query)
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await pilot.pause()
+        assert check(app)
+
+
+async def test_compact_terminal_hides_the_inputs_until_asked():
+    app = make_app()
+    async with app.run_test(size=COMPACT) as pilot:
+        panel = app.query_one(InputsPanel)
+        assert not panel.display
+        assert app.query_one(LayoutTable).has_focus
+        await pilot.press("ctrl+b")
+        assert panel.display
+        await pilot.press("ctrl+b")
+        assert not panel.display
+
+
+async def test_escape_returns_to_the_table_and_ctrl_q_quits():
+    app = make_app()
+    async with app.run_test(size=WIDE) as pilot:
+        app.query_one("#seq").focus()
+        await pilot.press("escape")
+        assert app.query_one(LayoutTable).has_focus
+        await pilot.press("ctrl+q")
+        await pilot.pause()
+        assert not app.is_running
+
+
+async def test_snapshot_stub_planner_drives_the_app_too():
+    """The stub the snapshots use goes through the same path as the real planner."""
+    app = make_app(planner=stub_planner, crossovers=None)
+    async with app.run_test(size=WIDE) as pilot:
+        await type_into(pilot, "seq", "1024")
+        assert app.plan == stub_planner(app.plan.input)
+        await asyncio.sleep(0)
