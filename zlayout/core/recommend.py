@@ -75,7 +75,9 @@ def _why(best: "LayoutPlan", runner: "LayoutPlan | None") -> str:
                     f"{more_gib:.1f} GiB more room per GPU.")
         return (f"{head} at {t.step_time_s:.2f} s/step ({t.mfu:.0%} MFU), the same as {name} "
                 f"here; the simpler layout wins the tie.")
-    speed = f"{_ratio(rt.step_time_s, t.step_time_s):.1f}x faster than {name}"
+    ratio = _ratio(rt.step_time_s, t.step_time_s)
+    speed = (f"{ratio:.1f}x faster than {name}" if ratio >= 1.5
+             else f"{ratio - 1:.0%} faster than {name}")
     extra_offload_s = rt.offload_s - t.offload_s
     if extra_offload_s > 0.5 * (rt.step_time_s - t.step_time_s):
         return (f"{head} and runs {speed}, which spends {rt.offload_s:.2f} s/step on "
