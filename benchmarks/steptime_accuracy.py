@@ -31,9 +31,16 @@ def cpu_threads_per_rank(m: MeasuredLayout) -> int | None:
     return 1 if m.row["world"] > 1 else None
 
 
+# Host memory bandwidth of the measuring machines (1-2 GPU slices of H200 hosts, 16 cores
+# per GPU), pinned here so a change of the planner's default does not move the calibration.
+MEASURED_HOST_MEM_GBPS = 200.0
+
+
 def predict(m: MeasuredLayout) -> StepTimeEstimate:
-    comm = estimate_comm(m.inp, m.layout)
-    return estimate_step_time(m.inp, m.layout, comm, cpu_threads_per_rank=cpu_threads_per_rank(m))
+    hardware = m.inp.hardware.model_copy(update={"host_mem_gbps": MEASURED_HOST_MEM_GBPS})
+    inp = m.inp.model_copy(update={"hardware": hardware})
+    comm = estimate_comm(inp, m.layout)
+    return estimate_step_time(inp, m.layout, comm, cpu_threads_per_rank=cpu_threads_per_rank(m))
 
 
 def is_offloaded(m: MeasuredLayout) -> bool:
