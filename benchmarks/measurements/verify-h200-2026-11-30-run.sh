@@ -8,12 +8,12 @@ export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0 NCCL_N
   TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/verify-out}; mkdir -p "$OUT"; M=benchmarks/measurements/verify-h200-2026-11-30
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/nvidia-smi.txt"
-CUDA_VISIBLE_DEVICES=0 timeout -s TERM ${LANE_S:-300} python3 -m zlayout verify --batch $M-lane-a.txt \
-  --out /tmp/v/a --deadline $(( ${LANE_S:-300} - 80 )) > "$OUT/lane-a.log" 2>&1 &
-CUDA_VISIBLE_DEVICES=1 timeout -s TERM ${LANE_S:-300} python3 -m zlayout verify --batch $M-lane-b.txt \
-  --out /tmp/v/b --deadline $(( ${LANE_S:-300} - 100 )) > "$OUT/lane-b.log" 2>&1 &
+CUDA_VISIBLE_DEVICES=0 timeout -s TERM ${LANE_S:-250} python3 -m zlayout verify --batch $M-lane-a.txt \
+  --out /tmp/v/a --deadline $(( ${LANE_S:-250} - 80 )) > "$OUT/lane-a.log" 2>&1 &
+CUDA_VISIBLE_DEVICES=1 timeout -s TERM ${LANE_S:-250} python3 -m zlayout verify --batch $M-lane-b.txt \
+  --out /tmp/v/b --deadline $(( ${LANE_S:-250} - 100 )) > "$OUT/lane-b.log" 2>&1 &
 wait
-LEFT=$(( ${TOTAL_S:-570} - SECONDS ))
+LEFT=$(( ${TOTAL_S:-480} - SECONDS ))
 echo "lanes a+b done at ${SECONDS}s; lane c gets ${LEFT}s"
 timeout -s TERM $LEFT python3 -m zlayout verify --batch $M-lane-c.txt --out /tmp/v/c \
   --deadline $(( LEFT - 90 )) > "$OUT/lane-c.log" 2>&1

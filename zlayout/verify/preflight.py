@@ -28,8 +28,19 @@ if TYPE_CHECKING:
 VERSIONS_SNIPPET = (
     "import json, torch, deepspeed; "
     "print(json.dumps({'torch': torch.__version__, 'deepspeed': deepspeed.__version__, "
-    "'cuda': torch.version.cuda, 'cuda_devices': torch.cuda.device_count()}))"
+    "'cuda': torch.version.cuda, 'cuda_devices': torch.cuda.device_count(), "
+    "'cuda_names': [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())], "
+    "'cuda_total_bytes': [torch.cuda.get_device_properties(i).total_memory "
+    "for i in range(torch.cuda.device_count())]}))"
 )
+
+
+def gpus_from_torch(facts: dict[str, Any]) -> list[GpuInfo]:
+    """Where nvidia-smi is missing (some containers): the devices torch sees, free = total."""
+    names = facts.get("cuda_names") or []
+    totals = facts.get("cuda_total_bytes") or []
+    return [GpuInfo(i, name, total, total, "unknown (no nvidia-smi)")
+            for i, (name, total) in enumerate(zip(names, totals))]
 
 
 @dataclass(frozen=True)
@@ -208,11 +219,11 @@ def run_checks(inp: PlanInput, layout: Layout, options: "VerifyOptions",
                processes: int) -> list[Check]:
     """Every preflight check for this run, in the order they print."""
     checks: list[Check] = []
+    version_check, facts = check_versions(options.python, options.cpu)
     if options.cpu:
         checks.append(Check("gpus", True, "skipped: CPU mode (--cpu) runs on gloo, no GPU needed"))
     else:
-        checks += check_gpus(inp, layout, processes, query_gpus())
-    version_check, _facts = check_versions(options.python, options.cpu)
+        checks += check_gpus(inp, layout, processes, query_gpus() or gpus_from_torch(facts))
     checks.append(version_check)
     checks += check_host(inp, layout, processes)
     if "nvme" in (layout.offload_optimizer, layout.offload_param):
