@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zlayout import catalog
-from zlayout.core.breakeven import break_even, crossovers, largest_micro_batch
+from zlayout.core.breakeven import break_even, crossovers, largest_micro_batch, scaled_model
 from zlayout.core.comm import estimate_comm
 from zlayout.core.memory import estimate_memory
 from zlayout.core.steptime import estimate_step_time
@@ -177,3 +177,12 @@ def test_crossovers_name_a_layout_that_really_takes_over():
             if other != c.stops_fitting and fits(bigger, other):
                 assert chosen_s <= estimate_step_time(bigger, other, estimate_comm(bigger, other)).step_time_s
         assert "stops fitting" in c.describe() and c.takes_over.label in c.describe()
+
+
+def test_scaled_model_follows_the_family_or_the_depth():
+    llama = scaled_model(catalog.load_model("llama3-8b"), 70e9)
+    assert llama.family == "llama3" and llama.params == catalog.model_for_size(70e9, "llama3").params
+    deeper = scaled_model(CUSTOM, 2 * CUSTOM.params)
+    assert (deeper.hidden, deeper.vocab) == (CUSTOM.hidden, CUSTOM.vocab)
+    assert deeper.layers > CUSTOM.layers
+    assert abs(deeper.params - 2 * CUSTOM.params) <= CUSTOM.layer_params() / 2

@@ -95,7 +95,7 @@ def model_with_layers(model: ModelSpec, layers: int) -> ModelSpec:
 def scaled_model(model: ModelSpec, target_params: float) -> ModelSpec:
     """The model of `model`'s family (or depth series) nearest `target_params`."""
     if scaling_rule(model) == "family":
-        return _family_model(model.family, _round_target(target_params))
+        return _family_model(model.family, math.exp(_snap(math.log(target_params))))
     fixed = model.params - model.layers * model.layer_params()
     layers = max(1, round((target_params - fixed) / model.layer_params()))
     return model_with_layers(model, layers)
