@@ -52,12 +52,26 @@ def test_optimizer_offload_moves_master_and_moments_to_the_host_of_every_rank():
     assert term(est, "adam_moments", "host") == 8 * REFERENCE_PARAMS
 
 
-def test_activations_of_the_reference_block_are_34_bytes_per_token_and_hidden():
-    """17 bf16 tensors of hidden size per token (see layer_activation_bytes) plus fp32 stats."""
+def test_activations_of_the_reference_block_are_32_bytes_per_token_and_hidden():
+    """16 bf16 tensors of hidden size per token (see layer_activation_bytes) plus fp32 stats;
+    measured on H200: 1.006 GiB per block at h=2048 and 16384 tokens (= 32.2 bytes)."""
     est = estimate_memory(reference_input(), Layout(stage=2))
     tokens = 2 * 2048
     stats = 4 * (2 * 2 + 32)  # two LayerNorms (mean, rstd) + one log-sum-exp per head
-    assert term(est, "activations") == 8 * tokens * (34 * 4096 + stats)
+    assert term(est, "activations") == 8 * tokens * (32 * 4096 + stats)
+
+
+def test_the_loss_holds_three_fp32_tokens_by_vocab_tensors():
+    est = estimate_memory(reference_input(), Layout(stage=2))
+    assert term(est, "loss_logits") == 3 * 4 * (2 * 2048) * 32000
+
+
+def test_pinned_host_buffers_round_up_to_a_power_of_two():
+    """PyTorch's pinned allocator rounds to 2**k: a 2.4B-param model's fp32 gradient partition
+    (9.6 GB) pins 16 GiB; this is why the H200 run of ZeRO-2 + CPU offload peaked at 60 GiB RSS."""
+    from zlayout.core.memory import pinned_bytes
+    assert pinned_bytes(9_594_875_904) == 16 * GiB
+    assert pinned_bytes(8 * GiB) == 8 * GiB and pinned_bytes(8 * GiB + 1) == 16 * GiB
 
 
 def test_checkpointing_keeps_only_block_inputs_and_recomputes_one_block():
@@ -160,16 +174,20 @@ def test_a_higher_stage_never_raises_model_state_bytes(model, world):
 @settings(max_examples=60, deadline=None)
 @given(shapes, worlds)
 def test_offloading_never_raises_gpu_bytes_beyond_deepspeeds_staging_buffer(model, world):
-    """Offloading the optimizer removes 12-14 bytes/param/n from the GPU but DeepSpeed adds a GPU
-    staging buffer the size of the largest tensor; so offloading never raises GPU bytes by more
-    than that buffer, and never raises them at all once the states it moves outweigh it."""
+    """Offloading removes 12-14 bytes/param/n from the GPU but DeepSpeed adds GPU buffers: a
+    staging buffer the size of the largest tensor (optimizer offload), and with offloaded
+    weights on one GPU the fetched copy of the largest module plus the prefetch bucket (without
+    offload a one-GPU 'gather' is free). So offloading never raises GPU bytes by more than those
+    buffers, and never raises them at all once the states it moves outweigh them."""
     inp = input_for(model, world)
-    staging = model.largest_tensor_numel() * 2
+    allowance = model.largest_tensor_numel() * 2
+    if world == 1:
+        allowance += (model.largest_tensor_numel() + inp.zero.stage3_prefetch_bucket_size) * 2
     for layout in all_layouts():
         if layout.offload_optimizer == "gpu" and layout.offload_param == "gpu":
             continue
         offloaded = estimate_memory(inp, layout).gpu_peak_allocated_bytes
         resident = estimate_memory(inp, Layout(stage=layout.stage)).gpu_peak_allocated_bytes
-        assert offloaded <= resident + staging, layout.key
-        if 12 * model.params // inp.hardware.world >= staging:
+        assert offloaded <= resident + allowance, layout.key
+        if layout.offload_param == "gpu" and 12 * model.params // inp.hardware.world >= allowance:
             assert offloaded <= resident, layout.key

@@ -29,19 +29,27 @@ Category = Literal["model_states", "activations", "deepspeed_buffers", "overhead
 FP32_BYTES = 4
 ADAM_MOMENTS = 2  # exp_avg and exp_avg_sq, fp32 each
 
-# PyTorch's caching allocator rounds blocks and keeps freed blocks cached; the stage-specific
-# fraction below is what `max_memory_reserved` adds over `max_memory_allocated` on the
-# measured layouts (benchmarks/accuracy.py prints the error of this estimate).
-ALLOCATOR_RESERVE_FRACTION = 0.22
-
-# Resident host memory of one training process before any model state: the Python
-# interpreter, torch + CUDA runtime libraries, NCCL, DeepSpeed. Measured as ru_maxrss minus
-# the states on the H200 runs (benchmarks/measurements/).
-HOST_PROCESS_BASE_BYTES = int(3.0 * GiB)
-
-# Small tensors every step allocates outside the big terms (loss, norms, overflow flags,
-# clip coefficients, NCCL staging): measured at about 70 MiB on the reference rows.
+# Small tensors every step allocates besides the big terms (loss, norms, overflow flags,
+# clip coefficients): about 70 MiB on every measured layout.
 MISC_GPU_BYTES = 70 * 2**20
+
+# max_memory_reserved over max_memory_allocated, mean over the H200 measurements.
+ALLOCATOR_RESERVE_FRACTION = 0.21
+
+# NCCL's communicator buffers (outside PyTorch's allocator) once a process group has peers:
+# device-used minus reserved grows from 1.29 GiB (one GPU) to 1.77 GiB (two) on the H200s.
+NCCL_BUFFER_BYTES = int(0.48 * GiB)
+
+# Host memory of one training process besides model states, read off rank 0's ru_maxrss on
+# the H200 runs: ~1 GiB while the model is built (Python, torch), ~3 GiB once CUDA, NCCL and
+# DeepSpeed's ops are loaded.
+HOST_BASE_EARLY_BYTES = int(1.0 * GiB)
+HOST_BASE_BYTES = int(3.0 * GiB)
+
+# DeepSpeed's NVMe swapper (aio) defaults: pinned host buffers it streams through.
+AIO_OPTIMIZER_BUFFER_COUNT = 4
+AIO_PARAM_BUFFER_COUNT = 5
+AIO_PARAM_BUFFER_ELEMENTS = 100_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,123 +132,120 @@ def weight_bytes_per_param(training: TrainingSpec) -> int:
     return 4 if training.precision == "fp32" else 2
 
 
-def activation_bytes_per_element(training: TrainingSpec) -> int:
-    return weight_bytes_per_param(training)
-
-
-def layer_activation_bytes(model: ModelSpec, training: TrainingSpec) -> int:
-    """Tensors one transformer block saves for backward, for one micro-batch (no checkpointing).
-
-    Per token, at the activation dtype: the norm inputs and outputs (4h), the fused QKV output
-    that scaled_dot_product_attention keeps as q/k/v (h + 2*kv), the attention output and its
-    contiguous copy for the output projection (2h), and the MLP: GELU keeps its input and
-    output (2*ffn); SwiGLU keeps the gate/up projection (2*ffn), SiLU's output and the product
-    (2*ffn). Flash attention stores no seq x seq matrix, only a float32 log-sum-exp per head.
-    Norms keep float32 statistics per token.
-    """
-    h, kv, f = model.hidden, model.kv_size, model.ffn_size
-    elem = activation_bytes_per_element(training)
-    mlp = (4 if model.mlp == "swiglu" else 2) * f
-    per_token = elem * (4 * h + (h + 2 * kv) + 2 * h + mlp)
-    stats_per_token = FP32_BYTES * ((2 if model.norm == "layernorm" else 1) * 2 + model.heads)
-    if not training.flash_attention:
-        # The math kernel materialises softmax probabilities (and their dropout-free copy).
-        per_token += elem * model.heads * training.seq
-    return tokens_per_micro_batch(training) * (per_token + stats_per_token)
-
-
 def tokens_per_micro_batch(training: TrainingSpec) -> int:
     return training.micro_batch * training.seq
 
 
+def layer_activation_bytes(model: ModelSpec, training: TrainingSpec) -> int:
+    """Tensors one transformer block keeps for backward, one micro-batch, no checkpointing.
+
+    Per token, at the activation dtype: each norm's input and output (4h), the fused QKV
+    output that scaled_dot_product_attention keeps as q/k/v (h + 2*kv), the attention output,
+    which the output projection reads in place (h: flash attention returns it in the layout
+    the projection needs, so no copy is made); the MLP: GELU keeps its input and output
+    (2*ffn), SwiGLU the gate/up projection, SiLU's output and the product (4*ffn). Flash
+    attention stores no seq x seq matrix, only a float32 log-sum-exp per head; norms keep
+    float32 statistics per token.
+    """
+    h, kv, f = model.hidden, model.kv_size, model.ffn_size
+    elem = weight_bytes_per_param(training)
+    mlp = (4 if model.mlp == "swiglu" else 2) * f
+    per_token = elem * (4 * h + (h + 2 * kv) + h + mlp)
+    per_token += FP32_BYTES * ((2 if model.norm == "layernorm" else 1) * 2 + model.heads)
+    if not training.flash_attention:
+        per_token += elem * model.heads * training.seq  # the math kernel keeps the probabilities
+    return tokens_per_micro_batch(training) * per_token
+
+
 def saved_activation_bytes(model: ModelSpec, training: TrainingSpec) -> int:
-    """Activations alive at the end of the forward pass, all layers."""
+    """Activations alive at the end of the forward pass, every block."""
     if training.checkpointing == "full":
         # Non-reentrant checkpointing keeps only each block's input.
-        elem = activation_bytes_per_element(training)
-        return model.layers * tokens_per_micro_batch(training) * model.hidden * elem
+        return model.layers * tokens_per_micro_batch(training) * model.hidden * weight_bytes_per_param(training)
     return model.layers * layer_activation_bytes(model, training)
 
 
 def recompute_bytes(model: ModelSpec, training: TrainingSpec) -> int:
     """With checkpointing, one block's activations are rebuilt during its backward."""
-    if training.checkpointing == "full":
-        return layer_activation_bytes(model, training)
-    return 0
+    return layer_activation_bytes(model, training) if training.checkpointing == "full" else 0
 
 
-def head_activation_bytes(model: ModelSpec, training: TrainingSpec) -> int:
-    """Saved at the head: the final norm's input and the head's input (bf16), and the float32
-    log-softmax that cross-entropy keeps for backward."""
-    tokens = tokens_per_micro_batch(training)
-    elem = activation_bytes_per_element(training)
-    return tokens * (2 * model.hidden * elem + FP32_BYTES * model.vocab)
+def head_input_bytes(model: ModelSpec, training: TrainingSpec) -> int:
+    """The final norm's input and the output head's input, kept for backward."""
+    return 2 * tokens_per_micro_batch(training) * model.hidden * weight_bytes_per_param(training)
 
 
-def logits_transient_bytes(model: ModelSpec, training: TrainingSpec) -> int:
-    """The loss computed on logits cast to float32 briefly holds, per token: the logits (bf16),
-    the shifted contiguous copy (bf16) and its float32 cast, on top of the saved log-softmax.
-    The same amount is live again at the start of backward (float32 gradient of the logits,
-    its bf16 cast and the padded gradient of the un-shifted logits)."""
-    elem = activation_bytes_per_element(training)
-    return tokens_per_micro_batch(training) * model.vocab * (2 * elem + FP32_BYTES)
+def loss_peak_bytes(model: ModelSpec, training: TrainingSpec) -> int:
+    """Cross-entropy on fp32 logits: at the start of backward three float32 (tokens x vocab)
+    tensors are alive at once: the saved log-softmax, the gradient nll_loss hands back, and
+    log-softmax's input gradient. (Forward holds less: the bf16 logits, their fp32 cast and the
+    log-softmax.) This is often the largest single activation term of a model with a big
+    vocabulary."""
+    return 3 * FP32_BYTES * tokens_per_micro_batch(training) * model.vocab
 
 
 # ------------------------------------------------------------------ DeepSpeed's buffers
 
 
-def ipg_bucket_bytes(zero: ZeroKnobs, stage: int, training: TrainingSpec, offload: bool) -> int:
+def ipg_bucket_bytes(zero: ZeroKnobs, stage: int, training: TrainingSpec) -> int:
     """Stage 1/2: `setup_buckets` allocates `reduce_bucket_size` elements at the gradient dtype
-    for the first backward hook, and a second one when `overlap_comm` double-buffers.
-    Stage 3: one flat IPG bucket of `reduce_bucket_size`, allocated at initialization."""
+    at the first gradient hook of each backward, and a second one when `overlap_comm`
+    double-buffers. Stage 3: one flat IPG bucket, allocated once at initialization."""
     elem = weight_bytes_per_param(training)
-    if stage in (1, 2):
+    if stage in (1, 2) and zero.contiguous_gradients:
         return zero.reduce_bucket_size * elem * (2 if zero.overlap_comm else 1)
     if stage == 3 and zero.contiguous_gradients:
         return zero.reduce_bucket_size * elem
     return 0
 
 
-def stage0_allreduce_bucket_bytes(zero: ZeroKnobs, params: int, world: int, training: TrainingSpec) -> int:
-    """Stage 0 on several GPUs flattens gradients into buckets for the data-parallel all-reduce."""
-    if world == 1:
+def stage3_live_param_elements(model: ModelSpec, zero: ZeroKnobs, world: int, param_offload: bool) -> int:
+    """Full (gathered) weights ZeRO-3 keeps on the GPU between the forward and the backward:
+    those whose next use is within `stage3_max_reuse_distance` elements stay gathered (the
+    last blocks and the head), capped by `stage3_max_live_parameters`. On one GPU with the
+    weights on the GPU a 'gather' is a view of the partition and costs nothing; with the
+    weights offloaded, the largest module is also fetched whole while it runs."""
+    if world == 1 and not param_offload:
         return 0
-    return min(zero.reduce_bucket_size, params) * weight_bytes_per_param(training)
-
-
-def stage3_live_param_bytes(model: ModelSpec, zero: ZeroKnobs, training: TrainingSpec) -> int:
-    """Stage 3 re-gathers each layer's full weights for forward and backward; weights whose next
-    use is within `stage3_max_reuse_distance` elements stay gathered across the
-    forward->backward turn (the last blocks and the head), capped by `max_live_parameters`."""
     kept = min(zero.stage3_max_reuse_distance, zero.stage3_max_live_parameters, model.params)
-    prefetch = zero.stage3_prefetch_bucket_size
-    largest = model.largest_tensor_numel()
-    return (max(kept, largest) + prefetch) * weight_bytes_per_param(training)
+    if param_offload and world == 1:
+        kept += model.largest_tensor_numel() + zero.stage3_prefetch_bucket_size
+    return kept
 
 
-def persistent_small_param_bytes(model: ModelSpec, zero: ZeroKnobs, training: TrainingSpec) -> int:
-    """Stage 3 keeps parameters under `stage3_param_persistence_threshold` elements gathered
-    on every GPU (norm weights, biases): no all-gather for them, whole copies instead."""
+def persistent_small_param_elements(model: ModelSpec, zero: ZeroKnobs) -> int:
+    """ZeRO-3 keeps tensors under `stage3_param_persistence_threshold` elements (norm weights,
+    biases) whole on every GPU instead of gathering them."""
     threshold = zero.stage3_param_persistence_threshold
-    h, kv, f = model.hidden, model.kv_size, model.ffn_size
-    small_per_layer = [n for n in _layer_tensor_sizes(model) if n < threshold]
-    total = model.layers * sum(small_per_layer)
-    total += sum(n for n in (model.final_norm_params(),) if n < threshold)
-    del h, kv, f
-    return total * weight_bytes_per_param(training)
+    small = sum(n for n in layer_tensor_sizes(model) if n < threshold) * model.layers
+    if model.final_norm_params() < threshold:
+        small += model.final_norm_params()
+    return small
 
 
-def _layer_tensor_sizes(model: ModelSpec) -> list[int]:
+def layer_tensor_sizes(model: ModelSpec) -> list[int]:
+    """Element counts of one block's parameter tensors, as the reference GPT lays them out."""
     h, kv, f = model.hidden, model.kv_size, model.ffn_size
     sizes = [h * (h + 2 * kv), h * h, (2 if model.mlp == "swiglu" else 1) * f * h, f * h]
-    norm = [h, h] if model.norm == "layernorm" else [h]
-    sizes += norm * 2
-    has_qkv_bias = model.bias if model.qkv_bias is None else model.qkv_bias
-    if has_qkv_bias:
+    sizes += ([h, h] if model.norm == "layernorm" else [h]) * 2
+    if model.bias if model.qkv_bias is None else model.qkv_bias:
         sizes.append(h + 2 * kv)
     if model.bias:
         sizes += [h, (2 if model.mlp == "swiglu" else 1) * f, h]
     return sizes
+
+
+def layers_before_first_reduce(model: ModelSpec, zero: ZeroKnobs) -> int:
+    """Blocks whose gradients fill the first reduce bucket (after the head's): their
+    activations are freed by the time stage 1/2 allocates the gradient partition."""
+    remaining = max(0, zero.reduce_bucket_size - model.vocab * model.hidden)
+    return min(model.layers, -(-remaining // model.layer_params()))
+
+
+def pinned_bytes(nbytes: int) -> int:
+    """PyTorch's pinned-memory allocator rounds every block up to a power of two, and the
+    pages are all resident: a 4.8 GB pinned buffer costs 8 GiB of host RAM."""
+    return 0 if nbytes <= 0 else 1 << (int(nbytes) - 1).bit_length()
 
 
 # ------------------------------------------------------------------ the estimate
@@ -249,168 +254,197 @@ def _layer_tensor_sizes(model: ModelSpec) -> list[int]:
 def estimate_memory(inp: PlanInput, layout: Layout) -> MemoryEstimate:
     """Peak GPU (allocated and reserved), host and NVMe bytes for one layout."""
     model, training, hw, zero = inp.model, inp.training, inp.hardware, inp.zero
-    p, n, stage = model.params, hw.world, layout.stage
+    p, n, stage, ranks = model.params, hw.world, layout.stage, hw.gpus_per_node
     w = weight_bytes_per_param(training)
     opt_on_gpu = layout.offload_optimizer == "gpu"
     param_on_gpu = layout.offload_param == "gpu"
-    # The fp32 precision keeps no separate master copy.
-    master_bytes = 0 if training.precision == "fp32" else FP32_BYTES * p
     shard = n if stage >= 1 else 1
+    p_shard = -(-p // shard)
+    # fp32 training keeps no separate master copy: the weights are the master.
+    master_per_param = 0 if training.precision == "fp32" else FP32_BYTES
 
     gpu: list[MemoryTerm] = []
     host: list[MemoryTerm] = []
     nvme: list[MemoryTerm] = []
 
-    ranks = hw.gpus_per_node
-
-    def add(where: Where, name: str, nbytes: int, category: Category, why: str) -> MemoryTerm:
-        """GPU terms are per GPU; host and NVMe terms are per node (all its ranks)."""
-        per_gpu = int(nbytes)
+    def add(where: Where, name: str, nbytes: int, category: Category, why: str) -> int:
+        """GPU terms are per GPU; host and NVMe terms per node (every rank's share)."""
+        per_rank = int(nbytes)
+        if per_rank <= 0:
+            return 0
         if where != "gpu" and ranks > 1:
-            why += f" (x{ranks} ranks on the node)"
-        node_term = MemoryTerm(name, where, per_gpu * (ranks if where != "gpu" else 1), category, why)
-        {"gpu": gpu, "host": host, "nvme": nvme}[where].append(node_term)
-        return MemoryTerm(name, where, per_gpu, category, why)
+            why += f" (x{ranks} ranks)"
+        total = per_rank * (ranks if where != "gpu" else 1)
+        {"gpu": gpu, "host": host, "nvme": nvme}[where].append(MemoryTerm(name, where, total, category, why))
+        return per_rank
 
-    # --- model states ------------------------------------------------------------
-    param_shard = n if stage == 3 else 1
-    param_where: Where = {"gpu": "gpu", "cpu": "host", "nvme": "nvme"}[layout.offload_param]
-    params_term = add(param_where, "parameters", w * p // param_shard, "model_states",
-                      f"{training.precision} weights" + (f", 1/{n} per GPU (ZeRO-3)" if stage == 3 else
-                                                         ", a full copy on every GPU"))
-    opt_where: Where = {"gpu": "gpu", "cpu": "host", "nvme": "nvme"}[layout.offload_optimizer]
-    master_term = add(opt_where, "master_weights", master_bytes // shard, "model_states",
-                      "fp32 master copy of the weights the optimizer updates"
-                      + (f", 1/{n} per GPU" if shard > 1 else ""))
-    moments_term = add(opt_where, "adam_moments", ADAM_MOMENTS * FP32_BYTES * p // shard, "model_states",
-                       "AdamW exp_avg + exp_avg_sq in fp32; created lazily by the first step()")
+    place: dict[str, Where] = {"gpu": "gpu", "cpu": "host", "nvme": "nvme"}
+    opt_where, param_where = place[layout.offload_optimizer], place[layout.offload_param]
+    per = f", 1/{n} per GPU" if n > 1 else ""
 
+    # --- model states -------------------------------------------------------------
+    params = add(param_where, "parameters", w * (p_shard if stage == 3 else p), "model_states",
+                 f"{training.precision} weights" + (per if stage == 3 else ", a full copy on every GPU"))
+    master = add(opt_where, "master_weights", master_per_param * p_shard, "model_states",
+                 "fp32 master copy of the weights that the optimizer updates" + (per if stage else ""))
+    moments = add(opt_where, "adam_moments", ADAM_MOMENTS * FP32_BYTES * p_shard, "model_states",
+                  "AdamW exp_avg and exp_avg_sq in fp32" + (per if stage else "")
+                  + ("; created at initialization" if stage == 0 else "; created lazily by the first step()"))
     if stage == 0:
         grads = add("gpu", "gradients", w * p, "model_states",
-                    f"{training.precision} .grad of every weight, full size, alive from backward to step")
+                    f"{training.precision} .grad of every weight, alive from backward to step()")
     elif stage in (1, 2):
-        grads = add("gpu" if opt_on_gpu else "gpu", "gradients",
-                    (w * p // n) if opt_on_gpu else 0, "model_states",
-                    f"{training.precision} gradient partition (contiguous_gradients), 1/{n} per GPU"
-                    if opt_on_gpu else "gradients stream to the host optimizer; none kept on the GPU")
+        grads = add("gpu", "gradients", w * p_shard if opt_on_gpu else 0, "model_states",
+                    f"{training.precision} gradient partition (contiguous_gradients){per}, "
+                    "from the first bucket reduced to step()")
     else:
-        grad_where: Where = "gpu" if opt_on_gpu else "host"
-        grads = add(grad_where, "gradients", w * p // n, "model_states",
-                    f"flat {training.precision} gradient partition allocated at initialization, 1/{n} per GPU")
-    if stage == 0 and training.precision != "fp32":
-        # FP16_Optimizer-style wrapper: step() casts every gradient to fp32 one by one, then
-        # flattens the list: both copies are briefly alive.
-        step_grad_fp32 = 2 * FP32_BYTES * p
-    elif stage in (1, 2) and opt_on_gpu:
-        # flatten(averaged_gradients) (a gradient-dtype copy) then .to(fp32)
-        step_grad_fp32 = w * p // n + FP32_BYTES * p // n
-    elif stage == 3 and opt_on_gpu:
-        # per sub-group: flatten(...).to(fp32); sub-groups are at most sub_group_size elements
-        step_grad_fp32 = FP32_BYTES * min(zero.sub_group_size, -(-p // n))
-    else:
-        step_grad_fp32 = 0
-    step_term = add("gpu", "step_fp32_gradients", step_grad_fp32, "deepspeed_buffers",
-                    "gradients flattened and cast to fp32 inside step() (freed after the update)")
+        grads = add("gpu" if opt_on_gpu else "host", "gradients", w * p_shard, "model_states",
+                    f"flat {training.precision} gradient partition allocated at initialization{per}")
+        if not opt_on_gpu:
+            grads = 0  # it lives on the host
 
-    # --- DeepSpeed buffers -------------------------------------------------------
-    ipg = add("gpu", "reduce_buckets", ipg_bucket_bytes(zero, stage, training, not opt_on_gpu),
-              "deepspeed_buffers",
-              f"reduce_bucket_size={zero.reduce_bucket_size:.0e} elements"
-              + (" x2 (overlap_comm double-buffers)" if zero.overlap_comm and stage in (1, 2) else "")
-              if stage else "stage 0 has no IPG buckets")
-    allreduce = add("gpu", "allreduce_bucket", stage0_allreduce_bucket_bytes(zero, p, n, training) if stage == 0 else 0,
-                    "deepspeed_buffers", "stage 0: flattened gradient bucket for the data-parallel all-reduce")
-    offload_staging = 0
-    if stage in (1, 2) and not opt_on_gpu:
-        # temp_grad_buffer_for_gpu_offload: the largest parameter, at the gradient dtype.
-        offload_staging = model.largest_tensor_numel() * w
-    offload_term = add("gpu", "offload_staging", offload_staging, "deepspeed_buffers",
-                       "GPU staging buffer for gradients copied to the host optimizer (largest tensor)")
+    # --- DeepSpeed's buffers ----------------------------------------------------------
+    ipg = add("gpu", "reduce_buckets", ipg_bucket_bytes(zero, stage, training), "deepspeed_buffers",
+              f"reduce_bucket_size = {zero.reduce_bucket_size:.0e} elements"
+              + (" x2: overlap_comm double-buffers" if zero.overlap_comm and stage in (1, 2) else "")
+              + ("; allocated at initialization" if stage == 3 else "; during backward"))
+    staging = add("gpu", "offload_staging", model.largest_tensor_numel() * w if stage in (1, 2) and not opt_on_gpu
+                  else 0, "deepspeed_buffers",
+                  "GPU buffer that stages gradients for the host optimizer (the largest tensor)")
     live = persistent = 0
     if stage == 3:
-        live = stage3_live_param_bytes(model, zero, training)
-        persistent = persistent_small_param_bytes(model, zero, training)
-    live_term = add("gpu", "stage3_live_parameters", live, "deepspeed_buffers",
-                    f"ZeRO-3 gathered weights: up to max_reuse_distance/max_live_parameters "
-                    f"({zero.stage3_max_live_parameters:.0e}) kept between forward and backward, "
-                    f"plus the prefetch bucket ({zero.stage3_prefetch_bucket_size:.0e})")
-    persist_term = add("gpu", "stage3_persistent_parameters", persistent, "deepspeed_buffers",
-                       f"ZeRO-3 keeps tensors under {zero.stage3_param_persistence_threshold:.0e} "
-                       "elements (norms, biases) whole on every GPU")
+        live = add("gpu", "stage3_live_parameters",
+                   w * stage3_live_param_elements(model, zero, n, not param_on_gpu), "deepspeed_buffers",
+                   f"gathered weights kept between forward and backward (stage3_max_reuse_distance and "
+                   f"max_live_parameters = {zero.stage3_max_live_parameters:.0e} elements)")
+        persistent = add("gpu", "stage3_persistent_parameters", w * persistent_small_param_elements(model, zero),
+                         "deepspeed_buffers",
+                         f"tensors under stage3_param_persistence_threshold = "
+                         f"{zero.stage3_param_persistence_threshold:.0e} elements stay whole on every GPU")
+    if stage == 0 and training.precision != "fp32":
+        # step() casts each gradient to fp32 (a list of copies), then flattens the list.
+        step_fp32 = 2 * FP32_BYTES * p
+    elif stage in (1, 2) and opt_on_gpu:
+        step_fp32 = (w + FP32_BYTES) * p_shard  # flatten(partition) then .to(fp32)
+    elif stage == 3 and opt_on_gpu:
+        step_fp32 = (w + FP32_BYTES) * min(zero.sub_group_size, p_shard)  # per sub-group
+    else:
+        step_fp32 = 0
+    step_fp32 = add("gpu", "step_fp32_gradients", step_fp32, "deepspeed_buffers",
+                    "gradients flattened and cast to fp32 inside step(), freed after the update")
 
-    # --- activations -------------------------------------------------------------
-    saved = add("gpu", "activations", saved_activation_bytes(model, training), "activations",
-                f"{model.layers} blocks x micro-batch {training.micro_batch} x seq {training.seq}"
-                + (": only block inputs (checkpointing)" if training.checkpointing == "full"
-                   else " (flash attention: no seq x seq matrix)"))
-    recompute = add("gpu", "recompute", recompute_bytes(model, training), "activations",
+    # --- activations ----------------------------------------------------------------
+    t = training
+    saved = add("gpu", "activations", saved_activation_bytes(model, t), "activations",
+                f"{model.layers} blocks, micro-batch {t.micro_batch} x seq {t.seq}: "
+                + ("only block inputs (checkpointing)" if t.checkpointing == "full"
+                   else "every block's saved tensors (flash attention)"))
+    recompute = add("gpu", "recompute", recompute_bytes(model, t), "activations",
                     "one block's activations rebuilt during its backward (checkpointing)")
-    head = add("gpu", "head_activations", head_activation_bytes(model, training), "activations",
-               "head input and the fp32 log-softmax cross-entropy keeps")
-    logits = add("gpu", "logits_transient", logits_transient_bytes(model, training), "activations",
-                 "logits, their shifted copy and fp32 cast while the loss is computed")
-    misc = add("gpu", "misc", MISC_GPU_BYTES, "overhead", "loss, norms, flags and small NCCL buffers")
+    head_in = add("gpu", "head_activations", head_input_bytes(model, t), "activations",
+                  "inputs of the final norm and of the output head")
+    loss = add("gpu", "loss_logits", loss_peak_bytes(model, t), "activations",
+               "fp32 log-softmax and its gradients over tokens x vocab when backward starts")
+    misc = add("gpu", "misc", MISC_GPU_BYTES, "overhead", "loss, norms, flags, small NCCL buffers")
 
-    # --- phases ------------------------------------------------------------------
-    resident = (params_term.bytes * (param_where == "gpu") + master_term.bytes * opt_on_gpu
-                + ipg.bytes * (stage == 3) + persist_term.bytes
-                + (grads.bytes if stage == 3 and opt_on_gpu else 0) + offload_term.bytes)
+    # --- phases -----------------------------------------------------------------------
+    resident = params * (param_where == "gpu") + master * opt_on_gpu + staging + persistent
+    if stage == 3:
+        resident += ipg + grads
+    lazy_moments = moments * opt_on_gpu
     if stage == 0:
-        # FP16_Optimizer's initialize_optimizer_states runs one step: moments exist from init.
-        resident += moments_term.bytes
-        lazy_moments = 0
-    else:
-        lazy_moments = moments_term.bytes * opt_on_gpu
+        resident, lazy_moments = resident + moments, 0  # built eagerly by the fp16/bf16 wrapper
     after_init = resident
-    forward = resident + lazy_moments + saved.bytes + head.bytes + logits.bytes + live_term.bytes \
-        - (head.bytes - tokens_per_micro_batch(training) * model.hidden * 2 * activation_bytes_per_element(training))
-    backward_grads = {0: grads.bytes, 3: 0}.get(stage, grads.bytes if opt_on_gpu else 0)
-    backward = (resident + lazy_moments + saved.bytes + head.bytes + logits.bytes + recompute.bytes
-                + live_term.bytes + ipg.bytes * (stage in (1, 2)) + allreduce.bytes
-                + backward_grads * 0.5 + model.head_params() * w * (stage != 0))
+    states = resident + lazy_moments
+    # Gradients carried between micro-steps of one accumulation window.
+    carried = grads if t.grad_accum > 1 and stage < 3 else 0
+    activations = saved + head_in
+    head_grad = model.vocab * model.hidden * w
+    tokens = tokens_per_micro_batch(t)
+    phases = {
+        # backward starts: the loss's fp32 tensors on top of every saved activation
+        "backward (loss)": states + carried + live + activations + loss,
+        # the head's gradient fires the first hook: stage 1/2 buckets appear
+        "backward (head)": states + carried + live + activations + ipg * (stage in (1, 2))
+        + head_grad + tokens * model.vocab * w,
+        "optimizer step": states + (grads if stage < 3 else 0) + step_fp32,
+    }
+    if stage in (1, 2) and opt_on_gpu:
+        # the first bucket is reduced: the gradient partition is allocated while most
+        # activations (all but the blocks that filled the bucket) are still alive
+        done = layers_before_first_reduce(model, zero)
+        remaining = saved * (model.layers - done) // model.layers
+        transient = model.layer_params() * w + 2 * tokens * model.hidden * w
+        phases["backward (first reduce)"] = (states + grads + ipg + remaining + recompute + transient)
     if stage == 0:
-        step_peak = resident + grads.bytes + step_term.bytes
-    elif stage in (1, 2):
-        step_peak = resident + lazy_moments + grads.bytes + step_term.bytes
-    else:
-        step_peak = resident + lazy_moments + step_term.bytes
-    phases = {"forward": forward, "backward": backward, "optimizer step": step_peak}
+        phases["backward (end)"] = states + grads + recompute
     peak_phase = max(phases, key=phases.__getitem__)
-    peak = int(phases[peak_phase]) + misc.bytes
-    reserved = int(peak * (1 + ALLOCATOR_RESERVE_FRACTION))
-    device_used = reserved + hw.gpu.cuda_context_bytes
+    peak = int(phases[peak_phase]) + misc
+    reserved = gpu_reserved_bytes(peak)
     add("gpu", "allocator_reserve", reserved - peak, "overhead",
-        "PyTorch caching allocator: freed blocks kept for reuse, block rounding")
-    add("gpu", "cuda_context", hw.gpu.cuda_context_bytes, "overhead",
-        "CUDA context, cuBLAS and NCCL workspaces outside PyTorch's allocator")
+        "PyTorch's caching allocator: freed blocks kept for reuse, block rounding")
+    context = add("gpu", "cuda_context", hw.gpu.cuda_context_bytes, "overhead",
+                  "CUDA context and cuBLAS workspace, outside PyTorch's allocator")
+    context += add("gpu", "nccl_buffers", NCCL_BUFFER_BYTES if n > 1 else 0, "overhead",
+                   "NCCL communicator buffers, outside PyTorch's allocator")
 
-    # --- host and NVMe (per node) --------------------------------------------------
-    add("host", "process_baseline", HOST_PROCESS_BASE_BYTES, "overhead",
-        f"Python, torch, CUDA and NCCL libraries, {HOST_PROCESS_BASE_BYTES / GiB:.1f} GiB per rank")
+    # --- host, per node ------------------------------------------------------------------
+    pin = pinned_bytes if zero.pin_memory else int
+    host_states = 0
+    if opt_where == "host":
+        host_states += master + moments
+        if stage in (1, 2):
+            host_states += add("host", "offload_pinned_buffers",
+                               pin(FP32_BYTES * p_shard) + pin(w * p_shard) + pin(master) - master,
+                               "deepspeed_buffers",
+                               "pinned fp32 gradient partition and bf16 upload buffer; pinned blocks "
+                               "round up to a power of two")
+        else:
+            sub = min(zero.sub_group_size, p_shard)
+            groups = -(-p_shard // sub)
+            host_states += add("host", "offload_pinned_buffers",
+                               pin(w * p_shard) + (groups - 1) * pin(FP32_BYTES * sub)
+                               + pin(FP32_BYTES * (p_shard - (groups - 1) * sub)),
+                               "deepspeed_buffers",
+                               "pinned gradient partition and fp32 sub-group gradient buffers "
+                               "(power-of-two blocks)")
+    if param_where == "host":
+        host_states += params + add("host", "param_offload_buffers", pin(w * p_shard) - params + w * p_shard,
+                                    "deepspeed_buffers",
+                                    "pinned flat weight buffer (power-of-two block) and the per-tensor "
+                                    "copies zero.Init makes before flattening")
+    if opt_where == "nvme":
+        host_states += add("host", "nvme_swap_buffers",
+                           AIO_OPTIMIZER_BUFFER_COUNT * pin(FP32_BYTES * min(zero.sub_group_size, p_shard)),
+                           "deepspeed_buffers", "pinned buffers the optimizer state is swapped through")
+    if param_where == "nvme":
+        host_states += add("host", "nvme_param_buffers", AIO_PARAM_BUFFER_COUNT * AIO_PARAM_BUFFER_ELEMENTS * w,
+                           "deepspeed_buffers", "pinned buffers weights are read from NVMe into")
+    add("host", "process_baseline", HOST_BASE_BYTES, "overhead",
+        "Python, torch, CUDA, NCCL and DeepSpeed's libraries")
+    construction = 0
     if stage < 3:
-        add("host", "model_construction", FP32_BYTES * p, "model_states",
-            "each rank builds the model in fp32 on the host before DeepSpeed moves it "
-            "(stage 3 builds it partitioned on the GPU under zero.Init)")
-    pinned_staging = 0
-    if not opt_on_gpu and stage in (1, 2):
-        # fp32 gradient partition (pinned) + the bf16 copy of the partition for upload.
-        pinned_staging = (FP32_BYTES + w) * p // n
-    elif not opt_on_gpu and stage == 3:
-        pinned_staging = FP32_BYTES * p // n  # fp32 sub-group gradient buffers (pinned)
-    if pinned_staging:
-        add("host", "offload_pinned_buffers", pinned_staging, "deepspeed_buffers",
-            "pinned fp32 gradient partition (and bf16 upload copy)")
-    host_peak = sum(t.bytes for t in host)
-    nvme_total = sum(t.bytes for t in nvme)
-    terms = tuple(t for t in gpu + host + nvme if t.bytes or t.name == "process_baseline")
+        construction = add("host", "model_construction", FP32_BYTES * p, "model_states",
+                           "the model built in fp32 on the host before DeepSpeed moves it "
+                           "(stage 3 builds it partitioned under zero.Init)")
+    host_rank = max(HOST_BASE_EARLY_BYTES + construction, HOST_BASE_BYTES + host_states)
+    host_peak = host_rank * ranks
 
     cap = hw.gpu.memory_bytes
     return MemoryEstimate(
-        layout=layout, terms=terms,
+        layout=layout, terms=tuple(gpu + host + nvme),
         gpu_peak_allocated_bytes=peak, gpu_peak_reserved_bytes=reserved,
-        gpu_device_used_bytes=device_used, host_peak_bytes=host_peak, nvme_bytes=nvme_total,
-        gpu_capacity_bytes=cap, host_capacity_bytes=hw.host_ram_bytes,
-        nvme_capacity_bytes=hw.nvme_bytes,
+        gpu_device_used_bytes=reserved + context,
+        host_peak_bytes=host_peak, nvme_bytes=sum(term.bytes for term in nvme),
+        gpu_capacity_bytes=cap, host_capacity_bytes=hw.host_ram_bytes, nvme_capacity_bytes=hw.nvme_bytes,
         gpu_usable_bytes=int(cap * (1 - inp.headroom_fraction)),
         peak_phase=peak_phase, after_init_bytes=after_init,
     )
+
+
+def gpu_reserved_bytes(peak: int) -> int:
+    """`max_memory_reserved`: the caching allocator keeps freed blocks and splits segments, so
+    large transients freed before the peak leave memory the peak cannot reuse. Over the H200
+    measurements this adds 9-55% to the peak with no clean dependence on any one term; the
+    mean ratio is used (benchmarks/accuracy.py prints the resulting error)."""
+    return int(peak * (1 + ALLOCATOR_RESERVE_FRACTION))
