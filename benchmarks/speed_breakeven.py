@@ -69,7 +69,7 @@ def main() -> None:
         for i in range(REPEATS):
             inp = make_input(model, 2048 + 64 * i)
             break_even.cache_clear()
-            breakeven._family_model.cache_clear()
+            breakeven.clear_caches()
             cold.append(timed_ms(lambda: all_break_even(inp)))
             warm.append(timed_ms(lambda: all_break_even(inp)))
             moved = make_input(model, 4096 + 64 * i)  # the user typed a new sequence length

@@ -15,8 +15,10 @@ answer per (input, layout).
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
+import threading
 from dataclasses import dataclass
 
 from zlayout.core.memory import MemoryEstimate, estimate_memory
@@ -26,6 +28,9 @@ MIN_PARAMS = 1e8
 MAX_PARAMS = 1e13
 PARAMS_TOLERANCE = 0.002  # stop bisecting when the bracket is this narrow (relative)
 MAX_MICRO_BATCH = 65536
+PROBE_WINDOW = 0.05  # after converging, look this far (relative) above for a shape that fits again
+PROBE_STEPS = 5
+MAX_RESTARTS = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,10 +71,64 @@ def format_params(params: float) -> str:
 
 
 @functools.lru_cache(maxsize=8192)
-def _family_model(family: str, target_params: float) -> ModelSpec:
+def _catalog_model(family: str, target_params: float) -> ModelSpec:
     from zlayout import catalog
 
     return catalog.model_for_size(target_params, family)
+
+
+class _Ladder:
+    """The shapes seen so far of one family, by log(target), sorted.
+
+    `model_for_size` is monotone: every target between two targets that gave the same shape
+    gives that shape too, so those are answered here without asking the catalog (~90 µs a
+    call). Searches on later keystrokes land between known targets more and more often.
+    """
+
+    LIMIT = 50_000
+
+    def __init__(self) -> None:
+        self.log_targets: list[float] = []
+        self.models: list[ModelSpec] = []
+        self.lock = threading.Lock()
+
+    def model(self, family: str, target_params: float) -> ModelSpec:
+        x = math.log(target_params)
+        with self.lock:
+            i = bisect.bisect_left(self.log_targets, x)
+            if i < len(self.log_targets) and self.log_targets[i] == x:
+                return self.models[i]
+            if 0 < i < len(self.models) and _same(self.models[i - 1], self.models[i]):
+                return self.models[i]
+        model = _catalog_model(family, target_params)
+        with self.lock:
+            i = bisect.bisect_left(self.log_targets, x)
+            if len(self.log_targets) < self.LIMIT and (i == len(self.log_targets) or self.log_targets[i] != x):
+                self.log_targets.insert(i, x)
+                self.models.insert(i, model)
+        return model
+
+
+def _same(a: ModelSpec, b: ModelSpec) -> bool:
+    return a is b or (a.params == b.params and a == b)
+
+
+_ladders: dict[str, _Ladder] = {}
+
+
+def _family_model(family: str, target_params: float) -> ModelSpec:
+    ladder = _ladders.get(family)
+    if ladder is None:
+        ladder = _ladders.setdefault(family, _Ladder())
+    return ladder.model(family, target_params)
+
+
+def clear_caches() -> None:
+    """Forget every memoized answer (after a model preset file changed)."""
+    break_even.cache_clear()
+    _catalog_model.cache_clear()
+    _family_is_known.cache_clear()
+    _ladders.clear()
 
 
 @functools.lru_cache(maxsize=256)
@@ -158,31 +217,61 @@ def _largest_fitting(inp: PlanInput, layout: Layout,
     if est.fits:
         return hi_model, None, "range"
     f_hi, hi_binding = max(_load_log(est), 1e-9), _binding(est)
-    side = 0
-    while hi - lo > PARAMS_TOLERANCE:
-        width = hi - lo
-        x = lo - f_lo * width / (f_hi - f_lo) if f_hi > f_lo else lo + 0.5 * width
-        x = min(max(x, lo + 0.5 * PARAMS_TOLERANCE), hi - 0.5 * PARAMS_TOLERANCE)
+    top, f_top, top_model, top_binding = hi, f_hi, hi_model, hi_binding
+    for _ in range(MAX_RESTARTS + 1):
+        side = 0
+        while hi - lo > PARAMS_TOLERANCE:
+            width = hi - lo
+            x = lo - f_lo * width / (f_hi - f_lo) if f_hi > f_lo else lo + 0.5 * width
+            x = min(max(x, lo + 0.5 * PARAMS_TOLERANCE), hi - 0.5 * PARAMS_TOLERANCE)
+            model = candidate(x)
+            if model == lo_model:
+                lo = x
+                continue
+            if model == hi_model:
+                hi = x
+                continue
+            est = judge(model)
+            if est.fits:
+                lo, lo_model, f_lo = x, model, min(_load_log(est), 0.0)
+                if side == -1:
+                    f_hi *= 0.5
+                side = -1
+            else:
+                hi, hi_model, hi_binding = x, model, _binding(est)
+                f_hi = max(_load_log(est), 1e-9)
+                if side == 1:
+                    f_lo *= 0.5
+                side = 1
+        found = _fitting_shape_above(hi, hi_model, candidate, judge)
+        if found is None:
+            break
+        # a wider, shallower shape just above fits again: search on from there
+        lo, lo_model, f_lo = found
+        hi, f_hi, hi_model, hi_binding = top, f_top, top_model, top_binding
+    return lo_model, hi_model, hi_binding
+
+
+def _fitting_shape_above(hi: float, hi_model: ModelSpec, candidate, judge):
+    """A shape up to PROBE_WINDOW above `hi_model` that fits after all, or None.
+
+    Fitting is not monotone in params where the family changes width: a wider, shallower
+    model has fewer activations than a narrower, deeper one of nearly the same size. Shapes
+    at least as wide and as deep cannot fit and cost no evaluation.
+    """
+    seen = hi_model
+    for k in range(1, PROBE_STEPS + 1):
+        x = hi + math.log1p(PROBE_WINDOW * k / PROBE_STEPS)
         model = candidate(x)
-        if model == lo_model:
-            lo = x
+        if model == seen:
             continue
-        if model == hi_model:
-            hi = x
-            continue
+        seen = model
+        if model.hidden >= hi_model.hidden and model.layers >= hi_model.layers:
+            continue  # at least as wide and as deep: at least as much memory
         est = judge(model)
         if est.fits:
-            lo, lo_model, f_lo = x, model, min(_load_log(est), 0.0)
-            if side == -1:
-                f_hi *= 0.5
-            side = -1
-        else:
-            hi, hi_model, hi_binding = x, model, _binding(est)
-            f_hi = max(_load_log(est), 1e-9)
-            if side == 1:
-                f_lo *= 0.5
-            side = 1
-    return lo_model, hi_model, hi_binding
+            return x, model, min(_load_log(est), 0.0)
+    return None
 
 
 def largest_micro_batch(inp: PlanInput, layout: Layout) -> int:
@@ -274,16 +363,16 @@ def crossovers(inp: PlanInput, layouts: tuple[Layout, ...] | None = None) -> lis
     ordered = sorted((be.next_params, layout.key, layout) for layout, be in evens.items()
                      if be.max_params > 0 and be.next_params > 0)
     for next_params, _, layout in ordered:
+        bigger = _with_model(inp, evens[layout].next_model)
+
+        def step_s(other: Layout) -> float:
+            return estimate_step_time(bigger, other, estimate_comm(bigger, other)).step_time_s
+
         still = [other for other, be in evens.items()
                  if other != layout and (be.max_params >= next_params or be.limited_by == "range")]
-        takes_over = None
-        if still:
-            bigger = _with_model(inp, evens[layout].next_model)
-
-            def step_s(other: Layout) -> float:
-                return estimate_step_time(bigger, other, estimate_comm(bigger, other)).step_time_s
-
-            takes_over = min(still, key=lambda other: (step_s(other), other.key))
+        # fastest first; each checked, since fitting is not monotone in size everywhere
+        takes_over = next((other for other in sorted(still, key=lambda o: (step_s(o), o.key))
+                           if estimate_memory(bigger, other).fits), None)
         out.append(Crossover(next_params, layout, takes_over))
     return out
 
