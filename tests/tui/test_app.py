@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import io
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 from textual.widgets import DataTable, Input, Log, Static
 
 from tui_fakes import FakeVerifier, fixed_input, stub_planner
@@ -45,6 +47,15 @@ async def type_into(pilot, field_id: str, text: str, keys: bool = False) -> None
     else:
         widget.value = text
     await pilot.pause()
+
+
+def screen_text(app) -> str:
+    """What the terminal shows, as plain text."""
+    width, height = app.size
+    console = Console(width=width, height=height, file=io.StringIO(), record=True,
+                      force_terminal=True, legacy_windows=False, safe_box=False)
+    console.print(app.screen._compositor.render_update(full=True))
+    return console.export_text()
 
 
 def row_classes(app: ZLayoutApp, field: str) -> set[str]:
@@ -197,11 +208,10 @@ async def test_enter_on_a_row_shows_its_terms_and_ds_config():
         await pilot.pause()
         assert isinstance(app.screen, DetailScreen)
         layout = app.plan.layouts[table.cursor_row].layout
-        terms = app.screen.query_one("#detail-terms", DataTable)
-        memory = app.plan.for_layout(layout).memory
-        assert terms.row_count == len(memory.terms)
-        assert [str(terms.get_row_at(i)[3]) for i in range(terms.row_count)] == \
-            [t.explanation for t in memory.terms]
+        shown = screen_text(app)
+        for term in app.plan.for_layout(layout).memory.terms:
+            assert term.name in shown
+            assert term.explanation.split()[0] in shown
         assert f'"stage": {layout.stage}' in app.screen.ds_config_json
         assert app.screen.query_one("#detail-ds-config", Static).region.height > 10
         await pilot.press("escape")
@@ -438,3 +448,25 @@ async def test_snapshot_stub_planner_drives_the_app_too():
         await type_into(pilot, "seq", "1024")
         assert app.plan == stub_planner(app.plan.input)
         await asyncio.sleep(0)
+
+
+async def test_when_nothing_fits_a_suggestion_can_be_applied_from_the_palette():
+    from zlayout import catalog
+
+    base = fixed_input()
+    too_big = base.model_copy(update={"model": catalog.load_model("llama3-70b"),
+                                      "hardware": base.hardware.model_copy(update={"gpus_per_node": 2})})
+    app = make_app(initial=too_big)
+    async with app.run_test(size=WIDE) as pilot:
+        fixes = app.plan.recommendation.fixes
+        assert app.plan.recommendation.layout is None and fixes
+        assert "Apply suggestion" in app.query_one("#recommendation").text
+        await pilot.press("ctrl+p")
+        await pilot.press(*"apply suggestion")
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.plan.input == fixes[0].input
+        assert app.plan.recommendation.layout is not None
+        assert app.selected_layout() == fixes[0].layout
+        assert app.query_one(InputsPanel).values()["checkpointing"] == app.plan.input.training.checkpointing

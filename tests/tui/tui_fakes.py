@@ -129,3 +129,25 @@ class FakeVerifier:
         finally:
             self.cleaned_up.set()
 
+
+
+def stub_crossovers(inp: PlanInput) -> list[Any]:
+    """Crossovers of the stub plan: each layout stops at its stub break-even size and the
+    next larger one takes over."""
+    from zlayout.core.breakeven import Crossover
+
+    plan = stub_planner(inp)
+    ordered = sorted(plan.layouts, key=lambda lp: (lp.breakeven.max_params, lp.layout.key))
+    out = []
+    for lp, bigger in zip(ordered, ordered[1:] + [None]):
+        out.append(Crossover(params=lp.breakeven.max_params + 1, stops_fitting=lp.layout,
+                             takes_over=bigger.layout if bigger is not None else None))
+    return out
+
+
+def snapshot_app() -> Any:
+    """The app on the stub planner and fixed presets: its looks, not the model's numbers."""
+    from zlayout.tui.app import ZLayoutApp
+
+    return ZLayoutApp(initial=fixed_input(), planner=stub_planner, presets=fixed_presets(),
+                      crossovers=stub_crossovers, cursor_blink=False)

@@ -58,7 +58,7 @@ OTHER_KEYS = (
 class ZLayoutApp(App[None]):
     """Design a DeepSpeed ZeRO layout interactively."""
 
-    CSS_PATH = "app.tcss"
+    CSS_PATH = Path(__file__).with_name("app.tcss")
     TITLE = "zlayout"
     COMMANDS = App.COMMANDS | {ZLayoutCommands}
     BINDINGS = [
@@ -414,6 +414,18 @@ class ZLayoutApp(App[None]):
         values["size"] = ""
         self.query_one(InputsPanel).set_values(values)
         self._recompute()
+
+    def apply_fix(self, index: int) -> None:
+        """Take one of the core's suggestions (when nothing fits): its inputs, its layout."""
+        if self.plan is None or index >= len(self.plan.recommendation.fixes):
+            return
+        fix = self.plan.recommendation.fixes[index]
+        self.load_input(fix.input)
+        table = self.query_one(LayoutTable)
+        keys = [row.key.value for row in table.ordered_rows]
+        if fix.layout.key in keys:
+            table.move_cursor(row=keys.index(fix.layout.key), animate=False)
+        self.notify(f"Applied: {fix.text}", title="Suggestion")
 
     def action_verify(self) -> None:
         layout = self.selected_layout()

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from dataclasses import dataclass
 from functools import lru_cache
@@ -137,26 +138,40 @@ def verify_flags(inp: PlanInput, layout: Layout) -> list[str]:
 
 def cli_verifier(inp: PlanInput, layout: Layout, cancel: threading.Event) -> Iterator[str]:
     """Run `zlayout verify` in its own process group and yield its output lines; on cancel
-    (or when the caller closes this generator) the whole group is terminated."""
-    command = [sys.executable, "-m", "zlayout", "verify", *verify_flags(inp, layout), "--json"]
-    yield "$ zlayout verify " + " ".join(command[4:])
-    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             bufsize=1, start_new_session=True)
-    finished = threading.Event()
-    watcher = threading.Thread(target=_kill_on_cancel, args=(child, cancel, finished), daemon=True)
-    watcher.start()
+    (or when the caller closes this generator) the whole group is terminated.
+
+    The plan goes over as a temporary profile, so every input (DeepSpeed knobs, a GPU that
+    is not a preset) reaches the run; the plan flags are the fallback."""
+    with tempfile.TemporaryDirectory(prefix="zlayout-tui-verify-") as tmp:
+        target = _temporary_profile(inp, layout, Path(tmp))
+        args = [str(target)] if target is not None else verify_flags(inp, layout)
+        command = [sys.executable, "-m", "zlayout", "verify", *args, "--json"]
+        yield "$ zlayout verify " + " ".join(command[4:])
+        child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 text=True, bufsize=1, start_new_session=True)
+        finished = threading.Event()
+        watcher = threading.Thread(target=_kill_on_cancel, args=(child, cancel, finished), daemon=True)
+        watcher.start()
+        try:
+            assert child.stdout is not None
+            for line in child.stdout:
+                yield line.rstrip("\n")
+            code = child.wait()
+            if cancel.is_set():
+                yield "cancelled"
+            elif code:
+                yield f"zlayout verify exited with code {code}"
+        finally:
+            finished.set()  # stops the watcher
+            _terminate(child)
+
+
+def _temporary_profile(inp: PlanInput, layout: Layout, directory: Path) -> Path | None:
     try:
-        assert child.stdout is not None
-        for line in child.stdout:
-            yield line.rstrip("\n")
-        code = child.wait()
-        if cancel.is_set():
-            yield "cancelled"
-        elif code:
-            yield f"zlayout verify exited with code {code}"
-    finally:
-        finished.set()  # stops the watcher
-        _terminate(child)
+        from zlayout.profile import build_profile, save_profile
+    except ImportError:
+        return None
+    return save_profile(build_profile(inp, layout), directory / "profile.toml")
 
 
 def _kill_on_cancel(child: subprocess.Popen, cancel: threading.Event,

@@ -22,14 +22,24 @@ PALETTE_ACTIONS: tuple[tuple[str, str, str], ...] = (
 class ZLayoutCommands(Provider):
     """Fuzzy-searchable entries for every app action."""
 
+    def _entries(self) -> list[tuple[str, object, str]]:
+        entries: list[tuple[str, object, str]] = [
+            (title, partial(self.app.run_action, action), help_text)
+            for title, action, help_text in PALETTE_ACTIONS]
+        plan = getattr(self.app, "plan", None)
+        if plan is not None:  # the core's suggestions when nothing fits, one entry each
+            for index, fix in enumerate(getattr(plan.recommendation, "fixes", ())):
+                entries.append((f"Apply suggestion: {fix.text}",
+                                partial(self.app.apply_fix, index), f"then {fix.layout.label} fits"))
+        return entries
+
     async def discover(self) -> Hits:
-        for title, action, help_text in PALETTE_ACTIONS:
-            yield DiscoveryHit(title, partial(self.app.run_action, action), help=help_text)
+        for title, callback, help_text in self._entries():
+            yield DiscoveryHit(title, callback, help=help_text)
 
     async def search(self, query: str) -> Hits:
         matcher = self.matcher(query)
-        for title, action, help_text in PALETTE_ACTIONS:
+        for title, callback, help_text in self._entries():
             score = matcher.match(title)
             if score > 0:
-                yield Hit(score, matcher.highlight(title), partial(self.app.run_action, action),
-                          help=help_text)
+                yield Hit(score, matcher.highlight(title), callback, help=help_text)

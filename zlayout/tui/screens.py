@@ -11,6 +11,7 @@ import threading
 from typing import Any, Callable, Iterable
 
 from rich.syntax import Syntax
+from rich.table import Table
 from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
@@ -49,23 +50,26 @@ class DetailScreen(ModalScreen[None]):
                         f"({view.headroom_text(mem)} free), peak during {mem.peak_phase}",
                         classes="dialog-title")
             with VerticalScroll(id="detail-body"):
-                yield DataTable(id="detail-terms", cursor_type="row", zebra_stripes=True)
+                yield Static(self._terms_table(), id="detail-terms")
                 yield Label("[b]ds_config.json[/b]")
                 yield Static(Syntax(self.ds_config_json, "json",
                                     theme="ansi_dark", background_color="default"),
                              id="detail-ds-config")
             yield Label("[dim]escape: close · ↑↓ scroll[/dim]", classes="dialog-hint")
 
-    def on_mount(self) -> None:
-        table = self.query_one("#detail-terms", DataTable)
-        table.add_column("Term", key="term")
-        table.add_column("Where", key="where")
-        table.add_column("GiB", key="gib")
-        table.add_column("Why", key="why")
+    def _terms_table(self) -> Table:
+        """Every term: where it lives, its size, and why it is there (wrapped to fit)."""
+        table = Table(box=None, expand=True, pad_edge=False, header_style="bold")
+        table.add_column("Term", no_wrap=True)
+        table.add_column("Where", no_wrap=True)
+        table.add_column("GiB", justify="right", no_wrap=True)
+        table.add_column("Why", ratio=1)
         for term in self._layout_plan.memory.terms:
-            table.add_row(term.name, term.where, Text(view.fmt_gib(term.bytes), justify="right"),
-                          term.explanation)
-        table.focus()
+            table.add_row(term.name, term.where, view.fmt_gib(term.bytes), term.explanation)
+        return table
+
+    def on_mount(self) -> None:
+        self.query_one("#detail-body").focus()
 
 
 class PathScreen(ModalScreen[str | None]):

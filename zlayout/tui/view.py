@@ -254,7 +254,7 @@ def breakeven_rows(plan: Plan, crossovers: Sequence[Any] | None = None) -> list[
         label = compact_label(lp.layout)
         if lp.layout in takes_over:
             nxt = takes_over[lp.layout]
-            then = compact_label(nxt) if nxt is not None else "none fits"
+            then = layout_label(nxt) if nxt is not None else "none fits"
         else:
             then = "—"
         if be is None:
@@ -364,6 +364,9 @@ def plan_summary(plan: Plan) -> str:
 def recommendation_text(plan: Plan) -> str:
     rec = plan.recommendation
     if rec.layout is None:
+        fixes = getattr(rec, "fixes", ())
+        if fixes:
+            return f"✗ {rec.reason} (ctrl+p → 'Apply suggestion': {len(fixes)} ways to make it fit)"
         extra = f" Try: {'; '.join(rec.suggestions)}" if rec.suggestions else ""
         return f"✗ {rec.reason}{extra}"
     return f"★ {rec.layout.label}: {rec.reason}"

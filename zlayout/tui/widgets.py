@@ -105,6 +105,7 @@ class PlanPanel(Widget):
 
     plan: reactive[Plan | None] = reactive(None, init=False)
     _line_count = -1
+    _cache: tuple[tuple[Any, ...], Text] | None = None
 
     def watch_plan(self) -> None:
         self._relayout_if_taller_or_shorter()
@@ -115,6 +116,18 @@ class PlanPanel(Widget):
             self._line_count = lines
             self.refresh(layout=True)
 
+    def render(self) -> Text:
+        """The panel's text, drawn once per (plan, width): the line count check and the
+        frame share it."""
+        key = (self.plan, getattr(self, "pinned", None), getattr(self, "crossovers", None), self.size.width)
+        if self._cache is None or any(a is not b for a, b in zip(self._cache[0][:3], key[:3])) \
+                or self._cache[0][3] != key[3]:
+            self._cache = (key, self.draw())
+        return self._cache[1]
+
+    def draw(self) -> Text:
+        raise NotImplementedError
+
 
 class MemoryBars(PlanPanel):
     """Each layout's per-GPU memory as a stacked bar against the GPU's capacity (│)."""
@@ -122,7 +135,7 @@ class MemoryBars(PlanPanel):
     LABEL_WIDTH = 21
     VALUE_WIDTH = 7
 
-    def render(self) -> Text:
+    def draw(self) -> Text:
         plan = self.plan
         if plan is None:
             return Text("")
@@ -156,7 +169,7 @@ class BreakEvenPanel(PlanPanel):
     """The largest model (and micro-batch) each layout fits, and where the choice changes."""
     crossovers: tuple[Any, ...] = ()  # set with the plan: the core's Crossover list
 
-    def render(self) -> Text:
+    def draw(self) -> Text:
         plan = self.plan
         if plan is None:
             return Text("")
@@ -185,7 +198,7 @@ class ComparePanel(PlanPanel):
     def watch_pinned(self) -> None:
         self._relayout_if_taller_or_shorter()
 
-    def render(self) -> Text:
+    def draw(self) -> Text:
         plan, pinned = self.plan, self.pinned
         if pinned is None or plan is None:
             return Text("Nothing pinned. Press ctrl+t to pin the current plan, then change "

@@ -1,0 +1,54 @@
+"""`zlayout serve`: the app over HTTP through textual-serve."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+from zlayout.cli import main
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_serve_answers_http_with_the_app_page():
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "zlayout", "serve", "--port", str(port)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              start_new_session=True)
+    try:
+        page = None
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and page is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2) as response:
+                    page = response.read().decode()
+            except OSError:
+                time.sleep(0.2)
+        assert page is not None, "the server never answered"
+        assert "zlayout" in page and f"ws://127.0.0.1:{port}/ws" in page
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        output, _ = server.communicate(timeout=10)
+    assert "ssh -L" in output  # it says how to reach it from a laptop
+    assert "-m zlayout" in output  # each browser session runs the zlayout app
+
+
+def test_serve_without_textual_serve_says_how_to_install_it(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "textual_serve", None)  # import now fails
+    monkeypatch.setitem(sys.modules, "textual_serve.server", None)
+    assert main(["serve"]) == 2
+    assert "pip install 'zlayout[serve]'" in capsys.readouterr().err
+
+
+def test_serve_rejects_a_port_out_of_range(capsys):
+    assert main(["serve", "--port", "70000"]) == 2
+    assert "--port 8000" in capsys.readouterr().err

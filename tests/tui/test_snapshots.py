@@ -1,0 +1,54 @@
+"""The app's looks at 80x24 and 160x48 (pytest-textual-snapshot). The numbers come from the
+stub planner in tui_fakes, so these change only when the app's looks do. After a deliberate
+change of looks: pytest tests/tui --snapshot-update, and review the SVGs in the diff."""
+
+from __future__ import annotations
+
+import pytest
+from textual.widgets import Input
+
+from tui_fakes import snapshot_app
+
+SIZES = [pytest.param((80, 24), id="80x24"), pytest.param((160, 48), id="160x48")]
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_main_screen(snap_compare, size):
+    assert snap_compare(snapshot_app(), terminal_size=size)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_inputs_with_an_invalid_field(snap_compare, size):
+    async def run_before(pilot):
+        if not pilot.app.show_inputs:
+            await pilot.press("ctrl+b")
+        field = pilot.app.query_one("#hidden", Input)
+        field.focus()
+        field.value = "4096x"
+        await pilot.pause()
+
+    assert snap_compare(snapshot_app(), terminal_size=size, run_before=run_before)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_layout_detail(snap_compare, size):
+    assert snap_compare(snapshot_app(), terminal_size=size, press=["down", "enter"])
+
+
+def test_what_if_compare(snap_compare):
+    async def run_before(pilot):
+        await pilot.press("ctrl+t")
+        pilot.app.query_one("#seq", Input).value = "8192"
+        await pilot.pause()
+        pilot.app.clear_notifications()
+        await pilot.pause()
+
+    assert snap_compare(snapshot_app(), terminal_size=(160, 48), run_before=run_before)
+
+
+def test_help(snap_compare):
+    assert snap_compare(snapshot_app(), terminal_size=(80, 24), press=["f1"])
+
+
+def test_export_dialog(snap_compare):
+    assert snap_compare(snapshot_app(), terminal_size=(80, 24), press=["ctrl+s"])

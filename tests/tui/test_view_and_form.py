@@ -1,0 +1,161 @@
+"""The app's pure parts: form values <-> PlanInput, and what the widgets are given to show."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tui_fakes import fixed_input, fixed_presets, stub_planner
+from zlayout.core.plan import make_plan
+from zlayout.spec import GiB
+from zlayout.tui import view
+from zlayout.tui.form import FormInvalid, form_values, plan_input_from_form
+
+
+def values_with(**changes):
+    values = form_values(fixed_input())
+    values.update(changes)
+    return values
+
+
+def build(values):
+    inp = fixed_input()
+    return plan_input_from_form(values, inp.model, inp, fixed_presets())
+
+
+def test_form_values_round_trip_to_the_same_input():
+    assert build(form_values(fixed_input())) == fixed_input()
+
+
+@settings(max_examples=40, deadline=None)
+@given(layers=st.integers(1, 200), seq=st.integers(1, 1 << 20), gpus=st.integers(1, 16),
+       nodes=st.integers(1, 64), host_gib=st.integers(1, 8192), nvme_gib=st.integers(0, 65536),
+       checkpointing=st.sampled_from(["none", "full"]), precision=st.sampled_from(["bf16", "fp16", "fp32"]))
+def test_any_valid_input_round_trips_through_the_form(layers, seq, gpus, nodes, host_gib, nvme_gib,
+                                                      checkpointing, precision):
+    base = fixed_input()
+    inp = base.model_copy(update={
+        "model": base.model.model_copy(update={"layers": layers, "name": "custom"}),
+        "hardware": base.hardware.model_copy(update={"gpus_per_node": gpus, "nodes": nodes,
+                                                     "host_ram_bytes": host_gib * GiB,
+                                                     "nvme_bytes": nvme_gib * GiB}),
+        "training": base.training.model_copy(update={"seq": seq, "checkpointing": checkpointing,
+                                                     "precision": precision}),
+    })
+    assert plan_input_from_form(form_values(inp), base.model, base, fixed_presets()) == inp
+
+
+@pytest.mark.parametrize("field, text, reason", [
+    ("layers", "eight", "whole number"),
+    ("layers", "0", "greater than 0"),
+    ("hidden", "4096.5", "whole number"),
+    ("kv_heads", "5", "multiple of kv-heads"),
+    ("heads", "33", "divisible by heads"),
+    ("seq", "", "whole number"),
+    ("host_ram_gib", "lots", "number of GiB"),
+    ("nvme_gib", "-1", "0 or more"),
+    ("gpus_per_node", "-8", "greater than 0"),
+])
+def test_each_bad_value_is_reported_on_its_own_field(field, text, reason):
+    with pytest.raises(FormInvalid) as caught:
+        build(values_with(**{field: text}))
+    assert set(caught.value.errors) == {field}
+    assert reason in caught.value.errors[field]
+
+
+def test_every_bad_field_is_reported_at_once():
+    with pytest.raises(FormInvalid) as caught:
+        build(values_with(layers="x", seq="y", nodes="0"))
+    assert set(caught.value.errors) == {"layers", "seq", "nodes"}
+
+
+def test_an_unknown_gpu_is_reported_on_the_gpu_field():
+    with pytest.raises(FormInvalid) as caught:
+        build(values_with(gpu="tpu-v9"))
+    assert set(caught.value.errors) == {"gpu"}
+
+
+def test_changing_the_architecture_makes_the_model_custom_and_keeps_the_rest():
+    inp = build(values_with(layers="16", ffn="11008"))
+    assert inp.model.name == "custom" and inp.model.ffn == 11008
+    assert inp.zero == fixed_input().zero and inp.hardware == fixed_input().hardware
+
+
+def test_headroom_colours_follow_the_thresholds():
+    plan = stub_planner(fixed_input())
+    memory = plan.layouts[0].memory
+    for free_fraction, level in ((0.5, "ok"), (0.21, "ok"), (0.199, "tight"), (0.06, "tight"),
+                                 (0.051, "tight"), (0.049, "over"), (0.0, "over")):
+        capacity = memory.gpu_capacity_bytes
+        used = int(capacity * (1 - free_fraction))
+        moved = type(memory)(**{**{f: getattr(memory, f) for f in memory.__dataclass_fields__},
+                                "gpu_device_used_bytes": used, "gpu_usable_bytes": capacity})
+        assert view.headroom_level(moved) == level, free_fraction
+
+
+def test_a_layout_that_does_not_fit_is_red_and_says_so():
+    inp = fixed_input()
+    huge = inp.model_copy(update={"model": inp.model.model_copy(update={"layers": 400})})
+    plan = stub_planner(huge)
+    z0 = plan.layouts[0].memory
+    assert not z0.fits
+    assert view.headroom_level(z0) == "over"
+    assert view.headroom_text(z0).startswith("✗")
+
+
+def test_the_columns_add_up_to_what_the_device_uses():
+    plan = make_plan(fixed_input())
+    for lp in plan.layouts:
+        by_column = view.gpu_bytes_by_column(lp.memory)
+        assert sum(by_column.values()) >= lp.memory.gpu_device_used_bytes
+        assert by_column["activations"] == sum(t.bytes for t in lp.memory.gpu_terms()
+                                               if t.category == "activations")
+
+
+def test_bars_never_exceed_their_width_and_mark_the_capacity():
+    plan = make_plan(fixed_input().model_copy(update={"model": fixed_input().model.model_copy(
+        update={"layers": 96})}))
+    for width in (10, 40, 97):
+        for bar in view.bar_segments(plan, width):
+            assert sum(cells for _, cells in bar.cells) <= width
+            assert 0 <= bar.capacity_cell < width
+
+
+def test_compare_rows_give_signed_percent_changes():
+    pinned = stub_planner(fixed_input())
+    inp = fixed_input()
+    longer = inp.model_copy(update={"training": inp.training.model_copy(update={"seq": 8192})})
+    rows = view.compare_rows(pinned, stub_planner(longer))
+    assert len(rows) == len(pinned.layouts)
+    assert all(row.peak_delta.startswith("+") and row.peak_delta_sign == 1 for row in rows)
+    assert all(row.step_delta == "=" for row in rows)
+    assert view.input_changes(pinned, stub_planner(longer)) == ["seq: 4096 → 8192"]
+
+
+def test_breakeven_rows_handle_missing_and_zero_sizes():
+    plan = stub_planner(fixed_input())
+    rows = view.breakeven_rows(plan, None)
+    assert all(row.then == "—" for row in rows)
+    bare = type(plan)(input=plan.input, recommendation=plan.recommendation,
+                      layouts=tuple(type(lp)(lp.layout, lp.memory, lp.comm, lp.time, None)
+                                    for lp in plan.layouts))
+    assert all(row.max_params == "—" for row in view.breakeven_rows(bare))
+    assert view.first_crossover_line(bare, ()) == ""
+
+
+@pytest.mark.parametrize("n_bytes, text", [(0, "·"), (GiB // 2, "0.50"), (12.34 * GiB, "12.3"),
+                                           (1234 * GiB, "1234"), (20000 * GiB, "19.5T")])
+def test_gib_formatting_stays_within_five_characters(n_bytes, text):
+    assert view.fmt_gib(n_bytes) == text
+    assert len(text) <= 5
+
+
+def test_the_app_starts_without_torch_or_deepspeed():
+    code = ("import sys; import zlayout.tui.app, zlayout.commands.serve; "
+            "bad = [m for m in ('torch', 'deepspeed') if m in sys.modules]; print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
