@@ -98,3 +98,23 @@ def test_nvme_suggestion_sizes_the_capacity():
         assert fix.input.hardware.nvme_bytes == gib * GiB
         assert "nvme" in (fix.layout.offload_optimizer, fix.layout.offload_param)
         assert estimate_memory(fix.input, fix.layout).fits
+
+
+def test_more_gpus_suggests_the_fewest_that_fit():
+    """70B, checkpointing, one H200 per node with 256 GiB of host RAM: the host binds, so more
+    nodes (not more GPUs per node) are suggested, and the next smaller option does not fit."""
+    from zlayout.spec import all_layouts
+
+    inp = make_input("llama3-70b", gpus_per_node=1, checkpointing="full")
+    inp = inp.model_copy(update={"hardware": inp.hardware.model_copy(update={"host_ram_bytes": 256 * GiB})})
+    gpu_fixes = [f for f in suggest_fixes(inp) if "--nodes" in f.flags or "--gpus-per-node" in f.flags]
+    assert gpu_fixes
+    fix = gpu_fixes[0]
+    assert estimate_memory(fix.input, fix.layout).fits
+    hw = fix.input.hardware
+    smaller_worlds = [(hw.nodes, hw.gpus_per_node - 1)] if hw.nodes == 1 else \
+        [(max(n for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64) if n < hw.nodes), 1), (1, 8)]
+    for nodes, per_node in smaller_worlds:
+        fewer = inp.model_copy(update={"hardware": inp.hardware.model_copy(update={
+            "nodes": nodes, "gpus_per_node": per_node, "inter_link": hw.inter_link})})
+        assert not any(estimate_memory(fewer, layout).fits for layout in all_layouts()), (nodes, per_node)

@@ -168,11 +168,7 @@ def _with_training(inp: PlanInput, **update) -> PlanInput:
 def _more_gpus(inp: PlanInput, layouts: tuple[Layout, ...]) -> Fix | None:
     """The fewest GPUs (more per node up to 8, then more nodes) with which some layout fits."""
     hw = inp.hardware
-    options: list[tuple[str, str, PlanInput]] = []
-    if hw.nodes == 1:
-        for per_node in range(hw.gpus_per_node + 1, max(hw.gpus_per_node, 8) + 1):
-            options.append((f"use {per_node} GPUs", f"--gpus-per-node {per_node}",
-                            _with_hardware(inp, gpus_per_node=per_node)))
+    options: dict[int, tuple[str, str, PlanInput]] = {}  # by world; one node preferred
     inter = hw.inter_link
     if inter is None:
         from zlayout import catalog
@@ -182,17 +178,22 @@ def _more_gpus(inp: PlanInput, layouts: tuple[Layout, ...]) -> Fix | None:
         except (KeyError, ValueError):
             inter = None
     if inter is not None:
-        node_counts = sorted({n for n in (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
-                              if n > hw.nodes and n * hw.gpus_per_node <= MAX_GPUS_SUGGESTED})
-        for nodes in node_counts:
-            options.append((f"use {nodes} nodes ({nodes * hw.gpus_per_node} GPUs)", f"--nodes {nodes}",
-                            _with_hardware(inp, nodes=nodes, inter_link=inter)))
+        for nodes in (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512):
+            world = nodes * hw.gpus_per_node
+            if nodes > hw.nodes and world <= MAX_GPUS_SUGGESTED:
+                options[world] = (f"use {nodes} nodes ({world} GPUs)", f"--nodes {nodes}",
+                                  _with_hardware(inp, nodes=nodes, inter_link=inter))
+    if hw.nodes == 1:
+        for per_node in range(hw.gpus_per_node + 1, max(hw.gpus_per_node, 8) + 1):
+            options[per_node] = (f"use {per_node} GPUs", f"--gpus-per-node {per_node}",
+                                 _with_hardware(inp, gpus_per_node=per_node))
+    ordered = [options[world] for world in sorted(options)]
     # fits is monotone enough in the GPU count for a bisection over the options
-    lo, hi = -1, len(options)
+    lo, hi = -1, len(ordered)
     found: Fix | None = None
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        change, flags, candidate = options[mid]
+        change, flags, candidate = ordered[mid]
         fix = _fix(candidate, layouts, flags, change)
         if fix is not None:
             hi, found = mid, fix
