@@ -166,9 +166,17 @@ def _with_training(inp: PlanInput, **update) -> PlanInput:
 
 
 def _more_gpus(inp: PlanInput, layouts: tuple[Layout, ...]) -> Fix | None:
-    """The fewest GPUs (more per node up to 8, then more nodes) with which some layout fits."""
+    """The fewest GPUs with which some layout fits: more per node (up to 8) or more nodes.
+
+    The two are searched apart (each by bisection, fitting being monotone along each): more
+    GPUs on one node share its host RAM and NVMe, more nodes bring their own.
+    """
     hw = inp.hardware
-    options: dict[int, tuple[str, str, PlanInput]] = {}  # by world; one node preferred
+    per_node_options = []
+    if hw.nodes == 1:
+        per_node_options = [(per_node, f"use {per_node} GPUs", f"--gpus-per-node {per_node}",
+                             _with_hardware(inp, gpus_per_node=per_node))
+                            for per_node in range(hw.gpus_per_node + 1, max(hw.gpus_per_node, 8) + 1)]
     inter = hw.inter_link
     if inter is None:
         from zlayout import catalog
@@ -177,26 +185,28 @@ def _more_gpus(inp: PlanInput, layouts: tuple[Layout, ...]) -> Fix | None:
             inter = catalog.load_link(DEFAULT_INTER_LINK)
         except (KeyError, ValueError):
             inter = None
+    node_options = []
     if inter is not None:
-        for nodes in (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512):
-            world = nodes * hw.gpus_per_node
-            if nodes > hw.nodes and world <= MAX_GPUS_SUGGESTED:
-                options[world] = (f"use {nodes} nodes ({world} GPUs)", f"--nodes {nodes}",
-                                  _with_hardware(inp, nodes=nodes, inter_link=inter))
-    if hw.nodes == 1:
-        for per_node in range(hw.gpus_per_node + 1, max(hw.gpus_per_node, 8) + 1):
-            options[per_node] = (f"use {per_node} GPUs", f"--gpus-per-node {per_node}",
-                                 _with_hardware(inp, gpus_per_node=per_node))
-    ordered = [options[world] for world in sorted(options)]
-    # fits is monotone enough in the GPU count for a bisection over the options
-    lo, hi = -1, len(ordered)
-    found: Fix | None = None
+        node_options = [(nodes * hw.gpus_per_node, f"use {nodes} nodes ({nodes * hw.gpus_per_node} GPUs)",
+                         f"--nodes {nodes}", _with_hardware(inp, nodes=nodes, inter_link=inter))
+                        for nodes in (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+                        if nodes > hw.nodes and nodes * hw.gpus_per_node <= MAX_GPUS_SUGGESTED]
+    found = [fix for fix in (_fewest(per_node_options, layouts), _fewest(node_options, layouts)) if fix]
+    if not found:
+        return None
+    return min(found, key=lambda pair: pair[0])[1]  # fewest GPUs; one node wins a tie
+
+
+def _fewest(options: list, layouts: tuple[Layout, ...]) -> tuple[int, Fix] | None:
+    """Bisection over options ordered by GPU count: the first with which some layout fits."""
+    lo, hi = -1, len(options)
+    found = None
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        change, flags, candidate = ordered[mid]
+        world, change, flags, candidate = options[mid]
         fix = _fix(candidate, layouts, flags, change)
         if fix is not None:
-            hi, found = mid, fix
+            hi, found = mid, (world, fix)
         else:
             lo = mid
     return found
