@@ -3,6 +3,10 @@
     python benchmarks/accuracy.py            # table + mean/max error
     python benchmarks/accuracy.py --phases   # also forward/backward/step phase peaks where measured
 
+Which rows informed the model: ../shared/reference and h200-measure-a.jsonl were read while
+building it; h200-measure-b.jsonl was measured afterwards and checked as a hold-out (one row
+of it, ZeRO-2 + CPU offload of an 8B model, then led to the "offload cast" phase).
+
 DeepSpeed's `estimate_zero2_model_states_mem_needs` / `estimate_zero3_...` (model states only)
 is the anchor users have today; it needs deepspeed (and torch) importable, else its column is
 left out. Stage 0 has no DeepSpeed estimator; the column shows the ZeRO paper's 16 bytes/param.
@@ -52,7 +56,8 @@ def main() -> int:
     if not rows:
         print("no measurements found")
         return 1
-    ours, theirs, host_err, reserved_err = [], [], [], []
+    ours, theirs, host_err, reserved_err, used_err = [], [], [], [], []
+    by_source: dict[str, list[float]] = {}
     print(f"{'layout':58} {'meas GiB':>9} {'zlayout':>8} {'err%':>6} {'DS est':>7} {'err%':>6}"
           f" {'host meas':>9} {'host pred':>9}")
     for m in rows:
@@ -60,6 +65,7 @@ def main() -> int:
         measured = m.peak_allocated_bytes
         err = pct(est.gpu_peak_allocated_bytes, measured)
         ours.append(abs(err))
+        by_source.setdefault(m.source, []).append(abs(err))
         ds = deepspeed_estimate(m)
         ds_text = ds_err_text = "-"
         if ds is not None:
@@ -75,6 +81,8 @@ def main() -> int:
             host_text = f"{host_meas / GiB:9.2f} {est.host_peak_bytes / m.inp.hardware.gpus_per_node / GiB:9.2f}"
         if m.row.get("reserved_gib"):
             reserved_err.append(abs(pct(est.gpu_peak_reserved_bytes, m.row["reserved_gib"] * GiB)))
+        if m.row.get("device_used_gib"):
+            used_err.append(abs(pct(est.gpu_device_used_bytes, m.row["device_used_gib"] * GiB)))
         print(f"{m.label[:58]:58} {measured / GiB:9.2f} {est.gpu_peak_allocated_bytes / GiB:8.2f} {err:+6.1f}"
               f" {ds_text:>7} {ds_err_text:>6} {host_text}   [{est.peak_phase}]")
         if args.phases and "fwd_peak_gib" in m.row:
@@ -85,11 +93,17 @@ def main() -> int:
     print()
     print(f"layouts: {len(rows)}")
     print(f"zlayout peak allocated: mean |err| {sum(ours) / len(ours):.1f}%, max {max(ours):.1f}%")
+    for source, errors in by_source.items():
+        print(f"  {source:32} {len(errors):3} layouts: mean |err| {sum(errors) / len(errors):.1f}%, "
+              f"max {max(errors):.1f}%")
     if theirs:
         print(f"DeepSpeed estimator:    mean |err| {sum(theirs) / len(theirs):.1f}%, max {max(theirs):.1f}%")
     if reserved_err:
         print(f"zlayout peak reserved:  mean |err| {sum(reserved_err) / len(reserved_err):.1f}%, "
               f"max {max(reserved_err):.1f}%")
+    if used_err:
+        print(f"zlayout device used:    mean |err| {sum(used_err) / len(used_err):.1f}%, "
+              f"max {max(used_err):.1f}%")
     if host_err:
         print(f"zlayout host (offload layouts, per rank vs rank 0 maxrss): mean |err| "
               f"{sum(host_err) / len(host_err):.1f}%, max {max(host_err):.1f}%")

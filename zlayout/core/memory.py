@@ -376,6 +376,12 @@ def estimate_memory(inp: PlanInput, layout: Layout) -> MemoryEstimate:
         remaining = saved * (model.layers - done) // model.layers
         transient = model.layer_params() * w + 2 * tokens * model.hidden * w
         phases["backward (first reduce)"] = (states + grads + ipg + remaining + recompute + transient)
+    if stage in (1, 2) and not opt_on_gpu:
+        # each gradient is cast to fp32 on the GPU before its non-blocking copy to the pinned
+        # host partition (async_inplace_copy_grad_to_fp32_buffer_from_gpu): the largest
+        # tensor's bf16 gradient and its fp32 copy are alive with every saved activation
+        phases["backward (offload cast)"] = (states + live + activations + ipg + recompute
+                                            + model.largest_tensor_numel() * (w + FP32_BYTES))
     if stage == 0:
         phases["backward (end)"] = states + grads + recompute
     peak_phase = max(phases, key=phases.__getitem__)
