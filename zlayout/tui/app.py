@@ -51,7 +51,9 @@ OTHER_KEYS = (
     ("tab / shift+tab", "next / previous field or panel"),
     ("← →", "on a tab bar: switch tabs (Model, Hardware, Training)"),
     ("enter / space", "on a select: open it; type to search its options"),
-    ("ctrl+p", "command palette: every action by name"),
+    ("ctrl+p", "command palette: every action by name (and, when nothing fits, the core's suggestions)"),
+    ("y / n", "in the overwrite question: replace the profile / keep it (escape: keep)"),
+    ("escape", "in a dialog: close it (in a running verification: cancel it, which stops every rank)"),
 )
 
 
@@ -62,14 +64,21 @@ class ZLayoutApp(App[None]):
     TITLE = "zlayout"
     COMMANDS = App.COMMANDS | {ZLayoutCommands}
     BINDINGS = [
-        Binding("ctrl+s", "export", "Export", id="export"),
-        Binding("ctrl+o", "load", "Load", id="load"),
-        Binding("ctrl+r", "verify", "Verify", id="verify"),
-        Binding("ctrl+t", "pin", "Pin/compare", id="compare"),
-        Binding("ctrl+b", "toggle_inputs", "Inputs", id="toggle-inputs"),
-        Binding("f1,question_mark", "help", "Help", id="help", key_display="f1 ?"),
-        Binding("escape", "focus_table", "Back to table", show=False, id="focus-table"),
-        Binding("ctrl+q", "quit", "Quit", id="quit", priority=True),
+        Binding("ctrl+s", "export", "Export", id="export",
+                tooltip="export the selected layout as a profile (asks for the path; asks before replacing one)"),
+        Binding("ctrl+o", "load", "Load", id="load",
+                tooltip="load a profile: every input is restored from it"),
+        Binding("ctrl+r", "verify", "Verify", id="verify",
+                tooltip="run the selected layout for real (zlayout verify) with streamed output; escape cancels"),
+        Binding("ctrl+t", "pin", "Pin/compare", id="compare",
+                tooltip="what-if: pin the current plan, change inputs, read the deltas; again to unpin"),
+        Binding("ctrl+b", "toggle_inputs", "Inputs", id="toggle-inputs",
+                tooltip="show or hide the inputs panel (hidden at first below 120 columns)"),
+        Binding("f1,question_mark", "help", "Help", id="help", key_display="f1 ?",
+                tooltip="this list of keys (? works outside text fields)"),
+        Binding("escape", "focus_table", "Back to table", show=False, id="focus-table",
+                tooltip="back to the layouts table (from a field or a panel)"),
+        Binding("ctrl+q", "quit", "Quit", id="quit", priority=True, tooltip="quit zlayout"),
     ]
 
     plan: reactive[Plan | None] = reactive(None, init=False)
@@ -315,7 +324,8 @@ class ZLayoutApp(App[None]):
             self.notify("Unpinned.", title="What-if")
 
     def action_help(self) -> None:
-        keys = [(self.get_key_display(b), b.description or b.action) for b in self._app_bindings()]
+        keys = [(self.get_key_display(b).replace("^", "ctrl+"), b.tooltip or b.description or b.action)
+                for b in self._app_bindings()]
         self.push_screen(HelpScreen(keys + list(OTHER_KEYS)))
 
     def _app_bindings(self) -> list[Binding]:

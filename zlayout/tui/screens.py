@@ -144,21 +144,22 @@ class HelpScreen(ModalScreen[None]):
 
     def __init__(self, keys: list[tuple[str, str]]) -> None:
         super().__init__()
-        self._keys = keys
+        self.keys = keys
 
     def compose(self) -> ComposeResult:
+        table = Table(box=None, expand=True, show_header=False, pad_edge=False)
+        table.add_column("Key", style="bold", no_wrap=True)
+        table.add_column("Does", ratio=1)
+        for key, description in self.keys:
+            table.add_row(key, description)
         with Vertical(id="help", classes="dialog"):
             yield Label("[b]zlayout keys[/b]", classes="dialog-title")
-            yield DataTable(id="help-keys", cursor_type="row", show_header=False)
-            yield Label("[dim]escape: close[/dim]", classes="dialog-hint")
+            with VerticalScroll(id="help-keys"):
+                yield Static(table)
+            yield Label("[dim]escape: close · ↑↓ scroll[/dim]", classes="dialog-hint")
 
     def on_mount(self) -> None:
-        table = self.query_one("#help-keys", DataTable)
-        table.add_column("Key", key="key")
-        table.add_column("Does", key="does")
-        for key, description in self._keys:
-            table.add_row(Text(key, style="bold"), description)
-        table.focus()
+        self.query_one("#help-keys").focus()
 
 
 class VerifyScreen(ModalScreen[None]):
