@@ -28,8 +28,8 @@ MIN_PARAMS = 1e8
 MAX_PARAMS = 1e13
 PARAMS_TOLERANCE = 0.002  # stop bisecting when the bracket is this narrow (relative)
 MAX_MICRO_BATCH = 65536
-PROBE_WINDOW = 0.05  # after converging, look this far (relative) above for a shape that fits again
-PROBE_STEPS = 5
+FAMILY_GRID = math.log(1.0025)  # family searches ask for sizes 0.25% apart (cached shapes)
+PROBE_WINDOW = 0.035  # after converging, look this far (relative) above for a shape that fits again
 MAX_RESTARTS = 4
 
 
@@ -160,12 +160,9 @@ def scaled_model(model: ModelSpec, target_params: float) -> ModelSpec:
     return model_with_layers(model, layers)
 
 
-TARGET_GRID = PARAMS_TOLERANCE / 8  # log-params grid the searches' targets snap to
-
-
 def _snap(log_params: float) -> float:
-    """A search target on a fixed grid in log(params), so searches share cached shapes."""
-    return round(log_params / TARGET_GRID) * TARGET_GRID
+    """A size on the family searches' grid in log(params), so searches share cached shapes."""
+    return round(log_params / FAMILY_GRID) * FAMILY_GRID
 
 
 def _with_model(inp: PlanInput, model: ModelSpec) -> PlanInput:
@@ -193,20 +190,28 @@ def _load_log(est: MemoryEstimate) -> float:
     return math.log(max(max(ratios), 1e-12))
 
 
-def _largest_fitting(inp: PlanInput, layout: Layout,
-                     candidate) -> tuple[ModelSpec | None, ModelSpec | None, str]:
+def _largest_fitting(inp: PlanInput, layout: Layout, candidate,
+                     grid: float | None) -> tuple[ModelSpec | None, ModelSpec | None, str]:
     """(largest fitting model, smallest non-fitting model, what that one runs out of).
 
     `candidate(x)` is the model of the series nearest params = exp(x), non-decreasing in x.
+    With a `grid`, every x asked is a multiple of it (the family's shapes are cached per
+    grid point, so later searches reuse them) and the search ends on adjacent grid points;
+    without, x is continuous and the search ends within PARAMS_TOLERANCE.
     The bracket [lo fits, hi does not] in log(params) shrinks by regula falsi on the log of
     the memory load (nearly linear in log params for large models), Illinois-modified so
-    both ends move, kept tolerance/2 inside the bracket so it closes; steps whose model is
-    one already judged cost no evaluation.
+    both ends move, kept a step inside the bracket so it closes; steps whose model is one
+    already judged cost no evaluation.
     """
     def judge(model: ModelSpec) -> MemoryEstimate:
         return estimate_memory(_with_model(inp, model), layout)
 
-    lo, hi = math.log(MIN_PARAMS), math.log(MAX_PARAMS)
+    def snap(x: float) -> float:
+        return round(x / grid) * grid if grid else x
+
+    margin = grid if grid else 0.5 * PARAMS_TOLERANCE
+    done = 1.5 * grid if grid else PARAMS_TOLERANCE
+    lo, hi = snap(math.log(MIN_PARAMS)), snap(math.log(MAX_PARAMS))
     lo_model = candidate(lo)
     est = judge(lo_model)
     if not est.fits:
@@ -220,10 +225,10 @@ def _largest_fitting(inp: PlanInput, layout: Layout,
     top, f_top, top_model, top_binding = hi, f_hi, hi_model, hi_binding
     for _ in range(MAX_RESTARTS + 1):
         side = 0
-        while hi - lo > PARAMS_TOLERANCE:
+        while hi - lo > done:
             width = hi - lo
             x = lo - f_lo * width / (f_hi - f_lo) if f_hi > f_lo else lo + 0.5 * width
-            x = min(max(x, lo + 0.5 * PARAMS_TOLERANCE), hi - 0.5 * PARAMS_TOLERANCE)
+            x = snap(min(max(x, lo + margin), hi - margin))
             model = candidate(x)
             if model == lo_model:
                 lo = x
@@ -243,7 +248,9 @@ def _largest_fitting(inp: PlanInput, layout: Layout,
                 if side == 1:
                     f_lo *= 0.5
                 side = 1
-        found = _fitting_shape_above(hi, hi_model, candidate, judge)
+        if not grid:
+            break  # a depth series: deeper always needs more memory
+        found = _fitting_shape_above(hi, hi_model, candidate, judge, grid)
         if found is None:
             break
         # a wider, shallower shape just above fits again: search on from there
@@ -252,7 +259,7 @@ def _largest_fitting(inp: PlanInput, layout: Layout,
     return lo_model, hi_model, hi_binding
 
 
-def _fitting_shape_above(hi: float, hi_model: ModelSpec, candidate, judge):
+def _fitting_shape_above(hi: float, hi_model: ModelSpec, candidate, judge, grid: float):
     """A shape up to PROBE_WINDOW above `hi_model` that fits after all, or None.
 
     Fitting is not monotone in params where the family changes width: a wider, shallower
@@ -260,8 +267,9 @@ def _fitting_shape_above(hi: float, hi_model: ModelSpec, candidate, judge):
     at least as wide and as deep cannot fit and cost no evaluation.
     """
     seen = hi_model
-    for k in range(1, PROBE_STEPS + 1):
-        x = hi + math.log1p(PROBE_WINDOW * k / PROBE_STEPS)
+    steps = max(1, round(math.log1p(PROBE_WINDOW) / grid))
+    for k in range(1, steps + 1):
+        x = hi + k * grid
         model = candidate(x)
         if model == seen:
             continue
@@ -331,11 +339,12 @@ def break_even(inp: PlanInput, layout: Layout) -> BreakEven:
     model = inp.model
     if rule == "family":
         def candidate(log_params: float) -> ModelSpec:
-            return _family_model(model.family, math.exp(_snap(log_params)))
+            return _family_model(model.family, math.exp(log_params))
     else:
         def candidate(log_params: float) -> ModelSpec:
             return scaled_model(model, math.exp(log_params))
-    largest, smallest_failing, limited_by = _largest_fitting(inp, layout, candidate)
+    grid = FAMILY_GRID if rule == "family" else None
+    largest, smallest_failing, limited_by = _largest_fitting(inp, layout, candidate, grid)
     return BreakEven(
         max_params=largest.params if largest else 0,
         max_micro_batch=largest_micro_batch(inp, layout),
