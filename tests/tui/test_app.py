@@ -316,7 +316,7 @@ async def wait_until(predicate, pilot, timeout_s: float = 5.0) -> None:
 async def test_verify_streams_the_output_and_shows_the_result():
     result = '{"status": "validated", "measured": {"gpu_peak_allocated_bytes": 100}, ' \
              '"predicted": {"gpu_peak_allocated_bytes": 104}}'
-    verifier = FakeVerifier(["preflight PASS gpus", '{"step": 1, "steps": 2}', result])
+    verifier = FakeVerifier(["preflight PASS gpus", "[rank 0] step 1/2: loss 10.4", result])
     app = make_app(verifier=verifier)
     async with app.run_test(size=WIDE) as pilot:
         selected = app.selected_layout()
@@ -327,6 +327,7 @@ async def test_verify_streams_the_output_and_shows_the_result():
         assert screen.lines == verifier.lines
         log_text = "\n".join(screen.query_one("#verify-log", Log).lines)
         assert "preflight PASS gpus" in log_text and "error +4.0%" in log_text
+        assert screen.query_one("#verify-progress").progress == 1  # then 1/1 when finished
         assert verifier.calls == [(app.plan.input, selected)]
         assert "validated" in str(screen.query_one("#verify-status").render())
         await pilot.press("escape")

@@ -7,6 +7,7 @@ verification worker lives on its screen, posts lines as messages and never touch
 from __future__ import annotations
 
 import json
+import re
 import threading
 from typing import Any, Callable, Iterable
 
@@ -210,6 +211,10 @@ class VerifyScreen(ModalScreen[None]):
     def _line(self, message: Line) -> None:
         self.lines.append(message.text)
         self.query_one("#verify-log", Log).write_line(message.text)
+        step = STEP_LINE.search(message.text)
+        if step is not None:  # "[rank 0] step 2/5: loss ..." (zlayout verify's live log)
+            self.query_one("#verify-progress", ProgressBar).update(total=int(step[2]),
+                                                                   progress=int(step[1]))
         record = _json_of(message.text)
         if record is None:
             return
@@ -255,6 +260,9 @@ class VerifyScreen(ModalScreen[None]):
             self.dismiss(None)
 
 
+STEP_LINE = re.compile(r"\bstep (\d+)/(\d+)\b")
+
+
 def _json_of(line: str) -> dict[str, Any] | None:
     """The JSON object a line holds (progress or the result), else None."""
     if not line.startswith("{"):
@@ -269,12 +277,25 @@ def _json_of(line: str) -> dict[str, Any] | None:
 def _comparison_lines(result: dict[str, Any]) -> list[str]:
     """Measured against predicted, one line per figure both sides have."""
     measured, predicted = result.get("measured") or {}, result.get("predicted") or {}
+    errors = result.get("errors_pct") or {}
     if not isinstance(measured, dict) or not isinstance(predicted, dict):
         return []
     lines = [f"── result: {result.get('status')} ──"]
+    if result.get("cause"):
+        lines.append(str(result["cause"]))
     for key, want in predicted.items():
         got = measured.get(key)
-        if isinstance(want, (int, float)) and isinstance(got, (int, float)) and want:
-            lines.append(f"{key:<28} predicted {want:>14,.6g}  measured {got:>14,.6g}  "
-                         f"error {(want - got) / got * 100 if got else 0:+.1f}%")
+        if isinstance(want, (int, float)) and isinstance(got, (int, float)) and got:
+            error = errors.get(key) if isinstance(errors, dict) and errors.get(key) is not None \
+                else (want - got) / got * 100
+            lines.append(f"{key:<28} predicted {_figure(key, want):>12}  measured "
+                         f"{_figure(key, got):>12}  error {error:+.1f}%")
     return lines
+
+
+def _figure(key: str, value: float) -> str:
+    if key.endswith("_bytes"):
+        return f"{view.fmt_gib(value)} GiB"
+    if key.endswith("_s"):
+        return f"{value:.3f} s"
+    return f"{value:,.6g}"
