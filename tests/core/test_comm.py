@@ -154,3 +154,12 @@ def test_nvme_parameters_read_per_fetch_written_once():
 def test_stage3_fetches_the_large_modules():
     """Reference GPT: per layer qkv, proj, fc1, fc2 (norms are persistent) + embedding + head."""
     assert stage3_fetched_modules(make_input()) == 8 * 4 + 2
+
+
+def test_stage3_optimizer_offload_brings_bf16_parameters_back():
+    """Stage 3, params on the GPU: the fp32 partition is cast on the host (by PyTorch's
+    cross-device copy), so 2 bytes per parameter of the partition come up after the step."""
+    comm = estimate_comm(make_input(gpus_per_node=2, grad_accum=2), Layout(stage=3, offload_optimizer="cpu"))
+    assert comm.pcie_to_gpu_bytes == pytest.approx(2 * P / 2, abs=1)
+    assert comm.pcie_param_fetch_bytes == 0
+    assert comm.pcie_to_host_bytes == pytest.approx(2 * 4 * P / 2, abs=1)

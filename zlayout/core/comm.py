@@ -157,8 +157,8 @@ def pcie_traffic(inp: PlanInput, layout: Layout) -> tuple[int, int, int]:
 
     Optimizer offload: each rank's gradient partition goes down as fp32 (DeepSpeed casts on
     the GPU, then copies) - at every micro-step from stage 2 on, once for stage 1 - and the
-    updated partition comes back up: as bf16 for stages 1-2 (cast on the host into a pinned
-    buffer), as fp32 for stage 3 (a cross-device copy that casts on the GPU). Parameter
+    updated partition comes back up as bf16 (cast on the host: into a pinned buffer for
+    stages 1-2; for stage 3 by PyTorch's cross-device copy, which casts on the CPU). Parameter
     offload: the partition comes up for every fetch (forward and backward, every micro-step)
     and is updated in host memory, so nothing comes back after the step.
     """
@@ -172,7 +172,7 @@ def pcie_traffic(inp: PlanInput, layout: Layout) -> tuple[int, int, int]:
         grad_copies = 1 if layout.stage == 1 else accum
         to_host += grad_copies * partition * MASTER_BYTES_PER_PARAM
         if layout.offload_param == "gpu":
-            to_gpu += partition * (elem if layout.stage in (1, 2) else MASTER_BYTES_PER_PARAM)
+            to_gpu += partition * elem
     if layout.offload_param != "gpu":
         fetch = 2 * accum * partition * elem
         to_gpu += fetch

@@ -40,6 +40,10 @@ GPU_OPTIMIZER_BYTES_PER_PARAM = 42  # fused Adam r/w of fp32 master+moments, gra
 HOST_MEM_EFFICIENCY = 0.55  # DeepSpeedCPUAdam's achieved / nominal host memory bandwidth
 HOST_CORE_GBPS = 15.0  # host memory traffic one CPU thread drives through the CPU optimizer step
 CPU_OPTIMIZER_BYTES_PER_PARAM = 42  # clip r/w 8 + Adam r 16 w 12 + fp32->bf16 cast r 4 w 2
+# Stage 3 with the optimizer offloaded and the parameters on the GPU: PyTorch's fp32(host) ->
+# bf16(GPU) copy casts on the CPU into a fresh pageable temporary and copies from pageable
+# memory; measured (two layouts, one thread per rank) as this many more bytes' worth per param.
+STAGE3_HOST_CAST_BYTES_PER_PARAM = 30
 STAGE3_FETCH_OVERHEAD_S = 0.3e-3  # Python hooks per gathered module (fetch, release, reduce)
 STAGE3_GATHER_OVERHEAD_S = 0.3e-3  # more per fetch with world > 1: gather buffers, waits, record_stream
 STAGE3_PREFETCH_OVERLAP = 0.0  # share of fwd+bwd compute stage-3 prefetch hides gathers behind (measured: ~none)
@@ -193,7 +197,10 @@ def estimate_step_time(inp: PlanInput, layout: Layout, comm: CommEstimate | None
 
     cpu_optimizer_s = 0.0
     if layout.offload_optimizer != "gpu":
-        cpu_optimizer_s = (CPU_OPTIMIZER_BYTES_PER_PARAM * params / n
+        host_bytes_per_param = CPU_OPTIMIZER_BYTES_PER_PARAM
+        if layout.stage == 3 and layout.offload_param == "gpu":
+            host_bytes_per_param += STAGE3_HOST_CAST_BYTES_PER_PARAM
+        cpu_optimizer_s = (host_bytes_per_param * params / n
                            / host_optimizer_bytes_per_s(inp, cpu_threads_per_rank))
     nvme_s = (comm.nvme_read_bytes + comm.nvme_write_bytes) / (hw.nvme_gbps * 1e9)
     offload_s = cpu_optimizer_s + pcie_exposed_s + nvme_s
