@@ -60,35 +60,45 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b > 0 else math.inf
 
 
-def _why(best: "LayoutPlan", runner: "LayoutPlan | None") -> str:
+def _why(best: "LayoutPlan", ranked: "list[LayoutPlan]") -> str:
+    """One sentence: the headroom, then what sets the choice apart from the next best.
+
+    `ranked` are the other fitting layouts, best first. Those tied with `best` (within 1%)
+    are named; the comparison is with the fastest layout that is not tied.
+    """
     mem, t = best.memory, best.time
     head = (f"{best.layout.label}: fits with {mem.gpu_headroom_fraction:.0%} headroom "
             f"({mem.gpu_headroom_bytes / GiB:.0f} GiB free per GPU)")
-    if runner is None:
+    if not ranked:
         return f"{head}, the only layout that does, at {t.step_time_s:.2f} s/step ({t.mfu:.0%} MFU)."
-    rt = runner.time
-    name = runner.layout.label
-    if rt.step_time_s <= t.step_time_s * (1 + TIE_FRACTION):
-        more_gib = _headroom_gib(best) - _headroom_gib(runner)
-        if more_gib >= 0.05:
-            return (f"{head}, as fast as {name} ({t.step_time_s:.2f} s/step) with "
-                    f"{more_gib:.1f} GiB more room per GPU.")
-        return (f"{head} at {t.step_time_s:.2f} s/step ({t.mfu:.0%} MFU), the same as {name} "
-                f"here; the simpler layout wins the tie.")
+    tied = [lp for lp in ranked if lp.time.step_time_s <= t.step_time_s * (1 + TIE_FRACTION)]
+    slower = [lp for lp in ranked if lp not in tied]
+    if tied:
+        roomier = _headroom_gib(best) - max(_headroom_gib(lp) for lp in tied)
+        names = " and ".join(lp.layout.label for lp in tied[:2]) + (" and others" if len(tied) > 2 else "")
+        head += (f" at {t.step_time_s:.2f} s/step ({t.mfu:.0%} MFU), as fast as {names} "
+                 + (f"with {roomier:.1f} GiB more room per GPU" if roomier >= 0.05
+                    else "(the simpler layout wins the tie)"))
+        if not slower:
+            return head + "."
+        head += "; it"
+    else:
+        head += " and"
+    runner = slower[0]
+    rt, name = runner.time, runner.layout.label
     ratio = _ratio(rt.step_time_s, t.step_time_s)
     speed = (f"{ratio:.1f}x faster than {name}" if ratio >= 1.5
              else f"{ratio - 1:.0%} faster than {name}")
-    extra_offload_s = rt.offload_s - t.offload_s
-    if extra_offload_s > 0.5 * (rt.step_time_s - t.step_time_s):
-        return (f"{head} and runs {speed}, which spends {rt.offload_s:.2f} s/step on "
+    if rt.offload_s - t.offload_s > 0.5 * (rt.step_time_s - t.step_time_s):
+        return (f"{head} runs {speed}, which spends {rt.offload_s:.2f} s/step on "
                 f"offload (CPU optimizer, PCIe, NVMe).")
     data = _ratio(runner.comm.network_bytes, best.comm.network_bytes)
     if data >= 1.2 and math.isfinite(data):
-        return (f"{head} and moves {data:.1f}x less data than {name} at this size "
+        return (f"{head} moves {data:.1f}x less data than {name} at this size "
                 f"({t.step_time_s:.2f} vs {rt.step_time_s:.2f} s/step).")
     if best.comm.network_bytes == 0 and runner.comm.network_bytes > 0:
-        return f"{head} and needs no communication, {speed}."
-    return f"{head} and runs {speed} ({t.step_time_s:.2f} vs {rt.step_time_s:.2f} s/step)."
+        return f"{head} needs no communication and runs {speed}."
+    return f"{head} runs {speed} ({t.step_time_s:.2f} vs {rt.step_time_s:.2f} s/step)."
 
 
 def _headroom_gib(lp: "LayoutPlan") -> float:
@@ -103,7 +113,7 @@ def recommend(inp: PlanInput, planned: "tuple[LayoutPlan, ...]") -> Recommendati
         ranked = sorted(fitting, key=lambda lp: _order_key(lp, fastest_s))
         best = ranked[0]
         runner = ranked[1] if len(ranked) > 1 else None
-        return Recommendation(best.layout, _why(best, runner),
+        return Recommendation(best.layout, _why(best, ranked[1:]),
                               runner_up=runner.layout if runner else None)
     layouts = tuple(lp.layout for lp in planned) or all_layouts()
     fixes = suggest_fixes(inp, layouts)
