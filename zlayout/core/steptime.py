@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from zlayout.core.comm import Collective, CommEstimate, estimate_comm, stage3_fetched_modules
 from zlayout.spec import Layout, LinkSpec, PlanInput
 
-# Calibrated on shared/reference/h200-2026-11-29.jsonl (see docs/tradeoffs.md).
+# Calibrated on 27 measured H200 layouts (benchmarks/steptime_accuracy.py; docs/tradeoffs.md).
 GPU_MATMUL_EFFICIENCY = 0.75  # achieved / peak bf16 FLOP/s of the dense layers' GEMMs, fwd+bwd
 GPU_ATTENTION_EFFICIENCY = 0.15  # the same for causal SDPA (on its halved FLOP count), fwd+bwd
 STEP_OVERHEAD_S = 0.032  # per optimizer step: DeepSpeed's engine and Python around the kernels
