@@ -473,3 +473,41 @@ async def test_when_nothing_fits_a_suggestion_can_be_applied_from_the_palette():
         assert app.plan.recommendation.layout is not None
         assert app.selected_layout() == fixes[0].layout
         assert app.query_one(InputsPanel).values()["checkpointing"] == app.plan.input.training.checkpointing
+
+
+async def test_a_profile_io_passed_in_is_used_for_export_and_load(tmp_path):
+    """Any object with save/load will do; the app asks before replacing what is there."""
+    saved = []
+    restored = fixed_input().model_copy(update={"training": fixed_input().training.model_copy(
+        update={"seq": 1536, "grad_accum": 8})})
+
+    class Files:
+        def save(self, plan, layout, path):
+            saved.append((plan, layout, path))
+
+        def load(self, path):
+            if not path.endswith("good.toml"):
+                raise ValueError(f"{path}: line 3: precision: must be bf16, fp16 or fp32")
+            return restored
+
+    app = make_app(profile_io=Files())
+    existing = tmp_path / "taken.toml"
+    existing.write_text("x")
+    async with app.run_test(size=WIDE) as pilot:
+        await pilot.press("ctrl+s")
+        await submit_path(pilot, existing)
+        assert isinstance(app.screen, ConfirmScreen)  # the file is there: ask
+        await pilot.press("escape")
+        await pilot.pause()
+        assert saved == []
+        await pilot.press("ctrl+s")
+        await submit_path(pilot, tmp_path / "new.toml")
+        assert [(p is app.plan, layout, path) for p, layout, path in saved] == \
+            [(True, app.selected_layout(), str(tmp_path / "new.toml"))]
+
+        await pilot.press("ctrl+o")
+        await submit_path(pilot, "bad.toml")
+        assert "line 3: precision" in str(app.screen.query_one("#path-error", Static).render())
+        await submit_path(pilot, "good.toml")
+        assert app.plan.input == restored
+        assert app.query_one("#grad_accum", Input).value == "8"

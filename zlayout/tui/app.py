@@ -373,7 +373,8 @@ class ZLayoutApp(App[None]):
         def chosen(path: str | None) -> None:
             if not path:
                 return
-            if io.exists(path):
+            exists = getattr(io, "exists", None) or (lambda p: Path(p).exists())
+            if exists(path):
                 self.push_screen(ConfirmScreen(f"{path} already holds a profile. Overwrite it?"),
                                  lambda yes: self._save(io, plan, layout, path) if yes else
                                  self.notify("Not exported: nothing was overwritten.", title="Export"))

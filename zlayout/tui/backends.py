@@ -27,7 +27,8 @@ from zlayout.tui.form import Presets
 @dataclass(frozen=True, slots=True)
 class ProfileIO:
     """Profile files: `save(plan, layout, path)` writes, `load(path) -> PlanInput` reads.
-    `exists(path)` says whether saving would replace something (the app asks first)."""
+    `exists(path)` says whether saving would replace something (the app asks first).
+    Any object with `save` and `load` will do (`exists` defaults to "the path exists")."""
 
     save: Callable[[Plan, Layout, str], object]
     load: Callable[[str], PlanInput]

@@ -369,4 +369,6 @@ def recommendation_text(plan: Plan) -> str:
             return f"✗ {rec.reason} (ctrl+p → 'Apply suggestion': {len(fixes)} ways to make it fit)"
         extra = f" Try: {'; '.join(rec.suggestions)}" if rec.suggestions else ""
         return f"✗ {rec.reason}{extra}"
+    if rec.reason.startswith(rec.layout.label):
+        return f"★ {rec.reason}"
     return f"★ {rec.layout.label}: {rec.reason}"
