@@ -94,16 +94,20 @@ def compute_flops_per_token(inp: PlanInput) -> float:
 
 
 def collective_time_s(coll: Collective, inp: PlanInput) -> float:
-    """Bandwidth time of the slower share plus the ring's per-step latency for every launch."""
+    """Bandwidth time of the slower share plus a link latency per hop for every launch.
+
+    Hops: a pass around the GPUs of a node, then around the nodes (what a ring pays when its
+    node-local steps pipeline over NVLink); an all-reduce makes two passes.
+    """
     hw = inp.hardware
     intra_s = coll.intra_node_bytes / _bus_bytes_per_s(hw.intra_link)
     inter_s = 0.0
-    latency_us = hw.intra_link.latency_us
-    if coll.inter_node_bytes and hw.inter_link is not None:
+    latency_s = (hw.gpus_per_node - 1) * hw.intra_link.latency_us * 1e-6
+    if hw.nodes > 1 and hw.inter_link is not None:
         inter_s = coll.inter_node_bytes / _bus_bytes_per_s(hw.inter_link)
-        latency_us = max(latency_us, hw.inter_link.latency_us)
-    ring_steps = (2 if coll.kind == "all_reduce" else 1) * (hw.world - 1)
-    return max(intra_s, inter_s) + coll.calls_per_step * ring_steps * latency_us * 1e-6
+        latency_s += (hw.nodes - 1) * hw.inter_link.latency_us * 1e-6
+    passes = 2 if coll.kind == "all_reduce" else 1
+    return max(intra_s, inter_s) + coll.calls_per_step * passes * latency_s
 
 
 def _bus_bytes_per_s(link: LinkSpec) -> float:
