@@ -511,3 +511,14 @@ async def test_a_profile_io_passed_in_is_used_for_export_and_load(tmp_path):
         await submit_path(pilot, "good.toml")
         assert app.plan.input == restored
         assert app.query_one("#grad_accum", Input).value == "8"
+
+
+async def test_quitting_during_a_verification_stops_it():
+    verifier = FakeVerifier(["rank 0 starting"], wait_for_cancel=True)
+    app = make_app(verifier=verifier)
+    async with app.run_test(size=WIDE) as pilot:
+        await pilot.press("ctrl+r")
+        assert verifier.started.wait(5)
+        await pilot.press("ctrl+q")
+        await pilot.pause()
+    assert verifier.cleaned_up.wait(5)

@@ -193,6 +193,9 @@ class VerifyScreen(ModalScreen[None]):
     def on_mount(self) -> None:
         self.run_verification()
 
+    def on_unmount(self) -> None:
+        self._cancel.set()  # the app is quitting: stop the run (the verifier kills its ranks)
+
     @work(thread=True, exclusive=True, exit_on_error=False, group="verify")
     def run_verification(self) -> None:
         worker = get_current_worker()
