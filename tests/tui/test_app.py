@@ -522,3 +522,19 @@ async def test_quitting_during_a_verification_stops_it():
         await pilot.press("ctrl+q")
         await pilot.pause()
     assert verifier.cleaned_up.wait(5)
+
+
+async def test_the_inputs_are_reachable_from_the_keyboard_alone():
+    app = make_app()
+    async with app.run_test(size=COMPACT) as pilot:
+        await pilot.press("ctrl+b", "tab", "enter", *"mistral", "enter")
+        await pilot.pause()
+        assert app.plan.input.model.name == "mistral-7b"
+        await pilot.press("shift+tab", "right", "tab")  # the tab bar: Model -> Hardware
+        await pilot.pause()
+        assert app.focused.id == "gpu"
+        await pilot.press("tab", "ctrl+a", "ctrl+k", "4")  # GPUs per node
+        await pilot.pause()
+        assert app.plan.input.hardware.gpus_per_node == 4
+        await pilot.press("escape")
+        assert app.query_one(LayoutTable).has_focus

@@ -251,7 +251,7 @@ class InputsPanel(Widget):
         v = self._initial
         with TabbedContent(id="input-tabs"):
             with TabPane("Model", id="tab-model"):
-                with VerticalScroll():
+                with VerticalScroll(can_focus=False):
                     yield from self._row("Preset", Select(
                         _options(self._presets.models, v.get("preset")), value=_or_null(v.get("preset")),
                         prompt="custom", allow_blank=True, compact=True, id="preset"), "preset")
@@ -271,7 +271,7 @@ class InputsPanel(Widget):
                     yield Checkbox("Tied embeddings", v["tie_embeddings"], compact=True,
                                    id="tie_embeddings")
             with TabPane("Hardware", id="tab-hardware"):
-                with VerticalScroll():
+                with VerticalScroll(can_focus=False):
                     yield from self._row("GPU", Select(_options(self._presets.gpus, v["gpu"]),
                                                        value=v["gpu"], allow_blank=False,
                                                        compact=True, id="gpu"), "gpu")
@@ -287,7 +287,7 @@ class InputsPanel(Widget):
                     for field, label in HARDWARE_INT_LABELS[2:]:
                         yield from self._row(label, Input(value=v[field], compact=True, id=field), field)
             with TabPane("Training", id="tab-training"):
-                with VerticalScroll():
+                with VerticalScroll(can_focus=False):
                     for field, label in TRAINING_INT_LABELS:
                         yield from self._row(label, Input(value=v[field], compact=True, id=field), field)
                     yield from self._row("Precision", Select(
