@@ -1,6 +1,8 @@
 """Measure DeepSpeed's real memory, phase by phase, for one layout on GPUs (one process per GPU).
 
-Run under torchrun on a GPU machine; rank 0 prints one line `MEASURE {json}` with the fields
+The model is the verification worker's (zlayout/verify/worker_model.py), so the planner is
+checked against the network the product trains. Run under torchrun on a GPU machine, with the
+repository root on PYTHONPATH; rank 0 prints one line `MEASURE {json}` with the fields
 of ../shared/reference/h200-*.jsonl plus per-phase peaks (forward, backward, optimizer step),
 so the memory model can be checked term by term, not only at the peak. This is a measurement
 script for the accuracy benchmark; the product's verification worker is zlayout/verify/worker.py.
@@ -15,72 +17,11 @@ import time
 
 import deepspeed
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
+
+from zlayout.spec import ModelSpec
+from zlayout.verify.worker_model import build_model
 
 GIB = 2**30
-
-
-class Norm(nn.Module):
-    def __init__(self, h: int, kind: str):
-        super().__init__()
-        self.kind = kind
-        self.weight = nn.Parameter(torch.ones(h))
-        self.bias = nn.Parameter(torch.zeros(h)) if kind == "layernorm" else None
-
-    def forward(self, x):
-        if self.kind == "layernorm":
-            return F.layer_norm(x, x.shape[-1:], self.weight, self.bias)
-        return F.rms_norm(x, x.shape[-1:], self.weight)
-
-
-class Block(nn.Module):
-    def __init__(self, a):
-        super().__init__()
-        h, hd = a.hidden, a.hidden // a.heads
-        self.heads, self.kv_heads, self.hd = a.heads, a.kv_heads, hd
-        kv = a.kv_heads * hd
-        self.ln1, self.ln2 = Norm(h, a.norm), Norm(h, a.norm)
-        self.qkv = nn.Linear(h, h + 2 * kv, bias=a.bias)
-        self.proj = nn.Linear(h, h, bias=a.bias)
-        self.swiglu = a.mlp == "swiglu"
-        self.fc1 = nn.Linear(h, (2 if self.swiglu else 1) * a.ffn, bias=a.bias)
-        self.fc2 = nn.Linear(a.ffn, h, bias=a.bias)
-
-    def forward(self, x):
-        b, s, h = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split([h, self.kv_heads * self.hd, self.kv_heads * self.hd], -1)
-        q = q.view(b, s, self.heads, self.hd).transpose(1, 2)
-        k = k.view(b, s, self.kv_heads, self.hd).transpose(1, 2)
-        v = v.view(b, s, self.kv_heads, self.hd).transpose(1, 2)
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kv_heads != self.heads)
-        x = x + self.proj(a.transpose(1, 2).reshape(b, s, h))
-        up = self.fc1(self.ln2(x))
-        if self.swiglu:
-            gate, up = up.chunk(2, -1)
-            up = F.silu(gate) * up
-        else:
-            up = F.gelu(up)
-        return x + self.fc2(up)
-
-
-class GPT(nn.Module):
-    def __init__(self, a):
-        super().__init__()
-        self.emb = nn.Embedding(a.vocab, a.hidden)
-        self.blocks = nn.ModuleList(Block(a) for _ in range(a.layers))
-        self.ln = Norm(a.hidden, a.norm)
-        self.head = nn.Linear(a.hidden, a.vocab, bias=False)
-        if a.tie:
-            self.head.weight = self.emb.weight
-        self.ckpt = a.ckpt
-
-    def forward(self, ids):
-        x = self.emb(ids)
-        for blk in self.blocks:
-            x = torch.utils.checkpoint.checkpoint(blk, x, use_reentrant=False) if self.ckpt else blk(x)
-        logits = self.head(self.ln(x))
-        return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten())
 
 
 def main():
@@ -108,6 +49,8 @@ def main():
     a.kv_heads = a.kv_heads or a.heads
     a.ffn = a.ffn or 4 * a.hidden
     a.bias = not a.no_bias
+    spec = ModelSpec(layers=a.layers, hidden=a.hidden, heads=a.heads, kv_heads=a.kv_heads, ffn=a.ffn,
+                     vocab=a.vocab, mlp=a.mlp, norm=a.norm, bias=a.bias, tie_embeddings=bool(a.tie))
     deepspeed.init_distributed()
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
@@ -123,10 +66,10 @@ def main():
     t0 = time.time()
     if a.stage == 3:
         with deepspeed.zero.Init(config_dict_or_path=cfg):
-            model = GPT(a)
+            model = build_model(spec, checkpointing=bool(a.ckpt))
         nparams = sum(getattr(q, "ds_numel", q.numel()) for q in model.parameters())
     else:
-        model = GPT(a)
+        model = build_model(spec, checkpointing=bool(a.ckpt))
         nparams = sum(q.numel() for q in model.parameters())
     before_init = torch.cuda.memory_allocated()
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
