@@ -88,7 +88,7 @@ def breakeven_table(inp: PlanInput) -> str:
         f"{hw.nodes} x {hw.gpus_per_node} {hw.gpu.name}, seq {inp.training.seq}, "
         f"micro-batch {inp.training.micro_batch}, headroom {inp.headroom_fraction:.0%}",
         "",
-        f"{'layout':28} {'largest model':>14} {'layers x hidden':>16} {'runs out of':>13} {'max micro-batch':>16}",
+        f"  {'layout':26} {'largest model':>14} {'layers x hidden':>16} {'runs out of':>13} {'max micro-batch':>16}",
     ]
     lines.append("-" * len(lines[-1]))
     for row in data["layouts"]:
@@ -96,8 +96,12 @@ def breakeven_table(inp: PlanInput) -> str:
                  else f"{row['max_model']['layers']} x {row['max_model']['hidden']}")
         size = format_params(row["max_params"]) if row["max_params"] else "none"
         micro = str(row["max_micro_batch"]) if row["max_micro_batch"] else "none fits"
-        lines.append(f"{row['label']:28} {size:>14} {shape:>16} "
+        mark = "*" if row["fits_current_model"] else " "
+        lines.append(f"{mark} {row['label']:26} {size:>14} {shape:>16} "
                      f"{_LIMIT_WORDS.get(row['limited_by'], row['limited_by']):>13} {micro:>16}")
+    lines.append("* fits the current model")
+    if hw.nvme_bytes == 0:
+        lines.append("The NVMe layouts need NVMe: give its size per node with --nvme-gib N.")
     if data["crossovers"]:
         lines += ["", "Crossovers:"]
         lines += [f"  {c['text']}" for c in data["crossovers"]]
