@@ -116,23 +116,44 @@ def test_fits_uses_the_requested_headroom():
 
 
 def test_agrees_with_deepspeeds_zero2_estimator_on_the_model_states_it_counts():
-    """DeepSpeed's estimate_zero2_model_states_mem_needs: 2P + 18P/n (bf16 params, bf16 and fp32
-    grads, fp32 master, two moments). zlayout's corresponding terms add to the same bytes."""
+    """DeepSpeed's estimate_zero2_model_states_mem_needs counts 2P + 18P/n on the GPU (bf16
+    weights; bf16 and fp32 gradients, fp32 master, two moments, sharded); zlayout's matching
+    terms add up to the same bytes. (The estimator itself is imported from DeepSpeed.)"""
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
     for world in (1, 2, 8):
         inp = reference_input(world)
         est = estimate_memory(inp, Layout(stage=2))
         p = inp.model.params
+        fp32_grads = 4 * p // world  # the fp32 cast inside step_fp32_gradients
         ours = (term(est, "parameters") + term(est, "gradients") + term(est, "master_weights")
-                + term(est, "adam_moments") + 4 * p // world)
-        assert ours == pytest.approx(2 * p + 18 * p / world, rel=1e-6)
+                + term(est, "adam_moments") + fp32_grads)
+        _, theirs = estimate_zero2_model_states_mem_needs(p, world, 1, cpu_offload=False)
+        assert ours == pytest.approx(theirs, rel=1e-6)
+        _, theirs_offload = estimate_zero2_model_states_mem_needs(p, world, 1, cpu_offload=True)
+        offloaded = estimate_memory(inp, Layout(stage=2, offload_optimizer="cpu"))
+        assert term(offloaded, "parameters") == theirs_offload  # 2P of bf16 weights stay
 
 
-def test_agrees_with_deepspeeds_zero3_offload_estimator_on_gpu_parameters():
-    """estimate_zero3_model_states_mem_needs with cpu_offload and not cpu_offload_params:
-    2P/n of bf16 parameter partitions on the GPU."""
+def test_agrees_with_deepspeeds_zero3_estimator_on_model_states():
+    """estimate_zero3_model_states_mem_needs: 4 * largest layer + 18P/n without offload
+    (2 bf16 weights + 4 fp32 gradients + 4 master + 8 moments: it leaves out the bf16 gradient
+    partition stage 3 allocates at init, which the H200 runs show), and 2P/n of weights with
+    optimizer offload."""
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+
     inp = reference_input(2)
-    est = estimate_memory(inp, Layout(stage=3, offload_optimizer="cpu"))
-    assert term(est, "parameters") == 2 * inp.model.params // 2
+    p, largest = inp.model.params, inp.model.largest_tensor_numel()
+    _, theirs, largest_bytes = estimate_zero3_model_states_mem_needs(p, largest, 2, 1, cpu_offload=False,
+                                                                     cpu_offload_params=False)
+    est = estimate_memory(inp, Layout(stage=3))
+    states = sum(term(est, name) for name in ("parameters", "gradients", "master_weights", "adam_moments"))
+    bf16_gradient_partition = term(est, "gradients")
+    assert states - bf16_gradient_partition + 4 * p // 2 + largest_bytes == pytest.approx(theirs, rel=1e-6)
+    _, theirs, _ = estimate_zero3_model_states_mem_needs(p, largest, 2, 1, cpu_offload=True,
+                                                         cpu_offload_params=False)
+    offloaded = estimate_memory(inp, Layout(stage=3, offload_optimizer="cpu"))
+    assert term(offloaded, "parameters") + largest_bytes == theirs
 
 
 # ----------------------------------------------------------------------------- properties
