@@ -538,3 +538,18 @@ async def test_the_inputs_are_reachable_from_the_keyboard_alone():
         assert app.plan.input.hardware.gpus_per_node == 4
         await pilot.press("escape")
         assert app.query_one(LayoutTable).has_focus
+
+
+async def test_choosing_the_same_preset_again_after_an_edit_restores_it():
+    app = make_app()
+    async with app.run_test(size=WIDE) as pilot:
+        preset = app.query_one("#preset")
+        preset.value = "llama3-8b"
+        await pilot.pause()
+        assert app.plan.input.model.name == "llama3-8b"
+        await type_into(pilot, "layers", "7")
+        assert app.plan.input.model.name == "custom" and preset.is_blank()
+        preset.value = "llama3-8b"
+        await pilot.pause()
+        assert app.plan.input.model.name == "llama3-8b"
+        assert app.query_one("#layers", Input).value == "32"

@@ -39,8 +39,14 @@ def fixed_presets() -> Presets:
     """A fixed preset list for snapshots (the real catalog grows)."""
     gpus = {g.name: g for g in (H200, A100)}
     links = {link.name: link for link in (NVLINK4, NVLINK3, IB_NDR)}
-    return Presets(models=("llama3-8b", "llama3-70b", "reference-gpt"), gpus=tuple(gpus),
-                   links=tuple(links), load_gpu=gpus.__getitem__, load_link=links.__getitem__)
+    models = {"reference-gpt": REFERENCE_GPT,
+              "small-gpt": REFERENCE_GPT.model_copy(update={"name": "small-gpt", "layers": 4})}
+    return Presets(models=tuple(models), gpus=tuple(gpus), links=tuple(links),
+                   load_gpu=gpus.__getitem__, load_link=links.__getitem__,
+                   load_model=models.__getitem__,
+                   model_of_size=lambda text: REFERENCE_GPT.model_copy(
+                       update={"name": f"gpt-{text}", "layers": max(1, int(float(text.rstrip("B")) * 4))}),
+                   default_intra_link={"h200": "nvlink4", "a100-80gb": "nvlink3"}.__getitem__)
 
 
 def stub_planner(inp: PlanInput) -> Plan:

@@ -208,6 +208,7 @@ class ZLayoutApp(App[None]):
                     panel.set_values({"preset": None, "size": ""})
                 self._crossovers = crossovers
                 self.plan = plan
+        self._shown_values = panel.values()
         self.recompute_s = time.perf_counter() - started
         self._show_status()
 
@@ -231,18 +232,14 @@ class ZLayoutApp(App[None]):
 
     def _load_model(self, name: str, field: str) -> ModelSpec | None:
         try:
-            from zlayout import catalog
-
-            return catalog.load_model(name)
-        except Exception as exc:
+            return self._presets.load_model(name)
+        except Exception as exc:  # the catalog's message names what exists
             self._extra_errors[field] = str(exc).strip("'\"")
             return None
 
     def _model_of_size(self, text: str) -> ModelSpec | None:
         try:
-            from zlayout import catalog
-
-            return catalog.model_for_size(catalog.parse_size(text.strip()))
+            return self._presets.model_of_size(text.strip())
         except Exception as exc:
             self._extra_errors["size"] = (f"{str(exc).strip(chr(39) + chr(34))} "
                                           "(type a size such as 70B, 13e9 or 350M)")
@@ -265,10 +262,10 @@ class ZLayoutApp(App[None]):
 
     def _follow_gpu_link(self, gpu_name: str) -> None:
         """A new GPU brings its own intra-node link (NVLink generation), as the CLI does."""
+        if self._presets.default_intra_link is None:
+            return
         try:
-            from zlayout import catalog
-
-            link = catalog.default_intra_link(gpu_name)
+            link = self._presets.default_intra_link(gpu_name)
         except Exception:
             return
         self.query_one(InputsPanel).set_values({"intra_link": link})

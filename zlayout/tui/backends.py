@@ -84,6 +84,9 @@ def catalog_presets() -> Presets:
         links=tuple(catalog.list_presets("links")),
         load_gpu=catalog.load_gpu,
         load_link=catalog.load_link,
+        load_model=catalog.load_model,
+        model_of_size=lambda text: catalog.model_for_size(catalog.parse_size(text)),
+        default_intra_link=catalog.default_intra_link,
     )
 
 

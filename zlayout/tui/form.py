@@ -50,6 +50,13 @@ class Presets:
     links: tuple[str, ...]
     load_gpu: Callable[[str], Any]
     load_link: Callable[[str], Any]
+    load_model: Callable[[str], ModelSpec] = lambda name: _no_catalog(name)
+    model_of_size: Callable[[str], ModelSpec] = lambda text: _no_catalog(text)  # "70B" -> a model
+    default_intra_link: Callable[[str], str] | None = None  # GPU name -> its link preset
+
+
+def _no_catalog(name: str) -> Any:
+    raise LookupError(f"no preset catalog: cannot look up {name!r}")
 
 
 def form_values(inp: PlanInput) -> dict[str, Any]:
