@@ -121,7 +121,7 @@ def main():
             "alloc_retries": stats.get("num_alloc_retries", 0),
             "host_maxrss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3),
             "step_s": [round(x, 3) for x in times], "loss": [round(x, 3) for x in losses],
-            "torch": torch.__version__, "deepspeed": deepspeed.__version__}), flush=True)
+            "cpu_threads": torch.get_num_threads(), "torch": torch.__version__, "deepspeed": deepspeed.__version__}), flush=True)
 
 
 if __name__ == "__main__":

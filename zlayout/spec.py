@@ -133,7 +133,8 @@ class HardwareSpec(Frozen):
     intra_link: LinkSpec
     inter_link: LinkSpec | None = None
     host_ram_bytes: int = Field(default=2048 * GiB, gt=0, description="per node")
-    host_mem_gbps: float = Field(default=200.0, gt=0, description="host memory bandwidth per node")
+    host_mem_gbps: float = Field(default=500.0, gt=0,
+                                 description="host memory bandwidth per node (two-socket 8-GPU servers: ~500)")
     nvme_bytes: int = Field(default=0, ge=0, description="per node")
     nvme_gbps: float = Field(default=6.0, gt=0, description="per node, read/write")
 

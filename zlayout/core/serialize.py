@@ -85,7 +85,11 @@ def recommendation_dict(plan: Plan) -> dict[str, Any]:
     return {
         "layout": layout_dict(rec.layout) if rec.layout is not None else None,
         "reason": rec.reason,
+        "runner_up": layout_dict(rec.runner_up) if rec.runner_up is not None else None,
         "suggestions": list(rec.suggestions),
+        "fixes": [{"text": fix.text, "flags": fix.flags, "change": fix.change,
+                   "layout": layout_dict(fix.layout), "step_time_s": fix.step_time_s}
+                  for fix in rec.fixes],
     }
 
 
