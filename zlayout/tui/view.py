@@ -277,17 +277,16 @@ def first_crossover_line(plan: Plan, crossovers: Sequence[Any] | None) -> str:
     current = plan.input.model.params
     ahead = sorted((c for c in crossovers if c.params > current), key=lambda c: c.params)
     if not ahead:
-        return f"This model ({fmt_params(current)}) is past every crossover."
+        return f"This model {fmt_params(current)} is past every crossover."
     nxt = ahead[0]
-    takes = (f"ZeRO {compact_label(nxt.takes_over).strip()}" if nxt.takes_over is not None
-             else "nothing")
-    return (f"This model: {fmt_params(current)}. At {fmt_params(nxt.params)} "
-            f"ZeRO {compact_label(nxt.stops_fitting).strip()} stops fitting; {takes} takes over.")
+    takes = layout_label(nxt.takes_over) if nxt.takes_over is not None else "nothing"
+    return (f"This model {fmt_params(current)}; at {fmt_params(nxt.params)} "
+            f"{layout_label(nxt.stops_fitting)} stops fitting, {takes} takes over.")
 
 
 def compact_label(layout: Layout) -> str:
-    """The table's three columns in 12 characters: ' 3 cpu  nvme'."""
-    return f"{layout.stage:>2} {layout.offload_optimizer:<4} {layout.offload_param:<4}"
+    """The table's three columns in 14 characters, under a 'ZeRO Opt  Par' header."""
+    return f"{layout.stage:^4} {layout.offload_optimizer:<4} {layout.offload_param:<4}"
 
 
 def layout_label(layout: Layout) -> str:

@@ -130,10 +130,22 @@ class PlanPanel(Widget):
 
 
 class MemoryBars(PlanPanel):
-    """Each layout's per-GPU memory as a stacked bar against the GPU's capacity (│)."""
+    """Each layout's per-GPU memory as a stacked bar against the GPU's capacity (│); the
+    legend sits in the bottom border."""
 
     LABEL_WIDTH = 21
     VALUE_WIDTH = 7
+
+    def watch_plan(self) -> None:
+        capacity = self.plan.layouts[0].memory.gpu_capacity_bytes if self.plan and self.plan.layouts else 0
+        legend = Text()
+        for key, title in view.MEMORY_COLUMNS:
+            legend.append("■ ", style=CATEGORY_STYLES[key])
+            legend.append(f"{title}  ")
+        legend.append("│", style="bold red")
+        legend.append(f" capacity {view.fmt_gib(capacity)} GiB")
+        self.border_subtitle = legend.markup
+        super().watch_plan()
 
     def draw(self) -> Text:
         plan = self.plan
@@ -142,11 +154,6 @@ class MemoryBars(PlanPanel):
         width = max(10, self.size.width - self.LABEL_WIDTH - self.VALUE_WIDTH - 1)
         capacity = plan.layouts[0].memory.gpu_capacity_bytes if plan.layouts else 0
         out = Text(no_wrap=True, overflow="crop")
-        for key, title in view.MEMORY_COLUMNS:
-            out.append("■ ", style=CATEGORY_STYLES[key])
-            out.append(f"{title}  ", style="dim")
-        out.append("│", style="bold red")
-        out.append(f" capacity {view.fmt_gib(capacity)} GiB\n", style="dim")
         for bar in view.bar_segments(plan, width):
             out.append(f"{bar.label:<{self.LABEL_WIDTH - 1}} ", style="bold" if
                        plan.recommendation.layout is not None
@@ -174,18 +181,23 @@ class BreakEvenPanel(PlanPanel):
         if plan is None:
             return Text("")
         out = Text(no_wrap=True, overflow="ellipsis")
-        out.append(f"{'ZeRO Opt  Par':<12} {'max model':>9} {'max mb':>6}  {'limit':<5}  beyond →\n",
+        out.append(f"{'ZeRO Opt  Par':<14} {'max model':>9} {'max mb':>6}  {'limit':<5}  beyond →\n",
                    style="bold")
         rows = view.breakeven_rows(plan, self.crossovers)
-        for row in rows:
-            out.append(f"{row.label:<12} {row.max_params:>9} {row.max_micro_batch:>6}  "
+        sized = [row for row in rows if row.max_params != "—"]
+        for row in sized:
+            out.append(f"{row.label:<14} {row.max_params:>9} {row.max_micro_batch:>6}  "
                        f"{row.limited_by:<5}  {row.then}\n")
+        if sized and len(sized) < len(rows):  # one line for the layouts no size fits
+            out.append("no fit: ", style="bold")
+            out.append(", ".join("Z{} {}/{}".format(*row.label.split()) for row in rows
+                                 if row.max_params == "—") + "\n")
         line = view.first_crossover_line(plan, self.crossovers)
         if line:
-            out.append("\n" + line, style="italic")
-        elif all(row.max_params == "—" for row in rows):
-            out.append("\nBreak-even sizes are not available (the core reports none).",
-                       style="dim italic")
+            out.append(line, style="italic")
+        elif not sized:
+            out.append("No break-even sizes: no size of this model fits any layout, "
+                       "or the core reports none.", style="dim italic")
         out.rstrip()
         return out
 
@@ -201,21 +213,21 @@ class ComparePanel(PlanPanel):
     def draw(self) -> Text:
         plan, pinned = self.plan, self.pinned
         if pinned is None or plan is None:
-            return Text("Nothing pinned. Press ctrl+t to pin the current plan, then change "
-                        "inputs to see what changes.", style="dim italic")
+            return Text("Nothing pinned: ctrl+t pins this plan, then change any input.",
+                        style="dim italic")
         out = Text(no_wrap=True, overflow="ellipsis")
         changes = view.input_changes(pinned, plan)
         out.append("Changed: ", style="bold")
         out.append(", ".join(changes) if changes else "nothing yet", style="" if changes else "dim")
         out.append("\n")
-        out.append(f"{'':12} {'peak GiB':^17}   {'step time':^21}\n", style="bold")
-        out.append(f"{'ZeRO Opt  Par':<12} {'pinned':>5} {'now':>5} {'Δ':>5}   "
-                   f"{'pinned':>7} {'now':>7} {'Δ':>5}\n", style="bold")
+        out.append(f"{'':14} {'peak GiB':^17}  {'step time':^19}\n", style="bold")
+        out.append(f"{'ZeRO Opt  Par':<14} {'was':>5} {'now':>5} {'Δ':>5}  "
+                   f"{'was':>6} {'now':>6} {'Δ':>5}\n", style="bold")
         sign_style = {1: "red", -1: "green", 0: "dim"}
         for row in view.compare_rows(pinned, plan):
-            out.append(f"{row.label:<12} {row.pinned_peak:>5} {row.peak:>5} ")
+            out.append(f"{row.label:<14} {row.pinned_peak:>5} {row.peak:>5} ")
             out.append(f"{row.peak_delta:>5}", style=sign_style[row.peak_delta_sign])
-            out.append(f"   {row.pinned_step:>7} {row.step:>7} ")
+            out.append(f"  {row.pinned_step:>6} {row.step:>6} ")
             out.append(f"{row.step_delta:>5}", style=sign_style[row.step_delta_sign])
             out.append("\n")
         out.rstrip()
