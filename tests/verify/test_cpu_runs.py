@@ -187,3 +187,35 @@ def test_command_line_verifies_a_profile_preflight(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "preflight PASS gpus: skipped" in proc.stdout
     assert "preflight PASS checkpoint dir" in proc.stdout
+
+
+def test_command_line_updates_a_profile_with_the_result(tmp_path):
+    from zlayout.profile import build_profile, load_profile
+    from zlayout.profile.store import save_profile
+
+    path = save_profile(build_profile(tiny_input(), Layout(stage=2)), tmp_path / "p")
+    proc = zlayout("verify", str(path), "--cpu", "--steps", "2", "--update-profile", "--json",
+                   "--out", str(tmp_path / "o"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.splitlines()[-1])["status"] == "cpu-ok"
+    profile = load_profile(path)
+    assert profile.verification.status == "cpu-ok"
+    assert profile.verification.torch and profile.verification.deepspeed == "0.19.8"
+
+
+def test_command_line_writes_a_slurm_script_for_several_nodes(tmp_path):
+    script = tmp_path / "verify.sbatch"
+    proc = zlayout("verify", *TINY_FLAGS[:-1], "8", "--nodes", "2", "--inter-link", "ib-ndr",
+                   "--stage", "3", "--restart-drill", "--slurm", str(script), "--out", str(tmp_path / "job"))
+    assert proc.returncode == 0, proc.stderr
+    assert "sbatch " in proc.stderr
+    text = script.read_text()
+    assert "#SBATCH --nodes=2" in text and text.count("srun ") == 2
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    assert (tmp_path / "job" / "spec.json").exists()
+
+
+def test_command_line_refuses_a_multi_node_plan_without_slurm():
+    proc = zlayout("verify", *TINY_FLAGS[:-1], "8", "--nodes", "2", "--inter-link", "ib-ndr",
+                   "--stage", "3")
+    assert proc.returncode == 2 and "--slurm" in proc.stderr
