@@ -135,8 +135,11 @@ def launch_command(options: VerifyOptions, processes: int, spec_path: Path, out_
     return command
 
 
-def worker_env(options: VerifyOptions) -> dict[str, str]:
+def worker_env(options: VerifyOptions, processes: int = 1) -> dict[str, str]:
     env = dict(os.environ)
+    # torchrun pins OMP_NUM_THREADS to 1 when it starts several workers: DeepSpeed's CPU Adam
+    # (optimizer offload) would then run on one core per rank, 4x slower than a real job's.
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, processes))))
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), root) if p)
     env["PYTHONUNBUFFERED"] = "1"
@@ -311,7 +314,7 @@ def run_verification(inp: PlanInput, layout: Layout, options: VerifyOptions | No
     spec_path.write_text(json.dumps(spec, indent=1))
     (out_dir / "ds_config.json").write_text(json.dumps(spec["ds_config"], indent=1))
     out_path = out_dir / "result.json"
-    env = worker_env(options)
+    env = worker_env(options, processes)
     on_line(f"zlayout: running {layout.label} on {processes} "
             f"{'CPU process' if options.cpu else 'GPU'}{'es' if options.cpu and processes > 1 else ''}"
             f"{'' if options.cpu or processes == 1 else 's'}, {options.steps} steps; output in {out_dir}")

@@ -61,7 +61,7 @@ def _torchrun(job: Job, out_name: str, resume: bool) -> str:
     q = shlex.quote
     parts = [q(job.options.python), "-m", "torch.distributed.run",
              "--nnodes", "$SLURM_NNODES", "--nproc_per_node", str(job.gpus_per_node),
-             "--rdzv_backend", "c10d", "--rdzv_id", "$SLURM_JOB_ID",
+             "--rdzv_backend", "c10d", "--rdzv_id", f"$SLURM_JOB_ID-{out_name}",
              "--rdzv_endpoint", '"$MASTER_ADDR:$MASTER_PORT"',
              "--tee", "3", "--log-dir", q(str(job.out_dir / f"logs-{out_name}")) + '/"$SLURMD_NODENAME"',
              "-m", WORKER_MODULE, "--spec", q(str(job.spec_path)),
@@ -94,6 +94,11 @@ def batch_script(job: Job, partition: str | None = None, account: str | None = N
         "set -euo pipefail",
         f"cd {shlex.quote(str(Path.cwd()))}",
         "export PYTHONUNBUFFERED=1",
+        f"export PYTHONPATH={shlex.quote(str(Path(__file__).resolve().parents[2]))}"
+        "${PYTHONPATH:+:$PYTHONPATH}",
+        "# torchrun would pin OMP_NUM_THREADS to 1 (CPU Adam on one core): share the cores instead",
+        f"export OMP_NUM_THREADS=${{OMP_NUM_THREADS:-$(( $(nproc) > {job.gpus_per_node} "
+        f"? $(nproc) / {job.gpus_per_node} : 1 ))}}",
         *(f"export {name}=${{{name}:-{'0' if name == 'NCCL_NVLS_ENABLE' else '1'}}}"
           for name in NCCL_ENV),
         'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
