@@ -15,10 +15,8 @@ answer per (input, layout).
 
 from __future__ import annotations
 
-import bisect
 import functools
 import math
-import threading
 from dataclasses import dataclass
 
 from zlayout.core.memory import MemoryEstimate, estimate_memory
@@ -70,65 +68,23 @@ def format_params(params: float) -> str:
 # --------------------------------------------------------------------------- scaling the model
 
 
-@functools.lru_cache(maxsize=8192)
-def _catalog_model(family: str, target_params: float) -> ModelSpec:
+@functools.lru_cache(maxsize=64)
+def _scaler(family: str):
     from zlayout import catalog
 
-    return catalog.model_for_size(target_params, family)
-
-
-class _Ladder:
-    """The shapes seen so far of one family, by log(target), sorted.
-
-    `model_for_size` is monotone: every target between two targets that gave the same shape
-    gives that shape too, so those are answered here without asking the catalog (~90 µs a
-    call). Searches on later keystrokes land between known targets more and more often.
-    """
-
-    LIMIT = 50_000
-
-    def __init__(self) -> None:
-        self.log_targets: list[float] = []
-        self.models: list[ModelSpec] = []
-        self.lock = threading.Lock()
-
-    def model(self, family: str, target_params: float) -> ModelSpec:
-        x = math.log(target_params)
-        with self.lock:
-            i = bisect.bisect_left(self.log_targets, x)
-            if i < len(self.log_targets) and self.log_targets[i] == x:
-                return self.models[i]
-            if 0 < i < len(self.models) and _same(self.models[i - 1], self.models[i]):
-                return self.models[i]
-        model = _catalog_model(family, target_params)
-        with self.lock:
-            i = bisect.bisect_left(self.log_targets, x)
-            if len(self.log_targets) < self.LIMIT and (i == len(self.log_targets) or self.log_targets[i] != x):
-                self.log_targets.insert(i, x)
-                self.models.insert(i, model)
-        return model
-
-
-def _same(a: ModelSpec, b: ModelSpec) -> bool:
-    return a is b or (a.params == b.params and a == b)
-
-
-_ladders: dict[str, _Ladder] = {}
+    return catalog.family_scaler(family)
 
 
 def _family_model(family: str, target_params: float) -> ModelSpec:
-    ladder = _ladders.get(family)
-    if ladder is None:
-        ladder = _ladders.setdefault(family, _Ladder())
-    return ladder.model(family, target_params)
+    """The family's shape nearest `target_params` (catalog.model_for_size, presets read once)."""
+    return _scaler(family)(target_params)
 
 
 def clear_caches() -> None:
     """Forget every memoized answer (after a model preset file changed)."""
     break_even.cache_clear()
-    _catalog_model.cache_clear()
+    _scaler.cache_clear()
     _family_is_known.cache_clear()
-    _ladders.clear()
 
 
 @functools.lru_cache(maxsize=256)
