@@ -1,0 +1,71 @@
+"""The launcher's pure parts: rank prefixes, event parsing, the run spec, the world it runs,
+the environment the ranks get, and the requests it refuses."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from zlayout.spec import Layout
+from zlayout.verify.launcher import (LaunchError, VerifyOptions, input_for_run, normalise_line,
+                                     parse_event, run_spec, run_verification, worker_env)
+
+from .conftest import tiny_input
+
+
+def test_torchrun_prefixes_become_rank_prefixes():
+    assert normalise_line('[default3]:{"event": "step"}') == '[rank 3] {"event": "step"}'
+    assert normalise_line("plain text") == "plain text"
+
+
+def test_events_are_json_lines_with_an_event_key():
+    assert parse_event('[rank 1] {"event": "oom", "rank": 1}') == {"event": "oom", "rank": 1}
+    assert parse_event('{"event": "done", "rank": 0}')["event"] == "done"
+    assert parse_event('[rank 0] {"not": "an event"}') is None
+    assert parse_event("[rank 0] {broken") is None
+
+
+def test_the_prediction_is_for_the_world_that_runs():
+    inp = tiny_input(gpus=8)
+    assert input_for_run(inp, 8) is inp
+    two = input_for_run(inp, 2)
+    assert two.hardware.world == 2 and two.model == inp.model
+
+
+def test_run_spec_saves_half_way_for_the_drill(tmp_path):
+    options = VerifyOptions(steps=5, restart_drill=True)
+    spec = run_spec(tiny_input(gpus=2), Layout(stage=3), options, tmp_path)
+    assert spec["save_at_step"] == 2 and spec["resume_steps"] == 3
+    assert spec["ds_config"]["train_batch_size"] == 4
+    assert spec["device"] == "cuda" and spec["checkpoint_dir"] == str(tmp_path.resolve())
+    assert run_spec(tiny_input(), Layout(stage=0), VerifyOptions(), tmp_path)["save_at_step"] is None
+
+
+def test_ranks_share_the_cores_unless_told(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    env = worker_env(VerifyOptions(), processes=2)
+    assert env["OMP_NUM_THREADS"] == str(max(1, (os.cpu_count() or 1) // 2))
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert worker_env(VerifyOptions(), processes=2)["OMP_NUM_THREADS"] == "3"
+    cpu = worker_env(VerifyOptions(cpu=True))
+    assert cpu["DS_ACCELERATOR"] == "cpu" and cpu["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_a_drill_needs_steps_after_the_checkpoint(tmp_path):
+    with pytest.raises(LaunchError, match="--steps 3"):
+        run_verification(tiny_input(), Layout(stage=1),
+                         VerifyOptions(cpu=True, steps=2, save_at_step=2, restart_drill=True,
+                                       out_dir=tmp_path))
+
+
+def test_a_blocking_preflight_stops_before_any_rank(tmp_path):
+    lines: list[str] = []
+    result = run_verification(tiny_input(), Layout(stage=3, offload_optimizer="nvme", offload_param="nvme"),
+                              VerifyOptions(cpu=True, out_dir=tmp_path,
+                                            nvme_path=str(tmp_path / "no-nvme")),
+                              on_line=lines.append)
+    assert result["status"] == "failed"
+    assert result["cause"].startswith("preflight: nvme path")
+    assert any(line.startswith("preflight FAIL nvme path") for line in lines)
+    assert not any(line.startswith("zlayout: running") for line in lines)
