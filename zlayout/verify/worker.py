@@ -225,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="result path; each rank writes <out>.rank<r>.json")
     parser.add_argument("--resume", action="store_true",
                         help="load the latest checkpoint of the spec's checkpoint_dir first")
+    parser.add_argument("--local_rank", "--local-rank", type=int, default=None,
+                        help=argparse.SUPPRESS)  # DeepSpeed's launcher passes it; LOCAL_RANK rules
     args = parser.parse_args(argv)
     spec = json.loads(args.spec.read_text())
     return run(spec, args.out, args.resume)
