@@ -102,6 +102,7 @@ def run(spec: dict[str, Any], out: Path, resume: bool) -> int:
         "rank": rank, "world": world, "local_rank": local_rank, "resume": resume,
         "hostname": os.uname().nodename, "device": str(device), "status": "running",
         "phase": "build", "torch": torch.__version__, "deepspeed": deepspeed.__version__,
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "torch_threads": torch.get_num_threads(),
     }
     rank_file = out.with_name(f"{out.name}.rank{rank}.json")
 
