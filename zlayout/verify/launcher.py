@@ -314,10 +314,13 @@ def run_verification(inp: PlanInput, layout: Layout, options: VerifyOptions | No
     spec_path.write_text(json.dumps(spec, indent=1))
     (out_dir / "ds_config.json").write_text(json.dumps(spec["ds_config"], indent=1))
     out_path = out_dir / "result.json"
+    for stale in [*out_dir.glob("result.json.rank*.json"), *out_dir.glob("resume.json.rank*.json")]:
+        stale.unlink()  # a rerun in the same directory must not read an earlier run's ranks
     env = worker_env(options, processes)
-    on_line(f"zlayout: running {layout.label} on {processes} "
-            f"{'CPU process' if options.cpu else 'GPU'}{'es' if options.cpu and processes > 1 else ''}"
-            f"{'' if options.cpu or processes == 1 else 's'}, {options.steps} steps; output in {out_dir}")
+    unit = ("CPU process" if options.cpu else "GPU") if processes == 1 else \
+        ("CPU processes" if options.cpu else "GPUs")
+    on_line(f"zlayout: running {layout.label} on {processes} {unit}, {options.steps} steps; "
+            f"output in {out_dir}")
     first = stream_process(launch_command(options, processes, spec_path, out_path,
                                           out_dir / "logs-run", resume=False),
                            env, on_line, cancel, options.timeout_s)
