@@ -234,9 +234,10 @@ def test_deepspeed_launcher_command_runs_the_worker_and_collects(tmp_path):
     # this node only, through DeepSpeed's local launcher (which adds --local_rank to the worker).
     command = command.replace(f"--hostfile {hostfile} ", "").replace(
         "--master_port 29500", "--master_port 29517")
-    # Its own op cache: a build made under DeepSpeed's launcher makes torchrun's ranks rebuild.
+    # Its own op cache (kept between runs): a build made under DeepSpeed's launcher makes
+    # torchrun's ranks rebuild theirs, and the other way round.
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": "",
-           "TORCH_EXTENSIONS_DIR": str(tmp_path / "torch_extensions"),
+           "TORCH_EXTENSIONS_DIR": str(Path.home() / ".cache" / "torch_extensions_deepspeed_launcher"),
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     proc = subprocess.run(command, shell=True, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
