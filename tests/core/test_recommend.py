@@ -73,10 +73,15 @@ def test_suggested_flags_reproduce_the_verified_input():
 
 
 def test_checkpointing_suggested_when_it_alone_fits():
-    inp = make_input("llama3-70b", gpus_per_node=8, micro_batch=2)
-    plan = make_plan(inp, with_breakeven=False)
-    if plan.recommendation.layout is not None:
-        pytest.skip("this input fits without changes under the current memory model")
+    # the smallest micro-batch at which nothing fits 8 H100s without checkpointing
+    for micro_batch in (1, 2, 4, 8, 16, 32):
+        inp = make_input("llama3-70b", gpus_per_node=8, micro_batch=micro_batch)
+        plan = make_plan(inp, with_breakeven=False)
+        if plan.recommendation.layout is None:
+            break
+    assert plan.recommendation.layout is None, "expected llama3-70b not to fit 8 H100s at micro-batch 32"
+    with_ckpt = inp.model_copy(update={"training": inp.training.model_copy(update={"checkpointing": "full"})})
+    assert make_plan(with_ckpt, with_breakeven=False).recommendation.layout is not None
     flags = [f.flags for f in plan.recommendation.fixes]
     assert "--checkpointing full" in flags
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
+import torch  # noqa: E402  (the test extras install it)
 
 from zlayout.spec import ModelSpec  # noqa: E402
 from zlayout.verify.worker_model import build_model, count_parameters  # noqa: E402
