@@ -19,6 +19,7 @@ import functools
 import math
 from dataclasses import dataclass
 
+from zlayout.catalog import family_scaler, format_size
 from zlayout.core.memory import MemoryEstimate, estimate_memory
 from zlayout.spec import Layout, ModelSpec, PlanInput, all_layouts
 
@@ -49,20 +50,11 @@ class Crossover:
     takes_over: Layout | None  # the fastest layout that still fits at that size; None: none does
 
     def describe(self) -> str:
-        size = format_params(self.params)
+        size = format_size(self.params)
         if self.takes_over is None:
             return f"from {size} params, {self.stops_fitting.label} stops fitting; nothing else fits"
         return (f"from {size} params, {self.stops_fitting.label} stops fitting; "
                 f"{self.takes_over.label} takes over")
-
-
-def format_params(params: float) -> str:
-    """'350M', '13.2B', '1.20T'."""
-    if params >= 1e12:
-        return f"{params / 1e12:.2f}T"
-    if params >= 1e9:
-        return f"{params / 1e9:.1f}B"
-    return f"{params / 1e6:.0f}M"
 
 
 # --------------------------------------------------------------------------- scaling the model
@@ -70,9 +62,7 @@ def format_params(params: float) -> str:
 
 @functools.lru_cache(maxsize=64)
 def _scaler(family: str):
-    from zlayout import catalog
-
-    return catalog.family_scaler(family)
+    return family_scaler(family)
 
 
 def _family_model(family: str, target_params: float) -> ModelSpec:
