@@ -214,6 +214,11 @@ class Layout(Frozen):
         return f"z{self.stage}-opt_{self.offload_optimizer}-param_{self.offload_param}"
 
 
+def offload_flag(device: Device) -> str:
+    """A device as the command line and JSON outputs spell it: 'gpu' (nothing offloaded) is 'none'."""
+    return "none" if device == "gpu" else device
+
+
 def all_layouts() -> tuple[Layout, ...]:
     """Every layout DeepSpeed accepts, in a stable order."""
     layouts = [Layout(stage=0)]

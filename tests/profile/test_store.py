@@ -16,7 +16,7 @@ from zlayout import catalog
 from zlayout.profile import (ProfileError, attach_verification, build_profile, dumps_profile, load_profile,
                              loads_profile, save_profile, save_profile_dir)
 from zlayout.profile import store
-from zlayout.spec import (HardwareSpec, Layout, ModelSpec, PlanInput, TrainingSpec, ZeroKnobs,
+from zlayout.spec import (HardwareSpec, ModelSpec, PlanInput, TrainingSpec, ZeroKnobs,
                           all_layouts)
 
 WHEN = datetime(2026, 11, 30, 1, 2, 3, tzinfo=timezone.utc)

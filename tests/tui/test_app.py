@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
-from textual.widgets import DataTable, Input, Log, Static
+from textual.widgets import Input, Log, Static
 
 from tui_fakes import FakeVerifier, fixed_input, stub_planner
 from zlayout.core.plan import make_plan

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 import resource
-import sys
-from pathlib import Path
 
 import pytest
 

@@ -10,7 +10,7 @@ from zlayout.spec import Layout
 from zlayout.verify import slurm
 from zlayout.verify.launcher import VerifyOptions
 
-from .conftest import H200, NVLINK, tiny_input
+from .conftest import NVLINK, tiny_input
 
 
 def two_node_input():

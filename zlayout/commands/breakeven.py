@@ -17,6 +17,7 @@ from typing import Any
 from zlayout.cli import add_plan_arguments, plan_input_from_args
 from zlayout.catalog import format_size
 from zlayout.core.breakeven import BreakEven, Crossover, break_even, crossovers
+from zlayout.core.serialize import layout_dict
 from zlayout.spec import Layout, PlanInput, all_layouts
 
 
@@ -31,17 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def _offload(device: str) -> str:
-    return "none" if device == "gpu" else device
-
-
-def _layout_fields(layout: Layout) -> dict[str, Any]:
-    return {"stage": layout.stage, "offload_optimizer": _offload(layout.offload_optimizer),
-            "offload_param": _offload(layout.offload_param), "label": layout.label}
-
-
 def layout_breakeven_dict(inp: PlanInput, layout: Layout, be: BreakEven) -> dict[str, Any]:
-    out = _layout_fields(layout)
+    out = layout_dict(layout)
     out.update({
         "max_params": be.max_params,
         "max_micro_batch": be.max_micro_batch,
@@ -56,8 +48,8 @@ def layout_breakeven_dict(inp: PlanInput, layout: Layout, be: BreakEven) -> dict
 
 
 def crossover_dict(c: Crossover) -> dict[str, Any]:
-    return {"params": c.params, "stops_fitting": _layout_fields(c.stops_fitting),
-            "takes_over": None if c.takes_over is None else _layout_fields(c.takes_over),
+    return {"params": c.params, "stops_fitting": layout_dict(c.stops_fitting),
+            "takes_over": None if c.takes_over is None else layout_dict(c.takes_over),
             "text": c.describe()}
 
 

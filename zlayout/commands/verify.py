@@ -16,10 +16,13 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zlayout.cli import UsageError, add_plan_arguments, layout_from_args, plan_input_from_args
 from zlayout.spec import GiB, Layout, PlanInput
+
+if TYPE_CHECKING:  # the launcher is imported only when a verification runs
+    from zlayout.verify.launcher import VerifyOptions
 
 OK_STATUSES = ("validated", "cpu-ok")
 

@@ -10,18 +10,14 @@ from typing import Any
 
 from zlayout.core.memory import MemoryEstimate
 from zlayout.core.plan import LayoutPlan, Plan
-from zlayout.spec import Layout
-
-
-def offload_name(device: str) -> str:
-    return "none" if device == "gpu" else device
+from zlayout.spec import Layout, offload_flag
 
 
 def layout_dict(layout: Layout) -> dict[str, Any]:
     return {
         "stage": layout.stage,
-        "offload_optimizer": offload_name(layout.offload_optimizer),
-        "offload_param": offload_name(layout.offload_param),
+        "offload_optimizer": offload_flag(layout.offload_optimizer),
+        "offload_param": offload_flag(layout.offload_param),
         "label": layout.label,
     }
 

@@ -18,7 +18,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.reactive import reactive
-from textual.widgets import DataTable, Footer, Header, Input, Select, Static
+from textual.widgets import DataTable, Footer, Header, Input
 
 from zlayout.core.plan import Plan, make_plan
 from zlayout.spec import Layout, ModelSpec, PlanInput

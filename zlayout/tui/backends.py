@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from zlayout.core.plan import Plan
-from zlayout.spec import GiB, Layout, PlanInput
+from zlayout.spec import GiB, Layout, PlanInput, offload_flag
 from zlayout.tui.form import Presets
 
 
@@ -135,8 +135,8 @@ def verify_flags(inp: PlanInput, layout: Layout) -> list[str]:
     flags += ["--seq", str(t.seq), "--micro-batch", str(t.micro_batch),
               "--grad-accum", str(t.grad_accum), "--precision", t.precision,
               "--checkpointing", t.checkpointing, "--stage", str(layout.stage),
-              "--offload-optimizer", "none" if layout.offload_optimizer == "gpu" else layout.offload_optimizer,
-              "--offload-param", "none" if layout.offload_param == "gpu" else layout.offload_param]
+              "--offload-optimizer", offload_flag(layout.offload_optimizer),
+              "--offload-param", offload_flag(layout.offload_param)]
     return flags
 
 

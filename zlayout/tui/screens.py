@@ -13,14 +13,13 @@ from typing import Any, Callable, Iterable
 
 from rich.syntax import Syntax
 from rich.table import Table
-from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.screen import ModalScreen
-from textual.widgets import Button, DataTable, Input, Label, Log, ProgressBar, Static
+from textual.widgets import Button, Input, Label, Log, ProgressBar, Static
 from textual.worker import Worker, WorkerState, get_current_worker
 
 from zlayout.core.plan import LayoutPlan

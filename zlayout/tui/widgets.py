@@ -152,7 +152,6 @@ class MemoryBars(PlanPanel):
         if plan is None:
             return Text("")
         width = max(10, self.size.width - self.LABEL_WIDTH - self.VALUE_WIDTH - 1)
-        capacity = plan.layouts[0].memory.gpu_capacity_bytes if plan.layouts else 0
         out = Text(no_wrap=True, overflow="crop")
         for bar in view.bar_segments(plan, width):
             out.append(f"{bar.label:<{self.LABEL_WIDTH - 1}} ", style="bold" if

@@ -143,7 +143,7 @@ def check_gpus(inp: PlanInput, layout: Layout, processes: int,
     if planned not in seen:
         checks.append(Check("gpu kind", False, f"planned for {inp.hardware.gpu.name}, "
                             f"found {', '.join(names)}",
-                            f"plan with --gpu matching this node's GPUs", blocking=False))
+                            "plan with --gpu matching this node's GPUs", blocking=False))
     least_free = min(g.memory_free_bytes for g in gpus[:processes])
     need = mem.gpu_device_used_bytes
     checks.append(Check(

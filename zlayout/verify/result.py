@@ -18,7 +18,7 @@ import statistics
 from typing import Any, Iterable
 
 from zlayout.core.plan import plan_layout
-from zlayout.spec import GiB, Layout, PlanInput
+from zlayout.spec import GiB, Layout, PlanInput, offload_flag
 
 TOLERANCE_FRACTION = 0.10
 DRILL_LOSS_TOLERANCE = 1e-3  # relative; bitwise equality is reported separately as loss_exact
@@ -229,10 +229,9 @@ def reference_row(result: dict[str, Any]) -> dict[str, Any]:
     def gib(x: float | None) -> float | None:
         return round(x / GiB, 4) if x is not None else None
 
-    off = lambda d: "none" if d == "gpu" else d  # noqa: E731
     return {
-        "stage": lay["stage"], "offload_opt": off(lay["offload_optimizer"]),
-        "offload_param": off(lay["offload_param"]), "world": meas.get("world"),
+        "stage": lay["stage"], "offload_opt": offload_flag(lay["offload_optimizer"]),
+        "offload_param": offload_flag(lay["offload_param"]), "world": meas.get("world"),
         "layers": m.layers, "hidden": m.hidden, "heads": m.heads, "kv_heads": m.num_kv_heads,
         "ffn": m.ffn_size, "vocab": m.vocab, "mlp": m.mlp, "norm": m.norm, "bias": m.bias,
         "qkv_bias": m.qkv_bias, "tie": int(m.tie_embeddings), "seq": t.seq, "mbs": t.micro_batch,

@@ -107,7 +107,7 @@ def batch_script(job: Job, partition: str | None = None, account: str | None = N
     ]
     if setup:
         lines.append(setup)
-    lines += [f'echo "zlayout: verification on $SLURM_NNODES nodes, rendezvous $MASTER_ADDR:$MASTER_PORT"',
+    lines += ['echo "zlayout: verification on $SLURM_NNODES nodes, rendezvous $MASTER_ADDR:$MASTER_PORT"',
               f"srun --kill-on-bad-exit=1 --ntasks-per-node=1 bash -c {shlex.quote(step_cmd)}"]
     if job.options.restart_drill:
         resume_cmd = _torchrun(job, "resume", resume=True)
