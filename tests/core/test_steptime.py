@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from zlayout import catalog
 from zlayout.core.comm import estimate_comm
-from zlayout.core.steptime import (GPU_MATMUL_EFFICIENCY, STEP_OVERHEAD_S, compute_flops_per_token,
+from zlayout.core.steptime import (GPU_MATMUL_EFFICIENCY, STEP_BASE_OVERHEAD_S, STEP_OVERHEAD_PER_TENSOR_S,
+                                   compute_flops_per_token, parameter_tensors,
                                    estimate_step_time, matmul_params)
 from zlayout.spec import HardwareSpec, Layout, ModelSpec, PlanInput, TrainingSpec, all_layouts
 
@@ -76,13 +77,22 @@ def test_step_time_grows_with_tokens(layout, gpus, seq, micro, accum, which):
     assert large.tokens_per_step > small.tokens_per_step
 
 
+def test_parameter_tensors_of_the_reference_gpt():
+    """8 blocks x (qkv, proj, fc1, fc2 weights and biases + two LayerNorms' weight and bias) = 96,
+    plus the embedding, the untied head and the final LayerNorm's two tensors."""
+    assert parameter_tensors(make_input()) == 96 + 1 + 1 + 2
+
+
 @settings(max_examples=60, deadline=None)
 @given(layout=st.sampled_from(all_layouts()), gpus=st.sampled_from([1, 2, 4, 8]),
        nodes=st.sampled_from([1, 2, 4]), accum=st.integers(1, 4))
 def test_parts_add_up_and_exposed_comm_is_bounded(layout, gpus, nodes, accum):
-    est = step(make_input(gpus_per_node=gpus, nodes=nodes, grad_accum=accum), layout)
+    inp = make_input(gpus_per_node=gpus, nodes=nodes, grad_accum=accum)
+    est = step(inp, layout)
     assert 0 <= est.comm_s <= est.comm_total_s + 1e-12
-    assert est.step_time_s == pytest.approx(est.compute_s + STEP_OVERHEAD_S + est.gpu_optimizer_s
+    overhead = STEP_BASE_OVERHEAD_S + STEP_OVERHEAD_PER_TENSOR_S * parameter_tensors(inp)
+    assert est.step_overhead_s == pytest.approx(overhead)
+    assert est.step_time_s == pytest.approx(est.compute_s + overhead + est.gpu_optimizer_s
                                             + est.stage3_overhead_s + est.comm_s + est.offload_s)
     assert est.offload_s == pytest.approx(est.cpu_optimizer_s + est.pcie_s + est.nvme_s)
     assert 0 < est.mfu < 1

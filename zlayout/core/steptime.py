@@ -7,7 +7,8 @@ A roofline-style model with a handful of constants, each calibrated on the H200 
   over the GPU's peak times the GEMMs' achieved efficiency, plus attention's (12*layers*
   hidden*seq per token for forward+backward, 16 recomputed; the causal flash kernel skips
   the masked half of the blocks) at the attention kernels' (much lower) achieved efficiency,
-  plus a fixed time per step for DeepSpeed's engine and the Python around the kernels.
+  plus a time per step for DeepSpeed's engine and the Python around the kernels (a fixed part
+  and a part per parameter tensor).
 - The GPU-side optimizer and gradient bookkeeping: memory-bound passes over HBM.
 - Communication: each collective's bytes over the bus bandwidth of the link it crosses
   (intra- vs inter-node, the slower share paces the ring), plus a latency per ring step.
@@ -29,12 +30,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from zlayout.core.comm import Collective, CommEstimate, estimate_comm, stage3_fetched_modules
+from zlayout.core.memory import layer_tensor_sizes
 from zlayout.spec import Layout, LinkSpec, PlanInput
 
 # Calibrated on 27 measured H200 layouts (benchmarks/steptime_accuracy.py; docs/tradeoffs.md).
 GPU_MATMUL_EFFICIENCY = 0.75  # achieved / peak bf16 FLOP/s of the dense layers' GEMMs, fwd+bwd
 GPU_ATTENTION_EFFICIENCY = 0.15  # the same for causal SDPA (on its halved FLOP count), fwd+bwd
-STEP_OVERHEAD_S = 0.032  # per optimizer step: DeepSpeed's engine and Python around the kernels
+# Per optimizer step, DeepSpeed's engine runs Python around the kernels: a fixed part, and a part
+# per parameter tensor (gradient hooks, bookkeeping, norms). A flat 32 ms missed a 2-layer
+# model by 36%; this form holds every GPU-resident measurement within 17%.
+STEP_BASE_OVERHEAD_S = 0.008
+STEP_OVERHEAD_PER_TENSOR_S = 0.28e-3
 HBM_EFFICIENCY = 0.8  # achieved / nominal HBM bandwidth for elementwise optimizer kernels
 GPU_OPTIMIZER_BYTES_PER_PARAM = 42  # fused Adam r/w of fp32 master+moments, grad read, bf16 write, clip
 HOST_MEM_EFFICIENCY = 0.55  # DeepSpeedCPUAdam's achieved / nominal host memory bandwidth
@@ -127,6 +133,17 @@ def host_optimizer_bytes_per_s(inp: PlanInput, cpu_threads_per_rank: int | None)
     return min(shared, cpu_threads_per_rank * HOST_CORE_GBPS * 1e9)
 
 
+def parameter_tensors(inp: PlanInput) -> int:
+    """The model's parameter tensors: each block's, the embedding, the head unless tied, the final norm."""
+    m = inp.model
+    final_norm = 2 if m.norm == "layernorm" else 1
+    return m.layers * len(layer_tensor_sizes(m)) + 1 + (0 if m.tie_embeddings else 1) + final_norm
+
+
+def step_overhead(inp: PlanInput) -> float:
+    return STEP_BASE_OVERHEAD_S + STEP_OVERHEAD_PER_TENSOR_S * parameter_tensors(inp)
+
+
 def estimate_step_time(inp: PlanInput, layout: Layout, comm: CommEstimate | None = None,
                        cpu_threads_per_rank: int | None = None) -> StepTimeEstimate:
     """Wall time of one optimizer step (all micro-steps) and what it buys.
@@ -209,7 +226,8 @@ def estimate_step_time(inp: PlanInput, layout: Layout, comm: CommEstimate | None
     nvme_s = (comm.nvme_read_bytes + comm.nvme_write_bytes) / (hw.nvme_gbps * 1e9)
     offload_s = cpu_optimizer_s + pcie_exposed_s + nvme_s
 
-    step_s = compute_s + STEP_OVERHEAD_S + gpu_optimizer_s + stage3_overhead_s + exposed_comm_s + offload_s
+    step_overhead_s = step_overhead(inp)
+    step_s = compute_s + step_overhead_s + gpu_optimizer_s + stage3_overhead_s + exposed_comm_s + offload_s
     tokens = tokens_per_micro * accum * n
     model_flops = 6 * params * tokens
     return StepTimeEstimate(
@@ -220,7 +238,7 @@ def estimate_step_time(inp: PlanInput, layout: Layout, comm: CommEstimate | None
         tokens_per_s=tokens / step_s,
         mfu=model_flops / (step_s * n * hw.gpu.peak_bf16_flops),
         gpu_optimizer_s=gpu_optimizer_s,
-        step_overhead_s=STEP_OVERHEAD_S,
+        step_overhead_s=step_overhead_s,
         stage3_overhead_s=stage3_overhead_s,
         comm_total_s=comm_total_s,
         cpu_optimizer_s=cpu_optimizer_s,
