@@ -303,6 +303,26 @@ def test_check_reads_a_real_h200_nvidia_smi_line(tmp_path, capsys, monkeypatch):
     assert checks["GPU free memory"]["verdict"] == "pass"
 
 
+def test_check_compares_the_driver_with_the_verified_one(tmp_path, capsys, monkeypatch):
+    from zlayout.profile import load_profile
+    from zlayout.profile.check import GpuInfo, check_driver
+    from zlayout import catalog
+
+    profile = load_profile(catalog.preset_path("profiles", "llama3-8b-1xh200-offload"))
+    verified = profile.model_copy(update={"verification": profile.verification.model_copy(
+        update={"driver": "580.159.04"})})
+    gpu = GpuInfo("NVIDIA H200", 143771 * 2**20, 143195 * 2**20, "580.159.04")
+    assert check_driver(verified, [gpu]).verdict == "pass"
+    newer = GpuInfo("NVIDIA H200", 143771 * 2**20, 143195 * 2**20, "590.10")
+    item = check_driver(verified, [newer])
+    assert item.verdict == "warn" and "580.159.04" in item.detail and "590.10" in item.detail
+    assert check_driver(profile, [gpu]) is None  # unverified profiles name no driver
+    # nvidia-smi's fourth column is read
+    _fake_nvidia_smi(tmp_path, monkeypatch, ["NVIDIA H200, 143771 MiB, 143195 MiB, 590.10"])
+    from zlayout.profile.check import query_gpus
+    assert query_gpus()[0].driver == "590.10"
+
+
 def test_export_json_and_a_layout_that_does_not_fit(tmp_path, capsys):
     code = main(["export", "--preset", "llama3-70b", "--gpu", "h100", "--gpus-per-node", "8", "--stage", "0",
                  "--out", str(tmp_path / "big"), "--json"])

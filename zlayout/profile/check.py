@@ -21,7 +21,7 @@ from zlayout.profile.summary import gib
 Verdict = Literal["pass", "fail", "warn", "skip"]
 MiB = 2**20
 GPU_MEMORY_TOLERANCE = 0.03  # nvidia-smi's memory.total differs a little between SKUs and drivers
-NVIDIA_SMI_QUERY = ["--query-gpu=name,memory.total,memory.free", "--format=csv,noheader"]
+NVIDIA_SMI_QUERY = ["--query-gpu=name,memory.total,memory.free,driver_version", "--format=csv,noheader"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +29,7 @@ class GpuInfo:
     name: str
     memory_total_bytes: int
     memory_free_bytes: int
+    driver: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +66,8 @@ def query_gpus(nvidia_smi: str | None = None, timeout_s: float = 20.0) -> list[G
             free = float(re.sub(r"[^0-9.]", "", parts[2]))
         except (IndexError, ValueError):
             raise NoGpus(f"cannot read nvidia-smi's output line {line!r}") from None
-        gpus.append(GpuInfo(parts[0], int(total * MiB), int(free * MiB)))
+        driver = parts[3] if len(parts) > 3 and parts[3] else None
+        gpus.append(GpuInfo(parts[0], int(total * MiB), int(free * MiB), driver))
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None and all(p.strip().isdigit() for p in visible.split(",") if p.strip()):
         indices = [int(p) for p in visible.split(",") if p.strip()]
@@ -231,6 +233,19 @@ def check_checkpoint(profile: Profile, checkpoint_dir: str | None = None) -> Che
     return CheckItem("last checkpoint", "pass", f"{tag_dir} readable: {len(files)} files, {gib(total)}")
 
 
+def check_driver(profile: Profile, gpus: list[GpuInfo] | None) -> CheckItem | None:
+    """The driver the profile was verified with against this node's: a different driver (and the
+    CUDA runtime it brings) can move the CUDA context and NCCL buffers, so it is a warning."""
+    verified = profile.verification.driver
+    here = next((g.driver for g in gpus or [] if g.driver), None)
+    if not verified or not here:
+        return None
+    if here == verified:
+        return CheckItem("driver", "pass", f"{here}, as verified")
+    return CheckItem("driver", "warn", f"{here} here, verified with {verified}: re-run `zlayout verify` "
+                                       "to confirm the memory figures on this driver")
+
+
 def run_checks(profile: Profile, gpus: list[GpuInfo] | None = None, no_gpu_reason: str | None = None,
                meminfo: dict[str, int] | None = None, checkpoint_dir: str | None = None) -> list[CheckItem]:
     """Every check, in the order a person reads them. `gpus` None means nvidia-smi gave nothing."""
@@ -240,7 +255,7 @@ def run_checks(profile: Profile, gpus: list[GpuInfo] | None = None, no_gpu_reaso
     else:
         items.extend(check_gpus(profile, gpus))
     items.append(check_host(profile, meminfo))
-    for extra in (check_nvme(profile), check_checkpoint(profile, checkpoint_dir)):
+    for extra in (check_driver(profile, gpus), check_nvme(profile), check_checkpoint(profile, checkpoint_dir)):
         if extra is not None:
             items.append(extra)
     status = profile.verification.status
