@@ -112,17 +112,6 @@ class MemoryEstimate:
     def gpu_terms(self) -> tuple[MemoryTerm, ...]:
         return tuple(t for t in self.terms if t.where == "gpu")
 
-    def host_terms(self) -> tuple[MemoryTerm, ...]:
-        return tuple(t for t in self.terms if t.where == "host")
-
-    def nvme_terms(self) -> tuple[MemoryTerm, ...]:
-        return tuple(t for t in self.terms if t.where == "nvme")
-
-    def gpu_bytes_by_category(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for term in self.gpu_terms():
-            out[term.category] = out.get(term.category, 0) + term.bytes
-        return out
 
 
 # --------------------------------------------------------------------------- sizes
@@ -263,6 +252,8 @@ def estimate_memory(inp: PlanInput, layout: Layout) -> MemoryEstimate:
     # fp32 training keeps no separate master copy: the weights are the master.
     master_per_param = 0 if training.precision == "fp32" else FP32_BYTES
 
+    pin = pinned_bytes if zero.pin_memory else int
+    host_grads = 0  # only stage 3 keeps a gradient partition on the host
     gpu: list[MemoryTerm] = []
     host: list[MemoryTerm] = []
     nvme: list[MemoryTerm] = []
@@ -298,10 +289,11 @@ def estimate_memory(inp: PlanInput, layout: Layout) -> MemoryEstimate:
                     f"{training.precision} gradient partition (contiguous_gradients){per}, "
                     "from the first bucket reduced to step()")
     else:
-        grads = add("gpu" if opt_on_gpu else "host", "gradients", w * p_shard, "model_states",
-                    f"flat {training.precision} gradient partition allocated at initialization{per}")
-        if not opt_on_gpu:
-            grads = 0  # it lives on the host
+        # with the optimizer offloaded the flat partition is pinned host memory (power-of-two block)
+        placed = add("gpu" if opt_on_gpu else "host", "gradients",
+                     w * p_shard if opt_on_gpu else pin(w * p_shard), "model_states",
+                     f"flat {training.precision} gradient partition allocated at initialization{per}")
+        grads, host_grads = (placed, 0) if opt_on_gpu else (0, placed)
 
     # --- DeepSpeed's buffers ----------------------------------------------------------
     ipg = add("gpu", "reduce_buckets", ipg_bucket_bytes(zero, stage, training), "deepspeed_buffers",
@@ -395,8 +387,7 @@ def estimate_memory(inp: PlanInput, layout: Layout) -> MemoryEstimate:
                    "NCCL communicator buffers, outside PyTorch's allocator")
 
     # --- host, per node ------------------------------------------------------------------
-    pin = pinned_bytes if zero.pin_memory else int
-    host_states = 0
+    host_states = host_grads
     if opt_where == "host":
         host_states += master + moments
         if stage in (1, 2):
@@ -409,11 +400,10 @@ def estimate_memory(inp: PlanInput, layout: Layout) -> MemoryEstimate:
             sub = min(zero.sub_group_size, p_shard)
             groups = -(-p_shard // sub)
             host_states += add("host", "offload_pinned_buffers",
-                               pin(w * p_shard) + (groups - 1) * pin(FP32_BYTES * sub)
+                               (groups - 1) * pin(FP32_BYTES * sub)
                                + pin(FP32_BYTES * (p_shard - (groups - 1) * sub)),
                                "deepspeed_buffers",
-                               "pinned gradient partition and fp32 sub-group gradient buffers "
-                               "(power-of-two blocks)")
+                               "pinned fp32 sub-group gradient buffers (power-of-two blocks)")
     if param_where == "host":
         host_states += params + add("host", "param_offload_buffers", pin(w * p_shard) - params + w * p_shard,
                                     "deepspeed_buffers",
