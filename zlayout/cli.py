@@ -117,7 +117,7 @@ def plan_input_from_args(args: argparse.Namespace) -> PlanInput:
         model = _model_from_args(args)
         gpu = catalog.load_gpu(args.gpu, dirs)
         intra = catalog.load_link(args.intra_link or catalog.default_intra_link(args.gpu, dirs), dirs)
-        inter = catalog.load_link(args.inter_link, dirs) if args.nodes > 1 or args.inter_link else None
+        inter = catalog.load_link(args.inter_link, dirs)
         hw_kwargs = dict(gpu=gpu, gpus_per_node=args.gpus_per_node, nodes=args.nodes,
                          intra_link=intra, inter_link=inter,
                          nvme_bytes=int(args.nvme_gib * GiB), nvme_gbps=args.nvme_gbps)
