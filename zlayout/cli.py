@@ -41,6 +41,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser, with_layout: bool = True
     model.add_argument("--norm", choices=("layernorm", "rmsnorm"))
     model.add_argument("--no-bias", action="store_true", help="no biases in linear layers")
     model.add_argument("--tie-embeddings", action="store_true")
+    model.add_argument("--qkv-bias", action="store_true", help="biases on q/k/v only (Qwen2)")
 
     train = parser.add_argument_group("training")
     train.add_argument("--seq", type=int, default=None, help="sequence length (default 2048)")
@@ -48,6 +49,11 @@ def add_plan_arguments(parser: argparse.ArgumentParser, with_layout: bool = True
     train.add_argument("--grad-accum", type=int, default=1)
     train.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default="bf16")
     train.add_argument("--checkpointing", choices=("none", "full"), default="none")
+    train.add_argument("--impl", choices=("zlayout", "hf"), default=None,
+                       help="training code: zlayout's GPT or the Hugging Face model class "
+                            "(transformers, sdpa; default zlayout)")
+    train.add_argument("--allocator", choices=("default", "expandable"), default="default",
+                       help="PyTorch's CUDA allocator: default segments or expandable_segments:True")
 
     hw = parser.add_argument_group("hardware")
     hw.add_argument("--gpu", default="h200", help="GPU preset (h100, h200, a100-80gb, ...)")
@@ -93,6 +99,8 @@ def _model_from_args(args: argparse.Namespace):
         given["bias"] = False
     if args.tie_embeddings:
         given["tie_embeddings"] = True
+    if args.qkv_bias:
+        given["qkv_bias"] = True
     if args.preset and args.params:
         raise UsageError("give either --preset or --params, not both")
     if args.preset:
@@ -126,7 +134,8 @@ def plan_input_from_args(args: argparse.Namespace) -> PlanInput:
         hardware = HardwareSpec(**hw_kwargs)
         training = TrainingSpec(seq=args.seq or 2048, micro_batch=args.micro_batch,
                                 grad_accum=args.grad_accum, precision=args.precision,
-                                checkpointing=args.checkpointing)
+                                checkpointing=args.checkpointing, impl=args.impl or "zlayout",
+                                allocator=args.allocator)
         knobs = {
             "reduce_bucket_size": args.reduce_bucket_size,
             "allgather_bucket_size": args.allgather_bucket_size,

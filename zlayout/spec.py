@@ -17,6 +17,12 @@ Precision = Literal["bf16", "fp16", "fp32"]
 Checkpointing = Literal["none", "full"]
 MlpKind = Literal["gelu", "swiglu"]
 NormKind = Literal["layernorm", "rmsnorm"]
+# Which training code runs the model: zlayout's own GPT (the verify worker's) or the Hugging
+# Face `transformers` model class (AutoModelForCausalLM, sdpa attention, its own loss).
+Implementation = Literal["zlayout", "hf"]
+# PyTorch's CUDA caching allocator: the default (fixed segments) or expandable segments
+# (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True).
+AllocatorKind = Literal["default", "expandable"]
 
 GiB = 2**30
 
@@ -157,6 +163,8 @@ class TrainingSpec(Frozen):
     checkpointing: Checkpointing = "none"
     optimizer: Literal["adamw"] = "adamw"
     flash_attention: bool = True
+    impl: Implementation = "zlayout"
+    allocator: AllocatorKind = "default"
 
 
 class ZeroKnobs(Frozen):

@@ -71,16 +71,47 @@ def host_rss_now_bytes() -> int | None:
     return psutil.Process().memory_info().rss
 
 
+def allocator_conf(planned: str, current: str | None) -> str | None:
+    """PYTORCH_CUDA_ALLOC_CONF for the planned allocator, keeping the user's other options:
+    the run must measure the allocator the plan assumed."""
+    options = [o for o in (current or "").split(",") if o.strip()
+               and not o.strip().startswith("expandable_segments")]
+    if planned == "expandable":
+        options.append("expandable_segments:True")
+    return ",".join(options) or None
+
+
+def allocator_stats(torch: Any) -> dict[str, Any]:
+    """What the caching allocator did: peaks of reserved, allocated and free-but-split bytes
+    (memory held in segments that also hold live blocks: fragmentation), retries after a
+    failed cudaMalloc, and the cached segments' sizes at the end (largest first)."""
+    stats = torch.cuda.memory_stats()
+    keys = ("reserved_bytes.all.peak", "allocated_bytes.all.peak", "active_bytes.all.peak",
+            "inactive_split_bytes.all.peak", "reserved_bytes.large_pool.peak",
+            "reserved_bytes.small_pool.peak", "segment.all.peak", "num_alloc_retries", "num_ooms",
+            "num_device_alloc", "num_device_free", "requested_bytes.all.peak")
+    segments = sorted(((s["total_size"], s["allocated_size"]) for s in torch.cuda.memory_snapshot()),
+                      reverse=True)
+    return {**{k: stats.get(k) for k in keys},
+            "segments_end": [list(s) for s in segments[:40]], "segment_count_end": len(segments)}
+
+
 def run(spec: dict[str, Any], out: Path, resume: bool) -> int:
     cpu = spec["device"] == "cpu"
     if cpu:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    planned_allocator = spec["inputs"].get("training", {}).get("allocator", "default")
+    conf = allocator_conf(planned_allocator, os.environ.get("PYTORCH_CUDA_ALLOC_CONF"))
+    if conf is None:
+        os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    else:  # set before torch is imported: the allocator reads it once, at CUDA's first use
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = conf
     import deepspeed
     import torch
     import torch.distributed as dist
 
     from zlayout.spec import Layout, PlanInput
-    from zlayout.verify.worker_model import build_model, count_parameters
+    from zlayout.verify.worker_model import build, count_parameters
 
     inp = PlanInput.model_validate(spec["inputs"])
     layout = Layout.model_validate(spec["layout"])
@@ -103,6 +134,8 @@ def run(spec: dict[str, Any], out: Path, resume: bool) -> int:
         "hostname": os.uname().nodename, "device": str(device), "status": "running",
         "phase": "build", "torch": torch.__version__, "deepspeed": deepspeed.__version__,
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "torch_threads": torch.get_num_threads(),
+        "allocator": planned_allocator, "pytorch_cuda_alloc_conf": conf,
+        "host_cores": os.cpu_count(),
     }
     rank_file = out.with_name(f"{out.name}.rank{rank}.json")
 
@@ -121,11 +154,16 @@ def run(spec: dict[str, Any], out: Path, resume: bool) -> int:
         m, t = inp.model, inp.training
         torch.manual_seed(spec.get("seed", 0))
         checkpointing = t.checkpointing == "full"
+        impl = t.impl
+        report["impl"] = impl
+        if impl == "hf":
+            import transformers
+            report["transformers"] = transformers.__version__
         if layout.stage == 3:
             with deepspeed.zero.Init(config_dict_or_path=cfg):
-                model = build_model(m, checkpointing)
+                model = build(m, checkpointing, impl, t.seq, spec.get("hf_config"))
         else:
-            model = build_model(m, checkpointing)
+            model = build(m, checkpointing, impl, t.seq, spec.get("hf_config"))
         params = count_parameters(model)
         report["params"] = params
         if params != m.params:
@@ -196,6 +234,7 @@ def run(spec: dict[str, Any], out: Path, resume: bool) -> int:
             report["device_total_bytes"] = total
             report["gpu_name"] = torch.cuda.get_device_name(local_rank)
             report["alloc_retries"] = torch.cuda.memory_stats().get("num_alloc_retries", 0)
+            report["allocator_stats"] = allocator_stats(torch)
         report["status"] = "ok"
         report["phase"] = "done"
         write_report()
@@ -209,6 +248,10 @@ def run(spec: dict[str, Any], out: Path, resume: bool) -> int:
         report["traceback"] = traceback.format_exc()[-4000:]
         if not cpu and torch.cuda.is_available():
             report["max_allocated_bytes_at_failure"] = torch.cuda.max_memory_allocated()
+            try:
+                report["allocator_stats"] = allocator_stats(torch)
+            except Exception:  # noqa: BLE001 - a report without them beats none
+                pass
         write_report()
         emit("oom" if oom else "error", rank, phase=report["phase"], message=report["error"][:500])
         sys.stdout.flush()

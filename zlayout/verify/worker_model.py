@@ -94,3 +94,66 @@ def build_model(m: ModelSpec, checkpointing: bool) -> GPT:
 def count_parameters(model: nn.Module) -> int:
     """Distinct parameters (a tied head counts once); full sizes under ZeRO-3 partitioning."""
     return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
+
+
+# --------------------------------------------------------------------- Hugging Face classes
+
+
+def hf_config_dict(m: ModelSpec, seq: int) -> dict:
+    """The `transformers` config of the architecture `m` describes (`--impl hf`).
+
+    SwiGLU + RMSNorm models are Llama (no biases) or Qwen2 (q/k/v biases only); a mixture of
+    experts is Mixtral; GELU + LayerNorm with biases is GPT-NeoX, whose parameter layout is
+    the reference GPT's. Each has exactly `ModelSpec.params` parameters.
+    """
+    experts = int(getattr(m, "experts", 0) or 0)
+    qkv_bias = m.bias if m.qkv_bias is None else m.qkv_bias
+    common = dict(vocab_size=m.vocab, hidden_size=m.hidden, num_hidden_layers=m.layers,
+                  num_attention_heads=m.heads, intermediate_size=m.ffn_size,
+                  max_position_embeddings=max(seq, 2048), tie_word_embeddings=m.tie_embeddings,
+                  use_cache=False)
+    if m.mlp == "swiglu" and m.norm == "rmsnorm" and not m.bias:
+        common.update(num_key_value_heads=m.num_kv_heads, head_dim=m.head_dim, rms_norm_eps=1e-5)
+        if experts:
+            return dict(common, model_type="mixtral", num_local_experts=experts,
+                        num_experts_per_tok=int(getattr(m, "top_k", 2) or 2),
+                        intermediate_size=int(getattr(m, "expert_ffn", None) or m.ffn_size),
+                        router_aux_loss_coef=0.0, output_router_logits=False)
+        if qkv_bias:
+            return dict(common, model_type="qwen2", use_sliding_window=False)
+        return dict(common, model_type="llama", attention_bias=False, mlp_bias=False)
+    if m.mlp == "gelu" and m.norm == "layernorm" and m.bias and qkv_bias and m.num_kv_heads == m.heads \
+            and not experts:
+        return dict(common, model_type="gpt_neox", hidden_act="gelu", rotary_pct=1.0,
+                    use_parallel_residual=False, attention_bias=True, layer_norm_eps=1e-5)
+    raise ValueError("--impl hf needs a Llama/Qwen2/Mixtral-like model (--mlp swiglu --norm rmsnorm "
+                     "--no-bias) or a GPT-NeoX-like one (gelu, layernorm, biases, no GQA)")
+
+
+class HFCausalLM(nn.Module):
+    """A `transformers` causal LM whose forward returns the loss, as HF's Trainer computes it
+    (`compute_loss` takes `outputs.loss` and drops the outputs: the logits are not kept)."""
+
+    def __init__(self, config_dict: dict, checkpointing: bool):
+        super().__init__()
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        cfg = dict(config_dict)
+        model_type = cfg.pop("model_type")
+        config = AutoConfig.for_model(model_type, **cfg)
+        config._attn_implementation = "sdpa"
+        self.model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa",
+                                                      dtype=torch.float32)
+        if checkpointing:
+            self.model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False})
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=ids, labels=ids).loss
+
+
+def build(m: ModelSpec, checkpointing: bool, impl: str = "zlayout", seq: int = 2048,
+          hf_config: dict | None = None) -> nn.Module:
+    if impl == "hf":
+        return HFCausalLM(hf_config or hf_config_dict(m, seq), checkpointing)
+    return GPT(m, checkpointing)
