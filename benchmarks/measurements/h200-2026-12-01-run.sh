@@ -13,6 +13,7 @@ OUT=${OUT:-/tmp/verify-out}; mkdir -p "$OUT"; name=$(basename "$1" .txt)
   python3 -c "import torch, deepspeed, transformers; print(torch.__version__, deepspeed.__version__, transformers.__version__)"
 } > "$OUT/$name-host.txt" 2>&1
 cat "$OUT/$name-host.txt"
+python3 -c "from transformers import AutoModelForCausalLM" || { echo "transformers does not import: stop"; exit 1; }
 timeout -s TERM $(( $2 + 80 )) python3 -m zlayout verify --batch "$1" --out /tmp/$name --deadline "$2" \
   > "$OUT/$name.log" 2>&1
 cp /tmp/$name/results.jsonl "$OUT/$name-results.jsonl"

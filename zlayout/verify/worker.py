@@ -239,7 +239,8 @@ def run(spec: dict[str, Any], out: Path, resume: bool) -> int:
         report["phase"] = "done"
         write_report()
         emit("done", rank, host_maxrss_bytes=report["host_maxrss_bytes"])
-        dist.barrier()
+        if world > 1:  # one rank has no peer; its first NCCL call would allocate on a full card
+            dist.barrier()
         return 0
     except BaseException as exc:  # noqa: BLE001 - every failure must leave a report behind
         oom = not isinstance(exc, KeyboardInterrupt) and is_out_of_memory(exc)
