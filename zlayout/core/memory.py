@@ -33,8 +33,20 @@ ADAM_MOMENTS = 2  # exp_avg and exp_avg_sq, fp32 each
 # clip coefficients): about 70 MiB on every measured layout.
 MISC_GPU_BYTES = 70 * 2**20
 
-# max_memory_reserved over max_memory_allocated, mean over the H200 measurements.
-ALLOCATOR_RESERVE_FRACTION = 0.21
+# PyTorch's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp). With the default
+# (fixed) segments, the largest request of a phase was served in the previous step by a
+# segment of its own size; between steps best-fit hands parts of that cached segment to
+# smaller requests (activations, per-tensor casts), so at the phase's peak the request needs a
+# new segment while the old one stays reserved by the small blocks it now carries. When
+# cudaMalloc fails the allocator frees every fully free segment and retries; the free parts
+# of split segments cannot be freed. Measured on H200 at the out-of-memory of ZeRO-0, 28
+# layers of Llama-3-8B's shape: 18.54 GiB reserved but unallocated after that retry, against
+# a 20.56 GiB request: 0.90 of it.
+TRAPPED_FRACTION = 0.90
+# Expandable segments map 2 MiB pages into one growing range per stream and unmap free ones
+# under pressure: what stays is page rounding. Measured on H200: reserved 0.39 GiB above the
+# allocated peak when the card was full (ZeRO-0, 32 layers of Llama-3-8B's shape).
+EXPANDABLE_SLACK_BYTES = int(0.39 * GiB)
 
 # NCCL's communicator buffers (outside PyTorch's allocator) once a process group has peers:
 # device-used minus reserved grows from 1.29 GiB (one GPU) to 1.77 GiB (two) on the H200s.
@@ -68,6 +80,7 @@ class MemoryEstimate:
     gpu_peak_allocated_bytes: int
     gpu_peak_reserved_bytes: int
     gpu_device_used_bytes: int  # reserved + CUDA context: what nvidia-smi shows
+    gpu_needed_bytes: int  # the least device memory the peak runs in (decides "fits")
     host_peak_bytes: int  # per node
     nvme_bytes: int  # per node
     gpu_capacity_bytes: int
@@ -79,7 +92,8 @@ class MemoryEstimate:
 
     @property
     def gpu_headroom_bytes(self) -> int:
-        return self.gpu_capacity_bytes - self.gpu_device_used_bytes
+        """Capacity left over the least memory the run needs (negative: what is missing)."""
+        return self.gpu_capacity_bytes - self.gpu_needed_bytes
 
     @property
     def gpu_headroom_fraction(self) -> float:
@@ -87,7 +101,7 @@ class MemoryEstimate:
 
     @property
     def fits_gpu(self) -> bool:
-        return self.gpu_device_used_bytes <= self.gpu_usable_bytes
+        return self.gpu_needed_bytes <= self.gpu_usable_bytes
 
     @property
     def fits_host(self) -> bool:
@@ -143,7 +157,20 @@ def layer_activation_bytes(model: ModelSpec, training: TrainingSpec) -> int:
     per_token += FP32_BYTES * ((2 if model.norm == "layernorm" else 1) * 2 + model.heads)
     if not training.flash_attention:
         per_token += elem * model.heads * training.seq  # the math kernel keeps the probabilities
+    per_token += 2 * hf_norm_extra_bytes_per_token(model, training)  # two norms per block
     return tokens_per_micro_batch(training) * per_token
+
+
+def hf_norm_extra_bytes_per_token(model: ModelSpec, training: TrainingSpec) -> int:
+    """transformers' RMSNorm (Llama, Mistral, Qwen2, Mixtral) is not fused: it casts its input
+    to float32, which `pow` and the multiply by rsqrt keep for backward (4 bytes x hidden),
+    and the weight multiply keeps the normalised tensor (2 x hidden in bf16), beside the
+    output the next projection keeps (2 x hidden): 8 x hidden bytes per token where a fused
+    norm keeps its input and output (4 x hidden), 4 x hidden more per norm. Measured on H200 (transformers 5.24, sdpa): 8.13-8.23 x hidden
+    bytes per token per block more than zlayout's GPT (two norms), on two shapes."""
+    if training.impl != "hf" or model.norm != "rmsnorm":
+        return 0
+    return FP32_BYTES * model.hidden
 
 
 def saved_activation_bytes(model: ModelSpec, training: TrainingSpec) -> int:
@@ -161,7 +188,8 @@ def recompute_bytes(model: ModelSpec, training: TrainingSpec) -> int:
 
 def head_input_bytes(model: ModelSpec, training: TrainingSpec) -> int:
     """The final norm's input and the output head's input, kept for backward."""
-    return 2 * tokens_per_micro_batch(training) * model.hidden * weight_bytes_per_param(training)
+    return tokens_per_micro_batch(training) * (
+        2 * model.hidden * weight_bytes_per_param(training) + hf_norm_extra_bytes_per_token(model, training))
 
 
 def loss_peak_bytes(model: ModelSpec, training: TrainingSpec) -> int:
@@ -192,14 +220,12 @@ def stage3_live_param_elements(model: ModelSpec, zero: ZeroKnobs, world: int, pa
     """Full (gathered) weights ZeRO-3 keeps on the GPU between the forward and the backward:
     those whose next use is within `stage3_max_reuse_distance` elements stay gathered (the
     last blocks and the head), capped by `stage3_max_live_parameters`. On one GPU with the
-    weights on the GPU a 'gather' is a view of the partition and costs nothing; with the
-    weights offloaded, the largest module is also fetched whole while it runs."""
+    weights on the GPU a 'gather' is a view of the partition and costs nothing."""
     if world == 1 and not param_offload:
         return 0
-    kept = min(zero.stage3_max_reuse_distance, zero.stage3_max_live_parameters, model.params)
-    if param_offload and world == 1:
-        kept += model.largest_tensor_numel() + zero.stage3_prefetch_bucket_size
-    return kept
+    # (The largest module and the prefetch bucket are not extra: measured on H200, adding
+    # them over-predicted one-GPU parameter offload by exactly their size, 0.33-0.79 GiB.)
+    return min(zero.stage3_max_reuse_distance, zero.stage3_max_live_parameters, model.params)
 
 
 def persistent_small_param_elements(model: ModelSpec, zero: ZeroKnobs) -> int:
@@ -353,13 +379,17 @@ def estimate_memory(inp: PlanInput, layout: Layout) -> MemoryEstimate:
     activations = saved + head_in
     head_grad = model.vocab * model.hidden * w
     tokens = tokens_per_micro_batch(t)
+    # Each phase: the bytes allocated at its peak, and the largest single request made there
+    # (what the caching allocator must find one free block for).
+    loss_request = FP32_BYTES * tokens * model.vocab
     phases = {
         # backward starts: the loss's fp32 tensors on top of every saved activation
-        "backward (loss)": states + carried + live + activations + loss,
+        "backward (loss)": (states + carried + live + activations + loss, loss_request),
         # the head's gradient fires the first hook: stage 1/2 buckets appear
-        "backward (head)": states + carried + live + activations + ipg * (stage in (1, 2))
-        + head_grad + tokens * model.vocab * w,
-        "optimizer step": states + (grads if stage < 3 else 0) + step_fp32,
+        "backward (head)": (states + carried + live + activations + ipg * (stage in (1, 2))
+                            + head_grad + tokens * model.vocab * w, max(head_grad, tokens * model.vocab * w)),
+        "optimizer step": (states + (grads if stage < 3 else 0) + step_fp32,
+                           step_fp32 - step_fp32 * w // (w + FP32_BYTES) if stage else step_fp32 // 2),
     }
     if stage in (1, 2) and opt_on_gpu:
         # the first bucket is reduced: the gradient partition is allocated while most
@@ -367,24 +397,27 @@ def estimate_memory(inp: PlanInput, layout: Layout) -> MemoryEstimate:
         done = layers_before_first_reduce(model, zero)
         remaining = saved * (model.layers - done) // model.layers
         transient = model.layer_params() * w + 2 * tokens * model.hidden * w
-        phases["backward (first reduce)"] = (states + grads + ipg + remaining + recompute + transient)
+        phases["backward (first reduce)"] = (states + grads + ipg + remaining + recompute + transient, grads)
     if stage in (1, 2) and not opt_on_gpu:
         # each gradient is cast to fp32 on the GPU before its non-blocking copy to the pinned
         # host partition (async_inplace_copy_grad_to_fp32_buffer_from_gpu): the largest
         # tensor's bf16 gradient and its fp32 copy are alive with every saved activation
         phases["backward (offload cast)"] = (states + live + activations + ipg + recompute
-                                            + model.largest_tensor_numel() * (w + FP32_BYTES))
+                                            + model.largest_tensor_numel() * (w + FP32_BYTES),
+                                            model.largest_tensor_numel() * FP32_BYTES)
     if stage == 0:
-        phases["backward (end)"] = states + grads + recompute
-    peak_phase = max(phases, key=phases.__getitem__)
-    peak = int(phases[peak_phase]) + misc
-    reserved = gpu_reserved_bytes(peak)
-    add("gpu", "allocator_reserve", reserved - peak, "overhead",
-        "PyTorch's caching allocator: freed blocks kept for reuse, block rounding")
+        phases["backward (end)"] = (states + grads + recompute, model.largest_tensor_numel() * w)
+    peak_phase = max(phases, key=lambda name: phases[name][0])
+    peak = int(phases[peak_phase][0]) + misc
+    allocator = caching_allocator(phases, misc, t.allocator)
     context = add("gpu", "cuda_context", hw.gpu.cuda_context_bytes, "overhead",
                   "CUDA context and cuBLAS workspace, outside PyTorch's allocator")
     context += add("gpu", "nccl_buffers", NCCL_BUFFER_BYTES if n > 1 else 0, "overhead",
                    "NCCL communicator buffers, outside PyTorch's allocator")
+    # On a card that cannot hold every cached segment the allocator frees them and retries:
+    # what it reserves then is bounded by the card, never below what the peak needs.
+    reserved = max(allocator.needed_bytes, min(allocator.reserved_bytes, hw.gpu.memory_bytes - context))
+    add("gpu", "allocator_reserve", reserved - peak, "overhead", allocator.explanation)
 
     # --- host, per node ------------------------------------------------------------------
     host_states = host_grads
@@ -430,7 +463,7 @@ def estimate_memory(inp: PlanInput, layout: Layout) -> MemoryEstimate:
     return MemoryEstimate(
         layout=layout, terms=tuple(gpu + host + nvme),
         gpu_peak_allocated_bytes=peak, gpu_peak_reserved_bytes=reserved,
-        gpu_device_used_bytes=reserved + context,
+        gpu_device_used_bytes=reserved + context, gpu_needed_bytes=allocator.needed_bytes + context,
         host_peak_bytes=host_peak, nvme_bytes=sum(term.bytes for term in nvme),
         gpu_capacity_bytes=cap, host_capacity_bytes=hw.host_ram_bytes, nvme_capacity_bytes=hw.nvme_bytes,
         gpu_usable_bytes=int(cap * (1 - inp.headroom_fraction)),
@@ -438,9 +471,30 @@ def estimate_memory(inp: PlanInput, layout: Layout) -> MemoryEstimate:
     )
 
 
-def gpu_reserved_bytes(peak: int) -> int:
-    """`max_memory_reserved`: the caching allocator keeps freed blocks and splits segments, so
-    large transients freed before the peak leave memory the peak cannot reuse. Over the H200
-    measurements this adds 9-55% to the peak with no clean dependence on any one term; the
-    mean ratio is used (benchmarks/accuracy.py prints the resulting error)."""
-    return int(peak * (1 + ALLOCATOR_RESERVE_FRACTION))
+@dataclass(frozen=True, slots=True)
+class AllocatorEstimate:
+    needed_bytes: int  # the least reserved memory the peak can run in (decides "fits")
+    reserved_bytes: int  # max_memory_reserved when nothing presses the allocator
+    explanation: str
+
+
+def caching_allocator(phases: dict[str, tuple[int, int]], misc: int, kind: str) -> AllocatorEstimate:
+    """Reserved memory from the phases' (allocated, largest request) pairs.
+
+    The default allocator needs, in each phase, its allocated bytes plus the part of the
+    largest request's old segment that smaller blocks keep reserved (TRAPPED_FRACTION); the
+    worst phase decides. On a card with room it frees nothing, so every phase's trapped
+    segment is still cached at the peak: reserved is the peak plus the largest trapped part of
+    any phase. Expandable segments need only the peak plus page rounding.
+    """
+    peak = max(allocated for allocated, _ in phases.values()) + misc
+    trapped = {name: int(TRAPPED_FRACTION * request) for name, (_, request) in phases.items()}
+    default_needed = max(allocated + misc + trapped[name] for name, (allocated, _) in phases.items())
+    cached = peak + max(trapped.values())
+    if kind == "expandable":
+        return AllocatorEstimate(peak + EXPANDABLE_SLACK_BYTES, max(cached, peak + EXPANDABLE_SLACK_BYTES),
+                                 "expandable segments: 2 MiB pages mapped as needed; free pages "
+                                 "stay cached until memory runs short")
+    return AllocatorEstimate(default_needed, max(cached, default_needed),
+                             "caching allocator: segments of the largest transients (fp32 "
+                             "gradients, loss) stay reserved by smaller blocks carved from them")
