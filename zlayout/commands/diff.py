@@ -6,6 +6,7 @@ import argparse
 import json
 from dataclasses import asdict
 
+from zlayout.cli import UsageError
 from zlayout.commands.show import open_profile
 from zlayout.profile.diff import Effect, diff_profiles
 from zlayout.profile.summary import figure
@@ -20,6 +21,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("a", metavar="A")
     parser.add_argument("b", metavar="B")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    parser.add_argument("--markdown", action="store_true",
+                        help="the before/after section of a change request, in markdown")
     parser.set_defaults(func=run)
 
 
@@ -42,8 +45,15 @@ def _effect_line(e: Effect, label: str, absent_is_zero: bool = False) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.json and args.markdown:
+        raise UsageError("give --json or --markdown, not both")
     a, _ = open_profile(args.a)
     b, _ = open_profile(args.b)
+    if args.markdown:
+        from zlayout.profile.runbook import diff_markdown
+
+        print(diff_markdown(a, b), end="")
+        return 0
     d = diff_profiles(a, b)
     if args.json:
         print(json.dumps({

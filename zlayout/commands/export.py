@@ -16,17 +16,19 @@ from zlayout.cli import UsageError, add_plan_arguments, layout_from_args, plan_i
 from zlayout.profile import (DS_CONFIG_FILE, PROFILE_FILE, ProfileError, RunSettings, build_profile,
                              load_profile, save_profile_dir)
 from zlayout.profile.launch import DEEPSPEED_SCRIPT, SLURM_SCRIPT, TORCHRUN_SCRIPT
+from zlayout.profile.runbook import EXTRA_FILES
 from zlayout.spec import GiB
 
-SCRIPT_NAMES = (DEEPSPEED_SCRIPT, TORCHRUN_SCRIPT, SLURM_SCRIPT)
+SCRIPT_NAMES = (DEEPSPEED_SCRIPT, TORCHRUN_SCRIPT, SLURM_SCRIPT, *EXTRA_FILES)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "export", help="write DIR/profile.toml, ds_config.json and launch scripts for one layout",
+        "export", help="write DIR/profile.toml, ds_config.json, launch scripts and RUNBOOK.md for one layout",
         description="Plan one layout (--stage is required) and write the profile the team keeps "
                     "next to its training code: profile.toml, ds_config.json, launch_deepspeed.sh, "
-                    "launch_torchrun.sh and launch_slurm.sbatch.")
+                    "launch_torchrun.sh, launch_slurm.sbatch, and the handoff pack generated from the profile: "
+                    "RUNBOOK.md, memory.svg (per-GPU memory chart) and alerts.yml (Prometheus rules).")
     add_plan_arguments(parser)
     out = parser.add_argument_group("profile")
     out.add_argument("--out", required=True, metavar="DIR", help="directory to write (created if missing)")

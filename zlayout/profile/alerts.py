@@ -6,8 +6,9 @@ so the person paged at 3 a.m. knows what crossing it means and what to look at.
 
 from __future__ import annotations
 
-from zlayout.profile.schema import (MEASURED_STATUSES, Alerts, Basis, GpuMemoryAlert, HostMemoryAlert,
-                                    LossSpikeAlert, Prediction, StepTimeAlert, Verification)
+from zlayout.profile.schema import (MEASURED_STATUSES, Alerts, Basis, DiskSpaceAlert, GpuHealthAlert,
+                                    GpuMemoryAlert, HostMemoryAlert, LossSpikeAlert, Prediction, StepTimeAlert,
+                                    Verification)
 from zlayout.spec import GiB, PlanInput
 
 GPU_MEMORY_MARGIN = 0.10
@@ -16,13 +17,17 @@ HOST_MEMORY_CEILING = 0.95  # of host RAM: above this the kernel's OOM killer is
 STEP_TIME_FACTOR = 1.25
 LOSS_SPIKE_FACTOR = 2.0
 LOSS_SPIKE_WINDOW_STEPS = 100
+GPU_IDLE_UTIL_PERCENT = 10
+GPU_IDLE_MINUTES = 10
+CHECKPOINT_SPACE_FACTOR = 2  # the next save is written beside the last one before `latest` moves
 
 
 def _gib(n: float) -> str:
     return f"{n / GiB:.1f} GiB"
 
 
-def derive_alerts(inp: PlanInput, prediction: Prediction, verification: Verification) -> Alerts:
+def derive_alerts(inp: PlanInput, prediction: Prediction, verification: Verification,
+                  checkpoint_dir: str | None = None) -> Alerts:
     """Thresholds from a complete run's measurement when there is one, else from the prediction."""
     same_world = verification.world in (None, inp.hardware.world)  # per-GPU shards differ otherwise
     measured = verification.measured if verification.status in MEASURED_STATUSES and same_world else {}
@@ -43,6 +48,7 @@ def derive_alerts(inp: PlanInput, prediction: Prediction, verification: Verifica
         peak_allocated_bytes=peak, warn_allocated_above_bytes=warn_alloc,
         device_used_bytes=used, warn_device_used_above_bytes=warn_used,
         capacity_bytes=capacity, margin_fraction=GPU_MEMORY_MARGIN,
+        critical_free_below_bytes=capacity - prediction.gpu_usable_bytes,
         why=(f"the {gpu_basis} peak is {_gib(peak)} of {_gib(capacity)}; "
              f"{GPU_MEMORY_MARGIN:.0%} above it something grew (sequence length, batch, a leak) "
              f"and the next step may run out of memory"),
@@ -78,4 +84,21 @@ def derive_alerts(inp: PlanInput, prediction: Prediction, verification: Verifica
         why=("a spike that size usually precedes divergence: stop, resume from the last "
              "checkpoint and skip the batch or lower the learning rate"),
     )
-    return Alerts(gpu_memory=gpu, host_memory=host, step_time=step, loss_spike=loss)
+    health = GpuHealthAlert(
+        idle_util_below_percent=GPU_IDLE_UTIL_PERCENT, idle_for_minutes=GPU_IDLE_MINUTES,
+        xid_rule="any XID error reported by the driver (DCGM_FI_DEV_XID_ERRORS > 0)",
+        why=("a training step keeps every GPU busy, so minutes near idle mean a hang (NCCL waiting "
+             "on a dead rank, a stuck dataloader or checkpoint write); an XID is the driver reporting "
+             "a GPU fault (48: double-bit ECC, 79: fell off the bus) and the node needs draining"),
+    )
+    space = None
+    if checkpoint_dir and prediction.checkpoint_bytes:
+        space = DiskSpaceAlert(
+            path=checkpoint_dir, needed_bytes=prediction.checkpoint_bytes,
+            warn_free_below_bytes=CHECKPOINT_SPACE_FACTOR * prediction.checkpoint_bytes,
+            why=(f"one checkpoint is about {_gib(prediction.checkpoint_bytes)}; with less than "
+                 f"{CHECKPOINT_SPACE_FACTOR}x that free the next save can fail part way and leave "
+                 "`latest` pointing at a cut-short tag"),
+        )
+    return Alerts(gpu_memory=gpu, host_memory=host, step_time=step, gpu_health=health,
+                  checkpoint_space=space, loss_spike=loss)

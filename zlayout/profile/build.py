@@ -12,11 +12,42 @@ from typing import Any, Mapping
 from pydantic import ValidationError
 
 from zlayout import __version__
+from zlayout.core.breakeven import break_even, crossovers
 from zlayout.core.plan import plan_layout
 from zlayout.profile.alerts import derive_alerts
-from zlayout.profile.schema import (MEASURED_STATUSES, ChangeEntry, PredictedTerm, Prediction, Profile,
-                                    RestartDrill, RunSettings, Verification, utc_now)
-from zlayout.spec import Layout, PlanInput
+from zlayout.profile.schema import (MEASURED_STATUSES, ChangeEntry, LayoutLimit, Limits, PredictedTerm,
+                                    Prediction, Profile, RestartDrill, RunSettings, Verification, utc_now,
+                                    without_custom_family)
+from zlayout.spec import Layout, PlanInput, all_layouts
+
+PRECISION_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+OPTIMIZER_STATE_BYTES_PER_PARAM = 12  # fp32 master weights + AdamW's two fp32 moments
+
+
+def checkpoint_bytes(inp: PlanInput, layout: Layout) -> int:
+    """One DeepSpeed checkpoint over all ranks: the optimizer state (always saved, partitioned
+    from stage 1) plus the module's weights in training precision, which stages 0-2 save whole
+    and stage 3 only as its fp32 partitions (already counted in the optimizer state)."""
+    params = inp.model.params
+    weights = 0 if layout.stage == 3 else PRECISION_BYTES[inp.training.precision] * params
+    return OPTIMIZER_STATE_BYTES_PER_PARAM * params + weights
+
+
+def limits(inp: PlanInput, layout: Layout) -> Limits:
+    """Break-even on this hardware: how far this layout carries the model, and what comes next."""
+    evens = {other: break_even(inp, other) for other in all_layouts()}
+    mine = evens.get(layout) or break_even(inp, layout)
+    crossing = next((c for c in crossovers(inp) if c.stops_fitting == layout), None)
+    model = mine.max_model
+    return Limits(
+        scaling=mine.scaling, max_params=mine.max_params,
+        max_model=None if model is None else
+        f"{model.name}: {model.layers} layers, hidden {model.hidden}, {model.heads} heads",
+        next_params=mine.next_params, limited_by=mine.limited_by, max_micro_batch=mine.max_micro_batch,
+        takes_over=crossing.takes_over if crossing else None,
+        layouts=[LayoutLimit(layout=other.label, max_params=be.max_params, max_micro_batch=be.max_micro_batch,
+                             limited_by=be.limited_by) for other, be in evens.items()],
+    )
 
 
 def predict(inp: PlanInput, layout: Layout) -> Prediction:
@@ -42,6 +73,7 @@ def predict(inp: PlanInput, layout: Layout) -> Prediction:
         intra_node_bytes=comm.intra_node_bytes, inter_node_bytes=comm.inter_node_bytes,
         pcie_bytes=comm.pcie_bytes, nvme_read_bytes=comm.nvme_read_bytes,
         nvme_write_bytes=comm.nvme_write_bytes,
+        checkpoint_bytes=checkpoint_bytes(inp, layout),
         terms=[PredictedTerm(name=t.name, where=t.where, bytes=t.bytes, category=t.category,
                              explanation=t.explanation) for t in mem.terms],
     )
@@ -68,6 +100,7 @@ def build_profile(inp: PlanInput, layout: Layout, *, name: str | None = None,
     appended with the before/after figures, so the file remembers why the layout changed.
     """
     when = now or utc_now()
+    inp = without_custom_family(inp)
     prediction = predict(inp, layout)
     verification = Verification()
     if previous is not None:
@@ -93,7 +126,8 @@ def build_profile(inp: PlanInput, layout: Layout, *, name: str | None = None,
         zlayout_version=__version__,
         inputs=inp, layout=layout, run=run or RunSettings(),
         prediction=prediction, verification=verification, changelog=changelog,
-        alerts=derive_alerts(inp, prediction, verification),
+        limits=limits(inp, layout),
+        alerts=derive_alerts(inp, prediction, verification, checkpoint_dir=(run or RunSettings()).checkpoint_dir),
     )
 
 
@@ -247,6 +281,7 @@ def attach_verification(profile: Profile, result: Mapping[str, Any],
     return profile.model_copy(update={
         "verification": verification,
         "restart_drill": drill,
-        "alerts": derive_alerts(profile.inputs, profile.prediction, verification),
+        "alerts": derive_alerts(profile.inputs, profile.prediction, verification,
+                                checkpoint_dir=profile.run.checkpoint_dir),
         "changelog": [*profile.changelog, entry],
     })

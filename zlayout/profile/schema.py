@@ -11,12 +11,15 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 from zlayout.profile.ds_config import DEFAULT_NVME_PATH, ds_config
-from zlayout.spec import Layout, PlanInput
+from zlayout.spec import GiB, Layout, PlanInput
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+
+# The spec's field suffix -> the file's (and back): the unit spelt out in the key.
+SPEC_TO_FILE_SUFFIX = {"_gbps": "_gb_per_s", "_flops": "_flop_per_s"}
 
 # validated: measured within tolerance; mismatch: ran, but the measurement is off the prediction
 # (alerts then follow the measurement); cpu-ok: ran end to end on CPU only, nothing measured on GPU.
@@ -95,6 +98,8 @@ class Prediction(Section):
     pcie_bytes: int | None = None
     nvme_read_bytes: int | None = None
     nvme_write_bytes: int | None = None
+    checkpoint_bytes: int | None = Field(
+        default=None, description="one DeepSpeed checkpoint, all ranks: weights + fp32 optimizer state (estimate)")
     terms: list[PredictedTerm] = Field(min_length=1)
 
     def figures(self) -> dict[str, int | float]:
@@ -154,6 +159,8 @@ class GpuMemoryAlert(Section):
     warn_device_used_above_bytes: int = Field(description="nvidia-smi / DCGM framebuffer used per GPU")
     capacity_bytes: int
     margin_fraction: float
+    critical_free_below_bytes: int | None = Field(
+        default=None, description="framebuffer free per GPU below the plan's headroom (DCGM_FI_DEV_FB_FREE)")
     why: str
 
 
@@ -174,6 +181,22 @@ class StepTimeAlert(Section):
     why: str
 
 
+class GpuHealthAlert(Section):
+    """Signals of a broken GPU or a hung job that DCGM reports whatever the layout."""
+
+    idle_util_below_percent: int = Field(gt=0, le=100)
+    idle_for_minutes: int = Field(gt=0)
+    xid_rule: str
+    why: str
+
+
+class DiskSpaceAlert(Section):
+    path: str
+    needed_bytes: int
+    warn_free_below_bytes: int
+    why: str
+
+
 class LossSpikeAlert(Section):
     window_steps: int = Field(gt=0)
     factor: float = Field(gt=1)
@@ -187,6 +210,8 @@ class Alerts(Section):
     gpu_memory: GpuMemoryAlert
     host_memory: HostMemoryAlert
     step_time: StepTimeAlert | None = None
+    gpu_health: GpuHealthAlert | None = None
+    checkpoint_space: DiskSpaceAlert | None = None
     loss_spike: LossSpikeAlert  # written last: a file cut short loses a required key
 
 
@@ -209,10 +234,109 @@ class ChangeEntry(Section):
         return _as_utc(value)
 
 
+class LayoutLimit(Section):
+    layout: str
+    max_params: int = Field(description="largest model this layout carries here (0: none)")
+    max_micro_batch: int
+    limited_by: str = Field(description="what the next larger model runs out of: gpu, host, nvme; range: none within 10T")
+
+
+class Limits(Section):
+    """Where the profile's layout stops fitting on its hardware (break-even), computed at export."""
+
+    scaling: Literal["family", "depth"] = Field(
+        description="family: the model family's shapes; depth: more layers at this width")
+    max_params: int
+    max_model: str | None = None
+    next_params: int = Field(description="the first larger size that does not fit (0: none within range)")
+    limited_by: str
+    max_micro_batch: int
+    takes_over: Layout | None = Field(default=None, description="the fastest layout that fits next_params")
+    layouts: list[LayoutLimit] = []
+
+
+class Summary(Section):
+    """Rounded figures for people beside the exact bytes; derived from the profile on every save."""
+
+    verdict: str
+    model: str
+    hardware: str
+    layout: str
+    basis: Basis
+    fits: bool
+    gpu_peak_allocated_gib: float
+    gpu_peak_allocated_bytes: int
+    gpu_device_used_gib: float
+    gpu_device_used_bytes: int
+    gpu_capacity_gib: float
+    gpu_capacity_bytes: int
+    host_peak_gib: float
+    host_peak_bytes: int
+    host_capacity_gib: float
+    host_capacity_bytes: int
+    nvme_gib: float
+    nvme_bytes: int
+    checkpoint_gib: float | None = None
+    checkpoint_bytes: int | None = None
+    step_time_s: float | None = Field(default=None, description="3 significant digits")
+    tokens_per_s: int | None = None
+    largest_model_params: int | None = None
+
+
+def round_gib(n: int) -> float:
+    return round(n / GiB, 1)
+
+
+def _rename_keys(value: Any, suffixes: dict[str, str]) -> Any:
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            for old, new in suffixes.items():
+                if isinstance(key, str) and key.endswith(old):
+                    key = key[: -len(old)] + new
+                    break
+            out[key] = _rename_keys(item, suffixes)
+        return out
+    return value
+
+
+def inputs_to_file(data: dict[str, Any]) -> dict[str, Any]:
+    """PlanInput's dump -> the keys the file uses (units spelt out)."""
+    return _rename_keys(data, SPEC_TO_FILE_SUFFIX)
+
+
+def inputs_from_file(data: dict[str, Any]) -> dict[str, Any]:
+    """The file's keys -> PlanInput's (the spec's own names pass unchanged: schema 1 used them)."""
+    return _rename_keys(data, {new: old for old, new in SPEC_TO_FILE_SUFFIX.items()})
+
+
+def without_custom_family(inp: Any) -> Any:
+    """A model named "custom" (an architecture, or a preset someone changed) has no family:
+    the preset's family on another shape reads as that model. Accepts a PlanInput or its dict."""
+    if isinstance(inp, PlanInput):
+        if inp.model.name == "custom" and inp.model.family is not None:
+            return inp.model_copy(update={"model": inp.model.model_copy(update={"family": None})})
+        return inp
+    if isinstance(inp, dict) and isinstance(inp.get("model"), dict):
+        model = inp["model"]
+        if model.get("name", "custom") == "custom" and "family" in model:
+            return {**inp, "model": {k: v for k, v in model.items() if k != "family"}}
+    return inp
+
+
+def _migrate_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """Schema 1 -> 2: the spec's key names are still read (inputs_from_file passes them), the
+    summary is derived, limits and the checkpoint estimate stay absent until the next export."""
+    return {**data, "schema_version": 2}
+
+
+MIGRATIONS = {1: _migrate_v1}
+
+
 class Profile(Section):
     """A run configuration for specific hardware, with its reasons and measurements."""
 
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[2] = SCHEMA_VERSION
     name: str
     description: str
     zlayout_version: str
@@ -222,8 +346,75 @@ class Profile(Section):
     prediction: Prediction
     verification: Verification = Verification()
     restart_drill: RestartDrill | None = None
+    limits: Limits | None = None
     changelog: list[ChangeEntry] = Field(min_length=1)
     alerts: Alerts
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_file(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = {k: v for k, v in data.items() if k != "summary"}  # derived: recomputed on save
+        version = data.get("schema_version")
+        while isinstance(version, int) and version in MIGRATIONS:
+            data = MIGRATIONS[version](data)
+            version = data.get("schema_version")
+        inputs = data.get("inputs")
+        if isinstance(inputs, dict):
+            inputs = inputs_from_file(inputs)
+        if inputs is not None:
+            data["inputs"] = without_custom_family(inputs)
+        return data
+
+    @model_serializer(mode="wrap")
+    def _to_file(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        if isinstance(data.get("inputs"), dict):
+            data["inputs"] = inputs_to_file(data["inputs"])
+        summary = self.summary().model_dump()
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            if key == "inputs":
+                out["summary"] = summary  # first table: what a person opening the file reads
+            out[key] = value
+        return out
+
+    def summary(self) -> Summary:
+        """The figures that matter, as best known (measured after a complete run), rounded."""
+        from zlayout.catalog import format_size
+
+        inp, pred, alerts = self.inputs, self.prediction, self.alerts
+        m, hw, v = inp.model, inp.hardware, self.verification
+        if v.status == "unverified":
+            verdict = f"unverified: predicted by {pred.planner}, not yet run on GPUs"
+        else:
+            where = f" on {v.gpus}" if v.gpus else ""
+            when = f" at {v.when:%Y-%m-%d %H:%M} UTC" if v.when else ""
+            verdict = f"{v.status}{where}{when}"
+        nodes = f"{hw.nodes} nodes x " if hw.nodes > 1 else ""
+        step = alerts.step_time.step_time_s if alerts.step_time else pred.step_time_s
+        tokens = v.measured.get("tokens_per_s") if alerts.gpu_memory.basis == "measured" else None
+        tokens = tokens if tokens is not None else pred.tokens_per_s
+        return Summary(
+            verdict=verdict,
+            model=f"{m.name}: {format_size(m.params)} parameters, {m.layers} layers, hidden {m.hidden}",
+            hardware=f"{nodes}{hw.gpus_per_node}x {hw.gpu.name} ({round_gib(hw.gpu.memory_bytes)} GiB each)",
+            layout=self.layout.label, basis=alerts.gpu_memory.basis, fits=pred.fits,
+            gpu_peak_allocated_gib=round_gib(alerts.gpu_memory.peak_allocated_bytes),
+            gpu_peak_allocated_bytes=alerts.gpu_memory.peak_allocated_bytes,
+            gpu_device_used_gib=round_gib(alerts.gpu_memory.device_used_bytes),
+            gpu_device_used_bytes=alerts.gpu_memory.device_used_bytes,
+            gpu_capacity_gib=round_gib(pred.gpu_capacity_bytes), gpu_capacity_bytes=pred.gpu_capacity_bytes,
+            host_peak_gib=round_gib(alerts.host_memory.peak_bytes), host_peak_bytes=alerts.host_memory.peak_bytes,
+            host_capacity_gib=round_gib(hw.host_ram_bytes), host_capacity_bytes=hw.host_ram_bytes,
+            nvme_gib=round_gib(pred.nvme_bytes), nvme_bytes=pred.nvme_bytes,
+            checkpoint_gib=None if pred.checkpoint_bytes is None else round_gib(pred.checkpoint_bytes),
+            checkpoint_bytes=pred.checkpoint_bytes,
+            step_time_s=None if step is None else float(f"{step:.3g}"),
+            tokens_per_s=None if tokens is None else round(tokens),
+            largest_model_params=self.limits.max_params if self.limits else None,
+        )
 
     def plan_input(self) -> PlanInput:
         return self.inputs

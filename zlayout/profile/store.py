@@ -20,6 +20,7 @@ import tomli_w
 from pydantic import ValidationError
 
 from zlayout.profile.launch import launch_scripts
+from zlayout.profile.runbook import extra_files
 from zlayout.profile.schema import SCHEMA_VERSION, Profile
 
 PROFILE_FILE = "profile.toml"
@@ -173,12 +174,18 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
 
 
 def save_profile(profile: Profile, path: str | os.PathLike[str]) -> Path:
-    """Write profile.toml atomically (a directory means DIR/profile.toml). Returns the path."""
+    """Write profile.toml atomically (a directory means DIR/profile.toml). Returns the path.
+
+    A file named profile.toml gets the runbook, its chart and alerts.yml rewritten beside it
+    first (runbook.extra_files), so they never describe another version of the profile."""
     p = Path(path)
     if p.is_dir() or p.suffix != ".toml":
         p.mkdir(parents=True, exist_ok=True)
         p = p / PROFILE_FILE
     try:
+        if p.name == PROFILE_FILE:
+            for name, text in extra_files(profile).items():
+                atomic_write(p.parent / name, text.encode("utf-8"))
         atomic_write(p, dumps_profile(profile).encode("utf-8"))
     except OSError as exc:
         raise ProfileError(f"cannot write {p}: {exc.strerror or exc}") from None
