@@ -26,7 +26,8 @@ def test_export_writes_the_profile_and_its_files(tmp_path, capsys):
     code, out = export(tmp_path, capsys)
     assert code == 0
     assert sorted(p.name for p in out.iterdir()) == [
-        "ds_config.json", "launch_deepspeed.sh", "launch_slurm.sbatch", "launch_torchrun.sh", "profile.toml"]
+        "RUNBOOK.md", "alerts.yml", "ds_config.json", "launch_deepspeed.sh", "launch_slurm.sbatch",
+        "launch_torchrun.sh", "memory.svg", "profile.toml"]
     profile = load_profile(out)
     assert profile.layout.stage == 3 and profile.layout.offload_optimizer == "cpu"
     assert profile.inputs.model.name == "llama3-8b" and profile.inputs.training.seq == 4096

@@ -96,13 +96,13 @@ def test_export_load_export_gives_the_same_file(inp, layout, verified, scale):
 def test_every_section_is_in_the_file(profile_8b, make_verify_result, tmp_path):
     profile = attach_verification(profile_8b, make_verify_result(profile_8b))
     text = save_profile(profile, tmp_path).read_text()
-    for header in ("[inputs.model]", "[inputs.hardware.gpu]", "[inputs.training]", "[inputs.zero]",
+    for header in ("[summary]", "[limits]", "[[limits.layouts]]", "[inputs.model]", "[inputs.hardware.gpu]", "[inputs.training]", "[inputs.zero]",
                    "[layout]", "[run]", "[prediction]", "[[prediction.terms]]", "[verification]",
                    "[verification.measured]", "[verification.error_fraction]", "[restart_drill]",
                    "[[changelog]]", "[alerts.gpu_memory]", "[alerts.host_memory]", "[alerts.step_time]",
                    "[alerts.loss_spike]"):
         assert header in text, header
-    assert text.startswith("schema_version = 1\n")
+    assert text.startswith("schema_version = 2\n")
     assert "null" not in text and "None" not in text
 
 
@@ -167,7 +167,7 @@ def test_syntax_error_names_the_line(profile_8b):
 
 @pytest.mark.parametrize("text,expected", [
     ("", "schema_version is missing"),
-    ("schema_version = 2\n", "newer zlayout"),
+    ("schema_version = 3\n", "newer zlayout"),
     ('schema_version = "1"\n', "schema_version must be an integer"),
     ("schema_version = 1\n", "name: missing"),
 ])
@@ -213,7 +213,7 @@ def test_failed_write_leaves_the_old_file_and_no_temp(profile_8b, tmp_path, monk
     with pytest.raises(ProfileError, match="No space left"):
         save_profile(changed, tmp_path)
     assert path.read_bytes() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["profile.toml"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["RUNBOOK.md", "alerts.yml", "memory.svg", "profile.toml"]
 
 
 def test_write_replaces_by_rename(profile_8b, tmp_path):
