@@ -113,7 +113,7 @@ def recommend(inp: PlanInput, planned: "tuple[LayoutPlan, ...]") -> Recommendati
         ranked = sorted(fitting, key=lambda lp: _order_key(lp, fastest_s))
         best = ranked[0]
         runner = ranked[1] if len(ranked) > 1 else None
-        return Recommendation(best.layout, _why(best, ranked[1:]),
+        return Recommendation(best.layout, _why(best, ranked[1:]) + _expandable_note(inp, best),
                               runner_up=runner.layout if runner else None)
     layouts = tuple(lp.layout for lp in planned) or all_layouts()
     fixes = suggest_fixes(inp, layouts)
@@ -122,6 +122,24 @@ def recommend(inp: PlanInput, planned: "tuple[LayoutPlan, ...]") -> Recommendati
     if closest is not None:
         reason += f": the closest, {closest.layout.label}, {_shortfall(closest.memory)}"
     return Recommendation(None, reason + ".", tuple(f.text for f in fixes), fixes)
+
+
+def _expandable_note(inp: PlanInput, best: "LayoutPlan") -> str:
+    """When a faster layout fits only with expandable segments, say so (the default
+    allocator's fragmentation is what keeps it out)."""
+    if inp.training.allocator != "default":
+        return ""
+    expandable = _with_training(inp, allocator="expandable")
+    faster = [(estimate_step_time(expandable, lay, estimate_comm(expandable, lay)).step_time_s, lay)
+              for lay in all_layouts()
+              if lay != best.layout and not estimate_memory(inp, lay).fits
+              and estimate_memory(expandable, lay).fits]
+    faster = [(s, lay) for s, lay in faster if s < best.time.step_time_s * (1 - 0.03)]
+    if not faster:
+        return ""
+    step_s, lay = min(faster, key=lambda pair: pair[0])
+    return (f" With --allocator expandable (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) "
+            f"{lay.label} fits too, at {step_s:.2f} s/step.")
 
 
 def _overshoot(mem: MemoryEstimate) -> float:
@@ -251,6 +269,15 @@ def _smaller_micro_batch(inp: PlanInput, layouts: tuple[Layout, ...]) -> Fix | N
     return None
 
 
+def _expandable_segments(inp: PlanInput, layouts: tuple[Layout, ...]) -> Fix | None:
+    """Expandable segments leave no split segment behind, so a layout whose peak fits but
+    whose fragmentation does not runs with them (and costs nothing in speed)."""
+    if inp.training.allocator != "default":
+        return None
+    return _fix(_with_training(inp, allocator="expandable"), layouts, "--allocator expandable",
+                "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (no fragmentation)")
+
+
 def _checkpointing(inp: PlanInput, layouts: tuple[Layout, ...]) -> Fix | None:
     if inp.training.checkpointing != "none":
         return None
@@ -266,7 +293,7 @@ def suggest_fixes(inp: PlanInput, layouts: tuple[Layout, ...] | None = None) -> 
     the cheap changes (checkpointing, micro-batch 1 with more accumulation).
     """
     chosen = tuple(layouts) if layouts is not None else all_layouts()
-    singles = (_checkpointing(inp, chosen), _smaller_micro_batch(inp, chosen),
+    singles = (_expandable_segments(inp, chosen), _checkpointing(inp, chosen), _smaller_micro_batch(inp, chosen),
                _nvme(inp, chosen), _more_gpus(inp, chosen))
     found = tuple(fix for fix in singles if fix is not None)
     if found:
