@@ -4,8 +4,9 @@ A preset is one TOML file, `<kind>/<name>.toml`, whose keys are the fields of th
 spec model plus `description` and `source` (where the figures are published); GPU presets
 also name their `default_intra_link`. Lookup order, first match wins: each `extra_dirs`
 entry, the `ZLAYOUT_PRESETS_DIR` directories (os.pathsep-separated), the user's
-`~/.config/zlayout/presets`, then the presets shipped in `zlayout/presets`. Each of these is
-a directory with `gpus/`, `links/`, `models/` and `profiles/` subfolders.
+`~/.config/zlayout/presets`, then the built-in presets (`presets/` at the top of a source
+checkout, `zlayout/presets` inside an installed wheel). Each of these is a directory with
+`gpus/`, `links/`, `models/` and `profiles/` subfolders.
 
 The TUI calls these functions on every keystroke, so parsed files are cached on
 (path, mtime, size) and `model_for_size` answers from a table built once per family.
@@ -28,7 +29,20 @@ from pydantic import BaseModel, ValidationError
 from zlayout.spec import GpuSpec, LinkSpec, ModelSpec
 
 KINDS = ("gpus", "links", "models", "profiles")
-BUILTIN_PRESETS_DIR = Path(__file__).resolve().parent / "presets"
+
+
+def _builtin_presets_dir() -> Path:
+    """The shipped presets: inside the package in a wheel, else the checkout's top-level presets/.
+
+    An editable install or PYTHONPATH=<clone> imports zlayout from the checkout, where the
+    data sits beside the package; a wheel maps presets/ into zlayout/presets (pyproject.toml).
+    """
+    package_dir = Path(__file__).resolve().parent
+    inside = package_dir / "presets"
+    return inside if inside.is_dir() else package_dir.parent / "presets"
+
+
+BUILTIN_PRESETS_DIR = _builtin_presets_dir()
 PRESETS_DIR_ENV = "ZLAYOUT_PRESETS_DIR"
 
 METADATA_KEYS = frozenset({"description", "source"})
