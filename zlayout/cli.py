@@ -26,7 +26,7 @@ class UsageError(Exception):
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser, with_layout: bool = True) -> None:
-    """The flags every planning command shares (see DESIGN.md's command-line contract)."""
+    """The flags every planning command shares (README.md, "The command line")."""
     model = parser.add_argument_group("model (an architecture, --preset NAME or --params SIZE)")
     model.add_argument("--preset", help="model preset name, e.g. llama3-8b (see `zlayout show --presets`)")
     model.add_argument("--params", help="model size such as 13e9 or 70B, mapped onto --family's shape")

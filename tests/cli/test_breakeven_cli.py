@@ -44,7 +44,7 @@ def test_json_has_every_layout_with_the_core_answer(capsys):
 def test_the_reference_model_fits_and_grows_on_two_h200(capsys):
     data = run_json(capsys, *REFERENCE_FLAGS)
     stage2 = next(r for r in data["layouts"] if r["stage"] == 2 and r["offload_optimizer"] == "none")
-    # measured: this layout peaks at 21 GiB on 2 H200s (shared/reference), so it carries more
+    # measured: this layout peaks at 21 GiB on 2 H200s (benchmarks/measurements/h200-2026-11-29.jsonl), so it carries more
     assert stage2["max_params"] > data["params"]
     assert stage2["max_micro_batch"] >= 2 and stage2["fits_current_model"]
     # the largest model is the same architecture, deeper

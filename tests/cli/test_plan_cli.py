@@ -1,4 +1,4 @@
-"""`zlayout plan`: the command-line contract of DESIGN.md, run as a real subprocess and in-process."""
+"""`zlayout plan`: the command-line contract (README.md), run as a real subprocess and in-process."""
 
 from __future__ import annotations
 
