@@ -89,7 +89,7 @@ def test_impossible_layouts_exit_2_with_what_to_change(capsys, flags, message):
     (["--layers", "-1", "--hidden", "4096", "--heads", "32", "--vocab", "32000"], "layers"),
     (["--preset", "llama9"], "available:"),
     (["--params", "lots"], "13B"),
-    (["--params", "7B", "--gpus-per-node", "0"], "gpus_per_node"),
+    (["--params", "7B", "--gpus-per-node", "0"], "--gpus-per-node: must be from 1 to 128 (got 0)"),
     (["--params", "7B", "--gpu", "h300"], "unknown GPU"),
 ])
 def test_bad_input_exits_2_without_a_traceback(capsys, flags, message):
