@@ -3,7 +3,7 @@
     python benchmarks/accuracy.py            # table + mean/max error
     python benchmarks/accuracy.py --phases   # also forward/backward/step phase peaks where measured
 
-Which rows informed the model: ../shared/reference and h200-measure-a.jsonl were read while
+Which rows informed the model: h200-2026-11-29.jsonl (the reference rows) and h200-measure-a.jsonl were read while
 building it; h200-measure-b.jsonl was measured afterwards and checked as a hold-out (one row
 of it, ZeRO-2 + CPU offload of an 8B model, then led to the "offload cast" phase).
 

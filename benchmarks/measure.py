@@ -3,7 +3,7 @@
 The model is the verification worker's (zlayout/verify/worker_model.py), so the planner is
 checked against the network the product trains. Run under torchrun on a GPU machine, with the
 repository root on PYTHONPATH; rank 0 prints one line `MEASURE {json}` with the fields
-of ../shared/reference/h200-*.jsonl plus per-phase peaks (forward, backward, optimizer step),
+of benchmarks/measurements/h200-2026-11-29.jsonl plus per-phase peaks (forward, backward, optimizer step),
 so the memory model can be checked term by term, not only at the peak. This is a measurement
 script for the accuracy benchmark; the product's verification worker is zlayout/verify/worker.py.
 

@@ -1,4 +1,4 @@
-"""Load measured layouts (../shared/reference and benchmarks/measurements/*.jsonl) as plan inputs.
+"""Load measured layouts (benchmarks/measurements/*.jsonl) as plan inputs.
 
 Every row carries the shape, the training setup, the layout and what torch measured; this
 module turns one into the `PlanInput` + `Layout` zlayout predicts for, so every benchmark
@@ -15,7 +15,7 @@ from zlayout import catalog
 from zlayout.spec import GiB, HardwareSpec, Layout, ModelSpec, PlanInput, TrainingSpec
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = [ROOT.parent / "shared" / "reference", ROOT / "benchmarks" / "measurements"]
+SOURCES = [ROOT / "benchmarks" / "measurements"]
 
 
 @dataclass(frozen=True)

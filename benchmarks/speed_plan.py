@@ -2,7 +2,7 @@
 
     python benchmarks/speed_plan.py
 
-Targets (DESIGN.md): `zlayout plan --json` well under 0.5 s on a 2-core login node; every
+Targets (the project's design): `zlayout plan --json` well under 0.5 s on a 2-core login node; every
 layout evaluated in-process under 5 ms; torch and deepspeed never imported on that path.
 """
 

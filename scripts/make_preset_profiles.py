@@ -1,4 +1,4 @@
-"""Regenerate the ready profiles shipped in zlayout/presets/profiles/ with zlayout's own export.
+"""Regenerate the ready profiles shipped in presets/profiles/ with zlayout's own export.
 
     .venv/bin/python scripts/make_preset_profiles.py          # rewrite them
     .venv/bin/python scripts/make_preset_profiles.py --check  # exit 1 if any is stale
@@ -23,7 +23,7 @@ from zlayout.core.plan import make_plan
 from zlayout.profile import build_profile, save_profile_dir
 from zlayout.spec import HardwareSpec, Layout, PlanInput, TrainingSpec, all_layouts
 
-PRESETS_DIR = Path(__file__).resolve().parent.parent / "zlayout" / "presets" / "profiles"
+PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets" / "profiles"
 EXPORTED_AT = datetime(2026, 11, 30, 0, 0, 0, tzinfo=timezone.utc)
 
 

@@ -4,8 +4,9 @@ A preset is one TOML file, `<kind>/<name>.toml`, whose keys are the fields of th
 spec model plus `description` and `source` (where the figures are published); GPU presets
 also name their `default_intra_link`. Lookup order, first match wins: each `extra_dirs`
 entry, the `ZLAYOUT_PRESETS_DIR` directories (os.pathsep-separated), the user's
-`~/.config/zlayout/presets`, then the presets shipped in `zlayout/presets`. Each of these is
-a directory with `gpus/`, `links/`, `models/` and `profiles/` subfolders.
+`~/.config/zlayout/presets`, then the built-in presets (`presets/` at the top of a source
+checkout, `zlayout/presets` inside an installed wheel). Each of these is a directory with
+`gpus/`, `links/`, `models/` and `profiles/` subfolders.
 
 The TUI calls these functions on every keystroke, so parsed files are cached on
 (path, mtime, size) and `model_for_size` answers from a table built once per family.
@@ -14,6 +15,7 @@ The TUI calls these functions on every keystroke, so parsed files are cached on
 from __future__ import annotations
 
 import bisect
+import difflib
 import functools
 import math
 import os
@@ -25,10 +27,24 @@ from typing import Callable, Iterable, Mapping
 
 from pydantic import BaseModel, ValidationError
 
-from zlayout.spec import GpuSpec, LinkSpec, ModelSpec
+from zlayout import tomlsafe
+from zlayout.spec import BOUNDS, GpuSpec, LinkSpec, ModelSpec, check_model_size
 
 KINDS = ("gpus", "links", "models", "profiles")
-BUILTIN_PRESETS_DIR = Path(__file__).resolve().parent / "presets"
+
+
+def _builtin_presets_dir() -> Path:
+    """The shipped presets: inside the package in a wheel, else the checkout's top-level presets/.
+
+    An editable install or PYTHONPATH=<clone> imports zlayout from the checkout, where the
+    data sits beside the package; a wheel maps presets/ into zlayout/presets (pyproject.toml).
+    """
+    package_dir = Path(__file__).resolve().parent
+    inside = package_dir / "presets"
+    return inside if inside.is_dir() else package_dir.parent / "presets"
+
+
+BUILTIN_PRESETS_DIR = _builtin_presets_dir()
 PRESETS_DIR_ENV = "ZLAYOUT_PRESETS_DIR"
 
 METADATA_KEYS = frozenset({"description", "source"})
@@ -138,7 +154,19 @@ def preset_path(kind: str, name: str, extra_dirs: Iterable[str | os.PathLike[str
         if candidate in index:
             return index[candidate]
     available = ", ".join(sorted(index)) or "(none)"
-    raise UnknownPresetError(f"unknown {_KIND_LABELS[kind]} {name!r}; available: {available}")
+    aliases = [alias for alias, target in ALIASES.items() if target in index]
+    raise UnknownPresetError(f"unknown {_KIND_LABELS[kind]} {_shown(name)}"
+                             f"{_did_you_mean(name, list(index) + aliases)}; available: {available}")
+
+
+def _shown(name: str) -> str:
+    return repr(name) if len(name) <= 60 else repr(name[:60] + "...")
+
+
+def _did_you_mean(name: str, options: Iterable[str]) -> str:
+    """' (did you mean llama3-70b?)' for a near miss (aliases resolve to their preset)."""
+    close = difflib.get_close_matches(_normalize(name)[:200], list(options), n=1, cutoff=0.6)
+    return f" (did you mean {ALIASES.get(close[0], close[0])}?)" if close else ""
 
 
 # --------------------------------------------------------------------------- reading files
@@ -146,11 +174,18 @@ def preset_path(kind: str, name: str, extra_dirs: Iterable[str | os.PathLike[str
 
 @functools.lru_cache(maxsize=512)
 def _read_toml(path: str, mtime_ns: int, size: int) -> Mapping[str, object]:
+    if size > tomlsafe.MAX_TOML_BYTES:  # before reading it: a preset is a few hundred bytes
+        raise PresetFileError(f"{path}: {size:,} bytes is too big for a preset file")
     try:
         with open(path, "rb") as handle:
-            return tomllib.load(handle)
+            text = handle.read().decode("utf-8")
+        return tomlsafe.loads(text, path)
+    except tomlsafe.TomlLimitError as err:
+        raise PresetFileError(str(err)) from None
     except tomllib.TOMLDecodeError as err:  # its message ends "(at line N, column M)"
         raise PresetFileError(f"{path}: invalid TOML: {err}") from None
+    except UnicodeDecodeError:
+        raise PresetFileError(f"{path}: not UTF-8 text; a preset is a TOML file") from None
     except OSError as err:
         raise PresetFileError(f"{path}: cannot read: {err.strerror}") from None
 
@@ -227,12 +262,17 @@ def default_intra_link(gpu_name: str, extra_dirs: Iterable[str | os.PathLike[str
 # --------------------------------------------------------------------------- sizes
 
 _SIZE_SUFFIXES = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
-_SIZE_RE = re.compile(r"^\s*([0-9][0-9_,]*(?:\.[0-9]*)?(?:e[+-]?[0-9]+)?)\s*([kmbgt]?)\s*$", re.I)
-_SIZE_FORMS = "a number with an optional K, M, B or T suffix, e.g. 13B, 1.5T, 350M, 7b or 13e9"
+_SIZE_RE = re.compile(r"^\s*([0-9][0-9_,]{0,40}(?:\.[0-9]{0,40})?)(e[+-]?[0-9]{1,4})?\s*([kmbgt]?)\s*$",
+                      re.I)
+_SIZE_FORMS = "a number with a unit (M, B or T) or an exponent, e.g. 13B, 1.5T, 350M, 7b or 13e9"
 
 
 def parse_size(text: str | int | float) -> int:
-    """A parameter count from '13B', '1.5T', '350M', '7b', '13e9' or '13000000000'."""
+    """A parameter count from '13B', '1.5T', '350M', '7b' or '13e9', from 10M to 20T.
+
+    Text needs a unit or an exponent: a bare '7' is far more often 7B typed short than a
+    7-parameter model, so it is refused with "did you mean 7B?". Numbers are counts.
+    """
     if isinstance(text, bool):
         raise ValueError(f"can't read {text!r} as a model size: use {_SIZE_FORMS}")
     if isinstance(text, (int, float)):
@@ -240,11 +280,24 @@ def parse_size(text: str | int | float) -> int:
     else:
         match = _SIZE_RE.match(str(text))
         if not match:
-            raise ValueError(f"can't read {text!r} as a model size: use {_SIZE_FORMS}")
-        number, suffix = match.groups()
-        value = float(number.replace("_", "").replace(",", "")) * _SIZE_SUFFIXES[suffix.lower()]
+            shown = str(text) if len(str(text)) <= 40 else str(text)[:40] + "..."
+            raise ValueError(f"can't read {shown!r} as a model size: use {_SIZE_FORMS}")
+        number, exponent, suffix = match.groups()
+        bare = float(number.replace("_", "").replace(",", ""))
+        if not exponent and not suffix and bare > 0:
+            # small: a count of billions typed short; large: a count, written with a unit
+            guess = f"{bare:g}B" if bare < 10**6 else format_size(bare).replace(".0B", "B")
+            raise ValueError(f"size {text.strip()} has no unit: did you mean {guess}? "
+                             "(e.g. 13B, 1.5T, 350M or 13e9)")
+        value = (float(number.replace("_", "").replace(",", "") + (exponent or ""))
+                 * _SIZE_SUFFIXES[suffix.lower()])
     if not math.isfinite(value) or value < 1:
         raise ValueError(f"a model size must be a positive count, got {text!r}: use {_SIZE_FORMS}")
+    try:
+        check_model_size(value)
+    except ValueError:
+        raise ValueError(f"a model size must be from 10M to 20T parameters (got {format_size(value)}); "
+                         f"e.g. 350M, 13B or 1.5T") from None
     return int(round(value))
 
 
@@ -254,7 +307,9 @@ def format_size(params: float) -> str:
         return f"{params / 1e12:.2f}T"
     if params >= 1e9:
         return f"{params / 1e9:.1f}B"
-    return f"{params / 1e6:.0f}M"
+    if params >= 1e6:
+        return f"{params / 1e6:.0f}M"
+    return f"{params:,.0f}"
 
 
 # --------------------------------------------------------------------------- family scaling
@@ -270,7 +325,8 @@ ASPECT_WEIGHT_SMALL = 0.0003
 ASPECT_WEIGHT_LARGE = 0.003
 KV_HALVED_COST = 0.01 ** 2
 _TABLE_MAX_PARAMS = 2e13  # requests above this get the largest shape (20T)
-_MAX_HIDDEN = 2**18  # stops the width scan for families whose shapes grow oddly
+_MAX_HIDDEN = int(BOUNDS["hidden"].high)  # stops the width scan for families whose shapes grow oddly
+_MAX_LAYERS = int(BOUNDS["layers"].high)
 _WINDOW_NEIGHBOURS = 2  # each width offers depths reaching its second neighbours' ideal sizes
 _WINDOW_OVERLAP = 0.3  # ... and 30% beyond
 
@@ -350,10 +406,13 @@ def _width_template(anchors: tuple[ModelSpec, ...], hidden: int, head_dim: int,
     elif any(a.ffn is not None for a in anchors):
         ratio = _interpolate(anchors, log_params, lambda a: a.ffn_size / a.hidden)
         ffn = max(FFN_MULTIPLE, round(ratio * hidden / FFN_MULTIPLE) * FFN_MULTIPLE)
-    template = ModelSpec(
-        name="template", family=nearest.family, layers=1, hidden=hidden, heads=heads,
-        kv_heads=kv_heads, ffn=ffn, vocab=nearest.vocab, mlp=nearest.mlp, norm=nearest.norm,
-        bias=nearest.bias, qkv_bias=nearest.qkv_bias, tie_embeddings=nearest.tie_embeddings)
+    try:
+        template = ModelSpec(
+            name="template", family=nearest.family, layers=1, hidden=hidden, heads=heads,
+            kv_heads=kv_heads, ffn=ffn, vocab=nearest.vocab, mlp=nearest.mlp, norm=nearest.norm,
+            bias=nearest.bias, qkv_bias=nearest.qkv_bias, tie_embeddings=nearest.tie_embeddings)
+    except ValidationError:  # beyond the spec's bounds (heads, ffn): not a shape to offer
+        return None
     halved = nearest.kv_heads is not None and kv_heads is not None and kv_heads < min(nearest.kv_heads, heads)
     return template, (KV_HALVED_COST if halved else 0.0)
 
@@ -395,10 +454,15 @@ def _family_table(family: str, anchors: tuple[ModelSpec, ...]) -> _FamilyTable:
         first = max(1, math.floor((lower / (1 + _WINDOW_OVERLAP) - fixed) / layer))
         last = max(first, math.ceil((upper * (1 + _WINDOW_OVERLAP) - fixed) / layer),
                    round(ideal_layers))
-        for layers in range(first, last + 1):
+        # a family whose presets are odd (1000 layers at hidden 128) would ask for millions
+        # of depths per width: only depths the spec accepts are shapes
+        for layers in range(first, min(last, _MAX_LAYERS) + 1):
             params = fixed + layers * layer
             cost = _aspect_weight(params) * math.log(layers / ideal_layers) ** 2 + kv_cost
             rows.append((params, cost, hidden, layers))
+    if not rows:
+        raise ValueError(f"family {family!r}: its presets give no shape within the spec's bounds; "
+                         "check their layers and hidden sizes")
     rows.sort()
     return _FamilyTable(
         family=family,
@@ -420,7 +484,8 @@ def _family_anchors(family: str, extra_dirs: Iterable[str | os.PathLike[str]]) -
     anchors = by_family.get(_normalize(family))
     if not anchors:
         families = ", ".join(sorted(by_family)) or "(none)"
-        raise UnknownPresetError(f"unknown model family {family!r}; available: {families}")
+        raise UnknownPresetError(f"unknown model family {_shown(family)}"
+                                 f"{_did_you_mean(family, by_family)}; available: {families}")
     return anchors
 
 

@@ -8,35 +8,157 @@ is a one-line message on stderr and exit code 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import difflib
+import errno
 import importlib
+import math
+import os
+import re
 import sys
-from typing import Sequence
+from typing import Any, NoReturn, Sequence
 
 from pydantic import ValidationError
 
-from zlayout.spec import GiB, HardwareSpec, Layout, ModelSpec, PlanInput, TrainingSpec, ZeroKnobs
+from zlayout.spec import (BOUNDS, GiB, HardwareSpec, Layout, ModelSpec, PlanInput, TrainingSpec,
+                          ZeroKnobs)
 
 SUBCOMMANDS = ("plan", "breakeven", "export", "show", "check", "diff", "verify", "serve")
 
 OFFLOAD_CHOICES = ("none", "cpu", "nvme")
 
+# spec field -> the flag that sets it, so messages name what the user typed
+FLAG_OF_FIELD = {
+    "kv_heads": "--kv-heads", "micro_batch": "--micro-batch", "grad_accum": "--grad-accum",
+    "gpus_per_node": "--gpus-per-node", "host_ram_bytes": "--host-ram-gib",
+    "nvme_bytes": "--nvme-gib", "nvme_gbps": "--nvme-gbps", "headroom_fraction": "--headroom",
+    "reduce_bucket_size": "--reduce-bucket-size", "allgather_bucket_size": "--allgather-bucket-size",
+    "stage3_prefetch_bucket_size": "--prefetch-bucket-size",
+    "stage3_max_live_parameters": "--max-live-parameters",
+    "stage3_param_persistence_threshold": "--persistence-threshold",
+    "offload_optimizer": "--offload-optimizer", "offload_param": "--offload-param",
+}
+# the architecture flags a model size (--params) replaces
+ARCHITECTURE_FLAGS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "mlp", "norm",
+                      "no_bias", "tie_embeddings", "qkv_bias")
+
 
 class UsageError(Exception):
-    """Bad input from the user: printed as one line, exit code 2."""
+    """Bad input from the user: printed as one line (plus an optional hint line), exit code 2."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
+def one_line(text: str) -> str:
+    """`text` with every line break escaped: a message is one line whatever the user typed."""
+    return re.sub(r"[\r\n\v\f\x1c-\x1e\x85\u2028\u2029]",
+                  lambda m: repr(m.group())[1:-1], text.strip())
+
+
+def did_you_mean(word: str, options: Sequence[str]) -> str:
+    """' (did you mean X?)' for the closest option, or ''."""
+    close = difflib.get_close_matches(str(word).lower(), [str(o) for o in options], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+class ZlayoutParser(argparse.ArgumentParser):
+    """argparse with zlayout's error format: one line and a hint, never the usage block.
+
+    add_subparsers makes every subcommand's parser this class too, so argparse's own errors
+    (bad choice, missing --out, unknown flag) read like zlayout's.
+    """
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras and self._subparsers is not None:
+            # Unknown flags surface at the top parser: suggest from the subcommand's own flags.
+            command = getattr(parsed, "command", None)
+            sub = next((a.choices.get(command) for a in self._actions
+                        if isinstance(a, argparse._SubParsersAction)), None)
+            if sub is not None:
+                flags = [o for action in sub._actions for o in action.option_strings]
+                raise UsageError(f"unrecognized arguments: {' '.join(extras)}"
+                                 f"{did_you_mean(extras[0].split('=')[0], flags)}",
+                                 hint=f"`{sub.prog} --help` lists every flag")
+        return parsed, extras
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(self._rewrite(message), hint=f"`{self.prog} --help` lists every flag")
+
+    def _rewrite(self, message: str) -> str:
+        choice = re.match(r"argument (\S+?): invalid choice: '?(.*?)'? \(choose from (.*)\)$", message, re.S)
+        if choice:
+            flag, value, options = choice.groups()
+            names = [o.strip(" '") for o in options.split(",")]
+            if flag == "COMMAND":
+                return f"unknown command {value!r}{did_you_mean(value, names)}; commands: {', '.join(names)}"
+            return (f"{flag}: {value!r} is not one of {', '.join(names)}"
+                    f"{did_you_mean(value, names)}")
+        typed = re.match(r"argument (\S+?): invalid (int|float|\w+) value: (.*)$", message, re.S)
+        if typed:
+            flag, kind, value = typed.groups()
+            word = {"int": "a whole number", "float": "a number"}.get(kind, f"a valid {kind}")
+            example = {"int": "2", "float": "1.5"}.get(kind, "")
+            return f"{flag}: {value} is not {word}" + (f" (e.g. {flag} {example})" if example else "")
+        unknown = re.match(r"unrecognized arguments: (.*)$", message, re.S)
+        if unknown:
+            first = unknown.group(1).split()[0] if unknown.group(1).split() else ""
+            flags = [o for action in self._actions for o in action.option_strings]
+            return f"unrecognized arguments: {unknown.group(1)}{did_you_mean(first, flags)}"
+        return message.removeprefix("argument ")
+
+
+def finite_float(text: str) -> float:
+    """A float flag's value: a finite number ('inf' and 'nan' would poison every figure)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+def whole_number(text: str) -> int:
+    """An int flag's value; '1_000' and '1,000' read as 1000."""
+    cleaned = text.strip().replace("_", "").replace(",", "")
+    if not re.fullmatch(r"[+-]?[0-9]{1,30}", cleaned):
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a whole number")
+    return int(cleaned)
+
+
+def _lower(text: str) -> str:
+    return text.lower()
+
+
+def _polish(parser: argparse.ArgumentParser) -> None:
+    """Every parser's choices case-insensitive, ints and floats checked the same way."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _polish(sub)
+        elif action.type is None and action.choices and all(isinstance(c, str) for c in action.choices):
+            action.type = _lower
+        elif action.type is float:
+            action.type = finite_float
+        elif action.type is int:
+            action.type = whole_number
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser, with_layout: bool = True) -> None:
-    """The flags every planning command shares (see DESIGN.md's command-line contract)."""
+    """The flags every planning command shares (README.md, "The command line")."""
     model = parser.add_argument_group("model (an architecture, --preset NAME or --params SIZE)")
     model.add_argument("--preset", help="model preset name, e.g. llama3-8b (see `zlayout show --presets`)")
-    model.add_argument("--params", help="model size such as 13e9 or 70B, mapped onto --family's shape")
+    model.add_argument("--params", help="model size with a unit (350M, 70B, 1.5T or 13e9), "
+                                         "mapped onto --family's shape")
     model.add_argument("--family", default=None, help="model family for --params (default llama3)")
-    model.add_argument("--layers", type=int)
-    model.add_argument("--hidden", type=int)
-    model.add_argument("--heads", type=int)
-    model.add_argument("--kv-heads", type=int)
+    model.add_argument("--layers", type=int, help=f"transformer blocks ({BOUNDS['layers'].describe()})")
+    model.add_argument("--hidden", type=int, help=f"hidden size ({BOUNDS['hidden'].describe()})")
+    model.add_argument("--heads", type=int, help="attention heads (divide --hidden)")
+    model.add_argument("--kv-heads", type=int, help="key/value heads for GQA (divide --heads)")
     model.add_argument("--ffn", type=int, help="MLP inner size (default 4*hidden)")
-    model.add_argument("--vocab", type=int)
+    model.add_argument("--vocab", type=int, help=f"vocabulary ({BOUNDS['vocab'].describe()})")
     model.add_argument("--mlp", choices=("gelu", "swiglu"))
     model.add_argument("--norm", choices=("layernorm", "rmsnorm"))
     model.add_argument("--no-bias", action="store_true", help="no biases in linear layers")
@@ -44,7 +166,8 @@ def add_plan_arguments(parser: argparse.ArgumentParser, with_layout: bool = True
     model.add_argument("--qkv-bias", action="store_true", help="biases on q/k/v only (Qwen2)")
 
     train = parser.add_argument_group("training")
-    train.add_argument("--seq", type=int, default=None, help="sequence length (default 2048)")
+    train.add_argument("--seq", type=int, default=None,
+                       help=f"sequence length (default 2048; {BOUNDS['seq'].describe()})")
     train.add_argument("--micro-batch", type=int, default=1)
     train.add_argument("--grad-accum", type=int, default=1)
     train.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default="bf16")
@@ -85,10 +208,31 @@ def add_plan_arguments(parser: argparse.ArgumentParser, with_layout: bool = True
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
 
 
+def _given_architecture_flags(args: argparse.Namespace) -> list[str]:
+    given = []
+    for name in ARCHITECTURE_FLAGS:
+        value = getattr(args, name, None)
+        if value is not None and value is not False:
+            given.append("--" + name.replace("_", "-"))
+    return given
+
+
 def _model_from_args(args: argparse.Namespace):
     from zlayout import catalog
 
     dirs = tuple(args.presets_dir)
+    if args.params is not None:
+        # Refused rather than ignored: the size alone picks every one of these.
+        if args.preset:
+            raise UsageError("give either --preset or --params, not both")
+        extra = _given_architecture_flags(args)
+        if extra:
+            raise UsageError(f"{', '.join(extra)} cannot be combined with --params: the size picks "
+                             "the whole shape from --family; drop them, or describe the model with "
+                             "--layers --hidden --heads --vocab and no --params")
+    elif args.family is not None:
+        raise UsageError("--family applies only to --params (a size mapped onto the family's "
+                         "shape): add --params 13B, or drop --family")
     arch_flags = {
         "layers": args.layers, "hidden": args.hidden, "heads": args.heads,
         "kv_heads": args.kv_heads, "ffn": args.ffn, "vocab": args.vocab,
@@ -101,19 +245,52 @@ def _model_from_args(args: argparse.Namespace):
         given["tie_embeddings"] = True
     if args.qkv_bias:
         given["qkv_bias"] = True
-    if args.preset and args.params:
-        raise UsageError("give either --preset or --params, not both")
     if args.preset:
         base = catalog.load_model(args.preset, dirs)
         # Re-validate: architecture flags on top of a preset must still form a valid model.
         return ModelSpec.model_validate({**base.model_dump(), **given}) if given else base
-    if args.params:
-        size = catalog.parse_size(args.params)
-        return catalog.model_for_size(size, family=args.family or "llama3", extra_dirs=dirs)
+    if args.params is not None:
+        try:
+            size = catalog.parse_size(args.params)
+        except ValueError as exc:
+            raise UsageError(f"--params: {exc}") from None
+        model = catalog.model_for_size(size, family=args.family or "llama3", extra_dirs=dirs)
+        kv = f", {model.num_kv_heads} kv heads" if model.num_kv_heads != model.heads else ""
+        _note(args, f"--params {args.params.strip()} is {model.name} from the {model.family} family "
+                    f"({model.layers} layers, hidden {model.hidden}, {model.heads} heads{kv}, "
+                    f"{model.params:,} params); --family picks another family")
+        return model
     missing = [f"--{k}" for k in ("layers", "hidden", "heads", "vocab") if k not in given]
     if missing:
         raise UsageError(f"the model needs {', '.join(missing)} (or --preset NAME, or --params 13B)")
     return ModelSpec(**given)
+
+
+def _note(args: argparse.Namespace, text: str) -> None:
+    """A note for stderr, printed by `main` once the command succeeded (an error prints alone)."""
+    notes = getattr(args, "notes", None)
+    if notes is None:
+        notes = []
+        setattr(args, "notes", notes)
+    notes.append(text)
+
+
+def _check_presets_dirs(dirs: Sequence[str]) -> None:
+    for folder in dirs:
+        try:
+            ok = os.path.isdir(folder)
+        except (OSError, ValueError):  # a NUL byte or a name too long
+            ok = False
+        if not ok:
+            raise UsageError(f"--presets-dir {folder!r}: no such directory; give a directory holding "
+                             "gpus/, links/ or models/ folders of TOML files")
+
+
+def _gib_to_bytes(gib: float, flag: str, field: str) -> int:
+    nbytes = gib * GiB
+    if not math.isfinite(nbytes) or abs(nbytes) > 2**80:
+        raise UsageError(f"{flag}: must be {BOUNDS[field].describe()} (got {gib:g})")
+    return int(nbytes)
 
 
 def plan_input_from_args(args: argparse.Namespace) -> PlanInput:
@@ -121,6 +298,7 @@ def plan_input_from_args(args: argparse.Namespace) -> PlanInput:
     from zlayout import catalog
 
     dirs = tuple(args.presets_dir)
+    _check_presets_dirs(dirs)
     try:
         model = _model_from_args(args)
         gpu = catalog.load_gpu(args.gpu, dirs)
@@ -128,11 +306,14 @@ def plan_input_from_args(args: argparse.Namespace) -> PlanInput:
         inter = catalog.load_link(args.inter_link, dirs)
         hw_kwargs = dict(gpu=gpu, gpus_per_node=args.gpus_per_node, nodes=args.nodes,
                          intra_link=intra, inter_link=inter,
-                         nvme_bytes=int(args.nvme_gib * GiB), nvme_gbps=args.nvme_gbps)
+                         nvme_bytes=_gib_to_bytes(args.nvme_gib, "--nvme-gib", "nvme_bytes"),
+                         nvme_gbps=args.nvme_gbps)
         if args.host_ram_gib is not None:
-            hw_kwargs["host_ram_bytes"] = int(args.host_ram_gib * GiB)
+            hw_kwargs["host_ram_bytes"] = _gib_to_bytes(args.host_ram_gib, "--host-ram-gib",
+                                                        "host_ram_bytes")
         hardware = HardwareSpec(**hw_kwargs)
-        training = TrainingSpec(seq=args.seq or 2048, micro_batch=args.micro_batch,
+        training = TrainingSpec(seq=2048 if args.seq is None else args.seq,
+                                micro_batch=args.micro_batch,
                                 grad_accum=args.grad_accum, precision=args.precision,
                                 checkpointing=args.checkpointing, impl=args.impl or "zlayout",
                                 allocator=args.allocator)
@@ -143,7 +324,8 @@ def plan_input_from_args(args: argparse.Namespace) -> PlanInput:
             "stage3_max_live_parameters": args.max_live_parameters,
             "stage3_param_persistence_threshold": args.persistence_threshold,
         }
-        zero = ZeroKnobs(**{k: int(v) for k, v in knobs.items() if v is not None},
+        zero = ZeroKnobs(**{k: (int(v) if abs(v) < 2**80 else v) for k, v in knobs.items()
+                            if v is not None},
                          overlap_comm=not args.no_overlap_comm)
         return PlanInput(model=model, hardware=hardware, training=training, zero=zero,
                          headroom_fraction=args.headroom)
@@ -166,17 +348,22 @@ def layout_from_args(args: argparse.Namespace) -> Layout | None:
 
 
 def format_validation_error(exc: ValidationError) -> str:
-    """pydantic's errors as one line each: 'field: what is wrong'."""
-    lines = []
+    """pydantic's errors as one line: '--flag: what is wrong; ...' (flags, never field names)."""
+    parts = []
     for err in exc.errors():
-        where = ".".join(str(part) for part in err["loc"])
+        field = str(err["loc"][-1]) if err["loc"] else ""
+        flag = FLAG_OF_FIELD.get(field, "--" + field.replace("_", "-")) if field else ""
         message = err["msg"].removeprefix("Value error, ")
-        lines.append(f"{where}: {message}" if where else message)
-    return "; ".join(lines)
+        if message == "Input should be a finite number":
+            message = "must be a finite number"
+        part = f"{flag}: {message}" if flag else message
+        if part not in parts:
+            parts.append(part)
+    return "; ".join(parts)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ZlayoutParser(
         prog="zlayout",
         description="Plan DeepSpeed ZeRO layouts: memory per GPU/host/NVMe, step time, "
                     "break-even sizes; verify on real GPUs; export a validated profile. "
@@ -193,23 +380,43 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue
         module.register(sub)
+    _polish(parser)
     return parser
 
 
+def _path_error(exc: OSError) -> UsageError:
+    """A file-system error as one line naming the path (a bad path is input, not a crash)."""
+    name = exc.filename if exc.filename is not None else ""
+    shown = str(name) if len(str(name)) <= 120 else str(name)[:60] + "..." + str(name)[-40:]
+    if exc.errno == errno.ENAMETOOLONG:
+        return UsageError(f"{shown!r}: a file or folder name is too long (at most 255 bytes "
+                          "per name); choose a shorter path")
+    return UsageError(f"{shown!r}: {exc.strerror or exc}" if name else str(exc.strerror or exc))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
     try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
         if args.command is None:
             from zlayout.tui.app import run_app
 
             return run_app()
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        for note in getattr(args, "notes", ()):
+            print(f"zlayout: note: {one_line(note)}", file=sys.stderr)
+        return code
     except UsageError as exc:
-        print(f"zlayout: error: {exc}", file=sys.stderr)
+        print(f"zlayout: error: {one_line(str(exc))}", file=sys.stderr)
+        if exc.hint:
+            print(f"zlayout: hint: {one_line(exc.hint)}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         return 0
+    except OSError as exc:
+        error = _path_error(exc)
+        print(f"zlayout: error: {one_line(str(error))}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

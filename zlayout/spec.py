@@ -3,13 +3,20 @@
 Everything the planner computes is a pure function of a `PlanInput`. Every model here is
 frozen, so a plan can be cached and compared, and every validator says what to type instead.
 Sizes are bytes, bandwidths GB/s (1e9 bytes per second), rates FLOP/s.
+
+Every number has a range users recognise (`BOUNDS`), checked here so the command line, the
+app and preset files share it: inputs outside it would make the planner's searches run for
+minutes or its figures overflow, and no real training run needs them. A bound's message
+says the range and not the field, so each front end can put its own name in front.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import math
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationInfo, field_validator,
+                      model_validator)
 
 Stage = Literal[0, 1, 2, 3]
 Device = Literal["gpu", "cpu", "nvme"]
@@ -25,10 +32,97 @@ Implementation = Literal["zlayout", "hf"]
 AllocatorKind = Literal["default", "expandable"]
 
 GiB = 2**30
+TiB = 2**40
+
+
+class Bound:
+    """An inclusive range [low, high]; `unit` and `scale` say how the message shows it."""
+
+    def __init__(self, low: float, high: float, unit: str = "", scale: float = 1.0,
+                 low_open: bool = False) -> None:
+        self.low, self.high, self.unit, self.scale, self.low_open = low, high, unit, scale, low_open
+
+    def _show(self, value: float) -> str:
+        shown = value / self.scale
+        text = f"{shown:,}" if float(shown).is_integer() else f"{shown:,.6g}"
+        return text.removesuffix(".0") + (f" {self.unit}" if self.unit else "")
+
+    def describe(self) -> str:
+        low = f"more than {self._show(self.low)}" if self.low_open else self._show(self.low)
+        return f"from {low} to {self._show(self.high)}"
+
+    def check(self, value: Any) -> Any:
+        if value is None or isinstance(value, bool):
+            return value
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"must be a finite number {self.describe()}")
+        too_low = value <= self.low if self.low_open else value < self.low
+        if too_low or value > self.high:
+            raise ValueError(f"must be {self.describe()} (got {self._show(value)})")
+        return value
+
+
+# field name -> its range. Model shapes: beyond today's largest models by 10x or more.
+BOUNDS: dict[str, Bound] = {
+    # ModelSpec
+    "layers": Bound(1, 1000),
+    "hidden": Bound(1, 262_144),
+    "heads": Bound(1, 4096),
+    "kv_heads": Bound(1, 4096),
+    "ffn": Bound(1, 1_048_576),
+    "vocab": Bound(1, 10_000_000),
+    # TrainingSpec
+    "seq": Bound(1, 1_048_576),
+    "micro_batch": Bound(1, 4096),
+    "grad_accum": Bound(1, 65_536),
+    # HardwareSpec
+    "gpus_per_node": Bound(1, 128),
+    "nodes": Bound(1, 65_536),
+    "host_ram_bytes": Bound(GiB, 1024 * TiB, "GiB", GiB),
+    "host_mem_gbps": Bound(1, 100_000, "GB/s"),
+    "nvme_bytes": Bound(0, 1024 * TiB, "GiB", GiB),
+    "nvme_gbps": Bound(0.1, 1000, "GB/s"),
+    # GpuSpec
+    "memory_bytes": Bound(GiB, 64 * TiB, "GiB", GiB),
+    "peak_bf16_flops": Bound(1e9, 1e18, "FLOP/s"),
+    "hbm_gbps": Bound(1, 1_000_000, "GB/s"),
+    "pcie_gbps": Bound(0.1, 100_000, "GB/s"),
+    "cuda_context_bytes": Bound(0, 64 * GiB, "GiB", GiB),
+    # LinkSpec
+    "bandwidth_gbps": Bound(0.01, 1_000_000, "GB/s"),
+    "latency_us": Bound(0, 1_000_000, "us"),
+    "efficiency": Bound(0, 1, low_open=True),
+    # ZeroKnobs (elements, as DeepSpeed counts them)
+    "reduce_bucket_size": Bound(1, 10**12),
+    "allgather_bucket_size": Bound(1, 10**12),
+    "stage3_prefetch_bucket_size": Bound(0, 10**12),
+    "stage3_max_live_parameters": Bound(0, 10**15),
+    "stage3_max_reuse_distance": Bound(0, 10**15),
+    "stage3_param_persistence_threshold": Bound(0, 10**15),
+    "sub_group_size": Bound(1, 10**15),
+    "gradient_clipping": Bound(0, 1e9),
+    # PlanInput
+    "headroom_fraction": Bound(0, 0.9),
+}
+# A model size given as a count (--params, the app's Size): the family tables span this.
+PARAMS_BOUND = Bound(10**7, 2 * 10**13)
+
+
+def check_model_size(params: float) -> float:
+    """`params` if it is a model size zlayout can shape (10M to 20T), else ValueError."""
+    if not math.isfinite(params) or not PARAMS_BOUND.low <= params <= PARAMS_BOUND.high:
+        raise ValueError(f"a model size must be from 10M to 20T parameters (got {params:.3g})")
+    return params
 
 
 class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _within_bounds(cls, value: Any, info: ValidationInfo) -> Any:
+        bound = BOUNDS.get(info.field_name or "")
+        return value if bound is None else bound.check(value)
 
 
 class ModelSpec(Frozen):
@@ -36,12 +130,12 @@ class ModelSpec(Frozen):
 
     name: str = "custom"
     family: str | None = None
-    layers: int = Field(gt=0)
-    hidden: int = Field(gt=0)
-    heads: int = Field(gt=0)
-    kv_heads: int | None = Field(default=None, gt=0, description="defaults to heads (no GQA)")
-    ffn: int | None = Field(default=None, gt=0, description="MLP inner size; defaults to 4*hidden")
-    vocab: int = Field(gt=0)
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int | None = Field(default=None, description="defaults to heads (no GQA)")
+    ffn: int | None = Field(default=None, description="MLP inner size; defaults to 4*hidden")
+    vocab: int
     mlp: MlpKind = "gelu"
     norm: NormKind = "layernorm"
     bias: bool = True
@@ -110,39 +204,43 @@ class ModelSpec(Frozen):
 
 
 def _nearest_divisor(n: int, near: int) -> int:
-    divisors = [d for d in range(1, n + 1) if n % d == 0]
+    """The divisor of n closest to `near` (O(sqrt n): n may be any accepted hidden size)."""
+    divisors = set()
+    for d in range(1, math.isqrt(n) + 1):
+        if n % d == 0:
+            divisors.update((d, n // d))
     return min(divisors, key=lambda d: (abs(d - near), d))
 
 
 class GpuSpec(Frozen):
     name: str
-    memory_bytes: int = Field(gt=0)
-    peak_bf16_flops: float = Field(gt=0, description="dense bf16 tensor-core FLOP/s")
-    hbm_gbps: float = Field(default=3350.0, gt=0)
-    pcie_gbps: float = Field(default=55.0, gt=0, description="host<->device copy bandwidth achieved")
-    cuda_context_bytes: int = Field(default=int(1.29 * GiB), ge=0,
+    memory_bytes: int
+    peak_bf16_flops: float = Field(description="dense bf16 tensor-core FLOP/s")
+    hbm_gbps: float = 3350.0
+    pcie_gbps: float = Field(default=55.0, description="host<->device copy bandwidth achieved")
+    cuda_context_bytes: int = Field(default=int(1.29 * GiB),
                                     description="CUDA context + cuBLAS workspace outside the allocator "
                                                 "(1.29 GiB measured on H200, torch 2.11)")
 
 
 class LinkSpec(Frozen):
     name: str
-    bandwidth_gbps: float = Field(gt=0, description="per-GPU unidirectional bandwidth, GB/s")
-    latency_us: float = Field(default=5.0, ge=0)
-    efficiency: float = Field(default=0.8, gt=0, le=1, description="achieved bus bandwidth / nominal")
+    bandwidth_gbps: float = Field(description="per-GPU unidirectional bandwidth, GB/s")
+    latency_us: float = 5.0
+    efficiency: float = Field(default=0.8, description="achieved bus bandwidth / nominal")
 
 
 class HardwareSpec(Frozen):
     gpu: GpuSpec
-    gpus_per_node: int = Field(gt=0)
-    nodes: int = Field(default=1, gt=0)
+    gpus_per_node: int
+    nodes: int = 1
     intra_link: LinkSpec
     inter_link: LinkSpec | None = None
-    host_ram_bytes: int = Field(default=2048 * GiB, gt=0, description="per node")
-    host_mem_gbps: float = Field(default=500.0, gt=0,
+    host_ram_bytes: int = Field(default=2048 * GiB, description="per node")
+    host_mem_gbps: float = Field(default=500.0,
                                  description="host memory bandwidth per node (two-socket 8-GPU servers: ~500)")
-    nvme_bytes: int = Field(default=0, ge=0, description="per node")
-    nvme_gbps: float = Field(default=6.0, gt=0, description="per node, read/write")
+    nvme_bytes: int = Field(default=0, description="per node")
+    nvme_gbps: float = Field(default=6.0, description="per node, read/write")
 
     @property
     def world(self) -> int:
@@ -156,9 +254,9 @@ class HardwareSpec(Frozen):
 
 
 class TrainingSpec(Frozen):
-    seq: int = Field(gt=0)
-    micro_batch: int = Field(default=1, gt=0)
-    grad_accum: int = Field(default=1, gt=0)
+    seq: int
+    micro_batch: int = 1
+    grad_accum: int = 1
     precision: Precision = "bf16"
     checkpointing: Checkpointing = "none"
     optimizer: Literal["adamw"] = "adamw"
@@ -172,15 +270,15 @@ class ZeroKnobs(Frozen):
 
     overlap_comm: bool = True
     contiguous_gradients: bool = True
-    reduce_bucket_size: int = Field(default=500_000_000, gt=0)
-    allgather_bucket_size: int = Field(default=500_000_000, gt=0)
-    stage3_prefetch_bucket_size: int = Field(default=50_000_000, ge=0)
-    stage3_max_live_parameters: int = Field(default=1_000_000_000, ge=0)
-    stage3_max_reuse_distance: int = Field(default=1_000_000_000, ge=0)
-    stage3_param_persistence_threshold: int = Field(default=100_000, ge=0)
-    sub_group_size: int = Field(default=1_000_000_000, gt=0)
+    reduce_bucket_size: int = 500_000_000
+    allgather_bucket_size: int = 500_000_000
+    stage3_prefetch_bucket_size: int = 50_000_000
+    stage3_max_live_parameters: int = 1_000_000_000
+    stage3_max_reuse_distance: int = 1_000_000_000
+    stage3_param_persistence_threshold: int = 100_000
+    sub_group_size: int = 1_000_000_000
     pin_memory: bool = True
-    gradient_clipping: float = Field(default=1.0, ge=0)
+    gradient_clipping: float = 1.0
 
 
 class Layout(Frozen):
@@ -248,5 +346,5 @@ class PlanInput(Frozen):
     hardware: HardwareSpec
     training: TrainingSpec
     zero: ZeroKnobs = ZeroKnobs()
-    headroom_fraction: float = Field(default=0.05, ge=0, lt=1,
+    headroom_fraction: float = Field(default=0.05,
                                      description="GPU memory kept free when judging 'fits'")

@@ -1,6 +1,6 @@
 #!/bin/bash
 # The H200 verification batch of 2026-11-30 (run from the repo root on a 2x H200 machine;
-# .whl/ holds DeepSpeed and pydantic, see ../shared/gpu/README.md). Lanes a and b run
+# .whl/ holds DeepSpeed and pydantic wheels for the offline GPU machine). Lanes a and b run
 # one-GPU layouts side by side (one per GPU), lane c the two-GPU layouts after them.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1

@@ -45,7 +45,7 @@ def test_gpu_presets_load_and_name_a_link_that_exists(name):
 
 @pytest.mark.parametrize(("gpu", "memory_mib", "dense_bf16_tflops", "link"), [
     ("h100", 81559, 989, "nvlink4"),
-    ("h200", 143771, 989, "nvlink4"),   # shared/reference: 143771 MiB each
+    ("h200", 143771, 989, "nvlink4"),   # benchmarks/measurements/README.md: 143771 MiB each
     ("a100-40gb", 40960, 312, "nvlink3"),
     ("a100-80gb", 81920, 312, "nvlink3"),
     ("l40s", 46068, 362, "pcie4"),

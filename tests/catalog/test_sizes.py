@@ -15,11 +15,25 @@ from zlayout import catalog
     ("13B", 13_000_000_000), ("13b", 13_000_000_000), ("13e9", 13_000_000_000),
     ("1.5T", 1_500_000_000_000), ("7b", 7_000_000_000), ("350M", 350_000_000),
     ("70 B", 70_000_000_000), ("125m", 125_000_000), ("8.03e9", 8_030_000_000),
-    ("13000000000", 13_000_000_000), ("13_000_000_000", 13_000_000_000), ("2.5k", 2500),
-    ("13G", 13_000_000_000), (" 405B ", 405_000_000_000), (13e9, 13_000_000_000), (7, 7),
+    ("13_000M", 13_000_000_000), ("25000k", 25_000_000), ("1.3e10", 13_000_000_000),
+    ("13G", 13_000_000_000), (" 405B ", 405_000_000_000), (13e9, 13_000_000_000), (10**7, 10**7),
+    ("20T", 20 * 10**12),
 ])
 def test_parse_size_forms(text, params):
     assert catalog.parse_size(text) == params
+
+
+@pytest.mark.parametrize(("text", "guess"), [("7", "7B"), ("9", "9B"), ("0.5", "0.5B"),
+                                             ("13000000000", "13B"), ("13_000_000_000", "13B")])
+def test_a_size_without_a_unit_is_refused_with_a_guess(text, guess):
+    with pytest.raises(ValueError, match=rf"no unit: did you mean {guess}\?"):
+        catalog.parse_size(text)
+
+
+@pytest.mark.parametrize("text", ["2.5k", "5M", "30T", 7, 1e15])
+def test_sizes_outside_10m_to_20t_are_refused_naming_the_range(text):
+    with pytest.raises(ValueError, match="from 10M to 20T"):
+        catalog.parse_size(text)
 
 
 @pytest.mark.parametrize("text", ["", "B", "13X", "thirteen", "-13B", "0", "0B", "1e-3", "nan",
@@ -111,7 +125,7 @@ def test_deterministic_and_accepts_text():
 
 
 def test_family_names_are_checked():
-    with pytest.raises(KeyError, match=r"unknown model family 'llama9'; available: gpt3, llama3, "
+    with pytest.raises(KeyError, match=r"unknown model family 'llama9' \(did you mean llama3\?\); available: gpt3, llama3, "
                                        r"mistral, qwen2\.5, reference-gpt"):
         catalog.model_for_size(13e9, "llama9")
     assert catalog.model_for_size(8.03e9, "LLaMA3").hidden == 4096

@@ -1,4 +1,4 @@
-"""`zlayout plan`: the command-line contract of DESIGN.md, run as a real subprocess and in-process."""
+"""`zlayout plan`: the command-line contract (README.md), run as a real subprocess and in-process."""
 
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ def test_impossible_layouts_exit_2_with_what_to_change(capsys, flags, message):
     (["--layers", "-1", "--hidden", "4096", "--heads", "32", "--vocab", "32000"], "layers"),
     (["--preset", "llama9"], "available:"),
     (["--params", "lots"], "13B"),
-    (["--params", "7B", "--gpus-per-node", "0"], "gpus_per_node"),
+    (["--params", "7B", "--gpus-per-node", "0"], "--gpus-per-node: must be from 1 to 128 (got 0)"),
     (["--params", "7B", "--gpu", "h300"], "unknown GPU"),
 ])
 def test_bad_input_exits_2_without_a_traceback(capsys, flags, message):
@@ -97,3 +97,41 @@ def test_bad_input_exits_2_without_a_traceback(capsys, flags, message):
     assert code == 2
     assert message in err, err
     assert "Traceback" not in err
+
+
+LLAMA70_64XH100 = ["--preset", "llama3-70b", "--gpu", "h100", "--gpus-per-node", "8", "--nodes", "8"]
+
+
+def test_the_table_names_every_broken_limit_and_what_is_missing(capsys):
+    # ZeRO-0..2 need 2110.66 GiB of host RAM per node (2048 by default) besides the GPU.
+    code, out, _ = run_plan(capsys, *LLAMA70_64XH100, "--checkpointing", "full")
+    assert code == 0
+    rows = {line[:26].strip(): line for line in out.splitlines()}
+    assert rows["ZeRO-2"].endswith("no (gpu +81.8 GiB, host +62.7 GiB)")
+    assert "2110.66" in rows["ZeRO-2"] and "-77.84" in rows["ZeRO-2"]  # GPU free, in GiB
+    assert rows["ZeRO-3 opt→nvme"].endswith("no (nvme +98.6 GiB)")
+    assert "%" not in rows["ZeRO-0"]
+
+
+def test_json_says_how_much_each_layout_is_short(capsys):
+    code, out, _ = run_plan(capsys, *LLAMA70_64XH100, "--checkpointing", "full", "--json")
+    layouts = {(lp["stage"], lp["offload_optimizer"], lp["offload_param"]): lp
+               for lp in json.loads(out)["layouts"]}
+    z2 = layouts[(2, "none", "none")]
+    assert set(z2["short_by_bytes"]) == {"gpu", "host"} and not z2["fits_host"]
+    assert z2["short_by_bytes"]["host"] == z2["host_peak_bytes"] - 2048 * 2**30
+    assert layouts[(3, "none", "none")]["short_by_bytes"] == {}
+
+
+def test_one_layout_says_when_the_recommendation_is_another(capsys):
+    code, out, _ = run_plan(capsys, *REFERENCE_FLAGS, "--stage", "3", "--offload-optimizer", "cpu", "--json")
+    data = json.loads(out)
+    rec = data["recommendation"]["layout"]
+    assert (rec["stage"], rec["offload_optimizer"]) != (3, "cpu") and data["recommended"] is False
+    assert data["recommendation_note"].startswith(f"the recommendation is another layout, {rec['label']}")
+    code, out, _ = run_plan(capsys, *REFERENCE_FLAGS, "--stage", str(rec["stage"]),
+                            "--offload-optimizer", rec["offload_optimizer"],
+                            "--offload-param", rec["offload_param"], "--json")
+    assert json.loads(out)["recommended"] is True
+    code, out, _ = run_plan(capsys, *REFERENCE_FLAGS, "--stage", "3", "--offload-optimizer", "cpu")
+    assert f"Note: the recommendation is another layout, {rec['label']}, not ZeRO-3 opt→cpu." in out

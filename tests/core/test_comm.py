@@ -26,7 +26,7 @@ def make_input(gpus_per_node: int = 8, nodes: int = 1, grad_accum: int = 1,
 
 
 def test_reference_model_parameter_count():
-    assert P == 1_873_190_912  # shared/reference/README.md
+    assert P == 1_873_190_912  # benchmarks/measurements/README.md
 
 
 @pytest.mark.parametrize("stage, factor", [(0, 2), (1, 2), (2, 2), (3, 3)])

@@ -10,7 +10,7 @@ from zlayout import catalog
 from zlayout.core.memory import estimate_memory
 from zlayout.spec import GiB, HardwareSpec, Layout, ModelSpec, PlanInput, TrainingSpec, all_layouts
 
-REFERENCE_PARAMS = 1_873_190_912  # ../shared/reference/README.md
+REFERENCE_PARAMS = 1_873_190_912  # benchmarks/measurements/README.md
 
 
 def reference_input(world: int = 1, **training) -> PlanInput:
@@ -91,7 +91,7 @@ def test_reduce_buckets_follow_reduce_bucket_size_and_overlap_comm():
 
 
 def test_after_init_matches_the_reference_measurements_exactly_where_deepspeed_is_deterministic():
-    """after_init_gib in ../shared/reference: 14P (stage 0), 6P (stage 2, 1 GPU), 4P (stage 1/2,
+    """after_init_gib in benchmarks/measurements/h200-2026-11-29.jsonl: 14P (stage 0), 6P (stage 2, 1 GPU), 4P (stage 1/2,
     2 GPUs), 8P + one reduce bucket (stage 3)."""
     cases = [(0, 1, 24.425), (2, 1, 10.468), (2, 2, 6.978), (3, 1, 14.888), (3, 2, 7.91)]
     for stage, world, measured_gib in cases:

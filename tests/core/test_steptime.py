@@ -17,7 +17,7 @@ from zlayout.core.steptime import (GPU_MATMUL_EFFICIENCY, STEP_BASE_OVERHEAD_S, 
 from zlayout.spec import HardwareSpec, Layout, ModelSpec, PlanInput, TrainingSpec, all_layouts
 
 MODEL = ModelSpec(name="gpt-1.9b", layers=8, hidden=4096, heads=32, vocab=32000)
-REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference" / "h200-2026-11-29.jsonl"
+REFERENCE = Path(__file__).resolve().parents[2] / "benchmarks" / "measurements" / "h200-2026-11-29.jsonl"
 
 
 def make_input(gpus_per_node=2, nodes=1, seq=2048, micro_batch=2, grad_accum=1,
@@ -135,9 +135,9 @@ def test_offload_costs_time():
 
 
 def _reference_rows():
-    if not REFERENCE.exists():
-        pytest.skip(f"no reference measurements at {REFERENCE}")
-    return [json.loads(line) for line in REFERENCE.read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in REFERENCE.read_text().splitlines() if line.strip()]
+    assert len(rows) == 8  # the file in the repository; a missing one fails, never skips
+    return rows
 
 
 def test_calibration_on_the_h200_reference_measurements():

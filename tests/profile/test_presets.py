@@ -1,4 +1,4 @@
-"""The ready profiles shipped in zlayout/presets/profiles load, and their files agree with them."""
+"""The ready profiles shipped in presets/profiles load, and their files agree with them."""
 
 from __future__ import annotations
 

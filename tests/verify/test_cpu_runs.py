@@ -130,8 +130,10 @@ def test_cancel_kills_every_rank(tmp_path):
 
 
 def test_an_allocation_failure_is_does_not_fit(tmp_path):
-    # 2^30 sequences of 2^20 tokens: the batch alone is 8 PiB, no allocator can serve it.
-    inp = tiny_input(micro_batch=2**30, seq=2**20)
+    # Inside the spec's bounds: 4096 x 1024 tokens (32 MiB of ids) over a tied 10M vocabulary
+    # of width 4 (40M parameters) make fp32 logits of 160 TiB, beyond any address space.
+    inp = tiny_input(micro_batch=4096, seq=1024, hidden=4, heads=1, vocab=10_000_000,
+                     tie_embeddings=True)
     result, lines = run(inp, Layout(stage=1), tmp_path, run_preflight=False)
     assert result["status"] == "does-not-fit", result.get("cause")
     assert "rank 0" in result["cause"] and "train" in result["cause"]

@@ -135,18 +135,17 @@ def test_restart_drill_fails_on_a_different_loss_or_step():
     assert not restart_drill_result(first, [], 2, None)["resumed_ok"]
 
 
-def test_reference_row_has_the_fields_of_the_shared_measurements(inp):
+def test_reference_row_has_the_fields_of_the_reference_measurements(inp):
     peak = predicted_peak(inp)
     result = build_result(inp, LAYOUT, [report(0, peak), report(1, peak)], cpu=False,
                           returncode=0, output_tail=[], expected_ranks=2)
     row = reference_row(result)
-    reference = Path(__file__).resolve().parents[2].parent / "shared/reference/h200-2026-11-29.jsonl"
+    reference = Path(__file__).resolve().parents[2] / "benchmarks/measurements/h200-2026-11-29.jsonl"
     wanted = {"stage", "offload_opt", "offload_param", "world", "layers", "hidden", "vocab", "seq",
               "mbs", "ckpt", "params", "after_init_gib", "peak_gib", "reserved_gib",
               "device_used_gib", "host_maxrss_gib", "step_s", "heads", "kv_heads", "ffn", "mlp",
               "norm", "bias"}
-    if reference.exists():
-        wanted |= set(json.loads(reference.read_text().splitlines()[0])) - {"init_s", "loss"}
+    wanted |= set(json.loads(reference.read_text().splitlines()[0])) - {"init_s", "loss"}
     assert wanted <= set(row)
     assert row["offload_opt"] == "none" and row["world"] == 2
     assert row["peak_gib"] == [round(peak / GiB, 4)] * 3

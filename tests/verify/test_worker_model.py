@@ -30,7 +30,7 @@ def test_parameter_count_equals_the_plan(shape):
 
 
 def test_reference_gpt_count_matches_the_reference_measurements():
-    # ../shared/reference: 12*L*h^2 + 13*L*h + 2*V*h + 2*h = 1,873,190,912 for L=8, h=4096, V=32000
+    # benchmarks/measurements/README.md: 12*L*h^2 + 13*L*h + 2*V*h + 2*h = 1,873,190,912 for L=8, h=4096, V=32000
     spec = ModelSpec(layers=8, hidden=4096, heads=32, vocab=32000)
     assert spec.params == 1_873_190_912
     with torch.device("meta"):

@@ -86,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
                           "gpu_peak_allocated_bytes": pred.gpu_peak_allocated_bytes,
                           "step_time_s": pred.step_time_s}))
     else:
-        print(f"wrote {out}/: " + ", ".join(p.name for p in written))
+        # the absolute path: a relative --out is easy to lose (profiles/ in a clone is git-ignored)
+        print(f"wrote {out.resolve()}/: " + ", ".join(p.name for p in written))
         print(f"  {profile.description}: predicted peak {pred.gpu_peak_allocated_bytes / GiB:.1f} GiB "
               f"allocated per GPU of {pred.gpu_capacity_bytes / GiB:.1f} GiB; status unverified")
         print(f"  next: zlayout show {out}   zlayout check {out}")

@@ -3,7 +3,9 @@
 With --json, one JSON object: for one layout its figures at the top level (`params`,
 `gpu_peak_allocated_bytes`, `gpu_peak_reserved_bytes`, `host_peak_bytes`, `fits`,
 `step_time_s`, the memory terms, comm and time); for every layout a `layouts` list of those.
-Both carry the recommendation over every layout.
+Each layout also carries `short_by_bytes` (per broken limit, how much is missing: "gpu",
+"host", "nvme"). Both carry the recommendation over every layout; for one layout,
+`recommended` says whether it is that layout, and `recommendation_note` says so in words.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ import argparse
 import json
 
 from zlayout.cli import add_plan_arguments, layout_from_args, plan_input_from_args
+from zlayout.core.memory import MemoryEstimate
 from zlayout.core.plan import Plan, make_plan
 from zlayout.core.serialize import layout_plan_dict, model_dict, recommendation_dict
-from zlayout.spec import GiB
+from zlayout.spec import GiB, Layout
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -25,15 +28,30 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    inp = plan_input_from_args(args)
     layout = layout_from_args(args)
+    inp = plan_input_from_args(args)
     # Every layout is evaluated (cheaply, without break-even) so the recommendation is real.
     plan = make_plan(inp, with_breakeven=False)
     if args.json:
-        print(json.dumps(plan_json(plan, layout), indent=None))
+        # allow_nan=False: Infinity/NaN is not JSON; the spec's bounds keep every figure finite
+        print(json.dumps(plan_json(plan, layout), indent=None, allow_nan=False))
     else:
         print(plan_table(plan, layout))
     return 0
+
+
+def short_by_bytes(mem: MemoryEstimate) -> dict[str, int]:
+    """How much each broken limit is missing: the device memory the peak needs past the usable
+    part (capacity less the headroom), host RAM per node, NVMe per node; the same comparisons
+    as `fits`. Empty when the layout fits."""
+    short = {"gpu": mem.gpu_needed_bytes - mem.gpu_usable_bytes,
+             "host": mem.host_peak_bytes - mem.host_capacity_bytes,
+             "nvme": mem.nvme_bytes - mem.nvme_capacity_bytes}
+    return {where: nbytes for where, nbytes in short.items() if nbytes > 0}
+
+
+def _layout_json(lp) -> dict:
+    return {**layout_plan_dict(lp), "short_by_bytes": short_by_bytes(lp.memory)}
 
 
 def plan_json(plan: Plan, layout=None) -> dict:
@@ -41,12 +59,32 @@ def plan_json(plan: Plan, layout=None) -> dict:
             "world": plan.input.hardware.world, "gpu": plan.input.hardware.gpu.name,
             "recommendation": recommendation_dict(plan)}
     if layout is not None:
-        return {**base, **layout_plan_dict(plan.for_layout(layout))}
-    return {**base, "layouts": [layout_plan_dict(lp) for lp in plan.layouts]}
+        return {**base, **_layout_json(plan.for_layout(layout)),
+                "recommended": plan.recommendation.layout == layout,
+                "recommendation_note": recommendation_note(plan, layout)}
+    return {**base, "layouts": [_layout_json(lp) for lp in plan.layouts]}
+
+
+def recommendation_note(plan: Plan, layout: Layout) -> str:
+    """Whether the recommendation (made over every layout) is the layout asked about."""
+    rec = plan.recommendation.layout
+    if rec is None:
+        return f"no layout fits, {layout.label} included"
+    if rec == layout:
+        return f"{layout.label} is the recommended layout"
+    return f"the recommendation is another layout, {rec.label}, not {layout.label}"
 
 
 def _gib(nbytes: float) -> str:
     return f"{nbytes / GiB:8.2f}"
+
+
+def fits_text(mem: MemoryEstimate) -> str:
+    """'yes', or every broken limit with what is missing: 'no (gpu +12.3 GiB, host +62.7 GiB)'."""
+    short = short_by_bytes(mem)
+    if not short:
+        return "yes"
+    return "no (" + ", ".join(f"{where} +{nbytes / GiB:.1f} GiB" for where, nbytes in short.items()) + ")"
 
 
 def plan_table(plan: Plan, layout=None) -> str:
@@ -61,23 +99,25 @@ def plan_table(plan: Plan, layout=None) -> str:
         "",
     ]
     chosen = [plan.for_layout(layout)] if layout is not None else list(plan.layouts)
-    header = f"{'layout':26} {'GPU alloc':>9} {'reserved':>9} {'device':>9} {'headroom':>9} " \
-             f"{'host/node':>10} {'NVMe':>8} {'step s':>7}  fits"
-    lines += [header + "   (GiB)", "-" * len(header)]
+    header = f"{'layout (GiB)':26} {'GPU alloc':>9} {'reserved':>9} {'device':>9} {'GPU free':>9} " \
+             f"{'host/node':>10} {'NVMe':>8} {'step s':>7}  fits (+ GiB missing)"
+    lines += [header, "-" * len(header)]
     rec = plan.recommendation.layout
     for lp in chosen:
         mem = lp.memory
         mark = " <- recommended" if lp.layout == rec else ""
-        fits = "yes" if mem.fits else f"no ({mem.limited_by})"
         lines.append(
             f"{lp.layout.label:26} {_gib(mem.gpu_peak_allocated_bytes):>9} {_gib(mem.gpu_peak_reserved_bytes):>9} "
-            f"{_gib(mem.gpu_device_used_bytes):>9} {mem.gpu_headroom_fraction * 100:8.1f}% "
-            f"{_gib(mem.host_peak_bytes):>10} {_gib(mem.nvme_bytes):>8} {lp.time.step_time_s:7.3f}  {fits}{mark}")
+            f"{_gib(mem.gpu_device_used_bytes):>9} {_gib(mem.gpu_headroom_bytes):>9} "
+            f"{_gib(mem.host_peak_bytes):>10} {_gib(mem.nvme_bytes):>8} {lp.time.step_time_s:7.3f}  "
+            f"{fits_text(mem)}{mark}")
     if layout is not None:
         mem = chosen[0].memory
         lines += ["", f"Terms (peak in the {mem.peak_phase} phase):"]
         for term in mem.terms:
             lines.append(f"  {term.where:4} {term.name:30} {_gib(term.bytes)} GiB  {term.explanation}")
+    if layout is not None and rec != layout:
+        lines += ["", f"Note: {recommendation_note(plan, layout)}."]
     lines += ["", f"Recommendation: {plan.recommendation.reason}"]
     lines += [f"  - {s}" for s in plan.recommendation.suggestions]
     return "\n".join(lines)

@@ -1,7 +1,7 @@
 """`zlayout serve`: the same app in a browser (textual-serve), for a shared screen on a call.
 
 Each browser tab that connects gets its own `zlayout` process; nothing is shared between them.
-textual-serve is an optional dependency (`pip install 'zlayout[serve]'`), imported only here.
+textual-serve is a base dependency (sharing the screen on a call is a main use), imported only here.
 """
 
 from __future__ import annotations
@@ -12,7 +12,11 @@ import sys
 
 from zlayout.cli import UsageError
 
-INSTALL_HINT = "textual-serve is not installed: pip install 'zlayout[serve]' (or pip install textual-serve)"
+def install_hint() -> str:
+    """What to run when textual-serve is missing (an install made before it joined the base)."""
+    from zlayout.install import pip_install_command
+
+    return f"textual-serve is missing from this Python; reinstall zlayout: {pip_install_command()}"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -41,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         from textual_serve.server import Server
     except ImportError:
-        raise UsageError(INSTALL_HINT) from None
+        raise UsageError(install_hint()) from None
     server = Server(app_command(), host=args.host, port=args.port, title="zlayout",
                     public_url=args.public_url)
     print(f"zlayout: serving the app on http://{args.host}:{args.port} (ctrl+c stops it)",

@@ -13,7 +13,7 @@ largest phase. `torch.cuda.max_memory_allocated()` sees
 * the optimizer step: resident + Adam moments + the gradients flattened and cast to fp32.
 
 Sources for each size are the DeepSpeed 0.19.8 code paths named in each function's docstring;
-the activation sizes follow the reference GPT's forward (../shared/reference/ds_probe.py).
+the activation sizes follow the reference GPT's forward (benchmarks/measurements/h200-2026-11-29-ds_probe.py).
 """
 
 from __future__ import annotations

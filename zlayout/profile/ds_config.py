@@ -1,7 +1,7 @@
 """The DeepSpeed config a layout implies, exactly as `deepspeed.initialize` reads it.
 
-Defaults match ../shared/reference (bf16, AdamW from the config, gradient clipping 1.0,
-overlap_comm and contiguous_gradients on, every bucket at DeepSpeed's default). Knobs the user
+Defaults match the config of the reference measurements (benchmarks/measurements/README.md:
+bf16, AdamW from the config, gradient clipping 1.0, overlap_comm and contiguous_gradients on, every bucket at DeepSpeed's default). Knobs the user
 moved away from DeepSpeed's defaults are written out; the rest are written too, so the file
 documents what the memory model assumed.
 """

@@ -19,6 +19,7 @@ from typing import Any
 import tomli_w
 from pydantic import ValidationError
 
+from zlayout import tomlsafe
 from zlayout.profile.launch import launch_scripts
 from zlayout.profile.runbook import extra_files
 from zlayout.profile.schema import SCHEMA_VERSION, Profile
@@ -51,7 +52,9 @@ def dumps_profile(profile: Profile) -> str:
 def loads_profile(text: str, source: str = PROFILE_FILE) -> Profile:
     """Parse and validate profile text; raises ProfileError naming the line and field."""
     try:
-        data = tomllib.loads(text)
+        data = tomlsafe.loads(text, source)
+    except tomlsafe.TomlLimitError as exc:
+        raise ProfileError(str(exc)) from None
     except tomllib.TOMLDecodeError as exc:
         raise ProfileError(f"{source}: not valid TOML: {exc}; fix that line "
                            "(or restore the file from version control)") from None

@@ -220,7 +220,7 @@ def build_result(inp: PlanInput, layout: Layout, reports: list[dict[str, Any]], 
 
 
 def reference_row(result: dict[str, Any]) -> dict[str, Any]:
-    """The result in the field format of ../shared/reference/h200-*.jsonl (for the benchmark)."""
+    """The result in the field format of benchmarks/measurements/h200-2026-11-29.jsonl (for the benchmark)."""
     inp = PlanInput.model_validate(result["inputs"])
     m, t = inp.model, inp.training
     lay, meas = result["layout"], result["measured"]

@@ -1,8 +1,8 @@
 """The planned model in plain PyTorch, built from a `ModelSpec` with random weights.
 
 Imported only by the worker (it imports torch). The structure follows the reference GPT of
-../shared/reference (fused QKV, causal `scaled_dot_product_attention`, MLP, final norm,
-loss on fp32 logits) and generalises it the way `ModelSpec` does: grouped-query attention
+benchmarks/measurements/h200-2026-11-29-ds_probe.py (fused QKV, causal
+`scaled_dot_product_attention`, MLP, final norm, loss on fp32 logits) and generalises it the way `ModelSpec` does: grouped-query attention
 (`kv_heads`), SwiGLU with its own `ffn` size, RMSNorm, biases per `bias`/`qkv_bias`, tied
 or untied head. Its parameter count equals `ModelSpec.params` exactly; the worker asserts it.
 """

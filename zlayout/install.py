@@ -1,0 +1,33 @@
+"""The pip command that installs an extra into the zlayout the user is running.
+
+`pip install 'zlayout[verify]'` fails from a clone (zlayout is not on PyPI there) and can
+hit another Python than the one running; the command that works names this interpreter and,
+for a source checkout or an editable install, the checkout itself.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+
+def source_checkout() -> Path | None:
+    """The repository root when zlayout runs from a clone (editable or PYTHONPATH), else None."""
+    root = Path(__file__).resolve().parent.parent
+    pyproject = root / "pyproject.toml"
+    try:
+        is_ours = pyproject.is_file() and 'name = "zlayout"' in pyproject.read_text(errors="replace")
+    except OSError:
+        return None
+    return root if is_ours else None
+
+
+def pip_install_command(extra: str | None = None) -> str:
+    """e.g. `/venv/bin/python -m pip install -e '/src/zlayout[verify]'` or `... 'zlayout[verify]'`."""
+    suffix = f"[{extra}]" if extra else ""
+    root = source_checkout()
+    python = shlex.quote(sys.executable)
+    if root is not None:
+        return f"{python} -m pip install -e {shlex.quote(f'{root}{suffix}')}"
+    return f"{python} -m pip install {shlex.quote(f'zlayout{suffix}')}"

@@ -1,0 +1,81 @@
+"""TOML parsing with limits checked before the parser sees the text.
+
+tomllib recurses once per nested array or inline table (100k `[` is a RecursionError) and
+spends quadratic time on dotted keys (a 30,000-part key takes 9 s and 3.5 GB). Presets and
+profiles are a few kilobytes with two or three levels, so a single pass over the text that
+counts nesting and key parts (outside strings and comments) refuses such input at once,
+with one line that names the file.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from typing import Any
+
+MAX_TOML_BYTES = 1 << 20  # a profile with a long change log is ~20 KB
+MAX_TOML_DEPTH = 32
+MAX_KEY_PARTS = 32
+
+# Everything the scan reacts to; other characters are skipped in bulk by the regex engine.
+_TOKENS = re.compile(r'"""|\'\'\'|\\.|["\'#\n\[\]{}=,.]', re.S)
+
+
+class TomlLimitError(ValueError):
+    """Text over a size, nesting or dotted-key limit (message: one line naming the source)."""
+
+
+def check_toml_limits(text: str, source: str) -> None:
+    """Raise TomlLimitError when `text` is bigger, deeper or has longer dotted keys than allowed."""
+    if len(text) > MAX_TOML_BYTES:
+        raise TomlLimitError(f"{source}: {len(text):,} characters is too long for a zlayout TOML "
+                             f"file (at most {MAX_TOML_BYTES:,})")
+    depth = 0
+    dots = 0  # dots since the last '=', ',', bracket or newline: the parts of one dotted key
+    quote: str | None = None  # the delimiter of the string we are in
+    comment = False
+    for match in _TOKENS.finditer(text):
+        token = match.group()
+        if comment:
+            comment = token != "\n"
+            continue
+        if quote is not None:
+            if token == quote or (token == "\n" and len(quote) == 1):
+                quote = None
+            elif token.startswith("\\") and quote == "'":
+                # literal strings have no escapes: the character after '\' may close it
+                if token[1:] == "'":
+                    quote = None
+            continue
+        if token in ('"""', "'''", '"', "'"):
+            quote = token
+        elif token.startswith("\\"):
+            continue
+        elif token == "#":
+            comment = True
+        elif token in "[{":
+            depth += 1
+            dots = 0
+            if depth > MAX_TOML_DEPTH:
+                raise TomlLimitError(f"{source}: nested more than {MAX_TOML_DEPTH} levels deep "
+                                     f"(line {_line(text, match.start())})")
+        elif token in "]}":
+            depth = max(0, depth - 1)
+            dots = 0
+        elif token == ".":
+            dots += 1
+            if dots >= MAX_KEY_PARTS:
+                raise TomlLimitError(f"{source}: a dotted key of more than {MAX_KEY_PARTS} parts "
+                                     f"(line {_line(text, match.start())})")
+        else:  # '=', ',' or a newline
+            dots = 0
+
+
+def _line(text: str, offset: int) -> int:
+    return text.count("\n", 0, offset) + 1
+
+
+def loads(text: str, source: str) -> dict[str, Any]:
+    """tomllib.loads after the limits; raises TomlLimitError or tomllib.TOMLDecodeError."""
+    check_toml_limits(text, source)
+    return tomllib.loads(text)
