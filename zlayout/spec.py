@@ -30,6 +30,9 @@ Implementation = Literal["zlayout", "hf"]
 # PyTorch's CUDA caching allocator: the default (fixed segments) or expandable segments
 # (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True).
 AllocatorKind = Literal["default", "expandable"]
+# How the training script builds the model before deepspeed.initialize: "auto" is what the
+# verify worker does (fp32 on the host; under deepspeed.zero.Init for ZeRO-3).
+ModelInit = Literal["auto", "fp32-cpu", "bf16-gpu", "zero-init", "meta"]
 
 GiB = 2**30
 TiB = 2**40
@@ -263,6 +266,7 @@ class TrainingSpec(Frozen):
     flash_attention: bool = True
     impl: Implementation = "zlayout"
     allocator: AllocatorKind = "default"
+    init: ModelInit = "auto"
 
 
 class ZeroKnobs(Frozen):

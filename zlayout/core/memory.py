@@ -257,6 +257,17 @@ def layers_before_first_reduce(model: ModelSpec, zero: ZeroKnobs) -> int:
     return min(model.layers, -(-remaining // model.layer_params()))
 
 
+def model_init(init: str, stage: int) -> str:
+    """How the model is built, with "auto" resolved to the verify worker's way: under
+    deepspeed.zero.Init for ZeRO-3, in fp32 on the host otherwise. zero.Init partitions only
+    for ZeRO-3; with stages 0-2 the model is built in fp32 on the host as usual."""
+    if init == "auto":
+        return "zero-init" if stage == 3 else "fp32-cpu"
+    if init == "zero-init" and stage < 3:
+        return "fp32-cpu"
+    return init
+
+
 def pinned_bytes(nbytes: int) -> int:
     """PyTorch's pinned-memory allocator rounds every block up to a power of two, and the
     pages are all resident: a 4.8 GB pinned buffer costs 8 GiB of host RAM."""
@@ -279,6 +290,7 @@ def estimate_memory(inp: PlanInput, layout: Layout) -> MemoryEstimate:
     master_per_param = 0 if training.precision == "fp32" else FP32_BYTES
 
     pin = pinned_bytes if zero.pin_memory else int
+    init = model_init(training.init, stage)
     host_grads = 0  # only stage 3 keeps a gradient partition on the host
     gpu: list[MemoryTerm] = []
     host: list[MemoryTerm] = []
@@ -405,6 +417,9 @@ def estimate_memory(inp: PlanInput, layout: Layout) -> MemoryEstimate:
         phases["backward (offload cast)"] = (states + live + activations + ipg + recompute
                                             + model.largest_tensor_numel() * (w + FP32_BYTES),
                                             model.largest_tensor_numel() * FP32_BYTES)
+    if stage == 3 and init == "bf16-gpu":
+        # the whole model on every GPU before deepspeed.initialize partitions it
+        phases["model build"] = (w * p, model.largest_tensor_numel() * w)
     if stage == 0:
         phases["backward (end)"] = (states + grads + recompute, model.largest_tensor_numel() * w)
     peak_phase = max(phases, key=lambda name: phases[name][0])
@@ -451,11 +466,9 @@ def estimate_memory(inp: PlanInput, layout: Layout) -> MemoryEstimate:
                            "deepspeed_buffers", "pinned buffers weights are read from NVMe into")
     add("host", "process_baseline", HOST_BASE_BYTES, "overhead",
         "Python, torch, CUDA, NCCL and DeepSpeed's libraries")
-    construction = 0
-    if stage < 3:
-        construction = add("host", "model_construction", FP32_BYTES * p, "model_states",
-                           "the model built in fp32 on the host before DeepSpeed moves it "
-                           "(stage 3 builds it partitioned under zero.Init)")
+    construction = add("host", "model_construction", FP32_BYTES * p if init == "fp32-cpu" else 0,
+                       "model_states", "the training script builds the model in fp32 on the host, "
+                       "every rank, before DeepSpeed moves it (--init: zero-init, bf16-gpu or meta avoid it)")
     host_rank = max(HOST_BASE_EARLY_BYTES + construction, HOST_BASE_BYTES + host_states)
     host_peak = host_rank * ranks
 

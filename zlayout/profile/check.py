@@ -139,6 +139,17 @@ def check_gpus(profile: Profile, gpus: list[GpuInfo]) -> list[CheckItem]:
     return items
 
 
+def _host_advice(profile: Profile) -> str:
+    """What to change, from the host term that is largest."""
+    terms = [t for t in profile.prediction.terms if t.where == "host"]
+    largest = max(terms, key=lambda t: t.bytes, default=None)
+    if largest is not None and largest.name == "model_construction":
+        return ("the training script builds the model in fp32 on the host on every rank "
+                f"({gib(largest.bytes)} per node): build it under deepspeed.zero.Init, in bf16 on the GPU "
+                "or on the meta device (re-plan with --init zero-init|bf16-gpu|meta)")
+    return "free memory, or choose a layout with less offload"
+
+
 def check_host(profile: Profile, meminfo: dict[str, int] | None = None) -> CheckItem:
     info = _meminfo() if meminfo is None else meminfo
     need = profile.alerts.host_memory.peak_bytes
@@ -148,7 +159,7 @@ def check_host(profile: Profile, meminfo: dict[str, int] | None = None) -> Check
     if available < need:
         return CheckItem("host memory", "fail",
                          f"{gib(available)} available of {gib(info.get('MemTotal', 0))}, the run needs {gib(need)} "
-                         "per node: free memory, or choose a layout with less offload")
+                         f"per node: {_host_advice(profile)}")
     return CheckItem("host memory", "pass", f"{gib(available)} available, the run needs {gib(need)} per node")
 
 

@@ -75,6 +75,8 @@ class Prediction(Section):
     gpu_peak_allocated_bytes: int
     gpu_peak_reserved_bytes: int
     gpu_device_used_bytes: int
+    gpu_needed_bytes: int | None = Field(
+        default=None, description="the least device memory the peak runs in (the allocator model): decides fits")
     host_peak_bytes: int
     nvme_bytes: int
     gpu_capacity_bytes: int
