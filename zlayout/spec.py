@@ -74,6 +74,20 @@ BOUNDS: dict[str, Bound] = {
     "kv_heads": Bound(1, 4096),
     "ffn": Bound(1, 1_048_576),
     "vocab": Bound(1, 10_000_000),
+    "head_size": Bound(1, 65_536),
+    "norms_per_layer": Bound(0, 8),
+    "position_embeddings": Bound(0, 1_048_576),
+    "experts": Bound(0, 65_536),
+    "top_k": Bound(1, 65_536),
+    "expert_ffn": Bound(1, 1_048_576),
+    "shared_experts": Bound(0, 1024),
+    "shared_expert_ffn": Bound(1, 1_048_576),
+    # MlaSpec
+    "q_lora_rank": Bound(1, 262_144),
+    "kv_lora_rank": Bound(1, 262_144),
+    "qk_nope_head_dim": Bound(1, 65_536),
+    "qk_rope_head_dim": Bound(0, 65_536),
+    "v_head_dim": Bound(1, 65_536),
     # TrainingSpec
     "seq": Bound(1, 1_048_576),
     "micro_batch": Bound(1, 4096),
@@ -128,8 +142,30 @@ class Frozen(BaseModel):
         return value if bound is None else bound.check(value)
 
 
+class MlaSpec(Frozen):
+    """DeepSeek's multi-head latent attention: queries and keys/values pass through low-rank
+    projections (a latent, normed), and the keys carry a separate rotary part."""
+
+    q_lora_rank: int | None = Field(default=None,
+                                    description="query latent size; None: one full-rank q projection (V2-Lite)")
+    kv_lora_rank: int = Field(description="key/value latent size")
+    qk_nope_head_dim: int = Field(description="per-head query/key width without rotary")
+    qk_rope_head_dim: int = Field(description="per-head rotary query/key width")
+    v_head_dim: int = Field(description="per-head value width")
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+
 class ModelSpec(Frozen):
-    """A decoder-only transformer, described by its architecture."""
+    """A decoder-only transformer, described by its architecture.
+
+    Dense or mixture-of-experts: with `experts` > 0 every block but `dense_layers` replaces its
+    MLP by a router and `experts` MLPs of `expert_ffn` (each token goes through `top_k` of
+    them), plus `shared_experts` MLPs every token goes through. Parameter counts equal what
+    Hugging Face transformers builds for the same config.json (tests/hf holds them).
+    """
 
     name: str = "custom"
     family: str | None = None
@@ -137,17 +173,39 @@ class ModelSpec(Frozen):
     hidden: int
     heads: int
     kv_heads: int | None = Field(default=None, description="defaults to heads (no GQA)")
+    head_size: int | None = Field(default=None, description="per-head width when it is not hidden/heads (Gemma: 256)")
     ffn: int | None = Field(default=None, description="MLP inner size; defaults to 4*hidden")
     vocab: int
     mlp: MlpKind = "gelu"
     norm: NormKind = "layernorm"
     bias: bool = True
     qkv_bias: bool | None = Field(default=None, description="bias on q/k/v only (Qwen2); defaults to bias")
+    out_bias: bool | None = Field(default=None, description="bias on the attention output; defaults to bias")
+    mlp_bias: bool | None = Field(default=None, description="bias on the dense MLP; defaults to bias")
     tie_embeddings: bool = False
+    norms_per_layer: int = Field(default=2,
+                                 description="norms in a block: 2 (before attention and MLP); "
+                                             "Gemma 2: 4; Falcon-7B: 1")
+    position_embeddings: int = Field(default=0,
+                                     description="learned absolute positions (GPT-2: 1024); 0 with rotary")
+    mla: MlaSpec | None = Field(default=None, description="multi-head latent attention (DeepSeek-V2/V3)")
+    # mixture of experts
+    experts: int = Field(default=0, description="routed experts per MoE block; 0: a dense model")
+    top_k: int | None = Field(default=None, description="experts each token is routed to")
+    expert_ffn: int | None = Field(default=None, description="one expert's MLP inner size; defaults to ffn")
+    shared_experts: int = Field(default=0, description="experts every token goes through")
+    shared_expert_ffn: int | None = Field(default=None,
+                                          description="one shared expert's inner size; defaults to expert_ffn")
+    shared_expert_gate: bool = Field(default=False, description="a sigmoid gate on the shared experts (Qwen-MoE)")
+    dense_layers: tuple[int, ...] = Field(default=(), description="blocks (from 0) of a MoE model that keep "
+                                                                  "the dense MLP of size ffn")
+    # where the architecture was read from (`--hf-config`)
+    hf_model_type: str | None = Field(default=None, description="config.json's model_type")
+    hf_config: str | None = Field(default=None, description="the config.json it was read from")
 
     @model_validator(mode="after")
     def _shape_is_consistent(self) -> "ModelSpec":
-        if self.hidden % self.heads:
+        if self.head_size is None and self.mla is None and self.hidden % self.heads:
             raise ValueError(
                 f"hidden ({self.hidden}) must be divisible by heads ({self.heads}); "
                 f"try --heads {_nearest_divisor(self.hidden, self.heads)}"
@@ -156,7 +214,29 @@ class ModelSpec(Frozen):
             raise ValueError(
                 f"heads ({self.heads}) must be a multiple of kv-heads ({self.num_kv_heads})"
             )
+        if self.experts:
+            if self.top_k is None:
+                raise ValueError(f"a MoE model with {self.experts} experts needs top_k: add --top-k K")
+            if self.top_k > self.experts:
+                raise ValueError(f"top_k ({self.top_k}) must be at most experts ({self.experts})")
+            outside = [i for i in self.dense_layers if i >= self.layers]
+            if outside or len(set(self.dense_layers)) != len(self.dense_layers):
+                raise ValueError(f"dense_layers must name distinct blocks 0..{self.layers - 1}, "
+                                 f"got {list(self.dense_layers)}")
+            if any(i < 0 for i in self.dense_layers):
+                raise ValueError("dense_layers are block numbers from 0")
+        else:
+            moe_only = [name for name, value in (
+                ("top_k", self.top_k), ("expert_ffn", self.expert_ffn),
+                ("shared_experts", self.shared_experts or None),
+                ("shared_expert_ffn", self.shared_expert_ffn),
+                ("shared_expert_gate", self.shared_expert_gate or None),
+                ("dense_layers", self.dense_layers or None)) if value is not None]
+            if moe_only:
+                raise ValueError(f"{moe_only[0]} describes a mixture of experts: add --experts N")
         return self
+
+    # ------------------------------------------------------------------ shape
 
     @property
     def num_kv_heads(self) -> int:
@@ -164,46 +244,152 @@ class ModelSpec(Frozen):
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.head_size or self.hidden // self.heads
 
     @property
     def ffn_size(self) -> int:
         return self.ffn or 4 * self.hidden
 
     @property
+    def q_size(self) -> int:
+        """Width of the queries (and of the attention output, except with MLA)."""
+        return self.heads * (self.mla.qk_head_dim if self.mla else self.head_dim)
+
+    @property
     def kv_size(self) -> int:
+        """Width of the keys, and of the values (MLA: keys; values are `attn_out_size`)."""
+        if self.mla:
+            return self.heads * self.mla.qk_head_dim
         return self.num_kv_heads * self.head_dim
 
+    @property
+    def attn_out_size(self) -> int:
+        """Width of the attention output the output projection reads."""
+        return self.heads * self.mla.v_head_dim if self.mla else self.q_size
+
+    @property
+    def is_moe(self) -> bool:
+        return self.experts > 0
+
+    @property
+    def expert_ffn_size(self) -> int:
+        return self.expert_ffn or self.ffn_size
+
+    @property
+    def shared_expert_ffn_size(self) -> int:
+        return self.shared_expert_ffn or self.expert_ffn_size
+
+    @property
+    def moe_layer_count(self) -> int:
+        return self.layers - self.dense_layer_count if self.is_moe else 0
+
+    @property
+    def dense_layer_count(self) -> int:
+        if not self.is_moe:
+            return self.layers
+        return len({i for i in self.dense_layers if 0 <= i < self.layers})
+
+    def _biased(self, flag: bool | None) -> bool:
+        return self.bias if flag is None else flag
+
+    # ------------------------------------------------------------------ parameters
+
+    def norm_params(self) -> int:
+        """One norm module: LayerNorm has a weight and a bias, RMSNorm a weight."""
+        return 2 * self.hidden if self.norm == "layernorm" else self.hidden
+
+    def attention_params(self) -> int:
+        h, q, kv, out = self.hidden, self.q_size, self.kv_size, self.attn_out_size
+        if self.mla:
+            a = self.mla
+            # transformers' DeepseekV2Attention: attention_bias (our qkv/out bias) on q_a, kv_a and o
+            proj_bias = self._biased(self.qkv_bias)
+            if a.q_lora_rank is None:
+                query = h * q
+            else:
+                query = h * a.q_lora_rank + a.q_lora_rank * (1 + q) + proj_bias * a.q_lora_rank
+            latent = a.kv_lora_rank + a.qk_rope_head_dim
+            kv_part = h * latent + proj_bias * latent + a.kv_lora_rank  # + the latent's RMSNorm
+            kv_part += a.kv_lora_rank * self.heads * (a.qk_nope_head_dim + a.v_head_dim)
+            return query + kv_part + out * h + self._biased(self.out_bias) * h
+        params = h * (q + 2 * kv) + out * h
+        params += (q + 2 * kv) * self._biased(self.qkv_bias) + h * self._biased(self.out_bias)
+        return params
+
+    def mlp_params(self, ffn: int | None = None, with_bias: bool | None = None) -> int:
+        """One MLP: gate+up+down (SwiGLU and other gated MLPs) or up+down, biases per mlp_bias."""
+        h, f = self.hidden, self.ffn_size if ffn is None else ffn
+        gated = self.mlp == "swiglu"
+        params = (3 if gated else 2) * h * f
+        if self._biased(self.mlp_bias) if with_bias is None else with_bias:
+            params += (2 if gated else 1) * f + h
+        return params
+
+    def router_params(self) -> int:
+        return self.experts * self.hidden
+
+    def moe_mlp_params(self, experts: int | None = None) -> int:
+        """A MoE block's MLP: the router, `experts` expert MLPs (no biases), the shared experts."""
+        routed = self.experts if experts is None else experts
+        params = self.router_params() + routed * self.mlp_params(self.expert_ffn_size, with_bias=False)
+        params += self.shared_experts * self.mlp_params(self.shared_expert_ffn_size, with_bias=False)
+        return params + (self.hidden if self.shared_expert_gate else 0)
+
+    def dense_layer_params(self) -> int:
+        return self.attention_params() + self.mlp_params() + self.norms_per_layer * self.norm_params()
+
+    def moe_layer_params(self) -> int:
+        return self.attention_params() + self.moe_mlp_params() + self.norms_per_layer * self.norm_params()
+
     def layer_params(self) -> int:
-        """Parameters of one transformer block (exact, counting biases and norms)."""
-        h, kv, f = self.hidden, self.kv_size, self.ffn_size
-        attn = h * (h + 2 * kv) + h * h
-        mlp = (3 if self.mlp == "swiglu" else 2) * h * f
-        norms = 2 * (2 * h if self.norm == "layernorm" else h)
-        has_qkv_bias = self.bias if self.qkv_bias is None else self.qkv_bias
-        biases = (h + 2 * kv) if has_qkv_bias else 0
-        if self.bias:
-            biases += h + (2 if self.mlp == "swiglu" else 1) * f + h
-        return attn + mlp + norms + biases
+        """Parameters of one transformer block (exact, counting biases and norms); of a MoE
+        block in a MoE model (the blocks a deeper model adds)."""
+        return self.moe_layer_params() if self.is_moe else self.dense_layer_params()
+
+    def blocks_params(self) -> int:
+        """Every block's parameters (a MoE model's dense blocks counted as dense)."""
+        return self.dense_layer_count * self.dense_layer_params() + self.moe_layer_count * self.moe_layer_params()
 
     def embedding_params(self) -> int:
         return self.vocab * self.hidden
+
+    def position_embedding_params(self) -> int:
+        return self.position_embeddings * self.hidden
 
     def head_params(self) -> int:
         return 0 if self.tie_embeddings else self.vocab * self.hidden
 
     def final_norm_params(self) -> int:
-        return 2 * self.hidden if self.norm == "layernorm" else self.hidden
+        return self.norm_params()
 
     @property
     def params(self) -> int:
-        return (self.layers * self.layer_params() + self.embedding_params()
+        return (self.blocks_params() + self.embedding_params() + self.position_embedding_params()
                 + self.head_params() + self.final_norm_params())
 
+    def active_blocks_params(self) -> int:
+        """Block parameters one token goes through: a MoE block counts `top_k` experts."""
+        if not self.is_moe:
+            return self.blocks_params()
+        active_moe = (self.attention_params() + self.moe_mlp_params(self.top_k)
+                      + self.norms_per_layer * self.norm_params())
+        return self.dense_layer_count * self.dense_layer_params() + self.moe_layer_count * active_moe
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token's forward uses (what compute and MFU count); `params` for dense."""
+        return self.params - self.blocks_params() + self.active_blocks_params()
+
     def largest_tensor_numel(self) -> int:
-        """The largest single parameter (sizes DeepSpeed's stage-3 fetch of one module)."""
+        """The largest single parameter (sizes DeepSpeed's stage-3 fetch of one module).
+
+        transformers (v5) stores a MoE block's experts as two fused tensors, [experts, 2*ffn,
+        hidden] and [experts, hidden, ffn]: each is one parameter."""
         h = self.hidden
-        return max(self.vocab * h, h * (h + 2 * self.kv_size), self.ffn_size * h)
+        sizes = [self.vocab * h, h * (self.q_size + 2 * self.kv_size), self.ffn_size * h]
+        if self.is_moe:
+            sizes.append(self.experts * (2 if self.mlp == "swiglu" else 1) * self.expert_ffn_size * h)
+        return max(sizes)
 
 
 def _nearest_divisor(n: int, near: int) -> int:

@@ -1,0 +1,49 @@
+"""zlayout's parameter count of a config.json equals what transformers builds from it, exactly.
+
+Each model is built with `AutoModelForCausalLM.from_config` on the meta device (no memory,
+no download), for every fixture: the small configs cover each supported model_type and its
+variants (defaults, biases, explicit head_dim, tied heads, Falcon's layouts, MoE sparse steps,
+dense first blocks, latent attention); the published ones are full-size public models.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from zlayout import hfconfig
+from tests.hf.conftest import PUBLISHED_CONFIGS, SMALL_CONFIGS
+
+
+def transformers_model(path: Path) -> torch.nn.Module:
+    config = json.loads(path.read_text())
+    hf_config = AutoConfig.for_model(config.pop("model_type"), **config)
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(hf_config)
+
+
+@pytest.mark.parametrize("path", SMALL_CONFIGS + PUBLISHED_CONFIGS, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_the_parameter_count_equals_the_transformers_model(path):
+    built = transformers_model(path)
+    model = hfconfig.load(path)
+    assert model.params == sum(p.numel() for p in built.parameters())
+
+
+@pytest.mark.parametrize("path", [p for p in SMALL_CONFIGS + PUBLISHED_CONFIGS
+                                  if hfconfig.load(p).is_moe], ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_moe_blocks_and_experts_are_where_transformers_puts_them(path):
+    """The blocks holding routed experts, and each MoE block's size, match the built model."""
+    built = transformers_model(path)
+    model = hfconfig.load(path)
+    layers = built.model.layers
+    moe_blocks = [i for i, layer in enumerate(layers) if hasattr(layer.mlp, "experts")]
+    assert moe_blocks == [i for i in range(model.layers) if i not in model.dense_layers]
+    block = layers[moe_blocks[0]]
+    assert sum(p.numel() for p in block.parameters()) == model.moe_layer_params()
+    expert_params = sum(p.numel() for p in block.mlp.experts.parameters())
+    assert expert_params == model.experts * model.mlp_params(model.expert_ffn_size, with_bias=False)
+    assert max(p.numel() for p in built.parameters()) == model.largest_tensor_numel()

@@ -1,0 +1,319 @@
+"""A Hugging Face `config.json` as a `ModelSpec`, read without importing transformers.
+
+`load(path)` takes a config.json (or the directory holding one) and returns the model with
+the same parameter count as `AutoModelForCausalLM.from_config(config)` builds (transformers
+5.x; tests/hf builds every supported type on the meta device and compares). Keys the planner
+needs that a file leaves out take transformers' default for that model type; the keys that
+fix the shape (layers, hidden, heads, vocab, MLP sizes, expert counts) must be present.
+
+Supported model types, dense: llama, mistral, qwen2, gemma, gemma2, phi3, gpt2, gpt_neox,
+falcon; mixture of experts: mixtral, qwen2_moe, deepseek_v2, deepseek_v3 (shared experts,
+dense first blocks and latent attention as the file says).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from pydantic import ValidationError
+
+from zlayout.spec import MlaSpec, ModelSpec
+
+CONFIG_FILE = "config.json"
+MAX_CONFIG_BYTES = 4 * 2**20  # config.json files are a few KiB; anything this large is not one
+
+
+class HfConfigError(ValueError):
+    """A config.json zlayout cannot read: one line naming the file and the key."""
+
+
+_REQUIRED = object()
+
+
+class _Reader:
+    """Typed access to one config's keys; errors name the key and the file."""
+
+    def __init__(self, config: Mapping[str, Any], where: str, model_type: str):
+        self.config, self.where, self.model_type = config, where, model_type
+
+    def _fail(self, message: str) -> HfConfigError:
+        return HfConfigError(f"{self.where}: {message}")
+
+    def _raw(self, keys: tuple[str, ...], default: Any, null: bool = False) -> tuple[str, Any]:
+        """The first key present; `null`: an explicit null is the value (else it means absent)."""
+        for key in keys:
+            if key in self.config and (null or self.config[key] is not None):
+                return key, self.config[key]
+        if default is _REQUIRED:
+            raise self._fail(f"no {keys[0]!r} key, which model_type {self.model_type!r} needs "
+                             "(is this the model's config.json?)")
+        return keys[0], default
+
+    def int(self, *keys: str, default: Any = _REQUIRED, minimum: int = 1, null: bool = False) -> Any:
+        key, value = self._raw(keys, default, null)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self._fail(f"{key!r} must be a whole number, got {value!r}")
+        if value < minimum:
+            raise self._fail(f"{key!r} must be at least {minimum}, got {value}")
+        return value
+
+    def bool(self, *keys: str, default: Any = _REQUIRED) -> bool:
+        key, value = self._raw(keys, default)
+        if not isinstance(value, bool):
+            raise self._fail(f"{key!r} must be true or false, got {value!r}")
+        return value
+
+    def int_list(self, *keys: str, default: Any = _REQUIRED) -> list[int]:
+        key, value = self._raw(keys, default)
+        if not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
+            raise self._fail(f"{key!r} must be a list of block numbers, got {value!r}")
+        return value
+
+
+def _llama_like(r: _Reader, *, kv_default: int | None, head_dim_default: int | None, tie_default: bool,
+                attention_bias: bool | None = False, mlp_bias: bool | None = False,
+                qkv_bias: bool | None = None, norms: int = 2) -> dict[str, Any]:
+    """The pre-norm, rotary, gated-MLP, RMSNorm block of Llama and its descendants.
+
+    `attention_bias`/`mlp_bias`: the key's default for this type, or None when the type
+    ignores the key (biases fixed by the modeling code, as Mistral's)."""
+    heads = r.int("num_attention_heads")
+    hidden = r.int("hidden_size")
+    spec: dict[str, Any] = dict(
+        layers=r.int("num_hidden_layers"), hidden=hidden, heads=heads,
+        kv_heads=r.int("num_key_value_heads", default=kv_default if kv_default is not None else heads),
+        ffn=r.int("intermediate_size"), vocab=r.int("vocab_size"),
+        mlp="swiglu", norm="rmsnorm", bias=False, norms_per_layer=norms,
+        tie_embeddings=r.bool("tie_word_embeddings", default=tie_default))
+    head_dim = r.int("head_dim", default=head_dim_default)
+    if head_dim is not None and head_dim * heads != hidden:
+        spec["head_size"] = head_dim
+    elif head_dim is None and hidden % heads:
+        raise r._fail(f"hidden_size {hidden} is not a multiple of num_attention_heads {heads} "
+                      "and the file gives no 'head_dim'")
+    if attention_bias is not None and r.bool("attention_bias", default=attention_bias):
+        spec["qkv_bias"] = spec["out_bias"] = True
+    if qkv_bias is not None:
+        spec["qkv_bias"] = qkv_bias
+    if mlp_bias is not None and r.bool("mlp_bias", default=mlp_bias):
+        spec["mlp_bias"] = True
+    return spec
+
+
+def _llama(r: _Reader) -> dict[str, Any]:
+    return _llama_like(r, kv_default=None, head_dim_default=None, tie_default=False)
+
+
+def _mistral(r: _Reader) -> dict[str, Any]:
+    return _llama_like(r, kv_default=8, head_dim_default=None, tie_default=False,
+                       attention_bias=None, mlp_bias=None)
+
+
+def _qwen2(r: _Reader) -> dict[str, Any]:
+    # transformers' Qwen2 always has q/k/v biases and none elsewhere
+    return _llama_like(r, kv_default=32, head_dim_default=None, tie_default=False,
+                       attention_bias=None, mlp_bias=None, qkv_bias=True)
+
+
+def _gemma(r: _Reader) -> dict[str, Any]:
+    return _llama_like(r, kv_default=16, head_dim_default=256, tie_default=True, mlp_bias=None)
+
+
+def _gemma2(r: _Reader) -> dict[str, Any]:
+    # Gemma 2 norms both sides of attention and of the MLP
+    return _llama_like(r, kv_default=4, head_dim_default=256, tie_default=True, mlp_bias=None, norms=4)
+
+
+def _phi3(r: _Reader) -> dict[str, Any]:
+    return _llama_like(r, kv_default=None, head_dim_default=None, tie_default=False,
+                       attention_bias=None, mlp_bias=None)
+
+
+def _gpt2(r: _Reader) -> dict[str, Any]:
+    hidden = r.int("n_embd", "hidden_size")
+    return dict(layers=r.int("n_layer", "num_hidden_layers"), hidden=hidden,
+                heads=r.int("n_head", "num_attention_heads"),
+                ffn=r.int("n_inner", default=4 * hidden), vocab=r.int("vocab_size"),
+                mlp="gelu", norm="layernorm", bias=True,
+                position_embeddings=r.int("n_positions", "max_position_embeddings", default=1024),
+                tie_embeddings=r.bool("tie_word_embeddings", default=True))
+
+
+def _gpt_neox(r: _Reader) -> dict[str, Any]:
+    # one fused q/k/v of 3*hidden (no grouped-query attention), MLP biases always
+    attention_bias = r.bool("attention_bias", default=True)
+    return dict(layers=r.int("num_hidden_layers"), hidden=r.int("hidden_size"),
+                heads=r.int("num_attention_heads"), ffn=r.int("intermediate_size"),
+                vocab=r.int("vocab_size"), mlp="gelu", norm="layernorm", bias=True,
+                qkv_bias=attention_bias, out_bias=attention_bias,
+                tie_embeddings=r.bool("tie_word_embeddings", default=False))
+
+
+def _falcon(r: _Reader) -> dict[str, Any]:
+    hidden = r.int("hidden_size", "n_embed")
+    heads = r.int("num_attention_heads")
+    new_arch = r.bool("new_decoder_architecture", default=False)
+    multi_query = r.bool("multi_query", default=True)
+    parallel = r.bool("parallel_attn", default=True)
+    if new_arch:
+        kv_heads = r.int("num_kv_heads", default=heads)
+    else:  # the old layout: one shared k/v head (multi_query) or a full 3*hidden q/k/v
+        kv_heads = 1 if multi_query else heads
+    if not parallel:
+        norms = 2
+    else:
+        norms_in_parallel = r.int("num_ln_in_parallel_attn", default=2 if new_arch else 1)
+        norms = 2 if norms_in_parallel == 2 else 1
+    return dict(layers=r.int("num_hidden_layers"), hidden=hidden, heads=heads, kv_heads=kv_heads,
+                ffn=r.int("ffn_hidden_size", default=4 * hidden), vocab=r.int("vocab_size"),
+                mlp="gelu", norm="layernorm", bias=r.bool("bias", default=False), norms_per_layer=norms,
+                tie_embeddings=r.bool("tie_word_embeddings", default=True))
+
+
+def _mixtral(r: _Reader) -> dict[str, Any]:
+    spec = _llama_like(r, kv_default=8, head_dim_default=None, tie_default=False,
+                       attention_bias=None, mlp_bias=None)
+    spec.update(experts=r.int("num_local_experts", "num_experts"),
+                top_k=r.int("num_experts_per_tok", default=2))
+    return spec
+
+
+def _qwen2_moe(r: _Reader) -> dict[str, Any]:
+    spec = _llama_like(r, kv_default=16, head_dim_default=None, tie_default=False,
+                       attention_bias=None, mlp_bias=None, qkv_bias=r.bool("qkv_bias", default=True))
+    experts = r.int("num_experts", minimum=0)
+    if experts == 0:
+        return spec
+    step = r.int("decoder_sparse_step", default=1)
+    mlp_only = set(r.int_list("mlp_only_layers", default=[]))
+    layers = spec["layers"]
+    spec.update(
+        experts=experts, top_k=r.int("num_experts_per_tok", default=4),
+        expert_ffn=r.int("moe_intermediate_size"),
+        shared_experts=1, shared_expert_ffn=r.int("shared_expert_intermediate_size"),
+        shared_expert_gate=True,
+        # transformers: block i is sparse when it is not MLP-only and (i + 1) % step == 0
+        dense_layers=tuple(i for i in range(layers) if i in mlp_only or (i + 1) % step))
+    return spec
+
+
+def _deepseek(r: _Reader, *, shared_default: int, first_dense_default: int,
+              top_k_default: int | None, q_lora_default: int, v_head_default: int) -> dict[str, Any]:
+    heads = r.int("num_attention_heads")
+    attention_bias = r.bool("attention_bias", default=False)
+    mla = MlaSpec(q_lora_rank=r.int("q_lora_rank", default=q_lora_default, null=True),
+                  kv_lora_rank=r.int("kv_lora_rank", default=512),
+                  qk_nope_head_dim=r.int("qk_nope_head_dim", default=128),
+                  qk_rope_head_dim=r.int("qk_rope_head_dim", default=64, minimum=0),
+                  v_head_dim=r.int("v_head_dim", default=v_head_default))
+    layers = r.int("num_hidden_layers")
+    shared = r.int("n_shared_experts", default=shared_default, minimum=0)
+    expert_ffn = r.int("moe_intermediate_size")
+    first_dense = r.int("first_k_dense_replace", default=first_dense_default, minimum=0)
+    top_k = r.int("num_experts_per_tok", default=_REQUIRED if top_k_default is None else top_k_default)
+    spec: dict[str, Any] = dict(
+        layers=layers, hidden=r.int("hidden_size"), heads=heads,
+        kv_heads=heads, ffn=r.int("intermediate_size"), vocab=r.int("vocab_size"),
+        mlp="swiglu", norm="rmsnorm", bias=False, mla=mla,
+        qkv_bias=attention_bias, out_bias=attention_bias,
+        mlp_bias=r.bool("mlp_bias", default=False) if r.model_type == "deepseek_v2" else False,
+        tie_embeddings=r.bool("tie_word_embeddings", default=False),
+        experts=r.int("n_routed_experts"), top_k=top_k, expert_ffn=expert_ffn,
+        # transformers builds the shared experts as one MLP of n_shared * moe_intermediate_size
+        shared_experts=shared, shared_expert_ffn=expert_ffn if shared else None,
+        dense_layers=tuple(range(min(first_dense, layers))))
+    return spec
+
+
+def _deepseek_v2(r: _Reader) -> dict[str, Any]:
+    return _deepseek(r, shared_default=2, first_dense_default=0, top_k_default=None,
+                     q_lora_default=1536, v_head_default=128)
+
+
+def _deepseek_v3(r: _Reader) -> dict[str, Any]:
+    return _deepseek(r, shared_default=1, first_dense_default=3, top_k_default=8,
+                     q_lora_default=1536, v_head_default=128)
+
+
+READERS: Mapping[str, Callable[[_Reader], dict[str, Any]]] = {
+    "llama": _llama, "mistral": _mistral, "qwen2": _qwen2, "gemma": _gemma, "gemma2": _gemma2,
+    "phi3": _phi3, "gpt2": _gpt2, "gpt_neox": _gpt_neox, "falcon": _falcon,
+    "mixtral": _mixtral, "qwen2_moe": _qwen2_moe, "deepseek_v2": _deepseek_v2, "deepseek_v3": _deepseek_v3,
+}
+SUPPORTED_MODEL_TYPES = tuple(sorted(READERS))
+
+
+def model_from_config(config: Mapping[str, Any], *, where: str = CONFIG_FILE, name: str | None = None,
+                      source: str | None = None) -> ModelSpec:
+    """The model a parsed config.json describes. `where` names it in errors, `source` is
+    recorded as the spec's `hf_config`."""
+    if not isinstance(config, Mapping):
+        raise HfConfigError(f"{where}: a config.json holds one JSON object, not {type(config).__name__}")
+    model_type = config.get("model_type")
+    if model_type is None:
+        raise HfConfigError(f"{where}: no 'model_type' key (is this a transformers config.json?)")
+    if model_type not in READERS:
+        raise HfConfigError(f"{where}: model_type {model_type!r} is not supported; supported: "
+                            f"{', '.join(SUPPORTED_MODEL_TYPES)} (or enter the architecture with "
+                            "--layers --hidden --heads --vocab)")
+    spec = READERS[model_type](_Reader(config, where, model_type))
+    spec.update(name=name or _config_name(config) or model_type, hf_model_type=model_type, hf_config=source)
+    try:
+        return ModelSpec(**spec)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"])
+        message = err["msg"].removeprefix("Value error, ")
+        raise HfConfigError(f"{where}: {field + ': ' if field else ''}{message}") from None
+
+
+def _config_name(config: Mapping[str, Any]) -> str | None:
+    """`_name_or_path`'s last part ("meta-llama/Meta-Llama-3-8B" -> "Meta-Llama-3-8B")."""
+    value = config.get("_name_or_path")
+    if isinstance(value, str) and value.strip():
+        return value.strip().rstrip("/").split("/")[-1] or None
+    return None
+
+
+def config_path(path: str | os.PathLike[str]) -> Path:
+    """The config.json a path means: the file itself, or DIR/config.json."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        p = p / CONFIG_FILE
+        if not p.is_file():
+            raise HfConfigError(f"{path}: a directory without a {CONFIG_FILE}; "
+                                "give the model's config.json or the directory holding it")
+    elif not p.exists():
+        raise HfConfigError(f"{path}: no such file; give the model's config.json or the directory holding it")
+    return p
+
+
+def load(path: str | os.PathLike[str]) -> ModelSpec:
+    """Read a model's config.json (or a directory holding one) into a `ModelSpec`.
+
+    The name is `_name_or_path`'s last part, else the folder's name; the spec records the
+    file (`hf_config`) and its `model_type`. Raises `HfConfigError` (a ValueError) with one
+    line naming the file and what is wrong.
+    """
+    p = config_path(path)
+    try:
+        with open(p, "rb") as handle:
+            data = handle.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise HfConfigError(f"{p}: cannot read: {exc.strerror}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise HfConfigError(f"{p}: larger than {MAX_CONFIG_BYTES // 2**20} MiB, not a config.json")
+    try:
+        config = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise HfConfigError(f"{p}: not a text file; give the model's config.json") from None
+    except json.JSONDecodeError as exc:
+        raise HfConfigError(f"{p}: not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}") from None
+    folder = p.resolve().parent.name if p.name == CONFIG_FILE else p.stem
+    name = _config_name(config) if isinstance(config, Mapping) else None
+    return model_from_config(config, where=str(p), name=name or folder or None, source=str(p.resolve()))
