@@ -39,7 +39,7 @@ FLAG_OF_FIELD = {
 }
 # the architecture flags a model size (--params) replaces
 ARCHITECTURE_FLAGS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "mlp", "norm",
-                      "no_bias", "tie_embeddings", "qkv_bias")
+                      "no_bias", "tie_embeddings", "qkv_bias", "experts", "top_k", "expert_ffn")
 
 
 class UsageError(Exception):
@@ -148,8 +148,10 @@ def _polish(parser: argparse.ArgumentParser) -> None:
 
 def add_plan_arguments(parser: argparse.ArgumentParser, with_layout: bool = True) -> None:
     """The flags every planning command shares (README.md, "The command line")."""
-    model = parser.add_argument_group("model (an architecture, --preset NAME or --params SIZE)")
+    model = parser.add_argument_group("model (an architecture, --preset NAME, --params SIZE or --hf-config PATH)")
     model.add_argument("--preset", help="model preset name, e.g. llama3-8b (see `zlayout show --presets`)")
+    model.add_argument("--hf-config", metavar="PATH",
+                       help="a Hugging Face model's config.json (or its directory); read without transformers")
     model.add_argument("--params", help="model size with a unit (350M, 70B, 1.5T or 13e9), "
                                          "mapped onto --family's shape")
     model.add_argument("--family", default=None, help="model family for --params (default llama3)")
@@ -164,6 +166,9 @@ def add_plan_arguments(parser: argparse.ArgumentParser, with_layout: bool = True
     model.add_argument("--no-bias", action="store_true", help="no biases in linear layers")
     model.add_argument("--tie-embeddings", action="store_true")
     model.add_argument("--qkv-bias", action="store_true", help="biases on q/k/v only (Qwen2)")
+    model.add_argument("--experts", type=int, help="mixture of experts: routed experts per block")
+    model.add_argument("--top-k", type=int, help="mixture of experts: experts each token goes through")
+    model.add_argument("--expert-ffn", type=int, help="mixture of experts: one expert's MLP size (default --ffn)")
 
     train = parser.add_argument_group("training")
     train.add_argument("--seq", type=int, default=None,
@@ -221,13 +226,15 @@ def _given_architecture_flags(args: argparse.Namespace) -> list[str]:
 
 
 def _model_from_args(args: argparse.Namespace):
-    from zlayout import catalog
+    from zlayout import catalog, hfconfig
 
     dirs = tuple(args.presets_dir)
+    sources = [flag for flag, value in (("--preset", args.preset), ("--params", args.params),
+                                         ("--hf-config", args.hf_config)) if value is not None]
+    if len(sources) > 1:
+        raise UsageError(f"give one of {', '.join(sources)}, not several")
     if args.params is not None:
         # Refused rather than ignored: the size alone picks every one of these.
-        if args.preset:
-            raise UsageError("give either --preset or --params, not both")
         extra = _given_architecture_flags(args)
         if extra:
             raise UsageError(f"{', '.join(extra)} cannot be combined with --params: the size picks "
@@ -240,6 +247,7 @@ def _model_from_args(args: argparse.Namespace):
         "layers": args.layers, "hidden": args.hidden, "heads": args.heads,
         "kv_heads": args.kv_heads, "ffn": args.ffn, "vocab": args.vocab,
         "mlp": args.mlp, "norm": args.norm,
+        "experts": args.experts, "top_k": args.top_k, "expert_ffn": args.expert_ffn,
     }
     given = {k: v for k, v in arch_flags.items() if v is not None}
     if args.no_bias:
@@ -248,8 +256,8 @@ def _model_from_args(args: argparse.Namespace):
         given["tie_embeddings"] = True
     if args.qkv_bias:
         given["qkv_bias"] = True
-    if args.preset:
-        base = catalog.load_model(args.preset, dirs)
+    if args.preset or args.hf_config:
+        base = hfconfig.load(args.hf_config) if args.hf_config else catalog.load_model(args.preset, dirs)
         # Re-validate: architecture flags on top of a preset must still form a valid model.
         return ModelSpec.model_validate({**base.model_dump(), **given}) if given else base
     if args.params is not None:
@@ -265,7 +273,8 @@ def _model_from_args(args: argparse.Namespace):
         return model
     missing = [f"--{k}" for k in ("layers", "hidden", "heads", "vocab") if k not in given]
     if missing:
-        raise UsageError(f"the model needs {', '.join(missing)} (or --preset NAME, or --params 13B)")
+        raise UsageError(f"the model needs {', '.join(missing)} (or --preset NAME, --params 13B "
+                         "or --hf-config config.json)")
     return ModelSpec(**given)
 
 

@@ -139,25 +139,84 @@ def tokens_per_micro_batch(training: TrainingSpec) -> int:
     return training.micro_batch * training.seq
 
 
-def layer_activation_bytes(model: ModelSpec, training: TrainingSpec) -> int:
+def attention_activation_elements(model: ModelSpec) -> int:
+    """Per token: the q/k/v that scaled_dot_product_attention keeps and the attention output
+    (with MLA also the latents: compressed k/v with its rotary part, its norm, the k/v it
+    expands to, and the query latent and its norm)."""
+    qkv = model.q_size + model.kv_size + (model.attn_out_size if model.mla else model.kv_size)
+    elements = qkv + model.attn_out_size
+    if model.mla:
+        a = model.mla
+        elements += (a.kv_lora_rank + a.qk_rope_head_dim) + a.kv_lora_rank
+        elements += model.heads * (a.qk_nope_head_dim + a.v_head_dim)
+        elements += 2 * a.q_lora_rank if a.q_lora_rank else 0
+    return elements
+
+
+def moe_mlp_activation_bytes_per_token(model: ModelSpec, training: TrainingSpec) -> int:
+    """One MoE block's MLP, per token, kept for backward (transformers' MoE blocks):
+
+    * routed: each token goes through `top_k` experts; per (token, expert) the gathered input
+      (hidden), the expert's gate/up output, SiLU's output and the product (4 x expert ffn,
+      GELU experts 2x), and the expert's output, kept to scale it by the routing weight (hidden);
+    * router: the fp32 softmax over experts (tokens x experts x 4 bytes) and the top-k weights
+      (fp32) and indices (int64);
+    * shared experts: a dense MLP every token goes through (4 x their ffn), and with a gate its
+      sigmoid input's product (hidden).
+    """
+    elem = weight_bytes_per_param(training)
+    h, k = model.hidden, model.top_k or 0
+    expert_mlp = (4 if model.mlp == "swiglu" else 2) * model.expert_ffn_size
+    routed = k * (2 * h + expert_mlp) * elem
+    router = FP32_BYTES * model.experts + k * (FP32_BYTES + 8)
+    shared_mlp = (4 if model.mlp == "swiglu" else 2) * model.shared_expert_ffn_size * model.shared_experts
+    shared = (shared_mlp + (h if model.shared_expert_gate else 0)) * elem
+    return routed + router + shared
+
+
+def moe_dispatch_bytes(model: ModelSpec, training: TrainingSpec) -> int:
+    """Token dispatch of one MoE block's forward: the one-hot expert mask transformers builds
+    (tokens x top_k x (experts + 1), int64) and the block's zeroed output (tokens x hidden).
+    Transient: freed when the block's forward ends (with checkpointing: its recompute)."""
+    if not model.is_moe:
+        return 0
+    tokens = tokens_per_micro_batch(training)
+    return tokens * ((model.top_k or 0) * (model.experts + 1) * 8 + model.hidden * weight_bytes_per_param(training))
+
+
+def moe_expert_gradient_bytes(model: ModelSpec, training: TrainingSpec) -> int:
+    """transformers (v5) stores a block's experts as two fused tensors and indexes them per
+    expert; autograd's index backward makes a full-size gradient for each expert used and
+    accumulates them: while a MoE block runs backward, both fused tensors' accumulating
+    gradients and one fresh full-size gradient are alive (not yet measured on a GPU)."""
+    if not model.is_moe:
+        return 0
+    gate_up = model.experts * (2 if model.mlp == "swiglu" else 1) * model.expert_ffn_size * model.hidden
+    down = model.experts * model.expert_ffn_size * model.hidden
+    return (gate_up + down + gate_up) * weight_bytes_per_param(training)
+
+
+def layer_activation_bytes(model: ModelSpec, training: TrainingSpec, moe: bool = False) -> int:
     """Tensors one transformer block keeps for backward, one micro-batch, no checkpointing.
 
     Per token, at the activation dtype: each norm's input and output (4h), the fused QKV
     output that scaled_dot_product_attention keeps as q/k/v (h + 2*kv), the attention output,
     which the output projection reads in place (h: flash attention returns it in the layout
     the projection needs, so no copy is made); the MLP: GELU keeps its input and output
-    (2*ffn), SwiGLU the gate/up projection, SiLU's output and the product (4*ffn). Flash
-    attention stores no seq x seq matrix, only a float32 log-sum-exp per head; norms keep
-    float32 statistics per token.
+    (2*ffn), SwiGLU the gate/up projection, SiLU's output and the product (4*ffn); a MoE
+    block's MLP: `moe_mlp_activation_bytes_per_token`. Flash attention stores no seq x seq
+    matrix, only a float32 log-sum-exp per head; norms keep float32 statistics per token.
     """
-    h, kv, f = model.hidden, model.kv_size, model.ffn_size
+    h, f = model.hidden, model.ffn_size
     elem = weight_bytes_per_param(training)
-    mlp = (4 if model.mlp == "swiglu" else 2) * f
-    per_token = elem * (4 * h + (h + 2 * kv) + h + mlp)
-    per_token += FP32_BYTES * ((2 if model.norm == "layernorm" else 1) * 2 + model.heads)
+    mlp = 0 if moe else (4 if model.mlp == "swiglu" else 2) * f
+    per_token = elem * (4 * h + attention_activation_elements(model) + mlp)
+    per_token += FP32_BYTES * ((2 if model.norm == "layernorm" else 1) * model.norms_per_layer + model.heads)
+    if moe:
+        per_token += moe_mlp_activation_bytes_per_token(model, training)
     if not training.flash_attention:
         per_token += elem * model.heads * training.seq  # the math kernel keeps the probabilities
-    per_token += 2 * hf_norm_extra_bytes_per_token(model, training)  # two norms per block
+    per_token += model.norms_per_layer * hf_norm_extra_bytes_per_token(model, training)
     return tokens_per_micro_batch(training) * per_token
 
 
@@ -178,12 +237,18 @@ def saved_activation_bytes(model: ModelSpec, training: TrainingSpec) -> int:
     if training.checkpointing == "full":
         # Non-reentrant checkpointing keeps only each block's input.
         return model.layers * tokens_per_micro_batch(training) * model.hidden * weight_bytes_per_param(training)
-    return model.layers * layer_activation_bytes(model, training)
+    return (model.dense_layer_count * layer_activation_bytes(model, training)
+            + model.moe_layer_count * layer_activation_bytes(model, training, moe=True))
 
 
 def recompute_bytes(model: ModelSpec, training: TrainingSpec) -> int:
-    """With checkpointing, one block's activations are rebuilt during its backward."""
-    return layer_activation_bytes(model, training) if training.checkpointing == "full" else 0
+    """With checkpointing, one block's activations are rebuilt during its backward (a MoE
+    block's with its token dispatch)."""
+    if training.checkpointing != "full":
+        return 0
+    if model.is_moe:
+        return layer_activation_bytes(model, training, moe=True) + moe_dispatch_bytes(model, training)
+    return layer_activation_bytes(model, training)
 
 
 def head_input_bytes(model: ModelSpec, training: TrainingSpec) -> int:
@@ -230,23 +295,50 @@ def stage3_live_param_elements(model: ModelSpec, zero: ZeroKnobs, world: int, pa
 
 def persistent_small_param_elements(model: ModelSpec, zero: ZeroKnobs) -> int:
     """ZeRO-3 keeps tensors under `stage3_param_persistence_threshold` elements (norm weights,
-    biases) whole on every GPU instead of gathering them."""
+    biases, small routers) whole on every GPU instead of gathering them."""
     threshold = zero.stage3_param_persistence_threshold
-    small = sum(n for n in layer_tensor_sizes(model) if n < threshold) * model.layers
+
+    def small(sizes: list[int]) -> int:
+        return sum(n for n in sizes if n < threshold)
+
+    total = model.dense_layer_count * small(layer_tensor_sizes(model, moe=False))
+    total += model.moe_layer_count * small(layer_tensor_sizes(model, moe=True))
     if model.final_norm_params() < threshold:
-        small += model.final_norm_params()
-    return small
+        total += model.final_norm_params()
+    return total
 
 
-def layer_tensor_sizes(model: ModelSpec) -> list[int]:
-    """Element counts of one block's parameter tensors, as the reference GPT lays them out."""
-    h, kv, f = model.hidden, model.kv_size, model.ffn_size
-    sizes = [h * (h + 2 * kv), h * h, (2 if model.mlp == "swiglu" else 1) * f * h, f * h]
-    sizes += ([h, h] if model.norm == "layernorm" else [h]) * 2
+def layer_tensor_sizes(model: ModelSpec, moe: bool | None = None) -> list[int]:
+    """Element counts of one block's parameter tensors, as the reference GPT lays them out
+    (MLA's projections and a MoE block's router, fused experts and shared experts as
+    transformers lays them out). `moe`: which block of a MoE model (default: a MoE block)."""
+    moe = model.is_moe if moe is None else moe
+    h, kv, f, q = model.hidden, model.kv_size, model.ffn_size, model.q_size
+    norm = [h, h] if model.norm == "layernorm" else [h]
+    if model.mla:
+        a = model.mla
+        sizes = [h * q] if a.q_lora_rank is None else [h * a.q_lora_rank, a.q_lora_rank, a.q_lora_rank * q]
+        sizes += [h * (a.kv_lora_rank + a.qk_rope_head_dim), a.kv_lora_rank,
+                  a.kv_lora_rank * model.heads * (a.qk_nope_head_dim + a.v_head_dim), model.attn_out_size * h]
+    else:
+        sizes = [h * (q + 2 * kv), model.attn_out_size * h]
+    sizes += norm * model.norms_per_layer
     if model.bias if model.qkv_bias is None else model.qkv_bias:
-        sizes.append(h + 2 * kv)
-    if model.bias:
-        sizes += [h, (2 if model.mlp == "swiglu" else 1) * f, h]
+        sizes.append(q + 2 * kv)
+    if model.bias if model.out_bias is None else model.out_bias:
+        sizes.append(h)
+    gate_up = 2 if model.mlp == "swiglu" else 1
+    if moe:
+        ef, sf = model.expert_ffn_size, model.shared_expert_ffn_size * model.shared_experts
+        sizes += [model.experts * h, model.experts * gate_up * ef * h, model.experts * ef * h]
+        if sf:
+            sizes += [gate_up * sf * h, sf * h]
+        if model.shared_expert_gate:
+            sizes.append(h)
+        return sizes
+    sizes += [gate_up * f * h, f * h]
+    if model.bias if model.mlp_bias is None else model.mlp_bias:
+        sizes += [gate_up * f, h]
     return sizes
 
 
@@ -365,12 +457,23 @@ def estimate_memory(inp: PlanInput, layout: Layout) -> MemoryEstimate:
 
     # --- activations ----------------------------------------------------------------
     t = training
+    moe_note = ""
+    if model.is_moe and t.checkpointing != "full":
+        moe_note = (f"; {model.moe_layer_count} MoE blocks keep each token's top-{model.top_k} experts' "
+                    f"tensors and fp32 router probabilities over {model.experts} experts")
     saved = add("gpu", "activations", saved_activation_bytes(model, t), "activations",
                 f"{model.layers} blocks, micro-batch {t.micro_batch} x seq {t.seq}: "
                 + ("only block inputs (checkpointing)" if t.checkpointing == "full"
-                   else "every block's saved tensors (flash attention)"))
+                   else "every block's saved tensors (flash attention)") + moe_note)
     recompute = add("gpu", "recompute", recompute_bytes(model, t), "activations",
-                    "one block's activations rebuilt during its backward (checkpointing)")
+                    "one block's activations rebuilt during its backward (checkpointing)"
+                    + (", with its token dispatch" if model.is_moe else ""))
+    dispatch = add("gpu", "moe_dispatch", moe_dispatch_bytes(model, t), "activations",
+                   "one MoE block's token dispatch in its forward: one-hot expert mask (int64) "
+                   "and the zeroed output; transient")
+    expert_grads = add("gpu", "moe_expert_gradients", moe_expert_gradient_bytes(model, t), "activations",
+                       "one MoE block's backward: the fused expert tensors' gradients accumulated "
+                       "expert by expert, plus one full-size fresh one (transformers' per-expert indexing)")
     head_in = add("gpu", "head_activations", head_input_bytes(model, t), "activations",
                   "inputs of the final norm and of the output head")
     loss = add("gpu", "loss_logits", loss_peak_bytes(model, t), "activations",
@@ -422,6 +525,15 @@ def estimate_memory(inp: PlanInput, layout: Layout) -> MemoryEstimate:
         phases["model build"] = (w * p, model.largest_tensor_numel() * w)
     if stage == 0:
         phases["backward (end)"] = (states + grads + recompute, model.largest_tensor_numel() * w)
+    if model.is_moe:
+        gate_up_numel = model.experts * (2 if model.mlp == "swiglu" else 1) * model.expert_ffn_size * model.hidden
+        mask_bytes = tokens * (model.top_k or 0) * (model.experts + 1) * 8
+        # the last MoE block's forward: every earlier block's activations and its dispatch
+        phases["forward (MoE dispatch)"] = (states + carried + live + saved + dispatch,
+                                            max(mask_bytes, tokens * model.hidden * w))
+        # the last MoE block's backward: its expert gradients built while most activations live
+        phases["backward (experts)"] = (states + carried + live + activations + recompute
+                                        + ipg * (stage in (1, 2)) + expert_grads, gate_up_numel * w)
     peak_phase = max(phases, key=lambda name: phases[name][0])
     peak = int(phases[peak_phase][0]) + misc
     allocator = caching_allocator(phases, misc, t.allocator)

@@ -71,13 +71,14 @@ class StepTimeEstimate:
     pcie_s: float = 0.0  # of offload_s: exposed PCIe copies
     nvme_s: float = 0.0  # of offload_s: NVMe reads and writes
     tokens_per_step: int = 0  # all GPUs together
-    model_flops_per_step: float = 0.0  # 6 * params * tokens (what MFU counts)
+    model_flops_per_step: float = 0.0  # 6 * active params * tokens (what MFU counts)
 
 
 def matmul_params(inp: PlanInput) -> int:
-    """Parameters that take part in matmuls: the blocks and the output head (not the lookup)."""
+    """Parameters that take part in one token's matmuls: the blocks (a MoE block's router,
+    top-k experts and shared experts, not every expert) and the output head (not the lookup)."""
     m = inp.model
-    return m.layers * m.layer_params() + m.vocab * m.hidden
+    return m.active_blocks_params() + m.vocab * m.hidden
 
 
 def matmul_flops_per_token(inp: PlanInput) -> float:
@@ -88,7 +89,8 @@ def matmul_flops_per_token(inp: PlanInput) -> float:
 def attention_flops_per_token(inp: PlanInput) -> float:
     """QK^T and AV: 4*hidden*seq per layer forward, twice that backward, once more recomputed."""
     m, t = inp.model, inp.training
-    attention = (16 if t.checkpointing == "full" else 12) * m.layers * m.hidden * t.seq
+    # the queries' width: hidden, unless config.json sets head_dim (Gemma) or MLA
+    attention = (16 if t.checkpointing == "full" else 12) * m.layers * m.q_size * t.seq
     if t.flash_attention:
         attention *= 0.5  # the causal flash kernel skips the fully masked blocks
     return attention
@@ -229,7 +231,7 @@ def estimate_step_time(inp: PlanInput, layout: Layout, comm: CommEstimate | None
     step_overhead_s = step_overhead(inp)
     step_s = compute_s + step_overhead_s + gpu_optimizer_s + stage3_overhead_s + exposed_comm_s + offload_s
     tokens = tokens_per_micro * accum * n
-    model_flops = 6 * params * tokens
+    model_flops = 6 * m.active_params * tokens  # MoE: the parameters a token goes through
     return StepTimeEstimate(
         compute_s=compute_s,
         comm_s=exposed_comm_s,
