@@ -12,6 +12,7 @@ from zlayout.spec import GpuSpec, LinkSpec, ModelSpec
 GPUS = ["a100-40gb", "a100-80gb", "b200", "h100", "h200", "l40s", "mi300x"]
 LINKS = ["ethernet-100g", "ib-hdr", "ib-ndr", "infinity-fabric", "nvlink3", "nvlink4", "nvlink5",
          "pcie4", "pcie5", "roce-200g"]
+MOE_MODELS = ["deepseek-v2-lite", "mixtral-8x7b", "qwen1.5-moe-a2.7b"]  # no family: they scale in depth
 MODELS = ["gpt3-175b", "llama3-405b", "llama3-70b", "llama3-8b", "mistral-7b", "qwen2.5-72b",
           "qwen2.5-7b", "reference-gpt"]
 
@@ -19,7 +20,7 @@ MODELS = ["gpt3-175b", "llama3-405b", "llama3-70b", "llama3-8b", "mistral-7b", "
 def test_the_builtin_preset_names():
     assert catalog.list_presets("gpus") == GPUS
     assert catalog.list_presets("links") == LINKS
-    assert catalog.list_presets("models") == MODELS
+    assert catalog.list_presets("models") == sorted(MODELS + MOE_MODELS)
 
 
 @pytest.mark.parametrize("kind", ["gpus", "links", "models"])
@@ -81,6 +82,9 @@ def test_link_bandwidth_is_per_gpu_per_direction(link, gbps):
     ("qwen2.5-7b", 7_615_616_512),
     ("qwen2.5-72b", 72_706_203_648),
     ("reference-gpt", 1_873_190_912),
+    ("mixtral-8x7b", 46_702_792_704),
+    ("qwen1.5-moe-a2.7b", 14_315_784_192),
+    ("deepseek-v2-lite", 15_706_484_224),
 ])
 def test_model_params_match_the_published_count(name, params):
     model = catalog.load_model(name)

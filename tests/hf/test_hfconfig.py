@@ -1,0 +1,168 @@
+"""Reading config.json: published models' totals, what is recorded, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from zlayout import catalog, hfconfig
+from tests.hf.conftest import CONFIGS, PUBLISHED_CONFIGS
+
+PUBLISHED = CONFIGS / "published"
+
+# Totals the model cards and papers publish (exact where the publisher gives the exact count).
+PUBLISHED_PARAMS = {
+    "Meta-Llama-3-8B": 8_030_261_248,
+    "Qwen2.5-7B": 7_615_616_512,
+    "Mistral-7B-v0.1": 7_241_732_096,
+    "gemma-7b": 8_537_680_896,
+    "gemma-2-2b": 2_614_341_888,
+    "Phi-3-mini-4k-instruct": 3_821_079_552,
+    "falcon-7b": 6_921_720_704,
+    "gpt2": 124_439_808,
+    "pythia-160m": 162_322_944,
+    "Mixtral-8x7B-v0.1": 46_702_792_704,
+    "Qwen1.5-MoE-A2.7B": 14_315_784_192,
+}
+# MoE models' totals and activated parameters as their cards round them (billions).
+PUBLISHED_MOE_BILLIONS = {
+    "Mixtral-8x7B-v0.1": (46.7, 12.9),
+    "Qwen1.5-MoE-A2.7B": (14.3, 2.7),
+    "DeepSeek-V2-Lite": (15.7, None),  # its 2.4B activated leaves out the embeddings
+}
+
+
+def published(name: str):
+    return hfconfig.load(PUBLISHED / f"{name}.json")
+
+
+@pytest.mark.parametrize("name,params", sorted(PUBLISHED_PARAMS.items()))
+def test_published_models_have_their_published_parameter_counts(name, params):
+    assert published(name).params == params
+
+
+@pytest.mark.parametrize("name,billions", sorted(PUBLISHED_MOE_BILLIONS.items()))
+def test_moe_totals_and_active_parameters_round_to_the_published_figures(name, billions):
+    model = published(name)
+    total, active = billions
+    assert round(model.params / 1e9, 1) == total
+    if active is not None:
+        assert round(model.active_params / 1e9, 1) == active
+    assert model.is_moe and model.active_params < model.params
+
+
+def test_every_supported_type_has_a_fixture():
+    types = {json.loads(p.read_text())["model_type"] for p in (CONFIGS / "small").glob("*.json")}
+    assert types == set(hfconfig.SUPPORTED_MODEL_TYPES)
+    assert len(PUBLISHED_CONFIGS) >= 4
+
+
+@pytest.mark.parametrize("preset,config", [("llama3-8b", "Meta-Llama-3-8B"), ("qwen2.5-7b", "Qwen2.5-7B"),
+                                           ("mistral-7b", "Mistral-7B-v0.1")])
+def test_dense_presets_are_the_architecture_their_config_json_describes(preset, config):
+    fields = ("layers", "hidden", "heads", "num_kv_heads", "head_dim", "ffn_size", "vocab", "mlp", "norm",
+              "tie_embeddings", "params")
+    a, b = catalog.load_model(preset), published(config)
+    assert {f: getattr(a, f) for f in fields} == {f: getattr(b, f) for f in fields}
+
+
+@pytest.mark.parametrize("preset,config", [("mixtral-8x7b", "Mixtral-8x7B-v0.1"),
+                                           ("qwen1.5-moe-a2.7b", "Qwen1.5-MoE-A2.7B"),
+                                           ("deepseek-v2-lite", "DeepSeek-V2-Lite")])
+def test_moe_presets_are_their_config_json(preset, config):
+    a, b = catalog.load_model(preset), published(config)
+    ignore = {"name", "family", "hf_model_type", "hf_config"}
+    assert a.model_dump(exclude=ignore) == b.model_dump(exclude=ignore)
+    assert a.params == b.params
+
+
+def test_what_the_spec_records_and_reads(tmp_path):
+    folder = tmp_path / "my-llama"
+    folder.mkdir()
+    shutil.copy(PUBLISHED / "Meta-Llama-3-8B.json", folder / "config.json")
+    by_dir, by_file = hfconfig.load(folder), hfconfig.load(folder / "config.json")
+    assert by_dir == by_file
+    # _name_or_path names it; the file and its model_type are recorded
+    assert by_dir.name == "Meta-Llama-3-8B"
+    assert by_dir.hf_model_type == "llama" and by_dir.hf_config == str((folder / "config.json").resolve())
+    assert (by_dir.layers, by_dir.hidden, by_dir.heads, by_dir.kv_heads, by_dir.ffn, by_dir.vocab) == \
+        (32, 4096, 32, 8, 14336, 128256)
+    assert by_dir.family is None  # break-even grows it in depth, not along a preset family
+
+
+def test_without_name_or_path_the_folder_names_the_model(tmp_path):
+    folder = tmp_path / "Qwen2.5-7B-Instruct"
+    folder.mkdir()
+    shutil.copy(PUBLISHED / "Qwen2.5-7B.json", folder / "config.json")
+    model = hfconfig.load(folder)
+    assert model.name == "Qwen2.5-7B-Instruct"
+    assert model.qkv_bias is True and model.bias is False and not model.tie_embeddings
+
+
+def test_moe_fields_read_from_the_files():
+    mixtral = published("Mixtral-8x7B-v0.1")
+    assert (mixtral.experts, mixtral.top_k, mixtral.expert_ffn_size, mixtral.shared_experts) == (8, 2, 14336, 0)
+    qwen = published("Qwen1.5-MoE-A2.7B")
+    assert (qwen.experts, qwen.top_k, qwen.expert_ffn, qwen.shared_experts, qwen.shared_expert_ffn,
+            qwen.shared_expert_gate, qwen.ffn) == (60, 4, 1408, 1, 5632, True, 5632)
+    deepseek = published("DeepSeek-V2-Lite")
+    assert (deepseek.experts, deepseek.top_k, deepseek.shared_experts, deepseek.dense_layers) == (64, 6, 2, (0,))
+    assert deepseek.mla is not None and deepseek.mla.q_lora_rank is None and deepseek.mla.kv_lora_rank == 512
+    step = hfconfig.load(CONFIGS / "small" / "qwen2_moe-sparse-step.json")
+    assert step.dense_layers == (0, 2, 3, 4)  # (i + 1) % 2 != 0, and block 3 is MLP-only
+
+
+def _write(tmp_path, config: dict | str, name: str = "config.json"):
+    path = tmp_path / name
+    path.write_text(config if isinstance(config, str) else json.dumps(config))
+    return path
+
+
+def _llama(**changes) -> dict:
+    config = json.loads((PUBLISHED / "Meta-Llama-3-8B.json").read_text())
+    config.update(changes)
+    return {k: v for k, v in config.items() if v is not ...}
+
+
+@pytest.mark.parametrize("config,words", [
+    (_llama(num_hidden_layers=...), ["'num_hidden_layers'", "llama"]),
+    (_llama(vocab_size=...), ["'vocab_size'"]),
+    (_llama(hidden_size="4096"), ["'hidden_size'", "whole number", "'4096'"]),
+    (_llama(num_attention_heads=0), ["'num_attention_heads'", "at least 1"]),
+    (_llama(tie_word_embeddings="no"), ["'tie_word_embeddings'", "true or false"]),
+    (_llama(num_key_value_heads=5), ["heads (32) must be a multiple of kv-heads (5)"]),
+    (_llama(model_type="bert"), ["model_type 'bert' is not supported", "llama", "mixtral", "--layers"]),
+    (_llama(model_type=...), ["no 'model_type' key"]),
+    ({**json.loads((PUBLISHED / "Mixtral-8x7B-v0.1.json").read_text()), "num_experts_per_tok": 9},
+     ["top_k (9) must be at most experts (8)"]),
+    ({k: v for k, v in json.loads((PUBLISHED / "Qwen1.5-MoE-A2.7B.json").read_text()).items()
+      if k != "moe_intermediate_size"}, ["'moe_intermediate_size'", "qwen2_moe"]),
+    ({**json.loads((PUBLISHED / "Qwen1.5-MoE-A2.7B.json").read_text()), "mlp_only_layers": "0"},
+     ["'mlp_only_layers'", "list"]),
+    ([1, 2], ["one JSON object"]),
+    ("{\"model_type\": \"llama\",", ["not valid JSON", "line 1"]),
+])
+def test_bad_config_is_one_line_naming_the_file_and_the_key(tmp_path, config, words):
+    path = _write(tmp_path, config)
+    with pytest.raises(hfconfig.HfConfigError) as err:
+        hfconfig.load(path)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(str(path))
+    for word in words:
+        assert word in message
+
+
+def test_paths_that_hold_no_config(tmp_path):
+    with pytest.raises(hfconfig.HfConfigError, match="no such file"):
+        hfconfig.load(tmp_path / "missing.json")
+    with pytest.raises(hfconfig.HfConfigError, match="directory without a config.json"):
+        hfconfig.load(tmp_path)
+    binary = tmp_path / "weights.bin"
+    binary.write_bytes(b"\xff\xfe\x00\x01" * 8)
+    with pytest.raises(hfconfig.HfConfigError, match="not a text file"):
+        hfconfig.load(binary)
+    big = _write(tmp_path, "{" + " " * (hfconfig.MAX_CONFIG_BYTES + 1) + "}", "big.json")
+    with pytest.raises(hfconfig.HfConfigError, match="not a config.json"):
+        hfconfig.load(big)
