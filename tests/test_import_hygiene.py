@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +14,7 @@ PLANNER_MODULES = [
     "zlayout.spec", "zlayout.catalog", "zlayout.core.memory", "zlayout.core.plan",
     "zlayout.core.breakeven", "zlayout.core.steptime", "zlayout.core.comm", "zlayout.core.recommend",
     "zlayout.profile.ds_config", "zlayout.cli", "zlayout.commands.plan", "zlayout.tui.app",
+    "zlayout.hfconfig",
 ]
 CORE_MODULES = [m for m in PLANNER_MODULES if m.startswith(("zlayout.spec", "zlayout.core"))]
 
@@ -26,7 +28,7 @@ def modules_after_import(module: str, code: str = "") -> set[str]:
 @pytest.mark.parametrize("module", PLANNER_MODULES)
 def test_planner_modules_do_not_import_torch_or_deepspeed(module):
     loaded = modules_after_import(module)
-    assert "torch" not in loaded and "deepspeed" not in loaded
+    assert "torch" not in loaded and "deepspeed" not in loaded and "transformers" not in loaded
 
 
 @pytest.mark.parametrize("module", CORE_MODULES)
@@ -41,3 +43,13 @@ def test_a_whole_plan_run_stays_free_of_torch_and_deepspeed():
             "    main(['plan', '--preset', 'llama3-8b', '--gpus-per-node', '8', '--json'])\n")
     loaded = modules_after_import("zlayout", code)
     assert "torch" not in loaded and "deepspeed" not in loaded
+
+
+def test_planning_from_a_config_json_stays_free_of_transformers():
+    config = Path(__file__).resolve().parent / "hf" / "configs" / "published" / "Mixtral-8x7B-v0.1.json"
+    code = ("from zlayout.cli import main\n"
+            "import contextlib, io\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            f"    assert main(['plan', '--hf-config', {str(config)!r}, '--json']) == 0\n")
+    loaded = modules_after_import("zlayout", code)
+    assert not {"torch", "deepspeed", "transformers"} & loaded

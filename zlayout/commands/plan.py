@@ -92,7 +92,9 @@ def plan_table(plan: Plan, layout=None) -> str:
     m, hw, t = inp.model, inp.hardware, inp.training
     lines = [
         f"{m.name}: {m.params / 1e9:.2f}B params (L{m.layers} h{m.hidden} heads {m.heads}"
-        f"{f'/{m.num_kv_heads} kv' if m.num_kv_heads != m.heads else ''} ffn {m.ffn_size} vocab {m.vocab})",
+        f"{f'/{m.num_kv_heads} kv' if m.num_kv_heads != m.heads else ''} ffn {m.ffn_size} vocab {m.vocab}"
+        + (f"; {m.experts} experts, top-{m.top_k}, {m.active_params / 1e9:.2f}B active" if m.is_moe else "")
+        + ")",
         f"{hw.nodes} x {hw.gpus_per_node} {hw.gpu.name} ({hw.gpu.memory_bytes / GiB:.0f} GiB), "
         f"seq {t.seq}, micro-batch {t.micro_batch}, accumulation {t.grad_accum}, {t.precision}, "
         f"checkpointing {t.checkpointing}",
