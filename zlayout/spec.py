@@ -16,7 +16,7 @@ import math
 from typing import Any, Literal
 
 from pydantic import (BaseModel, ConfigDict, Field, ValidationInfo, field_validator,
-                      model_validator)
+                      model_serializer, model_validator)
 
 Stage = Literal[0, 1, 2, 3]
 Device = Literal["gpu", "cpu", "nvme"]
@@ -202,6 +202,17 @@ class ModelSpec(Frozen):
     # where the architecture was read from (`--hf-config`)
     hf_model_type: str | None = Field(default=None, description="config.json's model_type")
     hf_config: str | None = Field(default=None, description="the config.json it was read from")
+
+    @model_serializer(mode="wrap")
+    def _omit_unused_extensions(self, handler):
+        """Fields added for config.json models and MoE are written only when used, so a dense
+        model's profile, JSON and TOML read as they always have."""
+        data = handler(self)
+        if isinstance(data, dict):
+            for name in EXTENSION_FIELDS:
+                if name in data and getattr(self, name) == type(self).model_fields[name].default:
+                    del data[name]
+        return data
 
     @model_validator(mode="after")
     def _shape_is_consistent(self) -> "ModelSpec":
@@ -390,6 +401,11 @@ class ModelSpec(Frozen):
         if self.is_moe:
             sizes.append(self.experts * (2 if self.mlp == "swiglu" else 1) * self.expert_ffn_size * h)
         return max(sizes)
+
+
+EXTENSION_FIELDS = ("head_size", "out_bias", "mlp_bias", "norms_per_layer", "position_embeddings", "mla",
+                    "experts", "top_k", "expert_ffn", "shared_experts", "shared_expert_ffn",
+                    "shared_expert_gate", "dense_layers", "hf_model_type", "hf_config")
 
 
 def _nearest_divisor(n: int, near: int) -> int:

@@ -166,3 +166,11 @@ def test_paths_that_hold_no_config(tmp_path):
     big = _write(tmp_path, "{" + " " * (hfconfig.MAX_CONFIG_BYTES + 1) + "}", "big.json")
     with pytest.raises(hfconfig.HfConfigError, match="not a config.json"):
         hfconfig.load(big)
+
+
+def test_dense_models_dump_as_before_and_moe_models_round_trip():
+    dense = catalog.load_model("llama3-8b").model_dump()
+    assert not {"experts", "head_size", "norms_per_layer", "hf_config", "mla"} & dense.keys()
+    for path in PUBLISHED_CONFIGS:
+        model = hfconfig.load(path)
+        assert type(model).model_validate(model.model_dump(mode="json")) == model
