@@ -317,3 +317,99 @@ def load(path: str | os.PathLike[str]) -> ModelSpec:
     folder = p.resolve().parent.name if p.name == CONFIG_FILE else p.stem
     name = _config_name(config) if isinstance(config, Mapping) else None
     return model_from_config(config, where=str(p), name=name or folder or None, source=str(p.resolve()))
+
+
+# --------------------------------------------------------------------------- spec -> config.json
+
+
+def to_hf_config(model: ModelSpec) -> dict[str, Any]:
+    """A config.json (as a dict) from which transformers builds `model` with exactly
+    `model.params` parameters: for `--impl hf` verification of a preset or a hand-entered
+    model (random weights, nothing downloaded).
+
+    A model read from a config.json keeps its model_type; others become llama (SwiGLU,
+    RMSNorm), qwen2 (q/k/v biases only), mixtral or qwen2_moe (MoE), gpt_neox or falcon
+    (GELU, LayerNorm). Raises `HfConfigError` for a shape no supported class builds.
+    """
+    m = model
+    qkv_bias, out_bias, mlp_bias = (m._biased(m.qkv_bias), m._biased(m.out_bias), m._biased(m.mlp_bias))
+    model_type = m.hf_model_type or _hf_type_for(m, qkv_bias, out_bias, mlp_bias)
+    # no padding id: a class's default one (Phi-3: 32000) may lie outside a small vocabulary
+    base: dict[str, Any] = {"model_type": model_type, "vocab_size": m.vocab,
+                            "tie_word_embeddings": m.tie_embeddings, "pad_token_id": None}
+    llama_like = {"hidden_size": m.hidden, "num_hidden_layers": m.layers, "num_attention_heads": m.heads,
+                  "num_key_value_heads": m.num_kv_heads, "intermediate_size": m.ffn_size,
+                  "head_dim": m.head_dim}
+    if model_type in ("llama", "mistral", "qwen2", "gemma", "gemma2", "phi3"):
+        config = {**base, **llama_like, "attention_bias": qkv_bias, "mlp_bias": mlp_bias}
+    elif model_type == "gpt2":
+        config = {**base, "n_embd": m.hidden, "n_layer": m.layers, "n_head": m.heads, "n_inner": m.ffn_size,
+                  "n_positions": m.position_embeddings}
+    elif model_type == "gpt_neox":
+        config = {**base, "hidden_size": m.hidden, "num_hidden_layers": m.layers, "num_attention_heads": m.heads,
+                  "intermediate_size": m.ffn_size, "attention_bias": qkv_bias}
+    elif model_type == "falcon":
+        config = {**base, "hidden_size": m.hidden, "num_hidden_layers": m.layers, "num_attention_heads": m.heads,
+                  "num_kv_heads": m.num_kv_heads, "ffn_hidden_size": m.ffn_size, "bias": m.bias,
+                  "new_decoder_architecture": True, "parallel_attn": True,
+                  "num_ln_in_parallel_attn": m.norms_per_layer}
+        if m.num_kv_heads == 1 and m.norms_per_layer == 1:  # the old multi-query layout (Falcon-7B)
+            config.update(new_decoder_architecture=False, multi_query=True, num_ln_in_parallel_attn=None)
+    elif model_type == "mixtral":
+        config = {**base, **llama_like, "intermediate_size": m.expert_ffn_size,
+                  "num_local_experts": m.experts, "num_experts_per_tok": m.top_k}
+    elif model_type == "qwen2_moe":
+        config = {**base, **llama_like, "qkv_bias": qkv_bias, "num_experts": m.experts,
+                  "num_experts_per_tok": m.top_k, "moe_intermediate_size": m.expert_ffn_size,
+                  "shared_expert_intermediate_size": m.shared_expert_ffn_size * m.shared_experts,
+                  "decoder_sparse_step": 1, "mlp_only_layers": list(m.dense_layers)}
+    elif model_type in ("deepseek_v2", "deepseek_v3") and m.mla is not None:
+        a = m.mla
+        config = {**base, "hidden_size": m.hidden, "num_hidden_layers": m.layers, "num_attention_heads": m.heads,
+                  "num_key_value_heads": m.heads, "intermediate_size": m.ffn_size,
+                  "attention_bias": qkv_bias, "q_lora_rank": a.q_lora_rank, "kv_lora_rank": a.kv_lora_rank,
+                  "qk_nope_head_dim": a.qk_nope_head_dim, "qk_rope_head_dim": a.qk_rope_head_dim,
+                  "v_head_dim": a.v_head_dim, "n_routed_experts": m.experts, "num_experts_per_tok": m.top_k,
+                  "moe_intermediate_size": m.expert_ffn_size, "n_shared_experts": m.shared_experts,
+                  "first_k_dense_replace": len(m.dense_layers)}
+        if model_type == "deepseek_v2":
+            config["mlp_bias"] = mlp_bias
+    else:
+        raise HfConfigError(f"{m.name}: no transformers model class to build model_type {model_type!r} with")
+    rebuilt = model_from_config(config, where=f"{m.name} as {model_type}")
+    if rebuilt.params != m.params:
+        raise HfConfigError(f"{m.name}: transformers' {model_type} would build {rebuilt.params:,} parameters, "
+                            f"not {m.params:,}; plan it with the zlayout implementation instead")
+    return config
+
+
+def _hf_type_for(m: ModelSpec, qkv_bias: bool, out_bias: bool, mlp_bias: bool) -> str:
+    """The transformers class that builds a hand-entered architecture."""
+    if m.mla is not None:
+        if (m.is_moe and m.mlp == "swiglu" and not m.shared_expert_gate and m.norms_per_layer == 2
+                and m.shared_expert_ffn_size == m.expert_ffn_size
+                and m.dense_layers == tuple(range(len(m.dense_layers)))):
+            return "deepseek_v2"
+        raise HfConfigError(f"{m.name}: latent attention is built by transformers only as DeepSeek's "
+                            "MoE; give its config.json with --hf-config")
+    if m.position_embeddings:
+        raise HfConfigError(f"{m.name}: learned positions come only from a GPT-2 config.json; give --hf-config")
+    if m.mlp == "swiglu" and m.norm == "rmsnorm" and m.norms_per_layer == 2:
+        if m.is_moe:
+            if (m.shared_experts == 0 and not m.dense_layers and not (qkv_bias or out_bias)
+                    and m.expert_ffn_size == m.ffn_size):
+                return "mixtral"
+            if m.shared_experts == 1 and m.shared_expert_gate and not out_bias:
+                return "qwen2_moe"
+        elif qkv_bias and not out_bias and not mlp_bias:
+            return "qwen2"
+        elif qkv_bias == out_bias:
+            return "llama"
+    if m.mlp == "gelu" and m.norm == "layernorm" and not m.is_moe:
+        if m.num_kv_heads == m.heads and qkv_bias == out_bias and mlp_bias and m.norms_per_layer == 2:
+            return "gpt_neox"
+        if qkv_bias == out_bias == mlp_bias and m.norms_per_layer in (1, 2):
+            return "falcon"
+    raise HfConfigError(f"{m.name}: no supported transformers class has this shape "
+                        f"({m.mlp}, {m.norm}, biases q/k/v {qkv_bias} out {out_bias} MLP {mlp_bias}"
+                        f"{', MoE' if m.is_moe else ''})")

@@ -15,7 +15,8 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from zlayout import hfconfig
+from zlayout import catalog, hfconfig
+from zlayout.spec import ModelSpec
 from tests.hf.conftest import PUBLISHED_CONFIGS, SMALL_CONFIGS
 
 
@@ -47,3 +48,40 @@ def test_moe_blocks_and_experts_are_where_transformers_puts_them(path):
     expert_params = sum(p.numel() for p in block.mlp.experts.parameters())
     assert expert_params == model.experts * model.mlp_params(model.expert_ffn_size, with_bias=False)
     assert max(p.numel() for p in built.parameters()) == model.largest_tensor_numel()
+
+
+def build_from_dict(config: dict) -> torch.nn.Module:
+    config = dict(config)
+    hf_config = AutoConfig.for_model(config.pop("model_type"), **config)
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(hf_config)
+
+
+@pytest.mark.parametrize("name", catalog.list_presets("models"))
+def test_every_model_preset_has_a_transformers_config_with_its_count(name):
+    """`to_hf_config` is what `--impl hf` verification builds for a preset or hand-entered model."""
+    model = catalog.load_model(name)
+    config = hfconfig.to_hf_config(model)
+    assert sum(p.numel() for p in build_from_dict(config).parameters()) == model.params
+
+
+@pytest.mark.parametrize("path", SMALL_CONFIGS + PUBLISHED_CONFIGS, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_a_config_read_and_written_back_builds_the_same_model(path):
+    model = hfconfig.load(path)
+    config = hfconfig.to_hf_config(model)
+    assert config["model_type"] == json.loads(path.read_text())["model_type"]
+    assert sum(p.numel() for p in build_from_dict(config).parameters()) == model.params
+
+
+@pytest.mark.parametrize("fields", [
+    dict(kv_heads=2, mlp="swiglu", norm="rmsnorm", bias=False, qkv_bias=True, tie_embeddings=True),  # qwen2
+    dict(kv_heads=2),  # GELU + LayerNorm + biases with grouped-query attention: falcon's new layout
+    dict(kv_heads=2, bias=False),  # the same without biases
+    dict(mlp="swiglu", norm="rmsnorm", bias=False, experts=4, top_k=2, ffn=96),  # mixtral
+    dict(mlp="swiglu", norm="rmsnorm", bias=False, qkv_bias=True, experts=4, top_k=2, expert_ffn=32,
+         shared_experts=1, shared_expert_ffn=80, shared_expert_gate=True, dense_layers=(1,)),  # qwen2_moe
+], ids=["qwen2", "falcon-bias", "falcon", "mixtral", "qwen2_moe"])
+def test_hand_entered_models_build_with_their_count(fields):
+    model = ModelSpec(name="hand", layers=3, hidden=64, heads=4, vocab=256, **fields)
+    built = build_from_dict(hfconfig.to_hf_config(model))
+    assert sum(p.numel() for p in built.parameters()) == model.params

@@ -174,3 +174,30 @@ def test_dense_models_dump_as_before_and_moe_models_round_trip():
     for path in PUBLISHED_CONFIGS:
         model = hfconfig.load(path)
         assert type(model).model_validate(model.model_dump(mode="json")) == model
+
+
+@pytest.mark.parametrize("changes,words", [
+    (dict(mlp="gelu", norm="rmsnorm"), ["no supported transformers class", "gelu, rmsnorm"]),
+    (dict(position_embeddings=1024), ["learned positions", "--hf-config"]),
+])
+def test_shapes_no_transformers_class_builds_are_refused_in_one_line(changes, words):
+    from zlayout.spec import ModelSpec
+
+    model = ModelSpec(name="odd", layers=2, hidden=64, heads=4, vocab=100, mlp="swiglu", norm="rmsnorm",
+                      bias=False).model_copy(update=changes)
+    with pytest.raises(hfconfig.HfConfigError) as err:
+        hfconfig.to_hf_config(model)
+    assert "\n" not in str(err.value) and all(word in str(err.value) for word in words)
+
+
+def test_hand_entered_models_map_to_the_class_that_builds_them():
+    from zlayout.spec import ModelSpec
+
+    qwen_like = ModelSpec(layers=2, hidden=64, heads=4, kv_heads=2, vocab=100, mlp="swiglu", norm="rmsnorm",
+                          bias=False, qkv_bias=True, tie_embeddings=True)
+    assert hfconfig.to_hf_config(qwen_like)["model_type"] == "qwen2"
+    gqa_gelu = ModelSpec(layers=2, hidden=64, heads=4, kv_heads=2, vocab=100)
+    assert hfconfig.to_hf_config(gqa_gelu)["model_type"] == "falcon"
+    moe = ModelSpec(layers=2, hidden=64, heads=4, vocab=100, mlp="swiglu", norm="rmsnorm", bias=False,
+                    experts=4, top_k=2)
+    assert hfconfig.to_hf_config(moe)["model_type"] == "mixtral"
