@@ -161,3 +161,10 @@ def test_the_profile_records_the_config_and_restores_the_model(tmp_path, capsys)
     from zlayout.profile import load_profile
 
     assert load_profile(out_dir / "profile.toml").inputs.model == hfconfig.load(config)
+
+
+@pytest.mark.parametrize("command", ["breakeven", "export", "verify"])
+def test_every_planning_command_takes_hf_config(tmp_path, capsys, command):
+    extra = {"export": ["--stage", "0", "--out", str(tmp_path / "p")], "verify": ["--stage", "0", "--cpu"]}
+    code, out, err = run(capsys, command, "--hf-config", str(tmp_path / "missing"), *extra.get(command, []))
+    assert code == 2 and err.startswith("zlayout: error: ") and "no such file" in err
