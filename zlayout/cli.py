@@ -179,7 +179,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser, with_layout: bool = True
     train.add_argument("--checkpointing", choices=("none", "full"), default="none")
     train.add_argument("--impl", choices=("zlayout", "hf"), default=None,
                        help="training code: zlayout's GPT or the Hugging Face model class "
-                            "(transformers, sdpa; default zlayout)")
+                            "(transformers, sdpa; default hf with --hf-config, else zlayout)")
     train.add_argument("--init", choices=("auto", "fp32-cpu", "bf16-gpu", "zero-init", "meta"), default="auto",
                        help="how the training script builds the model: auto (fp32 on the host; "
                             "zero.Init for ZeRO-3), fp32-cpu, bf16-gpu, zero-init, meta")
@@ -327,7 +327,8 @@ def plan_input_from_args(args: argparse.Namespace) -> PlanInput:
         training = TrainingSpec(seq=2048 if args.seq is None else args.seq,
                                 micro_batch=args.micro_batch,
                                 grad_accum=args.grad_accum, precision=args.precision,
-                                checkpointing=args.checkpointing, impl=args.impl or "zlayout", init=args.init,
+                                checkpointing=args.checkpointing,
+                                impl=args.impl or ("hf" if args.hf_config else "zlayout"), init=args.init,
                                 allocator=args.allocator)
         knobs = {
             "reduce_bucket_size": args.reduce_bucket_size,

@@ -160,7 +160,9 @@ def test_the_profile_records_the_config_and_restores_the_model(tmp_path, capsys)
     assert recorded["hf_config"] == str(config.resolve())
     from zlayout.profile import load_profile
 
-    assert load_profile(out_dir / "profile.toml").inputs.model == hfconfig.load(config)
+    profile = load_profile(out_dir / "profile.toml")
+    assert profile.inputs.model == hfconfig.load(config)
+    assert profile.inputs.training.impl == "hf"  # a config.json model is trained with its model class
 
 
 @pytest.mark.parametrize("command", ["breakeven", "export", "verify"])
