@@ -99,37 +99,6 @@ def count_parameters(model: nn.Module) -> int:
 # --------------------------------------------------------------------- Hugging Face classes
 
 
-def hf_config_dict(m: ModelSpec, seq: int) -> dict:
-    """The `transformers` config of the architecture `m` describes (`--impl hf`).
-
-    SwiGLU + RMSNorm models are Llama (no biases) or Qwen2 (q/k/v biases only); a mixture of
-    experts is Mixtral; GELU + LayerNorm with biases is GPT-NeoX, whose parameter layout is
-    the reference GPT's. Each has exactly `ModelSpec.params` parameters.
-    """
-    experts = int(getattr(m, "experts", 0) or 0)
-    qkv_bias = m.bias if m.qkv_bias is None else m.qkv_bias
-    common = dict(vocab_size=m.vocab, hidden_size=m.hidden, num_hidden_layers=m.layers,
-                  num_attention_heads=m.heads, intermediate_size=m.ffn_size,
-                  max_position_embeddings=max(seq, 2048), tie_word_embeddings=m.tie_embeddings,
-                  use_cache=False)
-    if m.mlp == "swiglu" and m.norm == "rmsnorm" and not m.bias:
-        common.update(num_key_value_heads=m.num_kv_heads, head_dim=m.head_dim, rms_norm_eps=1e-5)
-        if experts:
-            return dict(common, model_type="mixtral", num_local_experts=experts,
-                        num_experts_per_tok=int(getattr(m, "top_k", 2) or 2),
-                        intermediate_size=int(getattr(m, "expert_ffn", None) or m.ffn_size),
-                        router_aux_loss_coef=0.0, output_router_logits=False)
-        if qkv_bias:
-            return dict(common, model_type="qwen2", use_sliding_window=False)
-        return dict(common, model_type="llama", attention_bias=False, mlp_bias=False)
-    if m.mlp == "gelu" and m.norm == "layernorm" and m.bias and qkv_bias and m.num_kv_heads == m.heads \
-            and not experts:
-        return dict(common, model_type="gpt_neox", hidden_act="gelu", rotary_pct=1.0,
-                    use_parallel_residual=False, attention_bias=True, layer_norm_eps=1e-5)
-    raise ValueError("--impl hf needs a Llama/Qwen2/Mixtral-like model (--mlp swiglu --norm rmsnorm "
-                     "--no-bias) or a GPT-NeoX-like one (gelu, layernorm, biases, no GQA)")
-
-
 class HFCausalLM(nn.Module):
     """A `transformers` causal LM whose forward returns the loss, as HF's Trainer computes it
     (`compute_loss` takes `outputs.loss` and drops the outputs: the logits are not kept)."""
@@ -138,8 +107,9 @@ class HFCausalLM(nn.Module):
         super().__init__()
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        cfg = dict(config_dict)
+        cfg = {k: v for k, v in config_dict.items() if not k.startswith("_")}
         model_type = cfg.pop("model_type")
+        cfg.pop("architectures", None)
         config = AutoConfig.for_model(model_type, **cfg)
         config._attn_implementation = "sdpa"
         self.model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa",
@@ -154,6 +124,16 @@ class HFCausalLM(nn.Module):
 
 def build(m: ModelSpec, checkpointing: bool, impl: str = "zlayout", seq: int = 2048,
           hf_config: dict | None = None) -> nn.Module:
+    """zlayout's GPT, or (`--impl hf`) the transformers class of `m`'s config.json: the one
+    the user gave, else the one `hfconfig.to_hf_config` writes (same parameter count)."""
     if impl == "hf":
-        return HFCausalLM(hf_config or hf_config_dict(m, seq), checkpointing)
+        from zlayout.hfconfig import to_hf_config
+
+        config = dict(hf_config or to_hf_config(m))
+        # rotary caches must cover the planned sequence (learned positions are parameters:
+        # their count is the model's, and the plan's sequence must fit them)
+        if "n_positions" not in config:
+            config["max_position_embeddings"] = max(int(config.get("max_position_embeddings") or 0), seq)
+        config["use_cache"] = False
+        return HFCausalLM(config, checkpointing)
     return GPT(m, checkpointing)
