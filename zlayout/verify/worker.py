@@ -111,7 +111,7 @@ def run(spec: dict[str, Any], out: Path, resume: bool) -> int:
     import torch.distributed as dist
 
     from zlayout.spec import Layout, PlanInput
-    from zlayout.verify.worker_model import build, count_parameters
+    from zlayout.verify.worker_model import builder, count_parameters
 
     inp = PlanInput.model_validate(spec["inputs"])
     layout = Layout.model_validate(spec["layout"])
@@ -159,11 +159,12 @@ def run(spec: dict[str, Any], out: Path, resume: bool) -> int:
         if impl == "hf":
             import transformers
             report["transformers"] = transformers.__version__
+        build = builder(m, checkpointing, impl, t.seq, spec.get("hf_config"))
         if layout.stage == 3:
             with deepspeed.zero.Init(config_dict_or_path=cfg):
-                model = build(m, checkpointing, impl, t.seq, spec.get("hf_config"))
+                model = build()
         else:
-            model = build(m, checkpointing, impl, t.seq, spec.get("hf_config"))
+            model = build()
         params = count_parameters(model)
         report["params"] = params
         if params != m.params:

@@ -103,29 +103,43 @@ class HFCausalLM(nn.Module):
     """A `transformers` causal LM whose forward returns the loss, as HF's Trainer computes it
     (`compute_loss` takes `outputs.loss` and drops the outputs: the logits are not kept)."""
 
-    def __init__(self, config_dict: dict, checkpointing: bool):
+    def __init__(self, model: nn.Module):
         super().__init__()
-        from transformers import AutoConfig, AutoModelForCausalLM
-
-        cfg = {k: v for k, v in config_dict.items() if not k.startswith("_")}
-        model_type = cfg.pop("model_type")
-        cfg.pop("architectures", None)
-        config = AutoConfig.for_model(model_type, **cfg)
-        config._attn_implementation = "sdpa"
-        self.model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa",
-                                                      dtype=torch.float32)
-        if checkpointing:
-            self.model.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.model = model
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids=ids, labels=ids).loss
 
 
-def build(m: ModelSpec, checkpointing: bool, impl: str = "zlayout", seq: int = 2048,
-          hf_config: dict | None = None) -> nn.Module:
-    """zlayout's GPT, or (`--impl hf`) the transformers class of `m`'s config.json: the one
-    the user gave, else the one `hfconfig.to_hf_config` writes (same parameter count)."""
+def hf_builder(config_dict: dict, checkpointing: bool):
+    """Resolve the config and import the model class now, return what builds it. Importing
+    transformers' modules (which import torch._dynamo) inside `deepspeed.zero.Init` fails on
+    torch 2.13: Init patches tensor construction that dynamo checks as it loads."""
+    import torch._dynamo  # noqa: F401 - see above
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    cfg = {k: v for k, v in config_dict.items() if not k.startswith("_")}
+    model_type = cfg.pop("model_type")
+    cfg.pop("architectures", None)
+    config = AutoConfig.for_model(model_type, **cfg)
+    config._attn_implementation = "sdpa"
+    MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]  # import the class's module before Init
+
+    def build_hf() -> nn.Module:
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+        if checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return HFCausalLM(model)
+
+    return build_hf
+
+
+def builder(m: ModelSpec, checkpointing: bool, impl: str = "zlayout", seq: int = 2048,
+            hf_config: dict | None = None):
+    """What builds zlayout's GPT, or (`--impl hf`) the transformers class of `m`'s
+    config.json: the one the user gave, else the one `hfconfig.to_hf_config` writes (same
+    parameter count). Called outside zero.Init; the builder it returns runs inside."""
     if impl == "hf":
         from zlayout.hfconfig import to_hf_config
 
@@ -135,5 +149,5 @@ def build(m: ModelSpec, checkpointing: bool, impl: str = "zlayout", seq: int = 2
         if "n_positions" not in config:
             config["max_position_embeddings"] = max(int(config.get("max_position_embeddings") or 0), seq)
         config["use_cache"] = False
-        return HFCausalLM(config, checkpointing)
-    return GPT(m, checkpointing)
+        return hf_builder(config, checkpointing)
+    return lambda: GPT(m, checkpointing)
