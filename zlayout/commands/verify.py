@@ -47,7 +47,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="run on CPU with gloo (login nodes, CI): checks the configuration end "
                           "to end; GPU memory is not measured")
     run.add_argument("--processes", type=int, default=None,
-                     help="processes (GPUs) to run; default the plan's GPUs per node, 1 with --cpu")
+                     help="processes (GPUs) to run; default the plan's GPUs per node, 1 with --cpu "
+                          "(with --slurm: per node)")
     run.add_argument("--out", type=Path, default=None,
                      help="directory for the spec, logs, checkpoint and result.json "
                           "(default ~/.cache/zlayout/verify/<time>-<layout>)")
@@ -70,9 +71,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     multi = parser.add_argument_group("beyond one node")
     multi.add_argument("--slurm", type=Path, metavar="SCRIPT",
                        help="write a SLURM batch script running this verification on the plan's "
-                            "nodes (srun + torchrun) instead of running here")
+                            "nodes (srun + torchrun) instead of running here; with --cpu it asks "
+                            "for no GPUs and runs on gloo")
     multi.add_argument("--submit", action="store_true",
-                       help="with --slurm: sbatch the script, follow its output, print the result")
+                       help="with --slurm: sbatch the script, follow the job (`scontrol show job`) "
+                            "and its output, print the result; ctrl+c runs scancel")
     multi.add_argument("--partition", default=None, help="SLURM partition")
     multi.add_argument("--account", default=None, help="SLURM account")
     multi.add_argument("--time-limit", default="00:30:00", help="SLURM time limit (default 00:30:00)")
@@ -187,6 +190,10 @@ def format_result(result: dict[str, Any]) -> str:
     lines = [f"verify {result['layout']['label']}: {result['status'].upper()}"]
     if result.get("cause"):
         lines.append(f"  {result['cause']}")
+    if result.get("slurm"):
+        job = result["slurm"]
+        lines.append(f"  SLURM job {job['job_id']}: {job['state']}, exit code {job['exit_code'] or '-'}"
+                     + (f", nodes {job['nodes']}" if job.get("nodes") else ""))
     lines.append(f"  {'figure':<20} {'predicted':>12} {'measured':>12} {'error':>8}")
     for label, key, fmt in rows:
         err = e.get(key)
@@ -277,8 +284,8 @@ def _update_profile(profile: Any, path: Path | None, result: dict[str, Any]) -> 
 def _multi_node(args: argparse.Namespace, inp: PlanInput, layout: Layout, options: Any) -> int:
     from zlayout.verify import slurm
 
-    if options.cpu:
-        raise UsageError("--slurm/--hostfile run on GPU nodes: drop --cpu")
+    if options.cpu and args.hostfile:
+        raise UsageError("--hostfile runs on GPU nodes: drop --cpu (CPU mode works with --slurm)")
     job = slurm.prepare_job(inp, layout, options)
     if args.hostfile:
         print(slurm.deepspeed_hostfile_command(job, args.hostfile))
@@ -286,16 +293,29 @@ def _multi_node(args: argparse.Namespace, inp: PlanInput, layout: Layout, option
             return 0
     script = slurm.batch_script(job, partition=args.partition, account=args.account,
                                 time_limit=args.time_limit)
-    args.slurm.write_text(script)
-    args.slurm.chmod(0o755)
-    print(f"zlayout: wrote {args.slurm} ({inp.hardware.nodes} nodes x "
-          f"{inp.hardware.gpus_per_node} GPUs); submit it with: sbatch {args.slurm}",
-          file=sys.stderr)
+    try:
+        args.slurm.write_text(script)
+        args.slurm.chmod(0o755)
+    except OSError as exc:
+        raise UsageError(f"cannot write --slurm {args.slurm}: {exc.strerror}; "
+                         "give a path in a writable directory") from None
+    unit = "CPU processes" if options.cpu else "GPUs"
+    print(f"zlayout: wrote {args.slurm} ({job.nodes} node(s) x {job.processes_per_node} {unit}); "
+          f"submit it with: sbatch {args.slurm}", file=sys.stderr)
     if not args.submit:
         return 0
     cancel = threading.Event()
-    result = slurm.submit_and_follow(job, args.slurm, on_line=ProgressPrinter(options.steps),
-                                     cancel=cancel)
+    # ctrl+c (or a hangup) cancels the SLURM job too: submit_and_follow runs scancel.
+    previous = {sig: signal.signal(sig, lambda *_: cancel.set())
+                for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    try:
+        result = slurm.submit_and_follow(job, args.slurm, on_line=ProgressPrinter(options.steps),
+                                         cancel=cancel)
+    except slurm.SubmitError as exc:
+        raise UsageError(str(exc)) from None
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     print(json.dumps(result, default=str) if args.json else format_result(result))
     return 0 if result["status"] in OK_STATUSES else 1
 

@@ -1,0 +1,171 @@
+"""A real single-node SLURM (munge, slurmctld, slurmd) under a temporary directory.
+
+Everything it writes (munge key and socket, slurm.conf, state and spool, logs) lives in that
+directory; no system file is touched, so it runs beside a site's own SLURM. The node carries
+two fake `gpu` GRES (links to /dev/null) so that scripts requesting GPUs, like a profile's
+launch_slurm.sbatch, are accepted as they are. Daemons run in the foreground as children of
+the test process and are stopped by their PIDs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "scontrol", "scancel", "sinfo")
+START_TIMEOUT_S = 60.0
+STOP_GRACE_S = 10.0
+FAKE_GPUS = 2
+
+
+def missing_programs() -> list[str]:
+    return [name for name in DAEMONS if shutil.which(name) is None]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _node_name() -> str:
+    """The host name slurmd registers as; it must resolve, since torchrun meets on it."""
+    name = socket.gethostname().split(".")[0]
+    try:
+        socket.gethostbyname(name)
+        return name
+    except OSError:
+        return "localhost"
+
+
+@dataclass
+class SlurmCluster:
+    root: Path
+    node: str = field(default_factory=_node_name)
+    cpus: int = field(default_factory=lambda: os.cpu_count() or 1)
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    @property
+    def conf(self) -> Path:
+        return self.root / "slurm.conf"
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "SLURM_CONF": str(self.conf)}
+
+    def write_config(self) -> None:
+        r = self.root
+        for sub in ("state", "spool", "dev"):
+            (r / sub).mkdir(parents=True, exist_ok=True)
+        for index in range(FAKE_GPUS):  # a GRES file must be a device: point at /dev/null
+            link = r / "dev" / f"gpu{index}"
+            if not link.exists():
+                link.symlink_to("/dev/null")
+        memory_mib = max(1024, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20 - 1024)
+        self.conf.write_text(f"""\
+ClusterName=zlayout-test
+SlurmctldHost={self.node}(127.0.0.1)
+SlurmctldPort={_free_port()}
+SlurmdPort={_free_port()}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={r}/munge.sock
+MpiDefault=none
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+JobCompType=jobcomp/none
+MailProg=/bin/true
+ReturnToService=2
+StateSaveLocation={r}/state
+SlurmdSpoolDir={r}/spool
+SlurmctldPidFile={r}/slurmctld.pid
+SlurmdPidFile={r}/slurmd.pid
+SlurmctldLogFile={r}/slurmctld.log
+SlurmdLogFile={r}/slurmd.log
+GresTypes=gpu
+NodeName={self.node} NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory={memory_mib} Gres=gpu:{FAKE_GPUS} State=UNKNOWN
+PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
+""")
+        (r / "gres.conf").write_text(
+            f"AutoDetect=off\nNodeName={self.node} Name=gpu File={r}/dev/gpu[0-{FAKE_GPUS - 1}]\n")
+
+    def _spawn(self, name: str, command: list[str]) -> None:
+        log = (self.root / f"{name}.out").open("w")
+        self.procs[name] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, env=self.env())
+
+    def start(self) -> None:
+        self.write_config()
+        r = self.root
+        subprocess.run(["mungekey", "--create", f"--keyfile={r}/munge.key"], check=True,
+                       capture_output=True)
+        # --force: munged refuses a socket under a world-writable /tmp otherwise
+        self._spawn("munged", ["munged", "--foreground", "--force", f"--socket={r}/munge.sock",
+                               f"--key-file={r}/munge.key", f"--pid-file={r}/munged.pid",
+                               f"--seed-file={r}/munged.seed", f"--log-file={r}/munged.log"])
+        self._wait_for(lambda: (r / "munge.sock").exists(), "munged's socket")
+        self._spawn("slurmctld", ["slurmctld", "-D", "-i"])
+        self._spawn("slurmd", ["slurmd", "-D", "-N", self.node])
+        self._wait_for(self._node_idle, f"node {self.node} idle in sinfo")
+
+    def _node_idle(self) -> bool:
+        proc = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True,
+                              env=self.env())
+        return proc.returncode == 0 and proc.stdout.strip() == "idle"
+
+    def _wait_for(self, ready, what: str) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            for name, proc in self.procs.items():
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{name} exited ({proc.returncode}) while waiting for "
+                                       f"{what}:\n{self.logs()}")
+            if ready():
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"no {what} after {START_TIMEOUT_S:.0f} s:\n{self.logs()}")
+
+    def logs(self) -> str:
+        parts = []
+        for path in sorted(self.root.glob("*.out")) + sorted(self.root.glob("*.log")):
+            parts.append(f"--- {path.name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-20:]))
+        return "\n".join(parts)
+
+    def stop(self) -> None:
+        """slurmd, slurmctld, munged in that order, each by its PID: SIGTERM, then SIGKILL."""
+        for name in ("slurmd", "slurmctld", "munged"):
+            proc = self.procs.pop(name, None)
+            if proc is None or proc.poll() is not None:
+                continue
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def job(self, job_id: str) -> str:
+        return subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True,
+                              text=True, env=self.env()).stdout
+
+    def wait_job(self, job_id: str, timeout_s: float = 180.0) -> str:
+        """Poll until SLURM records the job as ended; its `scontrol show job` line."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            line = self.job(job_id)
+            state = next((w.split("=", 1)[1] for w in line.split() if w.startswith("JobState=")), "")
+            if state and state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING"):
+                return line
+            time.sleep(1)
+        raise AssertionError(f"job {job_id} still not finished after {timeout_s:.0f} s: {self.job(job_id)}")
