@@ -24,8 +24,15 @@ STOP_GRACE_S = 10.0
 FAKE_GPUS = 2
 
 
+SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])  # daemons live in sbin
+
+
+def program(name: str) -> str | None:
+    return shutil.which(name, path=SEARCH_PATH)
+
+
 def missing_programs() -> list[str]:
-    return [name for name in DAEMONS if shutil.which(name) is None]
+    return [name for name in DAEMONS if program(name) is None]
 
 
 def _free_port() -> int:
@@ -102,14 +109,15 @@ PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
 
     def _spawn(self, name: str, command: list[str]) -> None:
         log = (self.root / f"{name}.out").open("w")
-        self.procs[name] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+        self.procs[name] = subprocess.Popen([program(command[0]) or command[0], *command[1:]],
+                                            stdout=log, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, env=self.env())
 
     def start(self) -> None:
         self.write_config()
         r = self.root
-        subprocess.run(["mungekey", "--create", f"--keyfile={r}/munge.key"], check=True,
-                       capture_output=True)
+        subprocess.run([program("mungekey") or "mungekey", "--create", f"--keyfile={r}/munge.key"],
+                       check=True, capture_output=True)
         # --force: munged refuses a socket under a world-writable /tmp otherwise
         self._spawn("munged", ["munged", "--foreground", "--force", f"--socket={r}/munge.sock",
                                f"--key-file={r}/munge.key", f"--pid-file={r}/munged.pid",
