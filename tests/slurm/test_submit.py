@@ -19,7 +19,8 @@ TINY = ["--layers", "2", "--hidden", "64", "--heads", "4", "--vocab", "128", "--
 
 
 def zlayout(*args: str, timeout_s: float = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    # sbatch passes the environment on: a free rendezvous port instead of the default 29500
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MASTER_PORT": str(_free_port())}
     return subprocess.run([sys.executable, "-m", "zlayout", *args], capture_output=True,
                           text=True, env=env, timeout=timeout_s, cwd=REPO)
 
@@ -93,7 +94,7 @@ def test_sbatch_refusal_is_one_line_with_slurms_reason(slurm_cluster, tmp_path):
 
 @pytest.mark.slow
 def test_ctrl_c_cancels_the_slurm_job(slurm_cluster, tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MASTER_PORT": str(_free_port())}
     command = [sys.executable, "-m", "zlayout", "verify", *TINY, "--stage", "2", "--cpu",
                "--processes", "2", "--steps", "50", "--out", str(tmp_path / "job"),
                "--slurm", str(tmp_path / "v.sbatch"), "--submit", "--json"]

@@ -339,8 +339,8 @@ def submit_and_follow(job: Job, script: Path, on_line: Callable[[str], None],
             on_line(f"zlayout: cancelling: scancel {job_id}")
             scancel(job_id)
             cancelled_at = time.monotonic()
+        state = query_job(job_id)  # before the output, so RUNNING is said before its lines
         drain()
-        state = query_job(job_id)
         if state is None:
             lost += 1
             if lost >= LOST_JOB_POLLS:  # purged from slurmctld's memory, or slurmctld is gone
