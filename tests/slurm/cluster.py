@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "scontrol", "scancel", "sinfo")
+PROGRAMS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "scontrol", "scancel", "sinfo")
 START_TIMEOUT_S = 60.0
 STOP_GRACE_S = 10.0
 FAKE_GPUS = 2
@@ -32,7 +32,7 @@ def program(name: str) -> str | None:
 
 
 def missing_programs() -> list[str]:
-    return [name for name in DAEMONS if program(name) is None]
+    return [name for name in PROGRAMS if program(name) is None]
 
 
 def _free_port() -> int:
@@ -55,8 +55,9 @@ def _node_name() -> str:
 class SlurmCluster:
     root: Path
     node: str = field(default_factory=_node_name)
-    cpus: int = field(default_factory=lambda: os.cpu_count() or 1)
+    cpus: int = field(default_factory=lambda: len(os.sched_getaffinity(0)))  # never more than slurmd finds
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    log_files: list = field(default_factory=list)
 
     @property
     def conf(self) -> Path:
@@ -109,6 +110,7 @@ PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
 
     def _spawn(self, name: str, command: list[str]) -> None:
         log = (self.root / f"{name}.out").open("w")
+        self.log_files.append(log)
         self.procs[name] = subprocess.Popen([program(command[0]) or command[0], *command[1:]],
                                             stdout=log, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, env=self.env())
@@ -162,6 +164,8 @@ PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        for log in self.log_files:
+            log.close()
 
     def job(self, job_id: str) -> str:
         return subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True,

@@ -33,7 +33,7 @@ NCCL_ENV = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DIS
 FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
                 "PREEMPTED", "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED")
 CANCEL_WAIT_S = 60.0  # after scancel, how long to wait for SLURM to record CANCELLED
-LOST_JOB_POLLS = 3  # consecutive `scontrol` answers without the job before giving up on it
+LOST_JOB_S = 60.0  # how long `scontrol` may not know the job (purged, controller restarting)
 OK_STATUSES = ("validated", "cpu-ok")
 
 
@@ -332,7 +332,7 @@ def submit_and_follow(job: Job, script: Path, on_line: Callable[[str], None],
 
     last: JobState | None = None
     described = None
-    lost = 0
+    lost_since: float | None = None
     cancelled_at: float | None = None
     while True:
         if cancel.is_set() and cancelled_at is None:
@@ -342,12 +342,12 @@ def submit_and_follow(job: Job, script: Path, on_line: Callable[[str], None],
         state = query_job(job_id)  # before the output, so RUNNING is said before its lines
         drain()
         if state is None:
-            lost += 1
-            if lost >= LOST_JOB_POLLS:  # purged from slurmctld's memory, or slurmctld is gone
+            lost_since = lost_since or time.monotonic()
+            if time.monotonic() - lost_since > LOST_JOB_S:  # purged, or slurmctld is gone
                 on_line(f"zlayout: SLURM no longer reports job {job_id}; collecting what it left")
                 break
         else:
-            lost, last = 0, state
+            lost_since, last = None, state
             if state.describe() != described:
                 described = state.describe()
                 on_line(f"zlayout: {described}")
