@@ -48,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                           "to end; GPU memory is not measured")
     run.add_argument("--processes", type=int, default=None,
                      help="processes (GPUs) to run; default the plan's GPUs per node, 1 with --cpu "
-                          "(with --slurm: per node)")
+                          "(with --slurm/--hostfile: per node, default the plan's GPUs per node)")
     run.add_argument("--out", type=Path, default=None,
                      help="directory for the spec, logs, checkpoint and result.json "
                           "(default ~/.cache/zlayout/verify/<time>-<layout>)")

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from zlayout.spec import Layout, PlanInput
 from zlayout.verify.launcher import (WORKER_MODULE, VerifyOptions, default_out_dir,
-                                     normalise_line, read_reports, run_spec, world_for)
+                                     normalise_line, read_reports, run_spec)
 from zlayout.verify.result import build_result, restart_drill_result
 
 RENDEZVOUS_PORT = 29500
@@ -78,13 +78,13 @@ def input_for_job(inp: PlanInput, processes_per_node: int) -> PlanInput:
 def prepare_job(inp: PlanInput, layout: Layout, options: VerifyOptions) -> Job:
     """Write the run spec for the job's full world (every node) into the job directory.
 
-    Processes per node are `--processes` (default: the plan's GPUs per node; 1 in CPU mode,
-    as for a run on this node)."""
+    Processes per node are `--processes` (default: the plan's GPUs per node, in CPU mode too:
+    the job has the plan's shape)."""
     out_dir = (options.out_dir or default_out_dir(layout)).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     checkpoint_dir = (options.checkpoint_dir or out_dir / "checkpoint").resolve()
     options = replace(options, out_dir=out_dir, checkpoint_dir=checkpoint_dir)
-    run_inp = input_for_job(inp, world_for(inp, options))
+    run_inp = input_for_job(inp, options.processes or inp.hardware.gpus_per_node)
     spec = run_spec(run_inp, layout, options, checkpoint_dir)
     spec_path = out_dir / "spec.json"
     spec_path.write_text(json.dumps(spec, indent=1))
