@@ -1,4 +1,4 @@
-"""The command line: `zlayout` (the app) and `zlayout plan|breakeven|export|show|check|diff|verify|serve`.
+"""The command line: `zlayout` (the app) and `zlayout plan|breakeven|export|show|check|diff|verify|calibrate|serve`.
 
 Each subcommand lives in `zlayout/commands/<name>.py` and exposes `register(subparsers)`;
 this module owns only the shared plan flags and turning them into a `PlanInput`. Bad input
