@@ -22,9 +22,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from measurements import HOSTS, MeasuredLayout, load_measured  # noqa: E402
+from measurements import HOSTS, ROOT, MeasuredLayout, load_measured  # noqa: E402
 
 from zlayout.core.calibrate import MeasuredStep, fit_calibration, predict_step  # noqa: E402
+from zlayout.profile.calibration import read_results  # noqa: E402
 from zlayout.core.steptime import (CPU_OPTIMIZER_BYTES_PER_PARAM,  # noqa: E402
                                    STAGE3_HOST_CAST_BYTES_PER_PARAM, StepTimeEstimate)
 from zlayout.spec import StepTimeCalibration  # noqa: E402
@@ -38,19 +39,41 @@ def as_step(m: MeasuredLayout) -> MeasuredStep:
                         cpu_threads_per_rank=m.cpu_threads_per_rank, source=m.source)
 
 
-def predict(m: MeasuredLayout, calibration: StepTimeCalibration | None = None) -> StepTimeEstimate:
-    return predict_step(as_step(m), calibration)
+class Row:
+    """A measured step on a named host: a benchmark row or a verify result."""
+
+    def __init__(self, host: str, step: MeasuredStep, world: int):
+        self.host, self.step, self.world = host, step, world
+        self.label, self.inp, self.layout, self.source = step.label, step.inp, step.layout, step.source
+        self.steady_step_s = step.measured_step_s
+        self.cpu_threads_per_rank = step.cpu_threads_per_rank or step.inp.hardware.cpu_threads_per_rank
+        if step.inp.training.model_dump().get("impl", "zlayout") != "zlayout":
+            self.label = f"{self.label} ({step.inp.training.impl})"
 
 
-def is_offloaded(m: MeasuredLayout) -> bool:
+def load_rows() -> list[Row]:
+    rows = [Row(m.host, as_step(m), m.row["world"]) for m in load_measured(with_memory=False) if m.steady_step_s]
+    for host, desc in HOSTS.items():
+        files = [ROOT / "benchmarks" / "measurements" / f for f in desc.get("verify_results", [])]
+        if files:
+            steps, _ = read_results(files, default_host_cores=desc["host_cores"])
+            rows += [Row(host, s, s.inp.hardware.world) for s in steps]
+    return rows
+
+
+def predict(m: Row, calibration: StepTimeCalibration | None = None) -> StepTimeEstimate:
+    return predict_step(m.step, calibration)
+
+
+def is_offloaded(m: Row) -> bool:
     return m.layout.offload_optimizer != "gpu" or m.layout.offload_param != "gpu"
 
 
-def group(m: MeasuredLayout) -> str:
+def group(m: Row) -> str:
     return "offloaded" if is_offloaded(m) else "GPU-resident"
 
 
-def summary(title: str, rows: list[MeasuredLayout], errors: list[float], with_target: bool) -> None:
+def summary(title: str, rows: list[Row], errors: list[float], with_target: bool) -> None:
     for name in TARGETS:
         errs = [abs(e) for m, e in zip(rows, errors) if group(m) == name]
         if not errs:
@@ -62,7 +85,7 @@ def summary(title: str, rows: list[MeasuredLayout], errors: list[float], with_ta
         print(f"  {title:<34} {name:<13} n={len(errs):<3} mean |err| {mean:6.1%}  max |err| {worst:6.1%}{verdict}")
 
 
-def cpu_points(rows: list[MeasuredLayout]) -> None:
+def cpu_points(rows: list[Row]) -> None:
     """JSON lines: the CPU optimizer's s/param per thread count that each offloaded row implies
     (measured step minus every other predicted part), for measurements/cpu-adam-scaling.jsonl."""
     for m in rows:
@@ -73,7 +96,7 @@ def cpu_points(rows: list[MeasuredLayout]) -> None:
         bytes_per_param = CPU_OPTIMIZER_BYTES_PER_PARAM
         if m.layout.stage == 3 and m.layout.offload_param == "gpu":
             bytes_per_param += STAGE3_HOST_CAST_BYTES_PER_PARAM  # the pageable cast: scale it out
-        per_param_s = cpu_s / (m.inp.model.params / m.row["world"]) * CPU_OPTIMIZER_BYTES_PER_PARAM / bytes_per_param
+        per_param_s = cpu_s / (m.inp.model.params / m.world) * CPU_OPTIMIZER_BYTES_PER_PARAM / bytes_per_param
         print(json.dumps({"kind": "step-derived", "host": m.host, "host_cores": HOSTS[m.host]["host_cores"],
                           "threads": m.cpu_threads_per_rank, "s_per_param": round(per_param_s, 13),
                           "layout": m.label, "measured_step_s": round(m.steady_step_s, 4)}))
@@ -85,7 +108,7 @@ def main() -> int:
     parser.add_argument("--cpu-points", action="store_true",
                         help="print the CPU optimizer time per parameter the offloaded rows imply")
     args = parser.parse_args()
-    rows = [m for m in load_measured(with_memory=False) if m.steady_step_s]
+    rows = load_rows()
     if args.cpu_points:
         cpu_points(rows)
         return 0
@@ -116,7 +139,7 @@ def main() -> int:
     if len(hosts) > 1:
         print("\nLeave-one-host-out through `zlayout calibrate` (fitted on the other hosts' rows):")
         for host in hosts:
-            train = [as_step(m) for m in rows if m.host != host]
+            train = [m.step for m in rows if m.host != host]
             test = [m for m in rows if m.host == host]
             fit = fit_calibration(train)
             cal = fit.calibration
