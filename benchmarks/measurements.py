@@ -2,12 +2,15 @@
 
 Every row carries the shape, the training setup, the layout and what torch measured; this
 module turns one into the `PlanInput` + `Layout` zlayout predicts for, so every benchmark
-holds the same prediction against the same measurement.
+holds the same prediction against the same measurement. A row names the host it ran on
+(`host`, described in measurements/hosts.toml; rows without one are from the 32-core
+2-GPU host where the first measurements were taken).
 """
 
 from __future__ import annotations
 
 import json
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +19,8 @@ from zlayout.spec import GiB, HardwareSpec, Layout, ModelSpec, PlanInput, Traini
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = [ROOT / "benchmarks" / "measurements"]
+HOSTS = tomllib.loads((ROOT / "benchmarks" / "measurements" / "hosts.toml").read_text())
+DEFAULT_HOST = "h200-32core"
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,19 @@ class MeasuredLayout:
         return f"{self.layout.label} w{r['world']} | {shape}{extra}"
 
     @property
+    def host(self) -> str:
+        return self.row.get("host", DEFAULT_HOST)
+
+    @property
+    def cpu_threads_per_rank(self) -> int:
+        """The threads each rank's CPU optimizer ran with: as recorded, else torchrun's default
+        (OMP_NUM_THREADS=1 when it starts several processes; unset for one: all the cores)."""
+        for key in ("cpu_threads", "omp_num_threads"):
+            if self.row.get(key):
+                return int(self.row[key])
+        return 1 if self.row["world"] > 1 else HOSTS[self.host]["host_cores"]
+
+    @property
     def peak_allocated_bytes(self) -> int:
         return int(max(self.row["peak_gib"]) * GiB)
 
@@ -43,6 +61,9 @@ class MeasuredLayout:
 
     @property
     def steady_step_s(self) -> float | None:
+        if self.row.get("steady_step_s_runs"):  # runs reported as their steady step times only
+            runs = self.row["steady_step_s_runs"]
+            return sum(runs) / len(runs)
         steps = self.row.get("step_s") or []
         later = steps[1:] or steps
         return sum(later) / len(later) if later else None
@@ -55,8 +76,10 @@ def row_to_input(row: dict) -> tuple[PlanInput, Layout]:
         kv_heads=row.get("kv_heads") or heads, ffn=row.get("ffn") or 4 * row["hidden"],
         vocab=row["vocab"], mlp=row.get("mlp", "gelu"), norm=row.get("norm", "layernorm"),
         bias=row.get("bias", True), tie_embeddings=bool(row.get("tie", 0)))
+    host = HOSTS[row.get("host", DEFAULT_HOST)]
     hardware = HardwareSpec(gpu=catalog.load_gpu("h200"), gpus_per_node=row["world"],
-                            intra_link=catalog.load_link("nvlink4"))
+                            intra_link=catalog.load_link("nvlink4"), host_cores=host["host_cores"],
+                            host_mem_gbps=host.get("host_mem_gbps", 500.0))
     training = TrainingSpec(seq=row["seq"], micro_batch=row["mbs"], grad_accum=row.get("gas", 1),
                             checkpointing="full" if row.get("ckpt") else "none")
     layout = Layout(stage=row["stage"], offload_optimizer=row.get("offload_opt", "none"),
@@ -64,7 +87,8 @@ def row_to_input(row: dict) -> tuple[PlanInput, Layout]:
     return PlanInput(model=model, hardware=hardware, training=training), layout
 
 
-def load_measured() -> list[MeasuredLayout]:
+def load_measured(with_memory: bool = True) -> list[MeasuredLayout]:
+    """Every measured row; `with_memory=False` adds those that measured step time only."""
     out = []
     for folder in SOURCES:
         for path in sorted(folder.glob("*.jsonl")):
@@ -72,8 +96,8 @@ def load_measured() -> list[MeasuredLayout]:
                 if not line.strip():
                     continue
                 row = json.loads(line)
-                if "peak_gib" not in row:  # a failed run (kept for the record)
-                    continue
+                if "peak_gib" not in row and (with_memory or "steady_step_s_runs" not in row):
+                    continue  # a failed run (kept for the record), or step time only
                 inp, layout = row_to_input(row)
                 out.append(MeasuredLayout(path.name, row, inp, layout))
     return out

@@ -15,6 +15,7 @@ PLANNER_MODULES = [
     "zlayout.core.breakeven", "zlayout.core.steptime", "zlayout.core.comm", "zlayout.core.recommend",
     "zlayout.profile.ds_config", "zlayout.cli", "zlayout.commands.plan", "zlayout.tui.app",
     "zlayout.hfconfig",
+    "zlayout.core.calibrate", "zlayout.profile.calibration", "zlayout.commands.calibrate",
 ]
 CORE_MODULES = [m for m in PLANNER_MODULES if m.startswith(("zlayout.spec", "zlayout.core"))]
 

@@ -1,4 +1,4 @@
-"""The command line: `zlayout` (the app) and `zlayout plan|breakeven|export|show|check|diff|verify|serve`.
+"""The command line: `zlayout` (the app) and `zlayout plan|breakeven|export|show|check|diff|verify|calibrate|serve`.
 
 Each subcommand lives in `zlayout/commands/<name>.py` and exposes `register(subparsers)`;
 this module owns only the shared plan flags and turning them into a `PlanInput`. Bad input
@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from zlayout.spec import (BOUNDS, GiB, HardwareSpec, Layout, ModelSpec, PlanInput, TrainingSpec,
                           ZeroKnobs)
 
-SUBCOMMANDS = ("plan", "breakeven", "export", "show", "check", "diff", "verify", "serve")
+SUBCOMMANDS = ("plan", "breakeven", "export", "show", "check", "diff", "verify", "calibrate", "serve")
 
 OFFLOAD_CHOICES = ("none", "cpu", "nvme")
 
@@ -195,6 +195,10 @@ def add_plan_arguments(parser: argparse.ArgumentParser, with_layout: bool = True
     hw.add_argument("--host-ram-gib", type=float, default=None, help="host RAM per node (default 2048)")
     hw.add_argument("--nvme-gib", type=float, default=0.0, help="NVMe capacity per node")
     hw.add_argument("--nvme-gbps", type=float, default=6.0, help="NVMe bandwidth per node, GB/s")
+    hw.add_argument("--host-cores", type=int, default=None,
+                    help="CPU cores per node shared by its ranks (default: the GPU preset's per GPU x GPUs)")
+    hw.add_argument("--calibration", default=None, metavar="FILE",
+                    help="step-time calibration from `zlayout calibrate` (default: the shipped model)")
 
     ds = parser.add_argument_group("DeepSpeed knobs (default: DeepSpeed 0.19.8's)")
     ds.add_argument("--reduce-bucket-size", type=float)
@@ -323,6 +327,8 @@ def plan_input_from_args(args: argparse.Namespace) -> PlanInput:
         if args.host_ram_gib is not None:
             hw_kwargs["host_ram_bytes"] = _gib_to_bytes(args.host_ram_gib, "--host-ram-gib",
                                                         "host_ram_bytes")
+        if args.host_cores is not None:
+            hw_kwargs["host_cores"] = args.host_cores
         hardware = HardwareSpec(**hw_kwargs)
         training = TrainingSpec(seq=2048 if args.seq is None else args.seq,
                                 micro_batch=args.micro_batch,
@@ -340,8 +346,13 @@ def plan_input_from_args(args: argparse.Namespace) -> PlanInput:
         zero = ZeroKnobs(**{k: (int(v) if abs(v) < 2**80 else v) for k, v in knobs.items()
                             if v is not None},
                          overlap_comm=not args.no_overlap_comm)
+        extra = {}
+        if args.calibration:
+            from zlayout.profile.calibration import load_calibration
+
+            extra["calibration"] = load_calibration(args.calibration)
         return PlanInput(model=model, hardware=hardware, training=training, zero=zero,
-                         headroom_fraction=args.headroom)
+                         headroom_fraction=args.headroom, **extra)
     except ValidationError as exc:
         raise UsageError(format_validation_error(exc)) from None
     except (KeyError, ValueError) as exc:

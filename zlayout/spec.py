@@ -99,12 +99,14 @@ BOUNDS: dict[str, Bound] = {
     "host_mem_gbps": Bound(1, 100_000, "GB/s"),
     "nvme_bytes": Bound(0, 1024 * TiB, "GiB", GiB),
     "nvme_gbps": Bound(0.1, 1000, "GB/s"),
+    "host_cores": Bound(1, 65_536),
     # GpuSpec
     "memory_bytes": Bound(GiB, 64 * TiB, "GiB", GiB),
     "peak_bf16_flops": Bound(1e9, 1e18, "FLOP/s"),
     "hbm_gbps": Bound(1, 1_000_000, "GB/s"),
     "pcie_gbps": Bound(0.1, 100_000, "GB/s"),
     "cuda_context_bytes": Bound(0, 64 * GiB, "GiB", GiB),
+    "host_cores_per_gpu": Bound(1, 4096),
     # LinkSpec
     "bandwidth_gbps": Bound(0.01, 1_000_000, "GB/s"),
     "latency_us": Bound(0, 1_000_000, "us"),
@@ -120,6 +122,11 @@ BOUNDS: dict[str, Bound] = {
     "gradient_clipping": Bound(0, 1e9),
     # PlanInput
     "headroom_fraction": Bound(0, 0.9),
+    # StepTimeCalibration (zlayout calibrate keeps its factors within 0.2-5)
+    "gpu_factor": Bound(0.01, 100),
+    "overhead_factor": Bound(0.01, 100),
+    "cpu_optimizer_factor": Bound(0.01, 100),
+    "transfer_factor": Bound(0.01, 100),
 }
 # A model size given as a count (--params, the app's Size): the family tables span this.
 PARAMS_BOUND = Bound(10**7, 2 * 10**13)
@@ -426,6 +433,9 @@ class GpuSpec(Frozen):
     cuda_context_bytes: int = Field(default=int(1.29 * GiB),
                                     description="CUDA context + cuBLAS workspace outside the allocator "
                                                 "(1.29 GiB measured on H200, torch 2.11)")
+    host_cores_per_gpu: int = Field(default=14,
+                                    description="CPU cores per GPU of the GPU's usual 8-GPU node "
+                                                "(DGX H100/H200: 2 x 56 cores / 8 GPUs = 14)")
 
 
 class LinkSpec(Frozen):
@@ -446,10 +456,23 @@ class HardwareSpec(Frozen):
                                  description="host memory bandwidth per node (two-socket 8-GPU servers: ~500)")
     nvme_bytes: int = Field(default=0, description="per node")
     nvme_gbps: float = Field(default=6.0, description="per node, read/write")
+    host_cores: int | None = Field(default=None,
+                                   description="CPU cores per node its ranks share (what nproc shows); "
+                                               "default: the GPU preset's cores per GPU x GPUs per node")
 
     @property
     def world(self) -> int:
         return self.gpus_per_node * self.nodes
+
+    @property
+    def node_host_cores(self) -> int:
+        """The node's CPU cores: as given, or the GPU preset's share per GPU times the GPUs."""
+        return self.host_cores or self.gpu.host_cores_per_gpu * self.gpus_per_node
+
+    @property
+    def cpu_threads_per_rank(self) -> int:
+        """What the launchers zlayout writes give each rank: OMP_NUM_THREADS = cores / ranks on the node."""
+        return max(1, self.node_host_cores // self.gpus_per_node)
 
     @model_validator(mode="after")
     def _multi_node_needs_a_link(self) -> "HardwareSpec":
@@ -545,6 +568,26 @@ def all_layouts() -> tuple[Layout, ...]:
     return tuple(layouts)
 
 
+class StepTimeCalibration(Frozen):
+    """Factors on the step-time model's parts, fitted by `zlayout calibrate` on a cluster's own runs.
+
+    1.0 everywhere is the model as shipped (fitted on H200 measurements). `source` names the
+    calibration file (and its SHA-256 prefix) so a profile records which one it used.
+    """
+
+    source: str | None = None
+    gpu_factor: float = Field(default=1.0, description="GPU kernels: compute, loss, GPU optimizer")
+    overhead_factor: float = Field(default=1.0,
+                                   description="Python around the kernels: per-step and stage-3 hook overheads")
+    cpu_optimizer_factor: float = Field(default=1.0, description="the CPU optimizer step")
+    transfer_factor: float = Field(default=1.0, description="exposed network, PCIe and NVMe time")
+
+    @property
+    def is_default(self) -> bool:
+        return (self.gpu_factor, self.overhead_factor, self.cpu_optimizer_factor,
+                self.transfer_factor) == (1.0, 1.0, 1.0, 1.0)
+
+
 class PlanInput(Frozen):
     """Everything a plan depends on."""
 
@@ -554,3 +597,4 @@ class PlanInput(Frozen):
     zero: ZeroKnobs = ZeroKnobs()
     headroom_fraction: float = Field(default=0.05,
                                      description="GPU memory kept free when judging 'fits'")
+    calibration: StepTimeCalibration = StepTimeCalibration()

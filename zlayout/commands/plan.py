@@ -57,6 +57,8 @@ def _layout_json(lp) -> dict:
 def plan_json(plan: Plan, layout=None) -> dict:
     base = {"params": plan.input.model.params, "model": model_dict(plan),
             "world": plan.input.hardware.world, "gpu": plan.input.hardware.gpu.name,
+            "host_cores": plan.input.hardware.node_host_cores,
+            "calibration": plan.input.calibration.source,
             "recommendation": recommendation_dict(plan)}
     if layout is not None:
         return {**base, **_layout_json(plan.for_layout(layout)),

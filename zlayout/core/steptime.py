@@ -17,12 +17,19 @@ A roofline-style model with a handful of constants, each calibrated on the H200 
   prefetch hides part of the parameter all-gathers behind forward and backward; stage 0's
   all-reduce and stage 1-2's post-step all-gather are fully exposed.
 - Stage 3's per-module hooks (fetch, release, partition) cost a fixed time per fetch.
+- The large-vocabulary loss: the head's logits matmul is in the FLOPs (6 per head parameter
+  per token, never recomputed: checkpointing wraps the blocks); the softmax/cross-entropy
+  passes over tokens x vocab (a bf16 slice copy, the fp32 cast, log-softmax and its backward)
+  are memory-bound: bytes per logit over HBM bandwidth.
 - Offload: PCIe copies at the GPU's achieved host<->device bandwidth (gradients going down
   overlap with backward, parameters coming up after the step do not); the CPU optimizer
-  step (DeepSpeedCPUAdam plus gradient clipping and the fp32->bf16 cast: ~42 bytes of host
-  memory traffic per parameter) bound by the node's host memory bandwidth shared by its
-  GPUs, or by the threads each rank runs with; NVMe reads and writes at the node's NVMe
-  bandwidth, not overlapped.
+  step (DeepSpeedCPUAdam plus gradient clipping and the fp32->bf16 cast) per parameter at
+  one thread, over the threads each rank runs with (cores per node / ranks per node, as
+  the launchers zlayout writes set OMP_NUM_THREADS) on a measured scaling curve, and never
+  faster than the node's host memory bandwidth shared by its GPUs allows; NVMe reads and
+  writes at the node's NVMe bandwidth, not overlapped.
+- A calibration (`PlanInput.calibration`, from `zlayout calibrate`) scales the four groups
+  of parts: GPU kernels, Python overheads, the CPU optimizer, exposed transfers.
 """
 
 from __future__ import annotations
@@ -44,8 +51,23 @@ STEP_OVERHEAD_PER_TENSOR_S = 0.28e-3
 HBM_EFFICIENCY = 0.8  # achieved / nominal HBM bandwidth for elementwise optimizer kernels
 GPU_OPTIMIZER_BYTES_PER_PARAM = 42  # fused Adam r/w of fp32 master+moments, grad read, bf16 write, clip
 HOST_MEM_EFFICIENCY = 0.55  # DeepSpeedCPUAdam's achieved / nominal host memory bandwidth
-HOST_CORE_GBPS = 15.0  # host memory traffic one CPU thread drives through the CPU optimizer step
 CPU_OPTIMIZER_BYTES_PER_PARAM = 42  # clip r/w 8 + Adam r 16 w 12 + fp32->bf16 cast r 4 w 2
+# The CPU optimizer step per parameter (DeepSpeedCPUAdam + clipping + the bf16 cast) and how it
+# scales with threads: t threads take (1 + c(t-1)) / t of one thread's time (Amdahl-like: the
+# threads contend for the memory bus, so it saturates near 1/c times one thread's speed).
+# Source: benchmarks/measurements/cpu-adam-scaling.jsonl, rows "h200-32core" (fitted there by
+# `python benchmarks/cpu_adam_scaling.py --fit`): the 2-GPU torchrun rows (1 thread per rank)
+# and the 1-GPU rows (32 threads) of the 32-core H200 host; the 16-core host was held out.
+CPU_OPTIMIZER_S_PER_PARAM_ONE_THREAD = 2.670e-9
+CPU_THREAD_CONTENTION = 0.115
+# Softmax/cross-entropy bytes per logit (tokens x vocab), forward+backward, as the worker's loss
+# runs it (`cross_entropy(logits[:, :-1].flatten(0, 1).float(), ...)`): forward, the slice's
+# copy (bf16 r2 w2), the fp32 cast (r2 w4), log-softmax (a row of a large vocabulary does not fit
+# shared memory: max, sum and write passes, r12 w4); backward, nll's zero-filled gradient (w4),
+# log-softmax backward (sum pass, then r8 w4: r12 w4), the bf16 cast (r4 w2), the slice's
+# zero-filled gradient and copy (w2, r2 w2). Transformers' loss upcasts the same way (its labels
+# are shifted instead of the logits: 10 bytes fewer, not modelled apart).
+LOSS_BYTES_PER_LOGIT = 58
 # Stage 3 with the optimizer offloaded and the parameters on the GPU: PyTorch's fp32(host) ->
 # bf16(GPU) copy casts on the CPU into a fresh pageable temporary and copies from pageable
 # memory; measured (two layouts, one thread per rank) as this many more bytes' worth per param.
@@ -72,6 +94,8 @@ class StepTimeEstimate:
     nvme_s: float = 0.0  # of offload_s: NVMe reads and writes
     tokens_per_step: int = 0  # all GPUs together
     model_flops_per_step: float = 0.0  # 6 * active params * tokens (what MFU counts)
+    loss_s: float = 0.0  # of compute_s: the memory-bound softmax/cross-entropy passes over the logits
+    cpu_threads_per_rank: int = 0  # the CPU optimizer's threads the estimate assumed
 
 
 def matmul_params(inp: PlanInput) -> int:
@@ -82,8 +106,20 @@ def matmul_params(inp: PlanInput) -> int:
 
 
 def matmul_flops_per_token(inp: PlanInput) -> float:
-    """Dense-layer FLOPs per token, forward+backward (+ the recomputed forward)."""
-    return (8 if inp.training.checkpointing == "full" else 6) * matmul_params(inp)
+    """Dense-layer FLOPs per token, forward+backward (+ the blocks' recomputed forward).
+
+    The head (6 * hidden * vocab per token: the logits matmul and its two backward matmuls)
+    sits outside the checkpointed blocks, so it is never recomputed.
+    """
+    m = inp.model
+    block_params = m.layers * m.layer_params()
+    return (8 if inp.training.checkpointing == "full" else 6) * block_params + 6 * m.vocab * m.hidden
+
+
+def loss_bytes_per_micro_step(inp: PlanInput) -> float:
+    """HBM traffic of the softmax/cross-entropy over one micro-batch's logits, forward+backward."""
+    t = inp.training
+    return LOSS_BYTES_PER_LOGIT * t.micro_batch * t.seq * inp.model.vocab
 
 
 def attention_flops_per_token(inp: PlanInput) -> float:
@@ -122,17 +158,24 @@ def _bus_bytes_per_s(link: LinkSpec) -> float:
     return link.bandwidth_gbps * link.efficiency * 1e9
 
 
-def host_optimizer_bytes_per_s(inp: PlanInput, cpu_threads_per_rank: int | None) -> float:
-    """Host memory traffic one rank's CPU optimizer step gets.
+def cpu_optimizer_s_per_param(threads: int) -> float:
+    """One rank's CPU optimizer step per parameter of its partition, on `threads` threads."""
+    threads = max(1, threads)
+    return CPU_OPTIMIZER_S_PER_PARAM_ONE_THREAD * (1 + CPU_THREAD_CONTENTION * (threads - 1)) / threads
 
-    The node's bandwidth is shared by its ranks; a rank with few threads (torchrun sets
-    OMP_NUM_THREADS=1 when it starts several processes) is bound by its threads instead.
+
+def host_optimizer_s_per_param(inp: PlanInput, cpu_threads_per_rank: int | None,
+                               host_bytes_per_param: float = CPU_OPTIMIZER_BYTES_PER_PARAM) -> float:
+    """The CPU optimizer's time per parameter of one rank: its threads' speed, or the rank's share
+    of the node's host memory bandwidth when that is slower (many ranks on one node).
+
+    `cpu_threads_per_rank` None: the launchers' share, host cores / ranks on the node.
     """
     hw = inp.hardware
-    shared = hw.host_mem_gbps * HOST_MEM_EFFICIENCY * 1e9 / hw.gpus_per_node
-    if cpu_threads_per_rank is None:
-        return shared
-    return min(shared, cpu_threads_per_rank * HOST_CORE_GBPS * 1e9)
+    threads = hw.cpu_threads_per_rank if cpu_threads_per_rank is None else cpu_threads_per_rank
+    by_threads = cpu_optimizer_s_per_param(threads) * host_bytes_per_param / CPU_OPTIMIZER_BYTES_PER_PARAM
+    shared_bytes_per_s = hw.host_mem_gbps * HOST_MEM_EFFICIENCY * 1e9 / hw.gpus_per_node
+    return max(by_threads, host_bytes_per_param / shared_bytes_per_s)
 
 
 def parameter_tensors(inp: PlanInput) -> int:
@@ -150,8 +193,8 @@ def estimate_step_time(inp: PlanInput, layout: Layout, comm: CommEstimate | None
                        cpu_threads_per_rank: int | None = None) -> StepTimeEstimate:
     """Wall time of one optimizer step (all micro-steps) and what it buys.
 
-    `cpu_threads_per_rank`: the threads each rank's CPU optimizer runs with (None: enough that
-    host memory bandwidth binds, as with OMP_NUM_THREADS = cores / ranks).
+    `cpu_threads_per_rank`: the threads each rank's CPU optimizer runs with (None: host cores /
+    ranks per node, what the launchers zlayout writes set OMP_NUM_THREADS to).
     """
     if comm is None:
         comm = estimate_comm(inp, layout)
@@ -159,16 +202,20 @@ def estimate_step_time(inp: PlanInput, layout: Layout, comm: CommEstimate | None
     n, accum = hw.world, t.grad_accum
     tokens_per_micro = t.seq * t.micro_batch  # per GPU
     peak = hw.gpu.peak_bf16_flops * (0.5 if t.precision == "fp32" else 1.0)
-    micro_compute_s = tokens_per_micro * (matmul_flops_per_token(inp) / (peak * GPU_MATMUL_EFFICIENCY)
+    cal = inp.calibration
+    hbm_bytes_per_s = hw.gpu.hbm_gbps * HBM_EFFICIENCY * 1e9
+    micro_kernels_s = tokens_per_micro * (matmul_flops_per_token(inp) / (peak * GPU_MATMUL_EFFICIENCY)
                                           + attention_flops_per_token(inp) / (peak * GPU_ATTENTION_EFFICIENCY))
+    micro_loss_s = loss_bytes_per_micro_step(inp) / hbm_bytes_per_s
+    micro_compute_s = (micro_kernels_s + micro_loss_s) * cal.gpu_factor
     compute_s = micro_compute_s * accum
+    loss_s = micro_loss_s * cal.gpu_factor * accum
     backward_share = (6 / 8) if t.checkpointing == "full" else (2 / 3)  # recompute runs in backward
     micro_backward_s = micro_compute_s * backward_share
 
     # GPU memory-bound passes: the optimizer (on the rank's partition) and gradient copies
     params = m.params
     partition = params / n if layout.stage >= 1 else params
-    hbm_bytes_per_s = hw.gpu.hbm_gbps * HBM_EFFICIENCY * 1e9
     hbm_bytes = 0.0
     if layout.offload_optimizer == "gpu":
         hbm_bytes += GPU_OPTIMIZER_BYTES_PER_PARAM * partition
@@ -176,17 +223,17 @@ def estimate_step_time(inp: PlanInput, layout: Layout, comm: CommEstimate | None
         hbm_bytes += 6 * params  # bf16 gradients accumulated into fp32 (BF16_Optimizer)
     else:
         hbm_bytes += 4 * params * accum + 6 * partition  # bucket copies, partition cast to fp32
-    gpu_optimizer_s = hbm_bytes / hbm_bytes_per_s
+    gpu_optimizer_s = hbm_bytes / hbm_bytes_per_s * cal.gpu_factor
 
     stage3_overhead_s = 0.0
     if layout.stage == 3:
         per_fetch_s = STAGE3_FETCH_OVERHEAD_S + (STAGE3_GATHER_OVERHEAD_S if n > 1 else 0.0)
-        stage3_overhead_s = 2 * accum * stage3_fetched_modules(inp) * per_fetch_s
+        stage3_overhead_s = 2 * accum * stage3_fetched_modules(inp) * per_fetch_s * cal.overhead_factor
 
     # What hides behind compute: two side streams, each serial (a bucket is reduced, then its
     # partition copied to the host; a module's partition comes up, then is gathered), each
     # hidden behind its pass except the piece that has nothing to wait behind.
-    pcie_bytes_per_s = hw.gpu.pcie_gbps * 1e9
+    pcie_bytes_per_s = hw.gpu.pcie_gbps * 1e9 / cal.transfer_factor
     down_s = comm.pcie_to_host_bytes / pcie_bytes_per_s
     fetch_s = comm.pcie_param_fetch_bytes / pcie_bytes_per_s
     up_after_step_s = (comm.pcie_to_gpu_bytes - comm.pcie_param_fetch_bytes) / pcie_bytes_per_s
@@ -194,7 +241,7 @@ def estimate_step_time(inp: PlanInput, layout: Layout, comm: CommEstimate | None
     exposed_comm_s = 0.0
     streams = {"forward": [0.0, 0.0, fetch_s / 2], "backward": [0.0, 0.0, down_s + fetch_s / 2]}
     for coll in comm.collectives:  # stream: [network s, longest single launch s, PCIe s]
-        coll_s = collective_time_s(coll, inp)
+        coll_s = collective_time_s(coll, inp) * cal.transfer_factor
         comm_total_s += coll_s
         if coll.phase in ("after_backward", "after_step"):
             exposed_comm_s += coll_s
@@ -218,17 +265,18 @@ def estimate_step_time(inp: PlanInput, layout: Layout, comm: CommEstimate | None
         exposed_comm_s += exposed_s * network_s / busy_s
         pcie_exposed_s += exposed_s * pcie_s / busy_s
 
+    threads = hw.cpu_threads_per_rank if cpu_threads_per_rank is None else max(1, cpu_threads_per_rank)
     cpu_optimizer_s = 0.0
     if layout.offload_optimizer != "gpu":
         host_bytes_per_param = CPU_OPTIMIZER_BYTES_PER_PARAM
         if layout.stage == 3 and layout.offload_param == "gpu":
             host_bytes_per_param += STAGE3_HOST_CAST_BYTES_PER_PARAM
-        cpu_optimizer_s = (host_bytes_per_param * params / n
-                           / host_optimizer_bytes_per_s(inp, cpu_threads_per_rank))
-    nvme_s = (comm.nvme_read_bytes + comm.nvme_write_bytes) / (hw.nvme_gbps * 1e9)
+        cpu_optimizer_s = (params / n * host_optimizer_s_per_param(inp, threads, host_bytes_per_param)
+                           * cal.cpu_optimizer_factor)
+    nvme_s = (comm.nvme_read_bytes + comm.nvme_write_bytes) / (hw.nvme_gbps * 1e9) * cal.transfer_factor
     offload_s = cpu_optimizer_s + pcie_exposed_s + nvme_s
 
-    step_overhead_s = step_overhead(inp)
+    step_overhead_s = step_overhead(inp) * cal.overhead_factor
     step_s = compute_s + step_overhead_s + gpu_optimizer_s + stage3_overhead_s + exposed_comm_s + offload_s
     tokens = tokens_per_micro * accum * n
     model_flops = 6 * m.active_params * tokens  # MoE: the parameters a token goes through
@@ -248,4 +296,6 @@ def estimate_step_time(inp: PlanInput, layout: Layout, comm: CommEstimate | None
         nvme_s=nvme_s,
         tokens_per_step=tokens,
         model_flops_per_step=model_flops,
+        loss_s=loss_s,
+        cpu_threads_per_rank=threads,
     )

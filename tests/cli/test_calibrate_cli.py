@@ -1,0 +1,126 @@
+"""`zlayout calibrate` on real verify results, and `--calibration` / `--host-cores` in plan and export."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from zlayout.cli import main
+from zlayout.core.calibrate import group_parts_s, predict_step
+from zlayout.profile.calibration import read_results
+
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "measurements" / "verify-h200-2026-11-30.jsonl"
+PLAN = ["plan", "--layers", "8", "--hidden", "4096", "--heads", "32", "--vocab", "32000", "--seq", "2048",
+        "--micro-batch", "2", "--gpus-per-node", "1", "--stage", "2", "--offload-optimizer", "cpu", "--json"]
+
+
+def slow_cpu_results(tmp_path: Path, cpu_factor: float = 1.7) -> Path:
+    """The repository's H200 verify results as a 32-core host with a slower CPU would have
+    measured them: each rank records its threads, the host its cores; the step time is the
+    model's with the CPU optimizer `cpu_factor` times slower."""
+    lines = []
+    for line in RESULTS.read_text().splitlines():
+        result = json.loads(line)
+        world = result["inputs"]["hardware"]["gpus_per_node"]
+        result["environment"]["host_cores"] = 32
+        for rank in result["ranks"]:
+            rank["omp_num_threads"] = str(32 // world)
+        lines.append(result)
+    path = tmp_path / "results.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    rows, _ = read_results([path])
+    for result, row in zip(lines, rows):
+        parts = group_parts_s(predict_step(row))
+        result["measured"]["step_time_s"] = sum(parts.values()) + (cpu_factor - 1) * parts["cpu_optimizer"]
+    # plus a CPU-mode run and a failed one, which carry no GPU step time
+    cpu_run = {**lines[0], "status": "cpu-ok", "mode": "cpu"}
+    failed = {**lines[1], "status": "failed", "measured": {}}
+    path.write_text("".join(json.dumps(r) + "\n" for r in [*lines, cpu_run, failed]))
+    return path
+
+
+def test_calibrate_writes_factors_rows_and_errors(tmp_path, capsys):
+    results = slow_cpu_results(tmp_path)
+    out = tmp_path / "cal" / "h200.toml"
+    assert main(["calibrate", str(results), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "skipped results.jsonl:9: cpu-ok" in printed and "skipped results.jsonl:10: failed" in printed
+    doc = tomllib.loads(out.read_text())
+    assert doc["schema"] == "zlayout-calibration/1"
+    assert doc["factors"]["cpu_optimizer"] == pytest.approx(1.7, rel=0.03)
+    assert len(doc["rows"]) == 8
+    for row in doc["rows"]:
+        assert abs(row["error_after_pct"]) <= abs(row["error_before_pct"]) + 1e-9
+        assert row["host_cores"] == 32
+    assert doc["error"]["max_abs_after_pct"] < 2 < doc["error"]["max_abs_before_pct"]
+
+
+def test_plan_and_export_load_the_calibration(tmp_path, capsys):
+    out = tmp_path / "h200.toml"
+    assert main(["calibrate", str(slow_cpu_results(tmp_path)), "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main([*PLAN, "--host-cores", "16"]) == 0
+    shipped = json.loads(capsys.readouterr().out)
+    assert main([*PLAN, "--host-cores", "16", "--calibration", str(out)]) == 0
+    calibrated = json.loads(capsys.readouterr().out)
+    assert shipped["calibration"] is None and calibrated["calibration"].startswith("h200.toml sha256:")
+    assert calibrated["host_cores"] == 16 and calibrated["time"]["cpu_threads_per_rank"] == 16
+    factor = tomllib.loads(out.read_text())["factors"]["cpu_optimizer"]
+    assert calibrated["time"]["cpu_optimizer_s"] == pytest.approx(factor * shipped["time"]["cpu_optimizer_s"])
+    assert calibrated["step_time_s"] > shipped["step_time_s"]
+
+    profile = tmp_path / "profile"
+    export = ["export", *PLAN[1:-1], "--host-cores", "16", "--calibration", str(out), "--out", str(profile)]
+    assert main(export) == 0
+    inputs = tomllib.loads((profile / "profile.toml").read_text())["inputs"]
+    assert inputs["calibration"]["source"] == calibrated["calibration"]
+    assert inputs["calibration"]["cpu_optimizer_factor"] == pytest.approx(factor)
+    assert inputs["hardware"]["host_cores"] == 16
+
+
+def test_more_host_cores_make_offload_faster(capsys):
+    times = []
+    for cores in ("4", "16", "64"):
+        assert main([*PLAN, "--host-cores", cores]) == 0
+        times.append(json.loads(capsys.readouterr().out)["time"]["cpu_optimizer_s"])
+    assert times[0] > times[1] > times[2]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["calibrate", "/nonexistent/results.jsonl"], "cannot read /nonexistent/results.jsonl"),
+    (["calibrate", "README.md"], "not JSON"),
+    (["calibrate", "benchmarks/measurements"], "no result.json or results.jsonl"),
+    (["calibrate", str(RESULTS), "--host-cores", "0"], "--host-cores must be"),
+    ([*PLAN, "--calibration", "/nonexistent/cal.toml"], "cannot read --calibration"),
+    ([*PLAN, "--calibration", "pyproject.toml"], "is not a calibration file"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, message):
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-m", "zlayout", *args], capture_output=True, text=True,
+                          timeout=60, cwd=root)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_a_calibration_with_an_absurd_factor_is_refused(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('schema = "zlayout-calibration/1"\n[factors]\ngpu = -1.0\n')
+    proc = subprocess.run([sys.executable, "-m", "zlayout", *PLAN, "--calibration", str(bad)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "gpu_factor" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_results_without_a_gpu_run_are_refused(tmp_path, capsys):
+    result = json.loads(RESULTS.read_text().splitlines()[0])
+    only_cpu = tmp_path / "result.json"
+    only_cpu.write_text(json.dumps({**result, "status": "cpu-ok", "mode": "cpu"}))
+    assert main(["calibrate", str(tmp_path), "--out", str(tmp_path / "cal.toml")]) == 2
+    err = capsys.readouterr().err
+    assert "no complete GPU verification" in err and "cpu-ok" in err
+    assert not (tmp_path / "cal.toml").exists()

@@ -1,0 +1,82 @@
+"""The calibration fit: it finds a systematic factor, and it never leaves a measured row worse."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from zlayout.core.calibrate import GROUPS, MeasuredStep, fit_calibration, group_parts_s, predict_step
+from zlayout.spec import Layout, PlanInput
+
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "measurements" / "verify-h200-2026-11-30.jsonl"
+
+
+def real_rows() -> list[MeasuredStep]:
+    """The eight H200 verification results in the repository, as the calibration reads them."""
+    rows = []
+    for line in RESULTS.read_text().splitlines():
+        result = json.loads(line)
+        inp = PlanInput.model_validate(result["inputs"])
+        inp = inp.model_copy(update={"hardware": inp.hardware.model_copy(update={"host_cores": 32})})
+        lay = result["layout"]
+        layout = Layout(stage=lay["stage"], offload_optimizer=lay["offload_optimizer"],
+                        offload_param=lay["offload_param"])
+        threads = 32 // inp.hardware.gpus_per_node
+        rows.append(MeasuredStep(label=layout.label, inp=inp, layout=layout, cpu_threads_per_rank=threads,
+                                 measured_step_s=result["measured"]["step_time_s"]))
+    return rows
+
+
+def with_measured(rows: list[MeasuredStep], factors: dict[str, float]) -> list[MeasuredStep]:
+    """The same runs on a host whose parts are `factors` times the model's."""
+    out = []
+    for r in rows:
+        parts = group_parts_s(predict_step(r))
+        measured = sum(factors.get(g, 1.0) * s for g, s in parts.items())
+        out.append(MeasuredStep(r.label, r.inp, r.layout, measured, r.cpu_threads_per_rank))
+    return out
+
+
+def test_a_slower_host_cpu_is_found():
+    rows = with_measured(real_rows(), {"cpu_optimizer": 1.6, "gpu": 1.05})
+    fit = fit_calibration(rows, source="test")
+    assert fit.calibration.cpu_optimizer_factor == pytest.approx(1.6, rel=0.03)
+    assert fit.calibration.gpu_factor == pytest.approx(1.05, rel=0.03)
+    assert fit.after[1] < 0.02 < fit.before[1]
+    assert fit.calibration.source == "test"
+
+
+def test_measurements_the_model_already_matches_change_nothing():
+    fit = fit_calibration(with_measured(real_rows(), {}))
+    assert all(getattr(fit.calibration, f"{g}_factor") == pytest.approx(1.0) for g in GROUPS)
+
+
+def test_a_group_no_row_spends_time_in_is_not_fitted():
+    gpu_resident = [r for r in real_rows() if r.layout.offload_optimizer == "gpu"]
+    fit = fit_calibration(with_measured(gpu_resident, {"gpu": 1.2}))
+    assert "cpu_optimizer" not in fit.fitted_groups
+    assert fit.calibration.cpu_optimizer_factor == 1.0
+    assert fit.calibration.gpu_factor == pytest.approx(1.2, rel=0.05)
+
+
+@settings(max_examples=40, deadline=None)
+@given(noise=st.lists(st.floats(0.4, 2.5), min_size=8, max_size=8),
+       subset=st.lists(st.booleans(), min_size=8, max_size=8).filter(any))
+def test_no_row_is_ever_left_worse(noise, subset):
+    base = [r for r, keep in zip(real_rows(), subset) if keep]
+    rows = [MeasuredStep(r.label, r.inp, r.layout, r.measured_step_s * k, r.cpu_threads_per_rank)
+            for r, k in zip(base, noise)]
+    fit = fit_calibration(rows)
+    for row in fit.rows:
+        assert abs(row.error_after) <= abs(row.error_before) + 1e-9, row.row.label
+        # and the recorded 'after' is what the planner computes with the fitted calibration
+        assert row.after_s == pytest.approx(predict_step(row.row, fit.calibration).step_time_s)
+
+
+def test_no_rows_is_an_error():
+    with pytest.raises(ValueError, match="no measured step times"):
+        fit_calibration([])

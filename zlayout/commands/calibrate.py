@@ -1,0 +1,70 @@
+"""`zlayout calibrate RESULTS...`: fit the step-time model to this cluster's own verify runs.
+
+RESULTS are `zlayout verify` result.json files, a batch's results.jsonl, or folders holding
+them. Complete GPU runs are used; the rest are listed as skipped. The fitted factors go to a
+calibration TOML (`--out`) that plan, breakeven, export and verify load with `--calibration
+FILE`; no measured row ends up further from its measurement than before.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from zlayout.cli import UsageError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("calibrate", help="fit step-time factors to your own verify results",
+                            description=__doc__.splitlines()[0])
+    parser.add_argument("results", nargs="+", metavar="RESULTS",
+                        help="result.json, results.jsonl, or a folder of them (from zlayout verify)")
+    parser.add_argument("--out", default="zlayout-calibration.toml",
+                        help="calibration file to write (default zlayout-calibration.toml)")
+    parser.add_argument("--host-cores", type=int, default=None,
+                        help="CPU cores per node of the hosts that ran the results, where a result "
+                             "does not record them (default: the GPU preset's)")
+    parser.add_argument("--json", action="store_true", help="print the calibration as one JSON object")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from zlayout import __version__
+    from zlayout.core.calibrate import fit_calibration
+    from zlayout.profile.calibration import (CalibrationError, calibration_document, read_results,
+                                             write_calibration)
+
+    if args.host_cores is not None and not 0 < args.host_cores <= 65536:
+        raise UsageError(f"--host-cores must be a core count from 1 to 65536, not {args.host_cores}")
+    try:
+        rows, skipped = read_results(args.results, default_host_cores=args.host_cores)
+    except CalibrationError as exc:
+        raise UsageError(str(exc)) from None
+    if not rows:
+        why = f" ({skipped[0]}{'; ...' if len(skipped) > 1 else ''})" if skipped else ""
+        raise UsageError(f"no complete GPU verification in {' '.join(args.results)}{why}: give the "
+                         "result.json or results.jsonl of `zlayout verify` runs on GPUs")
+    fit = fit_calibration(rows, source=None)
+    try:
+        path = write_calibration(args.out, fit, __version__)
+    except OSError as exc:
+        raise UsageError(f"cannot write --out {args.out}: {exc.strerror}; choose another path") from None
+    doc = calibration_document(fit, __version__)
+    if args.json:
+        print(json.dumps({**doc, "created": doc["created"].isoformat(), "path": str(path),
+                          "skipped": skipped}))
+        return 0
+    print(f"{'layout':<56} {'threads':>7} {'meas s':>8} {'before':>8} {'after':>8}")
+    for r in fit.rows:
+        threads = r.row.cpu_threads_per_rank or r.row.inp.hardware.cpu_threads_per_rank
+        print(f"{r.row.label[:56]:<56} {threads:>7} {r.row.measured_step_s:8.3f} "
+              f"{r.error_before:+8.1%} {r.error_after:+8.1%}")
+    (mb, xb), (ma, xa) = fit.before, fit.after
+    factors = ", ".join(f"{k} {v:.3f}" for k, v in doc["factors"].items())
+    print(f"\n{len(fit.rows)} rows: mean |error| {mb:.1%} -> {ma:.1%}, max {xb:.1%} -> {xa:.1%}")
+    print(f"factors: {factors} (free to move: {', '.join(fit.fitted_groups) or 'none'}; a factor stays "
+          "where moving it would leave a row further from its measurement)")
+    for line in skipped:
+        print(f"skipped {line}")
+    print(f"wrote {path}; use it with --calibration {path}")
+    return 0
