@@ -112,7 +112,7 @@ def matmul_flops_per_token(inp: PlanInput) -> float:
     sits outside the checkpointed blocks, so it is never recomputed.
     """
     m = inp.model
-    block_params = m.layers * m.layer_params()
+    block_params = m.active_blocks_params()  # a MoE block: its router, top-k and shared experts
     return (8 if inp.training.checkpointing == "full" else 6) * block_params + 6 * m.vocab * m.hidden
 
 
