@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from zlayout.spec import Layout
-from zlayout.verify.launcher import VerifyOptions, parse_event, run_verification
+from zlayout.verify.launcher import VerifyOptions, free_port, parse_event
+from zlayout.verify.runner import run_verification
 
 from .conftest import tiny_input
 
@@ -234,8 +235,9 @@ def test_deepspeed_launcher_command_runs_the_worker_and_collects(tmp_path):
     assert f"--hostfile {hostfile} " in command
     # DeepSpeed reaches every host of a hostfile over ssh (none on CI): run the same command on
     # this node only, through DeepSpeed's local launcher (which adds --local_rank to the worker).
+    # A port free now, not a fixed one another run on this machine may hold.
     command = command.replace(f"--hostfile {hostfile} ", "").replace(
-        "--master_port 29500", "--master_port 29517")
+        "--master_port 29500", f"--master_port {free_port()}")
     # Its own op cache (kept between runs): a build made under DeepSpeed's launcher makes
     # torchrun's ranks rebuild theirs, and the other way round.
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": "",

@@ -66,14 +66,15 @@ def test_pinned_memory_limit_is_checked_for_offload_only():
     assert "ulimit -l unlimited" in pinned.fix
 
 
-def test_writable_dir_passes_with_its_free_space(tmp_path):
-    (check,) = preflight.check_writable_dir("checkpoint dir", tmp_path / "ckpt", 0, "use --out")
-    assert check.ok and "writable" in check.detail and (tmp_path / "ckpt").is_dir()
+def test_writable_dir_passes_with_its_free_space_and_creates_nothing(tmp_path):
+    (check,) = preflight.check_writable_dir("checkpoint dir", tmp_path / "out" / "ckpt", 0, "use --out")
+    assert check.ok and "writable" in check.detail
+    assert list(tmp_path.iterdir()) == []  # checked at the nearest existing parent
 
 
 def test_missing_nvme_path_blocks(tmp_path):
     (check,) = preflight.check_writable_dir("nvme path", tmp_path / "nope", 0, "pass --nvme-path DIR",
-                                            create=False)
+                                            must_exist=True)
     assert not check.ok and check.blocking and "does not exist" in check.detail
 
 
