@@ -44,12 +44,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--restart-drill", action="store_true",
                      help="save a checkpoint half-way, stop every rank, resume, compare losses")
     run.add_argument("--save-at", type=int, default=None,
-                     help="step the restart drill saves at (default steps/2)")
+                     help="step the restart drill saves at, 1 to steps-1 (default steps/2)")
     run.add_argument("--cpu", action="store_true",
                      help="run on CPU with gloo (login nodes, CI): checks the configuration end "
                           "to end; GPU memory is not measured")
     run.add_argument("--processes", type=int, default=None,
-                     help="processes (GPUs) to run; default the plan's GPUs per node, 1 with --cpu")
+                     help="processes (GPUs) to run, at most the GPUs here (or the cores with "
+                          "--cpu); default the plan's GPUs per node, 1 with --cpu")
     run.add_argument("--out", type=Path, default=None,
                      help="directory for the spec, logs, checkpoint and result.json "
                           "(default ~/.cache/zlayout/verify/<time>-<layout>)")
@@ -60,7 +61,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="Python that has torch and deepspeed (default this one)")
     run.add_argument("--timeout", type=float, default=None, help="kill the run after this many seconds")
     run.add_argument("--no-preflight", action="store_true", help="skip the preflight checks")
-    run.add_argument("--preflight-only", action="store_true", help="run the checks and stop")
+    run.add_argument("--preflight-only", action="store_true",
+                     help="run the checks (and build the DeepSpeed ops) and stop; writes nothing")
     run.add_argument("--update-profile", action="store_true",
                      help="write the result into PROFILE's [verification] section")
     run.add_argument("--batch", type=Path, metavar="FILE",
