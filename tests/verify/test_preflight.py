@@ -207,3 +207,13 @@ def test_no_op_is_built_when_an_earlier_check_blocks(tmp_path):
     assert "--ops" not in (tmp_path / "calls.log").read_text()
     ops = next(c for c in checks if c.name == "deepspeed ops")
     assert not ops.ok and not ops.blocking and "async_io not built" in ops.detail
+
+
+def test_an_op_build_that_never_answers_points_to_a_stale_lock(tmp_path, monkeypatch):
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\nsleep 30\n")  # torch waiting on a lock a killed build left
+    python.chmod(0o755)
+    monkeypatch.setattr(preflight, "OP_BUILD_TIMEOUT_S", 1.0)
+    check, facts = preflight.check_versions(str(python), cpu=False, ops=["fused_adam"], env={})
+    assert not check.ok and check.blocking and facts == {}
+    assert "did not answer in 1 s building fused_adam" in check.detail and "lock" in check.fix

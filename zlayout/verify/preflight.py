@@ -123,6 +123,12 @@ def check_versions(python: str, cpu: bool, ops: list[str] | None = None,
     if env is None:
         env = worker_env(VerifyOptions(cpu=cpu, python=python))
     facts, failure = probe(python, env, ops or [])
+    if failure and ops and "did not answer" in failure:
+        # torch's extension builder waits forever on a lock a killed build left behind.
+        return Check("torch+deepspeed", False, f"{failure} building {', '.join(ops)}",
+                     "a stale lock from an interrupted build? remove "
+                     "~/.cache/torch_extensions/*/<op>/lock (or $TORCH_EXTENSIONS_DIR's) and "
+                     "rerun"), {}
     if failure:
         return Check("torch+deepspeed", False, failure, INSTALL_FIX), {}
     ok = facts.get("deepspeed") == "0.19.8"
