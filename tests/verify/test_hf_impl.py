@@ -10,7 +10,8 @@ import math
 import pytest
 
 from zlayout.spec import Layout
-from zlayout.verify.launcher import VerifyOptions, run_verification
+from zlayout.verify.options import VerifyOptions
+from zlayout.verify.runner import run_verification
 
 from .conftest import tiny_input
 

@@ -9,7 +9,16 @@ import sys
 import pytest
 
 PLANNING_MODULES = ["zlayout.verify.launcher", "zlayout.verify.result", "zlayout.verify.preflight",
-                    "zlayout.verify.slurm", "zlayout.commands.verify"]
+                    "zlayout.verify.options", "zlayout.verify.environment",
+                    "zlayout.verify.runner", "zlayout.verify.slurm", "zlayout.commands.verify"]
+
+
+def test_launcher_and_preflight_do_not_import_each_other():
+    for module, other in (("launcher", "preflight"), ("preflight", "launcher")):
+        code = (f"import sys, zlayout.verify.{module}; "
+                f"print('zlayout.verify.{other}' in sys.modules)")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == "False", (module, other)
 
 
 @pytest.mark.parametrize("module", PLANNING_MODULES)

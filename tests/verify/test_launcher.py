@@ -9,7 +9,8 @@ import pytest
 
 from zlayout.spec import Layout
 from zlayout.verify.launcher import (LaunchError, VerifyOptions, input_for_run, normalise_line,
-                                     parse_event, run_spec, run_verification, worker_env)
+                                     parse_event, run_spec, worker_env)
+from zlayout.verify.runner import run_verification
 
 from .conftest import tiny_input
 

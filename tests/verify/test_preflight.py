@@ -66,14 +66,15 @@ def test_pinned_memory_limit_is_checked_for_offload_only():
     assert "ulimit -l unlimited" in pinned.fix
 
 
-def test_writable_dir_passes_with_its_free_space(tmp_path):
-    (check,) = preflight.check_writable_dir("checkpoint dir", tmp_path / "ckpt", 0, "use --out")
-    assert check.ok and "writable" in check.detail and (tmp_path / "ckpt").is_dir()
+def test_writable_dir_passes_with_its_free_space_and_creates_nothing(tmp_path):
+    (check,) = preflight.check_writable_dir("checkpoint dir", tmp_path / "out" / "ckpt", 0, "use --out")
+    assert check.ok and "writable" in check.detail
+    assert list(tmp_path.iterdir()) == []  # checked at the nearest existing parent
 
 
 def test_missing_nvme_path_blocks(tmp_path):
     (check,) = preflight.check_writable_dir("nvme path", tmp_path / "nope", 0, "pass --nvme-path DIR",
-                                            create=False)
+                                            must_exist=True)
     assert not check.ok and check.blocking and "does not exist" in check.detail
 
 
@@ -136,3 +137,83 @@ def test_check_line_format():
     assert Check("x", True, "fine").line() == "preflight PASS x: fine"
     assert Check("x", False, "3 < 4", "do y").line() == "preflight FAIL x: 3 < 4 -> do y"
     assert Check("x", False, "3 < 4", "do y", blocking=False).line().startswith("preflight WARN")
+
+
+def test_the_ops_a_layout_loads():
+    assert preflight.ops_for(Layout(stage=2), cpu=False) == ["fused_adam"]
+    assert preflight.ops_for(Layout(stage=2, offload_optimizer="cpu"), cpu=False) == ["cpu_adam"]
+    assert preflight.ops_for(Layout(stage=3, offload_optimizer="nvme", offload_param="nvme"),
+                             cpu=False) == ["cpu_adam", "async_io"]
+    assert preflight.ops_for(Layout(stage=2, offload_optimizer="cpu"), cpu=True) == []
+
+
+def fake_probe_python(tmp_path, facts: dict) -> str:
+    """A Python that answers the probe with `facts` and logs its arguments."""
+    import json
+
+    script = tmp_path / "python"
+    script.write_text("#!/bin/sh\n"
+                      f"echo \"$@\" >> {tmp_path / 'calls.log'}\n"
+                      f"cat <<'EOF'\n{preflight.PROBE_MARKER}{json.dumps(facts)}\nEOF\n")
+    script.chmod(0o755)
+    return str(script)
+
+
+FACTS = {"torch": "2.11.0+cu128", "deepspeed": "0.19.8", "cuda": "12.8", "cuda_devices": 2,
+         "cuda_names": ["NVIDIA H200"] * 2, "cuda_total_bytes": [int(143.7 * GiB)] * 2}
+
+
+@pytest.mark.parametrize("toolchain, torch_cuda, wanted", [
+    ({"ninja": False, "cuda_home": "/usr/local/cuda", "nvcc_cuda": "12.8"}, "12.8", "pip install ninja"),
+    ({"ninja": True, "cuda_home": None, "nvcc_cuda": None}, "12.8", "module load cuda/12.8"),
+    ({"ninja": True, "cuda_home": "/usr/local/cuda", "nvcc_cuda": "13.0"}, "12.8",
+     "nvcc is CUDA 13.0, torch was built with CUDA 12.8"),
+    ({"ninja": True, "cuda_home": "/usr/local/cuda", "nvcc_cuda": "12.8"}, None, "is a CPU build"),
+])
+def test_an_op_that_cannot_be_built_fails_with_what_to_type(tmp_path, monkeypatch, toolchain,
+                                                            torch_cuda, wanted):
+    facts = {**FACTS, "cuda": torch_cuda, "toolchain": toolchain,
+             "ops": [{"name": "fused_adam", "prebuilt": False, "ok": False, "load_s": 0.4,
+                      "error": "RuntimeError: Error building extension 'fused_adam'"}]}
+    python = fake_probe_python(tmp_path, facts)
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho '0, NVIDIA H200, 143771, 143000, 580.95'\n"
+                   "echo '1, NVIDIA H200, 143771, 143000, 580.95'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    checks = preflight.run_checks(tiny_input(gpus=2), Layout(stage=2),
+                                  VerifyOptions(python=python, out_dir=tmp_path / "out"), 2)
+    op = next(c for c in checks if c.name == "op fused_adam")
+    assert not op.ok and op.blocking and wanted in op.fix
+    assert op.line().startswith("preflight FAIL op fused_adam: cannot be built (0.4 s)")
+    assert "--ops fused_adam" in (tmp_path / "calls.log").read_text()
+
+
+def test_a_built_op_reports_its_time(tmp_path):
+    facts = {**FACTS, "toolchain": {"ninja": True, "cuda_home": "/usr/local/cuda", "nvcc_cuda": "12.8"},
+             "ops": [{"name": "cpu_adam", "prebuilt": False, "ok": True, "load_s": 117.3}]}
+    (check,) = preflight.check_ops(["cpu_adam"], facts, cpu=False, python="python")
+    assert check.ok and check.seconds == 117.3
+    assert check.line() == "preflight PASS op cpu_adam: loaded from the op cache in 117.3 s"
+
+
+def test_no_op_is_built_when_an_earlier_check_blocks(tmp_path):
+    python = fake_probe_python(tmp_path, FACTS)
+    checks = preflight.run_checks(
+        tiny_input(), Layout(stage=3, offload_optimizer="nvme", offload_param="nvme"),
+        VerifyOptions(cpu=True, python=python, out_dir=tmp_path / "out",
+                      nvme_path=str(tmp_path / "no-nvme")), 1)
+    assert "--ops" not in (tmp_path / "calls.log").read_text()
+    ops = next(c for c in checks if c.name == "deepspeed ops")
+    assert not ops.ok and not ops.blocking and "async_io not built" in ops.detail
+
+
+def test_an_op_build_that_never_answers_points_to_a_stale_lock(tmp_path, monkeypatch):
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\nsleep 30\n")  # torch waiting on a lock a killed build left
+    python.chmod(0o755)
+    monkeypatch.setattr(preflight, "OP_BUILD_TIMEOUT_S", 1.0)
+    check, facts = preflight.check_versions(str(python), cpu=False, ops=["fused_adam"], env={})
+    assert not check.ok and check.blocking and facts == {}
+    assert "did not answer in 1 s building fused_adam" in check.detail and "lock" in check.fix

@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 
 from zlayout.spec import GiB, Layout
+from zlayout.commands.verify import format_result
 from zlayout.verify.result import (TOLERANCE_FRACTION, build_result, errors_pct, measured_figures,
-                                   predicted_figures, reference_row, restart_drill_result)
+                                   oom_need_bytes, predicted_figures, reference_row,
+                                   restart_drill_result)
 
 from .conftest import tiny_input
 
@@ -149,3 +151,72 @@ def test_reference_row_has_the_fields_of_the_reference_measurements(inp):
     assert wanted <= set(row)
     assert row["offload_opt"] == "none" and row["world"] == 2
     assert row["peak_gib"] == [round(peak / GiB, 4)] * 3
+
+
+# PyTorch 2.x's CUDA OOM message (c10/cuda/CUDACachingAllocator.cpp), as a rank reports it.
+TORCH_OOM = ("OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 has a total "
+             "capacity of 139.81 GiB of which 1.06 GiB is free. Including non-PyTorch memory, this "
+             "process has 138.74 GiB memory in use. Of the allocated memory 130.12 GiB is allocated "
+             "by PyTorch, and 7.30 GiB is reserved by PyTorch but unallocated. If reserved but "
+             "unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+
+
+def test_oom_need_is_read_from_pytorchs_message():
+    assert oom_need_bytes(TORCH_OOM) == (int(130.12 * GiB), 2 * GiB)
+    small = TORCH_OOM.replace("Tried to allocate 2.00 GiB", "Tried to allocate 512.00 MiB")
+    assert oom_need_bytes(small)[1] == 512 * 2**20
+    assert oom_need_bytes("RuntimeError: DefaultCPUAllocator: can't allocate memory") is None
+
+
+def test_an_out_of_memory_names_what_it_needed_against_the_prediction(inp):
+    oom = report(1, None, status="oom", phase="train", steps_run=[], losses=[], step_s=[],
+                 peak_allocated_bytes=[], error=TORCH_OOM, max_allocated_bytes_at_failure=131 * GiB)
+    result = build_result(inp, LAYOUT, [report(0, 10 * GiB, status="running"), oom], cpu=False,
+                          returncode=1, output_tail=[], expected_ranks=2)
+    assert result["status"] == "does-not-fit"
+    predicted = result["predicted"]["gpu_peak_allocated_bytes"] / GiB
+    assert ("rank 1 ran out of memory during train: needs at least 130.12 + 2.00 = 132.12 GiB"
+            in result["cause"])
+    assert f"predicted peak allocated {predicted:.2f} GiB" in result["cause"]
+
+
+def test_a_failed_run_is_partial_with_no_error_percentages(inp):
+    # What the issue saw: a crash after 5.38 GiB shown as a +1001% error of the plan.
+    crashed = report(0, None, status="error", phase="train", error="RuntimeError: NCCL error",
+                     steps_run=[], losses=[], step_s=[], peak_allocated_bytes=[],
+                     max_allocated_bytes_at_failure=int(5.38 * GiB))
+    result = build_result(inp, LAYOUT, [crashed], cpu=False, returncode=1, output_tail=[],
+                          expected_ranks=1)
+    assert result["status"] == "failed" and result["measured_partial"] is True
+    assert result["measured"]["gpu_peak_allocated_bytes"] == int(5.38 * GiB)  # kept, labelled
+    assert result["errors_pct"] == {}
+    text = format_result(result)
+    assert "partial" in text and "%" not in text.split("figure", 1)[1]
+
+
+def test_a_complete_run_is_not_partial(inp):
+    peak = predicted_peak(inp)
+    result = build_result(inp, LAYOUT, [report(0, peak), report(1, peak)], cpu=False,
+                          returncode=0, output_tail=[], expected_ranks=2)
+    assert result["measured_partial"] is False and result["errors_pct"]["gpu_peak_allocated_bytes"] == 0
+
+
+def test_a_failed_drill_fails_a_cpu_run_too(inp):
+    reports = [report(r, None, peak_allocated_bytes=[None] * 3) for r in (0, 1)]
+    drill = {"resumed_ok": False, "step_before": 2, "step_after": 2, "loss_expected": 4.9,
+             "loss_resumed": 4.9, "cause": "[rank 0] terminate called without an active exception"}
+    result = build_result(inp, LAYOUT, reports, cpu=True, returncode=0, output_tail=[],
+                          expected_ranks=2, restart_drill=drill)
+    assert result["status"] == "failed"
+    assert "restart drill" in result["cause"] and "terminate called" in result["cause"]
+
+
+def test_step_phases_take_the_slowest_rank_per_step(inp):
+    reports = [report(0, GiB, forward_s=[5.0, 0.1, 0.3], backward_s=[1.0, 0.2, 0.2],
+                      optimizer_s=[1.0, 0.05, 0.05]),
+               report(1, GiB, forward_s=[5.0, 0.2, 0.1], backward_s=[1.0, 0.4, 0.2],
+                      optimizer_s=[1.0, 0.05, 0.15])]
+    m = measured_figures(inp, reports)
+    assert m["forward_times_s"] == [5.0, 0.2, 0.3]
+    assert m["forward_s"] == pytest.approx(0.25)  # steps 2 and 3: the first pays one-time costs
+    assert m["backward_s"] == pytest.approx(0.3) and m["optimizer_s"] == pytest.approx(0.1)

@@ -3,9 +3,11 @@
 Preflight, then a few DeepSpeed training steps on this node's GPUs (or on CPU with --cpu),
 a live log on stderr (rank lines prefixed `[rank N]`), and measured against predicted at the
 end. With --json the last line of stdout is the result object (status, measured, predicted,
-errors_pct, restart_drill, environment, layout, inputs). Exit code 0 when the run is
-`validated` (or `cpu-ok` in CPU mode), 1 otherwise. --slurm writes a batch script for
-several nodes instead of running here; --hostfile prints the `deepspeed --hostfile` command.
+errors_pct, restart_drill, environment, layout, inputs, phase_s, warnings). Exit code 0
+when the run is `validated` (or `cpu-ok` in CPU mode), 1 otherwise (a failed restart drill
+included), 2 for a request that cannot run. --slurm writes a batch script for several nodes
+instead of running here; --hostfile prints the `deepspeed --hostfile` command. The run itself
+is `zlayout.verify.runner`; this module parses flags and prints.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 from zlayout.cli import UsageError, add_plan_arguments, layout_from_args, plan_input_from_args
 from zlayout.spec import GiB, Layout, PlanInput
 
-if TYPE_CHECKING:  # the launcher is imported only when a verification runs
-    from zlayout.verify.launcher import VerifyOptions
+if TYPE_CHECKING:  # the verification modules are imported only when one runs
+    from zlayout.verify.options import VerifyOptions
 
 OK_STATUSES = ("validated", "cpu-ok")
 
@@ -42,13 +44,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--restart-drill", action="store_true",
                      help="save a checkpoint half-way, stop every rank, resume, compare losses")
     run.add_argument("--save-at", type=int, default=None,
-                     help="step the restart drill saves at (default steps/2)")
+                     help="step the restart drill saves at, 1 to steps-1 (default steps/2)")
     run.add_argument("--cpu", action="store_true",
                      help="run on CPU with gloo (login nodes, CI): checks the configuration end "
                           "to end; GPU memory is not measured")
     run.add_argument("--processes", type=int, default=None,
-                     help="processes (GPUs) to run; default the plan's GPUs per node, 1 with --cpu "
-                          "(with --slurm/--hostfile: per node, default the plan's GPUs per node)")
+                     help="processes (GPUs) to run, at most the GPUs here (or the cores with "
+                          "--cpu); default the plan's GPUs per node, 1 with --cpu (with "
+                          "--slurm/--hostfile: per node, default the plan's GPUs per node)")
     run.add_argument("--out", type=Path, default=None,
                      help="directory for the spec, logs, checkpoint and result.json "
                           "(default ~/.cache/zlayout/verify/<time>-<layout>)")
@@ -59,7 +62,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="Python that has torch and deepspeed (default this one)")
     run.add_argument("--timeout", type=float, default=None, help="kill the run after this many seconds")
     run.add_argument("--no-preflight", action="store_true", help="skip the preflight checks")
-    run.add_argument("--preflight-only", action="store_true", help="run the checks and stop")
+    run.add_argument("--preflight-only", action="store_true",
+                     help="run the checks (and build the DeepSpeed ops) and stop; writes nothing")
     run.add_argument("--update-profile", action="store_true",
                      help="write the result into PROFILE's [verification] section")
     run.add_argument("--batch", type=Path, metavar="FILE",
@@ -106,13 +110,9 @@ def _inputs(args: argparse.Namespace) -> tuple[PlanInput, Layout, Any, Path | No
     return plan_input_from_args(args), layout, None, None
 
 
-def _options(args: argparse.Namespace, profile: Any) -> "VerifyOptions":
-    from zlayout.verify.launcher import VerifyOptions
+def _options(args: argparse.Namespace, profile: Any, inp: PlanInput) -> "VerifyOptions":
+    from zlayout.verify.options import LaunchError, VerifyOptions, check_request
 
-    if args.steps < 1:
-        raise UsageError("--steps must be at least 1")
-    if args.processes is not None and args.processes < 1:
-        raise UsageError("--processes must be at least 1")
     kwargs: dict[str, Any] = dict(
         steps=args.steps, restart_drill=args.restart_drill, save_at_step=args.save_at,
         cpu=args.cpu, processes=args.processes, out_dir=args.out,
@@ -125,9 +125,15 @@ def _options(args: argparse.Namespace, profile: Any) -> "VerifyOptions":
     if profile is not None:
         kwargs["ds_config"] = profile.ds_config()
     options = VerifyOptions(**kwargs)
-    if options.restart_drill and options.drill_step() >= options.steps:
-        raise UsageError(f"the restart drill saves at step {options.drill_step()}: "
-                         f"use --steps {options.drill_step() + 1} or more (or a smaller --save-at)")
+    gpus_visible = None
+    if not options.cpu and options.processes is not None:
+        from zlayout.verify.preflight import query_gpus
+
+        gpus_visible = len(query_gpus()) or None  # none visible: preflight says what to do
+    try:
+        check_request(inp, options, gpus_visible)
+    except LaunchError as exc:
+        raise UsageError(str(exc)) from None
     return options
 
 
@@ -152,8 +158,12 @@ class ProgressPrinter:
         if kind == "step":
             peak = e.get("peak_allocated_bytes")
             peak_text = f", peak {peak / GiB:.2f} GiB" if peak else ""
+            phases = ""
+            if e.get("forward_s") is not None:
+                phases = (f" (forward {e['forward_s']:.3f}, backward {e['backward_s']:.3f}, "
+                          f"optimizer {e['optimizer_s']:.3f})")
             return (f"{who} step {e['step']}/{self.steps}: loss {e['loss']:.4f}, "
-                    f"{e['step_s']:.3f} s{peak_text}")
+                    f"{e['step_s']:.3f} s{phases}{peak_text}")
         if kind == "init":
             after = e.get("after_init_allocated_bytes")
             return (f"{who} engine ready in {e['init_s']:.1f} s, {e['params']:,} parameters"
@@ -168,6 +178,8 @@ class ProgressPrinter:
             return f"{who} checkpoint saved at step {e['step']} in {e['save_s']:.2f} s"
         if kind == "done":
             return f"{who} done"
+        if kind == "shutdown":
+            return f"{who} WARNING at shutdown: {e.get('message', '')}"
         return json.dumps(e)
 
 
@@ -187,6 +199,7 @@ def format_result(result: dict[str, Any]) -> str:
             ("GPU device used", "gpu_device_used_bytes", _gib),
             ("host peak (node)", "host_peak_bytes", _gib),
             ("step time", "step_time_s", _seconds)]
+    partial = result.get("measured_partial")
     lines = [f"verify {result['layout']['label']}: {result['status'].upper()}"]
     if result.get("cause"):
         lines.append(f"  {result['cause']}")
@@ -194,12 +207,20 @@ def format_result(result: dict[str, Any]) -> str:
         job = result["slurm"]
         lines.append(f"  SLURM job {job['job_id']}: {job['state']}, exit code {job['exit_code'] or '-'}"
                      + (f", nodes {job['nodes']}" if job.get("nodes") else ""))
-    lines.append(f"  {'figure':<20} {'predicted':>12} {'measured':>12} {'error':>8}")
+    for warning in result.get("warnings") or []:
+        lines.append(f"  WARNING: {warning}")
+    measured_head = "partial" if partial else "measured"
+    lines.append(f"  {'figure':<20} {'predicted':>12} {measured_head:>12} {'error':>8}")
     for label, key, fmt in rows:
         err = e.get(key)
         lines.append(f"  {label:<20} {fmt(p.get(key)):>12} {fmt(m.get(key)):>12} "
                      f"{'-' if err is None else f'{err:+.1f}%':>8}")
-    if m.get("tokens_per_s"):
+    if partial:
+        lines.append("  partial: measured until the run stopped; not an error of the plan")
+    if m.get("forward_s") is not None:
+        lines.append(f"  step phases: forward {_seconds(m['forward_s'])}, backward "
+                     f"{_seconds(m['backward_s'])}, optimizer {_seconds(m['optimizer_s'])}")
+    if m.get("tokens_per_s") and not partial:
         lines.append(f"  throughput: {m['tokens_per_s']:,.0f} tokens/s, "
                      f"{m.get('tflops_per_gpu') or 0:.1f} TFLOP/s per GPU (6·params·tokens)")
     drill = result.get("restart_drill")
@@ -217,7 +238,7 @@ def run_command(args: argparse.Namespace) -> int:
     if args.batch:
         return _run_batch(args)
     inp, layout, profile, profile_path = _inputs(args)
-    options = _options(args, profile)
+    options = _options(args, profile, inp)
     if args.submit and not args.slurm:
         raise UsageError("--submit needs --slurm SCRIPT")
     if args.slurm or args.hostfile:
@@ -231,7 +252,8 @@ def run_command(args: argparse.Namespace) -> int:
     if args.update_profile and profile is None:
         raise UsageError("--update-profile needs a PROFILE")
 
-    from zlayout.verify.launcher import LaunchError, run_verification
+    from zlayout.verify.options import LaunchError
+    from zlayout.verify.runner import run_verification
 
     cancel = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: cancel.set())
@@ -254,11 +276,18 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def _preflight_only(inp: PlanInput, layout: Layout, options: Any, as_json: bool) -> int:
+    """The checks a run would make, and nothing written (not even the output directory)."""
+    from dataclasses import replace
+
     from zlayout.verify import preflight
-    from zlayout.verify.launcher import input_for_run, world_for
+    from zlayout.verify.options import input_for_run, resolved_dirs, world_for
 
     processes = world_for(inp, options)
-    checks = preflight.run_checks(input_for_run(inp, processes), layout, options, processes)
+    out_dir, checkpoint_dir, _ = resolved_dirs(layout, options)
+    options = replace(options, out_dir=out_dir, checkpoint_dir=checkpoint_dir)
+    progress = None if as_json else (lambda line: print(line, file=sys.stderr, flush=True))
+    checks = preflight.run_checks(input_for_run(inp, processes), layout, options, processes,
+                                  on_line=progress)
     blocking = [c for c in checks if not c.ok and c.blocking]
     if as_json:
         print(json.dumps({"ok": not blocking, "checks": [c.as_dict() for c in checks]}))
@@ -321,66 +350,40 @@ def _multi_node(args: argparse.Namespace, inp: PlanInput, layout: Layout, option
 
 
 def _run_batch(args: argparse.Namespace) -> int:
-    """Several verifications in one go (a GPU node's time is scarce): one line of flags each."""
+    """Several verifications in one go (zlayout.verify.runner.run_batch): one line of flags each."""
     import shlex
     import time
 
-    from zlayout.verify.launcher import run_verification
-    from zlayout.verify.result import reference_row
+    from zlayout.verify.options import default_out_dir
+    from zlayout.verify.runner import BatchRun, run_batch
 
     assert _VERIFY_PARSER is not None
     try:
         lines = [line.split("#", 1)[0].strip() for line in args.batch.read_text().splitlines()]
     except OSError as exc:
         raise UsageError(f"cannot read --batch {args.batch}: {exc.strerror}") from None
-    runs = [shlex.split(line) for line in lines if line]
-    from zlayout.verify.launcher import default_out_dir
-
-    base = (args.out or default_out_dir(Layout(stage=0)).with_name(
-        f"batch-{time.strftime('%Y%m%d-%H%M%S')}")).resolve()
-    base.mkdir(parents=True, exist_ok=True)
-    started = time.time()
-    worst = 0
-    cancel = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda *_: cancel.set())
-    for index, flags in enumerate(runs):
-        if cancel.is_set():
-            print(f"zlayout: batch cancelled; skipped: {' '.join(flags)}", file=sys.stderr)
-            worst = 1
-            continue
-        if args.deadline is not None and time.time() - started > args.deadline:
-            print(f"zlayout: batch deadline reached; skipped: {' '.join(flags)}", file=sys.stderr)
-            worst = 1
-            continue
+    runs = []
+    for flags in (shlex.split(line) for line in lines if line):
         try:
             one = _VERIFY_PARSER.parse_args(flags)
             if one.batch or one.slurm or one.profile:
                 raise UsageError("a --batch line runs one layout on this node (no --batch/--slurm/PROFILE)")
             inp, layout, _, _ = _inputs(one)
-            one.no_preflight = one.no_preflight or (args.no_preflight or index > 0)
+            one.no_preflight = one.no_preflight or args.no_preflight
             one.python = args.python if one.python == sys.executable else one.python
-            options = _options(one, None)
+            runs.append(BatchRun(flags, inp, layout, _options(one, None, inp)))
         except (UsageError, SystemExit) as exc:
-            print(f"zlayout: batch line {index + 1} skipped: {exc}", file=sys.stderr)
-            worst = 1
-            continue
-        from dataclasses import replace
+            runs.append(BatchRun(flags, error=str(exc)))
+    base = (args.out or default_out_dir(Layout(stage=0)).with_name(
+        f"batch-{time.strftime('%Y%m%d-%H%M%S')}")).resolve()
+    cancel = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda *_: cancel.set())
+    printer = ProgressPrinter(0)
 
-        world = options.processes or (1 if options.cpu else inp.hardware.gpus_per_node)
-        options = replace(options, out_dir=base / f"{index:02d}-{layout.key}-w{world}")
-        result = run_verification(inp, layout, options, on_line=ProgressPrinter(options.steps),
-                                  cancel=cancel)
-        print(format_result(result), file=sys.stderr)
-        slim = {k: v for k, v in result.items() if k != "output_tail" or v}
-        with (base / "results.jsonl").open("a") as f:
-            f.write(json.dumps(slim, default=str) + "\n")
-        row = reference_row(result)
-        row["predicted_peak_gib"] = (round(result["predicted"]["gpu_peak_allocated_bytes"] / GiB, 4)
-                                     if result["predicted"].get("gpu_peak_allocated_bytes") else None)
-        row["predicted_step_s"] = result["predicted"].get("step_time_s")
-        with (base / "reference.jsonl").open("a") as f:
-            f.write(json.dumps(row) + "\n")
-        if result["status"] not in OK_STATUSES:
-            worst = 1
-    return worst
+    def on_start(run: BatchRun) -> None:
+        printer.steps = run.options.steps if run.options else 0
+
+    return run_batch(runs, base, args.deadline, printer,
+                     lambda result: print(format_result(result), file=sys.stderr), cancel,
+                     on_start=on_start)

@@ -1,10 +1,16 @@
 """Preflight: can this node run the layout? Checked before any rank starts.
 
 Each check prints one line, pass or fail, with the number and, on failure, what to do.
-Blocking failures (no GPUs, torch/deepspeed missing, a directory that cannot be written)
-stop the verification; the memory checks only warn, since the run itself is the real test
-(an out-of-memory is then reported as `does-not-fit`). The planner process never imports
-torch: GPUs come from `nvidia-smi`, versions from a short `python -c` subprocess.
+Blocking failures (no GPUs, torch/deepspeed missing, a DeepSpeed op that cannot be built, a
+directory that cannot be written) stop the verification; the memory checks only warn, since
+the run itself is the real test (an out-of-memory is then reported as `does-not-fit`).
+
+The planner process never imports torch: GPUs come from `nvidia-smi`; versions, DeepSpeed's
+parse of TORCH_CUDA_ARCH_LIST and the op builds from one subprocess (`zlayout.verify.probe`)
+that runs with the ranks' environment, so what passes here is what the ranks get. It builds
+the ops the layout uses into DeepSpeed's op cache (FusedAdam on the GPU, CPU Adam for optimizer
+offload, AIO for NVMe), timed: a cold node pays the build here, once, not inside a rank.
+Preflight writes nothing: directories are checked at their nearest existing parent.
 """
 
 from __future__ import annotations
@@ -14,25 +20,20 @@ import os
 import resource
 import shutil
 import subprocess
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable
 
 from zlayout.core.memory import estimate_memory
 from zlayout.spec import GiB, Layout, PlanInput
+from zlayout.verify.environment import worker_env, worker_env_notes
+from zlayout.verify.options import VerifyOptions, checkpoint_bytes
 
-if TYPE_CHECKING:
-    from zlayout.verify.launcher import VerifyOptions
-
-VERSIONS_SNIPPET = (
-    "import json, torch, deepspeed; "
-    "print(json.dumps({'torch': torch.__version__, 'deepspeed': deepspeed.__version__, "
-    "'cuda': torch.version.cuda, 'cuda_devices': torch.cuda.device_count(), "
-    "'cuda_names': [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())], "
-    "'cuda_total_bytes': [torch.cuda.get_device_properties(i).total_memory "
-    "for i in range(torch.cuda.device_count())]}))"
-)
+PROBE_MODULE = "zlayout.verify.probe"
+PROBE_MARKER = "ZLAYOUT_PROBE "
+VERSIONS_TIMEOUT_S = 180.0
+OP_BUILD_TIMEOUT_S = 1200.0  # a cold CPU Adam build took 115-123 s on an H200 node
+INSTALL_FIX = "install them: pip install 'zlayout[verify]' (torch, deepspeed==0.19.8)"
 
 
 def gpus_from_torch(facts: dict[str, Any]) -> list[GpuInfo]:
@@ -50,6 +51,7 @@ class Check:
     detail: str
     fix: str = ""
     blocking: bool = True
+    seconds: float | None = None  # time the check took where that is a finding (op builds)
 
     def line(self) -> str:
         mark = "PASS" if self.ok else ("FAIL" if self.blocking else "WARN")
@@ -97,29 +99,123 @@ def query_gpus(timeout_s: float = 20.0) -> list[GpuInfo]:
     return gpus
 
 
-def check_versions(python: str, cpu: bool, timeout_s: float = 180.0) -> tuple[Check, dict[str, Any]]:
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), root) if p)
-    if cpu:
-        env["DS_ACCELERATOR"] = "cpu"
+def probe(python: str, env: dict[str, str], ops: list[str],
+          timeout_s: float | None = None) -> tuple[dict[str, Any], str | None]:
+    """Run `zlayout.verify.probe` with the ranks' environment: (facts, why it failed)."""
+    command = [python, "-m", PROBE_MODULE] + (["--ops", ",".join(ops)] if ops else [])
+    timeout_s = timeout_s or (OP_BUILD_TIMEOUT_S if ops else VERSIONS_TIMEOUT_S)
     try:
-        proc = subprocess.run([python, "-c", VERSIONS_SNIPPET], capture_output=True, text=True,
-                              timeout=timeout_s, env=env)
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=env,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return {}, f"{python} did not answer in {timeout_s:.0f} s"
     except (OSError, subprocess.SubprocessError) as exc:
-        return Check("torch+deepspeed", False, f"could not run {python}: {exc}",
-                     "install them: pip install 'zlayout[verify]' (torch, deepspeed==0.19.8)"), {}
-    lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
+        return {}, f"could not run {python}: {exc}"
+    lines = [x for x in proc.stdout.splitlines() if x.startswith(PROBE_MARKER)]
     if proc.returncode != 0 or not lines:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return Check("torch+deepspeed", False, f"not importable with {python}: {last}",
-                     "install them: pip install 'zlayout[verify]' (torch, deepspeed==0.19.8)"), {}
-    facts = json.loads(lines[-1])
+        return {}, f"not importable with {python}: {last}"
+    return json.loads(lines[-1][len(PROBE_MARKER):]), None
+
+
+def check_versions(python: str, cpu: bool, ops: list[str] | None = None,
+                   env: dict[str, str] | None = None) -> tuple[Check, dict[str, Any]]:
+    if env is None:
+        env = worker_env(VerifyOptions(cpu=cpu, python=python))
+    facts, failure = probe(python, env, ops or [])
+    if failure and ops and "did not answer" in failure:
+        # torch's extension builder waits forever on a lock a killed build left behind.
+        return Check("torch+deepspeed", False, f"{failure} building {', '.join(ops)}",
+                     "a stale lock from an interrupted build? remove "
+                     "~/.cache/torch_extensions/*/<op>/lock (or $TORCH_EXTENSIONS_DIR's) and "
+                     "rerun"), {}
+    if failure:
+        return Check("torch+deepspeed", False, failure, INSTALL_FIX), {}
     ok = facts.get("deepspeed") == "0.19.8"
     detail = f"torch {facts['torch']} (CUDA {facts.get('cuda')}), deepspeed {facts['deepspeed']}"
     fix = "" if ok else "the memory model follows DeepSpeed 0.19.8: pip install deepspeed==0.19.8"
     return Check("torch+deepspeed", True, detail, fix) if ok else \
         Check("torch+deepspeed", False, detail, fix, blocking=False), facts
+
+
+def ops_for(layout: Layout, cpu: bool) -> list[str]:
+    """The JIT ops the worker's DeepSpeed engine loads for this layout."""
+    ops = []
+    if not cpu:  # CPU mode trains with torch's AdamW (torch_adam): no Adam op is built
+        ops.append("fused_adam" if layout.offload_optimizer == "gpu" else "cpu_adam")
+    if "nvme" in (layout.offload_optimizer, layout.offload_param):
+        ops.append("async_io")
+    return ops
+
+
+def check_arch_list(options: VerifyOptions, facts: dict[str, Any]) -> list[Check]:
+    """TORCH_CUDA_ARCH_LIST as DeepSpeed parses it: corrected for the ranks (a note), and the
+    corrected value proven by DeepSpeed's own parser in the probe."""
+    notes = worker_env_notes(options)
+    arch = facts.get("arch")
+    if arch is None:  # unset for the ranks (nothing parseable was left) or never set
+        return [Check("TORCH_CUDA_ARCH_LIST", False, notes[0], "nothing to do (corrected for "
+                      "this run); DeepSpeed builds for the GPUs it sees", blocking=False)] \
+            if notes else []
+    if not arch.get("ok"):
+        return [Check("TORCH_CUDA_ARCH_LIST", False,
+                      f"DeepSpeed 0.19.8 cannot parse {arch['value']}: {arch.get('error')}",
+                      "set it to numbers DeepSpeed reads, e.g. export TORCH_CUDA_ARCH_LIST=9.0")]
+    parsed = f"DeepSpeed reads {arch['value']} as {arch.get('deepspeed_list')}"
+    if notes:
+        return [Check("TORCH_CUDA_ARCH_LIST", False, f"{notes[0]}; {parsed}",
+                      f"nothing to do (corrected for this run); to silence it: "
+                      f"export TORCH_CUDA_ARCH_LIST={arch['value']}", blocking=False)]
+    return [Check("TORCH_CUDA_ARCH_LIST", True, parsed)]
+
+
+def _cuda_major(version: str | None) -> str | None:
+    return version.split(".")[0] if version else None
+
+
+def op_failure_fix(op: dict[str, Any], facts: dict[str, Any], cpu: bool, python: str) -> str:
+    """What to type when an op cannot be built: the toolchain gap, most specific first."""
+    tools = facts.get("toolchain") or {}
+    torch_cuda, nvcc_cuda = facts.get("cuda"), tools.get("nvcc_cuda")
+    prebuilt = ("or install DeepSpeed with its ops prebuilt: "
+                "DS_BUILD_OPS=1 pip install deepspeed==0.19.8")
+    if not tools.get("ninja", True):
+        return f"install ninja for the ranks' Python: {python} -m pip install ninja"
+    if not cpu and torch_cuda is None:
+        return (f"torch {facts.get('torch')} is a CPU build: install a CUDA one, e.g. "
+                "pip install torch --index-url https://download.pytorch.org/whl/cu128")
+    if not cpu and nvcc_cuda is None:
+        return (f"no nvcc (CUDA_HOME={tools.get('cuda_home')}): load the CUDA {torch_cuda} "
+                f"toolkit torch was built with (module load cuda/{torch_cuda}, or export "
+                f"CUDA_HOME=/usr/local/cuda-{torch_cuda}), {prebuilt}")
+    if not cpu and _cuda_major(nvcc_cuda) != _cuda_major(torch_cuda):
+        return (f"nvcc is CUDA {nvcc_cuda}, torch was built with CUDA {torch_cuda}: load CUDA "
+                f"{torch_cuda} (module load cuda/{torch_cuda}, or export CUDA_HOME=/usr/local/"
+                f"cuda-{torch_cuda}), or install torch built for CUDA {nvcc_cuda}")
+    builder = {"fused_adam": "FusedAdamBuilder", "cpu_adam": "CPUAdamBuilder",
+               "async_io": "AsyncIOBuilder"}[op["name"]]
+    hint = ("install libaio (apt-get install libaio-dev) and retry; "
+            if op["name"] == "async_io" else "")
+    return (f"{hint}see the build log: {python} -c 'from deepspeed.ops.op_builder import "
+            f"{builder}; {builder}().load(verbose=True)'")
+
+
+def check_ops(ops: list[str], facts: dict[str, Any], cpu: bool, python: str) -> list[Check]:
+    if not ops:
+        return [Check("deepspeed ops", True, "none to build: CPU mode trains with torch's AdamW",
+                      seconds=0.0)] if cpu else []
+    checks = []
+    for op in facts.get("ops", []):
+        where = "prebuilt" if op.get("prebuilt") else "op cache"
+        if op.get("ok"):
+            checks.append(Check(f"op {op['name']}", True,
+                                f"loaded from the {where} in {op['load_s']:.1f} s",
+                                seconds=op["load_s"]))
+        else:
+            checks.append(Check(f"op {op['name']}", False,
+                                f"cannot be built ({op['load_s']:.1f} s): {op.get('error', '')[:300]}",
+                                op_failure_fix(op, facts, cpu, python), seconds=op["load_s"]))
+    return checks
 
 
 def check_gpus(inp: PlanInput, layout: Layout, processes: int,
@@ -190,48 +286,71 @@ def check_host(inp: PlanInput, layout: Layout, processes: int) -> list[Check]:
     return checks
 
 
+def existing_ancestor(path: Path) -> Path:
+    """`path` or its nearest parent that exists (what a later mkdir -p would write into)."""
+    path = path.absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
 def check_writable_dir(name: str, path: Path, need_bytes: int, fix: str,
-                       create: bool = True) -> list[Check]:
-    if create:
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            return [Check(name, False, f"cannot create {path}: {exc.strerror}", fix)]
-    if not path.is_dir():
+                       must_exist: bool = False) -> list[Check]:
+    """Writable with room, checked where the directory would be created: nothing is made."""
+    if must_exist and not path.is_dir():
         return [Check(name, False, f"{path} does not exist", fix)]
-    try:
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".zlayout-probe-"):
-            pass
-    except OSError as exc:
-        return [Check(name, False, f"{path} is not writable: {exc.strerror}", fix)]
-    free = shutil.disk_usage(path).free
+    base = existing_ancestor(path)
+    if not base.is_dir():
+        return [Check(name, False, f"{base} is not a directory", fix)]
+    if not os.access(base, os.W_OK | os.X_OK):
+        return [Check(name, False, f"{path} is not writable ({base} is read-only to you)", fix)]
+    free = shutil.disk_usage(base).free
     return [Check(name, free >= need_bytes,
                   f"{path} writable, {free / GiB:.1f} GiB free, needs {need_bytes / GiB:.1f} GiB",
                   fix, blocking=need_bytes > 0 and free < need_bytes)]
 
 
-def checkpoint_bytes(inp: PlanInput) -> int:
-    """bf16 weights + fp32 master weights and two Adam moments: what save_checkpoint writes."""
-    return 14 * inp.model.params
+def run_checks(inp: PlanInput, layout: Layout, options: VerifyOptions, processes: int,
+               on_line: Callable[[str], None] | None = None) -> list[Check]:
+    """Every preflight check for this run, in the order they print.
 
+    The cheap checks come first: when one of them blocks, the ops are not built (a build can
+    take minutes and the run could not start anyway)."""
+    smi_gpus = [] if options.cpu else query_gpus()
+    gpu_checks = (check_gpus(inp, layout, processes, smi_gpus) if smi_gpus else [])
+    host_checks = check_host(inp, layout, processes)
+    dir_checks: list[Check] = []
+    if "nvme" in (layout.offload_optimizer, layout.offload_param):
+        mem = estimate_memory(inp, layout)
+        dir_checks += check_writable_dir("nvme path", Path(options.nvme_path), mem.nvme_bytes,
+                                         "mount the NVMe there or pass --nvme-path DIR",
+                                         must_exist=True)
+    out_dir = options.out_dir or Path.cwd() / "zlayout-verify"
+    ckpt_dir = options.checkpoint_dir or Path(out_dir) / "checkpoint"
+    need = checkpoint_bytes(inp) if options.restart_drill else 0
+    dir_checks += check_writable_dir("checkpoint dir", Path(ckpt_dir), need,
+                                     "pass --out DIR (or --checkpoint-dir DIR) on a writable file "
+                                     "system with room")
+    blocked = any(not c.ok and c.blocking for c in gpu_checks + host_checks + dir_checks)
 
-def run_checks(inp: PlanInput, layout: Layout, options: "VerifyOptions",
-               processes: int) -> list[Check]:
-    """Every preflight check for this run, in the order they print."""
+    ops = ops_for(layout, options.cpu)
+    build = ops if not blocked else []
+    if build and on_line is not None:
+        on_line(f"preflight: loading DeepSpeed ops {', '.join(build)} (built into the op cache "
+                "the first time on a node: 1-2 min each)")
+    version_check, facts = check_versions(options.python, options.cpu, build,
+                                          worker_env(options, processes))
     checks: list[Check] = []
-    version_check, facts = check_versions(options.python, options.cpu)
     if options.cpu:
         checks.append(Check("gpus", True, "skipped: CPU mode (--cpu) runs on gloo, no GPU needed"))
     else:
-        checks += check_gpus(inp, layout, processes, query_gpus() or gpus_from_torch(facts))
+        checks += gpu_checks or check_gpus(inp, layout, processes, gpus_from_torch(facts))
     checks.append(version_check)
-    checks += check_host(inp, layout, processes)
-    if "nvme" in (layout.offload_optimizer, layout.offload_param):
-        mem = estimate_memory(inp, layout)
-        checks += check_writable_dir("nvme path", Path(options.nvme_path), mem.nvme_bytes,
-                                     "mount the NVMe there or pass --nvme-path DIR", create=False)
-    ckpt_dir = options.checkpoint_dir or Path(options.out_dir or ".") / "checkpoint"
-    need = checkpoint_bytes(inp) if options.restart_drill else 0
-    checks += check_writable_dir("checkpoint dir", Path(ckpt_dir), need,
-                                 "pass --out DIR on a writable file system with room")
-    return checks
+    if facts:
+        checks += check_arch_list(options, facts)
+        if ops and not build:
+            checks.append(Check("deepspeed ops", False, f"{', '.join(ops)} not built",
+                                "fix the FAIL lines first", blocking=False))
+        else:
+            checks += check_ops(ops, facts, options.cpu, options.python)
+    return checks + host_checks + dir_checks

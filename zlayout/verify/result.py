@@ -10,10 +10,16 @@ the figures the planner predicts, computes the error of each in percent and deci
 - `failed`: anything else, with its cause (the rank's error and the last lines of output);
 - `cancelled`: stopped by the user;
 - `cpu-ok`: CPU mode ran end to end; no GPU memory to compare, so nothing is validated.
+
+A run that did not complete (failed, does-not-fit, cancelled) keeps what it measured, marked
+`measured_partial`, and gets no error percentages: a peak cut short by a crash is not an
+error of the plan. An out-of-memory names the least the run needed, read from PyTorch's
+message (allocated when it failed + the request that failed), against the prediction.
 """
 
 from __future__ import annotations
 
+import re
 import statistics
 from typing import Any, Iterable
 
@@ -24,6 +30,23 @@ TOLERANCE_FRACTION = 0.10
 DRILL_LOSS_TOLERANCE = 1e-3  # relative; bitwise equality is reported separately as loss_exact
 
 STATUSES = ("validated", "mismatch", "does-not-fit", "failed", "cancelled", "cpu-ok")
+COMPLETE_STATUSES = ("validated", "mismatch", "cpu-ok")
+
+# PyTorch's caching allocator formats sizes as "N bytes", "N.NN KiB|MiB|GiB" (format_size in
+# c10/cuda/CUDACachingAllocator.cpp); these two phrases are in every CUDA OOM message.
+_SIZE = r"([0-9.]+) (bytes|KiB|MiB|GiB|TiB)"
+_TRIED = re.compile(r"Tried to allocate " + _SIZE)
+_ALLOCATED = re.compile(r"Of the allocated memory " + _SIZE + r" is allocated by PyTorch")
+_UNIT_BYTES = {"bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+
+
+def oom_need_bytes(message: str) -> tuple[int, int] | None:
+    """(allocated when it failed, the request that failed) from PyTorch's OOM message."""
+    tried, allocated = _TRIED.search(message), _ALLOCATED.search(message)
+    if not tried or not allocated:
+        return None
+    return (int(float(allocated.group(1)) * _UNIT_BYTES[allocated.group(2)]),
+            int(float(tried.group(1)) * _UNIT_BYTES[tried.group(2)]))
 
 
 def predicted_figures(inp: PlanInput, layout: Layout) -> dict[str, Any]:
@@ -65,13 +88,21 @@ def measured_figures(inp: PlanInput, reports: list[dict[str, Any]]) -> dict[str,
     world = len(reports)
     per_step_peak: list[int | None] = []
     per_step_s: list[float] = []
+    per_phase_s: dict[str, list[float]] = {"forward": [], "backward": [], "optimizer": []}
     if ok:
         n_steps = min(len(r["step_s"]) for r in ok)
         for i in range(n_steps):
             per_step_peak.append(_max(r["peak_allocated_bytes"][i] for r in ok))
             per_step_s.append(max(r["step_s"][i] for r in ok))
+        for name, values in per_phase_s.items():
+            if all(len(r.get(f"{name}_s") or []) >= n_steps for r in ok):
+                values.extend(max(r[f"{name}_s"][i] for r in ok) for i in range(n_steps))
     timed = per_step_s[1:] or per_step_s  # the first step pays one-time costs
     step_time_s = statistics.fmean(timed) if timed else None
+
+    def mean_after_first(values: list[float]) -> float | None:
+        values = values[1:] or values
+        return statistics.fmean(values) if values else None
     host_by_node: dict[str, int] = {}
     for r in reports:
         if r.get("host_maxrss_bytes") is not None:
@@ -92,6 +123,17 @@ def measured_figures(inp: PlanInput, reports: list[dict[str, Any]]) -> dict[str,
         "host_maxrss_bytes_per_rank": [r.get("host_maxrss_bytes") for r in reports],
         "step_time_s": step_time_s,
         "step_times_s": per_step_s,
+        # Per step, the slowest rank's time in each phase (summed over micro-steps).
+        "forward_s": mean_after_first(per_phase_s["forward"]),
+        "backward_s": mean_after_first(per_phase_s["backward"]),
+        "optimizer_s": mean_after_first(per_phase_s["optimizer"]),
+        "forward_times_s": per_phase_s["forward"],
+        "backward_times_s": per_phase_s["backward"],
+        "optimizer_times_s": per_phase_s["optimizer"],
+        "reserved_bytes_all_peak": _max(r.get("reserved_bytes_all_peak") for r in reports),
+        "alloc_retries": _max(r.get("alloc_retries") for r in reports),
+        "num_ooms": _max(r.get("num_ooms") for r in reports),
+        "train_s": _max(r.get("train_s") for r in reports),
         "tokens_per_s": (t.seq * t.micro_batch * t.grad_accum * world / step_time_s
                          if step_time_s else None),
         "tflops_per_gpu": _tflops_per_gpu(inp, step_time_s),
@@ -149,6 +191,22 @@ def restart_drill_result(first: list[dict[str, Any]], resumed: list[dict[str, An
     }
 
 
+def oom_cause(report: dict[str, Any], predicted: dict[str, Any]) -> str:
+    """The least this rank needed (A + B GiB) against the predicted peak, or PyTorch's words."""
+    head = f"rank {report['rank']} ran out of memory during {report.get('phase')}"
+    need = oom_need_bytes(report.get("error", ""))
+    p = predicted.get("gpu_peak_allocated_bytes")
+    if need is None:
+        return f"{head}: {report.get('error', '')[:300]}"
+    allocated, request = need
+    text = (f"{head}: needs at least {allocated / GiB:.2f} + {request / GiB:.2f} = "
+            f"{(allocated + request) / GiB:.2f} GiB allocated (allocated when it failed + the "
+            f"request that failed)")
+    if p:
+        text += f"; predicted peak allocated {p / GiB:.2f} GiB"
+    return text
+
+
 def verdict(reports: list[dict[str, Any]], measured: dict[str, Any], predicted: dict[str, Any],
             cpu: bool, returncode: int | None, output_tail: list[str], cancelled: bool,
             expected_ranks: int) -> tuple[str, str | None]:
@@ -158,8 +216,7 @@ def verdict(reports: list[dict[str, Any]], measured: dict[str, Any], predicted: 
     oom = [r for r in reports if r.get("status") == "oom"]
     if oom:
         r = oom[0]
-        return "does-not-fit", (f"rank {r['rank']} ran out of memory during {r.get('phase')}: "
-                                f"{r.get('error', '')[:300]}")
+        return "does-not-fit", oom_cause(r, predicted)
     errors = [r for r in reports if r.get("status") == "error"]
     if errors:
         r = errors[0]
@@ -190,13 +247,19 @@ def build_result(inp: PlanInput, layout: Layout, reports: list[dict[str, Any]], 
     measured = measured_figures(inp, reports) if reports else {}
     status, cause = verdict(reports, measured, predicted, cpu, returncode, output_tail,
                             cancelled, expected_ranks)
-    if status == "validated" and restart_drill is not None and not restart_drill.get("resumed_ok"):
-        status, cause = "failed", "the restart drill did not resume where the run stopped"
+    if (status in COMPLETE_STATUSES and restart_drill is not None
+            and not restart_drill.get("resumed_ok")):
+        status, cause = "failed", ("the restart drill did not resume where the run stopped: "
+                                   + str(restart_drill.get("cause") or _drill_gap(restart_drill)))
+    partial = status not in COMPLETE_STATUSES and bool(measured)
     env = dict(environment or {})
     rank0 = next((r for r in reports if r.get("rank") == 0), {})
     env.setdefault("torch", rank0.get("torch"))
     env.setdefault("deepspeed", rank0.get("deepspeed"))
     env.setdefault("hostname", rank0.get("hostname"))
+    for key in ("host_cores", "host_cores_usable", "host_cpu_model", "gpu_name", "allocator",
+                "pytorch_cuda_alloc_conf"):
+        env.setdefault(key, rank0.get(key))
     env.setdefault("gpus", [r.get("gpu_name") for r in sorted(reports, key=lambda r: r["rank"])]
                    if not cpu else [])
     result = {
@@ -208,7 +271,8 @@ def build_result(inp: PlanInput, layout: Layout, reports: list[dict[str, Any]], 
         "inputs": inp.model_dump(mode="json"),
         "measured": measured,
         "predicted": predicted,
-        "errors_pct": errors_pct(measured, predicted) if not cpu else {},
+        "measured_partial": partial,
+        "errors_pct": errors_pct(measured, predicted) if not cpu and not partial else {},
         "restart_drill": restart_drill,
         "environment": env,
         "ranks": [{k: v for k, v in r.items() if k != "traceback"} for r in reports],
@@ -217,6 +281,11 @@ def build_result(inp: PlanInput, layout: Layout, reports: list[dict[str, Any]], 
     if extra:
         result.update(extra)
     return result
+
+
+def _drill_gap(drill: dict[str, Any]) -> str:
+    return (f"saved at step {drill.get('step_before')}, resumed at {drill.get('step_after')}; "
+            f"loss {drill.get('loss_expected')} vs {drill.get('loss_resumed')}")
 
 
 def reference_row(result: dict[str, Any]) -> dict[str, Any]:
@@ -243,6 +312,15 @@ def reference_row(result: dict[str, Any]) -> dict[str, Any]:
         "device_used_gib": gib(meas.get("gpu_device_used_bytes")),
         "host_maxrss_gib": gib(rank0.get("host_maxrss_bytes")),
         "step_s": [round(x, 3) for x in meas.get("step_times_s", [])],
+        "forward_s": [round(x, 4) for x in meas.get("forward_times_s", [])],
+        "backward_s": [round(x, 4) for x in meas.get("backward_times_s", [])],
+        "optimizer_s": [round(x, 4) for x in meas.get("optimizer_times_s", [])],
+        "reserved_peak_stat_gib": gib(meas.get("reserved_bytes_all_peak")),
+        "alloc_retries": meas.get("alloc_retries"), "num_ooms": meas.get("num_ooms"),
+        "host_cores": result["environment"].get("host_cores"),
+        "host_cpu_model": result["environment"].get("host_cpu_model"),
+        "gpu_name": result["environment"].get("gpu_name"),
+        "alloc_conf": result["environment"].get("pytorch_cuda_alloc_conf"),
         "loss": [round(x, 3) for x in meas.get("losses", [])],
         "status": result["status"],
         "torch": result["environment"].get("torch"),

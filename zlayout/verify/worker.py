@@ -63,6 +63,32 @@ def host_maxrss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
+def cpu_model() -> str | None:
+    """The host CPU's model name (/proc/cpuinfo), recorded so step times can be compared."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        return None
+    return None
+
+
+def host_facts() -> dict[str, Any]:
+    """The cores this rank may use and the CPU model (offload step times depend on them)."""
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        usable = None
+    return {"host_cores_usable": usable, "host_cpu_model": cpu_model()}
+
+
+def allocator_peaks(stats: dict[str, Any]) -> dict[str, Any]:
+    """The figures of `allocator_stats` the result folds over ranks, under flat names."""
+    return {"reserved_bytes_all_peak": stats.get("reserved_bytes.all.peak"),
+            "alloc_retries": stats.get("num_alloc_retries"), "num_ooms": stats.get("num_ooms")}
+
+
 def host_rss_now_bytes() -> int | None:
     try:
         import psutil
@@ -135,8 +161,10 @@ def run(spec: dict[str, Any], out: Path, resume: bool) -> int:
         "phase": "build", "torch": torch.__version__, "deepspeed": deepspeed.__version__,
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "torch_threads": torch.get_num_threads(),
         "allocator": planned_allocator, "pytorch_cuda_alloc_conf": conf,
-        "host_cores": os.cpu_count(),
+        "host_cores": os.cpu_count(), **host_facts(),
     }
+    if not cpu:
+        report["gpu_name"] = torch.cuda.get_device_name(local_rank)
     rank_file = out.with_name(f"{out.name}.rank{rank}.json")
 
     def write_report() -> None:
@@ -199,17 +227,31 @@ def run(spec: dict[str, Any], out: Path, resume: bool) -> int:
         seed = int(spec.get("seed", 0))
         save_at = spec.get("save_at_step")
         steps = int(spec["resume_steps"] if resume else spec["steps"])
-        report.update(steps_run=[], losses=[], step_s=[], peak_allocated_bytes=[])
+        report.update(steps_run=[], losses=[], step_s=[], forward_s=[], backward_s=[],
+                      optimizer_s=[], peak_allocated_bytes=[])
         report["phase"] = "train"
+        train_start = time.time()
         for _ in range(steps):
             step_index = int(engine.global_steps)
             synchronize()
             started = time.time()
+            # Forward, backward and optimizer step timed apart (summed over micro-steps), each
+            # between synchronizes on GPU so a phase is not billed for the one before it.
+            phase_s = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
             for micro in range(t.grad_accum):
                 ids = batch(step_index, micro, rank, seed, shape, m.vocab).to(device)
+                mark = time.time()
                 loss = engine(ids)
+                synchronize()
+                phase_s["forward"] += time.time() - mark
+                mark = time.time()
                 engine.backward(loss)
+                synchronize()
+                phase_s["backward"] += time.time() - mark
+                mark = time.time()
                 engine.step()
+                synchronize()
+                phase_s["optimizer"] += time.time() - mark
             loss_value = float(loss.detach().float().item())
             synchronize()
             step_s = time.time() - started
@@ -217,9 +259,13 @@ def run(spec: dict[str, Any], out: Path, resume: bool) -> int:
             report["steps_run"].append(int(engine.global_steps))
             report["losses"].append(loss_value)
             report["step_s"].append(step_s)
+            for name, seconds in phase_s.items():
+                report[f"{name}_s"].append(seconds)
             report["peak_allocated_bytes"].append(peak)
             emit("step", rank, step=int(engine.global_steps), loss=loss_value,
-                 step_s=round(step_s, 4), peak_allocated_bytes=peak)
+                 step_s=round(step_s, 4), forward_s=round(phase_s["forward"], 4),
+                 backward_s=round(phase_s["backward"], 4),
+                 optimizer_s=round(phase_s["optimizer"], 4), peak_allocated_bytes=peak)
             if save_at is not None and not resume and int(engine.global_steps) == int(save_at):
                 save_start = time.time()
                 engine.save_checkpoint(spec["checkpoint_dir"], tag=f"step{save_at}")
@@ -227,6 +273,7 @@ def run(spec: dict[str, Any], out: Path, resume: bool) -> int:
                 report["save_s"] = time.time() - save_start
                 emit("checkpoint", rank, step=int(engine.global_steps),
                      save_s=round(report["save_s"], 3), path=spec["checkpoint_dir"])
+        report["train_s"] = time.time() - train_start
 
         if not cpu:
             free, total = torch.cuda.mem_get_info()
@@ -236,13 +283,11 @@ def run(spec: dict[str, Any], out: Path, resume: bool) -> int:
             report["gpu_name"] = torch.cuda.get_device_name(local_rank)
             report["alloc_retries"] = torch.cuda.memory_stats().get("num_alloc_retries", 0)
             report["allocator_stats"] = allocator_stats(torch)
+            report.update(allocator_peaks(report["allocator_stats"]))
         report["status"] = "ok"
         report["phase"] = "done"
         write_report()
         emit("done", rank, host_maxrss_bytes=report["host_maxrss_bytes"])
-        if world > 1:  # one rank has no peer; its first NCCL call would allocate on a full card
-            dist.barrier()
-        return 0
     except BaseException as exc:  # noqa: BLE001 - every failure must leave a report behind
         oom = not isinstance(exc, KeyboardInterrupt) and is_out_of_memory(exc)
         report["status"] = "oom" if oom else "error"
@@ -250,8 +295,10 @@ def run(spec: dict[str, Any], out: Path, resume: bool) -> int:
         report["traceback"] = traceback.format_exc()[-4000:]
         if not cpu and torch.cuda.is_available():
             report["max_allocated_bytes_at_failure"] = torch.cuda.max_memory_allocated()
+            report["allocated_bytes_at_failure"] = torch.cuda.memory_allocated()
             try:
                 report["allocator_stats"] = allocator_stats(torch)
+                report.update(allocator_peaks(report["allocator_stats"]))
             except Exception:  # noqa: BLE001 - a report without them beats none
                 pass
         write_report()
@@ -261,6 +308,25 @@ def run(spec: dict[str, Any], out: Path, resume: bool) -> int:
         sys.stderr.flush()
         # Peers are blocked in collectives: leave at once, the launcher tears the group down.
         os._exit(3 if oom else 1)
+    return shutdown(report, write_report, dist)
+
+
+def shutdown(report: dict[str, Any], write_report, dist) -> int:
+    """Wait for every rank, then destroy the process group: a rank that leaves with the group
+    alive can abort in gloo's or NCCL's destructors (`terminate called without an active
+    exception`). The figures are final by now; a failure here is recorded, not a run failure."""
+    report["phase"] = "shutdown"
+    try:
+        if report["world"] > 1:  # one rank has no peer; its first NCCL call would allocate on a full card
+            dist.barrier()
+        dist.destroy_process_group()
+    except Exception as exc:  # noqa: BLE001 - the run's figures stand; say why shutdown failed
+        report["shutdown_error"] = f"{type(exc).__name__}: {exc}"[:500]
+        write_report()
+        emit("shutdown", report["rank"], message=report["shutdown_error"])
+        return 4
+    report["phase"] = "done"
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,123 @@
+"""What a verification run is asked to do, and the requests it refuses (no torch here).
+
+Shared by the preflight, the launcher and the runner, so none of them imports another for it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from zlayout.profile.ds_config import DEFAULT_NVME_PATH
+from zlayout.spec import Layout, PlanInput
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    """How to run a verification (the layout and the sizes come from the PlanInput)."""
+
+    steps: int = 5
+    restart_drill: bool = False
+    save_at_step: int | None = None  # default: half-way through the steps (at least 1)
+    cpu: bool = False
+    processes: int | None = None  # default: the plan's GPUs per node; 1 in CPU mode
+    out_dir: Path | None = None  # default: $XDG_CACHE_HOME/zlayout/verify/<time>-<layout key>
+    checkpoint_dir: Path | None = None  # default: <out_dir>/checkpoint
+    nvme_path: str = DEFAULT_NVME_PATH
+    python: str = field(default_factory=lambda: sys.executable)
+    seed: int = 1234
+    timeout_s: float | None = None
+    run_preflight: bool = True
+    extra_env: dict[str, str] = field(default_factory=dict)
+    ds_config: dict[str, Any] | None = None  # default: zlayout's ds_config(inp, layout)
+
+    def drill_step(self) -> int:
+        return self.save_at_step if self.save_at_step is not None else max(1, self.steps // 2)
+
+
+class LaunchError(Exception):
+    """The verification cannot start as asked (message says what to change)."""
+
+
+def world_for(inp: PlanInput, options: VerifyOptions) -> int:
+    if options.processes is not None:
+        return options.processes
+    if options.cpu:
+        return 1
+    return inp.hardware.gpus_per_node
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask, as a batch scheduler sets it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def check_request(inp: PlanInput, options: VerifyOptions, gpus_visible: int | None = None) -> None:
+    """Refuse what cannot run, with what to type instead (LaunchError, one line).
+
+    `gpus_visible` is what nvidia-smi lists in GPU mode (None: unknown, and preflight says
+    so when the run starts)."""
+    if options.steps < 1:
+        raise LaunchError("--steps must be at least 1")
+    if options.restart_drill:
+        save_at = options.drill_step()
+        if save_at < 1:
+            raise LaunchError(f"--save-at {save_at}: the restart drill saves after a step; use "
+                              f"--save-at 1 to {options.steps - 1} (or leave it out: half-way)")
+        if save_at >= options.steps:
+            raise LaunchError(f"the restart drill saves at step {save_at} and needs steps after "
+                              f"it: use --steps {save_at + 1} or more (or a --save-at below "
+                              f"{options.steps})")
+    elif options.save_at_step is not None:
+        raise LaunchError("--save-at only applies to the restart drill: add --restart-drill")
+    processes = world_for(inp, options)
+    if processes < 1:
+        raise LaunchError("--processes must be at least 1")
+    if options.cpu:
+        cores = usable_cores()
+        if processes > cores:
+            raise LaunchError(f"--processes {processes}: this machine has {cores} usable cores "
+                              f"and CPU mode runs one process per core; use --processes {cores} "
+                              "or fewer")
+    elif gpus_visible and processes > gpus_visible:
+        raise LaunchError(f"--processes {processes}: this node has {gpus_visible} GPUs; use "
+                          f"--processes {gpus_visible} or fewer (or run on a bigger node)")
+
+
+def input_for_run(inp: PlanInput, processes: int) -> PlanInput:
+    """The plan's input at the size this node runs: one node of `processes` GPUs.
+
+    The prediction is recomputed for that world, so measured and predicted describe the same
+    run (a ZeRO shard on 2 GPUs is not the shard on 16)."""
+    hw = inp.hardware
+    if hw.nodes == 1 and hw.gpus_per_node == processes:
+        return inp
+    return inp.model_copy(update={"hardware": hw.model_copy(update={"gpus_per_node": processes,
+                                                                    "nodes": 1})})
+
+
+def default_out_dir(layout: Layout) -> Path:
+    """$XDG_CACHE_HOME/zlayout/verify/<time>-<layout> (checkpoints are large: not the work tree)."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-%f")
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "zlayout" / "verify" / f"{stamp}-{layout.key}"
+
+
+def checkpoint_bytes(inp: PlanInput) -> int:
+    """bf16 weights + fp32 master weights and two Adam moments: what save_checkpoint writes."""
+    return 14 * inp.model.params
+
+
+def resolved_dirs(layout: Layout, options: VerifyOptions) -> tuple[Path, Path, bool]:
+    """(output directory, checkpoint directory, whether the output one is the default)."""
+    default = options.out_dir is None
+    out_dir = (options.out_dir or default_out_dir(layout)).resolve()
+    checkpoint_dir = (options.checkpoint_dir or out_dir / "checkpoint").resolve()
+    return out_dir, checkpoint_dir, default
