@@ -1,15 +1,17 @@
 """The zlayout app: inputs on the left, every layout live on the right.
 
-One immutable `Plan` lives in the `plan` reactive. An edit builds a new `PlanInput` (pydantic
-validates it; a bad field is marked with the reason and the last good plan stays), the planner
-turns it into a new plan, and the watcher hands that plan to the widgets, which only display.
-The planner, the verifier, the profile files and the presets come in through the constructor,
-so tests run the real app on fakes.
+One immutable `Plan` lives in the `plan` reactive; watchers hand it to the widgets, which
+only display. How edits become plans (validation at once, planning in a worker after a
+pause, undo) is `editing.py`; export, load and verify are `actions.py`; this module lays
+the screen out and holds the keys. The planner, the verifier, the profile files and the
+presets come in through the constructor, so tests run the real app on fakes.
 """
 
 from __future__ import annotations
 
-import time
+import json
+import os
+import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -23,17 +25,19 @@ from textual.widgets import DataTable, Footer, Header, Input
 from zlayout.core.plan import Plan, make_plan
 from zlayout.spec import Layout, ModelSpec, PlanInput
 from zlayout.tui import view
-from zlayout.tui.backends import (ProfileIO, catalog_presets, cli_verifier, default_plan_input,
-                                  default_profile_io, verification_missing)
+from zlayout.tui.actions import LayoutActionsMixin
+from zlayout.tui.backends import ProfileIO, catalog_presets, default_plan_input
 from zlayout.tui.commands import ZLayoutCommands
-from zlayout.tui.form import FormInvalid, Presets, form_values, plan_input_from_form
-from zlayout.tui.screens import (ConfirmScreen, DetailScreen, HelpScreen, PathScreen, Verifier,
-                                 VerifyScreen)
+from zlayout.tui.editing import EditingMixin, PlanReady
+from zlayout.tui.fields import field_label
+from zlayout.tui.form import Presets
+from zlayout.tui.screens import DetailScreen, HelpScreen, Verifier
 from zlayout.tui.widgets import (BreakEvenPanel, ComparePanel, InputsPanel, LayoutTable, MemoryBars,
                                  StatusLine)
 
 Planner = Callable[[PlanInput], Plan]
 CrossoverFinder = Callable[[PlanInput], Sequence[Any]]
+STATE_DUMP_ENV = "ZLAYOUT_STATE_DUMP"  # a file path: f12 writes the app's state there (tests)
 
 
 def _core_crossovers(inp: PlanInput) -> Sequence[Any]:
@@ -42,40 +46,45 @@ def _core_crossovers(inp: PlanInput) -> Sequence[Any]:
     finder = getattr(breakeven, "crossovers", None)
     return finder(inp) if finder is not None else ()
 
+
 COMPACT_WIDTH = 120  # below this the inputs panel starts hidden (ctrl+b shows it)
 
 # Keys that are not app bindings but that the help screen lists too.
 OTHER_KEYS = (
     ("enter", "on the table: the selected layout's memory terms and ds_config"),
-    ("↑ ↓ pgup pgdn", "move in the table, scroll a panel"),
+    ("↑ ↓ pgup pgdn", "move in the table, scroll a panel (the selection follows ★ until you move it)"),
     ("tab / shift+tab", "next / previous field or panel"),
     ("← →", "on a tab bar: switch tabs (Model, Hardware, Training)"),
     ("enter / space", "on a select: open it; type to search its options"),
     ("ctrl+p", "command palette: every action by name (and, when nothing fits, the core's suggestions)"),
-    ("y / n", "in the overwrite question: replace the profile / keep it (escape: keep)"),
+    ("y / n", "in a question: yes / no (escape: no)"),
     ("escape", "in a dialog: close it (in a running verification: cancel it, which stops every rank)"),
 )
 
 
-class ZLayoutApp(App[None]):
+class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
     """Design a DeepSpeed ZeRO layout interactively."""
 
     CSS_PATH = Path(__file__).with_name("app.tcss")
     TITLE = "zlayout"
     COMMANDS = App.COMMANDS | {ZLayoutCommands}
     BINDINGS = [
+        Binding("f1,question_mark", "help", "Help", id="help", key_display="f1 ?",
+                tooltip="this list of keys (? works outside text fields)"),
         Binding("ctrl+s", "export", "Export", id="export",
-                tooltip="export the selected layout as a profile (asks for the path; asks before replacing one)"),
-        Binding("ctrl+o", "load", "Load", id="load",
+                tooltip="export the selected layout as a profile (asks for the path; asks before "
+                        "replacing one or exporting a layout that does not fit)"),
+        Binding("ctrl+o", "load", "Load", id="load", show=False,
                 tooltip="load a profile: every input is restored from it"),
         Binding("ctrl+r", "verify", "Verify", id="verify",
-                tooltip="run the selected layout for real (zlayout verify) with streamed output; escape cancels"),
-        Binding("ctrl+t", "pin", "Pin/compare", id="compare",
+                tooltip="run the selected layout for real (GPUs, a CPU check, or a SLURM script); "
+                        "escape cancels"),
+        Binding("ctrl+z", "undo", "Undo", id="undo",
+                tooltip="undo the last change of inputs (repeat for earlier ones)"),
+        Binding("ctrl+t", "pin", "What-if", id="compare",
                 tooltip="what-if: pin the current plan, change inputs, read the deltas; again to unpin"),
         Binding("ctrl+b", "toggle_inputs", "Inputs", id="toggle-inputs",
                 tooltip="show or hide the inputs panel (hidden at first below 120 columns)"),
-        Binding("f1,question_mark", "help", "Help", id="help", key_display="f1 ?",
-                tooltip="this list of keys (? works outside text fields)"),
         Binding("escape", "focus_table", "Back to table", show=False, id="focus-table",
                 tooltip="back to the layouts table (from a field or a panel)"),
         Binding("ctrl+q", "quit", "Quit", id="quit", priority=True, tooltip="quit zlayout"),
@@ -99,12 +108,14 @@ class ZLayoutApp(App[None]):
         self._crossover_finder = crossovers
         self.planner_error: str | None = None
         self.cursor_blink = cursor_blink
-        self.input_errors: dict[str, str] = {}
-        self._extra_errors: dict[str, str] = {}  # preset/size fields: not part of the input
-        self.recompute_s = 0.0  # the last input-to-plan time, for benchmarks/tui_startup.py
         self._compact: bool | None = None
+        self._inputs_toggled = False  # the user chose: resizing no longer shows/hides the panel
         self._crossovers: tuple[Any, ...] = ()
-        self._shown_values: dict[str, Any] = {}  # the panel's values the plan was last built from
+        self._follow_star = True  # the table cursor follows ★ until the user moves it
+        self._fix_layout: Layout | None = None
+        self._init_editing()
+        if os.environ.get(STATE_DUMP_ENV):
+            self.bind("f12", "dump_state", show=False)
 
     # -- layout -------------------------------------------------------------------------
 
@@ -120,7 +131,7 @@ class ZLayoutApp(App[None]):
                     with Horizontal(id="lower"):
                         yield BreakEvenPanel(id="breakeven")
                         yield ComparePanel(id="compare")
-        yield Footer()
+        yield Footer(compact=True)
 
     def on_mount(self) -> None:
         self.query_one("#bars").border_title = "Per-GPU memory"
@@ -129,7 +140,7 @@ class ZLayoutApp(App[None]):
         if not self.cursor_blink:
             for field in self.query(Input):
                 field.cursor_blink = False
-        self._recompute()
+        self.plan_now()
         self.query_one(LayoutTable).focus()
 
     def on_resize(self) -> None:
@@ -137,7 +148,10 @@ class ZLayoutApp(App[None]):
         if compact != self._compact:
             self._compact = compact
             self.screen.set_class(compact, "compact")
-            self.show_inputs = not compact
+            if not self._inputs_toggled:
+                self.show_inputs = not compact
+        if self.plan is not None:
+            self.sub_title = view.plan_summary(self.plan, self.size.width)
 
     def watch_show_inputs(self, show: bool) -> None:
         panel = self.query_one(InputsPanel)
@@ -153,128 +167,58 @@ class ZLayoutApp(App[None]):
     def watch_plan(self, plan: Plan | None) -> None:
         if plan is None:
             return
-        self.sub_title = view.plan_summary(plan)
-        self.query_one(LayoutTable).plan = plan
+        self.sub_title = view.plan_summary(plan, self.size.width)
+        table = self.query_one(LayoutTable)
+        table.plan = plan
+        if self._fix_layout is not None:  # a suggestion was applied: select its layout
+            table.select_key(self._fix_layout.key)
+            self._fix_layout = None
+        elif self._follow_star and plan.recommendation.layout is not None:
+            table.select_key(plan.recommendation.layout.key)
         self.query_one(MemoryBars).plan = plan
         panel = self.query_one(BreakEvenPanel)
         panel.crossovers = self._crossovers
         panel.plan = plan
         self.query_one(ComparePanel).plan = plan
-        self._show_status()
+        self.show_status()
 
     def watch_pinned(self, pinned: Plan | None) -> None:
         self.query_one(ComparePanel).pinned = pinned
 
-    def _show_status(self) -> None:
+    def show_status(self) -> None:
         status = self.query_one("#recommendation", StatusLine)
         errors = {**self.input_errors, **self._extra_errors}
-        status.set_class(bool(errors) or self.planner_error is not None, "has-errors")
+        stale = bool(errors) or self.planner_error is not None
+        status.set_class(stale, "has-errors")
+        self.query_one(LayoutTable).set_class(stale, "stale")
         if self.planner_error is not None:
             status.text = (f"⚠ the planner failed on these inputs ({self.planner_error}): "
                            "showing the last plan")
         elif errors:
+            names = ", ".join(field_label(field) for field in errors)
             status.text = (f"⚠ {len(errors)} field{'s' if len(errors) > 1 else ''} invalid "
-                           f"({', '.join(errors)}): showing the last valid plan")
+                           f"({names}): showing the plan of the last valid inputs (dimmed)")
         elif self.plan is not None:
             status.text = view.recommendation_text(self.plan)
 
-    def _panel_values(self, inp: PlanInput) -> dict[str, Any]:
-        values = form_values(inp)
-        values["preset"] = inp.model.name if inp.model.name in self._presets.models else None
-        return values
-
-    def _recompute(self) -> None:
-        """Inputs -> PlanInput -> Plan; on bad input, mark the fields and keep the plan."""
-        started = time.perf_counter()
-        panel = self.query_one(InputsPanel)
-        values = panel.values()
-        self._shown_values = values
-        try:
-            inp = plan_input_from_form(values, self._model_base, self._base_input, self._presets)
-            errors: dict[str, str] = {}
-        except FormInvalid as exc:
-            inp, errors = None, exc.errors
-        self.input_errors = errors
-        panel.mark_errors({**errors, **self._extra_errors})
-        self.planner_error = None
-        if inp is not None:
-            try:
-                plan = self._planner(inp)
-                crossovers = tuple(self._crossover_finder(inp)) if self._crossover_finder else ()
-            except Exception as exc:  # a planner bug must not take the app down
-                self.planner_error = f"{type(exc).__name__}: {exc}"
-            else:
-                if inp.model.name == "custom" and (values["preset"] is not None or values["size"]):
-                    panel.set_values({"preset": None, "size": ""})
-                self._crossovers = crossovers
-                self.plan = plan
-        self._shown_values = panel.values()
-        self.recompute_s = time.perf_counter() - started
-        self._show_status()
+    @on(PlanReady)
+    def _plan_ready(self, message: PlanReady) -> None:
+        self.plan_ready(message)
 
     @on(InputsPanel.Changed)
     def _input_changed(self, event: InputsPanel.Changed) -> None:
-        panel = self.query_one(InputsPanel)
-        values = panel.values()
-        if values.get(event.field) == self._shown_values.get(event.field):
-            return  # a select announcing the value it was built with, not an edit
-        if event.field == "preset":
-            self._extra_errors.pop("preset", None)
-            if values["preset"] is not None:
-                self._use_model(self._load_model(values["preset"], "preset"), clear_size=True)
-        elif event.field == "size":
-            self._extra_errors.pop("size", None)
-            if values["size"].strip():
-                self._use_model(self._model_of_size(values["size"]), clear_size=False)
-        elif event.field == "gpu" and values["gpu"]:
-            self._follow_gpu_link(values["gpu"])
-        self._recompute()
+        self.field_changed(event.field)
 
-    def _load_model(self, name: str, field: str) -> ModelSpec | None:
-        try:
-            return self._presets.load_model(name)
-        except Exception as exc:  # the catalog's message names what exists
-            self._extra_errors[field] = str(exc).strip("'\"")
-            return None
-
-    def _model_of_size(self, text: str) -> ModelSpec | None:
-        try:
-            return self._presets.model_of_size(text.strip())
-        except Exception as exc:
-            self._extra_errors["size"] = (f"{str(exc).strip(chr(39) + chr(34))} "
-                                          "(type a size such as 70B, 13e9 or 350M)")
-            return None
-
-    def _use_model(self, model: ModelSpec | None, clear_size: bool) -> None:
-        if model is None:
-            return
-        self._model_base = model
-        panel = self.query_one(InputsPanel)
-        values = {k: v for k, v in form_values(self._base_input.model_copy(
-            update={"model": model})).items()
-            if k in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "mlp", "norm",
-                     "bias", "tie_embeddings")}
-        if clear_size:
-            values["size"] = ""
-        else:
-            values["preset"] = model.name if model.name in self._presets.models else None
-        panel.set_values(values)
-
-    def _follow_gpu_link(self, gpu_name: str) -> None:
-        """A new GPU brings its own intra-node link (NVLink generation), as the CLI does."""
-        if self._presets.default_intra_link is None:
-            return
-        try:
-            link = self._presets.default_intra_link(gpu_name)
-        except Exception:
-            return
-        self.query_one(InputsPanel).set_values({"intra_link": link})
+    @on(DataTable.RowHighlighted, "#layouts")
+    def _row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        rec = self.plan.recommendation.layout if self.plan is not None else None
+        self._follow_star = rec is not None and event.row_key.value == rec.key
 
     # -- actions --------------------------------------------------------------------------
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """While a dialog is open, only quit (and the dialog's own keys) work."""
-        if len(self.screen_stack) > 1 and action in {"export", "load", "verify", "pin", "help",
+        if len(self.screen_stack) > 1 and action in {"export", "load", "verify", "pin", "help", "undo",
                                                      "toggle_inputs", "detail", "focus_table"}:
             return False
         return True
@@ -305,6 +249,7 @@ class ZLayoutApp(App[None]):
         self.query_one(LayoutTable).focus()
 
     def action_toggle_inputs(self) -> None:
+        self._inputs_toggled = True
         self.show_inputs = not self.show_inputs
 
     def action_pin(self) -> None:
@@ -322,135 +267,46 @@ class ZLayoutApp(App[None]):
 
     def action_help(self) -> None:
         keys = [(self.get_key_display(b).replace("^", "ctrl+"), b.tooltip or b.description or b.action)
-                for b in self._app_bindings()]
+                for b in self.BINDINGS if isinstance(b, Binding)]
         self.push_screen(HelpScreen(keys + list(OTHER_KEYS)))
-
-    def _app_bindings(self) -> list[Binding]:
-        out = []
-        for binding in self.BINDINGS:
-            assert isinstance(binding, Binding)
-            out.append(binding)
-        return out
-
-    def _refuse_when_invalid(self, what: str) -> bool:
-        errors = {**self.input_errors, **self._extra_errors}
-        if errors:
-            self.notify(f"Fix the marked fields first ({', '.join(errors)}): {what} uses the inputs "
-                        "as they stand.", severity="warning", title=what.capitalize())
-            return True
-        return False
-
-    def _resolve_profile_io(self) -> ProfileIO | None:
-        if self._profile_io is None:
-            resolved = default_profile_io()
-            if isinstance(resolved, str):
-                self.notify(resolved, severity="error", title="Profiles")
-                return None
-            self._profile_io = resolved
-        return self._profile_io
-
-    def action_export(self) -> None:
-        layout = self.selected_layout()
-        plan = self.plan
-        if plan is None or layout is None or self._refuse_when_invalid("export"):
-            return
-        io = self._resolve_profile_io()
-        if io is None:
-            return
-        initial = f"profiles/{plan.input.model.name}-{layout.key}"
-
-        def check(path: str) -> str | None:
-            if not path:
-                return "type a directory (profile.toml, ds_config.json and launch scripts go in it) or a .toml file"
-            parent = Path(path).expanduser().parent
-            if Path(path).suffix == ".toml" and not parent.is_dir():
-                return f"{parent} does not exist: create it first or pick another path"
-            return None
-
-        def chosen(path: str | None) -> None:
-            if not path:
-                return
-            exists = getattr(io, "exists", None) or (lambda p: Path(p).exists())
-            if exists(path):
-                self.push_screen(ConfirmScreen(f"{path} already holds a profile. Overwrite it?"),
-                                 lambda yes: self._save(io, plan, layout, path) if yes else
-                                 self.notify("Not exported: nothing was overwritten.", title="Export"))
-            else:
-                self._save(io, plan, layout, path)
-
-        self.push_screen(PathScreen(f"Export {layout.label} as a profile", initial,
-                                    "a directory (profile.toml + ds_config.json + launch scripts) or a .toml file",
-                                    check), chosen)
-
-    def _save(self, io: ProfileIO, plan: Plan, layout: Layout, path: str) -> None:
-        try:
-            io.save(plan, layout, path)
-        except Exception as exc:
-            self.notify(f"Not exported: {exc}", severity="error", title="Export")
-            return
-        self.notify(f"Exported {layout.label} to {path}", title="Export")
-
-    def action_load(self) -> None:
-        io = self._resolve_profile_io()
-        if io is None:
-            return
-        loaded: dict[str, PlanInput] = {}
-
-        def check(path: str) -> str | None:
-            if not path:
-                return "type the path of a profile.toml or of the directory that holds it"
-            try:
-                loaded["input"] = io.load(path)
-            except Exception as exc:
-                return str(exc).strip("'\"") or type(exc).__name__
-            return None
-
-        def chosen(path: str | None) -> None:
-            if path and "input" in loaded:
-                self.load_input(loaded["input"])
-                self.notify(f"Loaded {path}", title="Load")
-
-        self.push_screen(PathScreen("Load a profile", "profiles/", "a profile.toml or its directory",
-                                    check), chosen)
-
-    def load_input(self, inp: PlanInput) -> None:
-        """Show `inp` in every field and plan it (what loading a profile does)."""
-        self._base_input = inp
-        self._model_base = inp.model
-        self._extra_errors.clear()
-        values = self._panel_values(inp)
-        values["size"] = ""
-        self.query_one(InputsPanel).set_values(values)
-        self._recompute()
 
     def apply_fix(self, index: int) -> None:
         """Take one of the core's suggestions (when nothing fits): its inputs, its layout."""
         if self.plan is None or index >= len(self.plan.recommendation.fixes):
             return
         fix = self.plan.recommendation.fixes[index]
+        self._follow_star = False
+        self._fix_layout = fix.layout
         self.load_input(fix.input)
-        table = self.query_one(LayoutTable)
-        keys = [row.key.value for row in table.ordered_rows]
-        if fix.layout.key in keys:
-            table.move_cursor(row=keys.index(fix.layout.key), animate=False)
-        self.notify(f"Applied: {fix.text}", title="Suggestion")
+        self.notify(f"Applied: {fix.text}", title="Suggestion", markup=False)
 
-    def action_verify(self) -> None:
-        layout = self.selected_layout()
-        plan = self.plan
-        if plan is None or layout is None or self._refuse_when_invalid("verify"):
+    def action_dump_state(self) -> None:
+        """Write what the app shows to $ZLAYOUT_STATE_DUMP as JSON: the fields, whether their
+        plan is on screen yet, the plan input and every table cell (the pty tests read it)."""
+        path = os.environ.get(STATE_DUMP_ENV)
+        if not path:
             return
-        verifier = self._verifier
-        if verifier is None:
-            missing = verification_missing()
-            if missing:
-                self.notify(f"Cannot verify: {missing}.", severity="warning", title="Verify")
-                return
-            verifier = cli_verifier
-        self.push_screen(VerifyScreen(plan.input, layout, verifier))
+        state = {
+            "values": self.query_one(InputsPanel).values(),
+            "pending": self.plan_pending,
+            "errors": {**self.input_errors, **self._extra_errors},
+            "plan_input": self.plan.input.model_dump(mode="json") if self.plan else None,
+            "table": self.query_one(LayoutTable).cell_texts(),
+            "subtitle": self.sub_title,
+            "status": self.query_one(StatusLine).text,
+        }
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as out:
+            json.dump(state, out)
+        os.replace(tmp, path)
 
 
-def run_app() -> int:
-    """`zlayout` with no subcommand."""
-    ZLayoutApp().run()
+def run_app(initial: PlanInput | None = None) -> int:
+    """The full-screen app; without a terminal on stdin and stdout, one line and exit 2."""
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        print("zlayout: error: the app needs a terminal (stdin and stdout are not one); "
+              "for output a script can read, run: zlayout plan --preset llama3-8b --json",
+              file=sys.stderr)
+        return 2
+    ZLayoutApp(initial=initial).run()
     return 0

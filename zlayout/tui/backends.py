@@ -140,9 +140,11 @@ def verify_flags(inp: PlanInput, layout: Layout) -> list[str]:
     return flags
 
 
-def cli_verifier(inp: PlanInput, layout: Layout, cancel: threading.Event) -> Iterator[str]:
+def cli_verifier(inp: PlanInput, layout: Layout, cancel: threading.Event,
+                 cpu_processes: int | None = None) -> Iterator[str]:
     """Run `zlayout verify` in its own process group and yield its output lines; on cancel
-    (or when the caller closes this generator) the whole group is terminated.
+    (or when the caller closes this generator) the whole group is terminated. With
+    `cpu_processes`, a CPU check: `--cpu --processes N` (gloo, no GPU needed).
 
     The plan goes over as a temporary profile, so every input (DeepSpeed knobs, a GPU that
     is not a preset) reaches the run; the plan flags are the fallback."""
@@ -150,6 +152,8 @@ def cli_verifier(inp: PlanInput, layout: Layout, cancel: threading.Event) -> Ite
         target = _temporary_profile(inp, layout, Path(tmp))
         args = [str(target)] if target is not None else verify_flags(inp, layout)
         command = [sys.executable, "-m", "zlayout", "verify", *args, "--json"]
+        if cpu_processes:
+            command += ["--cpu", "--processes", str(cpu_processes)]
         yield "$ zlayout verify " + " ".join(command[4:])
         child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                  text=True, bufsize=1, start_new_session=True)

@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 import re
 import threading
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from rich.syntax import Syntax
 from rich.table import Table
+from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -25,10 +27,14 @@ from textual.worker import Worker, WorkerState, get_current_worker
 from zlayout.core.plan import LayoutPlan
 from zlayout.spec import Layout, PlanInput
 from zlayout.tui import view
+from zlayout.tui.fields import FieldInput
+
+OK_STATUSES = ("validated", "cpu-ok")  # zlayout verify's statuses of a run that passed
 
 # A verifier runs the layout for real and yields progress lines; it must stop (and kill its
-# processes) soon after `cancel` is set, and when its generator is closed.
-Verifier = Callable[[PlanInput, Layout, threading.Event], Iterable[str]]
+# processes) soon after `cancel` is set, and when its generator is closed. With
+# `cpu_processes`, it runs a CPU check (gloo) with that many processes instead of the GPUs.
+Verifier = Callable[..., Iterable[str]]
 
 
 class DetailScreen(ModalScreen[None]):
@@ -85,7 +91,7 @@ class PathScreen(ModalScreen[str | None]):
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog small-dialog"):
             yield Label(f"[b]{self._title}[/b]", classes="dialog-title")
-            yield Input(value=self._initial, id="path-input")
+            yield FieldInput(value=self._initial, id="path-input")
             yield Static("", id="path-error", classes="field-error")
             yield Label(f"[dim]{self._hint} · enter: OK · escape: cancel[/dim]", classes="dialog-hint")
 
@@ -115,16 +121,16 @@ class ConfirmScreen(ModalScreen[bool]):
     BINDINGS = [Binding("y", "answer(True)", "Yes", id="confirm-yes"),
                 Binding("n,escape", "answer(False)", "No", id="confirm-no")]
 
-    def __init__(self, question: str) -> None:
+    def __init__(self, question: str, yes: str = "Overwrite (y)", no: str = "Cancel (n)") -> None:
         super().__init__()
-        self._question = question
+        self._question, self._yes, self._no = question, yes, no
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog small-dialog"):
-            yield Label(self._question, classes="dialog-title")
+            yield Label(Text(self._question), classes="dialog-title", id="confirm-question")
             with Horizontal(classes="buttons"):
-                yield Button("Overwrite (y)", variant="error", id="yes")
-                yield Button("Cancel (n)", variant="primary", id="no")
+                yield Button(self._yes, variant="error", id="yes")
+                yield Button(self._no, variant="primary", id="no")
 
     def on_mount(self) -> None:
         self.query_one("#no", Button).focus()
@@ -162,6 +168,94 @@ class HelpScreen(ModalScreen[None]):
         self.query_one("#help-keys").focus()
 
 
+@dataclass(frozen=True, slots=True)
+class VerifyOptions:
+    """How to verify: on this node's GPUs (both None), a CPU check, or a SLURM script."""
+
+    cpu_processes: int | None = None
+    slurm_script: str | None = None
+
+
+MAX_CPU_PROCESSES = 64
+
+
+class VerifyOptionsScreen(ModalScreen["VerifyOptions | None"]):
+    """Where to run the verification: this node's GPUs, a CPU check with N processes (gloo,
+    runs anywhere), or, for a multi-node plan, a SLURM batch script to submit."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel", id="verify-options-cancel"),
+                Binding("g", "choose('gpus')", "GPUs", show=False),
+                Binding("c", "choose('cpu')", "CPU check", show=False),
+                Binding("s", "choose('slurm')", "SLURM script", show=False)]
+
+    def __init__(self, inp: PlanInput, layout: Layout) -> None:
+        super().__init__()
+        self._inp, self._layout = inp, layout
+        self.multi_node = inp.hardware.nodes > 1
+
+    def compose(self) -> ComposeResult:
+        hw = self._inp.hardware
+        where = f"{hw.world}× {hw.gpu.name}" + (f" ({hw.nodes} nodes)" if self.multi_node else "")
+        with Vertical(classes="dialog small-dialog", id="verify-options"):
+            yield Label(Text.assemble(("Verify ", "bold"), (self._layout.label, "bold"), f" ({where})"),
+                        classes="dialog-title")
+            if self.multi_node:
+                yield Label(Text("A multi-node run starts from a scheduler: write the SLURM script "
+                                 "(then sbatch it), or check the layout on CPU here."))
+                with Horizontal(classes="field-row"):
+                    yield Label("SLURM script", classes="field-label")
+                    yield FieldInput(value=f"verify-{self._inp.model.name}-{self._layout.key}.sbatch",
+                                     compact=True, id="slurm-path")
+            with Horizontal(classes="field-row"):
+                yield Label("CPU processes", classes="field-label")
+                yield FieldInput(value=str(min(hw.world, 4)), compact=True, id="cpu-processes")
+            yield Static("", id="verify-options-error", classes="field-error")
+            with Horizontal(classes="buttons"):
+                if self.multi_node:
+                    yield Button("SLURM script (s)", variant="primary", id="slurm")
+                else:
+                    yield Button("GPUs of this node (g)", variant="primary", id="gpus")
+                yield Button("CPU check (c)", id="cpu")
+                yield Button("Cancel (esc)", id="cancel")
+            yield Label("[dim]CPU check: the layout's real DeepSpeed steps on CPU with gloo, "
+                        "N processes (zlayout verify --cpu --processes N)[/dim]", classes="dialog-hint")
+
+    def on_mount(self) -> None:
+        self.query_one("#verify-options-error").display = False
+        self.query_one(Button).focus()
+
+    @on(Button.Pressed)
+    def _pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "cancel":
+            self.dismiss(None)
+        else:
+            self.action_choose(event.button.id or "")
+
+    def action_choose(self, how: str) -> None:
+        if how == "gpus" and not self.multi_node:
+            self.dismiss(VerifyOptions())
+        elif how == "slurm" and self.multi_node:
+            path = self.query_one("#slurm-path", Input).value.strip()
+            if not path:
+                self._error("type where the SLURM script goes, e.g. verify.sbatch")
+                return
+            self.dismiss(VerifyOptions(slurm_script=path))
+        elif how == "cpu":
+            text = self.query_one("#cpu-processes", Input).value.strip()
+            if not text.isdigit() or not 1 <= int(text) <= MAX_CPU_PROCESSES:
+                self._error(f"CPU processes: type a whole number from 1 to {MAX_CPU_PROCESSES}, e.g. 2")
+                return
+            self.dismiss(VerifyOptions(cpu_processes=int(text)))
+
+    def _error(self, text: str) -> None:
+        error = self.query_one("#verify-options-error", Static)
+        error.update(Text(f"↳ {text}"))
+        error.display = True
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
 class VerifyScreen(ModalScreen[None]):
     """Runs the verification of one layout in a thread worker and streams its output."""
 
@@ -172,18 +266,23 @@ class VerifyScreen(ModalScreen[None]):
             super().__init__()
             self.text = text
 
-    def __init__(self, inp: PlanInput, layout: Layout, verifier: Verifier) -> None:
+    def __init__(self, inp: PlanInput, layout: Layout, verifier: Verifier,
+                 cpu_processes: int | None = None) -> None:
         super().__init__()
         self._inp, self._layout, self._verifier = inp, layout, verifier
+        self._cpu_processes = cpu_processes
         self._cancel = threading.Event()
         self.lines: list[str] = []
         self.state = "running"  # running, cancelling, finished, failed, cancelled
         self.result: dict[str, Any] | None = None  # the last JSON line with a "status"
+        self._exit_line: str | None = None  # "zlayout verify exited with code N"
 
     def compose(self) -> ComposeResult:
+        hw = self._inp.hardware
+        where = (f"CPU check, {self._cpu_processes} processes (gloo)" if self._cpu_processes
+                 else f"{hw.world}× {hw.gpu.name}")
         with Vertical(id="verify", classes="dialog"):
-            yield Label(f"[b]Verify {self._layout.label}[/b] on "
-                        f"{self._inp.hardware.world}× {self._inp.hardware.gpu.name}",
+            yield Label(Text.assemble(("Verify ", "bold"), (self._layout.label, "bold"), f" on {where}"),
                         classes="dialog-title")
             yield ProgressBar(total=None, show_eta=False, id="verify-progress")
             yield Log(id="verify-log", highlight=False)
@@ -198,7 +297,10 @@ class VerifyScreen(ModalScreen[None]):
     @work(thread=True, exclusive=True, exit_on_error=False, group="verify")
     def run_verification(self) -> None:
         worker = get_current_worker()
-        lines = self._verifier(self._inp, self._layout, self._cancel)
+        if self._cpu_processes:
+            lines = self._verifier(self._inp, self._layout, self._cancel, cpu_processes=self._cpu_processes)
+        else:
+            lines = self._verifier(self._inp, self._layout, self._cancel)
         try:
             for line in lines:
                 if worker.is_cancelled or self._cancel.is_set():
@@ -213,6 +315,8 @@ class VerifyScreen(ModalScreen[None]):
     def _line(self, message: Line) -> None:
         self.lines.append(message.text)
         self.query_one("#verify-log", Log).write_line(message.text)
+        if EXIT_LINE.match(message.text):
+            self._exit_line = message.text
         step = STEP_LINE.search(message.text)
         if step is not None:  # "[rank 0] step 2/5: loss ..." (zlayout verify's live log)
             self.query_one("#verify-progress", ProgressBar).update(total=int(step[2]),
@@ -228,29 +332,41 @@ class VerifyScreen(ModalScreen[None]):
             for line in _comparison_lines(record):
                 self.query_one("#verify-log", Log).write_line(line)
 
+    def _finish(self, text: str, failed: bool) -> None:
+        status = self.query_one("#verify-status", Label)
+        status.update(Text(f"{text} · escape: close", style="bold red" if failed else "bold green"))
+        status.set_class(failed, "failed")
+        if failed:
+            self.query_one("#verify-progress", ProgressBar).add_class("failed")
+
     @on(Worker.StateChanged)
     def _worker_state(self, event: Worker.StateChanged) -> None:
         if event.worker.group != "verify":
             return
-        status = self.query_one("#verify-status", Label)
-        bar = self.query_one("#verify-progress", ProgressBar)
         if event.state == WorkerState.SUCCESS:
             if self._cancel.is_set():
                 self.state = "cancelled"
-                status.update("cancelled (its processes were stopped) · escape: close")
-            else:
+                self.query_one("#verify-status", Label).update(
+                    "cancelled (its processes were stopped) · escape: close")
+                return
+            outcome = str(self.result["status"]) if self.result else None
+            cause = f" ({self.result['cause']})" if self.result and self.result.get("cause") else ""
+            if outcome in OK_STATUSES and self._exit_line is None:
                 self.state = "finished"
-                bar.update(total=1, progress=1)
-                outcome = f": {self.result['status']}" if self.result else ""
-                cause = f" ({self.result['cause']})" if self.result and self.result.get("cause") else ""
-                status.update(f"finished{outcome}{cause} · escape: close")
+                self.query_one("#verify-progress", ProgressBar).update(total=1, progress=1)
+                self._finish(f"finished: {outcome}{cause}", failed=False)
+            else:
+                # a failed run keeps its progress where it stopped: never a full bar
+                self.state = "failed"
+                what = outcome or (self._exit_line or "no result")
+                self._finish(f"failed: {what}{cause}", failed=True)
         elif event.state == WorkerState.ERROR:
             self.state = "failed"
             self.query_one("#verify-log", Log).write_line(f"error: {event.worker.error}")
-            status.update(f"failed: {event.worker.error} · escape: close")
+            self._finish(f"failed: {event.worker.error}", failed=True)
         elif event.state == WorkerState.CANCELLED:
             self.state = "cancelled"
-            status.update("cancelled (its processes were stopped) · escape: close")
+            self.query_one("#verify-status", Label).update("cancelled (its processes were stopped) · escape: close")
 
     def action_cancel_or_close(self) -> None:
         if self.state == "running":
@@ -262,6 +378,7 @@ class VerifyScreen(ModalScreen[None]):
             self.dismiss(None)
 
 
+EXIT_LINE = re.compile(r"^zlayout verify exited with code \d+")
 STEP_LINE = re.compile(r"\bstep (\d+)/(\d+)\b")
 
 

@@ -70,11 +70,12 @@ def headroom_level(memory: MemoryEstimate) -> str:
 
 
 def headroom_text(memory: MemoryEstimate) -> str:
-    percent = f"{memory.gpu_headroom_fraction * 100:.0f}%"
+    """Free GPU memory as a percentage when it fits; when the GPU is short, by how many GiB
+    it is over what is usable ('✗ +1830 GiB': an exact figure, never a cut percentage)."""
     if memory.fits:
-        return percent
+        return f"{memory.gpu_headroom_fraction * 100:.0f}%"
     if not memory.fits_gpu:
-        return f"✗ {percent}"
+        return f"✗ +{fmt_gib(memory.gpu_device_used_bytes - memory.gpu_usable_bytes)} GiB"
     return "✗ host" if not memory.fits_host else "✗ nvme"
 
 
@@ -101,22 +102,26 @@ def fmt_gb(n_bytes: int | float) -> str:
 
 
 def fmt_seconds(seconds: float) -> str:
+    """A duration with its unit: 463ms, 1.71s, 42.1s, 1234s."""
     if seconds <= 0:
         return "·"
     if seconds < 1:
         return f"{seconds * 1000:.0f}ms"
-    if seconds < 100:
+    if seconds < 10:
         return f"{seconds:.2f}s"
+    if seconds < 100:
+        return f"{seconds:.1f}s"
     return f"{seconds:.0f}s"
 
 
 def fmt_rate(per_s: float) -> str:
+    """Tokens per second with its scale always shown: 937, 70.8k, 1.25M."""
     if per_s <= 0:
         return "·"
-    for unit, scale in (("M", 1e6), ("k", 1e3)):
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if per_s >= scale:
-            return f"{per_s / scale:.1f}{unit}"
-    return f"{per_s:.0f}"
+            return f"{per_s / scale:.1f}{unit}" if per_s < 100 * scale else f"{per_s / scale:.0f}{unit}"
+    return f"{per_s:.0f}" if per_s >= 1 else f"{per_s:.2g}"
 
 
 def fmt_params(params: int) -> str:
@@ -271,17 +276,42 @@ def breakeven_rows(plan: Plan, crossovers: Sequence[Any] | None = None) -> list[
 
 
 def first_crossover_line(plan: Plan, crossovers: Sequence[Any] | None) -> str:
-    """Where this model sits among the crossovers: the next size at which the choice changes."""
+    """Where this model sits among the crossovers: the next size at which the choice changes.
+    The size named is the table's own number for that layout (its largest model), so the
+    sentence and the table never disagree."""
     if not crossovers:
         return ""
     current = plan.input.model.params
     ahead = sorted((c for c in crossovers if c.params > current), key=lambda c: c.params)
     if not ahead:
-        return f"This model {fmt_params(current)} is past every crossover."
+        return f"This model ({fmt_params(current)}) is past every crossover."
     nxt = ahead[0]
-    takes = layout_label(nxt.takes_over) if nxt.takes_over is not None else "nothing"
-    return (f"This model {fmt_params(current)}; at {fmt_params(nxt.params)} "
-            f"{layout_label(nxt.stops_fitting)} stops fitting, {takes} takes over.")
+    takes = layout_label(nxt.takes_over) if nxt.takes_over is not None else "nothing fits"
+    largest = _largest_fitting(plan, nxt.stops_fitting)
+    if largest is None:
+        return (f"This model: {fmt_params(current)}; beyond {fmt_params(nxt.params)} "
+                f"{layout_label(nxt.stops_fitting)} stops fitting, then {takes}.")
+    return (f"This model: {fmt_params(current)}; {layout_label(nxt.stops_fitting)} fits up to "
+            f"{largest}, beyond it {takes}.")
+
+
+def _largest_fitting(plan: Plan, layout: Layout) -> str | None:
+    try:
+        be = plan.for_layout(layout).breakeven
+    except KeyError:
+        return None
+    return fmt_params(be.max_params) if be is not None and be.max_params > 0 else None
+
+
+def scaling_text(plan: Plan) -> str:
+    """How the break-even sizes grow the model: the family named, or depth at fixed width."""
+    model = plan.input.model
+    scaling = next((lp.breakeven.scaling for lp in plan.layouts if lp.breakeven is not None), None)
+    if scaling == "family" and model.family:
+        return f"sizes of the {model.family} family (its shapes, scaled together)"
+    if scaling is None:
+        return ""
+    return f"this model's layers at hidden {model.hidden} (more or fewer layers)"
 
 
 def compact_label(layout: Layout) -> str:
@@ -350,14 +380,24 @@ def input_changes(pinned: Plan, current: Plan) -> list[str]:
     return changes
 
 
-def plan_summary(plan: Plan) -> str:
-    """The header's subtitle: model, size, hardware."""
+HEADER_SPARE_COLUMNS = 22  # Textual's header: icon, "zlayout — ", padding, centring
+
+
+def plan_summary(plan: Plan, width: int = 200) -> str:
+    """The header's subtitle (model, size, hardware, sequence, micro-batch), in the longest
+    form that fits `width` columns, so no figure is cut."""
     inp = plan.input
-    hw = inp.hardware
+    hw, t = inp.hardware, inp.training
     nodes = f" × {hw.nodes} nodes" if hw.nodes > 1 else ""
-    return (f"{inp.model.name} · {fmt_params(inp.model.params)} params · "
-            f"{hw.gpus_per_node}× {hw.gpu.name}{nodes} · seq {inp.training.seq} · "
-            f"mb {inp.training.micro_batch}")
+    forms = (
+        f"{inp.model.name} · {fmt_params(inp.model.params)} params · "
+        f"{hw.gpus_per_node}× {hw.gpu.name}{nodes} · seq {t.seq} · mb {t.micro_batch}",
+        f"{inp.model.name} {fmt_params(inp.model.params)} · {hw.gpus_per_node}×{hw.gpu.name}"
+        f"{f'×{hw.nodes}' if hw.nodes > 1 else ''} · seq {t.seq} · mb {t.micro_batch}",
+        f"{fmt_params(inp.model.params)} · {hw.world}×{hw.gpu.name} · seq {t.seq} · mb {t.micro_batch}",
+    )
+    room = width - HEADER_SPARE_COLUMNS
+    return next((form for form in forms if len(form) <= room), forms[-1])
 
 
 def recommendation_text(plan: Plan) -> str:

@@ -15,6 +15,7 @@ from textual.widgets import Checkbox, DataTable, Input, Label, Select, Static, T
 
 from zlayout.core.plan import Plan
 from zlayout.tui import view
+from zlayout.tui.fields import FieldInput, TickBox, readable
 from zlayout.tui.form import NO_LINK, Presets
 
 CATEGORY_STYLES = {
@@ -29,53 +30,99 @@ HEADROOM_STYLES = {"ok": "bold green", "tight": "bold yellow", "over": "bold red
 
 
 class LayoutTable(DataTable):
-    """Every layout, one row each; the recommended one starred and bold."""
+    """Every layout, one row each; the recommended one starred and bold.
+
+    No figure is ever cut: each column is as wide as its widest cell, and when the table
+    with the per-term columns (Param … Other) would be wider than the space it has, those
+    columns are left out (the bar chart and the detail screen show them) rather than
+    scrolled off or cropped."""
 
     plan: reactive[Plan | None] = reactive(None, init=False, always_update=True)
 
+    COLUMNS: tuple[tuple[str, str], ...] = (
+        ("stage", "ZeRO"), ("opt", "Opt"), ("param", "Par"), *view.MEMORY_COLUMNS,
+        ("peak", "Peak"), ("used", "Used"), ("free", "Free"), ("host", "Host"),
+        ("comm", "Comm"), ("step", "Step"), ("tps", "tok/s"))
+    COLUMN_KEYS = tuple(key for key, _ in COLUMNS)
+    BREAKDOWN_KEYS = frozenset(key for key, _ in view.MEMORY_COLUMNS)
+    TITLE = "Layouts · GiB per GPU · Host: GiB per node · Comm: GB per GPU per step"
+
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, fixed_columns=3, **kwargs)
-        self.border_title = "Layouts · GiB per GPU · Host: GiB per node · Comm: GB per GPU per step"
+        self.border_title = self.TITLE
+        self.show_breakdown = True
+        self._rows: list[view.LayoutRow] = []
 
     def on_mount(self) -> None:
-        self.add_column("ZeRO", key="stage", width=4)
-        self.add_column("Opt", key="opt", width=4)
-        self.add_column("Par", key="param", width=4)
-        for key, title in view.MEMORY_COLUMNS:
-            self.add_column(title, key=key, width=5)
-        for key, title, width in (("peak", "Peak", 5), ("used", "Used", 5), ("free", "Free", 6),
-                                  ("host", "Host", 5), ("comm", "Comm", 5), ("step", "Step", 6),
-                                  ("tps", "tok/s", 5)):
-            self.add_column(title, key=key, width=width)
+        self._add_columns()
 
-    COLUMN_KEYS = ("stage", "opt", "param", *(key for key, _ in view.MEMORY_COLUMNS),
-                   "peak", "used", "free", "host", "comm", "step", "tps")
+    def _shown_keys(self) -> tuple[str, ...]:
+        return tuple(key for key in self.COLUMN_KEYS if self.show_breakdown or key not in self.BREAKDOWN_KEYS)
+
+    def _add_columns(self) -> None:
+        titles = dict(self.COLUMNS)
+        for key in self._shown_keys():
+            self.add_column(Text(titles[key], justify="left" if key in ("stage", "opt", "param") else "right"),
+                            key=key)
+
+    def _width_needed(self, with_breakdown: bool) -> int:
+        """Columns wide enough for every cell and title, with the cell padding on both sides."""
+        titles = dict(self.COLUMNS)
+        cells = [self._cells(row) for row in self._rows]
+        total = 0
+        for index, key in enumerate(self.COLUMN_KEYS):
+            if key in self.BREAKDOWN_KEYS and not with_breakdown:
+                continue
+            widest = max([len(titles[key])] + [cell.cell_len for cell in (c[index] for c in cells)])
+            total += widest + 2 * self.cell_padding
+        return total
+
+    def _fit(self) -> bool:
+        """Show the per-term columns only when the whole table fits; True if that changed."""
+        if not self._rows or not self.size.width:
+            return False
+        room = self.scrollable_content_region.width or self.size.width
+        wanted = self._width_needed(True) <= room
+        if wanted == self.show_breakdown:
+            return False
+        self.show_breakdown = wanted
+        return True
+
+    def on_resize(self) -> None:
+        if self._fit():
+            self._rebuild()
 
     def watch_plan(self, plan: Plan | None) -> None:
         if plan is None:
             return
         rows = view.layout_rows(plan)
-        if [row.key.value for row in self.ordered_rows] == [row.key for row in rows]:
-            # Same layouts: update the cells in place (no relayout, so typing stays smooth).
-            for row in rows:
-                for column, cell in zip(self.COLUMN_KEYS, self._cells(row)):
-                    self.update_cell(row.key, column, cell)
+        same_layouts = [row.key.value for row in self.ordered_rows] == [row.key for row in rows]
+        self._rows = rows
+        if self._fit() or not same_layouts:
+            self._rebuild()
             return
+        # Same layouts: update the cells in place (no relayout, so typing stays smooth); a
+        # cell wider than its column widens the column.
+        shown = self._shown_keys()
+        for row in rows:
+            for column, cell in zip(self.COLUMN_KEYS, self._cells(row)):
+                if column in shown:
+                    self.update_cell(row.key, column, cell, update_width=True)
+
+    def _rebuild(self) -> None:
         cursor_key = self.selected_key
-        self.clear()
-        recommended_row = None
-        for index, row in enumerate(rows):
-            self.add_row(*self._cells(row), key=row.key)
-            if row.recommended:
-                recommended_row = index
-        keys = [row.key.value for row in self.ordered_rows]
-        if cursor_key in keys:
-            self.move_cursor(row=keys.index(cursor_key), animate=False)
-        elif recommended_row is not None:
-            self.move_cursor(row=recommended_row, animate=False)
+        self.clear(columns=True)
+        self._add_columns()
+        shown = self._shown_keys()
+        for row in self._rows:
+            cells = [cell for column, cell in zip(self.COLUMN_KEYS, self._cells(row)) if column in shown]
+            self.add_row(*cells, key=row.key)
+        if cursor_key is not None:
+            self.select_key(cursor_key)
 
     @staticmethod
     def _cells(row: view.LayoutRow) -> list[Text]:
+        """One Text per COLUMNS entry."""
         style = "bold" if row.recommended else ""
         return [
             Text.assemble(("★ " if row.recommended else "  ", "bold yellow"), (row.stage, style)),
@@ -91,12 +138,23 @@ class LayoutTable(DataTable):
             Text(row.tokens_per_s, justify="right"),
         ]
 
+    def cell_texts(self) -> dict[str, dict[str, str]]:
+        """The cells the table holds, as plain text: layout key -> column key -> text."""
+        keys = [column.key.value for column in self.ordered_columns]
+        return {row.key.value: dict(zip(keys, (str(cell) for cell in self.get_row(row.key))))
+                for row in self.ordered_rows}
+
     @property
     def selected_key(self) -> str | None:
         """The layout key under the cursor (None before the first plan)."""
         if not self.row_count:
             return None
         return self.ordered_rows[self.cursor_row].key.value
+
+    def select_key(self, key: str) -> None:
+        keys = [row.key.value for row in self.ordered_rows]
+        if key in keys and keys.index(key) != self.cursor_row:
+            self.move_cursor(row=keys.index(key), animate=False)
 
 
 class PlanPanel(Widget):
@@ -179,7 +237,10 @@ class BreakEvenPanel(PlanPanel):
         plan = self.plan
         if plan is None:
             return Text("")
-        out = Text(no_wrap=True, overflow="ellipsis")
+        out = Text()
+        scaling = view.scaling_text(plan)
+        if scaling:
+            out.append(f"Largest model that fits: {scaling}\n", style="dim")
         out.append(f"{'ZeRO Opt  Par':<14} {'max model':>9} {'max mb':>6}  {'limit':<5}  beyond →\n",
                    style="bold")
         rows = view.breakeven_rows(plan, self.crossovers)
@@ -266,10 +327,10 @@ class InputsPanel(Widget):
                     yield from self._row("Preset", Select(
                         _options(self._presets.models, v.get("preset")), value=_or_null(v.get("preset")),
                         prompt="custom", allow_blank=True, compact=True, id="preset"), "preset")
-                    yield from self._row("Size", Input(value="", placeholder="e.g. 70B",
+                    yield from self._row("Size", FieldInput(value="", placeholder="e.g. 70B",
                                                        compact=True, id="size"), "size")
                     for field, label in MODEL_INT_LABELS:
-                        yield from self._row(label, Input(value=v[field], compact=True, id=field,
+                        yield from self._row(label, FieldInput(value=v[field], compact=True, id=field,
                                                           placeholder="default" if field in ("kv_heads", "ffn") else ""),
                                              field)
                     yield from self._row("MLP", Select([(k, k) for k in ("gelu", "swiglu")],
@@ -278,8 +339,8 @@ class InputsPanel(Widget):
                     yield from self._row("Norm", Select([(k, k) for k in ("layernorm", "rmsnorm")],
                                                         value=v["norm"], allow_blank=False,
                                                         compact=True, id="norm"), "norm")
-                    yield Checkbox("Biases", v["bias"], compact=True, id="bias")
-                    yield Checkbox("Tied embeddings", v["tie_embeddings"], compact=True,
+                    yield TickBox("Biases", v["bias"], compact=True, id="bias")
+                    yield TickBox("Tied embeddings", v["tie_embeddings"], compact=True,
                                    id="tie_embeddings")
             with TabPane("Hardware", id="tab-hardware"):
                 with VerticalScroll(can_focus=False):
@@ -287,7 +348,7 @@ class InputsPanel(Widget):
                                                        value=v["gpu"], allow_blank=False,
                                                        compact=True, id="gpu"), "gpu")
                     for field, label in HARDWARE_INT_LABELS[:2]:
-                        yield from self._row(label, Input(value=v[field], compact=True, id=field), field)
+                        yield from self._row(label, FieldInput(value=v[field], compact=True, id=field), field)
                     yield from self._row("Intra link", Select(
                         _options(self._presets.links, v["intra_link"]), value=v["intra_link"],
                         allow_blank=False, compact=True, id="intra_link"), "intra_link")
@@ -296,11 +357,11 @@ class InputsPanel(Widget):
                         value=v["inter_link"], allow_blank=False, compact=True, id="inter_link"),
                         "inter_link")
                     for field, label in HARDWARE_INT_LABELS[2:]:
-                        yield from self._row(label, Input(value=v[field], compact=True, id=field), field)
+                        yield from self._row(label, FieldInput(value=v[field], compact=True, id=field), field)
             with TabPane("Training", id="tab-training"):
                 with VerticalScroll(can_focus=False):
                     for field, label in TRAINING_INT_LABELS:
-                        yield from self._row(label, Input(value=v[field], compact=True, id=field), field)
+                        yield from self._row(label, FieldInput(value=v[field], compact=True, id=field), field)
                     yield from self._row("Precision", Select(
                         [(k, k) for k in ("bf16", "fp16", "fp32")], value=v["precision"],
                         allow_blank=False, compact=True, id="precision"), "precision")
@@ -328,11 +389,17 @@ class InputsPanel(Widget):
             out[field] = None if value is Select.NULL else value
         return out
 
-    def set_values(self, values: Mapping[str, Any]) -> None:
-        """Show `values` without posting Changed (the app already knows them)."""
+    def set_values(self, values: Mapping[str, Any], into_focused: bool = False) -> None:
+        """Show `values` without posting Changed (the app already knows them). The field the
+        user is in is left alone (never write under someone typing) unless `into_focused`
+        (undo and load replace everything on purpose)."""
+        focused = self.app.focused
         with self.prevent(Input.Changed, Select.Changed, Checkbox.Changed):
             for field, value in values.items():
                 widget = self.query_one(f"#{field}")
+                if not into_focused and focused is not None and (
+                        focused is widget or widget in focused.ancestors):
+                    continue
                 if isinstance(widget, Select):
                     if value is None:
                         widget.clear()
@@ -353,7 +420,7 @@ class InputsPanel(Widget):
                 continue
             self.query_one(f"#row-{field}").set_class(bool(reason), "invalid")
             error = self.query_one(f"#error-{field}", Static)
-            error.update(f"↳ {reason}" if reason else "")
+            error.update(Text(f"↳ {readable(reason)}") if reason else "")
             error.display = bool(reason)
         self._marked = dict(errors)
 
@@ -383,9 +450,10 @@ def _option_values(select: Select) -> list[str]:
 
 
 class StatusLine(Widget):
-    """One line: the recommendation, or why the plan on screen is not the inputs' plan."""
+    """The recommendation with its whole reason (wrapped, never cut), or why the plan on
+    screen is not the inputs' plan."""
 
-    text: reactive[str] = reactive("")
+    text: reactive[str] = reactive("", layout=True)
 
     def render(self) -> Text:
-        return Text(self.text, no_wrap=True, overflow="ellipsis")
+        return Text(self.text)

@@ -1,0 +1,189 @@
+"""What the app does with the selected layout: export it, load a profile, verify it.
+
+A layout that does not fit is exported or verified only after the user has read why it
+does not fit and said yes; a plan that is not the fields' plan (a field invalid, planning
+pending) is refused with the fields to fix.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from zlayout.core.plan import LayoutPlan, Plan
+from zlayout.spec import Layout
+from zlayout.tui import view
+from zlayout.tui.backends import (ProfileIO, cli_verifier, default_profile_io, verification_missing,
+                                  verify_flags)
+from zlayout.tui.fields import field_label
+from zlayout.tui.screens import ConfirmScreen, PathScreen, VerifyOptions, VerifyOptionsScreen, VerifyScreen
+
+
+def why_it_does_not_fit(lp: LayoutPlan) -> str:
+    """One sentence: which memory runs out, by how much."""
+    mem = lp.memory
+    if not mem.fits_gpu:
+        return (f"{lp.layout.label} needs {view.fmt_gib(mem.gpu_device_used_bytes)} GiB per GPU; "
+                f"{view.fmt_gib(mem.gpu_usable_bytes)} GiB is usable")
+    if not mem.fits_host:
+        return (f"{lp.layout.label} needs {view.fmt_gib(mem.host_peak_bytes)} GiB of host RAM per node; "
+                f"the node has {view.fmt_gib(mem.host_capacity_bytes)} GiB")
+    return (f"{lp.layout.label} needs {view.fmt_gib(mem.nvme_bytes)} GiB of NVMe per node; "
+            f"the node has {view.fmt_gib(mem.nvme_capacity_bytes)} GiB")
+
+
+class LayoutActionsMixin:
+    """The ZLayoutApp half that exports, loads and verifies (mixed into the App class)."""
+
+    def _refuse_when_invalid(self, what: str) -> bool:
+        errors = {**self.input_errors, **self._extra_errors}
+        if errors:
+            names = ", ".join(field_label(field) for field in errors)
+            self.notify(f"Fix the marked fields first ({names}): {what} uses the inputs "
+                        "as they stand.", severity="warning", title=what.capitalize())
+            return True
+        if self.plan_pending:
+            self.notify(f"The plan of these inputs is still being computed: {what} again in a moment.",
+                        severity="warning", title=what.capitalize())
+            return True
+        return False
+
+    def _ask_if_it_does_not_fit(self, plan: Plan, layout: Layout, what: str,
+                                then: Callable[[], None]) -> None:
+        lp = plan.for_layout(layout)
+        if lp.memory.fits:
+            then()
+            return
+        self.push_screen(
+            ConfirmScreen(f"{layout.label} does not fit: {why_it_does_not_fit(lp)}. {what} it anyway?",
+                          yes=f"{what} anyway (y)", no="Cancel (n)"),
+            lambda yes: then() if yes else self.notify(f"Not {what.lower()}ed: pick a layout that fits "
+                                                       "(★ is the recommended one).", title=what))
+
+    def _resolve_profile_io(self) -> ProfileIO | None:
+        if self._profile_io is None:
+            resolved = default_profile_io()
+            if isinstance(resolved, str):
+                self.notify(resolved, severity="error", title="Profiles")
+                return None
+            self._profile_io = resolved
+        return self._profile_io
+
+    # -- export and load --------------------------------------------------------------------
+
+    def action_export(self) -> None:
+        layout = self.selected_layout()
+        plan = self.plan
+        if plan is None or layout is None or self._refuse_when_invalid("export"):
+            return
+        self._ask_if_it_does_not_fit(plan, layout, "Export", lambda: self._ask_export_path(plan, layout))
+
+    def _ask_export_path(self, plan: Plan, layout: Layout) -> None:
+        io = self._resolve_profile_io()
+        if io is None:
+            return
+        initial = f"profiles/{plan.input.model.name}-{layout.key}"
+
+        def check(path: str) -> str | None:
+            if not path:
+                return "type a directory (profile.toml, ds_config.json and launch scripts go in it) or a .toml file"
+            parent = Path(path).expanduser().parent
+            if Path(path).suffix == ".toml" and not parent.is_dir():
+                return f"{parent} does not exist: create it first or pick another path"
+            return None
+
+        def chosen(path: str | None) -> None:
+            if not path:
+                return
+            exists = getattr(io, "exists", None) or (lambda p: Path(p).exists())
+            if exists(path):
+                self.push_screen(ConfirmScreen(f"{path} already holds a profile. Overwrite it?"),
+                                 lambda yes: self._save(io, plan, layout, path) if yes else
+                                 self.notify("Not exported: nothing was overwritten.", title="Export"))
+            else:
+                self._save(io, plan, layout, path)
+
+        self.push_screen(PathScreen(f"Export {layout.label} as a profile", initial,
+                                    "a directory (profile.toml + ds_config.json + launch scripts) or a .toml file",
+                                    check), chosen)
+
+    def _save(self, io: ProfileIO, plan: Plan, layout: Layout, path: str) -> None:
+        try:
+            io.save(plan, layout, path)
+        except Exception as exc:
+            self.notify(f"Not exported: {exc}", severity="error", title="Export", markup=False)
+            return
+        self.notify(f"Exported {layout.label} to {path}", title="Export", markup=False)
+
+    def action_load(self) -> None:
+        io = self._resolve_profile_io()
+        if io is None:
+            return
+        loaded: dict[str, Any] = {}
+
+        def check(path: str) -> str | None:
+            if not path:
+                return "type the path of a profile.toml or of the directory that holds it"
+            try:
+                loaded["input"] = io.load(path)
+            except Exception as exc:
+                return str(exc).strip("'\"") or type(exc).__name__
+            return None
+
+        def chosen(path: str | None) -> None:
+            if path and "input" in loaded:
+                self.load_input(loaded["input"])
+                self.notify(f"Loaded {path}", title="Load", markup=False)
+
+        self.push_screen(PathScreen("Load a profile", "profiles/", "a profile.toml or its directory",
+                                    check), chosen)
+
+    # -- verify -------------------------------------------------------------------------------
+
+    def action_verify(self) -> None:
+        layout = self.selected_layout()
+        plan = self.plan
+        if plan is None or layout is None or self._refuse_when_invalid("verify"):
+            return
+        verifier = self._verifier
+        if verifier is None:
+            missing = verification_missing()
+            if missing:
+                self.notify(f"Cannot verify: {missing}.", severity="warning", title="Verify", markup=False)
+                return
+            verifier = cli_verifier
+        self._ask_if_it_does_not_fit(plan, layout, "Verify",
+                                     lambda: self._ask_how_to_verify(plan, layout, verifier))
+
+    def _ask_how_to_verify(self, plan: Plan, layout: Layout, verifier: Any) -> None:
+        def chosen(options: VerifyOptions | None) -> None:
+            if options is None:
+                return
+            if options.slurm_script:
+                self._write_slurm_script(plan, layout, options.slurm_script)
+                return
+            self.push_screen(VerifyScreen(plan.input, layout, verifier, cpu_processes=options.cpu_processes))
+
+        self.push_screen(VerifyOptionsScreen(plan.input, layout), chosen)
+
+    def _write_slurm_script(self, plan: Plan, layout: Layout, path: str) -> None:
+        """`zlayout verify --slurm PATH` for this plan, in a worker (it takes a second)."""
+        command = [sys.executable, "-m", "zlayout", "verify", *verify_flags(plan.input, layout),
+                   "--slurm", path]
+
+        def work() -> None:
+            try:
+                done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                self.call_from_thread(self.notify, f"No SLURM script: {exc}", severity="error",
+                                      title="Verify", markup=False)
+                return
+            text = (done.stdout or done.stderr).strip().splitlines()
+            line = text[-1] if text else f"zlayout verify exited with {done.returncode}"
+            self.call_from_thread(self.notify, line.removeprefix("zlayout: "),
+                                  severity="information" if done.returncode == 0 else "error",
+                                  title="SLURM script", markup=False, timeout=15)
+
+        self.run_worker(work, thread=True, group="slurm", exit_on_error=False)

@@ -1,0 +1,253 @@
+"""From what the user types to the plan on screen, off the input path.
+
+Every edit is validated at once (cheap: the field is marked while the user types), and the
+planning itself (50-300 ms: every layout, break-even searches) runs in a thread worker once
+the keys have paused for `PLAN_DEBOUNCE_S`. A result is shown only if no edit came after
+the one it was started for, so the plan on screen is always the plan of the fields as they
+stand, and a half-typed value is never planned. The app never writes into the field the
+user is in (see `InputsPanel.set_values`); the edits it makes (a preset or a size fills the
+architecture) are undoable with ctrl+z, like the user's own.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+from textual.message import Message
+
+from zlayout.core.plan import Plan
+from zlayout.spec import ModelSpec, PlanInput
+from zlayout.tui.form import FormInvalid, form_values, plan_input_from_form
+from zlayout.tui.widgets import InputsPanel
+
+PLAN_DEBOUNCE_S = 0.05  # keys closer than this are one edit: only the last state is planned
+UNDO_DEPTH = 100
+ARCHITECTURE_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "mlp", "norm",
+                       "bias", "tie_embeddings")
+
+
+@dataclass(frozen=True, slots=True)
+class InputState:
+    """What undo restores: the panel's values and the model they are edits of."""
+
+    values: Mapping[str, Any]
+    model_base: ModelSpec
+
+
+class PlanReady(Message):
+    """A worker finished planning edit `generation` (plan None: the planner raised `error`)."""
+
+    def __init__(self, generation: int, inp: PlanInput, plan: Plan | None,
+                 crossovers: tuple[Any, ...], error: str | None, elapsed_s: float) -> None:
+        super().__init__()
+        self.generation, self.inp, self.plan = generation, inp, plan
+        self.crossovers, self.error, self.elapsed_s = crossovers, error, elapsed_s
+
+
+class EditingMixin:
+    """The ZLayoutApp half that turns edits into plans (mixed into the App class)."""
+
+    _planner: Callable[[PlanInput], Plan]
+    _crossover_finder: Callable[[PlanInput], Sequence[Any]] | None
+
+    def _init_editing(self) -> None:
+        self.input_errors: dict[str, str] = {}
+        self._extra_errors: dict[str, str] = {}  # preset/size fields: not part of the input
+        self._shown_values: dict[str, Any] = {}  # the panel's values last validated
+        self._valid_input: PlanInput | None = None  # the fields' input, when they are valid
+        self._generation = 0  # bumped by every edit; a plan for an older one is dropped
+        self._planning_generation = -1  # the edit a worker is planning now (-1: none)
+        self._plan_timer = None
+        self._history: list[InputState] = []
+        self.recompute_s = 0.0  # the last planning time, for benchmarks/tui_startup.py
+
+    # -- edits ------------------------------------------------------------------------------
+
+    @property
+    def plan_pending(self) -> bool:
+        """True while the fields' plan is not on screen yet (debounce or worker running)."""
+        return self._plan_timer is not None or self._planning_generation >= 0
+
+    def inputs_edited(self) -> None:
+        """Validate the fields now; plan them once the keys pause."""
+        self._generation += 1
+        self._validate()
+        if self._plan_timer is not None:
+            self._plan_timer.stop()
+        self._plan_timer = self.set_timer(PLAN_DEBOUNCE_S, self._start_planning)
+
+    def plan_now(self) -> None:
+        """Plan the fields without waiting for a pause (start-up, load, undo)."""
+        self._generation += 1
+        self._validate()
+        if self._plan_timer is not None:
+            self._plan_timer.stop()
+            self._plan_timer = None
+        self._start_planning()
+
+    def _validate(self) -> None:
+        panel = self.query_one(InputsPanel)
+        values = panel.values()
+        try:
+            inp = plan_input_from_form(values, self._model_base, self._base_input, self._presets)
+            errors: dict[str, str] = {}
+        except FormInvalid as exc:
+            inp, errors = None, exc.errors
+        if inp is not None and inp.model.name == "custom" and (values["preset"] is not None or values["size"]):
+            panel.set_values({"preset": None, "size": ""})  # an edited architecture is no preset
+            values = panel.values()
+        self._shown_values = values
+        self._valid_input = inp
+        self.input_errors = errors
+        panel.mark_errors({**errors, **self._extra_errors})
+        self.show_status()
+
+    def _start_planning(self) -> None:
+        self._plan_timer = None
+        inp = self._valid_input
+        if inp is None or self._extra_errors:
+            return  # the status says which fields to fix; the last plan stays, marked stale
+        if self.plan is not None and inp == self.plan.input and self.planner_error is None:
+            self._commit_state()
+            self.show_status()
+            return
+        self._planning_generation = self._generation
+        self._plan_in_thread(self._generation, inp)
+
+    def _plan_in_thread(self, generation: int, inp: PlanInput) -> None:
+        planner, finder = self._planner, self._crossover_finder
+
+        def work() -> None:
+            started = time.perf_counter()
+            try:
+                plan = planner(inp)
+                crossovers = tuple(finder(inp)) if finder is not None else ()
+                error = None
+            except Exception as exc:  # a planner bug must not take the app down
+                plan, crossovers, error = None, (), f"{type(exc).__name__}: {exc}"
+            self.post_message(PlanReady(generation, inp, plan, crossovers, error,
+                                        time.perf_counter() - started))
+
+        self.run_worker(work, thread=True, group="plan", exit_on_error=False)
+
+    def plan_ready(self, message: PlanReady) -> None:
+        if message.generation != self._generation:
+            if message.generation == self._planning_generation:
+                self._planning_generation = -1
+                if self._plan_timer is None and self._valid_input is not None:
+                    self._start_planning()  # the edits since were no-ops for planning
+            return
+        self._planning_generation = -1
+        self.recompute_s = message.elapsed_s
+        if message.plan is None:
+            self.planner_error = message.error
+            self.show_status()
+            return
+        self.planner_error = None
+        self._crossovers = message.crossovers
+        self.plan = message.plan
+        self._commit_state()
+
+    # -- presets, size, GPU ---------------------------------------------------------------------
+
+    def field_changed(self, field: str) -> None:
+        panel = self.query_one(InputsPanel)
+        values = panel.values()
+        if values.get(field) == self._shown_values.get(field):
+            return  # a select announcing the value it was built with, not an edit
+        if field == "preset":
+            self._extra_errors.pop("preset", None)
+            if values["preset"] is not None:
+                self._use_model(self._load_model(values["preset"]), from_size=False)
+        elif field == "size":
+            self._extra_errors.pop("size", None)
+            if values["size"].strip():
+                self._use_model(self._model_of_size(values["size"]), from_size=True)
+        elif field == "gpu" and values["gpu"]:
+            self._follow_gpu_link(values["gpu"])
+        self.inputs_edited()
+
+    def _load_model(self, name: str) -> ModelSpec | None:
+        try:
+            return self._presets.load_model(name)
+        except Exception as exc:  # the catalog's message names what exists
+            self._extra_errors["preset"] = str(exc).strip("'\"")
+            return None
+
+    def _model_of_size(self, text: str) -> ModelSpec | None:
+        try:
+            return self._presets.model_of_size(text.strip())
+        except Exception as exc:  # the catalog's message says what to type
+            message = str(exc).strip("'\"")
+            if not any(example in message for example in ("70B", "13B", "350M")):
+                message += " (type a size with a unit: 70B, 350M, 1.5T or 13e9)"
+            self._extra_errors["size"] = message
+            return None
+
+    def _use_model(self, model: ModelSpec | None, from_size: bool) -> None:
+        if model is None:
+            return
+        if from_size and self._model_base.name == "custom":
+            self.notify("Size replaced the architecture you entered: ctrl+z brings it back.",
+                        title="Size")
+        self._model_base = model
+        values = {k: v for k, v in form_values(self._base_input.model_copy(
+            update={"model": model})).items() if k in ARCHITECTURE_FIELDS}
+        if from_size:
+            values["preset"] = model.name if model.name in self._presets.models else None
+        else:
+            values["size"] = ""
+        self.query_one(InputsPanel).set_values(values)
+
+    def _follow_gpu_link(self, gpu_name: str) -> None:
+        """A new GPU brings its own intra-node link (NVLink generation), as the CLI does."""
+        if self._presets.default_intra_link is None:
+            return
+        try:
+            link = self._presets.default_intra_link(gpu_name)
+        except Exception:
+            return
+        self.query_one(InputsPanel).set_values({"intra_link": link})
+
+    # -- undo -----------------------------------------------------------------------------------
+
+    def _commit_state(self) -> None:
+        """Remember the fields whose plan is on screen: a step ctrl+z returns to."""
+        values = dict(self.query_one(InputsPanel).values())
+        if self._history and self._history[-1].values == values:
+            return
+        self._history.append(InputState(values, self._model_base))
+        del self._history[:-UNDO_DEPTH]
+
+    def action_undo(self) -> None:
+        """Back to the previous planned inputs (the fields as they were, every one)."""
+        current = self.query_one(InputsPanel).values()
+        if self._history and self._history[-1].values != current:
+            target = self._history[-1]  # unplanned edits since the last plan: drop them first
+        elif len(self._history) >= 2:
+            self._history.pop()
+            target = self._history[-1]
+        else:
+            self.notify("Nothing to undo.", title="Undo")
+            return
+        self._model_base = target.model_base
+        self._extra_errors.clear()
+        self.query_one(InputsPanel).set_values(target.values, into_focused=True)
+        self.plan_now()
+
+    def load_input(self, inp: PlanInput) -> None:
+        """Show `inp` in every field and plan it (what loading a profile does)."""
+        self._base_input = inp
+        self._model_base = inp.model
+        self._extra_errors.clear()
+        values = self._panel_values(inp)
+        values["size"] = ""
+        self.query_one(InputsPanel).set_values(values, into_focused=True)
+        self.plan_now()
+
+    def _panel_values(self, inp: PlanInput) -> dict[str, Any]:
+        values = form_values(inp)
+        values["preset"] = inp.model.name if inp.model.name in self._presets.models else None
+        return values
