@@ -22,7 +22,8 @@ from pydantic import ValidationError
 from zlayout.spec import (BOUNDS, GiB, HardwareSpec, Layout, ModelSpec, PlanInput, TrainingSpec,
                           ZeroKnobs)
 
-SUBCOMMANDS = ("plan", "breakeven", "export", "show", "check", "diff", "verify", "calibrate", "serve")
+SUBCOMMANDS = ("plan", "breakeven", "export", "show", "check", "diff", "verify", "calibrate", "serve",
+               "app")
 
 OFFLOAD_CHOICES = ("none", "cpu", "nvme")
 

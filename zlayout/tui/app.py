@@ -288,6 +288,7 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
             return
         state = {
             "values": self.query_one(InputsPanel).values(),
+            "focused": self.focused.id if self.focused is not None else None,
             "pending": self.plan_pending,
             "errors": {**self.input_errors, **self._extra_errors},
             "plan_input": self.plan.input.model_dump(mode="json") if self.plan else None,

@@ -67,8 +67,11 @@ class EditingMixin:
 
     @property
     def plan_pending(self) -> bool:
-        """True while the fields' plan is not on screen yet (debounce or worker running)."""
-        return self._plan_timer is not None or self._planning_generation >= 0
+        """True while the fields' plan is not on screen yet: edits not yet seen (their
+        Changed messages are queued), the pause not yet over, or the worker still planning."""
+        if self._plan_timer is not None or self._planning_generation >= 0:
+            return True
+        return self.query_one(InputsPanel).values() != self._shown_values
 
     def inputs_edited(self) -> None:
         """Validate the fields now; plan them once the keys pause."""

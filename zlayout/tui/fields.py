@@ -1,12 +1,14 @@
 """The input widgets the panel and the dialogs type into, and the names users read.
 
-`FieldInput` exists because of how Textual routes keys: a printable key is handled by the
-focused Input at once, while an editing key (backspace, arrows, home/end) is an Input
-*binding* that only runs after the key has bubbled through the widget tree, several
-message hops later. When keys arrive together (SSH delivers a burst in one read) a
-character overtakes the backspace typed before it: `End BSpace 8` on "1" gives "1"
-instead of "8". `FieldInput` runs its own editing bindings as the key arrives, so every
-key takes effect in the order it was typed.
+`FieldInput` exists because of how Textual routes keys. The app hands every key to the
+widget focused when it reads the key; the Input inserts a printable key at once, but an
+editing key (backspace, arrows, home/end) or a focus key (tab) is a *binding* that runs
+only after the key has bubbled up the widget tree, several message hops later. When keys
+arrive together (SSH delivers a burst in one read) a character overtakes the backspace
+typed before it (`End BSpace 8` on "1" gave "1"), and the keys typed after a tab land in
+the field the tab was leaving. `FieldInput` runs the bindings of a key as it handles the
+key, and passes on the keys that reach it after an earlier one moved the focus, so every
+key takes effect in the order it was typed, in the field it was typed into.
 """
 
 from __future__ import annotations
@@ -47,29 +49,25 @@ def readable(message: str) -> str:
     return _INTERNAL_RE.sub(lambda m: _INTERNAL_NAMES[m.group(1)], message)
 
 
-def _editing_keys() -> dict[str, str]:
-    keys: dict[str, str] = {}
-    for binding in Input.BINDINGS:
-        key, action = (binding.key, binding.action) if hasattr(binding, "key") else binding[:2]
-        for one in key.split(","):
-            keys[one.strip()] = action
-    return keys
-
-
 class FieldInput(Input):
-    """An Input whose editing keys take effect in the order they were typed (see above)."""
-
-    EDITING_KEYS = _editing_keys()
+    """An Input whose keys take effect in the order they were typed (see above)."""
 
     async def _on_key(self, event: events.Key) -> None:
-        action = self.EDITING_KEYS.get(event.key)
-        if action is None:
-            await super()._on_key(event)
+        focused = self.app.focused
+        if focused is not self:
+            # An earlier key of this burst moved the focus: this key belongs to the new field.
+            event.stop()
+            event.prevent_default()
+            passed_on = events.Key(event.key, event.character)
+            passed_on._set_forwarded()
+            (focused or self.screen).post_message(passed_on)
             return
-        event.stop()
-        event.prevent_default()
-        self._restart_blink()
-        await self.run_action(action)
+        if not event.is_printable and await self.app._check_bindings(event.key):
+            event.stop()  # the binding (this Input's, the screen's or the app's) ran now
+            event.prevent_default()
+            self._restart_blink()
+            return
+        await super()._on_key(event)
 
 
 class TickBox(Checkbox):

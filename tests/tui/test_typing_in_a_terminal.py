@@ -1,0 +1,98 @@
+"""No keystroke is lost: the real app in a pseudo-terminal, keys written in bursts.
+
+Each burst is one write of 30+ key bytes with edits in it (end, backspaces, tabs to the
+next field), the way keys arrive over SSH. The test then reads the app's state back
+(f12 dump) and checks the exact field values, and that the plan on screen is the plan of
+those fields: its input is what the fields make, and every table cell is that plan's.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pty_app import PtyApp, keys
+from zlayout import catalog
+from zlayout.core.plan import make_plan
+from zlayout.spec import PlanInput
+from zlayout.tui import view
+from zlayout.tui.form import form_values, plan_input_from_form
+from zlayout.tui.backends import catalog_presets
+from zlayout.tui.widgets import LayoutTable
+
+
+@pytest.fixture
+def terminal_app(tmp_path):
+    apps = []
+
+    def start(args, size):
+        app = PtyApp(args, size, tmp_path / "state.json")
+        apps.append(app)
+        app.settled()
+        return app
+
+    yield start
+    for app in apps:
+        app.close()
+
+
+def assert_plan_is_the_fields_plan(state):
+    """The plan on screen is the plan of the fields as they stand, cell for cell."""
+    shown = PlanInput.model_validate(state["plan_input"])
+    rebuilt = plan_input_from_form(state["values"], shown.model, shown, catalog_presets())
+    assert rebuilt == shown
+    plan = make_plan(shown)
+    titles = dict(LayoutTable.COLUMNS)
+    for row in view.layout_rows(plan):
+        cells = dict(zip(LayoutTable.COLUMN_KEYS, (str(c) for c in LayoutTable._cells(row))))
+        table_row = state["table"][row.key]
+        assert table_row == {key: cells[key] for key in table_row}, (row.key, titles)
+
+
+@pytest.mark.parametrize("size", [(160, 48), (80, 24)], ids=["160x48", "80x24"])
+def test_bursts_of_keys_into_several_fields_are_all_applied(terminal_app, size):
+    app = terminal_app(["app", "--preset", "llama3-8b", "--gpu", "h200", "--gpus-per-node", "8"], size)
+    if size[0] < 120:
+        app.write(keys("\x02"))  # ctrl+b: the inputs panel (hidden at first below 120 columns)
+    app.focus("layers")
+    # layers 32 -> 48, hidden 4096 -> 6144, heads 32 -> 48, kv heads 8 -> 6: one write
+    burst = keys("end", "backspace", "backspace", "48", "tab",
+                 "end", *["backspace"] * 4, "6144", "tab",
+                 "end", "backspace", "backspace", "48", "tab",
+                 "end", "backspace", "6")
+    assert len(burst) >= 30
+    app.write(burst)
+    # and straight after, a second burst with a typo fixed in it: ffn 14336 -> 16384
+    app.write(keys("tab", "end", *["backspace"] * 5, "1638x", "backspace", "4"))
+    state = app.settled(until=lambda s: s["values"]["ffn"] == "16384")
+    values = state["values"]
+    assert (values["layers"], values["hidden"], values["heads"], values["kv_heads"], values["ffn"]) == \
+        ("48", "6144", "48", "6", "16384")
+    assert state["errors"] == {}
+    model = PlanInput.model_validate(state["plan_input"]).model
+    assert (model.layers, model.hidden, model.heads, model.kv_heads, model.ffn) == (48, 6144, 48, 6, 16384)
+    assert model.name == "custom" and values["preset"] is None
+    assert_plan_is_the_fields_plan(state)
+
+
+def test_size_typed_in_a_burst_then_undone(terminal_app):
+    app = terminal_app(["app", "--layers", "48", "--hidden", "6144", "--heads", "48", "--vocab", "32000"],
+                       (160, 48))
+    app.focus("size")
+    # 70B typed and erased, 13B typed, its "13" deleted from the left, 7 typed, B retyped
+    app.write(keys("70B", "backspace", "backspace", "backspace", "13B", "left", "left", "left",
+                   "delete", "delete", "backspace", "7", "end", "backspace", "B"))
+    sized = catalog.model_for_size(catalog.parse_size("7B"))
+    state = app.settled(until=lambda s: s["values"]["size"] == "7B")
+    assert state["values"]["layers"] == str(sized.layers)
+    assert state["values"]["hidden"] == str(sized.hidden)
+    assert PlanInput.model_validate(state["plan_input"]).model.params == sized.params
+    assert_plan_is_the_fields_plan(state)
+    # ctrl+z, as often as it takes, brings the architecture typed on the command line back
+    for _ in range(10):
+        app.write(keys("ctrl+z"))
+        state = app.settled()
+        if state["values"]["hidden"] == "6144":
+            break
+    values = state["values"]
+    assert (values["layers"], values["hidden"], values["heads"], values["size"]) == ("48", "6144", "48", "")
+    assert_plan_is_the_fields_plan(state)

@@ -1,0 +1,59 @@
+"""`zlayout app [plan flags | PROFILE]`: the terminal app, opened on these inputs.
+
+Plain `zlayout` opens it too (on Llama 3 8B, 8 H200s). With plan flags the app starts on
+the model and hardware they describe (no model flag: Llama 3 8B on that hardware); with a
+profile, on every input the profile carries. Without a terminal it prints one line and
+exits 2 instead of drawing escape codes into a pipe.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from zlayout.cli import UsageError, add_plan_arguments, plan_input_from_args
+
+MODEL_FLAGS = ("preset", "params", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab")
+DEFAULT_PRESET = "llama3-8b"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("app", help="the terminal app, pre-filled from plan flags or a profile",
+                            description=__doc__.splitlines()[0])
+    parser.add_argument("profile", nargs="?", metavar="PROFILE",
+                        help="a profile.toml (or its directory) whose inputs the app opens on")
+    add_plan_arguments(parser, with_layout=False)
+    parser.set_defaults(func=lambda args: run(args, parser))
+
+
+def _flags_given(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[str]:
+    """The plan flags typed on the command line (those that differ from their default)."""
+    return [name for name, value in vars(args).items()
+            if name not in ("profile", "func", "command", "json") and value != parser.get_default(name)]
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from zlayout.tui.app import run_app
+
+    given = _flags_given(args, parser)
+    if args.profile is not None:
+        if given:
+            raise UsageError(f"give either a PROFILE or plan flags, not both (got {args.profile} "
+                             f"and --{given[0].replace('_', '-')}); e.g. zlayout app {args.profile}")
+        return run_app(_profile_input(args.profile))
+    if not given:
+        return run_app()
+    if not any(getattr(args, name, None) is not None for name in MODEL_FLAGS):
+        args.preset = DEFAULT_PRESET
+    return run_app(plan_input_from_args(args))
+
+
+def _profile_input(path: str):
+    from zlayout import profile
+
+    try:
+        return profile.load_profile(path).plan_input()
+    except (OSError, ValueError, KeyError) as exc:
+        raise UsageError(f"cannot open {path} in the app: {str(exc).strip(chr(39))} "
+                         "(give a profile.toml or its directory, e.g. zlayout app profiles/llama3-8b)") from None
+    except Exception as exc:  # a profile error class of zlayout.profile
+        raise UsageError(f"cannot open {path} in the app: {exc}") from None
