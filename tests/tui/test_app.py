@@ -10,15 +10,15 @@ import pytest
 from rich.console import Console
 from textual.widgets import Input, Log, Static
 
-from tui_fakes import FakeVerifier, fixed_input, stub_planner
+from tui_fakes import FakeVerifier, fixed_input, settle, stub_planner
 from zlayout.core.plan import make_plan
 from zlayout.spec import all_layouts
-from zlayout.tui import app as app_module
+from zlayout.tui import actions as actions_module
 from zlayout.tui.app import ZLayoutApp
 from zlayout.tui.backends import default_profile_io
 from zlayout.tui.form import form_values
 from zlayout.tui.screens import (ConfirmScreen, DetailScreen, HelpScreen, PathScreen,
-                                 VerifyScreen)
+                                 VerifyOptionsScreen, VerifyScreen)
 from zlayout.tui.widgets import InputsPanel, LayoutTable
 
 WIDE = (160, 48)
@@ -46,7 +46,7 @@ async def type_into(pilot, field_id: str, text: str, keys: bool = False) -> None
         await pilot.press("ctrl+a", "ctrl+k", *text)
     else:
         widget.value = text
-    await pilot.pause()
+    await settle(pilot)
 
 
 def screen_text(app) -> str:
@@ -70,7 +70,8 @@ def error_text(app: ZLayoutApp, field: str) -> str:
 
 async def test_shows_every_layout_with_the_recommended_one_starred():
     app = make_app()
-    async with app.run_test(size=WIDE):
+    async with app.run_test(size=WIDE) as pilot:
+        await settle(pilot)
         table = app.query_one(LayoutTable)
         assert table.row_count == len(all_layouts())
         recommended = app.plan.recommendation.layout
@@ -84,6 +85,7 @@ async def test_shows_every_layout_with_the_recommended_one_starred():
 async def test_every_keystroke_replaces_the_plan():
     app = make_app()
     async with app.run_test(size=WIDE) as pilot:
+        await settle(pilot)
         first = app.plan
         await type_into(pilot, "seq", "8192", keys=True)
         assert app.plan is not first
@@ -95,6 +97,7 @@ async def test_every_keystroke_replaces_the_plan():
 async def test_an_invalid_value_is_marked_and_the_plan_stays():
     app = make_app()
     async with app.run_test(size=WIDE) as pilot:
+        await settle(pilot)
         good = app.plan
         await type_into(pilot, "hidden", "40x6", keys=True)
         assert app.is_running
@@ -102,7 +105,9 @@ async def test_an_invalid_value_is_marked_and_the_plan_stays():
         assert "whole number" in error_text(app, "hidden")
         assert app.plan is good
         status = app.query_one("#recommendation").text
-        assert "invalid" in status and "hidden" in status
+        assert "invalid" in status and "Hidden" in status  # the field's label, not its internal name
+        assert app.query_one(LayoutTable).has_class("stale")  # the plan shown is not these inputs'
+
         await type_into(pilot, "hidden", "2048")
         assert "invalid" not in row_classes(app, "hidden")
         assert app.plan.input.model.hidden == 2048
@@ -111,6 +116,7 @@ async def test_an_invalid_value_is_marked_and_the_plan_stays():
 async def test_a_cross_field_error_names_the_field_with_pydantics_reason():
     app = make_app()
     async with app.run_test(size=WIDE) as pilot:
+        await settle(pilot)
         good = app.plan
         await type_into(pilot, "heads", "33")
         assert "invalid" in row_classes(app, "heads")
@@ -121,6 +127,7 @@ async def test_a_cross_field_error_names_the_field_with_pydantics_reason():
 async def test_zero_and_negative_numbers_are_refused():
     app = make_app()
     async with app.run_test(size=WIDE) as pilot:
+        await settle(pilot)
         good = app.plan
         await type_into(pilot, "gpus_per_node", "0")
         assert "greater than 0" in error_text(app, "gpus_per_node")
@@ -132,6 +139,7 @@ async def test_zero_and_negative_numbers_are_refused():
 async def test_multi_node_without_an_inter_node_link_is_marked_on_the_link():
     app = make_app()
     async with app.run_test(size=WIDE) as pilot:
+        await settle(pilot)
         panel = app.query_one(InputsPanel)
         panel.set_values({"inter_link": "none"})
         await type_into(pilot, "nodes", "2")
@@ -147,10 +155,11 @@ async def test_a_planner_failure_keeps_the_app_and_the_last_plan():
 
     app = make_app(planner=planner)
     async with app.run_test(size=WIDE) as pilot:
+        await settle(pilot)
         await type_into(pilot, "seq", "123", keys=True)
         good = app.plan
         await pilot.press("4")
-        await pilot.pause()
+        await settle(pilot)
         assert app.plan is good
         assert "planner failed" in app.query_one("#recommendation").text
         await type_into(pilot, "seq", "2048")
@@ -160,24 +169,26 @@ async def test_a_planner_failure_keeps_the_app_and_the_last_plan():
 async def test_the_size_field_maps_onto_a_model_family():
     app = make_app()
     async with app.run_test(size=WIDE) as pilot:
+        await settle(pilot)
         await type_into(pilot, "size", "70B")
         params = app.plan.input.model.params
         assert 60e9 < params < 80e9
         assert app.query_one("#layers", Input).value == str(app.plan.input.model.layers)
         await type_into(pilot, "size", "lots")
         assert "invalid" in row_classes(app, "size")
-        assert "70B" in error_text(app, "size")
+        assert "13B" in error_text(app, "size")  # says what to type
         assert app.plan.input.model.params == params
 
 
 async def test_the_model_preset_select_searches_as_you_type_and_fills_the_architecture():
     app = make_app()
     async with app.run_test(size=WIDE) as pilot:
+        await settle(pilot)
         app.query_one("#preset").focus()
         await pilot.press("enter")
         await pilot.press(*"llama3-70")
         await pilot.press("enter")
-        await pilot.pause()
+        await settle(pilot)
         model = app.plan.input.model
         assert model.name == "llama3-70b"
         assert app.query_one("#layers", Input).value == "80"
@@ -190,8 +201,9 @@ async def test_the_model_preset_select_searches_as_you_type_and_fills_the_archit
 async def test_choosing_a_gpu_brings_its_intra_node_link():
     app = make_app()
     async with app.run_test(size=WIDE) as pilot:
+        await settle(pilot)
         app.query_one("#gpu").value = "a100-80gb"
-        await pilot.pause()
+        await settle(pilot)
         hardware = app.plan.input.hardware
         assert hardware.gpu.name == "a100-80gb"
         assert hardware.intra_link.name == "nvlink3"
@@ -202,6 +214,7 @@ async def test_choosing_a_gpu_brings_its_intra_node_link():
 async def test_enter_on_a_row_shows_its_terms_and_ds_config():
     app = make_app()
     async with app.run_test(size=WIDE) as pilot:
+        await settle(pilot)
         table = app.query_one(LayoutTable)
         table.focus()
         await pilot.press("down", "down", "enter")
@@ -224,13 +237,14 @@ async def submit_path(pilot, path: Path | str) -> None:
     field = pilot.app.screen.query_one("#path-input", Input)
     field.value = str(path)
     await pilot.press("enter")
-    await pilot.pause()
+    await settle(pilot)
 
 
 async def test_export_asks_for_a_path_and_never_overwrites_without_asking(tmp_path):
     app = make_app()
     target = tmp_path / "team-profile"
     async with app.run_test(size=WIDE) as pilot:
+        await settle(pilot)
         await pilot.press("ctrl+s")
         assert isinstance(app.screen, PathScreen)
         await submit_path(pilot, target)
@@ -258,6 +272,7 @@ async def test_export_asks_for_a_path_and_never_overwrites_without_asking(tmp_pa
 async def test_export_refuses_while_a_field_is_invalid(tmp_path):
     app = make_app()
     async with app.run_test(size=WIDE) as pilot:
+        await settle(pilot)
         await type_into(pilot, "seq", "x")
         app.query_one(LayoutTable).focus()
         await pilot.press("ctrl+s")
@@ -279,6 +294,7 @@ async def test_load_restores_every_input(tmp_path):
 
     app = make_app()
     async with app.run_test(size=WIDE) as pilot:
+        await settle(pilot)
         await pilot.press("ctrl+o")
         await submit_path(pilot, path)
         assert app.plan.input == io.load(str(path))
@@ -293,6 +309,7 @@ async def test_load_of_a_broken_profile_says_why_and_keeps_the_plan(tmp_path):
     broken.write_text("schema_version = 1\n[inputs\n")
     app = make_app()
     async with app.run_test(size=WIDE) as pilot:
+        await settle(pilot)
         good = app.plan
         await pilot.press("ctrl+o")
         await submit_path(pilot, broken)
@@ -313,14 +330,24 @@ async def wait_until(predicate, pilot, timeout_s: float = 5.0) -> None:
     raise AssertionError("condition not reached")
 
 
+async def start_verify(pilot, how: str = "g") -> None:
+    """ctrl+r, then the way to run it: g (this node's GPUs), c (CPU check)."""
+    await pilot.press("ctrl+r")
+    await pilot.pause()
+    if isinstance(pilot.app.screen, VerifyOptionsScreen):
+        await pilot.press(how)
+        await pilot.pause()
+
+
 async def test_verify_streams_the_output_and_shows_the_result():
     result = '{"status": "validated", "measured": {"gpu_peak_allocated_bytes": 100}, ' \
              '"predicted": {"gpu_peak_allocated_bytes": 104}}'
     verifier = FakeVerifier(["preflight PASS gpus", "[rank 0] step 1/2: loss 10.4", result])
     app = make_app(verifier=verifier)
     async with app.run_test(size=WIDE) as pilot:
+        await settle(pilot)
         selected = app.selected_layout()
-        await pilot.press("ctrl+r")
+        await start_verify(pilot)
         screen = app.screen
         assert isinstance(screen, VerifyScreen)
         await wait_until(lambda: screen.state == "finished", pilot)
@@ -338,7 +365,8 @@ async def test_cancel_stops_the_verification():
     verifier = FakeVerifier(["rank 0 starting"], wait_for_cancel=True)
     app = make_app(verifier=verifier)
     async with app.run_test(size=WIDE) as pilot:
-        await pilot.press("ctrl+r")
+        await settle(pilot)
+        await start_verify(pilot)
         screen = app.screen
         await wait_until(lambda: screen.lines == ["rank 0 starting"], pilot)
         await pilot.press("escape")
@@ -353,7 +381,8 @@ async def test_a_failing_verifier_is_reported_not_fatal():
     verifier = FakeVerifier(["launching"], error=RuntimeError("torchrun not found"))
     app = make_app(verifier=verifier)
     async with app.run_test(size=WIDE) as pilot:
-        await pilot.press("ctrl+r")
+        await settle(pilot)
+        await start_verify(pilot)
         screen = app.screen
         await wait_until(lambda: screen.state == "failed", pilot)
         assert app.is_running
@@ -361,11 +390,12 @@ async def test_a_failing_verifier_is_reported_not_fatal():
 
 
 async def test_verify_says_what_is_missing_when_it_cannot_run(monkeypatch):
-    monkeypatch.setattr(app_module, "verification_missing",
+    monkeypatch.setattr(actions_module, "verification_missing",
                         lambda: "`zlayout verify` (issue 5) is missing")
     app = make_app()
     async with app.run_test(size=WIDE) as pilot:
-        await pilot.press("ctrl+r")
+        await settle(pilot)
+        await start_verify(pilot)
         await pilot.pause()
         assert not isinstance(app.screen, VerifyScreen)
         assert any("zlayout verify" in n.message for n in app._notifications)
@@ -376,6 +406,7 @@ async def test_verify_says_what_is_missing_when_it_cannot_run(monkeypatch):
 async def test_pin_then_change_shows_the_deltas_side_by_side():
     app = make_app()
     async with app.run_test(size=WIDE) as pilot:
+        await settle(pilot)
         await pilot.press("ctrl+t")
         pinned = app.pinned
         assert pinned is app.plan
@@ -392,6 +423,7 @@ async def test_pin_then_change_shows_the_deltas_side_by_side():
 async def test_help_lists_every_key_binding():
     app = make_app()
     async with app.run_test(size=COMPACT) as pilot:
+        await settle(pilot)
         await pilot.press("f1")
         assert isinstance(app.screen, HelpScreen)
         described = dict(app.screen.keys)
@@ -413,6 +445,7 @@ async def test_help_lists_every_key_binding():
 async def test_the_command_palette_runs_the_actions(query, check):
     app = make_app()
     async with app.run_test(size=WIDE) as pilot:
+        await settle(pilot)
         await pilot.press("ctrl+p")
         await pilot.press(*query)
         await pilot.pause(0.3)
@@ -424,6 +457,7 @@ async def test_the_command_palette_runs_the_actions(query, check):
 async def test_compact_terminal_hides_the_inputs_until_asked():
     app = make_app()
     async with app.run_test(size=COMPACT) as pilot:
+        await settle(pilot)
         panel = app.query_one(InputsPanel)
         assert not panel.display
         assert app.query_one(LayoutTable).has_focus
@@ -436,6 +470,7 @@ async def test_compact_terminal_hides_the_inputs_until_asked():
 async def test_escape_returns_to_the_table_and_ctrl_q_quits():
     app = make_app()
     async with app.run_test(size=WIDE) as pilot:
+        await settle(pilot)
         app.query_one("#seq").focus()
         await pilot.press("escape")
         assert app.query_one(LayoutTable).has_focus
@@ -448,6 +483,7 @@ async def test_snapshot_stub_planner_drives_the_app_too():
     """The stub the snapshots use goes through the same path as the real planner."""
     app = make_app(planner=stub_planner, crossovers=None)
     async with app.run_test(size=WIDE) as pilot:
+        await settle(pilot)
         await type_into(pilot, "seq", "1024")
         assert app.plan == stub_planner(app.plan.input)
         await asyncio.sleep(0)
@@ -461,6 +497,7 @@ async def test_when_nothing_fits_a_suggestion_can_be_applied_from_the_palette():
                                       "hardware": base.hardware.model_copy(update={"gpus_per_node": 2})})
     app = make_app(initial=too_big)
     async with app.run_test(size=WIDE) as pilot:
+        await settle(pilot)
         fixes = app.plan.recommendation.fixes
         assert app.plan.recommendation.layout is None and fixes
         assert "Apply suggestion" in app.query_one("#recommendation").text
@@ -468,7 +505,7 @@ async def test_when_nothing_fits_a_suggestion_can_be_applied_from_the_palette():
         await pilot.press(*"apply suggestion")
         await pilot.pause(0.3)
         await pilot.press("enter")
-        await pilot.pause()
+        await settle(pilot)
         assert app.plan.input == fixes[0].input
         assert app.plan.recommendation.layout is not None
         assert app.selected_layout() == fixes[0].layout
@@ -494,6 +531,7 @@ async def test_a_profile_io_passed_in_is_used_for_export_and_load(tmp_path):
     existing = tmp_path / "taken.toml"
     existing.write_text("x")
     async with app.run_test(size=WIDE) as pilot:
+        await settle(pilot)
         await pilot.press("ctrl+s")
         await submit_path(pilot, existing)
         assert isinstance(app.screen, ConfirmScreen)  # the file is there: ask
@@ -517,7 +555,8 @@ async def test_quitting_during_a_verification_stops_it():
     verifier = FakeVerifier(["rank 0 starting"], wait_for_cancel=True)
     app = make_app(verifier=verifier)
     async with app.run_test(size=WIDE) as pilot:
-        await pilot.press("ctrl+r")
+        await settle(pilot)
+        await start_verify(pilot)
         assert verifier.started.wait(5)
         await pilot.press("ctrl+q")
         await pilot.pause()
@@ -527,14 +566,15 @@ async def test_quitting_during_a_verification_stops_it():
 async def test_the_inputs_are_reachable_from_the_keyboard_alone():
     app = make_app()
     async with app.run_test(size=COMPACT) as pilot:
+        await settle(pilot)
         await pilot.press("ctrl+b", "tab", "enter", *"mistral", "enter")
-        await pilot.pause()
+        await settle(pilot)
         assert app.plan.input.model.name == "mistral-7b"
         await pilot.press("shift+tab", "right", "tab")  # the tab bar: Model -> Hardware
         await pilot.pause()
         assert app.focused.id == "gpu"
         await pilot.press("tab", "ctrl+a", "ctrl+k", "4")  # GPUs per node
-        await pilot.pause()
+        await settle(pilot)
         assert app.plan.input.hardware.gpus_per_node == 4
         await pilot.press("escape")
         assert app.query_one(LayoutTable).has_focus
@@ -543,13 +583,16 @@ async def test_the_inputs_are_reachable_from_the_keyboard_alone():
 async def test_choosing_the_same_preset_again_after_an_edit_restores_it():
     app = make_app()
     async with app.run_test(size=WIDE) as pilot:
+        await settle(pilot)
         preset = app.query_one("#preset")
         preset.value = "llama3-8b"
-        await pilot.pause()
+        await settle(pilot)
         assert app.plan.input.model.name == "llama3-8b"
         await type_into(pilot, "layers", "7")
         assert app.plan.input.model.name == "custom" and preset.is_blank()
-        preset.value = "llama3-8b"
+        preset.focus()  # where the user is when choosing a preset (the app never writes into the focused field)
         await pilot.pause()
+        preset.value = "llama3-8b"
+        await settle(pilot)
         assert app.plan.input.model.name == "llama3-8b"
         assert app.query_one("#layers", Input).value == "32"

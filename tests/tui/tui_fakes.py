@@ -122,8 +122,10 @@ class FakeVerifier:
         self.cleaned_up = threading.Event()
         self.calls: list[tuple[PlanInput, Layout]] = []
 
-    def __call__(self, inp: PlanInput, layout: Layout, cancel: threading.Event) -> Iterator[str]:
+    def __call__(self, inp: PlanInput, layout: Layout, cancel: threading.Event,
+                 cpu_processes: int | None = None) -> Iterator[str]:
         self.calls.append((inp, layout))
+        self.cpu_processes = cpu_processes
         self.started.set()
         try:
             yield from self.lines
@@ -157,3 +159,15 @@ def snapshot_app() -> Any:
 
     return ZLayoutApp(initial=fixed_input(), planner=stub_planner, presets=fixed_presets(),
                       crossovers=stub_crossovers, cursor_blink=False)
+
+
+async def settle(pilot, timeout_s: float = 30.0) -> None:
+    """Wait until the plan of the fields is on screen (planning runs in a worker)."""
+    app = pilot.app
+    for _ in range(int(timeout_s / 0.02)):
+        await pilot.pause()
+        if app.plan is not None and not app.plan_pending:
+            await pilot.pause()
+            return
+        await pilot.pause(0.02)
+    raise AssertionError("the plan did not settle")

@@ -51,14 +51,14 @@ COMPACT_WIDTH = 120  # below this the inputs panel starts hidden (ctrl+b shows i
 
 # Keys that are not app bindings but that the help screen lists too.
 OTHER_KEYS = (
-    ("enter", "on the table: the selected layout's memory terms and ds_config"),
-    ("↑ ↓ pgup pgdn", "move in the table, scroll a panel (the selection follows ★ until you move it)"),
+    ("enter", "on the table: the layout's memory terms and ds_config"),
+    ("↑ ↓ pgup pgdn", "move in the table (the cursor follows ★ until you move it)"),
     ("tab / shift+tab", "next / previous field or panel"),
-    ("← →", "on a tab bar: switch tabs (Model, Hardware, Training)"),
-    ("enter / space", "on a select: open it; type to search its options"),
-    ("ctrl+p", "command palette: every action by name (and, when nothing fits, the core's suggestions)"),
+    ("← →", "on the tab bar: Model, Hardware, Training"),
+    ("enter / space", "on a select: open it; type to search"),
+    ("ctrl+p", "command palette: every action (and, when nothing fits, the fixes)"),
     ("y / n", "in a question: yes / no (escape: no)"),
-    ("escape", "in a dialog: close it (in a running verification: cancel it, which stops every rank)"),
+    ("escape", "in a dialog: close it (a running verification: cancel it)"),
 )
 
 
@@ -72,21 +72,20 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
         Binding("f1,question_mark", "help", "Help", id="help", key_display="f1 ?",
                 tooltip="this list of keys (? works outside text fields)"),
         Binding("ctrl+s", "export", "Export", id="export",
-                tooltip="export the selected layout as a profile (asks for the path; asks before "
-                        "replacing one or exporting a layout that does not fit)"),
+                tooltip="export the selected layout as a profile (asks before replacing one, "
+                        "or if the layout does not fit)"),
         Binding("ctrl+o", "load", "Load", id="load", show=False,
                 tooltip="load a profile: every input is restored from it"),
         Binding("ctrl+r", "verify", "Verify", id="verify",
-                tooltip="run the selected layout for real (GPUs, a CPU check, or a SLURM script); "
-                        "escape cancels"),
+                tooltip="run the selected layout for real: GPUs, CPU check or SLURM script"),
         Binding("ctrl+z", "undo", "Undo", id="undo",
                 tooltip="undo the last change of inputs (repeat for earlier ones)"),
         Binding("ctrl+t", "pin", "What-if", id="compare",
-                tooltip="what-if: pin the current plan, change inputs, read the deltas; again to unpin"),
+                tooltip="what-if: pin this plan, change inputs, read the deltas; again: unpin"),
         Binding("ctrl+b", "toggle_inputs", "Inputs", id="toggle-inputs",
-                tooltip="show or hide the inputs panel (hidden at first below 120 columns)"),
+                tooltip="show or hide the inputs (hidden at first below 120 columns)"),
         Binding("escape", "focus_table", "Back to table", show=False, id="focus-table",
-                tooltip="back to the layouts table (from a field or a panel)"),
+                tooltip="back to the layouts table"),
         Binding("ctrl+q", "quit", "Quit", id="quit", priority=True, tooltip="quit zlayout"),
     ]
 
