@@ -12,7 +12,7 @@ import pytest
 
 PLANNER_MODULES = [
     "zlayout.spec", "zlayout.catalog", "zlayout.core.memory", "zlayout.core.plan",
-    "zlayout.core.breakeven", "zlayout.core.steptime", "zlayout.core.comm", "zlayout.core.recommend",
+    "zlayout.core.breakeven", "zlayout.core.steptime", "zlayout.core.comm", "zlayout.core.recommend", "zlayout.core.layoutplan",
     "zlayout.profile.ds_config", "zlayout.cli", "zlayout.commands.plan", "zlayout.tui.app",
     "zlayout.hfconfig",
     "zlayout.core.calibrate", "zlayout.profile.calibration", "zlayout.commands.calibrate",

@@ -5,21 +5,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zlayout.core.breakeven import BreakEven, break_even
-from zlayout.core.comm import CommEstimate, estimate_comm
-from zlayout.core.memory import MemoryEstimate, estimate_memory
+from zlayout.core.breakeven import break_even
+from zlayout.core.comm import estimate_comm
+from zlayout.core.layoutplan import LayoutPlan
+from zlayout.core.memory import estimate_memory
 from zlayout.core.recommend import Recommendation, recommend
-from zlayout.core.steptime import StepTimeEstimate, estimate_step_time
+from zlayout.core.steptime import estimate_step_time
 from zlayout.spec import Layout, PlanInput, all_layouts
 
-
-@dataclass(frozen=True, slots=True)
-class LayoutPlan:
-    layout: Layout
-    memory: MemoryEstimate
-    comm: CommEstimate
-    time: StepTimeEstimate
-    breakeven: BreakEven | None
+__all__ = ["LayoutPlan", "Plan", "make_plan", "plan_layout"]
 
 
 @dataclass(frozen=True, slots=True)

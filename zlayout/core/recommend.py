@@ -1,4 +1,10 @@
-"""The recommendation: the fastest layout that fits with headroom, and why, in one sentence.
+"""The recommendation: the fastest layout that fits, and why, in one sentence.
+
+Step times within `TIE_FRACTION` (3%) of the fastest fitting layout are a tie, well inside
+the step-time model's error: among those the simplest layout wins, the one with the fewest
+offloads, then the lowest stage (an offload or a higher stage costs host memory, PCIe
+traffic and failure modes that a 1% faster prediction does not pay for). The sentence
+names the runner-up and the margin.
 
 When nothing fits, the planner is re-run on changed inputs to find what would make the
 model fit: more GPUs (or nodes), NVMe capacity for ZeRO-Infinity, a smaller micro-batch
@@ -10,17 +16,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from zlayout.core.comm import estimate_comm
+from zlayout.core.layoutplan import LayoutPlan
 from zlayout.core.memory import MemoryEstimate, estimate_memory
 from zlayout.core.steptime import estimate_step_time
 from zlayout.spec import GiB, Layout, PlanInput, all_layouts
 
-if TYPE_CHECKING:
-    from zlayout.core.plan import LayoutPlan
-
-TIE_FRACTION = 0.01  # step times this close count as a tie: the layout with more headroom wins
+TIE_FRACTION = 0.03  # step times this close to the fastest are a tie: the simplest layout wins
 MAX_GPUS_SUGGESTED = 4096
 DEFAULT_INTER_LINK = "ib-ndr"  # the CLI's default, for suggestions that add nodes
 
@@ -46,74 +49,74 @@ class Recommendation:
     runner_up: Layout | None = None  # the next fastest layout that fits
 
 
-_LAYOUT_ORDER = {layout: i for i, layout in enumerate(all_layouts())}
+def offload_count(layout: Layout) -> int:
+    """How many of optimizer state and parameters live off the GPU (0, 1 or 2)."""
+    return (layout.offload_optimizer != "gpu") + (layout.offload_param != "gpu")
 
 
-def _order_key(lp: "LayoutPlan", fastest_s: float) -> tuple:
-    """Fastest first; near-ties go to more headroom, then to the simpler layout."""
+def _order_key(lp: LayoutPlan, fastest_s: float) -> tuple:
+    """Ties (within TIE_FRACTION of the fastest) first, simplest first; then by speed."""
     tied = lp.time.step_time_s <= fastest_s * (1 + TIE_FRACTION)
-    return (not tied, lp.time.step_time_s if not tied else 0.0, -lp.memory.gpu_headroom_bytes,
-            _LAYOUT_ORDER.get(lp.layout, len(_LAYOUT_ORDER)))
+    simplicity = (offload_count(lp.layout), lp.layout.stage) if tied else (0, 0)
+    return (not tied, *simplicity, lp.time.step_time_s, lp.layout.key)
 
 
 def _ratio(a: float, b: float) -> float:
     return a / b if b > 0 else math.inf
 
 
-def _why(best: "LayoutPlan", ranked: "list[LayoutPlan]") -> str:
-    """One sentence: the headroom, then what sets the choice apart from the next best.
+def _margin(runner_s: float, best_s: float) -> str:
+    """'12% slower', '2.3x slower', '1.0% faster', 'as fast'."""
+    ratio = _ratio(runner_s, best_s)
+    if ratio >= 1.5:
+        return f"{ratio:.1f}x slower"
+    change = (ratio - 1) * 100
+    if abs(change) < 0.05:
+        return "as fast"
+    return f"{abs(change):.1f}% {'slower' if change > 0 else 'faster'}" if abs(change) < 10 \
+        else f"{abs(change):.0f}% {'slower' if change > 0 else 'faster'}"
 
-    `ranked` are the other fitting layouts, best first. Those tied with `best` (within 1%)
-    are named; the comparison is with the fastest layout that is not tied.
-    """
+
+def _why(best: LayoutPlan, ranked: list[LayoutPlan], fastest: LayoutPlan) -> str:
+    """One sentence: the headroom and speed, then the runner-up and by how much it loses.
+
+    `ranked` are the other fitting layouts, best first (so ranked[0] is the runner-up)."""
     mem, t = best.memory, best.time
     head = (f"{best.layout.label}: fits with {mem.gpu_headroom_fraction:.0%} headroom "
-            f"({mem.gpu_headroom_bytes / GiB:.0f} GiB free per GPU)")
+            f"({mem.gpu_headroom_bytes / GiB:.0f} GiB free per GPU) at {t.step_time_s:.2f} s/step "
+            f"({t.mfu:.0%} MFU)")
     if not ranked:
-        return f"{head}, the only layout that does, at {t.step_time_s:.2f} s/step ({t.mfu:.0%} MFU)."
-    tied = [lp for lp in ranked if lp.time.step_time_s <= t.step_time_s * (1 + TIE_FRACTION)]
-    slower = [lp for lp in ranked if lp not in tied]
-    if tied:
-        roomier = _headroom_gib(best) - max(_headroom_gib(lp) for lp in tied)
-        names = " and ".join(lp.layout.label for lp in tied[:2]) + (" and others" if len(tied) > 2 else "")
-        head += (f" at {t.step_time_s:.2f} s/step ({t.mfu:.0%} MFU), as fast as {names} "
-                 + (f"with {roomier:.1f} GiB more room per GPU" if roomier >= 0.05
-                    else "(the simpler layout wins the tie)"))
-        if not slower:
-            return head + "."
-        head += "; it"
-    else:
-        head += " and"
-    runner = slower[0]
+        return f"{head}, the only layout that does."
+    runner = ranked[0]
     rt, name = runner.time, runner.layout.label
-    ratio = _ratio(rt.step_time_s, t.step_time_s)
-    speed = (f"{ratio:.1f}x faster than {name}" if ratio >= 1.5
-             else f"{ratio - 1:.0%} faster than {name}")
+    tie = rt.step_time_s <= fastest.time.step_time_s * (1 + TIE_FRACTION)
+    if tie:
+        simpler = ("fewer offloads" if offload_count(best.layout) < offload_count(runner.layout)
+                   else "a lower stage" if best.layout.stage < runner.layout.stage else "the same simplicity")
+        return (f"{head}; runner-up {name} is {_margin(rt.step_time_s, t.step_time_s)} "
+                f"({rt.step_time_s:.2f} s/step), a tie within {TIE_FRACTION:.0%}, so {simpler} wins.")
+    why = ""
     if rt.offload_s - t.offload_s > 0.5 * (rt.step_time_s - t.step_time_s):
-        return (f"{head} runs {speed}, which spends {rt.offload_s:.2f} s/step on "
-                f"offload (CPU optimizer, PCIe, NVMe).")
-    data = _ratio(runner.comm.network_bytes, best.comm.network_bytes)
-    if data >= 1.2 and math.isfinite(data):
-        return (f"{head} moves {data:.1f}x less data than {name} at this size "
-                f"({t.step_time_s:.2f} vs {rt.step_time_s:.2f} s/step).")
-    if best.comm.network_bytes == 0 and runner.comm.network_bytes > 0:
-        return f"{head} needs no communication and runs {speed}."
-    return f"{head} runs {speed} ({t.step_time_s:.2f} vs {rt.step_time_s:.2f} s/step)."
+        why = f", spending {rt.offload_s:.2f} s/step on offload (CPU optimizer, PCIe, NVMe)"
+    else:
+        data = _ratio(runner.comm.network_bytes, best.comm.network_bytes)
+        if data >= 1.2 and math.isfinite(data):
+            why = f", moving {data:.1f}x more data at this size"
+        elif best.comm.network_bytes == 0 and runner.comm.network_bytes > 0:
+            why = ", with communication this layout does not need"
+    return (f"{head}; runner-up {name} is {_margin(rt.step_time_s, t.step_time_s)} "
+            f"({rt.step_time_s:.2f} s/step){why}.")
 
 
-def _headroom_gib(lp: "LayoutPlan") -> float:
-    return lp.memory.gpu_headroom_bytes / GiB
-
-
-def recommend(inp: PlanInput, planned: "tuple[LayoutPlan, ...]") -> Recommendation:
-    """The fastest fitting layout with a reason; else verified suggestions."""
+def recommend(inp: PlanInput, planned: tuple[LayoutPlan, ...]) -> Recommendation:
+    """The simplest of the (tied) fastest fitting layouts with a reason; else verified suggestions."""
     fitting = [lp for lp in planned if lp.memory.fits]
     if fitting:
-        fastest_s = min(lp.time.step_time_s for lp in fitting)
-        ranked = sorted(fitting, key=lambda lp: _order_key(lp, fastest_s))
+        fastest = min(fitting, key=lambda lp: lp.time.step_time_s)
+        ranked = sorted(fitting, key=lambda lp: _order_key(lp, fastest.time.step_time_s))
         best = ranked[0]
         runner = ranked[1] if len(ranked) > 1 else None
-        return Recommendation(best.layout, _why(best, ranked[1:]) + _expandable_note(inp, best),
+        return Recommendation(best.layout, _why(best, ranked[1:], fastest) + _expandable_note(inp, best),
                               runner_up=runner.layout if runner else None)
     layouts = tuple(lp.layout for lp in planned) or all_layouts()
     fixes = suggest_fixes(inp, layouts)
@@ -124,7 +127,7 @@ def recommend(inp: PlanInput, planned: "tuple[LayoutPlan, ...]") -> Recommendati
     return Recommendation(None, reason + ".", tuple(f.text for f in fixes), fixes)
 
 
-def _expandable_note(inp: PlanInput, best: "LayoutPlan") -> str:
+def _expandable_note(inp: PlanInput, best: LayoutPlan) -> str:
     """When a faster layout fits only with expandable segments, say so (the default
     allocator's fragmentation is what keeps it out)."""
     if inp.training.allocator != "default":
@@ -134,7 +137,7 @@ def _expandable_note(inp: PlanInput, best: "LayoutPlan") -> str:
               for lay in all_layouts()
               if lay != best.layout and not estimate_memory(inp, lay).fits
               and estimate_memory(expandable, lay).fits]
-    faster = [(s, lay) for s, lay in faster if s < best.time.step_time_s * (1 - 0.03)]
+    faster = [(s, lay) for s, lay in faster if s < best.time.step_time_s * (1 - TIE_FRACTION)]
     if not faster:
         return ""
     step_s, lay = min(faster, key=lambda pair: pair[0])
