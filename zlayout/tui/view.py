@@ -380,7 +380,7 @@ def input_changes(pinned: Plan, current: Plan) -> list[str]:
     return changes
 
 
-HEADER_SPARE_COLUMNS = 22  # Textual's header: icon, "zlayout — ", padding, centring
+HEADER_SPARE_COLUMNS = 30  # Textual's header: icon, "zlayout — ", the space kept for its clock, centring
 
 
 def plan_summary(plan: Plan, width: int = 200) -> str:
