@@ -200,8 +200,8 @@ class VerifyOptionsScreen(ModalScreen["VerifyOptions | None"]):
             yield Label(Text.assemble(("Verify ", "bold"), (self._layout.label, "bold"), f" ({where})"),
                         classes="dialog-title")
             if self.multi_node:
-                yield Label(Text("A multi-node run starts from a scheduler: write the SLURM script "
-                                 "(then sbatch it), or check the layout on CPU here."))
+                yield Static(Text("A multi-node run starts from a scheduler: write the SLURM script "
+                                  "(then sbatch it), or check the layout on CPU here."), classes="dialog-text")
                 with Horizontal(classes="field-row"):
                     yield Label("SLURM script", classes="field-label")
                     yield FieldInput(value=f"verify-{self._inp.model.name}-{self._layout.key}.sbatch",
@@ -217,8 +217,9 @@ class VerifyOptionsScreen(ModalScreen["VerifyOptions | None"]):
                     yield Button("GPUs of this node (g)", variant="primary", id="gpus")
                 yield Button("CPU check (c)", id="cpu")
                 yield Button("Cancel (esc)", id="cancel")
-            yield Label("[dim]CPU check: the layout's real DeepSpeed steps on CPU with gloo, "
-                        "N processes (zlayout verify --cpu --processes N)[/dim]", classes="dialog-hint")
+            yield Static(Text("CPU check: the layout's real DeepSpeed steps on CPU with gloo, "
+                              "N processes (zlayout verify --cpu --processes N)", style="dim"),
+                         classes="dialog-hint")
 
     def on_mount(self) -> None:
         self.query_one("#verify-options-error").display = False
