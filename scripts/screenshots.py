@@ -22,6 +22,13 @@ from zlayout.tui.app import ZLayoutApp
 Scene = Callable[[Pilot], Awaitable[None]]
 
 
+async def settle(pilot: Pilot) -> None:
+    """Until the plan of the fields is on screen (the app plans in a worker)."""
+    while pilot.app.plan is None or pilot.app.plan_pending:
+        await pilot.pause(0.02)
+    await pilot.pause()
+
+
 async def main_view(pilot: Pilot) -> None:
     await pilot.pause()
 
@@ -37,7 +44,7 @@ async def invalid_input(pilot: Pilot) -> None:
     field = pilot.app.query_one("#heads", Input)
     field.focus()
     field.value = "33"
-    await pilot.pause()
+    await settle(pilot)
 
 
 async def detail(pilot: Pilot) -> None:
@@ -48,7 +55,7 @@ async def detail(pilot: Pilot) -> None:
 async def what_if(pilot: Pilot) -> None:
     await pilot.press("ctrl+t")
     pilot.app.query_one("#seq", Input).value = "8192"
-    await pilot.pause()
+    await settle(pilot)
     pilot.app.clear_notifications()
     await pilot.pause()
 
@@ -74,7 +81,7 @@ async def shoot(out: Path) -> list[Path]:
         for width, height in sizes:
             app = ZLayoutApp(cursor_blink=False)
             async with app.run_test(size=(width, height)) as pilot:
-                await pilot.pause()
+                await settle(pilot)
                 await scene(pilot)
                 await pilot.wait_for_scheduled_animations()
                 filename = f"{name}-{width}x{height}.svg"

@@ -596,3 +596,203 @@ async def test_choosing_the_same_preset_again_after_an_edit_restores_it():
         await settle(pilot)
         assert app.plan.input.model.name == "llama3-8b"
         assert app.query_one("#layers", Input).value == "32"
+
+
+# -- issue 10: a live session ------------------------------------------------------------------
+
+def test_without_a_terminal_the_app_prints_one_line_and_exits_2():
+    import subprocess
+    import sys
+
+    for args in ([], ["app", "--preset", "llama3-8b"]):
+        done = subprocess.run([sys.executable, "-m", "zlayout", *args], stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2
+        assert done.stdout == ""
+        assert len(done.stderr.strip().splitlines()) == 1 and "needs a terminal" in done.stderr
+
+
+def test_app_with_a_bad_flag_or_profile_says_what_to_type():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "zlayout", "app", "no-such-profile"],
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+    assert "no-such-profile" in done.stderr and "Traceback" not in done.stderr
+
+
+async def test_ctrl_z_undoes_several_changes_including_a_size_that_replaced_the_architecture():
+    app = make_app()
+    async with app.run_test(size=WIDE) as pilot:
+        await settle(pilot)
+        await type_into(pilot, "layers", "12")
+        await type_into(pilot, "hidden", "2048")
+        custom = app.plan.input.model
+        await type_into(pilot, "size", "70B")
+        assert app.plan.input.model.params > 60e9
+        assert any("ctrl+z" in n.message for n in app._notifications)
+        app.query_one(LayoutTable).focus()
+        await pilot.press("ctrl+z")
+        await settle(pilot)
+        assert app.plan.input.model == custom
+        assert app.query_one("#size", Input).value == ""
+        await pilot.press("ctrl+z")
+        await settle(pilot)
+        assert app.plan.input.model.layers == 12 and app.plan.input.model.hidden == 4096
+        await pilot.press("ctrl+z")
+        await settle(pilot)
+        assert app.plan.input == fixed_input()
+
+
+async def test_export_and_verify_of_a_layout_that_does_not_fit_ask_first(tmp_path):
+    saved = []
+
+    class Files:
+        def save(self, plan, layout, path):
+            saved.append(layout)
+
+        def load(self, path):
+            raise ValueError("unused")
+
+        def exists(self, path):
+            return False
+
+    verifier = FakeVerifier(["done"])
+    app = make_app(profile_io=Files(), verifier=verifier)
+    async with app.run_test(size=WIDE) as pilot:
+        await settle(pilot)
+        await type_into(pilot, "layers", "60")
+        table = app.query_one(LayoutTable)
+        table.focus()
+        z0 = next(lp for lp in app.plan.layouts if lp.layout.stage == 0)
+        assert not z0.memory.fits
+        table.select_key(z0.layout.key)
+        await pilot.pause()
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen)
+        question = str(app.screen.query_one("#confirm-question").render())
+        assert "does not fit" in question and "GiB per GPU" in question
+        await pilot.press("n")
+        await pilot.pause()
+        assert not isinstance(app.screen, PathScreen) and saved == []
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        await pilot.press("y")
+        await pilot.pause()
+        assert isinstance(app.screen, PathScreen)
+        await submit_path(pilot, tmp_path / "p")
+        assert saved == [z0.layout]
+        await pilot.press("ctrl+r")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("escape")
+        await pilot.pause()
+        assert verifier.calls == []
+
+
+async def test_the_selection_follows_the_star_until_the_user_moves_it():
+    app = make_app(planner=stub_planner, crossovers=None)
+    async with app.run_test(size=WIDE) as pilot:
+        await settle(pilot)
+        table = app.query_one(LayoutTable)
+        assert table.selected_key == app.plan.recommendation.layout.key
+        await type_into(pilot, "layers", "160")  # Z0 no longer fits: the star moves
+        star = app.plan.recommendation.layout.key
+        assert star != "z0-opt_gpu-param_gpu" and table.selected_key == star
+        table.focus()
+        await pilot.press("down")
+        await pilot.pause()
+        moved = table.selected_key
+        assert moved != star
+        await type_into(pilot, "seq", "2048")
+        assert table.selected_key == moved  # the user's choice stays
+
+
+async def test_cpu_check_from_the_verify_dialog_and_a_failed_run_is_red_not_100_percent():
+    hint = "install them: pip install 'zlayout[verify]' (torch, deepspeed==0.19.8)"
+    result = '{"status": "failed", "cause": "' + hint.replace("'", "\\u0027") + '"}'
+    verifier = FakeVerifier(["[rank 0] step 1/5: loss 10.4", result, "zlayout verify exited with code 1"])
+    app = make_app(verifier=verifier)
+    async with app.run_test(size=WIDE) as pilot:
+        await settle(pilot)
+        await pilot.press("ctrl+r")
+        await pilot.pause()
+        app.screen.query_one("#cpu-processes", Input).value = "3"
+        await pilot.press("c")
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, VerifyScreen)
+        await wait_until(lambda: screen.state == "failed", pilot)
+        assert verifier.cpu_processes == 3
+        status = screen.query_one("#verify-status").render()
+        assert hint in str(status)  # exactly, [verify] included
+        assert str(status).startswith("failed: failed")
+        assert screen.query_one("#verify-status").has_class("failed")
+        bar = screen.query_one("#verify-progress")
+        assert bar.percentage is not None and bar.percentage < 1
+
+
+async def test_a_multi_node_plan_offers_the_slurm_script_not_this_node():
+    app = make_app(verifier=FakeVerifier([]))
+    async with app.run_test(size=WIDE) as pilot:
+        await settle(pilot)
+        await type_into(pilot, "nodes", "2")
+        app.query_one(LayoutTable).focus()
+        await pilot.press("ctrl+r")
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, VerifyOptionsScreen)
+        buttons = {b.id for b in screen.query("Button")}
+        assert "slurm" in buttons and "gpus" not in buttons
+        assert screen.query_one("#slurm-path", Input).value.endswith(".sbatch")
+
+
+async def test_resizing_keeps_the_users_choice_of_inputs_panel():
+    app = make_app()
+    async with app.run_test(size=COMPACT) as pilot:
+        await settle(pilot)
+        panel = app.query_one(InputsPanel)
+        assert not panel.display
+        await pilot.resize_terminal(160, 48)
+        await pilot.pause()
+        assert panel.display  # never toggled: follows the width
+        await pilot.press("ctrl+b")
+        assert not panel.display
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause()
+        await pilot.resize_terminal(160, 48)
+        await pilot.pause()
+        assert not panel.display  # toggled: the user's choice stays
+
+
+async def test_the_palette_lists_quit_once_and_checkboxes_show_their_state_without_colour():
+    app = make_app()
+    async with app.run_test(size=WIDE) as pilot:
+        await settle(pilot)
+        from zlayout.tui.commands import PALETTE_ACTIONS
+
+        assert "quit" not in {action for _, action, _ in PALETTE_ACTIONS}
+        bias = app.query_one("#bias")
+        on = bias._button.plain
+        bias.value = not bias.value
+        await settle(pilot)
+        assert {on, bias._button.plain} == {"▐X▌", "▐ ▌"}
+
+
+async def test_break_even_sentence_uses_the_tables_number_and_names_the_family():
+    from zlayout import catalog
+
+    base = fixed_input()
+    inp = base.model_copy(update={"model": catalog.load_model("llama3-8b")})
+    app = make_app(initial=inp)
+    async with app.run_test(size=WIDE) as pilot:
+        await settle(pilot)
+        text = str(app.query_one("#breakeven").render())
+        assert "llama3 family" in text
+        sentence = text.strip().splitlines()[-1]
+        if "fits up to" in sentence:
+            size = sentence.split("fits up to ")[1].split(",")[0]
+            rows = [line for line in text.splitlines() if size in line]
+            assert len(rows) >= 2  # the sentence and the layout's table row: one number

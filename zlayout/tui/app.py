@@ -62,6 +62,14 @@ OTHER_KEYS = (
 )
 
 
+class Body(Horizontal):
+    """Inputs beside the plan; as wide as the terminal, so its resize is the terminal's
+    (the App's own on_resize is not called on later resizes)."""
+
+    def on_resize(self) -> None:
+        self.app.terminal_resized()
+
+
 class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
     """Design a DeepSpeed ZeRO layout interactively."""
 
@@ -120,7 +128,7 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
 
     def compose(self) -> ComposeResult:
         yield Header()
-        with Horizontal(id="body"):
+        with Body(id="body"):
             yield InputsPanel(self._presets, self._panel_values(self._base_input), id="inputs")
             with Vertical(id="main"):
                 yield StatusLine(id="recommendation")
@@ -143,6 +151,9 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
         self.query_one(LayoutTable).focus()
 
     def on_resize(self) -> None:
+        self.terminal_resized()
+
+    def terminal_resized(self) -> None:
         compact = self.size.width < COMPACT_WIDTH
         if compact != self._compact:
             self._compact = compact

@@ -14,9 +14,9 @@ PALETTE_ACTIONS: tuple[tuple[str, str, str], ...] = (
     ("Pin plan / what-if compare", "pin", "Pin the current plan; changes then show as deltas"),
     ("Show layout detail", "detail", "Memory terms with their reasons and the ds_config of the selected layout"),
     ("Toggle inputs panel", "toggle_inputs", "Show or hide the inputs"),
+    ("Undo input change", "undo", "Back to the inputs of the previous plan"),
     ("Help: every key", "help", "List every key binding"),
-    ("Quit", "quit", "Leave zlayout"),
-)
+)  # Quit is Textual's own system command (listing it here showed it twice)
 
 
 class ZLayoutCommands(Provider):

@@ -192,7 +192,8 @@ class EditingMixin:
     def _use_model(self, model: ModelSpec | None, from_size: bool) -> None:
         if model is None:
             return
-        if from_size and self._model_base.name == "custom":
+        shown = self._valid_input or (self.plan.input if self.plan is not None else None)
+        if from_size and shown is not None and shown.model.name == "custom":
             self.notify("Size replaced the architecture you entered: ctrl+z brings it back.",
                         title="Size")
         self._model_base = model
