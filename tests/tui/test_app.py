@@ -494,7 +494,8 @@ async def test_when_nothing_fits_a_suggestion_can_be_applied_from_the_palette():
 
     base = fixed_input()
     too_big = base.model_copy(update={"model": catalog.load_model("llama3-70b"),
-                                      "hardware": base.hardware.model_copy(update={"gpus_per_node": 2})})
+                                      "hardware": base.hardware.model_copy(update={"gpus_per_node": 1}),
+                                      "training": base.training.model_copy(update={"micro_batch": 4})})
     app = make_app(initial=too_big)
     async with app.run_test(size=WIDE) as pilot:
         await settle(pilot)

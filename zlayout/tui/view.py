@@ -405,7 +405,8 @@ def recommendation_text(plan: Plan) -> str:
     if rec.layout is None:
         fixes = getattr(rec, "fixes", ())
         if fixes:
-            return f"✗ {rec.reason} (ctrl+p → 'Apply suggestion': {len(fixes)} ways to make it fit)"
+            ways = f"{len(fixes)} way{'s' if len(fixes) > 1 else ''}"
+            return f"✗ {rec.reason} (ctrl+p → 'Apply suggestion': {ways} to make it fit)"
         extra = f" Try: {'; '.join(rec.suggestions)}" if rec.suggestions else ""
         return f"✗ {rec.reason}{extra}"
     if rec.reason.startswith(rec.layout.label):
