@@ -95,7 +95,8 @@ def test_headroom_colours_follow_the_thresholds():
         capacity = memory.gpu_capacity_bytes
         used = int(capacity * (1 - free_fraction))
         moved = type(memory)(**{**{f: getattr(memory, f) for f in memory.__dataclass_fields__},
-                                "gpu_device_used_bytes": used, "gpu_usable_bytes": capacity})
+                                "gpu_device_used_bytes": used, "gpu_needed_bytes": used,
+                                "gpu_usable_bytes": capacity})
         assert view.headroom_level(moved) == level, free_fraction
 
 

@@ -77,7 +77,7 @@ def stub_planner(inp: PlanInput) -> Plan:
         memory = _build(
             MemoryEstimate,
             layout=layout, terms=terms, gpu_peak_allocated_bytes=gpu - GiB // 2,
-            gpu_peak_reserved_bytes=gpu - GiB // 2, gpu_device_used_bytes=gpu,
+            gpu_peak_reserved_bytes=gpu - GiB // 2, gpu_device_used_bytes=gpu, gpu_needed_bytes=gpu,
             host_peak_bytes=host, nvme_bytes=0, gpu_capacity_bytes=capacity,
             host_capacity_bytes=inp.hardware.host_ram_bytes, nvme_capacity_bytes=inp.hardware.nvme_bytes,
             gpu_usable_bytes=int(capacity * (1 - inp.headroom_fraction)), peak_phase="optimizer step")

@@ -25,7 +25,7 @@ def why_it_does_not_fit(lp: LayoutPlan) -> str:
     """One sentence: which memory runs out, by how much."""
     mem = lp.memory
     if not mem.fits_gpu:
-        return (f"{lp.layout.label} needs {view.fmt_gib(mem.gpu_device_used_bytes)} GiB per GPU; "
+        return (f"{lp.layout.label} needs {view.fmt_gib(mem.gpu_needed_bytes)} GiB per GPU; "
                 f"{view.fmt_gib(mem.gpu_usable_bytes)} GiB is usable")
     if not mem.fits_host:
         return (f"{lp.layout.label} needs {view.fmt_gib(mem.host_peak_bytes)} GiB of host RAM per node; "

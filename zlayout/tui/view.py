@@ -71,11 +71,11 @@ def headroom_level(memory: MemoryEstimate) -> str:
 
 def headroom_text(memory: MemoryEstimate) -> str:
     """Free GPU memory as a percentage when it fits; when the GPU is short, by how many GiB
-    it is over what is usable ('✗ +1830 GiB': an exact figure, never a cut percentage)."""
+    the memory the run needs (what decides "fits") is over what is usable ('✗ +1830 GiB': an exact figure, never a cut percentage)."""
     if memory.fits:
         return f"{memory.gpu_headroom_fraction * 100:.0f}%"
     if not memory.fits_gpu:
-        return f"✗ +{fmt_gib(memory.gpu_device_used_bytes - memory.gpu_usable_bytes)} GiB"
+        return f"✗ +{fmt_gib(memory.gpu_needed_bytes - memory.gpu_usable_bytes)} GiB"
     return "✗ host" if not memory.fits_host else "✗ nvme"
 
 
