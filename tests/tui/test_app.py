@@ -797,3 +797,18 @@ async def test_break_even_sentence_uses_the_tables_number_and_names_the_family()
             size = sentence.split("fits up to ")[1].split(",")[0]
             rows = [line for line in text.splitlines() if size in line]
             assert len(rows) >= 2  # the sentence and the layout's table row: one number
+
+
+async def test_size_needs_a_unit_and_bounds_speak_in_field_labels():
+    app = make_app()
+    async with app.run_test(size=WIDE) as pilot:
+        await settle(pilot)
+        good = app.plan
+        await type_into(pilot, "size", "9")
+        assert "did you mean 9B?" in error_text(app, "size")
+        assert app.plan is good
+        await type_into(pilot, "size", "")
+        await type_into(pilot, "gpus_per_node", "1000000000000000")
+        reason = error_text(app, "gpus_per_node")
+        assert "gpus_per_node" not in reason and "GPUs/node" in app.query_one("#recommendation").text
+        assert app.plan is good
