@@ -12,8 +12,10 @@ steps with 0.02 GiB left on the card, then failed to allocate 24 bytes for NCCL 
 worker's closing barrier (a one-rank run has no peers; the worker no longer makes that call):
 it counts as having run.
 Constants: TRAPPED_FRACTION and EXPANDABLE_SLACK_BYTES were read off two rows (shape A, 28
-layers default and 32 layers expandable: the in-sample rows, marked *); every other row is
-held out from them.
+layers default and 32 layers expandable: the in-sample rows, marked *). The rule that only the
+optimizer step's transient is trapped under pressure came from one more (shape B, 18 layers,
+default: it ran where trapping its loss request would have said it cannot). Every other row
+is held out from them; shape B's 17 layers and its expandable 18/19 were predicted before they ran.
 """
 
 from __future__ import annotations
