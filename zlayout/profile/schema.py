@@ -471,9 +471,6 @@ class Profile(Section):
     def _script_text_is_one_line(self) -> "Profile":
         """Every string the launch scripts print passes here, however the parts were built
         (pydantic does not revalidate nested instances, and model_copy skips validators)."""
-        one_line_text(self.name, "name")
-        one_line_text(self.description, "description", 1000)
-        one_line_text(self.zlayout_version, "zlayout_version")
         hw, model = self.inputs.hardware, self.inputs.model
         texts = {"inputs.model.name": model.name, "inputs.model.family": model.family,
                  "inputs.hardware.gpu.name": hw.gpu.name, "inputs.hardware.intra_link.name": hw.intra_link.name,
@@ -481,6 +478,10 @@ class Profile(Section):
         for what, text in texts.items():
             if text is not None:
                 one_line_text(text, what)
+        # after the inputs: the default name and description are made of them
+        one_line_text(self.name, "name")
+        one_line_text(self.description, "description", 1000)
+        one_line_text(self.zlayout_version, "zlayout_version")
         for what, number in (("inputs.hardware.nodes", hw.nodes), ("inputs.hardware.gpus_per_node", hw.gpus_per_node),
                              ("run.master_port", self.run.master_port)):
             if not isinstance(number, int) or isinstance(number, bool) or number <= 0:
