@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -114,6 +115,13 @@ def test_hostile_values_arrive_intact_and_nothing_else_runs(value, tmp_path, cap
             launched = records[0]
         i = launched.index(value)  # the training script, exactly
         assert launched[i + 1:] == ["--deepspeed_config", ds_config, *user_args], (script, launched)
+    # the runbook's commands are copied into a shell by whoever is on call: run them too
+    runbook = (out / "RUNBOOK.md").read_text()
+    commands = [m for line in runbook.splitlines() if "**NVMe offload path**" in line or "**last checkpoint**" in line
+                for m in re.findall(r"`([^`]*(?:df -h|cat ).*?)`; expect", line)]
+    assert len(commands) == 2, commands
+    for command in commands:
+        subprocess.run([BASH, "-c", command], cwd=tmp_path, capture_output=True, timeout=30)
     _nothing_ran(tmp_path)
 
 

@@ -22,7 +22,8 @@ TINY = ["export", "--layers", "2", "--hidden", "128", "--heads", "4", "--vocab",
         "--gpus-per-node", "2", "--gpu", "h200"]
 STAGE2 = [*TINY, "--stage", "2", "--name", "two"]
 STAGE3 = [*TINY, "--stage", "3", "--offload-optimizer", "cpu", "--name", "three"]
-SET = ("ds_config.json", "launch_deepspeed.sh", "launch_torchrun.sh", "launch_slurm.sbatch")
+SET = ("ds_config.json", "launch_deepspeed.sh", "launch_torchrun.sh", "launch_slurm.sbatch",
+       "RUNBOOK.md", "memory.svg", "alerts.yml")
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -269,8 +270,10 @@ def test_a_prediction_from_another_planner_says_so(exported, capsys):
     text = path.read_text()
     stored = load_profile(exported).prediction.gpu_peak_allocated_bytes
     text = text.replace('planner = "zlayout ', 'planner = "zlayout 0.0.1-', 1)
-    text = text.replace(f"gpu_peak_allocated_bytes = {stored}\n", f"gpu_peak_allocated_bytes = {stored // 2}\n", 1)
-    path.write_text(text)
+    head, prediction = text.split("\n[prediction]\n", 1)  # not [summary]'s copy (derived on load)
+    prediction = prediction.replace(f"gpu_peak_allocated_bytes = {stored}\n",
+                                    f"gpu_peak_allocated_bytes = {stored // 2}\n", 1)
+    path.write_text(head + "\n[prediction]\n" + prediction)
     code, out, _ = run(capsys, "show", str(exported))
     assert code == 0 and "STALE PREDICTION (made by zlayout 0.0.1-" in out
 

@@ -214,7 +214,9 @@ def test_failed_write_leaves_the_old_file_and_no_temp(profile_8b, tmp_path, monk
     with pytest.raises(ProfileError, match="No space left"):
         save_profile(changed, tmp_path)
     assert path.read_bytes() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["RUNBOOK.md", "alerts.yml", "memory.svg", "profile.toml"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [  # the whole set, and no temporary
+        "RUNBOOK.md", "alerts.yml", "ds_config.json", "launch_deepspeed.sh", "launch_slurm.sbatch",
+        "launch_torchrun.sh", "memory.svg", "profile.toml"]
 
 
 def test_write_replaces_by_rename(profile_8b, tmp_path):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from zlayout.cli import UsageError, add_plan_arguments, layout_from_args, plan_input_from_args
 from zlayout.profile import ProfileError

@@ -126,7 +126,7 @@ _COMPARED = ("gpu_peak_allocated_bytes", "gpu_peak_reserved_bytes", "gpu_device_
              "nvme_bytes", "step_time_s", "tokens_per_s", "fits", "fits_gpu", "fits_host", "fits_nvme",
              "gpu_capacity_bytes", "gpu_usable_bytes", "host_capacity_bytes", "nvme_capacity_bytes",
              "compute_s", "comm_s", "offload_s", "mfu", "intra_node_bytes", "inter_node_bytes", "pcie_bytes",
-             "nvme_read_bytes", "nvme_write_bytes", "peak_phase")
+             "nvme_read_bytes", "nvme_write_bytes", "checkpoint_bytes", "peak_phase")
 
 
 def _same(a: Any, b: Any) -> bool:
