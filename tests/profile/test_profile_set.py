@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -296,3 +297,15 @@ def test_sigkill_during_export_never_leaves_an_accepted_mixed_profile():
     counts = module.run(tries=6, seed=3)
     assert counts["MIXED"] == 0 and counts["temporaries_not_cleaned"] == 0
     assert counts["accepted"] + counts["refused"] == 6
+
+
+@pytest.mark.parametrize("value", ["1" + "0" * 30, "inf", "nan"])
+def test_a_number_no_profile_holds_is_one_line(exported, capsys, value):
+    """tomllib reads integers of any size (TOML's are 64-bit); a figure of 10^30 bytes once
+    crashed `show` formatting it as GiB."""
+    path = exported / "profile.toml"
+    head, prediction = path.read_text().split("\n[prediction]\n", 1)
+    prediction = re.sub(r"(?m)^gpu_peak_allocated_bytes = .*$", f"gpu_peak_allocated_bytes = {value}", prediction, 1)
+    path.write_text(head + "\n[prediction]\n" + prediction)
+    code, _, err = run(capsys, "show", str(exported))
+    assert code == 2 and one_line_error(err) and "prediction.gpu_peak_allocated_bytes" in err and "line " in err

@@ -56,9 +56,11 @@ def open_checked_profile(name: str) -> CheckedProfile:
 
 
 def open_profile(name: str) -> tuple[Profile, Path]:
-    """Load PROFILE as stored (its set checked); returns it and its directory. `verify` uses this."""
+    """Load PROFILE as stored (its set checked); returns it and the file it was read from, which is
+    where `verify --update-profile` saves it (DIR/profile.toml: the whole set; NAME.toml: that file
+    alone, never a profile.toml beside it)."""
     checked = open_checked_profile(name)
-    return checked.profile, checked.directory
+    return checked.profile, checked.path
 
 
 def run(args: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -60,6 +61,22 @@ def dumps_profile(profile: Profile) -> str:
     return tomli_w.dumps(_drop_empty(profile.model_dump(mode="python")))
 
 
+def _unrepresentable_number(value: Any, loc: tuple[Any, ...]) -> tuple[tuple[Any, ...], Any] | None:
+    """The first integer outside TOML's 64 bits (tomllib accepts any) or non-finite float."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return None if -2**63 <= value < 2**63 else (loc, value)
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (loc, value)
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = _unrepresentable_number(item, (*loc, key))
+        if found is not None:
+            return found
+    return None
+
+
 def loads_profile(text: str, source: str = PROFILE_FILE) -> Profile:
     """Parse and validate profile text; raises ProfileError naming the line and field."""
     try:
@@ -74,6 +91,15 @@ def loads_profile(text: str, source: str = PROFILE_FILE) -> Profile:
                            "restore the file from version control") from None
     if not isinstance(data, dict):  # pragma: no cover - tomllib always returns a table
         raise ProfileError(f"{source}: not a TOML table")
+    bad = _unrepresentable_number(data, ())
+    if bad is not None:
+        loc, value = bad
+        line = _line_of(text, loc)
+        field = ascii(".".join(str(p) for p in loc))[1:-1][:200]
+        shown = str(value) if len(str(value)) <= 20 else str(value)[:20] + "..."
+        raise ProfileError(f"{source}{f' line {line}' if line else ''}: {field}: {shown} is "
+                           "not a number a profile holds (TOML integers are 64-bit; no inf or nan): fix it "
+                           "or restore the file from version control")
     version = data.get("schema_version")
     if version is None:
         raise ProfileError(f"{source}: schema_version is missing: this is not a zlayout profile, "
@@ -162,6 +188,9 @@ def load_profile(path: str | os.PathLike[str]) -> Profile:
     try:
         with open(p, "rb") as handle:
             data = handle.read(MAX_PROFILE_BYTES + 1)
+        if len(data) > MAX_PROFILE_BYTES:
+            raise ProfileError(f"{p}: over {MAX_PROFILE_BYTES:,} bytes, too long for a zlayout profile: "
+                               "restore it from version control")
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ProfileError(f"{p}: not UTF-8 text (byte {exc.start}): the file is corrupt; "
