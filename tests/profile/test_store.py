@@ -83,14 +83,15 @@ def test_export_load_export_gives_the_same_file(inp, layout, verified, scale):
         first = (Path(tmp) / "profile.toml").read_bytes()
         ds_first = (Path(tmp) / "ds_config.json").read_bytes()
         loaded = load_profile(tmp)
-        assert loaded == profile
+        # the file adds only the manifest: the checksums of the files written beside it
+        assert loaded == store.with_manifest(profile, store.set_files(profile))
         assert loaded.plan_input() == inp and loaded.layout == layout
         save_profile_dir(loaded, tmp)
         assert (Path(tmp) / "profile.toml").read_bytes() == first
         assert (Path(tmp) / "ds_config.json").read_bytes() == ds_first
     if not verified:  # exporting the loaded inputs again is the same export
         again = build_profile(loaded.plan_input(), loaded.layout, now=WHEN)
-        assert dumps_profile(again).encode() == first
+        assert dumps_profile(store.with_manifest(again, store.set_files(again))).encode() == first
 
 
 def test_every_section_is_in_the_file(profile_8b, make_verify_result, tmp_path):
@@ -213,7 +214,9 @@ def test_failed_write_leaves_the_old_file_and_no_temp(profile_8b, tmp_path, monk
     with pytest.raises(ProfileError, match="No space left"):
         save_profile(changed, tmp_path)
     assert path.read_bytes() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["RUNBOOK.md", "alerts.yml", "memory.svg", "profile.toml"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [  # the whole set, and no temporary
+        "RUNBOOK.md", "alerts.yml", "ds_config.json", "launch_deepspeed.sh", "launch_slurm.sbatch",
+        "launch_torchrun.sh", "memory.svg", "profile.toml"]
 
 
 def test_write_replaces_by_rename(profile_8b, tmp_path):

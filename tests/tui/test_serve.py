@@ -7,7 +7,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 
 from zlayout.cli import main
@@ -25,19 +24,15 @@ def test_serve_answers_http_with_the_app_page():
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               start_new_session=True)
     try:
-        page = None
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and page is None:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2) as response:
-                    page = response.read().decode()
-            except OSError:
-                time.sleep(0.2)
-        assert page is not None, "the server never answered"
-        assert "zlayout" in page and f"ws://127.0.0.1:{port}/ws" in page
+        first = server.stdout.readline()  # the URL with its token, printed once the port is bound
+        url = first.split(" on ", 1)[1].strip()
+        with urllib.request.urlopen(url, timeout=10) as response:
+            page = response.read().decode()
+        assert "zlayout" in page and f"ws://127.0.0.1:{port}/ws/" in page
     finally:
         os.killpg(server.pid, signal.SIGTERM)
-        output, _ = server.communicate(timeout=10)
+        output = first + server.stdout.read()  # through the same buffer readline filled
+        server.wait(timeout=10)
     assert "ssh -L" in output  # it says how to reach it from a laptop
     assert "-m zlayout" in output  # each browser session runs the zlayout app
 

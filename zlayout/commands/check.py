@@ -6,7 +6,7 @@ import argparse
 import json
 from dataclasses import asdict
 
-from zlayout.commands.show import open_profile
+from zlayout.commands.show import open_checked_profile
 from zlayout.profile.check import NoGpus, query_gpus, run_checks
 
 _MARKS = {"pass": "ok  ", "fail": "FAIL", "warn": "warn", "skip": "skip"}
@@ -25,7 +25,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    profile, directory = open_profile(args.profile)
+    checked = open_checked_profile(args.profile)
+    profile = checked.current  # the free memory needed follows the inputs, not a stale figure
     gpus, reason = None, None
     try:
         gpus = query_gpus()
@@ -34,9 +35,12 @@ def run(args: argparse.Namespace) -> int:
     items = run_checks(profile, gpus, no_gpu_reason=reason, checkpoint_dir=args.checkpoint_dir)
     failed = [item for item in items if item.verdict == "fail"]
     if args.json:
-        print(json.dumps({"profile": profile.name, "ok": not failed, "checks": [asdict(i) for i in items]}))
+        print(json.dumps({"profile": profile.name, "ok": not failed, "checks": [asdict(i) for i in items],
+                          "stale_prediction": checked.stale.line() if checked.stale else None}))
     else:
         print(f"Checking {profile.name} ({profile.description}) on this machine")
+        if checked.stale is not None:
+            print(f"  [warn] {checked.stale.line()}")
         for item in items:
             print(f"  [{_MARKS[item.verdict]}] {item.name}: {item.detail}")
         print(f"{len(failed)} check(s) failed: do not launch yet" if failed else "ready to launch")

@@ -7,7 +7,7 @@ import json
 from dataclasses import asdict
 
 from zlayout.cli import UsageError
-from zlayout.commands.show import open_profile
+from zlayout.commands.show import open_checked_profile
 from zlayout.profile.diff import Effect, diff_profiles
 from zlayout.profile.summary import figure
 
@@ -47,16 +47,19 @@ def _effect_line(e: Effect, label: str, absent_is_zero: bool = False) -> str:
 def run(args: argparse.Namespace) -> int:
     if args.json and args.markdown:
         raise UsageError("give --json or --markdown, not both")
-    a, _ = open_profile(args.a)
-    b, _ = open_profile(args.b)
+    checked_a, checked_b = open_checked_profile(args.a), open_checked_profile(args.b)
+    # predictions recomputed from the inputs: a hand-edited input shows its effect
+    a, b = checked_a.current, checked_b.current
     if args.markdown:
         from zlayout.profile.runbook import diff_markdown
 
         print(diff_markdown(a, b), end="")
         return 0
     d = diff_profiles(a, b)
+    stale = {side: c.stale.line() for side, c in (("A", checked_a), ("B", checked_b)) if c.stale is not None}
     if args.json:
         print(json.dumps({
+            "stale_prediction": stale,
             "changes": [asdict(c) for c in d.changes],
             "effects": [asdict(e) | {"delta": e.delta, "delta_fraction": e.delta_fraction} for e in d.effects],
             "term_changes": [asdict(e) | {"delta": e.delta} for e in d.term_changes],
@@ -65,6 +68,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"A: {a.name} ({a.layout.label}, {d.status_before})")
     print(f"B: {b.name} ({b.layout.label}, {d.status_after})")
+    for side, line in stale.items():
+        print(f"{side}: {line}")
     if not d.changes:
         print("Configuration: identical (inputs, layout and run settings)")
     else:

@@ -1,8 +1,9 @@
 """`zlayout export [plan flags] --stage K --out DIR`: write a profile the team runs as is.
 
 DIR receives profile.toml (inputs, layout, prediction, alerts, change log), ds_config.json
-and the launch scripts. An existing profile is replaced only with --force, and then its
-change log is kept and this export appended to it.
+and the launch scripts, written as one set. The rules of what may be replaced live in
+zlayout.profile.export (the app's export uses the same): an existing profile is replaced only
+with --force, and then its change log is kept; anything else is never replaced.
 """
 
 from __future__ import annotations
@@ -10,16 +11,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from zlayout.cli import UsageError, add_plan_arguments, layout_from_args, plan_input_from_args
-from zlayout.profile import (DS_CONFIG_FILE, PROFILE_FILE, ProfileError, RunSettings, build_profile,
-                             load_profile, save_profile_dir)
-from zlayout.profile.launch import DEEPSPEED_SCRIPT, SLURM_SCRIPT, TORCHRUN_SCRIPT
-from zlayout.profile.runbook import EXTRA_FILES
+from zlayout.profile import ProfileError
+from zlayout.profile.export import export_profile
 from zlayout.spec import GiB
-
-SCRIPT_NAMES = (DEEPSPEED_SCRIPT, TORCHRUN_SCRIPT, SLURM_SCRIPT, *EXTRA_FILES)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -31,7 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "RUNBOOK.md, memory.svg (per-GPU memory chart) and alerts.yml (Prometheus rules).")
     add_plan_arguments(parser)
     out = parser.add_argument_group("profile")
-    out.add_argument("--out", required=True, metavar="DIR", help="directory to write (created if missing)")
+    out.add_argument("--out", required=True, metavar="DIR", help="directory to write (created if missing); a name ending in .toml writes that profile file alone")
     out.add_argument("--force", action="store_true",
                      help="replace an existing profile in DIR (its change log is kept)")
     out.add_argument("--name", help="profile name (default: model-GPUsxgpu-layout)")
@@ -44,50 +40,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def _run_settings(args: argparse.Namespace, base: RunSettings | None) -> RunSettings | None:
-    given = {k: v for k, v in (("train_script", args.train_script), ("checkpoint_dir", args.checkpoint_dir),
-                               ("nvme_path", args.nvme_path)) if v is not None}
-    if not given:
-        return base
-    return (base or RunSettings()).model_copy(update=given)
-
-
 def run(args: argparse.Namespace) -> int:
     layout = layout_from_args(args)
     if layout is None:
         raise UsageError("export writes one layout: add --stage 0|1|2|3 "
                          "(and --offload-optimizer/--offload-param); `zlayout plan` compares them all")
+    if not args.out.strip():
+        raise UsageError("--out is empty: give a directory, e.g. --out profiles/llama3-8b")
     inp = plan_input_from_args(args)
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is a file; give a directory")
-    previous = None
-    existing = [name for name in (PROFILE_FILE, DS_CONFIG_FILE, *SCRIPT_NAMES) if (out / name).exists()]
-    if existing:
-        if not args.force:
-            raise UsageError(f"{out / existing[0]} already exists; add --force to replace it "
-                             "(its change log is kept) or choose another --out")
-        if (out / PROFILE_FILE).exists():
-            try:
-                previous = load_profile(out / PROFILE_FILE)
-            except ProfileError as exc:
-                raise UsageError(f"{exc}. Not replacing a profile zlayout cannot read: "
-                                 "fix it or move it aside first") from None
-    profile = build_profile(inp, layout, name=args.name, why=args.why, previous=previous,
-                            run=_run_settings(args, previous.run if previous else None))
+    given = {key: value for key, value in (("train_script", args.train_script),
+                                           ("checkpoint_dir", args.checkpoint_dir),
+                                           ("nvme_path", args.nvme_path)) if value is not None}
     try:
-        written = save_profile_dir(profile, out)
+        result = export_profile(inp, layout, args.out, replace=args.force, name=args.name, why=args.why,
+                                run_settings=given)
     except ProfileError as exc:
         raise UsageError(str(exc)) from None
+    profile, out, written = result.profile, result.target.path, result.written
     pred = profile.prediction
     if args.json:
-        print(json.dumps({"profile": str(out / PROFILE_FILE), "files": [str(p) for p in written],
+        print(json.dumps({"profile": str(result.target.profile_file), "files": [str(p) for p in written],
                           "layout": layout.key, "fits": pred.fits,
                           "gpu_peak_allocated_bytes": pred.gpu_peak_allocated_bytes,
                           "step_time_s": pred.step_time_s}))
     else:
         # the absolute path: a relative --out is easy to lose (profiles/ in a clone is git-ignored)
-        print(f"wrote {out.resolve()}/: " + ", ".join(p.name for p in written))
+        print(f"wrote {out.resolve()}" + ("" if result.target.single_file else "/: " + ", ".join(p.name for p in written)))
         print(f"  {profile.description}: predicted peak {pred.gpu_peak_allocated_bytes / GiB:.1f} GiB "
               f"allocated per GPU of {pred.gpu_capacity_bytes / GiB:.1f} GiB; status unverified")
         print(f"  next: zlayout show {out}   zlayout check {out}")

@@ -3,10 +3,13 @@
     from zlayout.profile import build_profile, save_profile_dir, load_profile, attach_verification
 
     profile = build_profile(plan_input, layout)          # unverified, predicted figures
-    save_profile_dir(profile, "profiles/llama3-8b")      # profile.toml, ds_config.json, launch_*.sh
+    save_profile_dir(profile, "profiles/llama3-8b")      # the whole set as one, with its manifest
     profile = load_profile("profiles/llama3-8b")         # ProfileError names line and field
     profile = attach_verification(profile, result)       # measured figures, new alerts, changelog
-    save_profile(profile, "profiles/llama3-8b")          # atomic
+    save_profile(profile, "profiles/llama3-8b")          # the set again (a NAME.toml: that file alone)
+
+    zlayout.profile.export.export_profile(...)           # export's rules: what may be replaced
+    zlayout.profile.integrity.open_checked(path)         # load + the set agrees + stale prediction
     profile.plan_input(), profile.layout                 # every input, restored
 """
 

@@ -7,6 +7,8 @@ Each runs the team's own training script, `${TRAIN_SCRIPT:-train.py}`, with
 
 from __future__ import annotations
 
+import shlex
+
 from zlayout.profile.schema import Profile
 
 DEEPSPEED_SCRIPT = "launch_deepspeed.sh"
@@ -14,29 +16,39 @@ TORCHRUN_SCRIPT = "launch_torchrun.sh"
 SLURM_SCRIPT = "launch_slurm.sbatch"
 
 
-def _in_double_quotes(text: str) -> str:
-    """`text` escaped to sit inside "..." in bash (the default of ${TRAIN_SCRIPT:-...})."""
-    return "".join("\\" + c if c in '\\"$`' else c for c in text)
+def _comment(text: object) -> str:
+    """`text` fit for one `# ...` line: anything that is not printable (newlines, U+2028, U+0085,
+    other controls) becomes a space, so no value can end the comment and start a command.
+    The profile's validators refuse such values already; this holds even for one built around them."""
+    return " ".join("".join(c if c.isprintable() else " " for c in str(text)).split())
+
+
+def _default_train_script(profile: Profile) -> str:
+    """The training script default as its own single-quoted assignment (shlex.quote), then used as
+    "${TRAIN_SCRIPT:-$default}": a literal inside ${...:-...} would let `}` end the expansion
+    ('scripts/{a}b.py' ran scripts/{ab.py}) and `$(...)` run."""
+    return (f"TRAIN_SCRIPT_DEFAULT={shlex.quote(profile.run.train_script)}\n"
+            'TRAIN_SCRIPT="${TRAIN_SCRIPT:-$TRAIN_SCRIPT_DEFAULT}"\n')
 
 
 def _header(profile: Profile, how: str) -> str:
     hw = profile.inputs.hardware
-    train = " ".join(profile.run.train_script.split())
-    description, name = " ".join(profile.description.split()), " ".join(profile.name.split())
+    train = _comment(profile.run.train_script)
+    description, name = _comment(profile.description), _comment(profile.name)
     lines = [
         "#!/usr/bin/env bash",
         f"# {description}",
-        f"# {how}. Written by zlayout {profile.zlayout_version} from profile.toml ({name});",
+        f"# {how}. Written by zlayout {_comment(profile.zlayout_version)} from profile.toml ({name});",
         "# re-export the profile rather than editing this file by hand.",
         "#",
         f"# It runs YOUR training script: TRAIN_SCRIPT (default {train}) with",
         "#   --deepspeed_config ds_config.json",
         "# and any arguments given to this script. The training script must pass that file to",
         "# deepspeed.initialize (deepspeed.add_config_arguments(parser) adds the flag).",
-        f"# Hardware: {hw.nodes} node(s) x {hw.gpus_per_node} {hw.gpu.name} GPUs = {hw.world} processes.",
+        f"# Hardware: {int(hw.nodes)} node(s) x {int(hw.gpus_per_node)} {_comment(hw.gpu.name)} GPUs = {int(hw.world)} processes.",
     ]
     if "nvme" in (profile.layout.offload_optimizer, profile.layout.offload_param):
-        lines.append(f"# NVMe offload: {profile.run.nvme_path} must exist and be writable on every node.")
+        lines.append(f"# NVMe offload: {_comment(profile.run.nvme_path)} must exist and be writable on every node.")
     return "\n".join(lines) + "\n"
 
 
@@ -50,32 +62,31 @@ def _cpu_threads(profile: Profile) -> str:
     """torchrun and DeepSpeed's launcher give every rank OMP_NUM_THREADS=1 when a node runs several,
     which leaves DeepSpeedCPUAdam (optimizer offload) one core per rank: 3-4x slower steps on the
     H200 runs. Give each rank its share of the node's cores unless the caller chose."""
-    gpus = profile.inputs.hardware.gpus_per_node
+    gpus = int(profile.inputs.hardware.gpus_per_node)
     return ("# One rank per GPU: each gets its share of the node's cores (the launchers' default is 1).\n"
             f'export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-$(( $(nproc) / {gpus} > 0 ? $(nproc) / {gpus} : 1 ))}}"\n')
 
 
 def deepspeed_script(profile: Profile) -> str:
     hw, run = profile.inputs.hardware, profile.run
-    train = _in_double_quotes(run.train_script)
     out = _header(profile, "Launch with DeepSpeed's launcher (`deepspeed`)")
     if hw.nodes > 1:
         out += (
             "# Multi-node: HOSTFILE lists one node per line as 'hostname slots=GPUS'\n"
-            f"# ({hw.nodes} lines, slots={hw.gpus_per_node}); the launcher reaches the nodes over ssh.\n"
+            f"# ({int(hw.nodes)} lines, slots={int(hw.gpus_per_node)}); the launcher reaches the nodes over ssh.\n"
         )
     out += "set -euo pipefail\n" + _FIND_CONFIG + _cpu_threads(profile)
-    out += f'TRAIN_SCRIPT="${{TRAIN_SCRIPT:-{train}}}"\n\n'
+    out += _default_train_script(profile) + "\n"
     if hw.nodes > 1:
         out += (
-            f'exec deepspeed --hostfile "${{HOSTFILE:-hostfile}}" --num_nodes {hw.nodes} '
-            f"--num_gpus {hw.gpus_per_node} \\\n"
-            f'    --master_port "${{MASTER_PORT:-{run.master_port}}}" \\\n'
+            f'exec deepspeed --hostfile "${{HOSTFILE:-hostfile}}" --num_nodes {int(hw.nodes)} '
+            f"--num_gpus {int(hw.gpus_per_node)} \\\n"
+            f'    --master_port "${{MASTER_PORT:-{int(run.master_port)}}}" \\\n'
         )
     else:
         out += (
-            f"exec deepspeed --num_gpus {hw.gpus_per_node} "
-            f'--master_port "${{MASTER_PORT:-{run.master_port}}}" \\\n'
+            f"exec deepspeed --num_gpus {int(hw.gpus_per_node)} "
+            f'--master_port "${{MASTER_PORT:-{int(run.master_port)}}}" \\\n'
         )
     out += '    "$TRAIN_SCRIPT" --deepspeed_config "$DS_CONFIG" "$@"\n'
     return out
@@ -83,26 +94,25 @@ def deepspeed_script(profile: Profile) -> str:
 
 def torchrun_script(profile: Profile) -> str:
     hw, run = profile.inputs.hardware, profile.run
-    train = _in_double_quotes(run.train_script)
     out = _header(profile, "Launch with torchrun (one process per GPU)")
     out += "# The training script reads LOCAL_RANK from the environment (torchrun sets it).\n"
     if hw.nodes > 1:
         out += (
-            f"# Multi-node: run this once on each of the {hw.nodes} nodes with NODE_RANK=0..{hw.nodes - 1}\n"
+            f"# Multi-node: run this once on each of the {int(hw.nodes)} nodes with NODE_RANK=0..{int(hw.nodes) - 1}\n"
             "# and MASTER_ADDR set to node 0's address.\n"
         )
     out += "set -euo pipefail\n" + _FIND_CONFIG + _cpu_threads(profile)
-    out += f'TRAIN_SCRIPT="${{TRAIN_SCRIPT:-{train}}}"\n\n'
+    out += _default_train_script(profile) + "\n"
     if hw.nodes > 1:
         out += (
-            f"exec torchrun --nnodes {hw.nodes} --nproc_per_node {hw.gpus_per_node} "
-            f'--node_rank "${{NODE_RANK:?set NODE_RANK to this node index, 0..{hw.nodes - 1}}}" \\\n'
+            f"exec torchrun --nnodes {int(hw.nodes)} --nproc_per_node {int(hw.gpus_per_node)} "
+            f'--node_rank "${{NODE_RANK:?set NODE_RANK to this node index, 0..{int(hw.nodes) - 1}}}" \\\n'
             '    --rdzv_backend c10d --rdzv_id "${RDZV_ID:-zlayout}" '
-            f'--rdzv_endpoint "${{MASTER_ADDR:?set MASTER_ADDR to node 0}}:${{MASTER_PORT:-{run.master_port}}}" \\\n'
+            f'--rdzv_endpoint "${{MASTER_ADDR:?set MASTER_ADDR to node 0}}:${{MASTER_PORT:-{int(run.master_port)}}}" \\\n'
         )
     else:
         out += (
-            f"exec torchrun --standalone --nproc_per_node {hw.gpus_per_node} \\\n"
+            f"exec torchrun --standalone --nproc_per_node {int(hw.gpus_per_node)} \\\n"
         )
     out += '    "$TRAIN_SCRIPT" --deepspeed_config "$DS_CONFIG" "$@"\n'
     return out
@@ -110,26 +120,25 @@ def torchrun_script(profile: Profile) -> str:
 
 def slurm_script(profile: Profile) -> str:
     hw, run = profile.inputs.hardware, profile.run
-    train = _in_double_quotes(run.train_script)
-    job = "".join(c if c.isalnum() or c in "-_." else "-" for c in profile.name)[:60]
+    job = "".join(c if (c.isascii() and c.isalnum()) or c in "-_." else "-" for c in profile.name)[:60]
     out = _header(profile, "Submit with `sbatch launch_slurm.sbatch`: srun starts one torchrun per node")
     out += (
         "# sbatch runs a copy of this file, so ds_config.json is found through the directory you\n"
         "# submit from: cd into the profile's directory first, or set DS_CONFIG=/path/ds_config.json.\n"
         f"#SBATCH --job-name={job}\n"
-        f"#SBATCH --nodes={hw.nodes}\n"
+        f"#SBATCH --nodes={int(hw.nodes)}\n"
         "#SBATCH --ntasks-per-node=1\n"
-        f"#SBATCH --gpus-per-node={hw.gpus_per_node}\n"
+        f"#SBATCH --gpus-per-node={int(hw.gpus_per_node)}\n"
         "#SBATCH --exclusive\n"
         "set -euo pipefail\n"
         'DS_CONFIG="${DS_CONFIG:-${SLURM_SUBMIT_DIR:-$PWD}/ds_config.json}"\n'
-        f'TRAIN_SCRIPT="${{TRAIN_SCRIPT:-{train}}}"\n'
+        + _default_train_script(profile) +
         "# sed, not head: head would close the pipe early and pipefail would end the job\n"
         'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)"\n'
-        f'MASTER_PORT="${{MASTER_PORT:-{run.master_port}}}"\n'
+        f'MASTER_PORT="${{MASTER_PORT:-{int(run.master_port)}}}"\n'
         + _cpu_threads(profile) + "\n"
         "srun --ntasks-per-node=1 --kill-on-bad-exit=1 \\\n"
-        f'    torchrun --nnodes "$SLURM_NNODES" --nproc_per_node {hw.gpus_per_node} \\\n'
+        f'    torchrun --nnodes "$SLURM_NNODES" --nproc_per_node {int(hw.gpus_per_node)} \\\n'
         '    --rdzv_backend c10d --rdzv_id "$SLURM_JOB_ID" --rdzv_endpoint "$MASTER_ADDR:$MASTER_PORT" \\\n'
         '    "$TRAIN_SCRIPT" --deepspeed_config "$DS_CONFIG" "$@"\n'
     )

@@ -8,6 +8,9 @@ rewritten whenever the profile is (export, verify --update-profile, any change-l
 
 from __future__ import annotations
 
+import json
+import shlex
+
 from zlayout.catalog import format_size
 from zlayout.profile.diff import Effect, diff_profiles
 from zlayout.profile.launch import DEEPSPEED_SCRIPT, SLURM_SCRIPT, TORCHRUN_SCRIPT
@@ -212,13 +215,13 @@ def _checklist(p: Profile) -> list[str]:
          if v.driver else "nothing to compare until the profile is verified (then: the same driver)"),
     ]
     if _uses_nvme(p):
-        items.append(("NVMe offload path", f"`df -h {p.run.nvme_path}`",
+        items.append(("NVMe offload path", f"`df -h {shlex.quote(p.run.nvme_path)}`",
                       f"exists, writable, at least {gib(p.prediction.nvme_bytes)} free"))
     else:
         items.append(("NVMe offload path", "-", "not needed: this layout keeps nothing on NVMe"))
     if p.run.checkpoint_dir:
-        ck = p.run.checkpoint_dir
-        items.append(("last checkpoint", f"`cat {ck}/latest; ls -l {ck}/$(cat {ck}/latest)`",
+        ck = shlex.quote(p.run.checkpoint_dir)  # commands are copied into a shell: quoted like the scripts
+        items.append(("last checkpoint", f"`cat {ck}/latest; ls -l {ck}/\"$(cat {ck}/latest)\"`",
                       f"the tag `latest` names exists, holds *model_states.pt, every file reads; "
                       f"{p.world} optim_states files (another count needs a universal checkpoint)"))
     else:
@@ -233,7 +236,7 @@ def _checklist(p: Profile) -> list[str]:
 
 def _launch(p: Profile) -> list[str]:
     hw, run = p.inputs.hardware, p.run
-    out = [f"From the profile's directory; each runs `${{TRAIN_SCRIPT:-{run.train_script}}} --deepspeed_config "
+    out = [f"From the profile's directory; each runs `${{TRAIN_SCRIPT:-{shlex.quote(run.train_script)}}} --deepspeed_config "
            "ds_config.json` plus your arguments, one process per GPU "
            f"({_count(hw.world, 'process', 'processes')} in all), and gives each rank its share of the node's cores.", "", "```sh"]
     if hw.nodes > 1:
@@ -285,14 +288,15 @@ def _restart(p: Profile) -> list[str]:
         verdict = "resumed OK" if drill.resumed_ok else "FAILED to resume"
         out.append(f"Drill: {verdict}" + (f" ({', '.join(parts)})" if parts else "") + loss
                    + (f": {_cell(drill.message)}" if drill.message else "") + ".")
-    ck = run.checkpoint_dir or "CHECKPOINT_DIR"
+    ck = shlex.quote(run.checkpoint_dir) if run.checkpoint_dir else "CHECKPOINT_DIR"
+    ck_python = json.dumps(run.checkpoint_dir or "CHECKPOINT_DIR")
     out += ["", "Steps:", "",
             "1. Stop the job (`scancel JOBID`, or stop the launcher) and wait until no rank is left "
             "(`nvidia-smi` lists no training process on any node).",
             f"2. Check the last checkpoint: `zlayout check {d} --checkpoint-dir {ck}`. If `latest` names a "
             "missing or cut-short tag, point `latest` at the previous tag.",
             f"3. Relaunch with the same script and the same world ({_count(p.world, 'process', 'processes')}); the training script "
-            f"calls `engine.load_checkpoint(\"{ck}\")` before its first step. Another world size needs "
+            f"calls `engine.load_checkpoint({ck_python})` before its first step. Another world size needs "
             "DeepSpeed's universal checkpoint (`ds_to_universal.py`).",
             "4. Confirm the resume: the log shows the step it resumed from, and the first losses match the last "
             "ones before the stop; watch the loss-spike alert for the next "

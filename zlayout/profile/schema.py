@@ -8,6 +8,7 @@ field instead of a silently ignored setting. TOML has no null: optional fields a
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timezone
 from typing import Any, Literal
 
@@ -43,6 +44,36 @@ def utc_now() -> datetime:
     return datetime.now(timezone.utc).replace(microsecond=0)
 
 
+MAX_PATH_CHARS = 4096
+MAX_NAME_CHARS = 200
+MAX_COMPONENT_BYTES = 255  # NAME_MAX on Linux file systems
+
+
+def one_line_text(value: str, what: str, max_chars: int = MAX_NAME_CHARS) -> str:
+    """Text that lands in a launch script, a comment or a file name: printable and on one line.
+
+    Newlines, U+2028/U+2029, U+0085 and other controls could end a comment or a command in a
+    script (or a line of a log), so they are refused here rather than escaped downstream."""
+    bad = next((c for c in value if not c.isprintable()), None)
+    if bad is not None:
+        raise ValueError(f"{what} must be one line of printable text; it holds {ascii(bad)}: "
+                         "remove it")
+    if len(value) > max_chars:
+        raise ValueError(f"{what} is {len(value)} characters long; at most {max_chars}")
+    return value
+
+
+def path_text(value: str, what: str) -> str:
+    one_line_text(value, what, MAX_PATH_CHARS)
+    if not value:
+        raise ValueError(f"{what} is empty: give a path")
+    long_part = next((part for part in value.split("/") if len(part.encode()) > MAX_COMPONENT_BYTES), None)
+    if long_part is not None:
+        raise ValueError(f"{what} has a path component of {len(long_part.encode())} bytes "
+                         f"(file systems allow {MAX_COMPONENT_BYTES}): shorten it")
+    return value
+
+
 class RunSettings(Section):
     """How the team runs it: paths the launch scripts and `zlayout check` use."""
 
@@ -54,9 +85,13 @@ class RunSettings(Section):
 
     @field_validator("train_script", "nvme_path", "checkpoint_dir")
     @classmethod
-    def _one_line(cls, value: str | None) -> str | None:
-        if value is not None and any(ord(c) < 32 for c in value):
-            raise ValueError("a path on one line, without control characters")
+    def _one_line(cls, value: str | None, info: Any) -> str | None:
+        if value is None:
+            return None
+        path_text(value, info.field_name)
+        if info.field_name == "train_script" and value.startswith("-"):
+            # the launchers would read it as one of their own options
+            raise ValueError(f"train_script {value!r} starts with '-': name the file, e.g. ./{value}")
         return value
 
 
@@ -333,6 +368,8 @@ def _migrate_v1(data: dict[str, Any]) -> dict[str, Any]:
 
 
 MIGRATIONS = {1: _migrate_v1}
+_SHA256 = re.compile(r"sha256:[0-9a-f]{64}")
+_SET_FILE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,99}")
 
 
 class Profile(Section):
@@ -350,6 +387,9 @@ class Profile(Section):
     restart_drill: RestartDrill | None = None
     limits: Limits | None = None
     changelog: list[ChangeEntry] = Field(min_length=1)
+    manifest: dict[str, str] = Field(
+        default={}, description="file name -> 'sha256:HEX' of every file written with this profile.toml "
+                                "(ds_config.json, launch scripts); empty for a profile.toml on its own")
     alerts: Alerts
 
     @model_validator(mode="before")
@@ -417,6 +457,37 @@ class Profile(Section):
             tokens_per_s=None if tokens is None else round(tokens),
             largest_model_params=self.limits.max_params if self.limits else None,
         )
+    @field_validator("manifest")
+    @classmethod
+    def _manifest_names_files_beside_it(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, digest in value.items():
+            if not _SET_FILE_NAME.fullmatch(name) or name == "profile.toml":
+                raise ValueError(f"manifest: {name!r} is not a file of the profile's set")
+            if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+                raise ValueError(f"manifest: {name} must be 'sha256:' and 64 hex digits")
+        return value
+
+    @model_validator(mode="after")
+    def _script_text_is_one_line(self) -> "Profile":
+        """Every string the launch scripts print passes here, however the parts were built
+        (pydantic does not revalidate nested instances, and model_copy skips validators)."""
+        hw, model = self.inputs.hardware, self.inputs.model
+        texts = {"inputs.model.name": model.name, "inputs.model.family": model.family,
+                 "inputs.hardware.gpu.name": hw.gpu.name, "inputs.hardware.intra_link.name": hw.intra_link.name,
+                 "inputs.hardware.inter_link.name": hw.inter_link.name if hw.inter_link else None}
+        for what, text in texts.items():
+            if text is not None:
+                one_line_text(text, what)
+        # after the inputs: the default name and description are made of them
+        one_line_text(self.name, "name")
+        one_line_text(self.description, "description", 1000)
+        one_line_text(self.zlayout_version, "zlayout_version")
+        for what, number in (("inputs.hardware.nodes", hw.nodes), ("inputs.hardware.gpus_per_node", hw.gpus_per_node),
+                             ("run.master_port", self.run.master_port)):
+            if not isinstance(number, int) or isinstance(number, bool) or number <= 0:
+                raise ValueError(f"{what} must be a positive integer")
+        RunSettings.model_validate(self.run.model_dump())
+        return self
 
     def plan_input(self) -> PlanInput:
         return self.inputs

@@ -1,16 +1,24 @@
 """Reading and writing profiles: nothing lost, nothing half-written.
 
-Every file is written to a temporary file beside it, flushed to disk and renamed over the
-old one, so a crash leaves either the old file or the new one. Loading parses with tomllib
-and validates with pydantic; any problem becomes a `ProfileError` whose message names the
-line and the field, and the file is left as it is.
+A profile directory is a set (profile.toml, ds_config.json, launch scripts) written as one:
+every file goes into a temporary directory beside them, is flushed to disk, and is renamed into
+place, profile.toml last. profile.toml's [manifest] holds the sha256 of every other file, so a
+set that a crash left half-swapped (new ds_config.json, old profile.toml) is detected on load
+(`zlayout.profile.integrity`) instead of trusted. The next write cleans up leftover temporaries.
+Loading parses with tomllib and validates with pydantic; any problem becomes a `ProfileError`
+whose message names the line and the field, and the file is left as it is.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import json
+import math
 import os
 import re
+import shutil
 import tempfile
 import tomllib
 from pathlib import Path
@@ -20,12 +28,16 @@ import tomli_w
 from pydantic import ValidationError
 
 from zlayout import tomlsafe
-from zlayout.profile.launch import launch_scripts
-from zlayout.profile.runbook import extra_files
+from zlayout.profile.launch import DEEPSPEED_SCRIPT, SLURM_SCRIPT, TORCHRUN_SCRIPT, launch_scripts
+from zlayout.profile.runbook import EXTRA_FILES, extra_files
 from zlayout.profile.schema import SCHEMA_VERSION, Profile
 
 PROFILE_FILE = "profile.toml"
 DS_CONFIG_FILE = "ds_config.json"
+
+
+TEMP_PREFIX = ".zlayout-tmp-"  # the set being written; removed by the next write if a crash left it
+MAX_PROFILE_BYTES = tomlsafe.MAX_TOML_BYTES  # read no more than the parser would accept
 
 
 class ProfileError(Exception):
@@ -49,6 +61,22 @@ def dumps_profile(profile: Profile) -> str:
     return tomli_w.dumps(_drop_empty(profile.model_dump(mode="python")))
 
 
+def _unrepresentable_number(value: Any, loc: tuple[Any, ...]) -> tuple[tuple[Any, ...], Any] | None:
+    """The first integer outside TOML's 64 bits (tomllib accepts any) or non-finite float."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return None if -2**63 <= value < 2**63 else (loc, value)
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (loc, value)
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = _unrepresentable_number(item, (*loc, key))
+        if found is not None:
+            return found
+    return None
+
+
 def loads_profile(text: str, source: str = PROFILE_FILE) -> Profile:
     """Parse and validate profile text; raises ProfileError naming the line and field."""
     try:
@@ -56,8 +84,22 @@ def loads_profile(text: str, source: str = PROFILE_FILE) -> Profile:
     except tomlsafe.TomlLimitError as exc:
         raise ProfileError(str(exc)) from None
     except tomllib.TOMLDecodeError as exc:
-        raise ProfileError(f"{source}: not valid TOML: {exc}; fix that line "
+        raise ProfileError(f"{source}: not valid TOML: {' '.join(str(exc).split())}; fix that line "
                            "(or restore the file from version control)") from None
+    except RecursionError:
+        raise ProfileError(f"{source}: nested too deeply to be a zlayout profile: "
+                           "restore the file from version control") from None
+    if not isinstance(data, dict):  # pragma: no cover - tomllib always returns a table
+        raise ProfileError(f"{source}: not a TOML table")
+    bad = _unrepresentable_number(data, ())
+    if bad is not None:
+        loc, value = bad
+        line = _line_of(text, loc)
+        field = ascii(".".join(str(p) for p in loc))[1:-1][:200]
+        shown = str(value) if len(str(value)) <= 20 else str(value)[:20] + "..."
+        raise ProfileError(f"{source}{f' line {line}' if line else ''}: {field}: {shown} is "
+                           "not a number a profile holds (TOML integers are 64-bit; no inf or nan): fix it "
+                           "or restore the file from version control")
     version = data.get("schema_version")
     if version is None:
         raise ProfileError(f"{source}: schema_version is missing: this is not a zlayout profile, "
@@ -72,6 +114,8 @@ def loads_profile(text: str, source: str = PROFILE_FILE) -> Profile:
         return Profile.model_validate(data)
     except ValidationError as exc:
         raise ProfileError(f"{source}: {describe_validation_error(exc, text)}") from None
+    except RecursionError:
+        raise ProfileError(f"{source}: nested too deeply to be a zlayout profile") from None
 
 
 def describe_validation_error(exc: ValidationError, text: str | None = None) -> str:
@@ -79,8 +123,8 @@ def describe_validation_error(exc: ValidationError, text: str | None = None) -> 
     parts = []
     for err in exc.errors():
         loc = tuple(err["loc"])
-        field = ".".join(str(p) for p in loc)
-        message = err["msg"].removeprefix("Value error, ")
+        field = ascii(".".join(str(p) for p in loc))[1:-1][:200]
+        message = " ".join(err["msg"].removeprefix("Value error, ").split())
         if err["type"] == "missing":
             message = "missing (required)"
         elif err["type"] == "extra_forbidden":
@@ -126,9 +170,13 @@ def _line_of(text: str, loc: tuple[Any, ...]) -> int | None:
 def resolve_profile_path(path: str | os.PathLike[str]) -> Path:
     """PROFILE may be the profile.toml or the directory `zlayout export --out` wrote."""
     p = Path(path)
-    if p.is_dir():
-        p = p / PROFILE_FILE
-    if not p.is_file():
+    try:
+        if p.is_dir():
+            p = p / PROFILE_FILE
+        found = p.is_file()
+    except OSError as exc:  # a name too long, a loop of links
+        raise ProfileError(f"{path}: {exc.strerror or exc}: give a profile.toml or its directory") from None
+    if not found:
         raise ProfileError(f"no profile at {path}: give a profile.toml or the directory "
                            "`zlayout export --out DIR` wrote")
     return p
@@ -138,12 +186,17 @@ def load_profile(path: str | os.PathLike[str]) -> Profile:
     """Read and validate a profile (file or its directory); raises ProfileError."""
     p = resolve_profile_path(path)
     try:
-        text = p.read_bytes().decode("utf-8")
+        with open(p, "rb") as handle:
+            data = handle.read(MAX_PROFILE_BYTES + 1)
+        if len(data) > MAX_PROFILE_BYTES:
+            raise ProfileError(f"{p}: over {MAX_PROFILE_BYTES:,} bytes, too long for a zlayout profile: "
+                               "restore it from version control")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ProfileError(f"{p}: not UTF-8 text (byte {exc.start}): the file is corrupt; "
                            "restore it from version control") from None
     except OSError as exc:
-        raise ProfileError(f"{p}: cannot read: {exc.strerror}") from None
+        raise ProfileError(f"{p}: cannot read: {exc.strerror or exc}") from None
     return loads_profile(text, source=str(p))
 
 
@@ -164,8 +217,13 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
         except FileNotFoundError:
             pass
         raise
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make the renames in `directory` durable (best effort: some file systems refuse)."""
     try:
-        dir_fd = os.open(path.parent, os.O_RDONLY)
+        dir_fd = os.open(directory, os.O_RDONLY)
     except OSError:
         return
     try:
@@ -176,20 +234,61 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
         os.close(dir_fd)
 
 
-def save_profile(profile: Profile, path: str | os.PathLike[str]) -> Path:
-    """Write profile.toml atomically (a directory means DIR/profile.toml). Returns the path.
-
-    A file named profile.toml gets the runbook, its chart and alerts.yml rewritten beside it
-    first (runbook.extra_files), so they never describe another version of the profile."""
-    p = Path(path)
-    if p.is_dir() or p.suffix != ".toml":
-        p.mkdir(parents=True, exist_ok=True)
-        p = p / PROFILE_FILE
+@contextlib.contextmanager
+def _locked(directory: Path):
+    """One writer per directory at a time (flock on the directory itself, nothing left behind),
+    so cleaning temporaries never removes a live writer's."""
+    fd = os.open(directory, os.O_RDONLY)
     try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _is_temporary(name: str) -> bool:
+    """A name only zlayout's writers use: the set's temporary directory, or a file's temporary
+    (`.NAME.XXXX.tmp` from atomic_write) for one of the set's own file names."""
+    if name.startswith(TEMP_PREFIX):
+        return True
+    return name.endswith(".tmp") and any(name.startswith(f".{own}.") for own in (
+        PROFILE_FILE, DS_CONFIG_FILE, DEEPSPEED_SCRIPT, TORCHRUN_SCRIPT, SLURM_SCRIPT, *EXTRA_FILES))
+
+
+def clean_temporaries(directory: Path) -> list[str]:
+    """Remove what an interrupted write left in `directory`; returns the names removed."""
+    removed = []
+    for entry in os.scandir(directory):
+        if not _is_temporary(entry.name):
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.path)
+        removed.append(entry.name)
+    return removed
+
+
+def save_profile(profile: Profile, path: str | os.PathLike[str]) -> Path:
+    """Write the profile (a directory means DIR/profile.toml). Returns the profile file's path.
+
+    A file named profile.toml is part of a set: the whole set is rewritten as one
+    (save_profile_dir), so RUNBOOK.md, memory.svg and alerts.yml never describe another version
+    of the profile and the manifest stays true (ds_config.json and the scripts come out the same
+    bytes when only the verification changed). Any other .toml is a profile on its own, written
+    atomically with an empty manifest."""
+    p = Path(path)
+    try:
+        if p.is_dir() or p.suffix != ".toml":
+            p.mkdir(parents=True, exist_ok=True)
+            p = p / PROFILE_FILE
         if p.name == PROFILE_FILE:
-            for name, text in extra_files(profile).items():
-                atomic_write(p.parent / name, text.encode("utf-8"))
-        atomic_write(p, dumps_profile(profile).encode("utf-8"))
+            return save_profile_dir(profile, p.parent)[-1]
+        p.parent.mkdir(parents=True, exist_ok=True)
+        with _locked(p.parent):
+            clean_temporaries(p.parent)
+            atomic_write(p, dumps_profile(profile.model_copy(update={"manifest": {}})).encode("utf-8"))
     except OSError as exc:
         raise ProfileError(f"cannot write {p}: {exc.strerror or exc}") from None
     return p
@@ -199,22 +298,55 @@ def ds_config_text(profile: Profile) -> str:
     return json.dumps(profile.ds_config(), indent=2) + "\n"
 
 
-def save_profile_dir(profile: Profile, directory: str | os.PathLike[str]) -> list[Path]:
-    """Write profile.toml, ds_config.json and the launch scripts into `directory`.
+def sha256_digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
 
-    profile.toml is written last, so a crash part way leaves the old profile in place.
-    Overwrites without asking: callers decide whether replacing is allowed.
+
+def set_files(profile: Profile) -> dict[str, bytes]:
+    """The files written beside profile.toml: name -> bytes (ds_config.json, the scripts, and the
+    handoff pack: RUNBOOK.md, memory.svg, alerts.yml)."""
+    files = {DS_CONFIG_FILE: ds_config_text(profile).encode("utf-8")}
+    files.update({name: text.encode("utf-8") for name, text in launch_scripts(profile).items()})
+    files.update({name: text.encode("utf-8") for name, text in extra_files(profile).items()})
+    return files
+
+
+def with_manifest(profile: Profile, files: dict[str, bytes]) -> Profile:
+    """`profile` whose [manifest] lists the sha256 of `files` (the set it is written with)."""
+    return profile.model_copy(update={"manifest": {name: sha256_digest(data) for name, data in files.items()}})
+
+
+def save_profile_dir(profile: Profile, directory: str | os.PathLike[str]) -> list[Path]:
+    """Write profile.toml, ds_config.json and the launch scripts into `directory`, as one set.
+
+    All files go into a temporary directory inside `directory` and are fsynced there, then
+    renamed into place with profile.toml last; its manifest holds the others' checksums. A crash
+    before the renames leaves the old set; during them, a set whose manifest disagrees (refused
+    on load); after, the new set. Overwrites without asking: callers decide whether replacing is
+    allowed (`zlayout.profile.export`). Returns the paths written, profile.toml last.
     """
     d = Path(directory)
+    files = set_files(profile)
+    files[PROFILE_FILE] = dumps_profile(with_manifest(profile, files)).encode("utf-8")
     try:
         d.mkdir(parents=True, exist_ok=True)
-        written = []
-        atomic_write(d / DS_CONFIG_FILE, ds_config_text(profile).encode("utf-8"))
-        written.append(d / DS_CONFIG_FILE)
-        for name, text in launch_scripts(profile).items():
-            atomic_write(d / name, text.encode("utf-8"), mode=0o755)
-            written.append(d / name)
+        with _locked(d):
+            clean_temporaries(d)
+            tmp = Path(tempfile.mkdtemp(dir=d, prefix=TEMP_PREFIX))
+            try:
+                for name, data in files.items():
+                    fd = os.open(tmp / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                    with os.fdopen(fd, "wb") as handle:
+                        handle.write(data)
+                        handle.flush()
+                        os.fsync(handle.fileno())
+                    os.chmod(tmp / name, 0o755 if name.endswith((".sh", ".sbatch")) else 0o644)
+                _fsync_dir(tmp)
+                for name in files:  # profile.toml is the last key: the set is committed by it
+                    os.replace(tmp / name, d / name)
+                _fsync_dir(d)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
     except OSError as exc:
         raise ProfileError(f"cannot write into {d}: {exc.strerror or exc}") from None
-    written.append(save_profile(profile, d / PROFILE_FILE))
-    return written
+    return [d / name for name in files]

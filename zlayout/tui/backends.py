@@ -41,31 +41,28 @@ def default_profile_io() -> ProfileIO | str:
         from zlayout import profile
     except ImportError as exc:  # pragma: no cover - the profile package ships with zlayout
         return f"profiles are not available: {exc}"
-    needed = ("build_profile", "load_profile", "save_profile", "save_profile_dir", "PROFILE_FILE")
+    needed = ("load_profile", "PROFILE_FILE")
     missing = [name for name in needed if not hasattr(profile, name)]
     if missing:
         return f"profiles are not available yet: zlayout.profile lacks {', '.join(missing)}"
-
-    def target(path: str) -> Path:
-        p = Path(path)
-        return p if p.suffix == ".toml" else p / profile.PROFILE_FILE
+    from zlayout.profile.export import export_profile, inspect_target
 
     def save(plan: Plan, layout: Layout, path: str) -> object:
-        previous = None
-        if target(path).exists():
-            try:
-                previous = profile.load_profile(target(path))  # keeps its change log
-            except Exception:
-                previous = None
-        built = profile.build_profile(plan.input, layout, previous=previous)
-        if Path(path).suffix == ".toml":
-            return profile.save_profile(built, path)
-        return profile.save_profile_dir(built, path)
+        # the CLI's export path and rules: never replaces what is not a readable profile, keeps
+        # the change log; the app has asked before replacing a profile (`exists`)
+        return export_profile(plan.input, layout, path, replace=True)
+
+    def exists(path: str) -> bool:
+        """A readable profile is there (the app asks first); a refused target is reported by save."""
+        try:
+            return inspect_target(path).replaces
+        except profile.ProfileError:
+            return False
 
     def load(path: str) -> PlanInput:
         return profile.load_profile(path).plan_input()
 
-    return ProfileIO(save=save, load=load, exists=lambda path: target(path).exists())
+    return ProfileIO(save=save, load=load, exists=exists)
 
 
 @lru_cache(maxsize=1)

@@ -16,7 +16,8 @@ PROFILE_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 DS_CONFIG="${DS_CONFIG:-$PROFILE_DIR/ds_config.json}"
 # One rank per GPU: each gets its share of the node's cores (the launchers' default is 1).
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(( $(nproc) / 8 > 0 ? $(nproc) / 8 : 1 ))}"
-TRAIN_SCRIPT="${TRAIN_SCRIPT:-train.py}"
+TRAIN_SCRIPT_DEFAULT=train.py
+TRAIN_SCRIPT="${TRAIN_SCRIPT:-$TRAIN_SCRIPT_DEFAULT}"
 
 exec torchrun --nnodes 8 --nproc_per_node 8 --node_rank "${NODE_RANK:?set NODE_RANK to this node index, 0..7}" \
     --rdzv_backend c10d --rdzv_id "${RDZV_ID:-zlayout}" --rdzv_endpoint "${MASTER_ADDR:?set MASTER_ADDR to node 0}:${MASTER_PORT:-29500}" \

@@ -13,7 +13,8 @@ PROFILE_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 DS_CONFIG="${DS_CONFIG:-$PROFILE_DIR/ds_config.json}"
 # One rank per GPU: each gets its share of the node's cores (the launchers' default is 1).
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(( $(nproc) / 8 > 0 ? $(nproc) / 8 : 1 ))}"
-TRAIN_SCRIPT="${TRAIN_SCRIPT:-train.py}"
+TRAIN_SCRIPT_DEFAULT=train.py
+TRAIN_SCRIPT="${TRAIN_SCRIPT:-$TRAIN_SCRIPT_DEFAULT}"
 
 exec deepspeed --num_gpus 8 --master_port "${MASTER_PORT:-29500}" \
     "$TRAIN_SCRIPT" --deepspeed_config "$DS_CONFIG" "$@"

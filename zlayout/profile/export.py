@@ -1,0 +1,125 @@
+"""Exporting a profile: the one code path `zlayout export` and the app's export share.
+
+The rules (docs/profiles.md): an empty path is refused; a path that is not a zlayout profile
+(pyproject.toml, a directory holding only a hand-written ds_config.json) is never replaced; a
+profile zlayout cannot read is never replaced; a readable profile is replaced only when the
+caller says so (`--force`, or the app's "Overwrite?" answered yes), and then its change log is
+kept. A target is a directory (the whole set) or, for a name ending in .toml that is not a
+directory, a single profile file.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Mapping
+
+from pydantic import ValidationError
+
+from zlayout.profile.build import build_profile
+from zlayout.profile.launch import launch_scripts
+from zlayout.profile.runbook import EXTRA_FILES
+from zlayout.profile.schema import Profile, RunSettings, path_text
+from zlayout.profile.store import (DS_CONFIG_FILE, PROFILE_FILE, ProfileError, load_profile, save_profile,
+                                   save_profile_dir)
+from zlayout.spec import Layout, PlanInput
+
+
+class ProfileExists(ProfileError):
+    """The target holds a readable profile and the caller did not ask to replace it."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExportTarget:
+    path: Path  # as given
+    profile_file: Path  # DIR/profile.toml, or the .toml file itself
+    single_file: bool  # a .toml on its own: no ds_config.json or scripts
+    previous: Profile | None  # the readable profile it would replace
+
+    @property
+    def replaces(self) -> bool:
+        return self.previous is not None
+
+
+def _set_names(profile: Profile | None = None) -> tuple[str, ...]:
+    scripts = tuple(launch_scripts(profile)) if profile is not None else (
+        "launch_deepspeed.sh", "launch_torchrun.sh", "launch_slurm.sbatch")
+    return (DS_CONFIG_FILE, *scripts, *EXTRA_FILES)
+
+
+def _load_previous(profile_file: Path) -> Profile:
+    try:
+        return load_profile(profile_file)
+    except ProfileError as exc:
+        raise ProfileError(f"{exc}. Not replacing a profile zlayout cannot read, nor a file that is "
+                           "not a profile: fix it or move it aside, or choose another path") from None
+
+
+def inspect_target(path: str | os.PathLike[str]) -> ExportTarget:
+    """What exporting to `path` would do; ProfileError when it must not write there."""
+    text = os.fspath(path)
+    if not text.strip():
+        raise ProfileError("the export path is empty: give a directory, e.g. profiles/llama3-8b")
+    try:
+        path_text(text, "the export path")
+    except ValueError as exc:
+        raise ProfileError(str(exc)) from None
+    p = Path(text).expanduser()
+    try:
+        is_dir, exists = p.is_dir(), p.exists() or p.is_symlink()
+    except OSError as exc:
+        raise ProfileError(f"{p}: {exc.strerror or exc}") from None
+    if not is_dir and p.suffix == ".toml":
+        previous = _load_previous(p) if exists else None
+        return ExportTarget(path=p, profile_file=p, single_file=True, previous=previous)
+    if exists and not is_dir:
+        raise ProfileError(f"{p} is a file, not a directory: give a directory (or a .toml file name)")
+    profile_file = p / PROFILE_FILE
+    if is_dir and (profile_file.exists() or profile_file.is_symlink()):
+        return ExportTarget(path=p, profile_file=profile_file, single_file=False,
+                            previous=_load_previous(profile_file))
+    if is_dir:
+        foreign = next((name for name in _set_names() if (p / name).exists() or (p / name).is_symlink()), None)
+        if foreign is not None:
+            raise ProfileError(f"{p / foreign} exists but {p} holds no profile.toml: it is not a zlayout "
+                               "profile, so it is not replaced (move it aside or choose another directory)")
+    return ExportTarget(path=p, profile_file=profile_file, single_file=False, previous=None)
+
+
+@dataclass(frozen=True, slots=True)
+class ExportResult:
+    profile: Profile
+    target: ExportTarget
+    written: tuple[Path, ...]
+
+
+def _one_line(exc: ValidationError) -> str:
+    return "; ".join(" ".join(str(e["msg"]).removeprefix("Value error, ").split()) for e in exc.errors())
+
+
+def export_profile(inp: PlanInput, layout: Layout, path: str | os.PathLike[str], *, replace: bool = False,
+                   name: str | None = None, why: str | None = None,
+                   run_settings: Mapping[str, Any] | None = None, now: datetime | None = None) -> ExportResult:
+    """Build the profile for `layout` and write it to `path` under the rules above.
+
+    `run_settings` (train_script, checkpoint_dir, nvme_path, master_port) override the replaced
+    profile's; they are validated here, with every other value the scripts print, before any
+    file is touched. Raises ProfileExists (a profile is there, `replace` is False) or ProfileError.
+    """
+    target = inspect_target(path)
+    if target.previous is not None and not replace:
+        raise ProfileExists(f"{target.profile_file} already exists (profile {target.previous.name}): "
+                            "add --force to replace it (its change log is kept) or choose another --out")
+    base = target.previous.run if target.previous is not None else RunSettings()
+    try:
+        run = RunSettings.model_validate({**base.model_dump(), **dict(run_settings or {})})
+        profile = build_profile(inp, layout, name=name, why=why, previous=target.previous, run=run, now=now)
+    except ValidationError as exc:
+        raise ProfileError(_one_line(exc)) from None
+    if target.single_file:
+        written: tuple[Path, ...] = (save_profile(profile, target.profile_file),)
+    else:
+        written = tuple(save_profile_dir(profile, target.path))
+    return ExportResult(profile=load_profile(target.profile_file), target=target, written=written)

@@ -1,0 +1,218 @@
+"""Does a profile agree with itself? Its files with its manifest, ds_config.json with its inputs,
+its stored prediction with what the inputs give now.
+
+A set a crash left half-swapped, or a file edited by hand, must not be trusted: `check_set`
+raises a one-line `ProfileError` naming the file and the first difference. A stored prediction
+that differs from the inputs' (profile.toml edited by hand, or written by another planner
+version) is not an error but is flagged (`stale_prediction`), and the commands show the figures
+the inputs give now.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from zlayout.profile.schema import Prediction, Profile
+from zlayout.profile.store import (DS_CONFIG_FILE, PROFILE_FILE, ProfileError, ds_config_text, set_files,
+                                   sha256_digest)
+
+MAX_SET_FILE_BYTES = 16 * 2**20  # ds_config.json and the scripts are a few kB
+REEXPORT = "re-export the profile with `zlayout export ... --force` (its change log is kept) or restore the file"
+
+
+def _read(path: Path) -> bytes | None:
+    """The file's bytes, None when it is absent; a ProfileError when it cannot be read."""
+    try:
+        if not path.exists():
+            return None
+        with open(path, "rb") as handle:
+            return handle.read(MAX_SET_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ProfileError(f"{path}: cannot read: {exc.strerror or exc}") from None
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def json_differences(expected: Any, actual: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """(dotted key, expected, actual) for every leaf that differs; absent is None."""
+    if isinstance(expected, dict) and isinstance(actual, dict):
+        out = []
+        for key in [*expected, *(k for k in actual if k not in expected)]:
+            path = f"{prefix}.{key}" if prefix else str(key)
+            out += json_differences(expected.get(key), actual.get(key), path)
+        return out
+    if expected == actual and type(expected) is type(actual):
+        return []
+    if isinstance(expected, (int, float)) and isinstance(actual, (int, float)) \
+            and not isinstance(expected, bool) and not isinstance(actual, bool) and expected == actual:
+        return []
+    return [(prefix or "(the whole file)", expected, actual)]
+
+
+def _describe(differences: list[tuple[str, Any, Any]]) -> str:
+    key, expected, actual = differences[0]
+    more = f" (and {len(differences) - 1} more)" if len(differences) > 1 else ""
+    shown = "absent" if actual is None else _short(actual)
+    return f"{key} is {shown} where profile.toml's inputs give {'nothing' if expected is None else _short(expected)}{more}"
+
+
+def is_set_member(profile_path: Path, profile: Profile) -> bool:
+    """A profile.toml (or one with a manifest) has files beside it; any other .toml stands alone."""
+    return profile_path.name == PROFILE_FILE or bool(profile.manifest)
+
+
+def check_set(profile: Profile, profile_path: Path) -> list[str]:
+    """Refuse (ProfileError, one line naming the file) a set whose files disagree with profile.toml.
+
+    Checks every file the manifest lists (sha256), and ds_config.json against the config the
+    inputs give (also for profiles written before manifests existed). A file the user removed is
+    not a disagreement: its name is returned, and `show` says it is missing.
+    """
+    directory = profile_path.parent
+    if not is_set_member(profile_path, profile):
+        return []
+    missing: list[str] = []
+    expected_config = json.loads(ds_config_text(profile))
+    config_path = directory / DS_CONFIG_FILE
+    data = _read(config_path)
+    listed = profile.manifest.get(DS_CONFIG_FILE)
+    if data is None:
+        if listed:
+            missing.append(DS_CONFIG_FILE)
+    else:
+        if len(data) > MAX_SET_FILE_BYTES:
+            raise ProfileError(f"{config_path}: over {MAX_SET_FILE_BYTES} bytes, not the ds_config.json zlayout "
+                               f"wrote: {REEXPORT}")
+        matches_manifest = listed is not None and sha256_digest(data) == listed
+        try:
+            actual = json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+            reason = " ".join(str(exc).split())[:120]
+            raise ProfileError(f"{config_path}: not valid JSON ({reason}): DeepSpeed could not read it; "
+                               f"{REEXPORT}") from None
+        differences = json_differences(expected_config, actual)
+        if differences:
+            if matches_manifest:  # the file is as exported: profile.toml changed after it
+                raise ProfileError(f"{directory / PROFILE_FILE}: edited after export: {_describe(differences)} "
+                                   f"in {DS_CONFIG_FILE} as exported; the files disagree: {REEXPORT}")
+            raise ProfileError(f"{config_path}: changed after export (a hand edit, or an interrupted export): "
+                               f"{_describe(differences)}; DeepSpeed would run another configuration: {REEXPORT}")
+    for name, digest in profile.manifest.items():
+        if name == DS_CONFIG_FILE:
+            continue  # compared by content above: reformatting it is harmless
+        path = directory / name
+        data = _read(path)
+        if data is None:
+            missing.append(name)
+        elif sha256_digest(data) != digest:
+            expected = set_files(profile).get(name)
+            why = ("edited after export" if expected is not None and sha256_digest(expected) == digest
+                   else "not the file written with this profile.toml")
+            raise ProfileError(f"{path}: {why} (its sha256 differs from profile.toml's manifest; "
+                               f"a hand edit, or an interrupted export): {REEXPORT}")
+    return missing
+
+
+# ---------------------------------------------------------------- stale prediction
+
+_COMPARED = ("gpu_peak_allocated_bytes", "gpu_peak_reserved_bytes", "gpu_device_used_bytes", "host_peak_bytes",
+             "nvme_bytes", "step_time_s", "tokens_per_s", "fits", "fits_gpu", "fits_host", "fits_nvme",
+             "gpu_capacity_bytes", "gpu_usable_bytes", "host_capacity_bytes", "nvme_capacity_bytes",
+             "compute_s", "comm_s", "offload_s", "mfu", "intra_node_bytes", "inter_node_bytes", "pcie_bytes",
+             "nvme_read_bytes", "nvme_write_bytes", "checkpoint_bytes", "peak_phase")
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        if a is None or b is None or isinstance(a, bool) or isinstance(b, bool):
+            return a == b
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+    return a == b
+
+
+@dataclass(frozen=True, slots=True)
+class StalePrediction:
+    """The stored prediction differs from what the inputs give now."""
+
+    stored_planner: str
+    current_planner: str
+    differences: tuple[tuple[str, Any, Any], ...]  # (figure, stored, now), headline figures first
+    fresh: Prediction
+
+    @property
+    def reason(self) -> str:
+        if self.stored_planner != self.current_planner:
+            return f"made by {self.stored_planner}, this is {self.current_planner}"
+        return "profile.toml's inputs were edited after export"
+
+    def line(self) -> str:
+        from zlayout.profile.summary import figure
+
+        shown = []
+        for key, before, after in self.differences[:3]:
+            if isinstance(before, (int, float)) and not isinstance(before, bool) and after is not None:
+                shown.append(f"{key} {figure(key, before)} stored, {figure(key, after)} now")
+            else:
+                shown.append(f"{key} {before} stored, {after} now")
+        more = f" (and {len(self.differences) - 3} more)" if len(self.differences) > 3 else ""
+        return (f"STALE PREDICTION ({self.reason}): {'; '.join(shown)}{more}. The figures shown are "
+                "recomputed from the inputs; re-export with --force to store them")
+
+
+def stale_prediction(profile: Profile) -> StalePrediction | None:
+    """Recompute the prediction from the profile's inputs; None when the stored one agrees."""
+    from zlayout.profile.build import predict
+
+    try:
+        fresh = predict(profile.inputs, profile.layout)
+    except (ValueError, ArithmeticError, RecursionError) as exc:
+        raise ProfileError(f"the profile's inputs cannot be planned: {' '.join(str(exc).split())[:200]}") from None
+    stored = profile.prediction
+    differences = [(key, getattr(stored, key), getattr(fresh, key)) for key in _COMPARED
+                   if not _same(getattr(stored, key), getattr(fresh, key))]
+    stored_terms = {(t.where, t.name): t.bytes for t in stored.terms}
+    fresh_terms = {(t.where, t.name): t.bytes for t in fresh.terms}
+    for key in [*fresh_terms, *(k for k in stored_terms if k not in fresh_terms)]:
+        if stored_terms.get(key) != fresh_terms.get(key):
+            differences.append((f"{key[0]}:{key[1]}_bytes", stored_terms.get(key), fresh_terms.get(key)))
+    if not differences:
+        return None
+    return StalePrediction(stored_planner=stored.planner, current_planner=fresh.planner,
+                           differences=tuple(differences), fresh=fresh)
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedProfile:
+    profile: Profile  # as stored
+    path: Path  # the profile.toml (or standalone .toml) read
+    missing: tuple[str, ...]  # files the manifest lists that are gone
+    stale: StalePrediction | None
+
+    @property
+    def directory(self) -> Path:
+        return self.path.parent
+
+    @property
+    def current(self) -> Profile:
+        """The profile with the prediction its inputs give now (the stored one when not stale)."""
+        if self.stale is None:
+            return self.profile
+        return self.profile.model_copy(update={"prediction": self.stale.fresh})
+
+
+def open_checked(path: str | Path) -> CheckedProfile:
+    """Load a profile, refuse a set whose files disagree, and recompute its prediction."""
+    from zlayout.profile.store import load_profile, resolve_profile_path
+
+    profile_path = resolve_profile_path(path)
+    profile = load_profile(profile_path)
+    missing = check_set(profile, profile_path)
+    return CheckedProfile(profile=profile, path=profile_path, missing=tuple(missing),
+                          stale=stale_prediction(profile))
