@@ -138,3 +138,24 @@ def test_odd_script_names_survive_quoting(make_input, tmp_path):
         subprocess.run([BASH, str(tmp_path / "p" / script)], check=True, timeout=30,
                        env={"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"})
         assert name in out.read_text().splitlines()
+
+
+def test_expandable_segments_reach_every_launcher_and_keep_the_callers_options(make_input, tmp_path):
+    """A plan judged on the expandable allocator must run on it: each script exports it, after
+    any options the caller already set; a default-allocator plan leaves the variable alone."""
+    inp = make_input()
+    inp = inp.model_copy(update={"training": inp.training.model_copy(update={"allocator": "expandable"})})
+    d = tmp_path / "expandable"
+    save_profile_dir(build_profile(inp, Layout(stage=2)), d)
+    for name in ("launch_deepspeed.sh", "launch_torchrun.sh"):
+        script = d / name
+        script.write_text(script.read_text().replace("exec ", 'echo "$PYTORCH_CUDA_ALLOC_CONF" > "$ALLOC_OUT"; exec ', 1))
+        alloc_out = tmp_path / f"{name}.alloc"
+        (tmp_path / name).mkdir()
+        _run(script, tmp_path / name, d, {"ALLOC_OUT": str(alloc_out),
+                                          "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"})
+        assert alloc_out.read_text().strip() == "max_split_size_mb:512,expandable_segments:True"
+    assert "expandable_segments:True" in (d / "launch_slurm.sbatch").read_text()
+    plain = tmp_path / "plain"
+    save_profile_dir(build_profile(make_input(), Layout(stage=2)), plain)
+    assert all("PYTORCH_CUDA_ALLOC_CONF" not in (plain / n).read_text() for n in SCRIPTS)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ZeRO-3 param→cpu for llama3-70b on 8 nodes of 8x h100
+# ZeRO-3 for llama3-70b on 8 nodes of 8x h100
 # Launch with DeepSpeed's launcher (`deepspeed`). Written by zlayout 0.1.0 from profile.toml (llama3-70b-64xh100);
 # re-export the profile rather than editing this file by hand.
 #
