@@ -812,3 +812,23 @@ async def test_size_needs_a_unit_and_bounds_speak_in_field_labels():
         reason = error_text(app, "gpus_per_node")
         assert "gpus_per_node" not in reason and "GPUs/node" in app.query_one("#recommendation").text
         assert app.plan is good
+
+
+async def test_allocator_model_code_and_host_cores_are_inputs_of_the_plan():
+    """The allocator and the model's code (zlayout's GPT or the transformers class) change
+    what fits; host cores change offloaded step time: each is a field that reaches the plan."""
+    from textual.widgets import Select
+
+    app = make_app()
+    async with app.run_test(size=WIDE) as pilot:
+        await settle(pilot)
+        await type_into(pilot, "host_cores", "24", keys=True)
+        assert app.plan.input.hardware.host_cores == 24
+        for field, value in (("allocator", "expandable"), ("impl", "hf")):
+            app.query_one(f"#{field}", Select).value = value
+            await settle(pilot)
+        t = app.plan.input.training
+        assert (t.allocator, t.impl) == ("expandable", "hf")
+        assert app.plan == make_plan(app.plan.input)
+        await type_into(pilot, "host_cores", "", keys=True)
+        assert app.plan.input.hardware.host_cores is None  # empty: the GPU preset's cores

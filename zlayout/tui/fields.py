@@ -26,7 +26,8 @@ FIELD_LABELS: dict[str, str] = {
     "gpus_per_node": "GPUs/node", "nodes": "Nodes", "intra_link": "Intra link",
     "inter_link": "Inter link", "host_ram_gib": "Host RAM GiB", "nvme_gib": "NVMe GiB",
     "seq": "Sequence", "micro_batch": "Micro-batch", "grad_accum": "Grad accum",
-    "precision": "Precision", "checkpointing": "Checkpoint",
+    "precision": "Precision", "checkpointing": "Checkpoint", "host_cores": "Host cores",
+    "impl": "Model code", "allocator": "Allocator",
 }
 # Internal spellings that reach messages (spec field names, CLI flags) -> the label.
 _INTERNAL_NAMES = {

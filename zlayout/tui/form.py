@@ -22,7 +22,7 @@ MODEL_BOOL_FIELDS = ("bias", "tie_embeddings")
 HARDWARE_INT_FIELDS = ("gpus_per_node", "nodes")
 HARDWARE_GIB_FIELDS = {"host_ram_gib": "host_ram_bytes", "nvme_gib": "nvme_bytes"}
 TRAINING_INT_FIELDS = ("seq", "micro_batch", "grad_accum")
-TRAINING_CHOICE_FIELDS = ("precision", "checkpointing")
+TRAINING_CHOICE_FIELDS = ("precision", "checkpointing", "impl", "allocator")
 OPTIONAL_INT_FIELDS = ("kv_heads", "ffn")  # empty means "the default" (heads, 4*hidden)
 NO_LINK = "none"
 
@@ -30,6 +30,7 @@ FIELD_EXAMPLES = {
     "layers": "32", "hidden": "4096", "heads": "32", "kv_heads": "8 (or empty)",
     "ffn": "14336 (or empty)", "vocab": "128256", "gpus_per_node": "8", "nodes": "1",
     "seq": "4096", "micro_batch": "1", "grad_accum": "1", "host_ram_gib": "2048", "nvme_gib": "0",
+    "host_cores": "112 (or empty: the GPU preset's)",
 }
 
 
@@ -74,6 +75,8 @@ def form_values(inp: PlanInput) -> dict[str, Any]:
         "host_ram_gib": _format_gib(hw.host_ram_bytes), "nvme_gib": _format_gib(hw.nvme_bytes),
         "seq": str(t.seq), "micro_batch": str(t.micro_batch), "grad_accum": str(t.grad_accum),
         "precision": t.precision, "checkpointing": t.checkpointing,
+        "impl": t.impl, "allocator": t.allocator,
+        "host_cores": "" if hw.host_cores is None else str(hw.host_cores),
     }
 
 
@@ -117,6 +120,7 @@ def plan_input_from_form(values: Mapping[str, Any], model_base: ModelSpec, base:
     hw_kwargs: dict[str, Any] = {}
     for field in HARDWARE_INT_FIELDS:
         _parse_int(values, field, hw_kwargs, errors)
+    _parse_int(values, "host_cores", hw_kwargs, errors, optional=True)  # empty: the preset's
     for field, spec_field in HARDWARE_GIB_FIELDS.items():
         gib = _parse_float(values, field, errors)
         if gib is not None:
@@ -136,7 +140,7 @@ def plan_input_from_form(values: Mapping[str, Any], model_base: ModelSpec, base:
         train_kwargs[field] = values[field]
 
     hardware = training = None
-    if not any(f in errors for f in (*HARDWARE_INT_FIELDS, *HARDWARE_GIB_FIELDS, "gpu",
+    if not any(f in errors for f in (*HARDWARE_INT_FIELDS, *HARDWARE_GIB_FIELDS, "gpu", "host_cores",
                                       "intra_link", "inter_link")):
         data = {**base.hardware.model_dump(exclude={"gpu", "intra_link", "inter_link"}), **hw_kwargs}
         try:

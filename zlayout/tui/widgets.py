@@ -358,6 +358,8 @@ class InputsPanel(Widget):
                         "inter_link")
                     for field, label in HARDWARE_INT_LABELS[2:]:
                         yield from self._row(label, FieldInput(value=v[field], compact=True, id=field), field)
+                    yield from self._row("Host cores", FieldInput(value=v["host_cores"], compact=True,
+                                                                  id="host_cores"), "host_cores")
             with TabPane("Training", id="tab-training"):
                 with VerticalScroll(can_focus=False):
                     for field, label in TRAINING_INT_LABELS:
@@ -368,6 +370,12 @@ class InputsPanel(Widget):
                     yield from self._row("Checkpoint", Select(
                         [("none", "none"), ("full (every layer)", "full")], value=v["checkpointing"],
                         allow_blank=False, compact=True, id="checkpointing"), "checkpointing")
+                    yield from self._row("Model code", Select(
+                        [("zlayout GPT", "zlayout"), ("transformers", "hf")], value=v["impl"],
+                        allow_blank=False, compact=True, id="impl"), "impl")
+                    yield from self._row("Allocator", Select(
+                        [("default", "default"), ("expandable", "expandable")], value=v["allocator"],
+                        allow_blank=False, compact=True, id="allocator"), "allocator")
 
     @staticmethod
     def _row(label: str, widget: Widget, field: str) -> Iterable[Widget]:
@@ -378,8 +386,8 @@ class InputsPanel(Widget):
     # The fields whose values make the plan input (not preset/size: those fill the others).
     FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "mlp", "norm", "bias",
               "tie_embeddings", "gpu", "gpus_per_node", "nodes", "intra_link", "inter_link",
-              "host_ram_gib", "nvme_gib", "seq", "micro_batch", "grad_accum", "precision",
-              "checkpointing")
+              "host_ram_gib", "nvme_gib", "host_cores", "seq", "micro_batch", "grad_accum", "precision",
+              "checkpointing", "impl", "allocator")
 
     def values(self) -> dict[str, Any]:
         out = {}
