@@ -83,7 +83,8 @@ def test_a_foreign_origin_is_refused_even_with_the_token(server):
 
 async def _ws(server, path: str, origin: str | None) -> tuple[str, bytes | str | None]:
     headers = {"Origin": origin} if origin else {}
-    async with aiohttp.ClientSession() as session:
+    # a bounded wait: a served app that never answers must fail the test, not hang the suite
+    async with asyncio.timeout(90), aiohttp.ClientSession() as session:
         try:
             async with session.ws_connect(server["base"].replace("http", "ws") + path + "?width=80&height=24",
                                           headers=headers, timeout=aiohttp.ClientWSTimeout(ws_close=20)) as ws:

@@ -832,3 +832,31 @@ async def test_allocator_model_code_and_host_cores_are_inputs_of_the_plan():
         assert app.plan == make_plan(app.plan.input)
         await type_into(pilot, "host_cores", "", keys=True)
         assert app.plan.input.hardware.host_cores is None  # empty: the GPU preset's cores
+
+
+async def test_load_takes_a_hugging_face_config_json(tmp_path):
+    """ctrl+o on a model's config.json (or its directory) replaces the model with what the file
+    describes, planned as the transformers class; a bad file is refused in the dialog."""
+    import json
+
+    from zlayout.hfconfig import load as load_config
+
+    model_dir = tmp_path / "my-llama"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 1024, "intermediate_size": 2816,
+        "num_hidden_layers": 6, "num_attention_heads": 16, "num_key_value_heads": 4,
+        "vocab_size": 32000, "tie_word_embeddings": False}))
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    app = make_app()
+    async with app.run_test(size=WIDE) as pilot:
+        await settle(pilot)
+        hardware = app.plan.input.hardware
+        await pilot.press("ctrl+o")
+        await submit_path(pilot, tmp_path / "bad" / "config.json")
+        assert isinstance(app.screen, PathScreen)  # refused: the dialog stays with the reason
+        await submit_path(pilot, model_dir)
+        assert app.plan.input.model.params == load_config(model_dir).params
+        assert app.plan.input.model.layers == 6 and app.plan.input.training.impl == "hf"
+        assert app.plan.input.hardware == hardware

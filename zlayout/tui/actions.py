@@ -125,11 +125,27 @@ class LayoutActionsMixin:
 
         def check(path: str) -> str | None:
             if not path:
-                return "type the path of a profile.toml or of the directory that holds it"
+                return "type the path of a profile.toml, a model's config.json or their directory"
+            if _names_an_hf_config(Path(path).expanduser()):
+                return load_hf_config(path)
             try:
                 loaded["input"] = io.load(path)
             except Exception as exc:
                 return str(exc).strip("'\"") or type(exc).__name__
+            return None
+
+        def load_hf_config(path: str) -> str | None:
+            """A Hugging Face config.json replaces the model (read without transformers) and
+            plans it as the transformers class; the hardware and training stay."""
+            from zlayout.hfconfig import load as load_config
+
+            try:
+                model = load_config(Path(path).expanduser())
+            except ValueError as exc:
+                return str(exc)
+            base = self.plan.input
+            loaded["input"] = base.model_copy(update={
+                "model": model, "training": base.training.model_copy(update={"impl": "hf"})})
             return None
 
         def chosen(path: str | None) -> None:
@@ -137,7 +153,8 @@ class LayoutActionsMixin:
                 self.load_input(loaded["input"])
                 self.notify(f"Loaded {path}", title="Load", markup=False)
 
-        self.push_screen(PathScreen("Load a profile", "profiles/", "a profile.toml or its directory",
+        self.push_screen(PathScreen("Load a profile or a config.json", "profiles/",
+                                    "a profile.toml, a model's config.json, or their directory",
                                     check), chosen)
 
     # -- verify -------------------------------------------------------------------------------
@@ -187,3 +204,10 @@ class LayoutActionsMixin:
                                   title="SLURM script", markup=False, timeout=15)
 
         self.run_worker(work, thread=True, group="slurm", exit_on_error=False)
+
+
+def _names_an_hf_config(path: Path) -> bool:
+    """A config.json, or a directory holding one and no profile (a downloaded model)."""
+    if path.is_dir():
+        return (path / "config.json").is_file() and not (path / "profile.toml").exists()
+    return path.name == "config.json"

@@ -83,7 +83,7 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
                 tooltip="export the selected layout as a profile (asks before replacing one, "
                         "or if the layout does not fit)"),
         Binding("ctrl+o", "load", "Load", id="load", show=False,
-                tooltip="load a profile: every input is restored from it"),
+                tooltip="load a profile, or a model's config.json"),
         Binding("ctrl+r", "verify", "Verify", id="verify",
                 tooltip="run the selected layout for real: GPUs, CPU check or SLURM script"),
         Binding("ctrl+z", "undo", "Undo", id="undo",
@@ -314,7 +314,9 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
 
 def run_app(initial: PlanInput | None = None) -> int:
     """The full-screen app; without a terminal on stdin and stdout, one line and exit 2."""
-    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+    # textual-serve (`zlayout serve`) runs the app on pipes with its web driver: that is a screen
+    served = bool(os.environ.get("TEXTUAL_DRIVER"))
+    if not served and not (sys.stdin.isatty() and sys.stdout.isatty()):
         print("zlayout: error: the app needs a terminal (stdin and stdout are not one); "
               "for output a script can read, run: zlayout plan --preset llama3-8b --json",
               file=sys.stderr)

@@ -9,7 +9,7 @@ from textual.command import DiscoveryHit, Hit, Hits, Provider
 # (title, action, help); the action names are ZLayoutApp's.
 PALETTE_ACTIONS: tuple[tuple[str, str, str], ...] = (
     ("Export profile", "export", "Write profile.toml, ds_config.json and launch scripts for the selected layout"),
-    ("Load profile", "load", "Restore every input from a profile"),
+    ("Load profile or config.json", "load", "Restore every input from a profile, or read a model's config.json"),
     ("Verify on hardware", "verify", "Run the selected layout for a few real DeepSpeed steps"),
     ("Pin plan / what-if compare", "pin", "Pin the current plan; changes then show as deltas"),
     ("Show layout detail", "detail", "Memory terms with their reasons and the ds_config of the selected layout"),
