@@ -107,6 +107,18 @@ def allocator_conf(planned: str, current: str | None) -> str | None:
     return ",".join(options) or None
 
 
+def initialise_partitioned_hf_weights(deepspeed: Any, hf_model: Any) -> None:
+    """transformers initialises weights after the whole model is built, when zero.Init has
+    already partitioned them: tensors it creates empty (Mixtral's fused experts) would keep
+    whatever memory they got. Run its initialiser module by module on the gathered weights
+    (one module gathered at a time: the peak stays that of the largest module)."""
+    for module in hf_model.modules():
+        own = list(module.parameters(recurse=False))
+        if own:
+            with deepspeed.zero.GatheredParameters(own, modifier_rank=0):
+                hf_model._init_weights(module)
+
+
 def allocator_stats(torch: Any) -> dict[str, Any]:
     """What the caching allocator did: peaks of reserved, allocated and free-but-split bytes
     (memory held in segments that also hold live blocks: fragmentation), retries after a
@@ -191,6 +203,8 @@ def run(spec: dict[str, Any], out: Path, resume: bool) -> int:
         if layout.stage == 3:
             with deepspeed.zero.Init(config_dict_or_path=cfg):
                 model = build()
+            if impl == "hf":
+                initialise_partitioned_hf_weights(deepspeed, model.model)
         else:
             model = build()
         params = count_parameters(model)
