@@ -116,7 +116,7 @@ def recommend(inp: PlanInput, planned: tuple[LayoutPlan, ...]) -> Recommendation
         ranked = sorted(fitting, key=lambda lp: _order_key(lp, fastest.time.step_time_s))
         best = ranked[0]
         runner = ranked[1] if len(ranked) > 1 else None
-        return Recommendation(best.layout, _why(best, ranked[1:], fastest) + _expandable_note(inp, best),
+        return Recommendation(best.layout, _why(best, ranked[1:], fastest) + _expandable_note(inp, best, planned),
                               runner_up=runner.layout if runner else None)
     layouts = tuple(lp.layout for lp in planned) or all_layouts()
     fixes = suggest_fixes(inp, layouts)
@@ -127,22 +127,22 @@ def recommend(inp: PlanInput, planned: tuple[LayoutPlan, ...]) -> Recommendation
     return Recommendation(None, reason + ".", tuple(f.text for f in fixes), fixes)
 
 
-def _expandable_note(inp: PlanInput, best: LayoutPlan) -> str:
+def _expandable_note(inp: PlanInput, best: LayoutPlan, planned: "tuple[LayoutPlan, ...]") -> str:
     """When a faster layout fits only with expandable segments, say so (the default
-    allocator's fragmentation is what keeps it out)."""
+    allocator's fragmentation is what keeps it out). Step time does not depend on the
+    allocator: only the faster layouts that do not fit are re-estimated."""
     if inp.training.allocator != "default":
         return ""
     expandable = _with_training(inp, allocator="expandable")
-    faster = [(estimate_step_time(expandable, lay, estimate_comm(expandable, lay)).step_time_s, lay)
-              for lay in all_layouts()
-              if lay != best.layout and not estimate_memory(inp, lay).fits
-              and estimate_memory(expandable, lay).fits]
-    faster = [(s, lay) for s, lay in faster if s < best.time.step_time_s * (1 - TIE_FRACTION)]
+    limit = best.time.step_time_s * (1 - TIE_FRACTION)
+    faster = [lp for lp in planned
+              if lp.layout != best.layout and not lp.memory.fits and lp.time.step_time_s < limit
+              and estimate_memory(expandable, lp.layout).fits]
     if not faster:
         return ""
-    step_s, lay = min(faster, key=lambda pair: pair[0])
+    lp = min(faster, key=lambda candidate: candidate.time.step_time_s)
     return (f" With --allocator expandable (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) "
-            f"{lay.label} fits too, at {step_s:.2f} s/step.")
+            f"{lp.layout.label} fits too, at {lp.time.step_time_s:.2f} s/step.")
 
 
 def _overshoot(mem: MemoryEstimate) -> float:
