@@ -295,7 +295,6 @@ def run(spec: dict[str, Any], out: Path, resume: bool) -> int:
             report["device_used_bytes"] = total - free
             report["device_total_bytes"] = total
             report["gpu_name"] = torch.cuda.get_device_name(local_rank)
-            report["alloc_retries"] = torch.cuda.memory_stats().get("num_alloc_retries", 0)
             report["allocator_stats"] = allocator_stats(torch)
             report.update(allocator_peaks(report["allocator_stats"]))
         report["status"] = "ok"
