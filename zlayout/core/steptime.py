@@ -41,15 +41,32 @@ from zlayout.core.memory import layer_tensor_sizes
 from zlayout.spec import Layout, LinkSpec, PlanInput
 
 # Calibrated on 27 measured H200 layouts (benchmarks/steptime_accuracy.py; docs/tradeoffs.md).
-GPU_MATMUL_EFFICIENCY = 0.75  # achieved / peak bf16 FLOP/s of the dense layers' GEMMs, fwd+bwd
-GPU_ATTENTION_EFFICIENCY = 0.15  # the same for causal SDPA (on its halved FLOP count), fwd+bwd
+GPU_MATMUL_EFFICIENCY = 0.68  # achieved / peak bf16 FLOP/s of the dense layers' GEMMs, fwd+bwd
+GPU_ATTENTION_EFFICIENCY = 0.195  # the same for causal SDPA (on its halved FLOP count), fwd+bwd
 # Per optimizer step, DeepSpeed's engine runs Python around the kernels: a fixed part, and a part
 # per parameter tensor (gradient hooks, bookkeeping, norms). A flat 32 ms missed a 2-layer
 # model by 36%; this form holds every GPU-resident measurement within 17%.
-STEP_BASE_OVERHEAD_S = 0.008
-STEP_OVERHEAD_PER_TENSOR_S = 0.28e-3
-HBM_EFFICIENCY = 0.8  # achieved / nominal HBM bandwidth for elementwise optimizer kernels
+STEP_BASE_OVERHEAD_S = 0.0016
+STEP_OVERHEAD_PER_TENSOR_S = 0.18e-3
+HBM_EFFICIENCY = 0.8  # achieved / nominal HBM bandwidth of large streaming kernels (the loss's passes)
 GPU_OPTIMIZER_BYTES_PER_PARAM = 42  # fused Adam r/w of fp32 master+moments, grad read, bf16 write, clip
+# The GPU optimizer step's kernels (grad norm, clip, multi-tensor Adam in chunks, fp32->bf16 copy)
+# reach well under the streaming rate: verify's optimizer_s on the 16-core host grows 19.6 ms per
+# billion parameters at ZeRO-0 (vocab sweep, 48 modelled bytes/param) and 24-26 ms at ZeRO-2.
+GPU_OPTIMIZER_HBM_EFFICIENCY = 0.49
+# Transformers classes run elementwise work zlayout's GPT fuses (its RMSNorm is torch's fused
+# rms_norm; it has no rotary). Bytes per element, forward+backward, bf16 activations:
+# LlamaRMSNorm-style norms upcast to fp32 and run ~6 kernels (x.float r2 w4, pow r4 w4, mean r4,
+# rsqrt-mul r4 w4, .to(bf16) r4 w2, weight-mul r2 w2: ~40 forward, ~2x backward) where the fused
+# kernel moves ~12: 108 more per element of hidden, per norm; rotary (q*cos, rotate_half's slice,
+# neg and cat, *sin, add: ~20 forward, ~40 backward) on the queries' and keys' widths.
+HF_RMSNORM_BYTES_PER_ELEMENT = 108
+HF_ROPE_BYTES_PER_ELEMENT = 60
+ELEMENTWISE_HBM_EFFICIENCY = 0.77  # small broadcasting elementwise kernels' achieved / nominal HBM rate
+# Transformers' MoE blocks (Mixtral, Qwen-MoE) loop over the experts in Python: per expert and
+# MoE layer a host sync (torch.where on the routing mask), a gather, the expert's kernels and an
+# index_add, then as many again backward; a fixed time per expert visit, forward+backward.
+MOE_EXPERT_LOOP_S = 0.48e-3
 HOST_MEM_EFFICIENCY = 0.55  # DeepSpeedCPUAdam's achieved / nominal host memory bandwidth
 CPU_OPTIMIZER_BYTES_PER_PARAM = 42  # clip r/w 8 + Adam r 16 w 12 + fp32->bf16 cast r 4 w 2
 # The CPU optimizer step per parameter (DeepSpeedCPUAdam + clipping + the bf16 cast) and how it
@@ -72,8 +89,8 @@ LOSS_BYTES_PER_LOGIT = 58
 # bf16(GPU) copy casts on the CPU into a fresh pageable temporary and copies from pageable
 # memory; measured (two layouts, one thread per rank) as this many more bytes' worth per param.
 STAGE3_HOST_CAST_BYTES_PER_PARAM = 30
-STAGE3_FETCH_OVERHEAD_S = 0.3e-3  # Python hooks per gathered module (fetch, release, reduce)
-STAGE3_GATHER_OVERHEAD_S = 0.3e-3  # more per fetch with world > 1: gather buffers, waits, record_stream
+STAGE3_FETCH_OVERHEAD_S = 0.15e-3  # Python hooks per gathered module per pass (fetch, release, reduce)
+STAGE3_GATHER_OVERHEAD_S = 0.075e-3  # more per fetch with world > 1: gather buffers, waits, record_stream
 STAGE3_PREFETCH_OVERLAP = 0.0  # share of fwd+bwd compute stage-3 prefetch hides gathers behind (measured: ~none)
 
 
@@ -178,6 +195,30 @@ def host_optimizer_s_per_param(inp: PlanInput, cpu_threads_per_rank: int | None,
     return max(by_threads, host_bytes_per_param / shared_bytes_per_s)
 
 
+def hf_elementwise_bytes_per_micro_step(inp: PlanInput) -> float:
+    """HBM traffic of the elementwise kernels a transformers class runs unfused (its RMSNorms, its
+    rotary embedding), forward+backward plus the checkpointed forward's recompute; 0 for zlayout's GPT."""
+    m, t = inp.model, inp.training
+    if t.impl != "hf":
+        return 0.0
+    per_token_layer = 0.0
+    if m.norm == "rmsnorm":
+        per_token_layer += HF_RMSNORM_BYTES_PER_ELEMENT * m.norms_per_layer * m.hidden
+    if m.position_embeddings == 0:  # rotary on the queries and keys
+        per_token_layer += HF_ROPE_BYTES_PER_ELEMENT * (m.q_size + m.kv_size)
+    recompute = 4 / 3 if t.checkpointing == "full" else 1.0  # the forward third again
+    return per_token_layer * m.layers * t.seq * t.micro_batch * recompute
+
+
+def moe_expert_loop_s_per_micro_step(inp: PlanInput) -> float:
+    """A transformers MoE class's Python loop over its experts: per expert, per MoE layer."""
+    m, t = inp.model, inp.training
+    if t.impl != "hf" or not m.is_moe:
+        return 0.0
+    recompute = 4 / 3 if t.checkpointing == "full" else 1.0
+    return MOE_EXPERT_LOOP_S * m.experts * (m.layers - len(m.dense_layers)) * recompute
+
+
 def parameter_tensors(inp: PlanInput) -> int:
     """The model's parameter tensors: each block's, the embedding, the head unless tied, the final norm."""
     m = inp.model
@@ -207,6 +248,8 @@ def estimate_step_time(inp: PlanInput, layout: Layout, comm: CommEstimate | None
     micro_kernels_s = tokens_per_micro * (matmul_flops_per_token(inp) / (peak * GPU_MATMUL_EFFICIENCY)
                                           + attention_flops_per_token(inp) / (peak * GPU_ATTENTION_EFFICIENCY))
     micro_loss_s = loss_bytes_per_micro_step(inp) / hbm_bytes_per_s
+    micro_kernels_s += hf_elementwise_bytes_per_micro_step(inp) / (hw.gpu.hbm_gbps * ELEMENTWISE_HBM_EFFICIENCY * 1e9)
+    micro_kernels_s += moe_expert_loop_s_per_micro_step(inp)
     micro_compute_s = (micro_kernels_s + micro_loss_s) * cal.gpu_factor
     compute_s = micro_compute_s * accum
     loss_s = micro_loss_s * cal.gpu_factor * accum
@@ -223,12 +266,13 @@ def estimate_step_time(inp: PlanInput, layout: Layout, comm: CommEstimate | None
         hbm_bytes += 6 * params  # bf16 gradients accumulated into fp32 (BF16_Optimizer)
     else:
         hbm_bytes += 4 * params * accum + 6 * partition  # bucket copies, partition cast to fp32
-    gpu_optimizer_s = hbm_bytes / hbm_bytes_per_s * cal.gpu_factor
+    gpu_optimizer_s = hbm_bytes / (hw.gpu.hbm_gbps * GPU_OPTIMIZER_HBM_EFFICIENCY * 1e9) * cal.gpu_factor
 
     stage3_overhead_s = 0.0
     if layout.stage == 3:
         per_fetch_s = STAGE3_FETCH_OVERHEAD_S + (STAGE3_GATHER_OVERHEAD_S if n > 1 else 0.0)
-        stage3_overhead_s = 2 * accum * stage3_fetched_modules(inp) * per_fetch_s * cal.overhead_factor
+        passes = 3 if t.checkpointing == "full" else 2  # forward, backward, and the recompute's forward
+        stage3_overhead_s = passes * accum * stage3_fetched_modules(inp) * per_fetch_s * cal.overhead_factor
 
     # What hides behind compute: two side streams, each serial (a bucket is reduced, then its
     # partition copied to the host; a module's partition comes up, then is gathered), each
