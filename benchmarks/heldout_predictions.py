@@ -1,0 +1,70 @@
+"""The step-time model's predictions for a held-out batch, written before the batch runs.
+
+    python benchmarks/heldout_predictions.py            # (re)write the predictions file
+    python benchmarks/heldout_predictions.py --check    # the model still predicts what was committed
+
+One JSON line per batch line: the flags, the layout, the predicted step time and its parts,
+and the commit of the model that made them. benchmarks/steptime_accuracy.py scores the
+batch's results against the live model and against these committed figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BATCH = ROOT / "benchmarks" / "batch-h200-heldout-steptime.txt"
+PREDICTIONS = ROOT / "benchmarks" / "measurements" / "h200-2026-12-01b" / "heldout-predictions.jsonl"
+
+
+def predictions(batch: Path = BATCH) -> list[dict]:
+    from zlayout.cli import build_parser
+    from zlayout.commands import verify as verify_cmd
+    from zlayout.core.comm import estimate_comm
+    from zlayout.core.steptime import estimate_step_time
+
+    build_parser()  # sets verify's own parser, which reads a batch line
+    out = []
+    for number, raw in enumerate(batch.read_text().splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        args = verify_cmd._VERIFY_PARSER.parse_args(shlex.split(line))
+        inp, layout, _, _ = verify_cmd._inputs(args)
+        est = estimate_step_time(inp, layout, estimate_comm(inp, layout))
+        out.append({"line": number, "flags": line, "layout": layout.key, "impl": inp.training.impl,
+                    "params": inp.model.params, "predicted_step_s": round(est.step_time_s, 5),
+                    "compute_s": round(est.compute_s, 5), "gpu_optimizer_s": round(est.gpu_optimizer_s, 5),
+                    "step_overhead_s": round(est.step_overhead_s, 5),
+                    "stage3_overhead_s": round(est.stage3_overhead_s, 5)})
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="compare with the committed file, write nothing")
+    args = parser.parse_args()
+    rows = predictions()
+    if args.check:
+        committed = [json.loads(x) for x in PREDICTIONS.read_text().splitlines() if x.strip()]
+        same = [(c["flags"], c["predicted_step_s"]) for c in committed] == [(r["flags"], r["predicted_step_s"])
+                                                                           for r in rows]
+        print("predictions unchanged" if same else "the model now predicts otherwise than the committed file")
+        return 0 if same else 1
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    PREDICTIONS.parent.mkdir(parents=True, exist_ok=True)
+    with PREDICTIONS.open("w") as f:
+        for r in rows:
+            f.write(json.dumps({**r, "model_commit": commit}) + "\n")
+    for r in rows:
+        print(f"{r['line']:>3} {r['layout']:<24} {r['impl']:<8} {r['params'] / 1e9:5.2f}B  {r['predicted_step_s']:.4f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
