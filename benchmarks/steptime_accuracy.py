@@ -4,13 +4,18 @@
     python benchmarks/steptime_accuracy.py --terms      # also the predicted breakdown
     python benchmarks/steptime_accuracy.py --cpu-points # CPU optimizer s/param each offloaded row implies
 
-The shipped constants were fitted on the rows of one host (`FITTED_ON`): its rows are
-in-sample, every other host's are held out. Then leave-one-host-out through `zlayout
-calibrate`'s fit: calibrated on one host's rows, scored on the other's.
+The shipped constants were fitted on every row of the hosts in `FITTED_ON` (both hosts since
+the step-time model of issue 13's second pass): those rows are in-sample. Held out: the rows
+of a hosts.toml entry's `heldout_results` (a batch chosen after the fit, its predictions
+committed before it ran: benchmarks/heldout_predictions.py), scored against the live model
+and against the committed predictions. Then leave-one-host-out through `zlayout calibrate`'s
+fit (the calibration factors only: the model's constants saw both hosts).
 
 Targets (docs/tradeoffs.md, DESIGN.md): held out, GPU-resident within 15% at worst,
 offloaded within 25%. The CPU optimizer's threads per rank: as the row records them, else
 torchrun's default (OMP_NUM_THREADS=1 for several processes, all the host's cores for one).
+Measured step: the median of the third and later steps where there are three or more (the
+second still warms up under ZeRO-3 and checkpointing), else the mean after the first.
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ from zlayout.core.steptime import (CPU_OPTIMIZER_BYTES_PER_PARAM,  # noqa: E402
                                    STAGE3_HOST_CAST_BYTES_PER_PARAM, StepTimeEstimate)
 from zlayout.spec import StepTimeCalibration  # noqa: E402
 
-FITTED_ON = "h200-32core"
+FITTED_ON = ("h200-32core", "h200-16core")
+PREDICTIONS = ROOT / "benchmarks" / "measurements" / "h200-2026-12-01b" / "heldout-predictions.jsonl"
 TARGETS = {"GPU-resident": 0.15, "offloaded": 0.25}
 
 
@@ -42,8 +48,8 @@ def as_step(m: MeasuredLayout) -> MeasuredStep:
 class Row:
     """A measured step on a named host: a benchmark row or a verify result."""
 
-    def __init__(self, host: str, step: MeasuredStep, world: int):
-        self.host, self.step, self.world = host, step, world
+    def __init__(self, host: str, step: MeasuredStep, world: int, held_out: bool = False):
+        self.host, self.step, self.world, self.held_out = host, step, world, held_out
         self.label, self.inp, self.layout, self.source = step.label, step.inp, step.layout, step.source
         self.steady_step_s = step.measured_step_s
         self.cpu_threads_per_rank = step.cpu_threads_per_rank or step.inp.hardware.cpu_threads_per_rank
@@ -58,7 +64,30 @@ def load_rows() -> list[Row]:
         if files:
             steps, _ = read_results(files, default_host_cores=desc["host_cores"])
             rows += [Row(host, s, s.inp.hardware.world) for s in steps]
+        held = [ROOT / "benchmarks" / "measurements" / f for f in desc.get("heldout_results", [])]
+        held = [f for f in held if f.exists()]
+        if held:
+            steps, _ = read_results(held, default_host_cores=desc["host_cores"])
+            rows += [Row(host, s, s.inp.hardware.world, held_out=True) for s in steps]
     return rows
+
+
+def committed_predictions() -> dict[str, float]:
+    """The held-out batch's predictions as committed before it ran, by layout label."""
+    if not PREDICTIONS.exists():
+        return {}
+    from zlayout.profile.calibration import _label  # the label read_results gives a row
+    from zlayout.cli import build_parser
+    from zlayout.commands import verify as verify_cmd
+    import shlex
+    build_parser()
+    out = {}
+    for line in PREDICTIONS.read_text().splitlines():
+        if line.strip():
+            p = json.loads(line)
+            inp, layout, _, _ = verify_cmd._inputs(verify_cmd._VERIFY_PARSER.parse_args(shlex.split(p["flags"])))
+            out[_label(inp, layout) + (f" ({inp.training.impl})" if inp.training.impl != "zlayout" else "")] = p["predicted_step_s"]
+    return out
 
 
 def predict(m: Row, calibration: StepTimeCalibration | None = None) -> StepTimeEstimate:
@@ -112,18 +141,26 @@ def main() -> int:
     if args.cpu_points:
         cpu_points(rows)
         return 0
-    hosts = sorted({m.host for m in rows}, key=lambda h: (h != FITTED_ON, h))
-    rows = sorted(rows, key=lambda m: hosts.index(m.host))  # stable: file order within a host
+    hosts = sorted({m.host for m in rows}, key=lambda h: (h not in FITTED_ON, h))
+    sections = [(h, False) for h in hosts] + [(h, True) for h in hosts if any(m.held_out and m.host == h for m in rows)]
+    rows = sorted(rows, key=lambda m: sections.index((m.host, m.held_out)))  # stable: file order within
+    committed = committed_predictions()
     errors = []
-    for host in hosts:
-        kind = "in-sample (the constants were fitted here)" if host == FITTED_ON else "HELD OUT"
+    for host, held in sections:
+        fitted = host in FITTED_ON and not held
+        kind = "in-sample (the constants were fitted on these rows)" if fitted else "HELD OUT"
         print(f"{host}: {HOSTS[host]['description']}\n  {kind}")
-        print(f"  {'layout':<52} {'source':<24} {'meas s':>7} {'pred s':>7} {'err':>7}")
-        for m in (m for m in rows if m.host == host):
+        print(f"  {'layout':<52} {'source':<24} {'meas s':>7} {'pred s':>7} {'err':>7}"
+              + ("   committed pred, err" if held else ""))
+        for m in (m for m in rows if m.host == host and m.held_out == held):
             est = predict(m)
             err = (est.step_time_s - m.steady_step_s) / m.steady_step_s
             errors.append(err)
-            print(f"  {m.label:<52} {m.source[:24]:<24} {m.steady_step_s:7.3f} {est.step_time_s:7.3f} {err:+7.1%}")
+            extra = ""
+            if held and m.label in committed:
+                c = committed[m.label]
+                extra = f"   {c:7.3f} {(c - m.steady_step_s) / m.steady_step_s:+7.1%}"
+            print(f"  {m.label:<52} {m.source[:24]:<24} {m.steady_step_s:7.3f} {est.step_time_s:7.3f} {err:+7.1%}{extra}")
             if args.terms:
                 print(f"      compute {est.compute_s:.3f} (loss {est.loss_s:.3f})  gpu-opt {est.gpu_optimizer_s:.3f}  "
                       f"z3-hooks {est.stage3_overhead_s:.3f}  comm {est.comm_s:.3f}/{est.comm_total_s:.3f}  "
@@ -131,15 +168,25 @@ def main() -> int:
                       f"mfu {est.mfu:.0%}  threads {est.cpu_threads_per_rank}")
         print()
     print("Shipped constants:")
-    in_sample = [(m, e) for m, e in zip(rows, errors) if m.host == FITTED_ON]
-    held_out = [(m, e) for m, e in zip(rows, errors) if m.host != FITTED_ON]
-    summary(f"in-sample ({FITTED_ON})", [m for m, _ in in_sample], [e for _, e in in_sample], False)
-    summary("held out (other hosts)", [m for m, _ in held_out], [e for _, e in held_out], True)
+    for host in hosts:
+        if host in FITTED_ON:
+            pairs = [(m, e) for m, e in zip(rows, errors) if m.host == host and not m.held_out]
+            summary(f"in-sample ({host})", [m for m, _ in pairs], [e for _, e in pairs], False)
+    held_out = [(m, e) for m, e in zip(rows, errors) if m.held_out or m.host not in FITTED_ON]
+    if held_out:
+        summary("held out", [m for m, _ in held_out], [e for _, e in held_out], True)
+        pre = [(m, (committed[m.label] - m.steady_step_s) / m.steady_step_s) for m, _ in held_out if m.label in committed]
+        if pre:
+            summary("held out, committed predictions", [m for m, _ in pre], [e for _, e in pre], True)
+    else:
+        print(f"  held out: no rows yet (the batch benchmarks/batch-h200-heldout-steptime.txt; its results go to "
+              f"{(ROOT / 'benchmarks' / 'measurements' / 'h200-2026-12-01b' / 'heldout-results.jsonl').relative_to(ROOT)})")
 
     if len(hosts) > 1:
-        print("\nLeave-one-host-out through `zlayout calibrate` (fitted on the other hosts' rows):")
+        print("\nLeave-one-host-out through `zlayout calibrate` (factors fitted on the other hosts' rows; the model's"
+              "\nconstants themselves saw every in-sample row):")
         for host in hosts:
-            train = [m.step for m in rows if m.host != host]
+            train = [m.step for m in rows if m.host != host and not m.held_out]
             test = [m for m in rows if m.host == host]
             fit = fit_calibration(train)
             cal = fit.calibration
