@@ -9,14 +9,18 @@ A roofline-style model with a handful of constants, each calibrated on the H200 
   the masked half of the blocks) at the attention kernels' (much lower) achieved efficiency,
   plus a time per step for DeepSpeed's engine and the Python around the kernels (a fixed part
   and a part per parameter tensor).
-- The GPU-side optimizer and gradient bookkeeping: memory-bound passes over HBM.
+- Transformers classes (`impl = "hf"`): their unfused RMSNorm and rotary kernels, priced by
+  the HBM bytes they move; their MoE blocks' Python loop over the experts, a time per visit.
+- The GPU-side optimizer and gradient bookkeeping: memory-bound passes over HBM, at the
+  (lower) rate the optimizer's kernels reach.
 - Communication: each collective's bytes over the bus bandwidth of the link it crosses
   (intra- vs inter-node, the slower share paces the ring), plus a latency per ring step.
   What overlaps: stage 1-3 gradient reductions run in the backward hooks on a side stream
   with overlap_comm, hidden behind the backward pass except the last bucket; stage 3's
   prefetch hides part of the parameter all-gathers behind forward and backward; stage 0's
   all-reduce and stage 1-2's post-step all-gather are fully exposed.
-- Stage 3's per-module hooks (fetch, release, partition) cost a fixed time per fetch.
+- Stage 3's per-module hooks (fetch, release, partition) cost a fixed time per fetch, in each
+  pass (forward, backward, and the recompute's forward with checkpointing).
 - The large-vocabulary loss: the head's logits matmul is in the FLOPs (6 per head parameter
   per token, never recomputed: checkpointing wraps the blocks); the softmax/cross-entropy
   passes over tokens x vocab (a bf16 slice copy, the fp32 cast, log-softmax and its backward)
@@ -40,12 +44,13 @@ from zlayout.core.comm import Collective, CommEstimate, estimate_comm, stage3_fe
 from zlayout.core.memory import layer_tensor_sizes
 from zlayout.spec import Layout, LinkSpec, PlanInput
 
-# Calibrated on 27 measured H200 layouts (benchmarks/steptime_accuracy.py; docs/tradeoffs.md).
+# Fitted on every measured H200 row of both hosts (benchmarks/steptime_accuracy.py; docs/tradeoffs.md).
 GPU_MATMUL_EFFICIENCY = 0.68  # achieved / peak bf16 FLOP/s of the dense layers' GEMMs, fwd+bwd
 GPU_ATTENTION_EFFICIENCY = 0.195  # the same for causal SDPA (on its halved FLOP count), fwd+bwd
 # Per optimizer step, DeepSpeed's engine runs Python around the kernels: a fixed part, and a part
 # per parameter tensor (gradient hooks, bookkeeping, norms). A flat 32 ms missed a 2-layer
-# model by 36%; this form holds every GPU-resident measurement within 17%.
+# model by 36%. Refitted (issue 13) with the GPU optimizer at its own HBM rate: its per-parameter
+# cost no longer hides in the per-tensor part.
 STEP_BASE_OVERHEAD_S = 0.0016
 STEP_OVERHEAD_PER_TENSOR_S = 0.18e-3
 HBM_EFFICIENCY = 0.8  # achieved / nominal HBM bandwidth of large streaming kernels (the loss's passes)
