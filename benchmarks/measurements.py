@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zlayout import catalog
+from zlayout.core.steptime import steady_step_s
 from zlayout.spec import GiB, HardwareSpec, Layout, ModelSpec, PlanInput, TrainingSpec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,13 +65,7 @@ class MeasuredLayout:
         if self.row.get("steady_step_s_runs"):  # runs reported as their steady step times only
             runs = self.row["steady_step_s_runs"]
             return sum(runs) / len(runs)
-        steps = self.row.get("step_s") or []
-        if len(steps) >= 3:  # the second step still warms up (ZeRO-3's trace, checkpointing): as
-            later = sorted(steps[2:])  # zlayout.profile.calibration.steady_step_s reads verify's
-            mid = len(later) // 2
-            return later[mid] if len(later) % 2 else (later[mid - 1] + later[mid]) / 2
-        later = steps[1:] or steps
-        return sum(later) / len(later) if later else None
+        return steady_step_s(self.row.get("step_s") or [])
 
 
 def row_to_input(row: dict) -> tuple[PlanInput, Layout]:

@@ -99,13 +99,20 @@ def test_cpu_mode_is_not_a_memory_validation(inp):
     assert result["measured"]["host_peak_bytes"] == 6 * GiB  # two ranks on one node
 
 
-def test_step_time_skips_the_first_step_and_takes_the_slowest_rank(inp):
-    reports = [report(0, GiB, step_s=[9.0, 1.0, 3.0]), report(1, GiB, step_s=[9.0, 2.0, 1.0])]
+def test_step_time_is_the_steady_step_of_the_slowest_rank(inp):
+    # Step 1 pays one-time costs, step 2 still warms up: the median of steps 3 and on.
+    reports = [report(0, GiB, step_s=[9.0, 5.0, 3.0, 1.0, 2.0], peak_allocated_bytes=[GiB] * 5),
+               report(1, GiB, step_s=[9.0, 2.0, 1.0, 4.0, 1.0], peak_allocated_bytes=[GiB] * 5)]
     m = measured_figures(inp, reports)
-    assert m["step_times_s"] == [9.0, 2.0, 3.0]
-    assert m["step_time_s"] == pytest.approx(2.5)
+    assert m["step_times_s"] == [9.0, 5.0, 3.0, 4.0, 2.0]
+    assert m["step_time_s"] == pytest.approx(3.0)
     tokens = 32 * 2 * 2
-    assert m["tokens_per_s"] == pytest.approx(tokens / 2.5)
+    assert m["tokens_per_s"] == pytest.approx(tokens / 3.0)
+
+
+def test_step_time_of_two_steps_is_the_second(inp):
+    m = measured_figures(inp, [report(0, GiB, step_s=[9.0, 2.0], peak_allocated_bytes=[GiB] * 2)])
+    assert m["step_time_s"] == pytest.approx(2.0)
 
 
 def test_errors_are_signed_relative_to_the_measurement():
@@ -218,5 +225,6 @@ def test_step_phases_take_the_slowest_rank_per_step(inp):
                       optimizer_s=[1.0, 0.05, 0.15])]
     m = measured_figures(inp, reports)
     assert m["forward_times_s"] == [5.0, 0.2, 0.3]
-    assert m["forward_s"] == pytest.approx(0.25)  # steps 2 and 3: the first pays one-time costs
-    assert m["backward_s"] == pytest.approx(0.3) and m["optimizer_s"] == pytest.approx(0.1)
+    # The steady step, as for the step time: here step 3 (1 and 2 warm up).
+    assert m["forward_s"] == pytest.approx(0.3)
+    assert m["backward_s"] == pytest.approx(0.2) and m["optimizer_s"] == pytest.approx(0.15)

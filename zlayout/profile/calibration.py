@@ -22,6 +22,7 @@ import tomli_w
 from pydantic import ValidationError
 
 from zlayout.core.calibrate import GROUPS, CalibrationFit, MeasuredStep
+from zlayout.core.steptime import steady_step_s
 from zlayout.spec import Layout, PlanInput, StepTimeCalibration
 
 SCHEMA = "zlayout-calibration/1"
@@ -62,17 +63,12 @@ def _int_or_none(value: Any) -> int | None:
     return number if number > 0 else None
 
 
-def steady_step_s(measured: dict[str, Any]) -> float | None:
-    """The step time the planner predicts: the steady state. verify's `step_time_s` averages every
-    step after the first, but the second is still warming up where DeepSpeed builds state on it:
-    ZeRO-3's prefetch trace (measured 0.62 s, then 0.38-0.39 s; 0.99 s, then 0.45 s) and
-    checkpointed runs (0.54 s, then 0.32-0.33 s). With three or more steps: the median of the
-    third and later; else verify's figure."""
+def measured_step_s(measured: dict[str, Any]) -> float | None:
+    """The steady step of a verify result (core.steptime.steady_step_s), from its per-step
+    times; results without them give verify's own figure."""
     steps = measured.get("step_times_s")
-    if isinstance(steps, list) and len(steps) >= 3 and all(isinstance(x, (int, float)) for x in steps):
-        later = sorted(steps[2:])
-        mid = len(later) // 2
-        return float(later[mid] if len(later) % 2 else (later[mid - 1] + later[mid]) / 2)
+    if isinstance(steps, list) and steps and all(isinstance(x, (int, float)) for x in steps):
+        return steady_step_s(steps)
     return measured.get("step_time_s")
 
 
@@ -114,7 +110,7 @@ def read_results(paths: Iterable[str | os.PathLike[str]],
                 continue
             status, mode = result.get("status"), result.get("mode")
             measured = result.get("measured") if isinstance(result.get("measured"), dict) else {}
-            step_s = steady_step_s(measured)
+            step_s = measured_step_s(measured)
             if status not in USABLE_STATUSES or mode != "gpu":
                 skipped.append(f"{where}: {status} ({mode} mode): no GPU step time to fit")
                 continue

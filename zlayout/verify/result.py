@@ -20,10 +20,10 @@ message (allocated when it failed + the request that failed), against the predic
 from __future__ import annotations
 
 import re
-import statistics
 from typing import Any, Iterable
 
 from zlayout.core.plan import plan_layout
+from zlayout.core.steptime import steady_step_s
 from zlayout.spec import GiB, Layout, PlanInput, offload_flag
 
 TOLERANCE_FRACTION = 0.10
@@ -97,12 +97,7 @@ def measured_figures(inp: PlanInput, reports: list[dict[str, Any]]) -> dict[str,
         for name, values in per_phase_s.items():
             if all(len(r.get(f"{name}_s") or []) >= n_steps for r in ok):
                 values.extend(max(r[f"{name}_s"][i] for r in ok) for i in range(n_steps))
-    timed = per_step_s[1:] or per_step_s  # the first step pays one-time costs
-    step_time_s = statistics.fmean(timed) if timed else None
-
-    def mean_after_first(values: list[float]) -> float | None:
-        values = values[1:] or values
-        return statistics.fmean(values) if values else None
+    step_time_s = steady_step_s(per_step_s)  # what the plan predicts: no warm-up steps
     host_by_node: dict[str, int] = {}
     for r in reports:
         if r.get("host_maxrss_bytes") is not None:
@@ -124,9 +119,9 @@ def measured_figures(inp: PlanInput, reports: list[dict[str, Any]]) -> dict[str,
         "step_time_s": step_time_s,
         "step_times_s": per_step_s,
         # Per step, the slowest rank's time in each phase (summed over micro-steps).
-        "forward_s": mean_after_first(per_phase_s["forward"]),
-        "backward_s": mean_after_first(per_phase_s["backward"]),
-        "optimizer_s": mean_after_first(per_phase_s["optimizer"]),
+        "forward_s": steady_step_s(per_phase_s["forward"]),
+        "backward_s": steady_step_s(per_phase_s["backward"]),
+        "optimizer_s": steady_step_s(per_phase_s["optimizer"]),
         "forward_times_s": per_phase_s["forward"],
         "backward_times_s": per_phase_s["backward"],
         "optimizer_times_s": per_phase_s["optimizer"],
