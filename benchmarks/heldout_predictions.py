@@ -19,7 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BATCH = ROOT / "benchmarks" / "batch-h200-heldout-steptime.txt"
-PREDICTIONS = ROOT / "benchmarks" / "measurements" / "h200-2026-12-01b" / "heldout-predictions.jsonl"
+PREDICTIONS = ROOT / "benchmarks" / "measurements" / "h200-2026-12-01b" / "heldout-steptime-predictions.jsonl"
 
 
 def predictions(batch: Path = BATCH) -> list[dict]:

@@ -36,7 +36,7 @@ from zlayout.core.steptime import (CPU_OPTIMIZER_BYTES_PER_PARAM,  # noqa: E402
 from zlayout.spec import StepTimeCalibration  # noqa: E402
 
 FITTED_ON = ("h200-32core", "h200-16core")
-PREDICTIONS = ROOT / "benchmarks" / "measurements" / "h200-2026-12-01b" / "heldout-predictions.jsonl"
+PREDICTIONS = ROOT / "benchmarks" / "measurements" / "h200-2026-12-01b" / "heldout-steptime-predictions.jsonl"
 TARGETS = {"GPU-resident": 0.15, "offloaded": 0.25}
 
 
@@ -180,7 +180,7 @@ def main() -> int:
             summary("held out, committed predictions", [m for m, _ in pre], [e for _, e in pre], True)
     else:
         print(f"  held out: no rows yet (the batch benchmarks/batch-h200-heldout-steptime.txt; its results go to "
-              f"{(ROOT / 'benchmarks' / 'measurements' / 'h200-2026-12-01b' / 'heldout-results.jsonl').relative_to(ROOT)})")
+              f"{(ROOT / 'benchmarks' / 'measurements' / 'h200-2026-12-01b' / 'heldout-steptime-results.jsonl').relative_to(ROOT)})")
 
     if len(hosts) > 1:
         print("\nLeave-one-host-out through `zlayout calibrate` (factors fitted on the other hosts' rows; the model's"
