@@ -1,0 +1,151 @@
+"""Trace PyTorch's caching allocator through a few DeepSpeed steps of one layout (one GPU).
+
+    OUT=/tmp/out torchrun --nproc_per_node 1 benchmarks/allocator_trace.py \
+        --name z3-param-cpu -- --stage 3 --offload-optimizer cpu --offload-param cpu \
+        --layers 8 --hidden 4096 --heads 32 --vocab 32000 --seq 2048 --micro-batch 2 --gpus-per-node 1 --gpu h200
+
+The layout is given as `zlayout verify` arguments (after `--`), and is built exactly as the
+verify worker builds it: zlayout's DeepSpeed config (`zlayout.profile.ds_config`), the worker's
+model (`zlayout.verify.worker_model.builder`), ZeRO-3 under `deepspeed.zero.Init`, the
+worker's random batches. Writes $OUT/<name>.json (well under 16 MiB):
+
+* `phases`: after initialize and after each forward / backward / step: allocated, reserved,
+  `memory_stats` counters, and every segment (size, allocated bytes, its blocks' sizes with
+  their state): which segments exist, what fragments them;
+* `trace`: the allocator's own event list (torch.cuda.memory._record_memory_history without
+  stacks), compacted to [action, address, size] rows with phase markers (`phase_marks`: index
+  of the first event of each phase), so `zlayout/core/allocator_sim.py`'s request sequence can
+  be compared request by request with what DeepSpeed really asked for;
+* the plan's predictions (allocated, reserved, device used) for the same layout.
+
+Needs torch, DeepSpeed (and transformers for --impl hf) and the repository root on PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+ACTIONS = {"alloc": 0, "free_requested": 1, "free_completed": 2, "segment_alloc": 3, "segment_free": 4,
+           "segment_map": 5, "segment_unmap": 6, "oom": 7, "snapshot": 8}
+MAX_TRACE_ROWS = 400_000  # ~12 MiB of JSON at most
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--name", required=True)
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--blocks", action="store_true", help="keep every block of every segment per phase")
+    ap.add_argument("layout", nargs=argparse.REMAINDER, help="-- then zlayout verify arguments")
+    a = ap.parse_args()
+    argv = [x for x in a.layout if x != "--"]
+
+    from zlayout.cli import build_parser, layout_from_args, plan_input_from_args
+    from zlayout.core.memory import estimate_memory
+    from zlayout.profile.ds_config import ds_config
+    from zlayout.spec import GiB
+
+    args = build_parser().parse_args(["verify", *argv])
+    inp = plan_input_from_args(args).model_copy(update={"headroom_fraction": 0.0})
+    layout = layout_from_args(args)
+    est = estimate_memory(inp, layout)
+    cfg = ds_config(inp, layout)
+
+    import deepspeed
+    import torch
+
+    from zlayout.verify.worker import batch, initialise_partitioned_hf_weights
+    from zlayout.verify.worker_model import builder
+
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    deepspeed.init_distributed(dist_backend="nccl")
+    torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python",
+                                             max_entries=MAX_TRACE_ROWS)
+    m, t = inp.model, inp.training
+    phases: list[dict] = []
+    marks: list[tuple[str, int]] = []
+
+    def snapshot_phase(name: str) -> None:
+        torch.cuda.synchronize()
+        snap = torch.cuda.memory._snapshot()
+        n_events = sum(len(tr) for tr in snap.get("device_traces", []))
+        marks.append((name, n_events))
+        stats = torch.cuda.memory_stats()
+        segments = []
+        for seg in snap["segments"]:
+            row = {"size": seg["total_size"], "allocated": seg["allocated_size"], "pool": seg["segment_type"],
+                   "address": seg["address"]}
+            if a.blocks or len(seg["blocks"]) <= 64:
+                row["blocks"] = [[b["size"], b["state"][:1]] for b in seg["blocks"]]
+            else:
+                row["n_blocks"] = len(seg["blocks"])
+                row["free_blocks"] = sorted((b["size"] for b in seg["blocks"] if b["state"] == "inactive"),
+                                            reverse=True)[:32]
+            segments.append(row)
+        phases.append({
+            "phase": name, "allocated": torch.cuda.memory_allocated(), "reserved": torch.cuda.memory_reserved(),
+            "max_allocated": torch.cuda.max_memory_allocated(), "max_reserved": torch.cuda.max_memory_reserved(),
+            "stats": {k: stats.get(k) for k in ("inactive_split_bytes.all.current", "inactive_split_bytes.all.peak",
+                                                 "segment.all.current", "num_device_alloc", "num_device_free",
+                                                 "num_alloc_retries", "reserved_bytes.small_pool.current",
+                                                 "allocation.all.allocated")},
+            "segments": sorted(segments, key=lambda s: -s["size"]),
+        })
+
+    started = time.time()
+    checkpointing = t.checkpointing == "full"
+    build = builder(m, checkpointing, t.impl, t.seq, None)
+    if layout.stage == 3:
+        with deepspeed.zero.Init(config_dict_or_path=cfg):
+            model = build()
+        if t.impl == "hf":
+            initialise_partitioned_hf_weights(deepspeed, model.model)
+    else:
+        model = build()
+    snapshot_phase("built")
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    snapshot_phase("initialize")
+    device = torch.device("cuda", torch.cuda.current_device())
+    for step in range(a.steps):
+        ids = batch(step, 0, 0, 0, (t.micro_batch, t.seq), m.vocab).to(device)
+        loss = engine(ids)
+        snapshot_phase(f"step{step + 1}.forward")
+        engine.backward(loss)
+        snapshot_phase(f"step{step + 1}.backward")
+        engine.step()
+        snapshot_phase(f"step{step + 1}.step")
+    snap = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    trace = [[ACTIONS.get(e["action"], 9), e["addr"], e["size"]]
+             for tr in snap.get("device_traces", []) for e in tr][:MAX_TRACE_ROWS]
+    free, total = torch.cuda.mem_get_info()
+    out = Path(os.environ.get("OUT", "."))
+    out.mkdir(parents=True, exist_ok=True)
+    result = {
+        "name": a.name, "argv": shlex.join(argv), "torch": torch.__version__, "deepspeed": deepspeed.__version__,
+        "gpu": torch.cuda.get_device_name(), "wall_s": round(time.time() - started, 2),
+        "device_used_bytes": total - free, "max_reserved_bytes": torch.cuda.max_memory_reserved(),
+        "max_allocated_bytes": torch.cuda.max_memory_allocated(),
+        "predicted": {"allocated_gib": est.gpu_peak_allocated_bytes / GiB,
+                      "reserved_gib": est.gpu_peak_reserved_bytes / GiB,
+                      "device_used_gib": est.gpu_device_used_bytes / GiB},
+        "actions": ACTIONS, "phase_marks": marks, "phases": phases, "trace": trace,
+    }
+    path = out / f"{a.name}.json"
+    path.write_text(json.dumps(result, separators=(",", ":")))
+    print(f"TRACE {a.name}: {path} {path.stat().st_size / 2**20:.1f} MiB, reserved "
+          f"{result['max_reserved_bytes'] / GiB:.2f} GiB (predicted {est.gpu_peak_reserved_bytes / GiB:.2f}), "
+          f"{len(trace)} events, {result['wall_s']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
