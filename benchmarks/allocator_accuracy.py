@@ -20,7 +20,7 @@ Peak reserved of ZeRO 0-2 with the optimizer on the GPU comes from replaying the
 (zlayout/core/allocator_sim.py, no fitted constant but the 20 MiB small pool); its request
 order was written while looking at every row here, so these rows are not a hold-out for it.
 The hold-out is benchmarks/batch-h200-heldout-allocator.txt (rows tagged h, from
-h200-2026-12-01b/heldout-results.jsonl), predicted in h200-2026-12-01b/heldout-predictions.jsonl
+h200-2026-12-01b/heldout-allocator-results.jsonl), predicted in h200-2026-12-01b/heldout-allocator-predictions.jsonl
 before it ran: reported against both the current model and those committed predictions.
 """
 
@@ -40,8 +40,8 @@ from zlayout.spec import GiB, Layout, PlanInput  # noqa: E402
 MEASURED = ROOT / "benchmarks" / "measurements"
 # The batch written for the allocator replay and predicted before it ran
 # (benchmarks/batch-h200-heldout-allocator.txt): results the lead drops here are the hold-out.
-HELDOUT = MEASURED / "h200-2026-12-01b" / "heldout-results.jsonl"
-HELDOUT_PREDICTIONS = MEASURED / "h200-2026-12-01b" / "heldout-predictions.jsonl"
+HELDOUT = MEASURED / "h200-2026-12-01b" / "heldout-allocator-results.jsonl"
+HELDOUT_PREDICTIONS = MEASURED / "h200-2026-12-01b" / "heldout-allocator-predictions.jsonl"
 SHAPE_A = ("--stage 0 --hidden 3584 --heads 28 --kv-heads 4 --ffn 12544 --vocab 128256 --mlp swiglu "
            "--norm rmsnorm --no-bias --seq 4096 --micro-batch 1 --gpus-per-node 1 --gpu h200")
 OOM_TEXT = re.compile(r"Tried to allocate ([\d.]+) GiB.*?([\d.]+) GiB is allocated by PyTorch", re.S)
@@ -78,7 +78,7 @@ def row_key(stage, opt, param, impl, layers, hidden, vocab, seq, micro_batch) ->
 
 
 def committed_predictions() -> dict[tuple, dict]:
-    """heldout-predictions.jsonl by layout and shape (what was predicted before the run)."""
+    """heldout-allocator-predictions.jsonl by layout and shape (what was predicted before the run)."""
     if not HELDOUT_PREDICTIONS.exists():
         return {}
     import shlex

@@ -1,7 +1,7 @@
 """zlayout's memory predictions for every line of a verify batch, one JSON object per line.
 
     python benchmarks/allocator_predict.py benchmarks/batch-h200-heldout-allocator.txt \
-        > benchmarks/measurements/h200-2026-12-01b/heldout-predictions.jsonl
+        > benchmarks/measurements/h200-2026-12-01b/heldout-allocator-predictions.jsonl
 
 Written before the batch runs, and committed with it, so the batch is a true hold-out for the
 allocator replay (`zlayout/core/allocator_sim.py`). `reserved_from` says which model gave

@@ -1,7 +1,7 @@
 #!/bin/bash
 # 2026-12-01, second session, call 1 on one H200 (16 cores), the node's environment as it came.
 # 1. build the ops the runs need (fused Adam for the batch, CPU Adam for the scaling run), timed;
-# 2. the held-out step-time batch (predictions committed before: heldout-predictions.jsonl);
+# 2. the held-out step-time batch (predictions committed before: heldout-steptime-predictions.jsonl);
 # 3. CPU Adam's per-parameter time at 1, 16, 8, 4, 2 threads (issue 13's 16-core curve).
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl 2>&1 | tail -2
