@@ -5,5 +5,6 @@
 bash benchmarks/measurements/h200-2026-12-01-run.sh benchmarks/batch-h200-heldout-allocator.txt 330
 export PYTHONPATH=/tmp/site:$PWD
 left=$(( 570 - SECONDS )); echo "traces get ${left}s"
-[ $left -gt 60 ] && OUT=$OUT/traces timeout -s TERM $left bash benchmarks/allocator_trace.sh
+[ $left -gt 60 ] && OUT=/tmp/traces timeout -s TERM $left bash benchmarks/allocator_trace.sh
+tar czf "$OUT/traces.tgz" -C /tmp traces 2>/dev/null  # at most 8 files come back
 echo "call 2 finished at ${SECONDS}s"
