@@ -1,21 +1,30 @@
-"""Predicted vs measured step time on every measured layout, in-sample and held out apart.
+"""Predicted vs measured step time on every measured layout: in-sample, cross-validated, held out.
 
     python benchmarks/steptime_accuracy.py              # table + error per host and group
     python benchmarks/steptime_accuracy.py --terms      # also the predicted breakdown
+    python benchmarks/steptime_accuracy.py --phases     # also forward/backward/optimizer, measured vs predicted
+    python benchmarks/steptime_accuracy.py --no-loo     # skip the leave-one-out refits (a few seconds)
     python benchmarks/steptime_accuracy.py --cpu-points # CPU optimizer s/param each offloaded row implies
 
-The shipped constants were fitted on every row of the hosts in `FITTED_ON` (both hosts since
-the step-time model of issue 13's second pass): those rows are in-sample. Held out: the rows
-of a hosts.toml entry's `heldout_results` (a batch chosen after the fit, its predictions
-committed before it ran: benchmarks/heldout_predictions.py), scored against the live model
-and against the committed predictions. Then leave-one-host-out through `zlayout calibrate`'s
-fit (the calibration factors only: the model's constants saw both hosts).
+Three figures, kept apart:
+1. In-sample: the GPU-resident constants were fitted (benchmarks/steptime_fit.py) on every
+   GPU-resident row of the hosts in `FITTED_ON` (rows whose allocator had to flush and retry are
+   shown but not fitted); the offloaded rows' CPU-optimizer constants come from
+   measurements/cpu-adam-scaling.jsonl, and those rows were looked at while the offload model
+   was built: all in-sample.
+2. Leave-one-out: the same fit run again without each GPU-resident row, that row predicted by the
+   constants it did not see. The estimate of the error on a layout the fit has not seen.
+3. Held out: the rows of a hosts.toml entry's `heldout_results` (a batch chosen after the fit, its
+   predictions committed before it ran: benchmarks/heldout_predictions.py), scored against the
+   live model and against the committed predictions.
+Then leave-one-host-out through `zlayout calibrate`'s fit (the calibration factors only).
 
 Targets (docs/tradeoffs.md, DESIGN.md): held out, GPU-resident within 15% at worst,
 offloaded within 25%. The CPU optimizer's threads per rank: as the row records them, else
 torchrun's default (OMP_NUM_THREADS=1 for several processes, all the host's cores for one).
 Measured step: the median of the third and later steps where there are three or more (the
-second still warms up under ZeRO-3 and checkpointing), else the mean after the first.
+second still warms up under ZeRO-3 and checkpointing), else the mean after the first; the same
+for each phase (core.steptime.steady_step_s).
 """
 
 from __future__ import annotations
@@ -36,13 +45,16 @@ from zlayout.core.steptime import (CPU_OPTIMIZER_BYTES_PER_PARAM,  # noqa: E402
 from zlayout.spec import StepTimeCalibration  # noqa: E402
 
 FITTED_ON = ("h200-32core", "h200-16core")
-PREDICTIONS = ROOT / "benchmarks" / "measurements" / "h200-2026-12-01b" / "heldout-steptime-predictions.jsonl"
+PREDICTIONS = ROOT / "benchmarks" / "measurements" / "h200-2026-12-01b" / "heldout2-steptime-predictions.jsonl"
+HELDOUT_BATCH = "benchmarks/batch-h200-heldout2.txt"
 TARGETS = {"GPU-resident": 0.15, "offloaded": 0.25}
 
 
 def as_step(m: MeasuredLayout) -> MeasuredStep:
+    # benchmark rows: steps only (no phases); alloc_retries where the row has the field
     return MeasuredStep(label=m.label, inp=m.inp, layout=m.layout, measured_step_s=m.steady_step_s,
-                        cpu_threads_per_rank=m.cpu_threads_per_rank, source=m.source)
+                        cpu_threads_per_rank=m.cpu_threads_per_rank, source=m.source,
+                        alloc_retries=m.row.get("alloc_retries"))
 
 
 class Row:
@@ -131,9 +143,28 @@ def cpu_points(rows: list[Row]) -> None:
                           "layout": m.label, "measured_step_s": round(m.steady_step_s, 4)}))
 
 
+def phase_errors(rows: list[Row]) -> None:
+    """Mean and max |error| of each phase over the rows that timed them apart (GPU-resident)."""
+    names = ("forward", "backward", "optimizer")
+    errs: dict[str, list[float]] = {n: [] for n in names}
+    for m in rows:
+        if m.step.phases_s is None or is_offloaded(m):
+            continue
+        est = predict(m)
+        for name, measured, predicted in zip(names, m.step.phases_s, (est.forward_s, est.backward_s, est.optimizer_s)):
+            errs[name].append(abs(predicted - measured) / measured)
+    for name in names:
+        if errs[name]:
+            print(f"  {name:<10} n={len(errs[name]):<3} mean |err| {sum(errs[name]) / len(errs[name]):6.1%}  "
+                  f"max |err| {max(errs[name]):6.1%}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--terms", action="store_true", help="print the predicted breakdown too")
+    parser.add_argument("--phases", action="store_true",
+                        help="print forward/backward/optimizer, measured / predicted, where the row has them")
+    parser.add_argument("--no-loo", action="store_true", help="skip the leave-one-out refits")
     parser.add_argument("--cpu-points", action="store_true",
                         help="print the CPU optimizer time per parameter the offloaded rows imply")
     args = parser.parse_args()
@@ -141,6 +172,8 @@ def main() -> int:
     if args.cpu_points:
         cpu_points(rows)
         return 0
+    from steptime_fit import is_fitted, leave_one_out
+
     hosts = sorted({m.host for m in rows}, key=lambda h: (h not in FITTED_ON, h))
     sections = [(h, False) for h in hosts] + [(h, True) for h in hosts if any(m.held_out and m.host == h for m in rows)]
     rows = sorted(rows, key=lambda m: sections.index((m.host, m.held_out)))  # stable: file order within
@@ -160,27 +193,56 @@ def main() -> int:
             if held and m.label in committed:
                 c = committed[m.label]
                 extra = f"   {c:7.3f} {(c - m.steady_step_s) / m.steady_step_s:+7.1%}"
+            if fitted and not is_offloaded(m) and not is_fitted(m.step):
+                extra += f"   not fitted: {m.step.alloc_retries} allocator retries"
             print(f"  {m.label:<52} {m.source[:24]:<24} {m.steady_step_s:7.3f} {est.step_time_s:7.3f} {err:+7.1%}{extra}")
+            if args.phases and m.step.phases_s is not None:
+                f, b, o = m.step.phases_s
+                print(f"      fwd {f:.4f}/{est.forward_s:.4f}  bwd {b:.4f}/{est.backward_s:.4f}  "
+                      f"opt {o:.4f}/{est.optimizer_s:.4f}  (measured/predicted s)")
             if args.terms:
-                print(f"      compute {est.compute_s:.3f} (loss {est.loss_s:.3f})  gpu-opt {est.gpu_optimizer_s:.3f}  "
+                print(f"      compute {est.compute_s:.3f} (loss {est.loss_s:.3f})  launches {est.launch_overhead_s:.3f}  "
+                      f"gpu-opt {est.gpu_optimizer_s:.3f}  step-overhead {est.step_overhead_s:.3f}  "
                       f"z3-hooks {est.stage3_overhead_s:.3f}  comm {est.comm_s:.3f}/{est.comm_total_s:.3f}  "
                       f"cpu-opt {est.cpu_optimizer_s:.3f}  pcie {est.pcie_s:.3f}  nvme {est.nvme_s:.3f}  "
                       f"mfu {est.mfu:.0%}  threads {est.cpu_threads_per_rank}")
         print()
     print("Shipped constants:")
+    in_sample = [(m, e) for m, e in zip(rows, errors) if m.host in FITTED_ON and not m.held_out]
     for host in hosts:
         if host in FITTED_ON:
-            pairs = [(m, e) for m, e in zip(rows, errors) if m.host == host and not m.held_out]
-            summary(f"in-sample ({host})", [m for m, _ in pairs], [e for _, e in pairs], False)
+            pairs = [(m, e) for m, e in in_sample if m.host == host]
+            summary(f"(1) in-sample ({host})", [m for m, _ in pairs], [e for _, e in pairs], False)
+    fitted_pairs = [(m, e) for m, e in in_sample if is_offloaded(m) or is_fitted(m.step)]
+    summary("(1) in-sample, rows fitted", [m for m, _ in fitted_pairs], [e for _, e in fitted_pairs], False)
+    print("  phases (in-sample rows that timed them apart):")
+    phase_errors([m for m, _ in in_sample])
+
+    if not args.no_loo:
+        steps = [m.step for m, _ in in_sample]
+        loo = leave_one_out(steps)
+        by_step = {id(s): e for s, e in loo}
+        loo_rows = [m for m, _ in in_sample if id(m.step) in by_step]
+        print("\n(2) Leave-one-out: benchmarks/steptime_fit.py's fit run again without each fitted GPU-resident row,"
+              "\n    that row predicted by the constants it did not see (the estimate of the error on an unseen layout):")
+        summary("(2) leave-one-out", loo_rows, [by_step[id(m.step)] for m in loo_rows], True)
+        worst = sorted(loo_rows, key=lambda m: -abs(by_step[id(m.step)]))[:5]
+        for m in worst:
+            print(f"      {m.label:<52} {by_step[id(m.step)]:+7.1%}")
+
     held_out = [(m, e) for m, e in zip(rows, errors) if m.held_out or m.host not in FITTED_ON]
+    print()
     if held_out:
-        summary("held out", [m for m, _ in held_out], [e for _, e in held_out], True)
+        summary("(3) held out", [m for m, _ in held_out], [e for _, e in held_out], True)
         pre = [(m, (committed[m.label] - m.steady_step_s) / m.steady_step_s) for m, _ in held_out if m.label in committed]
         if pre:
-            summary("held out, committed predictions", [m for m, _ in pre], [e for _, e in pre], True)
+            summary("(3) held out, committed predictions", [m for m, _ in pre], [e for _, e in pre], True)
+        print("  phases (held-out rows):")
+        phase_errors([m for m, _ in held_out])
     else:
-        print(f"  held out: no rows yet (the batch benchmarks/batch-h200-heldout-steptime.txt; its results go to "
-              f"{(ROOT / 'benchmarks' / 'measurements' / 'h200-2026-12-01b' / 'heldout-steptime-results.jsonl').relative_to(ROOT)})")
+        results = [f for desc in HOSTS.values() for f in desc.get("heldout_results", [])]
+        print(f"  (3) held out: no rows yet (the step-time section of {HELDOUT_BATCH}, predictions committed in "
+              f"{PREDICTIONS.relative_to(ROOT)}; its results go to benchmarks/measurements/{', '.join(results)})")
 
     if len(hosts) > 1:
         print("\nLeave-one-host-out through `zlayout calibrate` (factors fitted on the other hosts' rows; the model's"

@@ -37,6 +37,9 @@ class MeasuredStep:
     measured_step_s: float
     cpu_threads_per_rank: int | None = None
     source: str = ""
+    # the steady forward, backward and optimizer times, where the run timed them apart
+    phases_s: tuple[float, float, float] | None = None
+    alloc_retries: int | None = None  # the caching allocator's flush-and-retry count, where recorded
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +82,7 @@ def group_parts_s(est: StepTimeEstimate) -> dict[str, float]:
     """A step estimate's seconds per factor group (they add up to the step time)."""
     return {
         "gpu": est.compute_s + est.gpu_optimizer_s,
-        "overhead": est.step_overhead_s + est.stage3_overhead_s,
+        "overhead": est.step_overhead_s + est.stage3_overhead_s + est.launch_overhead_s,
         "cpu_optimizer": est.cpu_optimizer_s,
         "transfer": est.comm_s + est.pcie_s + est.nvme_s,
     }

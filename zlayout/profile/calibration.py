@@ -72,6 +72,18 @@ def measured_step_s(measured: dict[str, Any]) -> float | None:
     return measured.get("step_time_s")
 
 
+def measured_phases_s(measured: dict[str, Any]) -> tuple[float, float, float] | None:
+    """The steady forward, backward and optimizer times (core.steptime.steady_step_s of each
+    phase's per-step times), where the worker timed the phases apart."""
+    phases = []
+    for name in ("forward", "backward", "optimizer"):
+        times = measured.get(f"{name}_times_s")
+        if not (isinstance(times, list) and times and all(isinstance(x, (int, float)) for x in times)):
+            return None
+        phases.append(steady_step_s(times))
+    return phases[0], phases[1], phases[2]
+
+
 def _threads(result: dict[str, Any]) -> int | None:
     """The CPU threads rank 0 ran its optimizer with, as the worker recorded them."""
     ranks = [r for r in result.get("ranks") or [] if isinstance(r, dict)]
@@ -132,7 +144,8 @@ def read_results(paths: Iterable[str | os.PathLike[str]],
                                          "hardware": inp.hardware.model_copy(update=hardware_update)})
             rows.append(MeasuredStep(label=_label(inp, layout), inp=inp, layout=layout,
                                      measured_step_s=float(step_s), cpu_threads_per_rank=_threads(result),
-                                     source=where))
+                                     source=where, phases_s=measured_phases_s(measured),
+                                     alloc_retries=measured.get("alloc_retries")))
     return rows, skipped
 
 

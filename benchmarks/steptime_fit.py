@@ -1,0 +1,188 @@
+"""Fit the GPU-resident step model's constants, phase by phase, on every measured row.
+
+    python benchmarks/steptime_fit.py            # fit on every GPU-resident row, print the constants
+    python benchmarks/steptime_fit.py --loo      # also leave-one-out: refit without each row, predict it
+
+The model (zlayout/core/steptime.py) prices a pass as
+
+    GEMM FLOPs / peak * (1 + GEMM_HALF_WIDTH / hidden) / GEMM_EFFICIENCY
+    + attention forward-equivalent FLOPs / (peak * ATTENTION_EFFICIENCY)
+    + elementwise bytes / (HBM * 0.8)                       (counted, not fitted)
+    + kernels * KERNEL_OVERHEAD_S + ZeRO-3 fetches * STAGE3_FETCH_OVERHEAD_S
+
+and the optimizer step as bytes / (HBM * GPU_OPTIMIZER_HBM_EFFICIENCY) + tensors *
+STEP_OVERHEAD_PER_TENSOR_S + STEP_BASE_OVERHEAD_S. Each is linear in 1/efficiency (and
+half-width/efficiency) and the overheads, so non-negative least squares finds them: one residual
+per phase where verify timed forward, backward and optimizer apart (each over the row's measured
+step, so a phase counts by its share of the step), one per whole step elsewhere. Exposed
+communication (2-GPU rows) is the model's own, held fixed while the linear part is solved
+(three rounds). Offloaded rows are not fitted here (their CPU optimizer and PCIe constants have
+their own measurements); they are reported by benchmarks/steptime_accuracy.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from zlayout.core.calibrate import MeasuredStep  # noqa: E402
+from zlayout.core.comm import estimate_comm  # noqa: E402
+from zlayout.core.steptime import (HBM_EFFICIENCY, STAGE3_GATHER_OVERHEAD_S, GpuStepConstants,  # noqa: E402
+                                   estimate_step_time, micro_step_work, optimizer_work)
+
+PASS_TERMS = 6  # 1/E_gemm, h0/E_gemm, 1/E_unaligned, 1/E_attn, s/kernel, s/fetch
+OPT_TERMS = 3  # 1/E_opt, s/tensor, s
+
+
+def is_gpu_resident(step: MeasuredStep) -> bool:
+    return step.layout.offload_optimizer == "gpu" and step.layout.offload_param == "gpu"
+
+
+def is_fitted(step: MeasuredStep) -> bool:
+    """GPU-resident, and the caching allocator never had to flush and retry: a run at the edge of
+    memory (L18 h4096: 136-137 GiB reserved, 5-7 retries) pays cudaFree syncs no step model prices."""
+    return is_gpu_resident(step) and not step.alloc_retries
+
+
+def _predict(step: MeasuredStep, c: GpuStepConstants | None = None):
+    inp = step.inp
+    return estimate_step_time(inp, step.layout, estimate_comm(inp, step.layout),
+                              cpu_threads_per_rank=step.cpu_threads_per_rank, constants=c)
+
+
+def _design(step: MeasuredStep) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per phase (forward, backward, optimizer): the coefficients of theta, and the fixed seconds."""
+    inp, layout = step.inp, step.layout
+    hw, accum = inp.hardware, inp.training.grad_accum
+    peak = hw.gpu.peak_bf16_flops * (0.5 if inp.training.precision == "fp32" else 1.0)
+    hbm = hw.gpu.hbm_gbps * 1e9
+    gather = STAGE3_GATHER_OVERHEAD_S if hw.world > 1 else 0.0
+    rows, fixed = [], []
+    for work in micro_step_work(inp, layout):
+        x = np.zeros(PASS_TERMS + OPT_TERMS)
+        x[:PASS_TERMS] = [work.gemm_flops / peak, work.gemm_flops / peak / inp.model.hidden,
+                          work.unaligned_gemm_flops / peak,
+                          work.attention_flops / peak, work.kernels, work.stage3_fetches]
+        rows.append(x * accum)
+        fixed.append(accum * (work.hbm_bytes / (hbm * HBM_EFFICIENCY) + work.stage3_fetches * gather))
+    opt_bytes, tensors = optimizer_work(inp, layout)
+    x = np.zeros(PASS_TERMS + OPT_TERMS)
+    x[PASS_TERMS:] = [opt_bytes / hbm, tensors, 1.0]
+    rows.append(x)
+    fixed.append(0.0)
+    return np.array(rows), np.array(fixed), np.array(step.phases_s) if step.phases_s else None
+
+
+def constants_from_theta(theta: np.ndarray) -> GpuStepConstants:
+    inv_gemm, width_over_gemm, inv_unaligned, inv_attn, kernel_s, fetch_s, inv_opt, tensor_s, base_s = theta
+    return GpuStepConstants(
+        gemm_efficiency=1 / inv_gemm, gemm_half_width=width_over_gemm / inv_gemm,
+        unaligned_head_efficiency=1 / inv_unaligned,
+        attention_efficiency=1 / inv_attn, kernel_overhead_s=kernel_s, stage3_fetch_overhead_s=fetch_s,
+        optimizer_hbm_efficiency=1 / inv_opt, step_overhead_per_tensor_s=tensor_s, step_base_overhead_s=base_s)
+
+
+def theta_from_constants(c: GpuStepConstants) -> np.ndarray:
+    return np.array([1 / c.gemm_efficiency, c.gemm_half_width / c.gemm_efficiency,
+                     1 / c.unaligned_head_efficiency, 1 / c.attention_efficiency,
+                     c.kernel_overhead_s, c.stage3_fetch_overhead_s, 1 / c.optimizer_hbm_efficiency,
+                     c.step_overhead_per_tensor_s, c.step_base_overhead_s])
+
+
+def nnls(a: np.ndarray, b: np.ndarray, iterations: int = 200) -> np.ndarray:
+    """Lawson-Hanson non-negative least squares (numpy only)."""
+    n = a.shape[1]
+    x, passive = np.zeros(n), np.zeros(n, dtype=bool)
+    for _ in range(iterations):
+        w = a.T @ (b - a @ x)
+        if passive.all() or w[~passive].max(initial=-np.inf) <= 1e-12 * np.abs(a.T @ b).max():
+            break
+        passive[np.argmax(np.where(passive, -np.inf, w))] = True
+        while True:
+            z = np.zeros(n)
+            z[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
+            if (z[passive] > 0).all():
+                x = z
+                break
+            neg = passive & (z <= 0)
+            alpha = np.min(x[neg] / (x[neg] - z[neg]))
+            x = x + alpha * (z - x)
+            passive &= x > 1e-15
+    return x
+
+
+def fit(steps: list[MeasuredStep], start: GpuStepConstants | None = None, rounds: int = 3) -> GpuStepConstants:
+    """The constants that bring the GPU-resident `steps` closest to their measurements."""
+    steps = [s for s in steps if is_fitted(s)]
+    designs = [_design(s) for s in steps]
+    c = start or GpuStepConstants()
+    for _ in range(rounds):
+        a_rows, b_rows = [], []
+        for step, (x, fixed, phases) in zip(steps, designs):
+            scale = 1 / step.measured_step_s
+            if phases is not None:
+                for i in range(3):
+                    a_rows.append(x[i] * scale)
+                    b_rows.append((phases[i] - fixed[i]) * scale)
+            else:
+                est = _predict(step, c)
+                linear = x.sum(axis=0) @ theta_from_constants(c) + fixed.sum()
+                other = est.step_time_s - linear  # exposed communication, which the fit holds fixed
+                a_rows.append(x.sum(axis=0) * scale)
+                b_rows.append((step.measured_step_s - fixed.sum() - other) * scale)
+        theta = nnls(np.array(a_rows), np.array(b_rows))
+        theta = np.maximum(theta, 1e-12)  # an efficiency's inverse must stay finite
+        c = constants_from_theta(theta)
+    return c
+
+
+def load_steps(held_out: bool = False) -> list[MeasuredStep]:
+    from steptime_accuracy import load_rows
+    return [r.step for r in load_rows() if r.held_out == held_out]
+
+
+def relative_errors(steps: list[MeasuredStep], c: GpuStepConstants | None) -> list[float]:
+    return [(_predict(s, c).step_time_s - s.measured_step_s) / s.measured_step_s for s in steps]
+
+
+def leave_one_out(steps: list[MeasuredStep]) -> list[tuple[MeasuredStep, float]]:
+    """Each GPU-resident row predicted by constants fitted without it."""
+    out = []
+    for i, step in enumerate(steps):
+        if not is_fitted(step):
+            continue
+        c = fit(steps[:i] + steps[i + 1:])
+        out.append((step, relative_errors([step], c)[0]))
+    return out
+
+
+def describe(c: GpuStepConstants) -> str:
+    return "\n".join(f"  {f.name:<28} {getattr(c, f.name):.4g}" for f in fields(c))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--loo", action="store_true", help="leave-one-out cross-validation of the fit")
+    args = parser.parse_args()
+    steps = load_steps()
+    c = fit(steps)
+    print(f"Fitted on {sum(is_fitted(s) for s in steps)} GPU-resident rows "
+          f"({sum(s.phases_s is not None for s in steps if is_fitted(s))} with phases; "
+          f"{sum(is_gpu_resident(s) and not is_fitted(s) for s in steps)} left out: allocator retries):")
+    print(describe(c))
+    errs = [abs(e) for s, e in zip(steps, relative_errors(steps, c)) if is_fitted(s)]
+    print(f"  in-sample GPU-resident: mean |err| {np.mean(errs):.1%}  max {np.max(errs):.1%}")
+    if args.loo:
+        loo = [abs(e) for _, e in leave_one_out(steps)]
+        print(f"  leave-one-out GPU-resident: mean |err| {np.mean(loo):.1%}  max {np.max(loo):.1%}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
