@@ -53,6 +53,18 @@ def main() -> int:
     from zlayout.profile.ds_config import ds_config
     from zlayout.spec import GiB
 
+    # The environment corrections verify applies to its ranks (TORCH_CUDA_ARCH_LIST=9.0a, as the
+    # H200 node sets it, is not parsed by DeepSpeed 0.19.8's op builder when it JIT-builds fused
+    # Adam: "invalid literal for int() with base 10: '0a'"). The product's rule, imported.
+    from zlayout.verify.environment import corrected_env
+
+    env, notes = corrected_env(dict(os.environ))
+    for key in set(os.environ) - set(env):
+        del os.environ[key]
+    os.environ.update(env)
+    for note in notes:
+        print(f"NOTE {note}", file=sys.stderr)
+
     args = build_parser().parse_args(["verify", *argv])
     inp = plan_input_from_args(args).model_copy(update={"headroom_fraction": 0.0})
     layout = layout_from_args(args)

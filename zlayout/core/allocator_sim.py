@@ -24,7 +24,7 @@ Pure arithmetic, no torch. Two parts:
 
 from __future__ import annotations
 
-import bisect
+from bisect import bisect_left, insort
 from dataclasses import dataclass, field
 
 MiB = 2**20
@@ -54,8 +54,17 @@ class _Block:
         self.prev: _Block | None = None
         self.next: _Block | None = None
 
-    def key(self) -> tuple[int, int, int]:
-        return (self.size, self.segment, self.offset)
+    def key(self) -> int:
+        return _key_of(self.size, self.segment, self.offset)
+
+
+# A free block's place in the best-fit order (size, then segment, then offset) as one int:
+# ints compare faster than tuples. Offsets are multiples of 512 bytes.
+_SEG_SHIFT, _SIZE_SHIFT = 48, 72
+
+
+def _key_of(size: int, segment: int, offset: int) -> int:
+    return (size << _SIZE_SHIFT) | (segment << _SEG_SHIFT) | (offset >> 9)
 
 
 @dataclass
@@ -64,8 +73,8 @@ class CachingAllocator:
     a doubly linked list, as in the allocator; free blocks are kept sorted by (size, segment,
     offset), the order `get_free_block`'s best fit searches."""
 
-    free_index: list[tuple[int, int, int]] = field(default_factory=list)
-    free_blocks: dict[tuple[int, int], _Block] = field(default_factory=dict)
+    free_index: list[int] = field(default_factory=list)
+    free_blocks: dict[int, _Block] = field(default_factory=dict)
     live: dict[int, _Block] = field(default_factory=dict)
     segment_sizes: list[int] = field(default_factory=list)
     reserved: int = 0
@@ -76,32 +85,35 @@ class CachingAllocator:
 
     def _add_free(self, block: _Block) -> None:
         block.free = True
-        bisect.insort(self.free_index, block.key())
-        self.free_blocks[(block.segment, block.offset)] = block
+        key = _key_of(block.size, block.segment, block.offset)
+        insort(self.free_index, key)
+        self.free_blocks[key] = block
 
     def _remove_free(self, block: _Block) -> None:
-        i = bisect.bisect_left(self.free_index, block.key())
-        del self.free_index[i]
-        del self.free_blocks[(block.segment, block.offset)]
+        key = _key_of(block.size, block.segment, block.offset)
+        del self.free_index[bisect_left(self.free_index, key)]
+        del self.free_blocks[key]
         block.free = False
 
     def malloc(self, size: int) -> int:
         """Returns a handle; requests of 1 MiB or less are ignored (handle -1)."""
         if size <= SMALL_SIZE:
             return -1
-        size = round_size(size)
-        i = bisect.bisect_left(self.free_index, (size, -1, -1))
-        if i < len(self.free_index):
-            _, seg, off = self.free_index[i]
-            block = self.free_blocks[(seg, off)]
-            self._remove_free(block)
+        size = 512 * -(-size // 512)
+        index = self.free_index
+        i = bisect_left(index, size << _SIZE_SHIFT)
+        if i < len(index):
+            key = index.pop(i)
+            block = self.free_blocks.pop(key)
+            block.free = False
         else:
             seg_size = allocation_size(size)
             block = _Block(len(self.segment_sizes), 0, seg_size)
             block.free = False
             self.segment_sizes.append(seg_size)
             self.reserved += seg_size
-            self.peak_reserved = max(self.peak_reserved, self.reserved)
+            if self.reserved > self.peak_reserved:
+                self.peak_reserved = self.reserved
         remaining = block.size - size
         if remaining > SMALL_SIZE:  # should_split (large pool)
             rest = _Block(block.segment, block.offset + size, remaining)
@@ -115,7 +127,8 @@ class CachingAllocator:
         self._next += 1
         self.live[handle] = block
         self.allocated += block.size
-        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        if self.allocated > self.peak_allocated:
+            self.peak_allocated = self.allocated
         return handle
 
     def free(self, handle: int) -> None:
@@ -144,16 +157,55 @@ class CachingAllocator:
         return self.segment_sizes
 
 
-def replay(events: list[tuple[str, object, int]]) -> CachingAllocator:
-    """events: ("a", name, bytes) allocates a tensor called name; ("f", name, 0) frees it."""
-    alloc = CachingAllocator()
-    handles: dict[object, int] = {}
-    for op, name, size in events:
-        if op == "a":
-            handles[name] = alloc.malloc(size)
+@dataclass
+class Pools:
+    """One `CachingAllocator` per CUDA stream: a freed block is cached for the stream that
+    allocated it (`Block.stream`; `get_free_block` looks only in the pool of the requesting
+    stream), so what one stream frees another cannot reuse. Segments are never released, so
+    peak reserved is the sum of the pools' reserved bytes at the end."""
+
+    pools: dict[int, CachingAllocator] = field(default_factory=dict)
+    allocated: int = 0
+    peak_allocated: int = 0
+
+    @property
+    def peak_reserved(self) -> int:
+        return sum(pool.reserved for pool in self.pools.values())
+
+    @property
+    def segments(self) -> list[int]:
+        return [size for pool in self.pools.values() for size in pool.segment_sizes]
+
+
+def replay(events: list[tuple[str, object, int]]) -> Pools:
+    """events: ("a", name, bytes) allocates a tensor called name on the default stream,
+    ("a", name, bytes, stream) on another stream; ("f", name, 0) frees it."""
+    out = Pools()
+    pools = out.pools
+    handles: dict[object, tuple[CachingAllocator, int]] = {}
+    for event in events:
+        if event[0] == "a":
+            stream = event[3] if len(event) > 3 else 0
+            pool = pools.get(stream)
+            if pool is None:
+                pool = pools[stream] = CachingAllocator()
+            before = pool.allocated
+            handles[event[1]] = (pool, pool.malloc(event[2]))
+            out.allocated += pool.allocated - before
+            if out.allocated > out.peak_allocated:
+                out.peak_allocated = out.allocated
         else:
-            alloc.free(handles.pop(name))
-    return alloc
+            pool, handle = handles.pop(event[1])
+            before = pool.allocated
+            pool.free(handle)
+            out.allocated += pool.allocated - before
+    return out
+
+
+# The streams DeepSpeed's stage 3 allocates on (partitioned_param_coordinator: gathers run
+# `with get_accelerator().stream(self.__allgather_stream)`): gathered weights live in that
+# stream's pool, which the compute stream's activations never reuse.
+DEFAULT_STREAM, ALLGATHER_STREAM, REDUCE_STREAM = 0, 1, 2
 
 
 class _Seq:
@@ -162,9 +214,9 @@ class _Seq:
         self.sizes: dict[int, int] = {}
         self._n = 0
 
-    def a(self, size: int) -> int:
+    def a(self, size: int, stream: int = DEFAULT_STREAM) -> int:
         self._n += 1
-        self.events.append(("a", self._n, int(size)))
+        self.events.append(("a", self._n, int(size)) if stream == DEFAULT_STREAM else ("a", self._n, int(size), stream))
         self.sizes[self._n] = int(size)
         return self._n
 
@@ -175,17 +227,23 @@ class _Seq:
 
 
 def allocation_sequence(inp, layout, steps: int = 3) -> list[tuple[str, object, int]] | None:
-    """The large tensors one GPU allocates and frees, in order, for ZeRO 0-2 with the optimizer
-    on the GPU and a dense model (None for what is not replayed: stage 3, offload, MoE, MLA,
-    fp32 training, gradient accumulation)."""
-    from zlayout.core.memory import layer_tensor_sizes
+    """The large tensors one GPU allocates and frees, in order, for a dense model: ZeRO 0-2
+    with the optimizer on the GPU, ZeRO-3 with the optimizer and weights on the GPU or the
+    CPU; gradient accumulation included. None for what is not replayed: stage 1/2 with the
+    optimizer offloaded, NVMe, MoE, MLA, fp32 training."""
+    from zlayout.core.memory import layer_tensor_sizes, stage3_live_param_elements
 
     model, t, zero = inp.model, inp.training, inp.zero
     stage, n = layout.stage, inp.hardware.world
-    if stage == 3 or layout.offload_optimizer != "gpu" or layout.offload_param != "gpu":
+    if "nvme" in (layout.offload_optimizer, layout.offload_param):
         return None
-    if model.is_moe or model.mla or t.precision == "fp32" or t.grad_accum > 1:
+    if stage < 3 and (layout.offload_optimizer != "gpu" or layout.offload_param != "gpu"):
         return None
+    if model.is_moe or model.mla or t.precision == "fp32":
+        return None
+    opt_on_gpu = layout.offload_optimizer == "gpu"
+    param_on_gpu = layout.offload_param == "gpu"
+    ga = max(1, t.grad_accum)
     s = _Seq()
     w = 2
     h, kv, f, V = model.hidden, model.kv_size, model.ffn_size, model.vocab
@@ -202,9 +260,41 @@ def allocation_sequence(inp, layout, steps: int = 3) -> list[tuple[str, object, 
         tensors.append(V * h)
 
     # --- deepspeed.initialize ---------------------------------------------------------
-    # engine: the module, cast to bf16 on the host, moves to the GPU tensor by tensor
-    weights = [s.a(x * w) for x in tensors]
-    if stage == 0:
+    sub = min(zero.sub_group_size, p_shard)
+    sub_groups = [sub] * (p_shard // sub) + ([p_shard % sub] if p_shard % sub else [])
+    # stage 3 gathers a weight before its module runs (on the allgather stream) when it is not
+    # whole on this GPU: more than one GPU, or the weights on the host
+    gather = stage == 3 and (n > 1 or not param_on_gpu)
+    small = zero.stage3_param_persistence_threshold
+    if stage == 3:
+        # zero.Init: each tensor is made on the GPU and partitioned as it is built: its 1/n
+        # slice copied out (to the host with parameter offload), the whole freed
+        weights = []
+        for x in tensors:
+            whole = s.a(x * w)
+            if param_on_gpu:
+                weights.append(s.a(-(-x // n) * w))
+            s.f(whole)
+        if param_on_gpu:
+            # _create_fp16_partitions_with_defragmentation: one flat bf16 buffer of the
+            # partitions, which become views of it
+            s.a(p_shard * w)
+            s.f(*weights)
+        if opt_on_gpu:
+            for size in sub_groups:  # fp32 master per sub-group: clone, then .float()
+                clone = s.a(size * w)
+                s.a(size * 4)
+                s.f(clone)
+            s.a(p_shard * w)  # grad_partitions_flat_buffer
+        if zero.contiguous_gradients:
+            s.a(zero.reduce_bucket_size * w)  # the IPG bucket, allocated once
+        weights = []
+    else:
+        # engine: the module, cast to bf16 on the host, moves to the GPU tensor by tensor
+        weights = [s.a(x * w) for x in tensors]
+    if stage == 3:
+        pass
+    elif stage == 0:
         # FP16_Optimizer (bf16, stage 0): flatten clones of every weight, point the weights
         # into the flat buffer; master = flat.clone().float(); initialize_optimizer_states:
         # a zero fp32 gradient and one optimizer.step() that creates both Adam moments.
@@ -231,6 +321,21 @@ def allocation_sequence(inp, layout, steps: int = 3) -> list[tuple[str, object, 
         s.f(s.a(4 * p_shard))
     moments_made = stage == 0
     partition = None
+    # stage 3: the gathered weights kept from forward to backward (those whose next use is
+    # within stage3_max_reuse_distance: the head and the last blocks), the rest released
+    live = stage3_live_param_elements(model, zero, n, not param_on_gpu) if gather else 0
+    big_layer = [x for x in layer_sizes if x > small]
+    kept_layers: set[int] = set()
+    budget = live - (V * h if not model.tie_embeddings else 0)
+    for i in reversed(range(model.layers)):
+        if budget < sum(big_layer):
+            break
+        kept_layers.add(i)
+        budget -= sum(big_layer)
+    head_kept = live >= V * h
+
+    def fetch(sizes: list[int]) -> list[int]:
+        return [s.a(x * w, ALLGATHER_STREAM) for x in sizes if x > small] if gather else []
 
     def norm_forward() -> tuple[list[int], int]:
         """A norm: (tensors its backward keeps, its output)."""
@@ -387,13 +492,23 @@ def allocation_sequence(inp, layout, steps: int = 3) -> list[tuple[str, object, 
         s.f(g, *x)
         return gx
 
-    for _ in range(steps):
+    grads: list[int] = []  # stage 0, and stage 1 between accumulation boundaries: per weight
+
+    for step_index in range(steps * ga):
+        boundary = step_index % ga == ga - 1
+        accumulating = bool(grads)
         # --- forward
+        emb_w = fetch([V * h])
         x = s.a(T * h * w)  # embedding
+        s.f(*emb_w)
         saved: list[dict] = []
         inputs = [x]
-        for _layer in range(model.layers):
+        gathered: dict[int, list[int]] = {}
+        for layer in range(model.layers):
+            gathered[layer] = fetch(layer_sizes)
             sv, x = block_forward(x, keep=not ckpt)
+            if layer not in kept_layers:
+                s.f(*gathered.pop(layer))
             saved.append(sv)
             inputs.append(x)
         fin_kept, head_in = norm_forward()
@@ -401,6 +516,7 @@ def allocation_sequence(inp, layout, steps: int = 3) -> list[tuple[str, object, 
             fin_kept = [inputs[-1]]
         else:
             s.f(inputs[-1])
+        head_w = fetch([V * h])
         logits = s.a(T * V * w)
         sliced = s.a(T * V * w) if t.micro_batch > 1 or hf else None
         f32 = s.a(T * V * 4)
@@ -417,48 +533,109 @@ def allocation_sequence(inp, layout, steps: int = 3) -> list[tuple[str, object, 
             g_full = s.a(T * V * w)
             s.f(g_bf)
             g_bf = g_full
-        grads: list[int] = []
         buckets: list[int] = []
         filled = 0
+        in_bucket: list[int] = []
+
+        def flush() -> None:
+            nonlocal filled
+            if not in_bucket:
+                return
+            staged = s.a(sum(in_bucket) * w, REDUCE_STREAM)
+            for size in in_bucket:
+                s.f(s.a(size * 4, REDUCE_STREAM))
+            s.f(staged)
+            in_bucket.clear()
+            filled = 0
+
         head_grad = s.a(V * h * w)
         g = s.a(T * h * w)
         s.f(g_bf, head_in)
+        if not head_kept:
+            s.f(*head_w)
 
         def hook(weight_grads: list[int]) -> None:
-            nonlocal partition, buckets
-            if stage == 0:
-                grads.extend(weight_grads)
+            nonlocal partition, buckets, filled
+            if stage == 3:
+                # copied into the IPG bucket (reduce_and_partition_stream); a full bucket is
+                # reduced there. With the optimizer on the host each reduced bucket is staged
+                # on that stream and every gradient in it cast to fp32 before its copy to the
+                # pinned partition (the allocator trace of ZeRO-3 offload: one ~bucket-sized
+                # block per reduce, per-tensor 4-byte transients, in segments the compute
+                # stream never reuses)
+                sizes = [s.sizes[gr] // w for gr in weight_grads]
+                s.f(*weight_grads)
+                if not opt_on_gpu:
+                    if filled + sum(sizes) > zero.reduce_bucket_size:
+                        flush()
+                    in_bucket.extend(sizes)
+                    filled += sum(sizes)
                 return
+            if stage == 0 or (stage == 1 and not boundary):
+                # accumulated in .grad: the first micro-step's gradients stay, later ones are
+                # added in place and dropped (stage 1 reduces only at the boundary)
+                if accumulating:
+                    s.f(*weight_grads)
+                else:
+                    grads.extend(weight_grads)
+                if stage == 0:
+                    return
             if not buckets:
                 buckets = [s.a(zero.reduce_bucket_size * w) for _ in range(2 if zero.overlap_comm else 1)]
-            nonlocal filled
             filled += sum(s.sizes[gr] for gr in weight_grads) // w
             if partition is None and filled > zero.reduce_bucket_size:
                 partition = s.a(p_shard * w)  # the first bucket reduced: grads_in_partition
-            s.f(*weight_grads)  # copied into the bucket
+            if stage == 2 or boundary:
+                s.f(*weight_grads)  # copied into the bucket
+                if stage == 1 and accumulating:
+                    # the accumulated .grad is copied into the bucket and dropped
+                    s.f(*grads[:len(weight_grads)])
+                    del grads[:len(weight_grads)]
 
         hook([head_grad])
+        if head_kept:
+            s.f(*head_w)
         g = norm_backward(g, fin_kept, [])
         for i in reversed(range(model.layers)):
             sv = saved[i]
+            layer_w = gathered.pop(i) if i in gathered else fetch(layer_sizes)
             if ckpt:
                 sv, out = block_forward(inputs[i], keep=True)
                 s.f(out)
             gin, wg = block_backward(sv, g)
             hook(wg)
+            s.f(*layer_w)
             if ckpt:
                 s.f(inputs[i])
             g = gin
+        emb_w = fetch([V * h])
         emb_grad = s.a(V * h * w)
         s.f(g)
         hook([emb_grad])
+        s.f(*emb_w)
         s.f(*buckets)
+        if stage == 3 and not opt_on_gpu:
+            flush()
+        if not boundary:
+            continue
         # --- optimizer step
-        if stage == 0:
+        if stage == 3:
+            if opt_on_gpu:
+                for size in sub_groups:  # per sub-group: flatten, .float(), Adam
+                    flat16 = s.a(size * w)
+                    flat32 = s.a(size * 4)
+                    s.f(flat16)
+                    if not moments_made:
+                        s.a(4 * size)
+                        s.a(4 * size)
+                    s.f(flat32)
+                moments_made = True
+        elif stage == 0:
             casts = [s.a(s.sizes[gr] * 2) for gr in grads]
             flat32 = s.a(4 * p)
             s.f(*casts)
             s.f(flat32, *grads)
+            grads.clear()
         else:
             flat16 = s.a(p_shard * w)
             flat32 = s.a(p_shard * 4)
@@ -473,8 +650,11 @@ def allocation_sequence(inp, layout, steps: int = 3) -> list[tuple[str, object, 
 
 
 def _key(inp, layout) -> tuple:
+    # stages 1 and 2 ask the allocator for the same tensors in the same order unless gradients
+    # accumulate (stage 1 then keeps them per weight between boundaries): one replay for both
+    stage = 2 if layout.stage == 1 and inp.training.grad_accum <= 1 else layout.stage
     return (inp.model.model_dump_json(), inp.training.model_dump_json(), inp.zero.model_dump_json(),
-            inp.hardware.world, layout.stage, layout.offload_optimizer, layout.offload_param)
+            inp.hardware.world, stage, layout.offload_optimizer, layout.offload_param)
 
 
 _CACHE: dict[tuple, int | None] = {}

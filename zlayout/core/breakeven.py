@@ -128,7 +128,7 @@ def _binding(est: MemoryEstimate) -> str:
 
 def _load_log(est: MemoryEstimate) -> float:
     """log of the most loaded resource's use over its capacity (> 0: does not fit)."""
-    ratios = [est.gpu_device_used_bytes / max(1, est.gpu_usable_bytes)]
+    ratios = [est.gpu_needed_bytes / max(1, est.gpu_usable_bytes)]
     if est.host_peak_bytes:
         ratios.append(est.host_peak_bytes / max(1, est.host_capacity_bytes))
     if est.nvme_bytes:
@@ -150,7 +150,7 @@ def _largest_fitting(inp: PlanInput, layout: Layout, candidate,
     already judged cost no evaluation.
     """
     def judge(model: ModelSpec) -> MemoryEstimate:
-        return estimate_memory(_with_model(inp, model), layout)
+        return estimate_memory(_with_model(inp, model), layout, replay=False)
 
     def snap(x: float) -> float:
         return round(x / grid) * grid if grid else x
@@ -236,12 +236,12 @@ def largest_micro_batch(inp: PlanInput, layout: Layout) -> int:
     """
     def fits(micro_batch: int) -> bool:
         training = inp.training.model_copy(update={"micro_batch": micro_batch})
-        return estimate_memory(inp.model_copy(update={"training": training}), layout).fits
+        return estimate_memory(inp.model_copy(update={"training": training}), layout, replay=False).fits
 
     def used(micro_batch: int) -> tuple[bool, int, int]:
         training = inp.training.model_copy(update={"micro_batch": micro_batch})
-        est = estimate_memory(inp.model_copy(update={"training": training}), layout)
-        return est.fits, est.gpu_device_used_bytes, est.gpu_usable_bytes
+        est = estimate_memory(inp.model_copy(update={"training": training}), layout, replay=False)
+        return est.fits, est.gpu_needed_bytes, est.gpu_usable_bytes
 
     fits1, used1, usable = used(1)
     if not fits1:
@@ -327,7 +327,7 @@ def crossovers(inp: PlanInput, layouts: tuple[Layout, ...] | None = None) -> lis
                  if other != layout and (be.max_params >= next_params or be.limited_by == "range")]
         # fastest first; each checked, since fitting is not monotone in size everywhere
         takes_over = next((other for other in sorted(still, key=lambda o: (step_s(o), o.key))
-                           if estimate_memory(bigger, other).fits), None)
+                           if estimate_memory(bigger, other, replay=False).fits), None)
         out.append(Crossover(next_params, layout, takes_over))
     return out
 

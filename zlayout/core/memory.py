@@ -369,8 +369,12 @@ def pinned_bytes(nbytes: int) -> int:
 # ------------------------------------------------------------------ the estimate
 
 
-def estimate_memory(inp: PlanInput, layout: Layout) -> MemoryEstimate:
-    """Peak GPU (allocated and reserved), host and NVMe bytes for one layout."""
+def estimate_memory(inp: PlanInput, layout: Layout, replay: bool = True) -> MemoryEstimate:
+    """Peak GPU (allocated and reserved), host and NVMe bytes for one layout.
+
+    `replay=False` skips the allocator replay (`allocator_sim`): the fit verdict and
+    `gpu_needed_bytes` do not depend on it, only peak reserved and device used do (they then
+    come from the per-phase rule). Searches that only ask "does it fit" (break-even) pass it."""
     model, training, hw, zero = inp.model, inp.training, inp.hardware, inp.zero
     p, n, stage, ranks = model.params, hw.world, layout.stage, hw.gpus_per_node
     w = weight_bytes_per_param(training)
@@ -538,7 +542,7 @@ def estimate_memory(inp: PlanInput, layout: Layout) -> MemoryEstimate:
     peak = int(phases[peak_phase][0]) + misc
     context_bytes = hw.gpu.cuda_context_bytes + (NCCL_BUFFER_BYTES if n > 1 else 0)
     allocator = caching_allocator(phases, misc, t.allocator)
-    if allocator.needed_bytes + context_bytes < hw.gpu.memory_bytes:
+    if replay and allocator.needed_bytes + context_bytes < hw.gpu.memory_bytes:
         # only a layout that fits is replayed: one that does not reserves the whole card
         allocator = caching_allocator(phases, misc, t.allocator, replayed_reserved_bytes(inp, layout))
     context = add("gpu", "cuda_context", hw.gpu.cuda_context_bytes, "overhead",
