@@ -20,6 +20,19 @@ Pure arithmetic, no torch. Two parts:
   fp32 casts and flatten). What decides reserved memory is which sizes arrive in which order:
   a tensor that no cached block holds gets a new segment, and the cached blocks that smaller
   tensors split are not whole again when a large request comes back.
+* Streams (`Pools`): a freed block is cached for the stream that allocated it. ZeRO-3
+  gathers weights on its allgather stream and, with the optimizer on the host, stages each
+  reduced bucket on its reduce stream; those pools are replayed apart from the compute
+  stream's, and peak reserved is their sum.
+* ZeRO-3 (DeepSpeed 0.19.8 stage3.py / partition_parameters.py): zero.Init partitions each
+  tensor as it is built; the partitions are flattened into one buffer; the fp32 master per
+  sub-group, the flat gradient partition and the IPG bucket are allocated once at initialize;
+  each weight gradient is copied into the bucket and dropped; the step flattens and casts one
+  sub-group at a time. Weights are gathered only when they are not whole on the GPU (more
+  than one GPU, or parameter offload): per block before its forward and again before its
+  backward, those within `stage3_max_reuse_distance` (the head and the last blocks) kept.
+* Gradient accumulation: stage 0 and stage 1 keep each weight's `.grad` from the first
+  micro-step to the boundary (stage 1 reduces only there); stage 2 reduces every micro-step.
 """
 
 from __future__ import annotations
