@@ -98,12 +98,12 @@ class CachingAllocator:
 
     def _add_free(self, block: _Block) -> None:
         block.free = True
-        key = _key_of(block.size, block.segment, block.offset)
+        key = (block.size << _SIZE_SHIFT) | (block.segment << _SEG_SHIFT) | (block.offset >> 9)
         insort(self.free_index, key)
         self.free_blocks[key] = block
 
     def _remove_free(self, block: _Block) -> None:
-        key = _key_of(block.size, block.segment, block.offset)
+        key = (block.size << _SIZE_SHIFT) | (block.segment << _SEG_SHIFT) | (block.offset >> 9)
         del self.free_index[bisect_left(self.free_index, key)]
         del self.free_blocks[key]
         block.free = False
@@ -195,23 +195,28 @@ def replay(events: list[tuple[str, object, int]]) -> Pools:
     ("a", name, bytes, stream) on another stream; ("f", name, 0) frees it."""
     out = Pools()
     pools = out.pools
+    default = pools[DEFAULT_STREAM] = CachingAllocator()
     handles: dict[object, tuple[CachingAllocator, int]] = {}
+    several = any(len(event) > 3 for event in events)
+    peak = 0
     for event in events:
         if event[0] == "a":
-            stream = event[3] if len(event) > 3 else 0
-            pool = pools.get(stream)
-            if pool is None:
-                pool = pools[stream] = CachingAllocator()
-            before = pool.allocated
+            if len(event) > 3:
+                pool = pools.get(event[3])
+                if pool is None:
+                    pool = pools[event[3]] = CachingAllocator()
+            else:
+                pool = default
             handles[event[1]] = (pool, pool.malloc(event[2]))
-            out.allocated += pool.allocated - before
-            if out.allocated > out.peak_allocated:
-                out.peak_allocated = out.allocated
+            if several:
+                allocated = sum(p.allocated for p in pools.values())
+                if allocated > peak:
+                    peak = allocated
         else:
             pool, handle = handles.pop(event[1])
-            before = pool.allocated
             pool.free(handle)
-            out.allocated += pool.allocated - before
+    out.allocated = sum(p.allocated for p in pools.values())
+    out.peak_allocated = peak if several else default.peak_allocated
     return out
 
 
