@@ -339,6 +339,7 @@ def allocation_sequence(inp, layout, steps: int = 3) -> list[tuple[str, object, 
         s.f(s.a(4 * p_shard))
     moments_made = stage == 0
     partition = None
+    retired: list[int] = []  # stage 2: last micro-step's partition, alive through this backward
     # stage 3: the gathered weights kept from forward to backward (those whose next use is
     # within stage3_max_reuse_distance: the head and the last blocks), the rest released
     live = stage3_live_param_elements(model, zero, n, not param_on_gpu) if gather else 0
@@ -634,7 +635,15 @@ def allocation_sequence(inp, layout, steps: int = 3) -> list[tuple[str, object, 
         s.f(*buckets)
         if stage == 3 and not opt_on_gpu:
             flush()
+        s.f(*retired)
+        retired.clear()
         if not boundary:
+            if stage == 2 and partition is not None:
+                # _release_ipg_buffers drops grads_in_partition at the end of every backward;
+                # the .grad views keep it alive until the next micro-step's hooks re-point
+                # them into a new partition (copy_grads_in_partition)
+                retired.append(partition)
+                partition = None
             continue
         # --- optimizer step
         if stage == 3:
