@@ -88,13 +88,11 @@ class CachingAllocator:
 
     free_index: list[int] = field(default_factory=list)
     free_blocks: dict[int, _Block] = field(default_factory=dict)
-    live: dict[int, _Block] = field(default_factory=dict)
     segment_sizes: list[int] = field(default_factory=list)
     reserved: int = 0
     allocated: int = 0
     peak_reserved: int = 0
     peak_allocated: int = 0
-    _next: int = 0
 
     def _add_free(self, block: _Block) -> None:
         block.free = True
@@ -108,16 +106,16 @@ class CachingAllocator:
         del self.free_blocks[key]
         block.free = False
 
-    def malloc(self, size: int) -> int:
-        """Returns a handle; requests of 1 MiB or less are ignored (handle -1)."""
+    def malloc(self, size: int) -> _Block | None:
+        """The block that serves `size` bytes (its handle for `free`); requests of 1 MiB or
+        less are not replayed (None)."""
         if size <= SMALL_SIZE:
-            return -1
-        size = 512 * -(-size // 512)
+            return None
+        size = (size + 511) & ~511
         index = self.free_index
         i = bisect_left(index, size << _SIZE_SHIFT)
         if i < len(index):
-            key = index.pop(i)
-            block = self.free_blocks.pop(key)
+            block = self.free_blocks.pop(index.pop(i))
             block.free = False
         else:
             seg_size = allocation_size(size)
@@ -130,24 +128,23 @@ class CachingAllocator:
         remaining = block.size - size
         if remaining > SMALL_SIZE:  # should_split (large pool)
             rest = _Block(block.segment, block.offset + size, remaining)
-            rest.prev, rest.next = block, block.next
-            if block.next is not None:
-                block.next.prev = rest
+            nxt = block.next
+            rest.prev, rest.next = block, nxt
+            if nxt is not None:
+                nxt.prev = rest
             block.next = rest
             block.size = size
-            self._add_free(rest)
-        handle = self._next
-        self._next += 1
-        self.live[handle] = block
+            key = (remaining << _SIZE_SHIFT) | (rest.segment << _SEG_SHIFT) | (rest.offset >> 9)
+            insort(index, key)
+            self.free_blocks[key] = rest
         self.allocated += block.size
         if self.allocated > self.peak_allocated:
             self.peak_allocated = self.allocated
-        return handle
+        return block
 
-    def free(self, handle: int) -> None:
-        if handle < 0:
+    def free(self, block: _Block | None) -> None:
+        if block is None:
             return
-        block = self.live.pop(handle)
         self.allocated -= block.size
         nxt, prev = block.next, block.prev
         if nxt is not None and nxt.free:  # merge with the free neighbours of its segment
@@ -190,14 +187,16 @@ class Pools:
         return [size for pool in self.pools.values() for size in pool.segment_sizes]
 
 
-def replay(events: list[tuple[str, object, int]]) -> Pools:
+def replay(events: list[tuple[str, object, int]], track_allocated: bool = True) -> Pools:
     """events: ("a", name, bytes) allocates a tensor called name on the default stream,
-    ("a", name, bytes, stream) on another stream; ("f", name, 0) frees it."""
+    ("a", name, bytes, stream) on another stream; ("f", name, 0) frees it.
+    `track_allocated=False` skips the peak allocated across streams (planning reads only
+    reserved; each pool still keeps its own)."""
     out = Pools()
     pools = out.pools
     default = pools[DEFAULT_STREAM] = CachingAllocator()
-    handles: dict[object, tuple[CachingAllocator, int]] = {}
-    several = any(len(event) > 3 for event in events)
+    handles: dict[object, tuple[CachingAllocator, _Block | None]] = {}
+    several = track_allocated and any(len(event) > 3 for event in events)
     peak = 0
     for event in events:
         if event[0] == "a":
@@ -696,7 +695,7 @@ def replayed_peak_reserved(inp, layout, steps: int = 2) -> int | None:
     key = _key(inp, layout)
     if key not in _CACHE:
         events = allocation_sequence(inp, layout, steps)
-        _CACHE[key] = None if events is None else replay(events).peak_reserved
+        _CACHE[key] = None if events is None else replay(events, track_allocated=False).peak_reserved
         if len(_CACHE) > 4096:
             _CACHE.pop(next(iter(_CACHE)))
     return _CACHE[key]
