@@ -226,24 +226,45 @@ DEFAULT_STREAM, ALLGATHER_STREAM, REDUCE_STREAM = 0, 1, 2
 
 
 class _Seq:
-    def __init__(self) -> None:
+    """The request sequence as it is written: recorded as events (`allocation_sequence`), or
+    with `live=True` served at once by one `CachingAllocator` per stream, with no event list
+    (`replayed_peak_reserved`: the same replay, without building and re-reading the list)."""
+
+    def __init__(self, live: bool = False) -> None:
         self.events: list[tuple[str, object, int]] = []
-        self.sizes: dict[int, int] = {}
-        self._n = 0
+        self.sizes: list[int] = [0]
+        self.live = live
+        self.pools: dict[int, CachingAllocator] = {}
+        self.blocks: list[tuple[CachingAllocator, _Block | None] | None] = [None]
 
     def a(self, size: int, stream: int = DEFAULT_STREAM) -> int:
-        self._n += 1
-        self.events.append(("a", self._n, int(size)) if stream == DEFAULT_STREAM else ("a", self._n, int(size), stream))
-        self.sizes[self._n] = int(size)
-        return self._n
+        size = int(size)
+        name = len(self.sizes)
+        self.sizes.append(size)
+        if self.live:
+            pool = self.pools.get(stream)
+            if pool is None:
+                pool = self.pools[stream] = CachingAllocator()
+            self.blocks.append((pool, pool.malloc(size)))
+        else:
+            self.events.append(("a", name, size) if stream == DEFAULT_STREAM else ("a", name, size, stream))
+        return name
 
     def f(self, *names: int | None) -> None:
         for name in names:
             if name is not None:
-                self.events.append(("f", name, 0))
+                if self.live:
+                    pool, block = self.blocks[name]
+                    pool.free(block)
+                else:
+                    self.events.append(("f", name, 0))
+
+    @property
+    def reserved(self) -> int:
+        return sum(pool.reserved for pool in self.pools.values())
 
 
-def allocation_sequence(inp, layout, steps: int = 3) -> list[tuple[str, object, int]] | None:
+def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -> list[tuple[str, object, int]] | None:
     """The large tensors one GPU allocates and frees, in order, for a dense model: ZeRO 0-2
     with the optimizer on the GPU, ZeRO-3 with the optimizer and weights on the GPU or the
     CPU; gradient accumulation included. None for what is not replayed: stage 1/2 with the
@@ -261,7 +282,7 @@ def allocation_sequence(inp, layout, steps: int = 3) -> list[tuple[str, object, 
     opt_on_gpu = layout.offload_optimizer == "gpu"
     param_on_gpu = layout.offload_param == "gpu"
     ga = max(1, t.grad_accum)
-    s = _Seq()
+    s = _seq if _seq is not None else _Seq()
     w = 2
     h, kv, f, V = model.hidden, model.kv_size, model.ffn_size, model.vocab
     T = t.micro_batch * t.seq
@@ -694,8 +715,8 @@ def replayed_peak_reserved(inp, layout, steps: int = 2) -> int | None:
     asks for the same layout many times."""
     key = _key(inp, layout)
     if key not in _CACHE:
-        events = allocation_sequence(inp, layout, steps)
-        _CACHE[key] = None if events is None else replay(events, track_allocated=False).peak_reserved
+        seq = _Seq(live=True)
+        _CACHE[key] = None if allocation_sequence(inp, layout, steps, seq) is None else seq.reserved
         if len(_CACHE) > 4096:
             _CACHE.pop(next(iter(_CACHE)))
     return _CACHE[key]
