@@ -5,8 +5,9 @@
 
 Written before the batch runs, and committed with it, so the batch is a true hold-out for the
 allocator replay (`zlayout/core/allocator_sim.py`). `reserved_from` says which model gave
-peak reserved: "replay" (ZeRO 0-2 with the optimizer on the GPU, default allocator) or
-"phases" (the per-phase trapped-segment rule, everything else).
+peak reserved: "replay" (default allocator: ZeRO 0-2 with the optimizer on the GPU, ZeRO-3
+with or without CPU offload; dense bf16 models) or "phases" (the per-phase trapped-segment
+rule, everything else).
 """
 
 from __future__ import annotations

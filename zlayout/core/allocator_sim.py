@@ -20,6 +20,19 @@ Pure arithmetic, no torch. Two parts:
   fp32 casts and flatten). What decides reserved memory is which sizes arrive in which order:
   a tensor that no cached block holds gets a new segment, and the cached blocks that smaller
   tensors split are not whole again when a large request comes back.
+* Streams (`Pools`): a freed block is cached for the stream that allocated it. ZeRO-3
+  gathers weights on its allgather stream and, with the optimizer on the host, stages each
+  reduced bucket on its reduce stream; those pools are replayed apart from the compute
+  stream's, and peak reserved is their sum.
+* ZeRO-3 (DeepSpeed 0.19.8 stage3.py / partition_parameters.py): zero.Init partitions each
+  tensor as it is built; the partitions are flattened into one buffer; the fp32 master per
+  sub-group, the flat gradient partition and the IPG bucket are allocated once at initialize;
+  each weight gradient is copied into the bucket and dropped; the step flattens and casts one
+  sub-group at a time. Weights are gathered only when they are not whole on the GPU (more
+  than one GPU, or parameter offload): per block before its forward and again before its
+  backward, those within `stage3_max_reuse_distance` (the head and the last blocks) kept.
+* Gradient accumulation: stage 0 and stage 1 keep each weight's `.grad` from the first
+  micro-step to the boundary (stage 1 reduces only there); stage 2 reduces every micro-step.
 """
 
 from __future__ import annotations
@@ -75,36 +88,34 @@ class CachingAllocator:
 
     free_index: list[int] = field(default_factory=list)
     free_blocks: dict[int, _Block] = field(default_factory=dict)
-    live: dict[int, _Block] = field(default_factory=dict)
     segment_sizes: list[int] = field(default_factory=list)
     reserved: int = 0
     allocated: int = 0
     peak_reserved: int = 0
     peak_allocated: int = 0
-    _next: int = 0
 
     def _add_free(self, block: _Block) -> None:
         block.free = True
-        key = _key_of(block.size, block.segment, block.offset)
+        key = (block.size << _SIZE_SHIFT) | (block.segment << _SEG_SHIFT) | (block.offset >> 9)
         insort(self.free_index, key)
         self.free_blocks[key] = block
 
     def _remove_free(self, block: _Block) -> None:
-        key = _key_of(block.size, block.segment, block.offset)
+        key = (block.size << _SIZE_SHIFT) | (block.segment << _SEG_SHIFT) | (block.offset >> 9)
         del self.free_index[bisect_left(self.free_index, key)]
         del self.free_blocks[key]
         block.free = False
 
-    def malloc(self, size: int) -> int:
-        """Returns a handle; requests of 1 MiB or less are ignored (handle -1)."""
+    def malloc(self, size: int) -> _Block | None:
+        """The block that serves `size` bytes (its handle for `free`); requests of 1 MiB or
+        less are not replayed (None)."""
         if size <= SMALL_SIZE:
-            return -1
-        size = 512 * -(-size // 512)
+            return None
+        size = (size + 511) & ~511
         index = self.free_index
         i = bisect_left(index, size << _SIZE_SHIFT)
         if i < len(index):
-            key = index.pop(i)
-            block = self.free_blocks.pop(key)
+            block = self.free_blocks.pop(index.pop(i))
             block.free = False
         else:
             seg_size = allocation_size(size)
@@ -117,24 +128,23 @@ class CachingAllocator:
         remaining = block.size - size
         if remaining > SMALL_SIZE:  # should_split (large pool)
             rest = _Block(block.segment, block.offset + size, remaining)
-            rest.prev, rest.next = block, block.next
-            if block.next is not None:
-                block.next.prev = rest
+            nxt = block.next
+            rest.prev, rest.next = block, nxt
+            if nxt is not None:
+                nxt.prev = rest
             block.next = rest
             block.size = size
-            self._add_free(rest)
-        handle = self._next
-        self._next += 1
-        self.live[handle] = block
+            key = (remaining << _SIZE_SHIFT) | (rest.segment << _SEG_SHIFT) | (rest.offset >> 9)
+            insort(index, key)
+            self.free_blocks[key] = rest
         self.allocated += block.size
         if self.allocated > self.peak_allocated:
             self.peak_allocated = self.allocated
-        return handle
+        return block
 
-    def free(self, handle: int) -> None:
-        if handle < 0:
+    def free(self, block: _Block | None) -> None:
+        if block is None:
             return
-        block = self.live.pop(handle)
         self.allocated -= block.size
         nxt, prev = block.next, block.prev
         if nxt is not None and nxt.free:  # merge with the free neighbours of its segment
@@ -177,28 +187,35 @@ class Pools:
         return [size for pool in self.pools.values() for size in pool.segment_sizes]
 
 
-def replay(events: list[tuple[str, object, int]]) -> Pools:
+def replay(events: list[tuple[str, object, int]], track_allocated: bool = True) -> Pools:
     """events: ("a", name, bytes) allocates a tensor called name on the default stream,
-    ("a", name, bytes, stream) on another stream; ("f", name, 0) frees it."""
+    ("a", name, bytes, stream) on another stream; ("f", name, 0) frees it.
+    `track_allocated=False` skips the peak allocated across streams (planning reads only
+    reserved; each pool still keeps its own)."""
     out = Pools()
     pools = out.pools
-    handles: dict[object, tuple[CachingAllocator, int]] = {}
+    default = pools[DEFAULT_STREAM] = CachingAllocator()
+    handles: dict[object, tuple[CachingAllocator, _Block | None]] = {}
+    several = track_allocated and any(len(event) > 3 for event in events)
+    peak = 0
     for event in events:
         if event[0] == "a":
-            stream = event[3] if len(event) > 3 else 0
-            pool = pools.get(stream)
-            if pool is None:
-                pool = pools[stream] = CachingAllocator()
-            before = pool.allocated
+            if len(event) > 3:
+                pool = pools.get(event[3])
+                if pool is None:
+                    pool = pools[event[3]] = CachingAllocator()
+            else:
+                pool = default
             handles[event[1]] = (pool, pool.malloc(event[2]))
-            out.allocated += pool.allocated - before
-            if out.allocated > out.peak_allocated:
-                out.peak_allocated = out.allocated
+            if several:
+                allocated = sum(p.allocated for p in pools.values())
+                if allocated > peak:
+                    peak = allocated
         else:
             pool, handle = handles.pop(event[1])
-            before = pool.allocated
             pool.free(handle)
-            out.allocated += pool.allocated - before
+    out.allocated = sum(p.allocated for p in pools.values())
+    out.peak_allocated = peak if several else default.peak_allocated
     return out
 
 
@@ -209,24 +226,45 @@ DEFAULT_STREAM, ALLGATHER_STREAM, REDUCE_STREAM = 0, 1, 2
 
 
 class _Seq:
-    def __init__(self) -> None:
+    """The request sequence as it is written: recorded as events (`allocation_sequence`), or
+    with `live=True` served at once by one `CachingAllocator` per stream, with no event list
+    (`replayed_peak_reserved`: the same replay, without building and re-reading the list)."""
+
+    def __init__(self, live: bool = False) -> None:
         self.events: list[tuple[str, object, int]] = []
-        self.sizes: dict[int, int] = {}
-        self._n = 0
+        self.sizes: list[int] = [0]
+        self.live = live
+        self.pools: dict[int, CachingAllocator] = {}
+        self.blocks: list[tuple[CachingAllocator, _Block | None] | None] = [None]
 
     def a(self, size: int, stream: int = DEFAULT_STREAM) -> int:
-        self._n += 1
-        self.events.append(("a", self._n, int(size)) if stream == DEFAULT_STREAM else ("a", self._n, int(size), stream))
-        self.sizes[self._n] = int(size)
-        return self._n
+        size = int(size)
+        name = len(self.sizes)
+        self.sizes.append(size)
+        if self.live:
+            pool = self.pools.get(stream)
+            if pool is None:
+                pool = self.pools[stream] = CachingAllocator()
+            self.blocks.append((pool, pool.malloc(size)))
+        else:
+            self.events.append(("a", name, size) if stream == DEFAULT_STREAM else ("a", name, size, stream))
+        return name
 
     def f(self, *names: int | None) -> None:
         for name in names:
             if name is not None:
-                self.events.append(("f", name, 0))
+                if self.live:
+                    pool, block = self.blocks[name]
+                    pool.free(block)
+                else:
+                    self.events.append(("f", name, 0))
+
+    @property
+    def reserved(self) -> int:
+        return sum(pool.reserved for pool in self.pools.values())
 
 
-def allocation_sequence(inp, layout, steps: int = 3) -> list[tuple[str, object, int]] | None:
+def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -> list[tuple[str, object, int]] | None:
     """The large tensors one GPU allocates and frees, in order, for a dense model: ZeRO 0-2
     with the optimizer on the GPU, ZeRO-3 with the optimizer and weights on the GPU or the
     CPU; gradient accumulation included. None for what is not replayed: stage 1/2 with the
@@ -244,7 +282,7 @@ def allocation_sequence(inp, layout, steps: int = 3) -> list[tuple[str, object, 
     opt_on_gpu = layout.offload_optimizer == "gpu"
     param_on_gpu = layout.offload_param == "gpu"
     ga = max(1, t.grad_accum)
-    s = _Seq()
+    s = _seq if _seq is not None else _Seq()
     w = 2
     h, kv, f, V = model.hidden, model.kv_size, model.ffn_size, model.vocab
     T = t.micro_batch * t.seq
@@ -321,6 +359,7 @@ def allocation_sequence(inp, layout, steps: int = 3) -> list[tuple[str, object, 
         s.f(s.a(4 * p_shard))
     moments_made = stage == 0
     partition = None
+    retired: list[int] = []  # stage 2: last micro-step's partition, alive through this backward
     # stage 3: the gathered weights kept from forward to backward (those whose next use is
     # within stage3_max_reuse_distance: the head and the last blocks), the rest released
     live = stage3_live_param_elements(model, zero, n, not param_on_gpu) if gather else 0
@@ -616,7 +655,15 @@ def allocation_sequence(inp, layout, steps: int = 3) -> list[tuple[str, object, 
         s.f(*buckets)
         if stage == 3 and not opt_on_gpu:
             flush()
+        s.f(*retired)
+        retired.clear()
         if not boundary:
+            if stage == 2 and partition is not None:
+                # _release_ipg_buffers drops grads_in_partition at the end of every backward;
+                # the .grad views keep it alive until the next micro-step's hooks re-point
+                # them into a new partition (copy_grads_in_partition)
+                retired.append(partition)
+                partition = None
             continue
         # --- optimizer step
         if stage == 3:
@@ -668,8 +715,8 @@ def replayed_peak_reserved(inp, layout, steps: int = 2) -> int | None:
     asks for the same layout many times."""
     key = _key(inp, layout)
     if key not in _CACHE:
-        events = allocation_sequence(inp, layout, steps)
-        _CACHE[key] = None if events is None else replay(events).peak_reserved
+        seq = _Seq(live=True)
+        _CACHE[key] = None if allocation_sequence(inp, layout, steps, seq) is None else seq.reserved
         if len(_CACHE) > 4096:
             _CACHE.pop(next(iter(_CACHE)))
     return _CACHE[key]

@@ -617,8 +617,9 @@ SMALL_POOL_BYTES = 20 * 2**20
 
 
 def replayed_reserved_bytes(inp: PlanInput, layout: Layout) -> int | None:
-    """Peak reserved bytes of the default allocator replayed over three training steps
-    (`allocator_sim`), or None for a layout it does not replay."""
+    """Peak reserved bytes of the default allocator replayed over two training steps
+    (`allocator_sim`: ZeRO 0-2 with the optimizer on the GPU, ZeRO-3 with or without CPU
+    offload, dense bf16 models), or None for a layout it does not replay."""
     if inp.training.allocator != "default":
         return None
     from zlayout.core.allocator_sim import replayed_peak_reserved
@@ -656,9 +657,9 @@ def caching_allocator(phases: dict[str, tuple[int, int]], misc: int, kind: str,
                                  "stay cached until memory runs short")
     if replayed is not None:
         return AllocatorEstimate(default_needed, max(replayed, default_needed),
-                                 "caching allocator, replayed over three steps: a tensor no cached "
-                                 "block holds gets a new segment; segments split by smaller tensors "
-                                 "stay reserved")
+                                 "caching allocator, replayed over two steps: a tensor no cached "
+                                 "block of its stream holds gets a new segment; segments split by "
+                                 "smaller tensors stay reserved")
     return AllocatorEstimate(default_needed, max(cached, default_needed),
                              "caching allocator: segments of the largest transients (fp32 "
                              "gradients, loss) stay reserved by smaller blocks carved from them")
