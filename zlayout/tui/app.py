@@ -13,16 +13,15 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from textual import on
+from textual import events, on
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.reactive import reactive
 from textual.widgets import DataTable, Footer, Header, Input
 
-from zlayout.core.plan import Plan, make_plan
 from zlayout.spec import Layout, ModelSpec, PlanInput
 from zlayout.tui import view
 from zlayout.tui.actions import LayoutActionsMixin
@@ -35,9 +34,20 @@ from zlayout.tui.screens import DetailScreen, HelpScreen, Verifier
 from zlayout.tui.widgets import (BreakEvenPanel, ComparePanel, InputsPanel, LayoutTable, MemoryBars,
                                  StatusLine)
 
-Planner = Callable[[PlanInput], Plan]
+if TYPE_CHECKING:
+    from zlayout.core.plan import Plan
+
+Planner = Callable[[PlanInput], "Plan"]
 CrossoverFinder = Callable[[PlanInput], Sequence[Any]]
 STATE_DUMP_ENV = "ZLAYOUT_STATE_DUMP"  # a file path: f12 writes the app's state there (tests)
+
+
+# The planner is imported by the first planning worker, after the first frame: importing it
+# (catalog tables, every estimator) is not on the way to the first screen.
+def _core_plan(inp: PlanInput) -> Plan:
+    from zlayout.core.plan import make_plan
+
+    return make_plan(inp)
 
 
 def _core_crossovers(inp: PlanInput) -> Sequence[Any]:
@@ -101,7 +111,7 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
     pinned: reactive[Plan | None] = reactive(None, init=False)
     show_inputs: reactive[bool] = reactive(True, init=False)
 
-    def __init__(self, initial: PlanInput | None = None, planner: Planner = make_plan,
+    def __init__(self, initial: PlanInput | None = None, planner: Planner = _core_plan,
                  verifier: Verifier | None = None, profile_io: ProfileIO | None = None,
                  presets: Presets | None = None, crossovers: CrossoverFinder | None = _core_crossovers,
                  cursor_blink: bool = True) -> None:

@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from textual.message import Message
 
-from zlayout.core.plan import Plan
 from zlayout.spec import ModelSpec, PlanInput
 from zlayout.tui.form import FormInvalid, form_values, plan_input_from_form
 from zlayout.tui.widgets import InputsPanel
+
+if TYPE_CHECKING:  # the planner is imported by the first planning worker, after the first frame
+    from zlayout.core.plan import Plan
 
 PLAN_DEBOUNCE_S = 0.05  # keys closer than this are one edit: only the last state is planned
 UNDO_DEPTH = 100

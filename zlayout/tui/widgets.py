@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from rich.text import Text
 from textual import on
@@ -10,13 +10,15 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, VerticalScroll
 from textual.message import Message
 from textual.reactive import reactive
-from textual.widget import Widget
+from textual.widget import MountError, Widget
 from textual.widgets import Checkbox, DataTable, Input, Label, Select, Static, TabbedContent, TabPane
 
-from zlayout.core.plan import Plan
 from zlayout.tui import view
 from zlayout.tui.fields import FieldInput, TickBox, readable
 from zlayout.tui.form import NO_LINK, Presets
+
+if TYPE_CHECKING:  # the planner is imported after the first frame
+    from zlayout.core.plan import Plan
 
 CATEGORY_STYLES = {
     "params": "#5f87ff",
