@@ -157,8 +157,12 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
         if not self.cursor_blink:
             for field in self.query(Input):
                 field.cursor_blink = False
-        self.plan_now()
+        self.plan_after_first_frame()
         self.query_one(LayoutTable).focus()
+
+    @on(events.Ready)
+    def _first_frame(self) -> None:
+        self.first_frame_shown()
 
     def on_resize(self) -> None:
         self.terminal_resized()

@@ -62,6 +62,7 @@ class EditingMixin:
         self._generation = 0  # bumped by every edit; a plan for an older one is dropped
         self._planning_generation = -1  # the edit a worker is planning now (-1: none)
         self._plan_timer = None
+        self._first_frame_pending = False  # planning waits for the first frame (see plan_after_first_frame)
         self._history: list[InputState] = []
         self.recompute_s = 0.0  # the last planning time, for benchmarks/tui_startup.py
 
@@ -71,12 +72,14 @@ class EditingMixin:
     def plan_pending(self) -> bool:
         """True while the fields' plan is not on screen yet: edits not yet seen (their
         Changed messages are queued), the pause not yet over, or the worker still planning."""
-        if self._plan_timer is not None or self._planning_generation >= 0:
+        if self._plan_timer is not None or self._planning_generation >= 0 or self._first_frame_pending:
             return True
-        return self.query_one(InputsPanel).values() != self._shown_values
+        panel = self.query_one(InputsPanel)
+        return not panel.fields_mounted or panel.values() != self._shown_values
 
     def inputs_edited(self) -> None:
         """Validate the fields now; plan them once the keys pause."""
+        self._first_frame_pending = False
         self._generation += 1
         self._validate()
         if self._plan_timer is not None:
@@ -84,13 +87,27 @@ class EditingMixin:
         self._plan_timer = self.set_timer(PLAN_DEBOUNCE_S, self._start_planning)
 
     def plan_now(self) -> None:
-        """Plan the fields without waiting for a pause (start-up, load, undo)."""
+        """Plan the fields without waiting for a pause (load, undo)."""
+        self._first_frame_pending = False
         self._generation += 1
         self._validate()
         if self._plan_timer is not None:
             self._plan_timer.stop()
             self._plan_timer = None
         self._start_planning()
+
+    def plan_after_first_frame(self) -> None:
+        """At start-up: validate the fields now (the first frame marks a bad one) and plan them
+        once the first frame is on screen (`first_frame_shown`). The planning thread (and the
+        planner's import) would otherwise share the interpreter with building that frame."""
+        self._generation += 1
+        self._validate()
+        self._first_frame_pending = True
+
+    def first_frame_shown(self) -> None:
+        if self._first_frame_pending:
+            self._first_frame_pending = False
+            self._start_planning()
 
     def _validate(self) -> None:
         panel = self.query_one(InputsPanel)

@@ -304,11 +304,21 @@ HARDWARE_INT_LABELS = (("gpus_per_node", "GPUs/node"), ("nodes", "Nodes"),
                        ("host_ram_gib", "Host RAM GiB"), ("nvme_gib", "NVMe GiB"))
 TRAINING_INT_LABELS = (("seq", "Sequence"), ("micro_batch", "Micro-batch"),
                        ("grad_accum", "Grad accum"))
+# The fields of the tabs built after the first frame.
+HARDWARE_FIELDS = ("gpu", "gpus_per_node", "nodes", "intra_link", "inter_link", "host_ram_gib",
+                   "nvme_gib", "host_cores")
+TRAINING_FIELDS = ("seq", "micro_batch", "grad_accum", "precision", "checkpointing", "impl", "allocator")
 
 
 class InputsPanel(Widget):
     """Model, hardware and training inputs in three tabs. Posts `InputsPanel.Changed(field)`
-    when the user edits a field; the app turns the values into a plan input."""
+    when the user edits a field; the app turns the values into a plan input.
+
+    Only the Model tab is built before the first frame: the Hardware and Training tabs (two
+    thirds of the widgets, seven of the ten selects) are built and mounted right after it,
+    since mounting them was most of the time to the first frame. Until then their values
+    are the initial ones, or those `set_values` gave them (`values()` reads those), and
+    `fields_mounted` is False (the app counts its plan as pending)."""
 
     class Changed(Message):
         def __init__(self, field: str) -> None:
@@ -320,6 +330,11 @@ class InputsPanel(Widget):
         self._presets = presets
         self._initial = dict(values)
         self._marked: dict[str, str] = {}
+        self._rows: dict[str, Widget] = {}  # field -> its row, its error line, its input
+        self._errors: dict[str, Static] = {}
+        self._inputs: dict[str, Widget] = {}
+        self._unmounted: dict[str, Any] = {}  # the values of the fields not mounted yet
+        self.fields_mounted = False
 
     def compose(self) -> ComposeResult:
         v = self._initial
@@ -341,49 +356,76 @@ class InputsPanel(Widget):
                     yield from self._row("Norm", Select([(k, k) for k in ("layernorm", "rmsnorm")],
                                                         value=v["norm"], allow_blank=False,
                                                         compact=True, id="norm"), "norm")
-                    yield TickBox("Biases", v["bias"], compact=True, id="bias")
-                    yield TickBox("Tied embeddings", v["tie_embeddings"], compact=True,
-                                   id="tie_embeddings")
-            with TabPane("Hardware", id="tab-hardware"):
-                with VerticalScroll(can_focus=False):
-                    yield from self._row("GPU", Select(_options(self._presets.gpus, v["gpu"]),
-                                                       value=v["gpu"], allow_blank=False,
-                                                       compact=True, id="gpu"), "gpu")
-                    for field, label in HARDWARE_INT_LABELS[:2]:
-                        yield from self._row(label, FieldInput(value=v[field], compact=True, id=field), field)
-                    yield from self._row("Intra link", Select(
-                        _options(self._presets.links, v["intra_link"]), value=v["intra_link"],
-                        allow_blank=False, compact=True, id="intra_link"), "intra_link")
-                    yield from self._row("Inter link", Select(
-                        _options((NO_LINK, *self._presets.links), v["inter_link"]),
-                        value=v["inter_link"], allow_blank=False, compact=True, id="inter_link"),
-                        "inter_link")
-                    for field, label in HARDWARE_INT_LABELS[2:]:
-                        yield from self._row(label, FieldInput(value=v[field], compact=True, id=field), field)
-                    yield from self._row("Host cores", FieldInput(value=v["host_cores"], compact=True,
-                                                                  id="host_cores"), "host_cores")
-            with TabPane("Training", id="tab-training"):
-                with VerticalScroll(can_focus=False):
-                    for field, label in TRAINING_INT_LABELS:
-                        yield from self._row(label, FieldInput(value=v[field], compact=True, id=field), field)
-                    yield from self._row("Precision", Select(
-                        [(k, k) for k in ("bf16", "fp16", "fp32")], value=v["precision"],
-                        allow_blank=False, compact=True, id="precision"), "precision")
-                    yield from self._row("Checkpoint", Select(
-                        [("none", "none"), ("full (every layer)", "full")], value=v["checkpointing"],
-                        allow_blank=False, compact=True, id="checkpointing"), "checkpointing")
-                    yield from self._row("Model code", Select(
-                        [("zlayout GPT", "zlayout"), ("transformers", "hf")], value=v["impl"],
-                        allow_blank=False, compact=True, id="impl"), "impl")
-                    yield from self._row("Allocator", Select(
-                        [("default", "default"), ("expandable", "expandable")], value=v["allocator"],
-                        allow_blank=False, compact=True, id="allocator"), "allocator")
+                    yield self._input("bias", TickBox("Biases", v["bias"], compact=True, id="bias"))
+                    yield self._input("tie_embeddings", TickBox("Tied embeddings", v["tie_embeddings"],
+                                                                compact=True, id="tie_embeddings"))
+            yield TabPane("Hardware", id="tab-hardware")
+            yield TabPane("Training", id="tab-training")
+        self._unmounted = {field: v[field] for field in HARDWARE_FIELDS + TRAINING_FIELDS}
 
-    @staticmethod
-    def _row(label: str, widget: Widget, field: str) -> Iterable[Widget]:
-        yield Horizontal(Label(label, classes="field-label"), widget, classes="field-row",
-                         id=f"row-{field}")
-        yield Static("", classes="field-error", id=f"error-{field}")
+    def _hardware_rows(self, v: Mapping[str, Any]) -> Iterable[Widget]:
+        yield from self._row("GPU", Select(_options(self._presets.gpus, v["gpu"]),
+                                           value=v["gpu"], allow_blank=False,
+                                           compact=True, id="gpu"), "gpu")
+        for field, label in HARDWARE_INT_LABELS[:2]:
+            yield from self._row(label, FieldInput(value=v[field], compact=True, id=field), field)
+        yield from self._row("Intra link", Select(
+            _options(self._presets.links, v["intra_link"]), value=v["intra_link"],
+            allow_blank=False, compact=True, id="intra_link"), "intra_link")
+        yield from self._row("Inter link", Select(
+            _options((NO_LINK, *self._presets.links), v["inter_link"]),
+            value=v["inter_link"], allow_blank=False, compact=True, id="inter_link"),
+            "inter_link")
+        for field, label in HARDWARE_INT_LABELS[2:]:
+            yield from self._row(label, FieldInput(value=v[field], compact=True, id=field), field)
+        yield from self._row("Host cores", FieldInput(value=v["host_cores"], compact=True,
+                                                      id="host_cores"), "host_cores")
+
+    def _training_rows(self, v: Mapping[str, Any]) -> Iterable[Widget]:
+        for field, label in TRAINING_INT_LABELS:
+            yield from self._row(label, FieldInput(value=v[field], compact=True, id=field), field)
+        yield from self._row("Precision", Select(
+            [(k, k) for k in ("bf16", "fp16", "fp32")], value=v["precision"],
+            allow_blank=False, compact=True, id="precision"), "precision")
+        yield from self._row("Checkpoint", Select(
+            [("none", "none"), ("full (every layer)", "full")], value=v["checkpointing"],
+            allow_blank=False, compact=True, id="checkpointing"), "checkpointing")
+        yield from self._row("Model code", Select(
+            [("zlayout GPT", "zlayout"), ("transformers", "hf")], value=v["impl"],
+            allow_blank=False, compact=True, id="impl"), "impl")
+        yield from self._row("Allocator", Select(
+            [("default", "default"), ("expandable", "expandable")], value=v["allocator"],
+            allow_blank=False, compact=True, id="allocator"), "allocator")
+
+    def on_mount(self) -> None:
+        self.call_after_refresh(self._mount_deferred)
+
+    async def _mount_deferred(self) -> None:
+        v = self._initial  # the values they were built with; set_values since: applied below
+        for pane_id, rows in (("tab-hardware", self._hardware_rows(v)), ("tab-training", self._training_rows(v))):
+            try:
+                await self.query_one(f"#{pane_id}", TabPane).mount(VerticalScroll(*rows, can_focus=False))
+            except MountError:
+                return  # the app quit before its first frame was followed by this
+        assert set(self._inputs) >= set(self._unmounted), "HARDWARE_FIELDS/TRAINING_FIELDS are out of date"
+        self.fields_mounted = True
+        unmounted, self._unmounted = self._unmounted, {}
+        self.set_values({field: value for field, value in unmounted.items()
+                         if value != self._initial[field]}, into_focused=True)
+        marked, self._marked = self._marked, {}
+        self.mark_errors(marked)
+
+    def _input(self, field: str, widget: Widget) -> Widget:
+        self._inputs[field] = widget
+        return widget
+
+    def _row(self, label: str, widget: Widget, field: str) -> Iterable[Widget]:
+        self._inputs[field] = widget
+        row = self._rows[field] = Horizontal(Label(label, classes="field-label"), widget,
+                                             classes="field-row", id=f"row-{field}")
+        error = self._errors[field] = Static("", classes="field-error", id=f"error-{field}")
+        yield row
+        yield error
 
     # The fields whose values make the plan input (not preset/size: those fill the others).
     FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "mlp", "norm", "bias",
@@ -393,9 +435,12 @@ class InputsPanel(Widget):
 
     def values(self) -> dict[str, Any]:
         out = {}
+        unmounted = self._unmounted
         for field in self.FIELDS + ("preset", "size"):
-            widget = self.query_one(f"#{field}")
-            value = widget.value
+            if field in unmounted:
+                out[field] = unmounted[field]
+                continue
+            value = self._inputs[field].value
             out[field] = None if value is Select.NULL else value
         return out
 
@@ -406,7 +451,10 @@ class InputsPanel(Widget):
         focused = self.app.focused
         with self.prevent(Input.Changed, Select.Changed, Checkbox.Changed):
             for field, value in values.items():
-                widget = self.query_one(f"#{field}")
+                if field in self._unmounted:
+                    self._unmounted[field] = value  # shown once its tab is mounted
+                    continue
+                widget = self._inputs[field]
                 if not into_focused and focused is not None and (
                         focused is widget or widget in focused.ancestors):
                     continue
@@ -426,10 +474,10 @@ class InputsPanel(Widget):
             return
         for field in set(errors) | set(self._marked):
             reason = errors.get(field, "")
-            if reason == self._marked.get(field, ""):
-                continue
-            self.query_one(f"#row-{field}").set_class(bool(reason), "invalid")
-            error = self.query_one(f"#error-{field}", Static)
+            if reason == self._marked.get(field, "") or field in self._unmounted:
+                continue  # unmounted: marked once its tab is mounted
+            self._rows[field].set_class(bool(reason), "invalid")
+            error = self._errors[field]
             error.update(Text(f"↳ {readable(reason)}") if reason else "")
             error.display = bool(reason)
         self._marked = dict(errors)
