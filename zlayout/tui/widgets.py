@@ -67,17 +67,18 @@ class LayoutTable(DataTable):
             self.add_column(Text(titles[key], justify="left" if key in ("stage", "opt", "param") else "right"),
                             key=key)
 
+    def _content_widths(self, cells: list[list[Text]]) -> dict[str, int]:
+        """Each column's width without padding: its widest cell or title (what DataTable
+        sizes an auto-width column to)."""
+        titles = dict(self.COLUMNS)
+        return {key: max([len(titles[key])] + [row[index].cell_len for row in cells])
+                for index, key in enumerate(self.COLUMN_KEYS)}
+
     def _width_needed(self, with_breakdown: bool) -> int:
         """Columns wide enough for every cell and title, with the cell padding on both sides."""
-        titles = dict(self.COLUMNS)
-        cells = [self._cells(row) for row in self._rows]
-        total = 0
-        for index, key in enumerate(self.COLUMN_KEYS):
-            if key in self.BREAKDOWN_KEYS and not with_breakdown:
-                continue
-            widest = max([len(titles[key])] + [cell.cell_len for cell in (c[index] for c in cells)])
-            total += widest + 2 * self.cell_padding
-        return total
+        widths = self._content_widths([self._cells(row) for row in self._rows])
+        return sum(width + 2 * self.cell_padding for key, width in widths.items()
+                   if with_breakdown or key not in self.BREAKDOWN_KEYS)
 
     def _fit(self) -> bool:
         """Show the per-term columns only when the whole table fits; True if that changed."""
@@ -103,13 +104,20 @@ class LayoutTable(DataTable):
         if self._fit() or not same_layouts:
             self._rebuild()
             return
-        # Same layouts: update the cells in place (no relayout, so typing stays smooth); a
-        # cell wider than its column widens the column.
+        # Same layouts: update the cells in place (no relayout, so typing stays smooth). When a
+        # column's widest cell changed width, rebuild instead: DataTable's own update_width
+        # re-measures the whole column for every narrower cell (thousands of measurements per
+        # plan, ~100 ms on the next idle, in front of the next keystroke).
+        cells = [self._cells(row) for row in rows]
         shown = self._shown_keys()
-        for row in rows:
-            for column, cell in zip(self.COLUMN_KEYS, self._cells(row)):
+        widths = self._content_widths(cells)
+        if any(self.columns[key].content_width != widths[key] for key in shown if key in self.columns):
+            self._rebuild()
+            return
+        for row, row_cells in zip(rows, cells):
+            for column, cell in zip(self.COLUMN_KEYS, row_cells):
                 if column in shown:
-                    self.update_cell(row.key, column, cell, update_width=True)
+                    self.update_cell(row.key, column, cell)
 
     def _rebuild(self) -> None:
         cursor_key = self.selected_key
