@@ -20,7 +20,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.reactive import reactive
-from textual.widgets import DataTable, Footer, Header, Input
+from textual.widgets import DataTable, Footer, Header, Input, TabbedContent
 
 from zlayout.spec import Layout, ModelSpec, PlanInput
 from zlayout.tui import view
@@ -181,6 +181,12 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
         panel = self.query_one(InputsPanel)
         panel.display = show
         if show:
+            # Textual may skip the Resize of the tabs when the panel reappears (its screen map was
+            # refreshed while the panel was hidden), leaving their underline under no tab;
+            # re-showing the active tab redraws it.
+            tabs = self.query_one("#input-tabs", TabbedContent)
+            if tabs.active:
+                tabs.show_tab(tabs.active)
             if self.focused is self.query_one(LayoutTable) and self._compact:
                 self.query_one("#input-tabs").query("Tabs").first().focus()
         elif self.focused is not None and panel in self.focused.ancestors:
