@@ -230,6 +230,8 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
                            f"({names}): showing the plan of the last valid inputs (dimmed)")
         elif self.plan is not None:
             status.text = view.recommendation_text(self.plan)
+        else:
+            status.text = "planning…"  # the first plan is computed after the first frame
 
     @on(PlanReady)
     def _plan_ready(self, message: PlanReady) -> None:
