@@ -20,7 +20,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.reactive import reactive
-from textual.widgets import DataTable, Footer, Header, Input, TabbedContent
+from textual.widgets import DataTable, Footer, Input, TabbedContent
 
 from zlayout.spec import Layout, ModelSpec, PlanInput
 from zlayout.tui import view
@@ -31,8 +31,8 @@ from zlayout.tui.editing import EditingMixin, PlanReady
 from zlayout.tui.fields import field_label
 from zlayout.tui.form import Presets
 from zlayout.tui.screens import DetailScreen, HelpScreen, Verifier
-from zlayout.tui.widgets import (BreakEvenPanel, ComparePanel, InputsPanel, LayoutTable, MemoryBars,
-                                 StatusLine)
+from zlayout.tui.widgets import (AppHeader, BreakEvenPanel, ComparePanel, InputsPanel, LayoutTable,
+                                 MemoryBars, StatusLine)
 
 if TYPE_CHECKING:
     from zlayout.core.plan import Plan
@@ -137,7 +137,7 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
     # -- layout -------------------------------------------------------------------------
 
     def compose(self) -> ComposeResult:
-        yield Header()
+        yield AppHeader()
         with Body(id="body"):
             yield InputsPanel(self._presets, self._panel_values(self._base_input), id="inputs")
             with Vertical(id="main"):

@@ -11,7 +11,9 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import MountError, Widget
-from textual.widgets import Checkbox, DataTable, Input, Label, Select, Static, TabbedContent, TabPane
+from textual.widgets import (Checkbox, DataTable, Header, Input, Label, Select, Static, TabbedContent,
+                             TabPane)
+from textual.widgets._header import HeaderTitle
 
 from zlayout.tui import view
 from zlayout.tui.fields import FieldInput, TickBox, readable
@@ -515,11 +517,42 @@ def _option_values(select: Select) -> list[str]:
     return [value for _, value in select._options if value is not Select.NULL]
 
 
+class _OneLineTitle(HeaderTitle):
+    """The header's title: one line whatever its text (the header sizes it), so a new subtitle
+    (the figures in it change with nearly every plan) repaints it without a relayout of the
+    whole screen, which Static.update asks for by default."""
+
+    def update(self, content: Any = "", *, layout: bool = False) -> None:
+        super().update(content, layout=False)
+
+
+class AppHeader(Header):
+    """Textual's Header with the title above."""
+
+    def compose(self) -> ComposeResult:
+        for widget in super().compose():
+            yield _OneLineTitle() if type(widget) is HeaderTitle else widget
+
+
 class StatusLine(Widget):
     """The recommendation with its whole reason (wrapped, never cut), or why the plan on
     screen is not the inputs' plan."""
 
-    text: reactive[str] = reactive("", layout=True)
+    text: reactive[str] = reactive("")
+    _lines = -1
+
+    def watch_text(self, text: str) -> None:
+        # A relayout of the whole screen only when the wrapped text changes height: the text
+        # changes with nearly every plan (its figures), its line count rarely.
+        width = self.content_region.width
+        lines = len(Text(text).wrap(self.app.console, width)) if width else -1
+        if lines != self._lines or lines < 0:
+            self._lines = lines
+            self.refresh(layout=True)
+
+    def on_resize(self) -> None:
+        self._lines = -1
+        self.watch_text(self.text)
 
     def render(self) -> Text:
         return Text(self.text)
