@@ -433,9 +433,7 @@ class InputsPanel(Widget):
         self._inputs[field] = widget
         row = self._rows[field] = Horizontal(Label(label, classes="field-label"), widget,
                                              classes="field-row", id=f"row-{field}")
-        error = self._errors[field] = Static("", classes="field-error", id=f"error-{field}")
-        yield row
-        yield error
+        yield row  # its error line is mounted below it the first time it has an error
 
     # The fields whose values make the plan input (not preset/size: those fill the others).
     FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "mlp", "norm", "bias",
@@ -486,8 +484,16 @@ class InputsPanel(Widget):
             reason = errors.get(field, "")
             if reason == self._marked.get(field, "") or field in self._unmounted:
                 continue  # unmounted: marked once its tab is mounted
-            self._rows[field].set_class(bool(reason), "invalid")
-            error = self._errors[field]
+            row = self._rows[field]
+            row.set_class(bool(reason), "invalid")
+            error = self._errors.get(field)
+            if error is None:
+                if not reason:
+                    continue
+                # built on the first error only: 25 hidden lines were a tenth of the widgets
+                # mounted before the first frame
+                error = self._errors[field] = Static("", classes="field-error", id=f"error-{field}")
+                row.parent.mount(error, after=row)
             error.update(Text(f"↳ {readable(reason)}") if reason else "")
             error.display = bool(reason)
         self._marked = dict(errors)
