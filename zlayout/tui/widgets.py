@@ -411,19 +411,21 @@ class InputsPanel(Widget):
         self.call_after_refresh(self._mount_deferred)
 
     async def _mount_deferred(self) -> None:
-        v = self._initial  # the values they were built with; set_values since: applied below
-        for pane_id, rows in (("tab-hardware", self._hardware_rows(v)), ("tab-training", self._training_rows(v))):
+        v = self._initial  # the values they are built with; set_values since: applied below
+        for pane_id, rows, fields in (("tab-hardware", self._hardware_rows(v), HARDWARE_FIELDS),
+                                      ("tab-training", self._training_rows(v), TRAINING_FIELDS)):
             try:
                 await self.query_one(f"#{pane_id}", TabPane).mount(VerticalScroll(*rows, can_focus=False))
             except MountError:
                 return  # the app quit before its first frame was followed by this
-        assert set(self._inputs) >= set(self._unmounted), "HARDWARE_FIELDS/TRAINING_FIELDS are out of date"
+            # from here on values() reads these widgets (a key typed into them counts)
+            pending = {field: self._unmounted.pop(field) for field in fields}
+            self.set_values({field: value for field, value in pending.items() if value != v[field]},
+                            into_focused=True)
+            marked, self._marked = self._marked, {}
+            self.mark_errors(marked)
+        assert not self._unmounted, "HARDWARE_FIELDS/TRAINING_FIELDS are out of date"
         self.fields_mounted = True
-        unmounted, self._unmounted = self._unmounted, {}
-        self.set_values({field: value for field, value in unmounted.items()
-                         if value != self._initial[field]}, into_focused=True)
-        marked, self._marked = self._marked, {}
-        self.mark_errors(marked)
 
     def _input(self, field: str, widget: Widget) -> Widget:
         self._inputs[field] = widget
