@@ -108,6 +108,8 @@ class EditingMixin:
         if self._first_frame_pending:
             self._first_frame_pending = False
             self._start_planning()
+            if self._planning_generation < 0:  # nothing to plan: the hidden tabs right away
+                self.query_one(InputsPanel).mount_deferred_soon()
 
     def _validate(self) -> None:
         panel = self.query_one(InputsPanel)
@@ -155,6 +157,7 @@ class EditingMixin:
         self.run_worker(work, thread=True, group="plan", exit_on_error=False)
 
     def plan_ready(self, message: PlanReady) -> None:
+        self.query_one(InputsPanel).mount_deferred_soon()  # after the first plan (see there)
         if message.generation != self._generation:
             if message.generation == self._planning_generation:
                 self._planning_generation = -1

@@ -407,8 +407,18 @@ class InputsPanel(Widget):
             [("default", "default"), ("expandable", "expandable")], value=v["allocator"],
             allow_blank=False, compact=True, id="allocator"), "allocator")
 
+    _mount_scheduled = False
+
     def on_mount(self) -> None:
-        self.call_after_refresh(self._mount_deferred)
+        self.set_timer(2.0, self.mount_deferred_soon)  # in case the first plan never comes
+
+    def mount_deferred_soon(self) -> None:
+        """Mount the Hardware and Training tabs after the next refresh (the app calls this
+        once the first plan is on screen: mounting them while the first plan is computed made
+        both slower, the planning thread and the mounting sharing the interpreter)."""
+        if not self._mount_scheduled:
+            self._mount_scheduled = True
+            self.call_after_refresh(self._mount_deferred)
 
     async def _mount_deferred(self) -> None:
         v = self._initial  # the values they are built with; set_values since: applied below
