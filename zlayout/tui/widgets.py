@@ -325,8 +325,9 @@ class InputsPanel(Widget):
     when the user edits a field; the app turns the values into a plan input.
 
     Only the Model tab is built before the first frame: the Hardware and Training tabs (two
-    thirds of the widgets, seven of the ten selects) are built and mounted right after it,
-    since mounting them was most of the time to the first frame. Until then their values
+    thirds of the widgets, seven of the ten selects) are built and mounted once the first
+    plan is on screen (`mount_deferred_soon`), since mounting them was most of the time to the
+    first frame. Until then their values
     are the initial ones, or those `set_values` gave them (`values()` reads those), and
     `fields_mounted` is False (the app counts its plan as pending)."""
 
