@@ -3,9 +3,12 @@
     python benchmarks/tui_startup.py [--runs 5] [--keys 20]
 
 1. Start-up: a fresh `python` process imports zlayout's app and runs it headless at 160x48;
-   the time from process start to Textual's Ready event (the first frame has been displayed),
-   and to the first plan on screen (planned in a worker after the first frame), median of --runs. Target: under 1 s on a 2-core login node. It also prints whether torch
-   or deepspeed got imported (they must not be: only the verification worker imports them).
+   the time from process start to Textual's Ready event (the first frame has been displayed:
+   the form's Model tab with its values, the status line saying "planning…"), and to the
+   first plan on screen (the planner imported and run in a worker after the first frame;
+   the Hardware and Training tabs are mounted after that), median of --runs. Target: under
+   1 s on a 2-core login node. It also prints whether torch or deepspeed got imported (they
+   must not be: only the verification worker imports them).
 2. Per keystroke, in one process at 160x48, typing into the sequence-length field:
    - keystroke to frame: the key posted as the driver posts it, handled (the field shows it,
      the inputs validated) and the

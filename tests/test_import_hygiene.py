@@ -54,3 +54,11 @@ def test_planning_from_a_config_json_stays_free_of_transformers():
             f"    assert main(['plan', '--hf-config', {str(config)!r}, '--json']) == 0\n")
     loaded = modules_after_import("zlayout", code)
     assert not {"torch", "deepspeed", "transformers"} & loaded
+
+
+def test_the_app_module_leaves_the_planner_for_after_the_first_frame():
+    """The app's first frame needs only the form: the planner (zlayout.core) is imported by
+    the first planning worker, and pygments only when a layout's detail is opened."""
+    loaded = modules_after_import("zlayout.tui.app")
+    assert not {m for m in loaded if m.startswith("zlayout.core")}
+    assert "pygments" not in loaded and "rich.syntax" not in loaded

@@ -421,6 +421,12 @@ def _path_error(exc: OSError) -> UsageError:
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
+        if not (sys.argv[1:] if argv is None else argv):
+            # plain `zlayout`: the app, without building the parser first (it imports every
+            # subcommand and the planner: ~300 ms before the app's first frame)
+            from zlayout.tui.app import run_app
+
+            return run_app()
         parser = build_parser()
         args = parser.parse_args(argv)
         if args.command is None:

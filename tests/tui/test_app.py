@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
-from textual.widgets import Input, Log, Static
+from textual.widgets import Input, Log, Select, Static
 
 from tui_fakes import FakeVerifier, fixed_input, settle, stub_planner
 from zlayout.core.plan import make_plan
@@ -860,3 +860,24 @@ async def test_load_takes_a_hugging_face_config_json(tmp_path):
         assert app.plan.input.model.params == load_config(model_dir).params
         assert app.plan.input.model.layers == 6 and app.plan.input.training.impl == "hf"
         assert app.plan.input.hardware == hardware
+
+
+async def test_inputs_loaded_before_the_hidden_tabs_are_mounted_reach_them():
+    """The Hardware and Training tabs are mounted after the first frame; inputs loaded before
+    that (a profile, undo) are what those fields show once mounted, and what gets planned."""
+    original = fixed_input()
+    changed = original.model_copy(update={
+        "hardware": original.hardware.model_copy(update={"gpus_per_node": 4, "nodes": 2}),
+        "training": original.training.model_copy(update={"seq": 2048, "checkpointing": "full"}),
+    })
+    app = make_app()
+    async with app.run_test(size=WIDE) as pilot:
+        panel = app.query_one(InputsPanel)
+        assert not panel.fields_mounted and app.plan_pending  # the first frame: Model tab only
+        app.load_input(changed)
+        await settle(pilot)
+        assert panel.fields_mounted
+        assert app.query_one("#seq", Input).value == "2048"
+        assert app.query_one("#gpus_per_node", Input).value == "4"
+        assert app.query_one("#checkpointing", Select).value == "full"
+        assert app.plan.input == changed

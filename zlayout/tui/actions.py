@@ -10,15 +10,17 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from zlayout.core.plan import LayoutPlan, Plan
 from zlayout.spec import Layout
 from zlayout.tui import view
 from zlayout.tui.backends import (ProfileIO, cli_verifier, default_profile_io, verification_missing,
                                   verify_flags)
 from zlayout.tui.fields import field_label
 from zlayout.tui.screens import ConfirmScreen, PathScreen, VerifyOptions, VerifyOptionsScreen, VerifyScreen
+
+if TYPE_CHECKING:  # the planner is imported after the app's first frame
+    from zlayout.core.plan import LayoutPlan, Plan
 
 
 def why_it_does_not_fit(lp: LayoutPlan) -> str:

@@ -13,16 +13,15 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from textual import on
+from textual import events, on
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.reactive import reactive
-from textual.widgets import DataTable, Footer, Header, Input
+from textual.widgets import DataTable, Footer, Input, TabbedContent
 
-from zlayout.core.plan import Plan, make_plan
 from zlayout.spec import Layout, ModelSpec, PlanInput
 from zlayout.tui import view
 from zlayout.tui.actions import LayoutActionsMixin
@@ -32,12 +31,23 @@ from zlayout.tui.editing import EditingMixin, PlanReady
 from zlayout.tui.fields import field_label
 from zlayout.tui.form import Presets
 from zlayout.tui.screens import DetailScreen, HelpScreen, Verifier
-from zlayout.tui.widgets import (BreakEvenPanel, ComparePanel, InputsPanel, LayoutTable, MemoryBars,
-                                 StatusLine)
+from zlayout.tui.widgets import (AppHeader, BreakEvenPanel, ComparePanel, InputsPanel, LayoutTable,
+                                 MemoryBars, StatusLine)
 
-Planner = Callable[[PlanInput], Plan]
+if TYPE_CHECKING:
+    from zlayout.core.plan import Plan
+
+Planner = Callable[[PlanInput], "Plan"]
 CrossoverFinder = Callable[[PlanInput], Sequence[Any]]
 STATE_DUMP_ENV = "ZLAYOUT_STATE_DUMP"  # a file path: f12 writes the app's state there (tests)
+
+
+# The planner is imported by the first planning worker, after the first frame: importing it
+# (catalog tables, every estimator) is not on the way to the first screen.
+def _core_plan(inp: PlanInput) -> Plan:
+    from zlayout.core.plan import make_plan
+
+    return make_plan(inp)
 
 
 def _core_crossovers(inp: PlanInput) -> Sequence[Any]:
@@ -101,7 +111,7 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
     pinned: reactive[Plan | None] = reactive(None, init=False)
     show_inputs: reactive[bool] = reactive(True, init=False)
 
-    def __init__(self, initial: PlanInput | None = None, planner: Planner = make_plan,
+    def __init__(self, initial: PlanInput | None = None, planner: Planner = _core_plan,
                  verifier: Verifier | None = None, profile_io: ProfileIO | None = None,
                  presets: Presets | None = None, crossovers: CrossoverFinder | None = _core_crossovers,
                  cursor_blink: bool = True) -> None:
@@ -127,7 +137,7 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
     # -- layout -------------------------------------------------------------------------
 
     def compose(self) -> ComposeResult:
-        yield Header()
+        yield AppHeader()
         with Body(id="body"):
             yield InputsPanel(self._presets, self._panel_values(self._base_input), id="inputs")
             with Vertical(id="main"):
@@ -147,8 +157,12 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
         if not self.cursor_blink:
             for field in self.query(Input):
                 field.cursor_blink = False
-        self.plan_now()
+        self.plan_after_first_frame()
         self.query_one(LayoutTable).focus()
+
+    @on(events.Ready)
+    def _first_frame(self) -> None:
+        self.first_frame_shown()
 
     def on_resize(self) -> None:
         self.terminal_resized()
@@ -167,6 +181,12 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
         panel = self.query_one(InputsPanel)
         panel.display = show
         if show:
+            # Textual may skip the Resize of the tabs when the panel reappears (its screen map was
+            # refreshed while the panel was hidden), leaving their underline under no tab;
+            # re-showing the active tab redraws it.
+            tabs = self.query_one("#input-tabs", TabbedContent)
+            if tabs.active:
+                tabs.show_tab(tabs.active)
             if self.focused is self.query_one(LayoutTable) and self._compact:
                 self.query_one("#input-tabs").query("Tabs").first().focus()
         elif self.focused is not None and panel in self.focused.ancestors:
@@ -210,6 +230,8 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
                            f"({names}): showing the plan of the last valid inputs (dimmed)")
         elif self.plan is not None:
             status.text = view.recommendation_text(self.plan)
+        else:
+            status.text = "planning…"  # the first plan is computed after the first frame
 
     @on(PlanReady)
     def _plan_ready(self, message: PlanReady) -> None:

@@ -17,11 +17,13 @@ import threading
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
-from zlayout.core.plan import Plan
 from zlayout.spec import GiB, Layout, PlanInput, offload_flag
 from zlayout.tui.form import Presets
+
+if TYPE_CHECKING:  # the planner is imported after the app's first frame
+    from zlayout.core.plan import Plan
 
 
 @dataclass(frozen=True, slots=True)

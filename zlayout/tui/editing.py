@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from textual.message import Message
 
-from zlayout.core.plan import Plan
 from zlayout.spec import ModelSpec, PlanInput
 from zlayout.tui.form import FormInvalid, form_values, plan_input_from_form
 from zlayout.tui.widgets import InputsPanel
+
+if TYPE_CHECKING:  # the planner is imported by the first planning worker, after the first frame
+    from zlayout.core.plan import Plan
 
 PLAN_DEBOUNCE_S = 0.05  # keys closer than this are one edit: only the last state is planned
 UNDO_DEPTH = 100
@@ -60,6 +62,7 @@ class EditingMixin:
         self._generation = 0  # bumped by every edit; a plan for an older one is dropped
         self._planning_generation = -1  # the edit a worker is planning now (-1: none)
         self._plan_timer = None
+        self._first_frame_pending = False  # planning waits for the first frame (see plan_after_first_frame)
         self._history: list[InputState] = []
         self.recompute_s = 0.0  # the last planning time, for benchmarks/tui_startup.py
 
@@ -69,12 +72,14 @@ class EditingMixin:
     def plan_pending(self) -> bool:
         """True while the fields' plan is not on screen yet: edits not yet seen (their
         Changed messages are queued), the pause not yet over, or the worker still planning."""
-        if self._plan_timer is not None or self._planning_generation >= 0:
+        if self._plan_timer is not None or self._planning_generation >= 0 or self._first_frame_pending:
             return True
-        return self.query_one(InputsPanel).values() != self._shown_values
+        panel = self.query_one(InputsPanel)
+        return not panel.fields_mounted or panel.values() != self._shown_values
 
     def inputs_edited(self) -> None:
         """Validate the fields now; plan them once the keys pause."""
+        self._first_frame_pending = False
         self._generation += 1
         self._validate()
         if self._plan_timer is not None:
@@ -82,13 +87,29 @@ class EditingMixin:
         self._plan_timer = self.set_timer(PLAN_DEBOUNCE_S, self._start_planning)
 
     def plan_now(self) -> None:
-        """Plan the fields without waiting for a pause (start-up, load, undo)."""
+        """Plan the fields without waiting for a pause (load, undo)."""
+        self._first_frame_pending = False
         self._generation += 1
         self._validate()
         if self._plan_timer is not None:
             self._plan_timer.stop()
             self._plan_timer = None
         self._start_planning()
+
+    def plan_after_first_frame(self) -> None:
+        """At start-up: validate the fields now (the first frame marks a bad one) and plan them
+        once the first frame is on screen (`first_frame_shown`). The planning thread (and the
+        planner's import) would otherwise share the interpreter with building that frame."""
+        self._generation += 1
+        self._validate()
+        self._first_frame_pending = True
+
+    def first_frame_shown(self) -> None:
+        if self._first_frame_pending:
+            self._first_frame_pending = False
+            self._start_planning()
+            if self._planning_generation < 0:  # nothing to plan: the hidden tabs right away
+                self.query_one(InputsPanel).mount_deferred_soon()
 
     def _validate(self) -> None:
         panel = self.query_one(InputsPanel)
@@ -136,6 +157,7 @@ class EditingMixin:
         self.run_worker(work, thread=True, group="plan", exit_on_error=False)
 
     def plan_ready(self, message: PlanReady) -> None:
+        self.query_one(InputsPanel).mount_deferred_soon()  # after the first plan (see there)
         if message.generation != self._generation:
             if message.generation == self._planning_generation:
                 self._planning_generation = -1

@@ -10,9 +10,8 @@ import json
 import re
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 from textual import on, work
@@ -24,10 +23,12 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Log, ProgressBar, Static
 from textual.worker import Worker, WorkerState, get_current_worker
 
-from zlayout.core.plan import LayoutPlan
 from zlayout.spec import Layout, PlanInput
 from zlayout.tui import view
 from zlayout.tui.fields import FieldInput
+
+if TYPE_CHECKING:  # the planner is imported after the app's first frame
+    from zlayout.core.plan import LayoutPlan
 
 OK_STATUSES = ("validated", "cpu-ok")  # zlayout verify's statuses of a run that passed
 
@@ -48,6 +49,8 @@ class DetailScreen(ModalScreen[None]):
         self.ds_config_json = json.dumps(ds_config, indent=2)
 
     def compose(self) -> ComposeResult:
+        from rich.syntax import Syntax  # pygments: ~30 ms, only when a detail is opened
+
         lp = self._layout_plan
         mem = lp.memory
         with Vertical(id="detail", classes="dialog"):

@@ -7,11 +7,13 @@ here means it is tested without an app, and the app cannot drift from the core's
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-from zlayout.core.memory import MemoryEstimate, MemoryTerm
-from zlayout.core.plan import LayoutPlan, Plan
 from zlayout.spec import GiB, Layout
+
+if TYPE_CHECKING:  # the app draws its first frame before the planner is imported
+    from zlayout.core.memory import MemoryEstimate, MemoryTerm
+    from zlayout.core.plan import LayoutPlan, Plan
 
 # The per-GPU columns of the table and the segments of the bar chart, in stacking order.
 MEMORY_COLUMNS: tuple[tuple[str, str], ...] = (

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from rich.text import Text
 from textual import on
@@ -10,13 +10,17 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, VerticalScroll
 from textual.message import Message
 from textual.reactive import reactive
-from textual.widget import Widget
-from textual.widgets import Checkbox, DataTable, Input, Label, Select, Static, TabbedContent, TabPane
+from textual.widget import MountError, Widget
+from textual.widgets import (Checkbox, DataTable, Header, Input, Label, Select, Static, TabbedContent,
+                             TabPane)
+from textual.widgets._header import HeaderTitle
 
-from zlayout.core.plan import Plan
 from zlayout.tui import view
 from zlayout.tui.fields import FieldInput, TickBox, readable
 from zlayout.tui.form import NO_LINK, Presets
+
+if TYPE_CHECKING:  # the planner is imported after the first frame
+    from zlayout.core.plan import Plan
 
 CATEGORY_STYLES = {
     "params": "#5f87ff",
@@ -65,17 +69,18 @@ class LayoutTable(DataTable):
             self.add_column(Text(titles[key], justify="left" if key in ("stage", "opt", "param") else "right"),
                             key=key)
 
+    def _content_widths(self, cells: list[list[Text]]) -> dict[str, int]:
+        """Each column's width without padding: its widest cell or title (what DataTable
+        sizes an auto-width column to)."""
+        titles = dict(self.COLUMNS)
+        return {key: max([len(titles[key])] + [row[index].cell_len for row in cells])
+                for index, key in enumerate(self.COLUMN_KEYS)}
+
     def _width_needed(self, with_breakdown: bool) -> int:
         """Columns wide enough for every cell and title, with the cell padding on both sides."""
-        titles = dict(self.COLUMNS)
-        cells = [self._cells(row) for row in self._rows]
-        total = 0
-        for index, key in enumerate(self.COLUMN_KEYS):
-            if key in self.BREAKDOWN_KEYS and not with_breakdown:
-                continue
-            widest = max([len(titles[key])] + [cell.cell_len for cell in (c[index] for c in cells)])
-            total += widest + 2 * self.cell_padding
-        return total
+        widths = self._content_widths([self._cells(row) for row in self._rows])
+        return sum(width + 2 * self.cell_padding for key, width in widths.items()
+                   if with_breakdown or key not in self.BREAKDOWN_KEYS)
 
     def _fit(self) -> bool:
         """Show the per-term columns only when the whole table fits; True if that changed."""
@@ -101,13 +106,20 @@ class LayoutTable(DataTable):
         if self._fit() or not same_layouts:
             self._rebuild()
             return
-        # Same layouts: update the cells in place (no relayout, so typing stays smooth); a
-        # cell wider than its column widens the column.
+        # Same layouts: update the cells in place (no relayout, so typing stays smooth). When a
+        # column's widest cell changed width, rebuild instead: DataTable's own update_width
+        # re-measures the whole column for every narrower cell (thousands of measurements per
+        # plan, ~100 ms on the next idle, in front of the next keystroke).
+        cells = [self._cells(row) for row in rows]
         shown = self._shown_keys()
-        for row in rows:
-            for column, cell in zip(self.COLUMN_KEYS, self._cells(row)):
+        widths = self._content_widths(cells)
+        if any(self.columns[key].content_width != widths[key] for key in shown if key in self.columns):
+            self._rebuild()
+            return
+        for row, row_cells in zip(rows, cells):
+            for column, cell in zip(self.COLUMN_KEYS, row_cells):
                 if column in shown:
-                    self.update_cell(row.key, column, cell, update_width=True)
+                    self.update_cell(row.key, column, cell)
 
     def _rebuild(self) -> None:
         cursor_key = self.selected_key
@@ -302,11 +314,22 @@ HARDWARE_INT_LABELS = (("gpus_per_node", "GPUs/node"), ("nodes", "Nodes"),
                        ("host_ram_gib", "Host RAM GiB"), ("nvme_gib", "NVMe GiB"))
 TRAINING_INT_LABELS = (("seq", "Sequence"), ("micro_batch", "Micro-batch"),
                        ("grad_accum", "Grad accum"))
+# The fields of the tabs built after the first frame.
+HARDWARE_FIELDS = ("gpu", "gpus_per_node", "nodes", "intra_link", "inter_link", "host_ram_gib",
+                   "nvme_gib", "host_cores")
+TRAINING_FIELDS = ("seq", "micro_batch", "grad_accum", "precision", "checkpointing", "impl", "allocator")
 
 
 class InputsPanel(Widget):
     """Model, hardware and training inputs in three tabs. Posts `InputsPanel.Changed(field)`
-    when the user edits a field; the app turns the values into a plan input."""
+    when the user edits a field; the app turns the values into a plan input.
+
+    Only the Model tab is built before the first frame: the Hardware and Training tabs (two
+    thirds of the widgets, seven of the ten selects) are built and mounted once the first
+    plan is on screen (`mount_deferred_soon`), since mounting them was most of the time to the
+    first frame. Until then their values
+    are the initial ones, or those `set_values` gave them (`values()` reads those), and
+    `fields_mounted` is False (the app counts its plan as pending)."""
 
     class Changed(Message):
         def __init__(self, field: str) -> None:
@@ -318,6 +341,11 @@ class InputsPanel(Widget):
         self._presets = presets
         self._initial = dict(values)
         self._marked: dict[str, str] = {}
+        self._rows: dict[str, Widget] = {}  # field -> its row, its error line, its input
+        self._errors: dict[str, Static] = {}
+        self._inputs: dict[str, Widget] = {}
+        self._unmounted: dict[str, Any] = {}  # the values of the fields not mounted yet
+        self.fields_mounted = False
 
     def compose(self) -> ComposeResult:
         v = self._initial
@@ -339,49 +367,86 @@ class InputsPanel(Widget):
                     yield from self._row("Norm", Select([(k, k) for k in ("layernorm", "rmsnorm")],
                                                         value=v["norm"], allow_blank=False,
                                                         compact=True, id="norm"), "norm")
-                    yield TickBox("Biases", v["bias"], compact=True, id="bias")
-                    yield TickBox("Tied embeddings", v["tie_embeddings"], compact=True,
-                                   id="tie_embeddings")
-            with TabPane("Hardware", id="tab-hardware"):
-                with VerticalScroll(can_focus=False):
-                    yield from self._row("GPU", Select(_options(self._presets.gpus, v["gpu"]),
-                                                       value=v["gpu"], allow_blank=False,
-                                                       compact=True, id="gpu"), "gpu")
-                    for field, label in HARDWARE_INT_LABELS[:2]:
-                        yield from self._row(label, FieldInput(value=v[field], compact=True, id=field), field)
-                    yield from self._row("Intra link", Select(
-                        _options(self._presets.links, v["intra_link"]), value=v["intra_link"],
-                        allow_blank=False, compact=True, id="intra_link"), "intra_link")
-                    yield from self._row("Inter link", Select(
-                        _options((NO_LINK, *self._presets.links), v["inter_link"]),
-                        value=v["inter_link"], allow_blank=False, compact=True, id="inter_link"),
-                        "inter_link")
-                    for field, label in HARDWARE_INT_LABELS[2:]:
-                        yield from self._row(label, FieldInput(value=v[field], compact=True, id=field), field)
-                    yield from self._row("Host cores", FieldInput(value=v["host_cores"], compact=True,
-                                                                  id="host_cores"), "host_cores")
-            with TabPane("Training", id="tab-training"):
-                with VerticalScroll(can_focus=False):
-                    for field, label in TRAINING_INT_LABELS:
-                        yield from self._row(label, FieldInput(value=v[field], compact=True, id=field), field)
-                    yield from self._row("Precision", Select(
-                        [(k, k) for k in ("bf16", "fp16", "fp32")], value=v["precision"],
-                        allow_blank=False, compact=True, id="precision"), "precision")
-                    yield from self._row("Checkpoint", Select(
-                        [("none", "none"), ("full (every layer)", "full")], value=v["checkpointing"],
-                        allow_blank=False, compact=True, id="checkpointing"), "checkpointing")
-                    yield from self._row("Model code", Select(
-                        [("zlayout GPT", "zlayout"), ("transformers", "hf")], value=v["impl"],
-                        allow_blank=False, compact=True, id="impl"), "impl")
-                    yield from self._row("Allocator", Select(
-                        [("default", "default"), ("expandable", "expandable")], value=v["allocator"],
-                        allow_blank=False, compact=True, id="allocator"), "allocator")
+                    yield self._input("bias", TickBox("Biases", v["bias"], compact=True, id="bias"))
+                    yield self._input("tie_embeddings", TickBox("Tied embeddings", v["tie_embeddings"],
+                                                                compact=True, id="tie_embeddings"))
+            yield TabPane("Hardware", id="tab-hardware")
+            yield TabPane("Training", id="tab-training")
+        self._unmounted = {field: v[field] for field in HARDWARE_FIELDS + TRAINING_FIELDS}
 
-    @staticmethod
-    def _row(label: str, widget: Widget, field: str) -> Iterable[Widget]:
-        yield Horizontal(Label(label, classes="field-label"), widget, classes="field-row",
-                         id=f"row-{field}")
-        yield Static("", classes="field-error", id=f"error-{field}")
+    def _hardware_rows(self, v: Mapping[str, Any]) -> Iterable[Widget]:
+        yield from self._row("GPU", Select(_options(self._presets.gpus, v["gpu"]),
+                                           value=v["gpu"], allow_blank=False,
+                                           compact=True, id="gpu"), "gpu")
+        for field, label in HARDWARE_INT_LABELS[:2]:
+            yield from self._row(label, FieldInput(value=v[field], compact=True, id=field), field)
+        yield from self._row("Intra link", Select(
+            _options(self._presets.links, v["intra_link"]), value=v["intra_link"],
+            allow_blank=False, compact=True, id="intra_link"), "intra_link")
+        yield from self._row("Inter link", Select(
+            _options((NO_LINK, *self._presets.links), v["inter_link"]),
+            value=v["inter_link"], allow_blank=False, compact=True, id="inter_link"),
+            "inter_link")
+        for field, label in HARDWARE_INT_LABELS[2:]:
+            yield from self._row(label, FieldInput(value=v[field], compact=True, id=field), field)
+        yield from self._row("Host cores", FieldInput(value=v["host_cores"], compact=True,
+                                                      id="host_cores"), "host_cores")
+
+    def _training_rows(self, v: Mapping[str, Any]) -> Iterable[Widget]:
+        for field, label in TRAINING_INT_LABELS:
+            yield from self._row(label, FieldInput(value=v[field], compact=True, id=field), field)
+        yield from self._row("Precision", Select(
+            [(k, k) for k in ("bf16", "fp16", "fp32")], value=v["precision"],
+            allow_blank=False, compact=True, id="precision"), "precision")
+        yield from self._row("Checkpoint", Select(
+            [("none", "none"), ("full (every layer)", "full")], value=v["checkpointing"],
+            allow_blank=False, compact=True, id="checkpointing"), "checkpointing")
+        yield from self._row("Model code", Select(
+            [("zlayout GPT", "zlayout"), ("transformers", "hf")], value=v["impl"],
+            allow_blank=False, compact=True, id="impl"), "impl")
+        yield from self._row("Allocator", Select(
+            [("default", "default"), ("expandable", "expandable")], value=v["allocator"],
+            allow_blank=False, compact=True, id="allocator"), "allocator")
+
+    _mount_scheduled = False
+
+    def on_mount(self) -> None:
+        self.set_timer(2.0, self.mount_deferred_soon)  # in case the first plan never comes
+
+    def mount_deferred_soon(self) -> None:
+        """Mount the Hardware and Training tabs after the next refresh (the app calls this
+        once the first plan is on screen: mounting them while the first plan is computed made
+        both slower, the planning thread and the mounting sharing the interpreter)."""
+        if not self._mount_scheduled:
+            self._mount_scheduled = True
+            self.call_after_refresh(self._mount_deferred)
+
+    async def _mount_deferred(self) -> None:
+        v = self._initial  # the values they are built with; set_values since: applied below
+        for pane_id, rows, fields in (("tab-hardware", self._hardware_rows(v), HARDWARE_FIELDS),
+                                      ("tab-training", self._training_rows(v), TRAINING_FIELDS)):
+            try:
+                await self.query_one(f"#{pane_id}", TabPane).mount(VerticalScroll(*rows, can_focus=False))
+            except MountError:
+                return  # the app quit before its first frame was followed by this
+            # from here on values() reads these widgets (a key typed into them counts)
+            pending = {field: self._unmounted.pop(field) for field in fields}
+            self.set_values({field: value for field, value in pending.items() if value != v[field]},
+                            into_focused=True)
+            marked, self._marked = self._marked, {}
+            self.mark_errors(marked)
+        assert not self._unmounted, "HARDWARE_FIELDS/TRAINING_FIELDS are out of date"
+        self.fields_mounted = True
+
+    def _input(self, field: str, widget: Widget) -> Widget:
+        self._inputs[field] = widget
+        return widget
+
+    def _row(self, label: str, widget: Widget, field: str) -> Iterable[Widget]:
+        self._inputs[field] = widget
+        row = self._rows[field] = Horizontal(Label(label, classes="field-label"), widget,
+                                             classes="field-row", id=f"row-{field}")
+        yield row  # its error line is mounted below it the first time it has an error
 
     # The fields whose values make the plan input (not preset/size: those fill the others).
     FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "mlp", "norm", "bias",
@@ -391,9 +456,12 @@ class InputsPanel(Widget):
 
     def values(self) -> dict[str, Any]:
         out = {}
+        unmounted = self._unmounted
         for field in self.FIELDS + ("preset", "size"):
-            widget = self.query_one(f"#{field}")
-            value = widget.value
+            if field in unmounted:
+                out[field] = unmounted[field]
+                continue
+            value = self._inputs[field].value
             out[field] = None if value is Select.NULL else value
         return out
 
@@ -404,7 +472,10 @@ class InputsPanel(Widget):
         focused = self.app.focused
         with self.prevent(Input.Changed, Select.Changed, Checkbox.Changed):
             for field, value in values.items():
-                widget = self.query_one(f"#{field}")
+                if field in self._unmounted:
+                    self._unmounted[field] = value  # shown once its tab is mounted
+                    continue
+                widget = self._inputs[field]
                 if not into_focused and focused is not None and (
                         focused is widget or widget in focused.ancestors):
                     continue
@@ -424,10 +495,18 @@ class InputsPanel(Widget):
             return
         for field in set(errors) | set(self._marked):
             reason = errors.get(field, "")
-            if reason == self._marked.get(field, ""):
-                continue
-            self.query_one(f"#row-{field}").set_class(bool(reason), "invalid")
-            error = self.query_one(f"#error-{field}", Static)
+            if reason == self._marked.get(field, "") or field in self._unmounted:
+                continue  # unmounted: marked once its tab is mounted
+            row = self._rows[field]
+            row.set_class(bool(reason), "invalid")
+            error = self._errors.get(field)
+            if error is None:
+                if not reason:
+                    continue
+                # built on the first error only: 25 hidden lines were a tenth of the widgets
+                # mounted before the first frame
+                error = self._errors[field] = Static("", classes="field-error", id=f"error-{field}")
+                row.parent.mount(error, after=row)
             error.update(Text(f"↳ {readable(reason)}") if reason else "")
             error.display = bool(reason)
         self._marked = dict(errors)
@@ -457,11 +536,42 @@ def _option_values(select: Select) -> list[str]:
     return [value for _, value in select._options if value is not Select.NULL]
 
 
+class _OneLineTitle(HeaderTitle):
+    """The header's title: one line whatever its text (the header sizes it), so a new subtitle
+    (the figures in it change with nearly every plan) repaints it without a relayout of the
+    whole screen, which Static.update asks for by default."""
+
+    def update(self, content: Any = "", *, layout: bool = False) -> None:
+        super().update(content, layout=False)
+
+
+class AppHeader(Header):
+    """Textual's Header with the title above."""
+
+    def compose(self) -> ComposeResult:
+        for widget in super().compose():
+            yield _OneLineTitle() if type(widget) is HeaderTitle else widget
+
+
 class StatusLine(Widget):
     """The recommendation with its whole reason (wrapped, never cut), or why the plan on
     screen is not the inputs' plan."""
 
-    text: reactive[str] = reactive("", layout=True)
+    text: reactive[str] = reactive("")
+    _lines = -1
+
+    def watch_text(self, text: str) -> None:
+        # A relayout of the whole screen only when the wrapped text changes height: the text
+        # changes with nearly every plan (its figures), its line count rarely.
+        width = self.content_region.width
+        lines = len(Text(text).wrap(self.app.console, width)) if width else -1
+        if lines != self._lines or lines < 0:
+            self._lines = lines
+            self.refresh(layout=True)
+
+    def on_resize(self) -> None:
+        self._lines = -1
+        self.watch_text(self.text)
 
     def render(self) -> Text:
         return Text(self.text)
