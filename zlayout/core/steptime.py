@@ -1,30 +1,35 @@
-"""Step time per layout: compute from FLOPs, the communication that cannot hide, the offload.
+"""Step time per layout: the passes' GPU work and host overheads, the communication that cannot
+hide, the offload.
 
-A roofline-style model with a handful of constants, each calibrated on the H200 measurements
-(`benchmarks/steptime_accuracy.py` prints the error on every measured layout):
+The GPU-resident step is modelled phase by phase, as `zlayout verify` times it (forward, backward,
+optimizer); `micro_step_work` counts what each pass of a micro-step does and a handful of
+constants, fitted by `benchmarks/steptime_fit.py` on the measured phases (docs/tradeoffs.md:
+the values, the evidence, in-sample, leave-one-out and held-out errors), price it:
 
-- Compute: matmul FLOPs (6 per parameter per token, 8 with full checkpointing's recompute)
-  over the GPU's peak times the GEMMs' achieved efficiency, plus attention's (12*layers*
-  hidden*seq per token for forward+backward, 16 recomputed; the causal flash kernel skips
-  the masked half of the blocks) at the attention kernels' (much lower) achieved efficiency,
-  plus a time per step for DeepSpeed's engine and the Python around the kernels (a fixed part
-  and a part per parameter tensor).
-- Transformers classes (`impl = "hf"`): their unfused RMSNorm and rotary kernels, priced by
-  the HBM bytes they move; their MoE blocks' Python loop over the experts, a time per visit.
-- The GPU-side optimizer and gradient bookkeeping: memory-bound passes over HBM, at the
-  (lower) rate the optimizer's kernels reach.
+- GEMMs: 2 FLOPs per active block and head parameter per token forward, twice that backward,
+  the blocks' forward again with full checkpointing (the head is never recomputed), at an
+  efficiency that grows with the hidden size (`GEMM_EFFICIENCY` * h / (h + `GEMM_HALF_WIDTH`));
+  the head's GEMMs much slower when the vocabulary is not a multiple of 8.
+- Flash attention: 4 x layers x q width x seq FLOPs per token forward, halved by the causal
+  kernel, at `ATTENTION_EFFICIENCY`; backward 2.5 forwards, the recompute one more.
+- Elementwise, norm, activation, rotary, loss and gradient-bookkeeping work: counted HBM bytes at
+  80% of the HBM bandwidth; transformers classes (`impl = "hf"`) add their unfused RMSNorm,
+  rotary and repeat_kv bytes.
+- Host overheads: a time per kernel launched (kernels counted per block: transformers classes
+  launch about three times as many, and their MoE blocks loop over the experts), and stage 3's
+  hooks per module per pass (forward, backward, the recompute's forward).
+- The optimizer phase: the GPU optimizer's HBM passes over the rank's partition at the
+  (lower) rate its kernels reach, the engine's Python per parameter tensor (stages 0-2) and per
+  step; offloaded, the CPU optimizer below.
 - Communication: each collective's bytes over the bus bandwidth of the link it crosses
   (intra- vs inter-node, the slower share paces the ring), plus a latency per ring step.
   What overlaps: stage 1-3 gradient reductions run in the backward hooks on a side stream
   with overlap_comm, hidden behind the backward pass except the last bucket; stage 3's
   prefetch hides part of the parameter all-gathers behind forward and backward; stage 0's
   all-reduce and stage 1-2's post-step all-gather are fully exposed.
-- Stage 3's per-module hooks (fetch, release, partition) cost a fixed time per fetch, in each
-  pass (forward, backward, and the recompute's forward with checkpointing).
-- The large-vocabulary loss: the head's logits matmul is in the FLOPs (6 per head parameter
-  per token, never recomputed: checkpointing wraps the blocks); the softmax/cross-entropy
-  passes over tokens x vocab (a bf16 slice copy, the fp32 cast, log-softmax and its backward)
-  are memory-bound: bytes per logit over HBM bandwidth.
+- The large-vocabulary loss: the head's logits matmul is in the GEMMs (never recomputed:
+  checkpointing wraps the blocks); the softmax/cross-entropy passes over tokens x vocab (a bf16
+  slice copy, the fp32 cast, log-softmax and its backward) are memory-bound: bytes per logit.
 - Offload: PCIe copies at the GPU's achieved host<->device bandwidth (gradients going down
   overlap with backward, parameters coming up after the step do not); the CPU optimizer
   step (DeepSpeedCPUAdam plus gradient clipping and the fp32->bf16 cast) per parameter at
@@ -33,7 +38,8 @@ A roofline-style model with a handful of constants, each calibrated on the H200 
   faster than the node's host memory bandwidth shared by its GPUs allows; NVMe reads and
   writes at the node's NVMe bandwidth, not overlapped.
 - A calibration (`PlanInput.calibration`, from `zlayout calibrate`) scales the four groups
-  of parts: GPU kernels, Python overheads, the CPU optimizer, exposed transfers.
+  of parts: GPU kernels, Python overheads (launches, hooks, the per-step part), the CPU
+  optimizer, exposed transfers.
 """
 
 from __future__ import annotations
@@ -59,7 +65,7 @@ UNALIGNED_HEAD_EFFICIENCY = 0.124
 ATTENTION_EFFICIENCY = 0.294  # causal flash attention forward (SDPA): achieved / peak on its halved FLOPs
 ATTENTION_BACKWARD_RATIO = 2.5  # flash attention's backward takes this many forwards' time (counted, not fitted)
 KERNEL_OVERHEAD_S = 5.9e-6  # host time per kernel launched (Python, the dispatcher, the launch itself)
-STAGE3_FETCH_OVERHEAD_S = 0.153e-3  # ZeRO-3's Python hooks per gathered module per pass (fetch, release, reduce)
+STAGE3_FETCH_OVERHEAD_S = 0.153e-3  # ZeRO-3's Python hooks per module per pass (fetch, release, reduce)
 GPU_OPTIMIZER_HBM_EFFICIENCY = 0.437  # the optimizer step's kernels (norm, clip, multi-tensor Adam, casts)
 # Per optimizer step, DeepSpeed's engine runs Python around the optimizer's kernels: a fixed part,
 # and a part per parameter tensor (bookkeeping, per-tensor norms and copies).
