@@ -66,3 +66,27 @@ def test_fit_verdict_does_not_need_the_replay():
         full, quick = estimate_memory(inp, Layout(stage=stage)), estimate_memory(inp, Layout(stage=stage), replay=False)
         assert (full.fits, full.gpu_needed_bytes, full.gpu_peak_allocated_bytes) == (
             quick.fits, quick.gpu_needed_bytes, quick.gpu_peak_allocated_bytes)
+
+
+def test_longer_accumulation_reserves_what_three_micro_steps_do(monkeypatch):
+    # The replay stops at three micro-steps (first, a middle one, the boundary) because the
+    # middle ones leave the allocator as they found it: replaying eight gives the same peak.
+    layouts = [Layout(stage=0), Layout(stage=1), Layout(stage=2), Layout(stage=3),
+               Layout(stage=3, offload_optimizer="cpu", offload_param="cpu")]
+    for layout in layouts:
+        inp = _input(stage_grad_accum=8)
+        sim._CACHE.clear()
+        three = sim.replayed_peak_reserved(inp, layout)
+        monkeypatch.setattr(sim, "REPLAYED_MICRO_STEPS", 8)
+        sim._CACHE.clear()
+        eight = sim.replayed_peak_reserved(inp, layout)
+        monkeypatch.setattr(sim, "REPLAYED_MICRO_STEPS", 3)
+        assert three is not None and three == eight, layout.label
+
+
+def test_a_replay_too_long_to_plan_on_a_keystroke_falls_back_to_the_phase_rule():
+    long = _input().model_copy(update={"model": ModelSpec(layers=400, hidden=1024, heads=16, vocab=32000)})
+    sim._CACHE.clear()
+    assert replayed_reserved_bytes(long, Layout(stage=2)) is None  # 400 x 1 x 2 passes > the bound
+    est = estimate_memory(long, Layout(stage=2))
+    assert est.gpu_peak_reserved_bytes >= est.gpu_peak_allocated_bytes  # the per-phase rule answered

@@ -41,6 +41,8 @@ from bisect import bisect_left, insort
 from dataclasses import dataclass, field
 
 MiB = 2**20
+REPLAYED_MICRO_STEPS = 3  # first, a middle one, the boundary: see allocation_sequence
+MAX_REPLAYED_LAYER_PASSES = 384  # layers x micro-steps x steps (Llama-3-405B: 126 x 1 x 2 = 252)
 SMALL_SIZE = 1 * MiB  # kSmallSize: requests up to this go to the small pool
 MIN_LARGE_ALLOC = 10 * MiB  # kMinLargeAlloc
 LARGE_BUFFER = 20 * MiB  # kLargeBuffer
@@ -281,7 +283,12 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         return None
     opt_on_gpu = layout.offload_optimizer == "gpu"
     param_on_gpu = layout.offload_param == "gpu"
-    ga = max(1, t.grad_accum)
+    # Micro-steps between the first and the boundary repeat the same requests on the state the
+    # one before left: the allocator's state is periodic after the first, so three of them
+    # (first, one middle, boundary) reserve what any longer accumulation does.
+    ga = min(max(1, t.grad_accum), REPLAYED_MICRO_STEPS)
+    if model.layers * ga * steps > MAX_REPLAYED_LAYER_PASSES:
+        return None  # too long to replay on a keystroke: the per-phase rule answers
     s = _seq if _seq is not None else _Seq()
     w = 2
     h, kv, f, V = model.hidden, model.kv_size, model.ffn_size, model.vocab

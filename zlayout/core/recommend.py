@@ -137,7 +137,7 @@ def _expandable_note(inp: PlanInput, best: LayoutPlan, planned: "tuple[LayoutPla
     limit = best.time.step_time_s * (1 - TIE_FRACTION)
     faster = [lp for lp in planned
               if lp.layout != best.layout and not lp.memory.fits and lp.time.step_time_s < limit
-              and estimate_memory(expandable, lp.layout).fits]
+              and estimate_memory(expandable, lp.layout, replay=False).fits]
     if not faster:
         return ""
     lp = min(faster, key=lambda candidate: candidate.time.step_time_s)
@@ -167,9 +167,11 @@ def _shortfall(mem: MemoryEstimate) -> str:
 
 
 def _fastest_fitting(inp: PlanInput, layouts: tuple[Layout, ...]) -> tuple[Layout, MemoryEstimate, float] | None:
+    # Suggestions ask only "does it fit, with what headroom": both come from the bytes the run
+    # needs, not from the allocator replay (peak reserved), which would cost each candidate.
     best = None
     for layout in layouts:
-        mem = estimate_memory(inp, layout)
+        mem = estimate_memory(inp, layout, replay=False)
         if not mem.fits:
             continue
         step_s = estimate_step_time(inp, layout, estimate_comm(inp, layout)).step_time_s
@@ -248,7 +250,7 @@ def _nvme(inp: PlanInput, layouts: tuple[Layout, ...]) -> Fix | None:
     nvme_layouts = tuple(l for l in layouts if "nvme" in (l.offload_optimizer, l.offload_param))
     needed = 0
     for layout in nvme_layouts:
-        mem = estimate_memory(inp, layout)
+        mem = estimate_memory(inp, layout, replay=False)
         if mem.fits_gpu and mem.fits_host and not mem.fits_nvme:
             size = mem.nvme_bytes
             needed = size if not needed else min(needed, size)
@@ -320,7 +322,7 @@ def suggest_fixes(inp: PlanInput, layouts: tuple[Layout, ...] | None = None) -> 
             continue
         change = ", ".join(changes + [fix.change])
         all_flags = " ".join(flags + [fix.flags])
-        mem = estimate_memory(fix.input, fix.layout)
+        mem = estimate_memory(fix.input, fix.layout, replay=False)
         text = (f"{change}: {fix.layout.label} fits with {mem.gpu_headroom_fraction:.0%} "
                 f"headroom at {fix.step_time_s:.2f} s/step ({all_flags})")
         combined.append(Fix(text, all_flags, fix.input, fix.layout, fix.step_time_s, change))
