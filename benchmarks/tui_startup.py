@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -74,6 +75,11 @@ def start_up(runs: int) -> None:
     imports = statistics.median(r["import_s"] for r in results)
     wall = statistics.median(r["process_wall_s"] for r in results)
     print(f"start-up ({runs} fresh processes, 160x48, headless):")
+    if os.environ.get("PYTHONDONTWRITEBYTECODE"):
+        # zlayout's own modules are then compiled again by every process (an editable install
+        # has no .pyc otherwise): ~0.15-0.2 s more than a user's machine, where Python caches them
+        print("  PYTHONDONTWRITEBYTECODE is set: no bytecode cache for zlayout's modules "
+              "(unset it for a user's figure)")
     interpreter = statistics.median(r["interpreter_s"] for r in results)
     print(f"  python interpreter start      {interpreter * 1000:7.0f} ms (median)")
     print(f"  import zlayout.tui.app        {imports * 1000:7.0f} ms (median)")
