@@ -538,6 +538,18 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         s.f(g, *x)
         return gx
 
+    def fp32_gradients(size: int, moments_made: bool) -> int:
+        """The step over one flat partition of `size` elements: its gradients flattened, cast to
+        fp32 (the bf16 flat freed), Adam's two moments made on the first step. Returns the fp32
+        gradients, which the caller frees once the step is done."""
+        flat16 = s.a(size * w)
+        flat32 = s.a(size * 4)
+        s.f(flat16)
+        if not moments_made:
+            s.a(4 * size)
+            s.a(4 * size)
+        return flat32
+
     grads: list[int] = []  # stage 0, and stage 1 between accumulation boundaries: per weight
 
     for step_index in range(steps * ga):
@@ -675,14 +687,8 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         # --- optimizer step
         if stage == 3:
             if opt_on_gpu:
-                for size in sub_groups:  # per sub-group: flatten, .float(), Adam
-                    flat16 = s.a(size * w)
-                    flat32 = s.a(size * 4)
-                    s.f(flat16)
-                    if not moments_made:
-                        s.a(4 * size)
-                        s.a(4 * size)
-                    s.f(flat32)
+                for size in sub_groups:  # per sub-group
+                    s.f(fp32_gradients(size, moments_made))
                 moments_made = True
         elif stage == 0:
             casts = [s.a(s.sizes[gr] * 2) for gr in grads]
@@ -691,14 +697,8 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             s.f(flat32, *grads)
             grads.clear()
         else:
-            flat16 = s.a(p_shard * w)
-            flat32 = s.a(p_shard * 4)
-            s.f(flat16)
-            if not moments_made:
-                s.a(4 * p_shard)
-                s.a(4 * p_shard)
-                moments_made = True
-            s.f(flat32, partition)
+            s.f(fp32_gradients(p_shard, moments_made), partition)
+            moments_made = True
             partition = None  # released with the step's gradients (allocated peaks say so)
     return s.events
 
