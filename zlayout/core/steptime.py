@@ -62,7 +62,7 @@ GEMM_HALF_WIDTH = 59.0
 # loads (GPT-2's 50257; nanoGPT pads it to 50304 for this): the head's three GEMMs and the loss's
 # passes run on slower kernels, the head's GEMMs at this achieved / peak.
 UNALIGNED_HEAD_EFFICIENCY = 0.124
-ATTENTION_EFFICIENCY = 0.294  # causal flash attention forward (SDPA): achieved / peak on its halved FLOPs
+ATTENTION_EFFICIENCY = 0.588  # causal flash attention forward (SDPA): achieved / peak on its halved FLOPs
 ATTENTION_BACKWARD_RATIO = 2.5  # flash attention's backward takes this many forwards' time (counted, not fitted)
 KERNEL_OVERHEAD_S = 5.9e-6  # host time per kernel launched (Python, the dispatcher, the launch itself)
 STAGE3_FETCH_OVERHEAD_S = 0.153e-3  # ZeRO-3's Python hooks per module per pass (fetch, release, reduce)
@@ -342,7 +342,7 @@ def micro_step_work(inp: PlanInput, layout: Layout) -> tuple[PhaseWork, PhaseWor
     gemm_fwd = 2 * tokens * (blocks + (0 if unaligned else head))
     gemm_bwd = 2 * gemm_fwd + (2 * tokens * blocks if ckpt else 0)  # the head is never recomputed
     head_fwd = 2 * tokens * head if unaligned else 0.0
-    attention = attention_flops_per_token(inp) * tokens * (0.5 if t.flash_attention else 1.0)
+    attention = attention_flops_per_token(inp) * tokens  # already halved for the causal flash kernel
     # attention_flops_per_token counts 12 (16) x layers x q x seq fwd+bwd(+recompute); its forward: 4
     attn_fwd = attention * 4 / (16 if ckpt else 12)
     attn_bwd = attn_fwd * (ATTENTION_BACKWARD_RATIO + (1 if ckpt else 0))
@@ -404,19 +404,28 @@ def optimizer_work(inp: PlanInput, layout: Layout) -> tuple[float, int]:
     return hbm_bytes, (1 if layout.stage == 3 else parameter_tensors(inp))
 
 
+def peak_flops(inp: PlanInput) -> float:
+    """The GPU's peak FLOP/s in the training precision (fp32: half the bf16 peak)."""
+    return inp.hardware.gpu.peak_bf16_flops * (0.5 if inp.training.precision == "fp32" else 1.0)
+
+
+def elementwise_bytes_per_s(inp: PlanInput) -> float:
+    """HBM bytes per second that elementwise, norm and loss kernels stream."""
+    return inp.hardware.gpu.hbm_gbps * HBM_EFFICIENCY * 1e9
+
+
 def gemm_seconds_per_flop(inp: PlanInput, c: GpuStepConstants = SHIPPED) -> float:
     """1 / the dense GEMMs' achieved FLOP/s, which grows with the hidden size towards the asymptote."""
-    peak = inp.hardware.gpu.peak_bf16_flops * (0.5 if inp.training.precision == "fp32" else 1.0)
-    return (1 + c.gemm_half_width / inp.model.hidden) / (peak * c.gemm_efficiency)
+    return (1 + c.gemm_half_width / inp.model.hidden) / (peak_flops(inp) * c.gemm_efficiency)
 
 
 def phase_kernel_s(inp: PlanInput, work: PhaseWork, c: GpuStepConstants = SHIPPED) -> float:
     """The GPU's own time for a pass: GEMMs, attention, HBM-bound elementwise work."""
-    peak = inp.hardware.gpu.peak_bf16_flops * (0.5 if inp.training.precision == "fp32" else 1.0)
+    peak = peak_flops(inp)
     return (work.gemm_flops * gemm_seconds_per_flop(inp, c)
             + work.unaligned_gemm_flops / (peak * c.unaligned_head_efficiency)
             + work.attention_flops / (peak * c.attention_efficiency)
-            + work.hbm_bytes / (inp.hardware.gpu.hbm_gbps * HBM_EFFICIENCY * 1e9))
+            + work.hbm_bytes / elementwise_bytes_per_s(inp))
 
 
 def parameter_tensors(inp: PlanInput) -> int:
@@ -443,11 +452,10 @@ def estimate_step_time(inp: PlanInput, layout: Layout, comm: CommEstimate | None
     c = SHIPPED if constants is None else constants
     params = m.params
     fwd, bwd = micro_step_work(inp, layout)
-    hbm_bytes_per_s = hw.gpu.hbm_gbps * HBM_EFFICIENCY * 1e9
     micro_fwd_kernels_s = phase_kernel_s(inp, fwd, c) * cal.gpu_factor
     micro_bwd_kernels_s = phase_kernel_s(inp, bwd, c) * cal.gpu_factor
     compute_s = (micro_fwd_kernels_s + micro_bwd_kernels_s) * accum
-    loss_s = LOSS_BYTES_PER_LOGIT * tokens_per_micro * m.vocab / hbm_bytes_per_s * cal.gpu_factor * accum
+    loss_s = loss_bytes_per_micro_step(inp) / elementwise_bytes_per_s(inp) * cal.gpu_factor * accum
     # Host time per kernel that the GPU's work does not hide (added, not overlapped: the longer of
     # the two, the GPU's work or the launches, fits the measurements worse, 6.8% mean against 5.6%)
     launch_fwd_s = fwd.kernels * c.kernel_overhead_s * cal.overhead_factor
