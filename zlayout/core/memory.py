@@ -540,15 +540,14 @@ def estimate_memory(inp: PlanInput, layout: Layout, replay: bool = True) -> Memo
                                         + ipg * (stage in (1, 2)) + expert_grads, gate_up_numel * w)
     peak_phase = max(phases, key=lambda name: phases[name][0])
     peak = int(phases[peak_phase][0]) + misc
-    context_bytes = hw.gpu.cuda_context_bytes + (NCCL_BUFFER_BYTES if n > 1 else 0)
-    allocator = caching_allocator(phases, misc, t.allocator)
-    if replay and allocator.needed_bytes + context_bytes < hw.gpu.memory_bytes:
-        # only a layout that fits is replayed: one that does not reserves the whole card
-        allocator = caching_allocator(phases, misc, t.allocator, replayed_reserved_bytes(inp, layout))
     context = add("gpu", "cuda_context", hw.gpu.cuda_context_bytes, "overhead",
                   "CUDA context and cuBLAS workspace, outside PyTorch's allocator")
     context += add("gpu", "nccl_buffers", NCCL_BUFFER_BYTES if n > 1 else 0, "overhead",
                    "NCCL communicator buffers, outside PyTorch's allocator")
+    allocator = caching_allocator(phases, misc, t.allocator)
+    if replay and allocator.needed_bytes + context < hw.gpu.memory_bytes:
+        # only a layout that fits is replayed: one that does not reserves the whole card
+        allocator = caching_allocator(phases, misc, t.allocator, replayed_reserved_bytes(inp, layout))
     # On a card that cannot hold every cached segment the allocator frees them and retries:
     # what it reserves then is bounded by the card, never below what the peak needs.
     reserved = max(allocator.needed_bytes, min(allocator.reserved_bytes, hw.gpu.memory_bytes - context))
