@@ -101,14 +101,32 @@ def committed_predictions(path: Path = HELDOUT_PREDICTIONS) -> dict[tuple, dict]
     return out
 
 
+class HeldOut:
+    """One held-out batch's errors: against this model and against its committed predictions."""
+
+    def __init__(self, predictions: dict[tuple, dict]) -> None:
+        self.predictions = predictions
+        self.resv: list[float] = []
+        self.used: list[float] = []
+        self.committed_resv: list[float] = []
+        self.committed_used: list[float] = []
+
+    def add(self, est, layout: Layout, inp: PlanInput, resv: int, used: int) -> None:
+        model, t = inp.model, inp.training
+        self.resv.append(abs(est.gpu_peak_reserved_bytes - resv) / resv * 100)
+        self.used.append(abs(est.gpu_device_used_bytes - used) / used * 100)
+        p = self.predictions.get(row_key(layout.stage, layout.offload_optimizer, layout.offload_param, t.impl,
+                                         model.layers, model.hidden, model.vocab, t.seq, t.micro_batch))
+        if p:
+            self.committed_resv.append(abs(p["gpu_peak_reserved_gib"] * GiB - resv) / resv * 100)
+            self.committed_used.append(abs(p["gpu_device_used_gib"] * GiB - used) / used * 100)
+
+
 def main() -> int:
     print(f"{'run':62} {'alloc':>7} {'pred':>7} {'resv':>7} {'pred':>7} {'used':>7} {'pred':>7}"
           f" {'needs':>7} {'result':>6} {'fits':>5}")
     used_err, resv_err, verdict_ok, verdict_all, alloc_err = [], [], 0, 0, []
-    ho_resv, ho_used, ho_committed_used, ho_committed_resv = [], [], [], []
-    committed = committed_predictions()
-    committed2 = committed_predictions(HELDOUT2_PREDICTIONS)
-    h2_resv, h2_used, h2_committed_resv, h2_committed_used = [], [], [], []
+    ho, h2 = HeldOut(committed_predictions()), HeldOut(committed_predictions(HELDOUT2_PREDICTIONS))
     for r in verify_rows():
         inp = zero_headroom(PlanInput.model_validate(r["inputs"]))
         layout = Layout.model_validate({k: r["layout"][k] for k in ("stage", "offload_optimizer", "offload_param")})
@@ -137,22 +155,8 @@ def main() -> int:
             resv_err.append(abs(est.gpu_peak_reserved_bytes - resv) / resv * 100)
         if ran and used and tag == " ":
             used_err.append(abs(est.gpu_device_used_bytes - used) / used * 100)
-        if heldout2 and ran and resv and used:
-            h2_resv.append(abs(est.gpu_peak_reserved_bytes - resv) / resv * 100)
-            h2_used.append(abs(est.gpu_device_used_bytes - used) / used * 100)
-            p = committed2.get(row_key(layout.stage, layout.offload_optimizer, layout.offload_param, t.impl,
-                                       model.layers, model.hidden, model.vocab, t.seq, t.micro_batch))
-            if p:
-                h2_committed_resv.append(abs(p["gpu_peak_reserved_gib"] * GiB - resv) / resv * 100)
-                h2_committed_used.append(abs(p["gpu_device_used_gib"] * GiB - used) / used * 100)
-        if heldout and ran and resv and used:
-            ho_resv.append(abs(est.gpu_peak_reserved_bytes - resv) / resv * 100)
-            ho_used.append(abs(est.gpu_device_used_bytes - used) / used * 100)
-            p = committed.get(row_key(layout.stage, layout.offload_optimizer, layout.offload_param, t.impl,
-                                      model.layers, model.hidden, model.vocab, t.seq, t.micro_batch))
-            if p:
-                ho_committed_resv.append(abs(p["gpu_peak_reserved_gib"] * GiB - resv) / resv * 100)
-                ho_committed_used.append(abs(p["gpu_device_used_gib"] * GiB - used) / used * 100)
+        if (heldout or heldout2) and ran and resv and used:
+            (ho if heldout else h2).add(est, layout, inp, resv, used)
         verdict_all += 1
         verdict_ok += est.fits_gpu == ran
         fmt = lambda b: f"{b / GiB:7.2f}" if b else "      -"  # noqa: E731
@@ -182,24 +186,24 @@ def main() -> int:
           f"max {max(resv_err):.1f}% over {len(resv_err)}")
     print(f"device used (rows before the replay; in-sample):   mean |err| {mean(used_err):.1f}%, "
           f"max {max(used_err):.1f}% over {len(used_err)}")
-    if ho_used:
-        print(f"held out (h, {HELDOUT.relative_to(ROOT)}), this model (in-sample for its ZeRO-3 and accumulation): reserved {mean(ho_resv):.1f}% mean, "
-              f"{max(ho_resv):.1f}% max; device used {mean(ho_used):.1f}% mean, {max(ho_used):.1f}% max "
-              f"over {len(ho_used)}")
-    if ho_committed_used:
-        print(f"held out, predictions committed before the run: reserved {mean(ho_committed_resv):.1f}% mean, "
-              f"{max(ho_committed_resv):.1f}% max; device used {mean(ho_committed_used):.1f}% mean, "
-              f"{max(ho_committed_used):.1f}% max over {len(ho_committed_used)}")
+    if ho.used:
+        print(f"held out (h, {HELDOUT.relative_to(ROOT)}), this model (in-sample for its ZeRO-3 and accumulation): reserved {mean(ho.resv):.1f}% mean, "
+              f"{max(ho.resv):.1f}% max; device used {mean(ho.used):.1f}% mean, {max(ho.used):.1f}% max "
+              f"over {len(ho.used)}")
+    if ho.committed_used:
+        print(f"held out, predictions committed before the run: reserved {mean(ho.committed_resv):.1f}% mean, "
+              f"{max(ho.committed_resv):.1f}% max; device used {mean(ho.committed_used):.1f}% mean, "
+              f"{max(ho.committed_used):.1f}% max over {len(ho.committed_used)}")
     elif not HELDOUT.exists():
         print(f"held out: {HELDOUT.relative_to(ROOT)} not there yet (batch-h200-heldout-allocator.txt)")
-    if h2_used:
-        print(f"held out 2 (H, {HELDOUT2.relative_to(ROOT)}), this model: reserved {mean(h2_resv):.1f}% mean, "
-              f"{max(h2_resv):.1f}% max; device used {mean(h2_used):.1f}% mean, {max(h2_used):.1f}% max "
-              f"over {len(h2_used)}")
-    if h2_committed_used:
-        print(f"held out 2, predictions committed before the run: reserved {mean(h2_committed_resv):.1f}% mean, "
-              f"{max(h2_committed_resv):.1f}% max; device used {mean(h2_committed_used):.1f}% mean, "
-              f"{max(h2_committed_used):.1f}% max over {len(h2_committed_used)}")
+    if h2.used:
+        print(f"held out 2 (H, {HELDOUT2.relative_to(ROOT)}), this model: reserved {mean(h2.resv):.1f}% mean, "
+              f"{max(h2.resv):.1f}% max; device used {mean(h2.used):.1f}% mean, {max(h2.used):.1f}% max "
+              f"over {len(h2.used)}")
+    if h2.committed_used:
+        print(f"held out 2, predictions committed before the run: reserved {mean(h2.committed_resv):.1f}% mean, "
+              f"{max(h2.committed_resv):.1f}% max; device used {mean(h2.committed_used):.1f}% mean, "
+              f"{max(h2.committed_used):.1f}% max over {len(h2.committed_used)}")
     if not HELDOUT2.exists():
         print(f"held out 2: {HELDOUT2.relative_to(ROOT)} not there yet (batch-h200-heldout2.txt)")
     print(f"fit verdict at zero headroom:   {verdict_ok} of {verdict_all} right")
