@@ -87,3 +87,26 @@ async def test_every_cell_shows_its_full_value(case, size):
         shown_status = " ".join(" ".join(lines[y][status.region.x:status.region.right].split())
                                 for y in range(status.region.y, status.region.bottom))
         assert shown_status == " ".join(view.recommendation_text(plan).split())
+
+
+async def test_the_header_lines_up_with_the_rows_when_drawn_before_the_table_measures_them():
+    """A new set of layouts rebuilds the table; DataTable measures the new rows on its next
+    idle. A header drawn before that idle (a repaint in between) must already have the rows'
+    column widths: DataTable keeps that drawing in a cache the measurement does not clear,
+    which left the titles misaligned over the figures (the flaky 160x48 snapshot)."""
+    from tui_fakes import snapshot_app
+    app = snapshot_app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(pilot)
+        table = app.query_one(LayoutTable)
+        table._rebuild()
+        drawn_before_idle = table.render_line(0).text
+        await pilot.pause()
+        await pilot.pause()
+        header = table.render_line(0).text
+        first_row = table.render_line(1).text
+        assert header == drawn_before_idle
+        # every title ends where its column's figures end (all but the first three are right-aligned)
+        for title in ("Peak", "Used", "Free", "Host", "Comm", "Step", "tok/s"):
+            end = header.index(title) + len(title)
+            assert first_row[end - 1] != " " and first_row[end] == " ", (title, header, first_row)

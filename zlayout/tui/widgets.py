@@ -126,9 +126,16 @@ class LayoutTable(DataTable):
         self.clear(columns=True)
         self._add_columns()
         shown = self._shown_keys()
-        for row in self._rows:
-            cells = [cell for column, cell in zip(self.COLUMN_KEYS, self._cells(row)) if column in shown]
-            self.add_row(*cells, key=row.key)
+        all_cells = [self._cells(row) for row in self._rows]
+        for row, row_cells in zip(self._rows, all_cells):
+            self.add_row(*(cell for column, cell in zip(self.COLUMN_KEYS, row_cells) if column in shown),
+                         key=row.key)
+        # DataTable measures new rows on its next idle and does not invalidate its render cache
+        # when that widens a column: a header drawn in between (a repaint before the idle) kept
+        # the titles' widths, misaligned over the rows. Set the widths the rows need now.
+        for key, width in self._content_widths(all_cells).items():
+            if key in shown:
+                self.columns[key].content_width = width
         if cursor_key is not None:
             self.select_key(cursor_key)
 
