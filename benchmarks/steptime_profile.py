@@ -1,0 +1,179 @@
+"""Where one layout's step time goes on the GPU and on the host (one GPU, torch.profiler).
+
+    OUT=/tmp/out torchrun --nproc_per_node 1 benchmarks/steptime_profile.py \
+        --name z3-L16 -- --stage 3 --layers 16 --hidden 2048 --heads 16 --vocab 32768 \
+        --seq 2048 --micro-batch 8 --gpus-per-node 1 --gpu h200
+
+The layout is given as `zlayout verify` arguments (after `--`) and built as the verify worker
+builds it (zlayout's DeepSpeed config, the worker's model, ZeRO-3 under zero.Init). Two warm-up
+steps, then `--steps` profiled steps with forward / backward / step marked. Writes
+$OUT/<name>.json (small): per phase the wall time, the time the GPU was busy (union of kernel
+and copy intervals), the idle gaps (the host not keeping the GPU fed: Python hooks, launches,
+synchronisation), kernel and copy counts, the top kernels and host operators; and the plan's
+step-time prediction with its phases. This is what steptime_fit.py cannot see from verify's
+phase times alone: whether a phase is bound by the GPU or by the host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+PHASES = ("forward", "backward", "step")
+
+
+def busy_time_us(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of [start, end) intervals."""
+    total, end = 0.0, float("-inf")
+    for start, stop in sorted(intervals):
+        if stop <= end:
+            continue
+        total += stop - max(start, end)
+        end = stop
+    return total
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--name", required=True)
+    ap.add_argument("--steps", type=int, default=2, help="profiled steps, after two warm-up steps")
+    ap.add_argument("layout", nargs=argparse.REMAINDER, help="-- then zlayout verify arguments")
+    a = ap.parse_args()
+    argv = [x for x in a.layout if x != "--"]
+
+    from zlayout.cli import build_parser, layout_from_args, plan_input_from_args
+    from zlayout.core.steptime import estimate_step_time
+    from zlayout.profile.ds_config import ds_config
+    from zlayout.verify.environment import corrected_env
+
+    env, notes = corrected_env(dict(os.environ))
+    for key in set(os.environ) - set(env):
+        del os.environ[key]
+    os.environ.update(env)
+    for note in notes:
+        print(f"NOTE {note}", file=sys.stderr)
+
+    args = build_parser().parse_args(["verify", *argv])
+    inp = plan_input_from_args(args)
+    layout = layout_from_args(args)
+    cfg = ds_config(inp, layout)
+    predicted = estimate_step_time(inp, layout)
+
+    import deepspeed
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from zlayout.verify.worker import batch, initialise_partitioned_hf_weights
+    from zlayout.verify.worker_model import builder
+
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    deepspeed.init_distributed(dist_backend="nccl")
+    m, t = inp.model, inp.training
+    build = builder(m, t.checkpointing == "full", t.impl, t.seq, None)
+    if layout.stage == 3:
+        with deepspeed.zero.Init(config_dict_or_path=cfg):
+            model = build()
+        if t.impl == "hf":
+            initialise_partitioned_hf_weights(deepspeed, model.model)
+    else:
+        model = build()
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    device = torch.device("cuda", torch.cuda.current_device())
+    accum = t.grad_accum
+
+    def one_step(step: int, walls: dict[str, float] | None) -> None:
+        for micro in range(accum):
+            ids = batch(step, micro, 0, 0, (t.micro_batch, t.seq), m.vocab).to(device)
+            for phase, run in (("forward", lambda: engine(ids)), ("backward", None)):
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                with record_function(f"phase:{phase}"):
+                    if phase == "forward":
+                        loss = run()
+                    else:
+                        engine.backward(loss)
+                torch.cuda.synchronize()
+                if walls is not None:
+                    walls[phase] += time.perf_counter() - start
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            with record_function("phase:step"):
+                engine.step()
+            torch.cuda.synchronize()
+            if walls is not None:
+                walls["step"] += time.perf_counter() - start
+
+    for step in range(2):
+        one_step(step, None)
+    walls = {phase: 0.0 for phase in PHASES}
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for step in range(2, 2 + a.steps):
+            one_step(step, walls)
+
+    events = prof.events()
+    windows: dict[str, list[tuple[float, float]]] = {phase: [] for phase in PHASES}
+    for ev in events:
+        if ev.name.startswith("phase:"):
+            windows[ev.name[6:]].append((ev.time_range.start, ev.time_range.end))
+    device_events = [ev for ev in events if ev.device_type == torch.autograd.DeviceType.CUDA]
+
+    def phase_of(ev) -> str | None:
+        # a kernel belongs to the phase whose host window launched it (its correlated CPU op)
+        start = ev.time_range.start
+        for phase, spans in windows.items():
+            if any(s <= start < e for s, e in spans):
+                return phase
+        return None
+
+    summary = {}
+    for phase in PHASES:
+        evs = [ev for ev in device_events if phase_of(ev) == phase]
+        kernels = [ev for ev in evs if "memcpy" not in ev.name.lower() and "memset" not in ev.name.lower()]
+        copies = [ev for ev in evs if "memcpy" in ev.name.lower()]
+        wall_us = sum(e - s for s, e in windows[phase])
+        busy_us = busy_time_us([(ev.time_range.start, ev.time_range.end) for ev in evs])
+        top: dict[str, list[float]] = {}
+        for ev in kernels:
+            entry = top.setdefault(ev.name[:90], [0.0, 0])
+            entry[0] += ev.time_range.elapsed_us()
+            entry[1] += 1
+        summary[phase] = {
+            "wall_ms": round(wall_us / 1e3 / a.steps, 3),
+            "wall_sync_ms": round(walls[phase] * 1e3 / a.steps, 3),
+            "gpu_busy_ms": round(busy_us / 1e3 / a.steps, 3),
+            "kernels": len(kernels) // a.steps, "copies": len(copies) // a.steps,
+            "copy_ms": round(sum(ev.time_range.elapsed_us() for ev in copies) / 1e3 / a.steps, 3),
+            "top_kernels": [[name, round(us / 1e3 / a.steps, 3), n // a.steps] for name, (us, n)
+                            in sorted(top.items(), key=lambda kv: -kv[1][0])[:15]],
+        }
+    host_ops = sorted((ev for ev in prof.key_averages() if not ev.key.startswith("phase:")),
+                      key=lambda ev: -ev.self_cpu_time_total)[:25]
+    result = {
+        "name": a.name, "argv": shlex.join(argv), "torch": torch.__version__, "deepspeed": deepspeed.__version__,
+        "gpu": torch.cuda.get_device_name(), "cores": os.cpu_count(), "profiled_steps": a.steps,
+        "phases": summary,
+        "host_ops_self_ms": [[ev.key[:90], round(ev.self_cpu_time_total / 1e3 / a.steps, 3), ev.count // a.steps]
+                             for ev in host_ops],
+        "predicted": {k: v for k, v in dataclasses.asdict(predicted).items() if isinstance(v, (int, float))},
+    }
+    out = Path(os.environ.get("OUT", "."))
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{a.name}.json"
+    path.write_text(json.dumps(result, indent=1))
+    line = "  ".join(f"{p} {s['wall_sync_ms']:.1f} ms (gpu busy {s['gpu_busy_ms']:.1f}, {s['kernels']} kernels)"
+                     for p, s in summary.items())
+    print(f"PROFILE {a.name}: {line}; predicted step {predicted.step_time_s * 1e3:.1f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
