@@ -96,3 +96,22 @@ def test_size_typed_in_a_burst_then_undone(terminal_app):
     values = state["values"]
     assert (values["layers"], values["hidden"], values["heads"], values["size"]) == ("48", "6144", "48", "")
     assert_plan_is_the_fields_plan(state)
+
+
+def test_a_burst_through_the_tab_bar_and_a_select_lands_in_the_fields_it_names(terminal_app):
+    """Keys that walk through the Preset select and the tab bar in one write: each lands where
+    the focus is when its turn comes (the select and the tab bar used to run keys meant for
+    the next field, and a tab run there sent the focus back to Preset)."""
+    app = terminal_app(["app", "--preset", "llama3-8b", "--gpu", "h200", "--gpus-per-node", "8"], (160, 48))
+    app.focus("layers")
+    # Layers -> Size -> Preset -> tab bar, two tabs right (Training), into Sequence: 3072;
+    # back to the tab bar, two tabs left (Model), three tabs in (Layers): 40
+    app.write(keys("shift+tab", "shift+tab", "shift+tab", "right", "right", "tab",
+                   "end", *["backspace"] * 4, "3072",
+                   "shift+tab", "left", "left", "tab", "tab", "tab", "end", "backspace", "backspace", "40"))
+    state = app.settled(until=lambda s: s["values"]["layers"] == "40")
+    assert state["focused"] == "layers"
+    assert (state["values"]["seq"], state["values"]["layers"]) == ("3072", "40")
+    inp = PlanInput.model_validate(state["plan_input"])
+    assert (inp.training.seq, inp.model.layers) == (3072, 40)
+    assert_plan_is_the_fields_plan(state)

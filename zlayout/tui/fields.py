@@ -8,7 +8,11 @@ arrive together (SSH delivers a burst in one read) a character overtakes the bac
 typed before it (`End BSpace 8` on "1" gave "1"), and the keys typed after a tab land in
 the field the tab was leaving. `FieldInput` runs the bindings of a key as it handles the
 key, and passes on the keys that reach it after an earlier one moved the focus, so every
-key takes effect in the order it was typed, in the field it was typed into.
+key takes effect in the order it was typed, in the field it was typed into. The panel's
+other focusable widgets (selects, tick boxes, the tab bar, the layouts table) do the same
+through `KeysInTypedOrder`: a burst that walks through a select or the tab bar
+(`shift+tab shift+tab right tab ...`) otherwise left its later keys to a widget the focus
+had already left, which then ran them (a tab there moved the focus back).
 """
 
 from __future__ import annotations
@@ -16,7 +20,10 @@ from __future__ import annotations
 import re
 
 from textual import events
-from textual.widgets import Checkbox, Input
+from textual.app import ComposeResult
+from textual.widget import Widget
+from textual.widgets import Checkbox, Input, Select, TabbedContent
+from textual.widgets._tabbed_content import ContentTab, ContentTabs
 
 # Labels of the panel's fields: what every message shows instead of the internal name.
 FIELD_LABELS: dict[str, str] = {
@@ -50,28 +57,84 @@ def readable(message: str) -> str:
     return _INTERNAL_RE.sub(lambda m: _INTERNAL_NAMES[m.group(1)], message)
 
 
+def passed_on_if_focus_moved(widget: Widget, event: events.Key) -> bool:
+    """Pass `event` to the focused widget if an earlier key of its burst moved the focus away
+    from `widget` (the key belongs to the new field); True if it did."""
+    focused = widget.app.focused
+    if focused is widget:
+        return False
+    event.stop()
+    event.prevent_default()
+    passed_on = events.Key(event.key, event.character)
+    passed_on._set_forwarded()
+    (focused or widget.screen).post_message(passed_on)
+    return True
+
+
+async def ran_binding_now(widget: Widget, event: events.Key) -> bool:
+    """Run the key's binding (the widget's, the screen's or the app's) now rather than after
+    the key has bubbled up; True if one ran."""
+    if await widget.app._check_bindings(event.key):
+        event.stop()
+        event.prevent_default()
+        return True
+    return False
+
+
+class KeysInTypedOrder:
+    """For a focusable widget that takes no text: every key is a binding, run as the key is
+    handled, and keys arriving after the focus moved on go to the focused widget. Keys
+    bubbling up from a focused child (a select's open list) are left to Textual."""
+
+    async def _on_key(self, event: events.Key) -> None:
+        focused = self.app.focused
+        if focused is not None and focused is not self and self in focused.ancestors:
+            return
+        if not passed_on_if_focus_moved(self, event):
+            await ran_binding_now(self, event)
+
+
 class FieldInput(Input):
     """An Input whose keys take effect in the order they were typed (see above)."""
 
     async def _on_key(self, event: events.Key) -> None:
-        focused = self.app.focused
-        if focused is not self:
-            # An earlier key of this burst moved the focus: this key belongs to the new field.
-            event.stop()
-            event.prevent_default()
-            passed_on = events.Key(event.key, event.character)
-            passed_on._set_forwarded()
-            (focused or self.screen).post_message(passed_on)
+        if passed_on_if_focus_moved(self, event):
             return
-        if not event.is_printable and await self.app._check_bindings(event.key):
-            event.stop()  # the binding (this Input's, the screen's or the app's) ran now
-            event.prevent_default()
+        if not event.is_printable and await ran_binding_now(self, event):
             self._restart_blink()
             return
         await super()._on_key(event)
 
 
-class TickBox(Checkbox):
+class PanelSelect(KeysInTypedOrder, Select):
+    """A Select that keeps a burst's keys in order (see above)."""
+
+
+class PanelTabs(TabbedContent):
+    """A TabbedContent whose tab bar keeps a burst's keys in order, and switches the pane as
+    the key that changes the tab is handled: the tab key after `right` must find the new
+    pane's fields in the focus chain, not the old one's."""
+
+    def compose(self) -> ComposeResult:
+        for widget in super().compose():
+            if type(widget) is ContentTabs:
+                widget.__class__ = _InOrderContentTabs  # the same widget, these key rules
+            yield widget
+
+    def get_child_by_type(self, expect_type):
+        # TabbedContent finds its tab bar by exact type
+        return super().get_child_by_type(_InOrderContentTabs if expect_type is ContentTabs else expect_type)
+
+
+class _InOrderContentTabs(KeysInTypedOrder, ContentTabs):
+    async def _on_key(self, event: events.Key) -> None:
+        before = self.active
+        await super()._on_key(event)
+        if self.active != before and self.active:
+            self.tabbed_content.active = ContentTab.sans_prefix(self.active)
+
+
+class TickBox(KeysInTypedOrder, Checkbox):
     """A checkbox that shows its state without colour: X when on, blank when off."""
 
     @property

@@ -11,12 +11,12 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import MountError, Widget
-from textual.widgets import (Checkbox, DataTable, Header, Input, Label, Select, Static, TabbedContent,
+from textual.widgets import (Checkbox, DataTable, Header, Input, Label, Select, Static,
                              TabPane)
 from textual.widgets._header import HeaderTitle
 
 from zlayout.tui import view
-from zlayout.tui.fields import FieldInput, TickBox, readable
+from zlayout.tui.fields import FieldInput, KeysInTypedOrder, PanelSelect, PanelTabs, TickBox, readable
 from zlayout.tui.form import NO_LINK, Presets
 
 if TYPE_CHECKING:  # the planner is imported after the first frame
@@ -33,7 +33,7 @@ CATEGORY_STYLES = {
 HEADROOM_STYLES = {"ok": "bold green", "tight": "bold yellow", "over": "bold red"}
 
 
-class LayoutTable(DataTable):
+class LayoutTable(KeysInTypedOrder, DataTable):
     """Every layout, one row each; the recommended one starred and bold.
 
     No figure is ever cut: each column is as wide as its widest cell, and when the table
@@ -356,10 +356,10 @@ class InputsPanel(Widget):
 
     def compose(self) -> ComposeResult:
         v = self._initial
-        with TabbedContent(id="input-tabs"):
+        with PanelTabs(id="input-tabs"):
             with TabPane("Model", id="tab-model"):
                 with VerticalScroll(can_focus=False):
-                    yield from self._row("Preset", Select(
+                    yield from self._row("Preset", PanelSelect(
                         _options(self._presets.models, v.get("preset")), value=_or_null(v.get("preset")),
                         prompt="custom", allow_blank=True, compact=True, id="preset"), "preset")
                     yield from self._row("Size", FieldInput(value="", placeholder="e.g. 70B",
@@ -368,10 +368,10 @@ class InputsPanel(Widget):
                         yield from self._row(label, FieldInput(value=v[field], compact=True, id=field,
                                                           placeholder="default" if field in ("kv_heads", "ffn") else ""),
                                              field)
-                    yield from self._row("MLP", Select([(k, k) for k in ("gelu", "swiglu")],
+                    yield from self._row("MLP", PanelSelect([(k, k) for k in ("gelu", "swiglu")],
                                                        value=v["mlp"], allow_blank=False,
                                                        compact=True, id="mlp"), "mlp")
-                    yield from self._row("Norm", Select([(k, k) for k in ("layernorm", "rmsnorm")],
+                    yield from self._row("Norm", PanelSelect([(k, k) for k in ("layernorm", "rmsnorm")],
                                                         value=v["norm"], allow_blank=False,
                                                         compact=True, id="norm"), "norm")
                     yield self._input("bias", TickBox("Biases", v["bias"], compact=True, id="bias"))
@@ -382,15 +382,15 @@ class InputsPanel(Widget):
         self._unmounted = {field: v[field] for field in HARDWARE_FIELDS + TRAINING_FIELDS}
 
     def _hardware_rows(self, v: Mapping[str, Any]) -> Iterable[Widget]:
-        yield from self._row("GPU", Select(_options(self._presets.gpus, v["gpu"]),
+        yield from self._row("GPU", PanelSelect(_options(self._presets.gpus, v["gpu"]),
                                            value=v["gpu"], allow_blank=False,
                                            compact=True, id="gpu"), "gpu")
         for field, label in HARDWARE_INT_LABELS[:2]:
             yield from self._row(label, FieldInput(value=v[field], compact=True, id=field), field)
-        yield from self._row("Intra link", Select(
+        yield from self._row("Intra link", PanelSelect(
             _options(self._presets.links, v["intra_link"]), value=v["intra_link"],
             allow_blank=False, compact=True, id="intra_link"), "intra_link")
-        yield from self._row("Inter link", Select(
+        yield from self._row("Inter link", PanelSelect(
             _options((NO_LINK, *self._presets.links), v["inter_link"]),
             value=v["inter_link"], allow_blank=False, compact=True, id="inter_link"),
             "inter_link")
@@ -402,16 +402,16 @@ class InputsPanel(Widget):
     def _training_rows(self, v: Mapping[str, Any]) -> Iterable[Widget]:
         for field, label in TRAINING_INT_LABELS:
             yield from self._row(label, FieldInput(value=v[field], compact=True, id=field), field)
-        yield from self._row("Precision", Select(
+        yield from self._row("Precision", PanelSelect(
             [(k, k) for k in ("bf16", "fp16", "fp32")], value=v["precision"],
             allow_blank=False, compact=True, id="precision"), "precision")
-        yield from self._row("Checkpoint", Select(
+        yield from self._row("Checkpoint", PanelSelect(
             [("none", "none"), ("full (every layer)", "full")], value=v["checkpointing"],
             allow_blank=False, compact=True, id="checkpointing"), "checkpointing")
-        yield from self._row("Model code", Select(
+        yield from self._row("Model code", PanelSelect(
             [("zlayout GPT", "zlayout"), ("transformers", "hf")], value=v["impl"],
             allow_blank=False, compact=True, id="impl"), "impl")
-        yield from self._row("Allocator", Select(
+        yield from self._row("Allocator", PanelSelect(
             [("default", "default"), ("expandable", "expandable")], value=v["allocator"],
             allow_blank=False, compact=True, id="allocator"), "allocator")
 
