@@ -164,3 +164,21 @@ def test_more_gpus_suggests_the_fewest_that_fit():
         fewer = inp.model_copy(update={"hardware": inp.hardware.model_copy(update={
             "nodes": nodes, "gpus_per_node": per_node, "inter_link": hw.inter_link})})
         assert not any(estimate_memory(fewer, layout).fits for layout in all_layouts()), (nodes, per_node)
+
+
+def test_nothing_fits_names_the_closest_layout_with_the_figures_the_verdict_compares():
+    """The closest layout is the one whose needed bytes overshoot least, and the reason quotes
+    those bytes (what decides "fits"), not device used, which the verdict does not compare."""
+    inp = make_input("llama3-70b", gpus_per_node=1, micro_batch=4)
+    plan = make_plan(inp, with_breakeven=False)
+    gpu_bound = [lp for lp in plan.layouts if not lp.memory.fits_gpu]
+    closest = min(plan.layouts, key=lambda lp: max(lp.memory.gpu_needed_bytes / lp.memory.gpu_usable_bytes,
+                                                   lp.memory.host_peak_bytes / lp.memory.host_capacity_bytes,
+                                                   lp.memory.nvme_bytes / max(1, lp.memory.nvme_capacity_bytes)))
+    reason = plan.recommendation.reason
+    assert f"the closest, {closest.layout.label}, {closest.memory.shortfall}." in reason
+    assert gpu_bound, "a 70B model on one GPU"
+    mem = gpu_bound[0].memory
+    needed = re.search(r"needs ([\d.]+) GiB per GPU; ([\d.]+) GiB is usable", mem.shortfall)
+    assert needed and float(needed.group(1)) == round(mem.gpu_needed_bytes / GiB, 1)
+    assert float(needed.group(2)) == round(mem.gpu_usable_bytes / GiB, 1)

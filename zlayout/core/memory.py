@@ -116,6 +116,19 @@ class MemoryEstimate:
         return self.fits_gpu and self.fits_host and self.fits_nvme
 
     @property
+    def shortfall(self) -> str:
+        """What the first resource that does not fit needs against what there is (the
+        figures the verdict compares)."""
+        if not self.fits_gpu:
+            return (f"needs {self.gpu_needed_bytes / GiB:.1f} GiB per GPU; "
+                    f"{self.gpu_usable_bytes / GiB:.1f} GiB is usable")
+        if not self.fits_host:
+            return (f"needs {self.host_peak_bytes / GiB:.0f} GiB of host RAM per node; "
+                    f"the node has {self.host_capacity_bytes / GiB:.0f} GiB")
+        return (f"needs {self.nvme_bytes / GiB:.0f} GiB of NVMe per node; "
+                f"the node has {self.nvme_capacity_bytes / GiB:.0f} GiB")
+
+    @property
     def limited_by(self) -> str | None:
         """The first resource that does not fit, or None."""
         for name, ok in (("gpu", self.fits_gpu), ("host", self.fits_host), ("nvme", self.fits_nvme)):

@@ -123,7 +123,7 @@ def recommend(inp: PlanInput, planned: tuple[LayoutPlan, ...]) -> Recommendation
     closest = min(planned, key=lambda lp: _overshoot(lp.memory)) if planned else None
     reason = "No layout fits"
     if closest is not None:
-        reason += f": the closest, {closest.layout.label}, {_shortfall(closest.memory)}"
+        reason += f": the closest, {closest.layout.label}, {closest.memory.shortfall}"
     return Recommendation(None, reason + ".", tuple(f.text for f in fixes), fixes)
 
 
@@ -146,21 +146,11 @@ def _expandable_note(inp: PlanInput, best: LayoutPlan, planned: "tuple[LayoutPla
 
 
 def _overshoot(mem: MemoryEstimate) -> float:
-    ratios = [mem.gpu_device_used_bytes / max(1, mem.gpu_usable_bytes),
+    ratios = [mem.gpu_needed_bytes / max(1, mem.gpu_usable_bytes),  # what the verdict compares
               mem.host_peak_bytes / max(1, mem.host_capacity_bytes)]
     if mem.nvme_bytes:
         ratios.append(mem.nvme_bytes / max(1, mem.nvme_capacity_bytes))
     return max(ratios)
-
-
-def _shortfall(mem: MemoryEstimate) -> str:
-    if not mem.fits_gpu:
-        return (f"needs {mem.gpu_device_used_bytes / GiB:.1f} GiB per GPU of "
-                f"{mem.gpu_usable_bytes / GiB:.1f} GiB usable")
-    if not mem.fits_host:
-        return (f"needs {mem.host_peak_bytes / GiB:.0f} GiB of host RAM per node of "
-                f"{mem.host_capacity_bytes / GiB:.0f} GiB")
-    return f"needs {mem.nvme_bytes / GiB:.0f} GiB of NVMe per node of {mem.nvme_capacity_bytes / GiB:.0f} GiB"
 
 
 # --------------------------------------------------------------------------- suggestions

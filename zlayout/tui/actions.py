@@ -13,27 +13,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from zlayout.spec import Layout
-from zlayout.tui import view
 from zlayout.tui.backends import (ProfileIO, cli_verifier, default_profile_io, verification_missing,
                                   verify_flags)
 from zlayout.tui.fields import field_label
 from zlayout.tui.screens import ConfirmScreen, PathScreen, VerifyOptions, VerifyOptionsScreen, VerifyScreen
 
 if TYPE_CHECKING:  # the planner is imported after the app's first frame
-    from zlayout.core.plan import LayoutPlan, Plan
-
-
-def why_it_does_not_fit(lp: LayoutPlan) -> str:
-    """One sentence: which memory runs out, by how much."""
-    mem = lp.memory
-    if not mem.fits_gpu:
-        return (f"{lp.layout.label} needs {view.fmt_gib(mem.gpu_needed_bytes)} GiB per GPU; "
-                f"{view.fmt_gib(mem.gpu_usable_bytes)} GiB is usable")
-    if not mem.fits_host:
-        return (f"{lp.layout.label} needs {view.fmt_gib(mem.host_peak_bytes)} GiB of host RAM per node; "
-                f"the node has {view.fmt_gib(mem.host_capacity_bytes)} GiB")
-    return (f"{lp.layout.label} needs {view.fmt_gib(mem.nvme_bytes)} GiB of NVMe per node; "
-            f"the node has {view.fmt_gib(mem.nvme_capacity_bytes)} GiB")
+    from zlayout.core.plan import Plan
 
 
 class LayoutActionsMixin:
@@ -59,7 +45,7 @@ class LayoutActionsMixin:
             then()
             return
         self.push_screen(
-            ConfirmScreen(f"{layout.label} does not fit: {why_it_does_not_fit(lp)}. {what} it anyway?",
+            ConfirmScreen(f"{layout.label} does not fit: {lp.memory.shortfall}. {what} it anyway?",
                           yes=f"{what} anyway (y)", no="Cancel (n)"),
             lambda yes: then() if yes else self.notify(f"Not {what.lower()}ed: pick a layout that fits "
                                                        "(★ is the recommended one).", title=what))
