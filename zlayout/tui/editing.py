@@ -79,22 +79,22 @@ class EditingMixin:
 
     def inputs_edited(self) -> None:
         """Validate the fields now; plan them once the keys pause."""
-        self._first_frame_pending = False
-        self._generation += 1
-        self._validate()
-        if self._plan_timer is not None:
-            self._plan_timer.stop()
+        self._fields_changed()
         self._plan_timer = self.set_timer(PLAN_DEBOUNCE_S, self._start_planning)
 
     def plan_now(self) -> None:
         """Plan the fields without waiting for a pause (load, undo)."""
+        self._fields_changed()
+        self._start_planning()
+
+    def _fields_changed(self) -> None:
+        """A new generation of the fields: validated now, any pending plan of the last one dropped."""
         self._first_frame_pending = False
         self._generation += 1
         self._validate()
         if self._plan_timer is not None:
             self._plan_timer.stop()
             self._plan_timer = None
-        self._start_planning()
 
     def plan_after_first_frame(self) -> None:
         """At start-up: validate the fields now (the first frame marks a bad one) and plan them
