@@ -57,7 +57,8 @@ def cublas_workspace_bytes(gpu_name: str) -> int:
         else CUBLAS_WORKSPACE_OTHER
 
 
-ALLREDUCE_BUCKET_ELEMENTS = 500_000_000  # DeepSpeed engine.py MEMORY_OPT_ALLREDUCE_SIZE
+ALLREDUCE_BUCKET_ELEMENTS = 500_000_000
+NORM_PART_ELEMENTS = 250_000_000  # stage3.py _constant_buffered_norm2(buffer_size)  # DeepSpeed engine.py MEMORY_OPT_ALLREDUCE_SIZE
 MAX_REPLAYED_LAYER_PASSES = 384  # layers x micro-steps x steps (Llama-3-405B: 126 x 1 x 2 = 252)
 SMALL_SIZE = 1 * MiB  # kSmallSize: requests up to this go to the small pool
 MIN_LARGE_ALLOC = 10 * MiB  # kMinLargeAlloc
@@ -344,9 +345,14 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
     if stage == 3:
         # zero.Init: each tensor is made on the GPU and partitioned as it is built: its 1/n
         # slice copied out (to the host with parameter offload), the whole freed
+        # The module is built in fp32 (the worker's default dtype) and Init casts each tensor
+        # to bf16 as it is made (z3-opt-param-cpu trace: 500 then 250 MiB for the embedding,
+        # 192 then 96 for a QKV, the fp32 freed first)
         weights = []
         for x in tensors:
+            full = s.a(x * 4)
             whole = s.a(x * w)
+            s.f(full)
             if param_on_gpu:
                 weights.append(s.a(-(-x // n) * w))
             s.f(whole)
@@ -676,8 +682,19 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             if not in_bucket:
                 return
             staged = s.a(sum(in_bucket) * w, REDUCE_STREAM)
+            # stage3.py partition_grads, per gradient: grad_buffer.to(device) (a bf16 copy,
+            # kept in `buffers` until the bucket is done); at the boundary
+            # _offload_grad_partition_at_boundary takes its norm (_constant_buffered_norm2:
+            # .double() of parts of at most 250M elements) and casts it to fp32 for the copy
+            # to the host, both freed at once (z3-opt-param-cpu trace: 128, 512, 256 MiB per
+            # fc weight; 1000 MiB for the embedding's norm)
+            copies = []
             for size in in_bucket:
-                s.f(s.a(size * 4, REDUCE_STREAM))
+                copies.append(s.a(size * w, REDUCE_STREAM))
+                if boundary:
+                    s.f(s.a(min(size, NORM_PART_ELEMENTS) * 8, REDUCE_STREAM))
+                    s.f(s.a(size * 4, REDUCE_STREAM))
+            s.f(*copies)
             s.f(staged)
             in_bucket.clear()
             filled = 0
