@@ -779,6 +779,11 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             emb_grad = total
         hook([emb_grad])
         s.f(*emb_w)
+        if stage in (1, 2) and (stage == 2 or boundary) and partition is None:
+            # overlapping_partition_gradients_reduce_epilogue reduces the last, partly filled
+            # bucket: copy_grads_in_partition makes grads_in_partition then if no full bucket
+            # did before (a model under reduce_bucket_size elements)
+            partition = s.a(p_shard * w, REDUCE_STREAM if zero.overlap_comm else DEFAULT_STREAM)
         s.f(*buckets)
         if stage == 0 and boundary:
             # engine.allreduce_gradients -> buffered_allreduce_fallback -> allreduce_no_retain:
