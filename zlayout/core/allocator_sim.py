@@ -642,11 +642,13 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         head_w = fetch([V * h])
         logits = s.a(T * V * w)
         if hf:
-            sliced = s.a(T * V * w)
+            # transformers' ForCausalLMLoss: logits.float() over every token (the labels are
+            # shifted, not the logits), log_softmax keeps its output; the fp32 copy is freed
+            # when the loss function returns, the bf16 logits with the model's output
+            sliced = None
             f32 = s.a(T * V * 4)
-            s.f(sliced, logits)
             logp = s.a(T * V * 4)
-            s.f(f32)
+            s.f(f32, logits)
             L = T
         else:
             # worker_model: cross_entropy(logits[:, :-1].flatten(0, 1).float(), ...): the
