@@ -33,6 +33,14 @@ Pure arithmetic, no torch. Two parts:
   backward, those within `stage3_max_reuse_distance` (the head and the last blocks) kept.
 * Gradient accumulation: stage 0 and stage 1 keep each weight's `.grad` from the first
   micro-step to the boundary (stage 1 reduces only there); stage 2 reduces every micro-step.
+* Checked request by request against allocator traces recorded on an H200 (torch 2.11,
+  DeepSpeed 0.19.8; benchmarks/allocator_trace_compare.py lines a replay up with one, phase by
+  phase): the cuBLAS workspace each multiplying thread keeps, autograd's order (a Linear's
+  weight gradient before its input's, hooked at once; residual gradients summed in place; a
+  tied weight's two gradients summed once), the checkpoint recompute's early stop, flash
+  attention's backward workspace, the loss's b x (s-1) tokens, DeepSpeed's float64 gradient
+  norms, stage 0's all-reduce buckets, grads_in_partition on the reduction stream. The
+  ZeRO-0 and ZeRO-2-checkpointed traces replay to within 20 MiB of every phase's segments.
 """
 
 from __future__ import annotations
@@ -42,6 +50,23 @@ from dataclasses import dataclass, field
 
 MiB = 2**20
 REPLAYED_MICRO_STEPS = 3  # first, a middle one, the boundary: see allocation_sequence
+# torch's cuBLAS workspace (CublasHandlePool.cpp getChosenWorkspaceSize): 4096 x 8 KiB on
+# Hopper, 4096 x 2 KiB + 16 x 8 KiB elsewhere; one per (handle, stream), taken from the caching
+# allocator at a thread's first matmul and kept. Two threads multiply: the forward's and
+# autograd's device thread (every H200 trace: a 32 MiB block at the first forward matmul and
+# one at the head's backward, never freed).
+CUBLAS_WORKSPACE_HOPPER = 32 * MiB
+CUBLAS_WORKSPACE_OTHER = 8 * MiB + 128 * 1024
+
+
+def cublas_workspace_bytes(gpu_name: str) -> int:
+    name = gpu_name.lower()
+    return CUBLAS_WORKSPACE_HOPPER if any(x in name for x in ("h100", "h200", "h800", "gh200", "h20")) \
+        else CUBLAS_WORKSPACE_OTHER
+
+
+ALLREDUCE_BUCKET_ELEMENTS = 500_000_000
+NORM_PART_ELEMENTS = 250_000_000  # stage3.py _constant_buffered_norm2(buffer_size)  # DeepSpeed engine.py MEMORY_OPT_ALLREDUCE_SIZE
 MAX_REPLAYED_LAYER_PASSES = 384  # layers x micro-steps x steps (Llama-3-405B: 126 x 1 x 2 = 252)
 SMALL_SIZE = 1 * MiB  # kSmallSize: requests up to this go to the small pool
 MIN_LARGE_ALLOC = 10 * MiB  # kMinLargeAlloc
@@ -238,6 +263,13 @@ class _Seq:
         self.live = live
         self.pools: dict[int, CachingAllocator] = {}
         self.blocks: list[tuple[CachingAllocator, _Block | None] | None] = [None]
+        self.marks: list[tuple[str, int]] = []  # (phase, index of its first event): comparisons
+
+    def mark(self, phase: str) -> None:
+        """The phase that ends here (the allocator trace's `phase_marks`), for comparing the
+        sequence with a recorded trace; planning (live) keeps none."""
+        if not self.live:
+            self.marks.append((phase, len(self.events)))
 
     def a(self, size: int, stream: int = DEFAULT_STREAM) -> int:
         size = int(size)
@@ -291,6 +323,13 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         return None  # too long to replay on a keystroke: the per-phase rule answers
     s = _seq if _seq is not None else _Seq()
     w = 2
+    workspace = cublas_workspace_bytes(inp.hardware.gpu.name)
+    workspaces: list[str] = []  # the threads whose cuBLAS workspace is allocated
+
+    def first_matmul(thread: str) -> None:
+        if thread not in workspaces:
+            workspaces.append(thread)
+            s.a(workspace)
     h, kv, f, V = model.hidden, model.kv_size, model.ffn_size, model.vocab
     T = t.micro_batch * t.seq
     swiglu = model.mlp == "swiglu"
@@ -314,12 +353,18 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
     if stage == 3:
         # zero.Init: each tensor is made on the GPU and partitioned as it is built: its 1/n
         # slice copied out (to the host with parameter offload), the whole freed
+        # The module is built in fp32 (the worker's default dtype) and Init casts each tensor
+        # to bf16 as it is made (z3-opt-param-cpu trace: 500 then 250 MiB for the embedding,
+        # 192 then 96 for a QKV, the fp32 freed first)
         weights = []
         for x in tensors:
+            full = s.a(x * 4)
             whole = s.a(x * w)
+            s.f(full)
             if param_on_gpu:
                 weights.append(s.a(-(-x // n) * w))
             s.f(whole)
+        s.mark("built")
         if param_on_gpu:
             # _create_fp16_partitions_with_defragmentation: one flat bf16 buffer of the
             # partitions, which become views of it
@@ -336,6 +381,7 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         weights = []
     else:
         # engine: the module, cast to bf16 on the host, moves to the GPU tensor by tensor
+        s.mark("built")
         weights = [s.a(x * w) for x in tensors]
     if stage == 3:
         pass
@@ -364,6 +410,7 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         s.a(4 * p_shard)
         s.f(clone)
         s.f(s.a(4 * p_shard))
+    s.mark("initialize")
     moments_made = stage == 0
     partition = None
     retired: list[int] = []  # stage 2: last micro-step's partition, alive through this backward
@@ -396,13 +443,19 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             return [x32, nb], s.a(T * h * w)
         return [], s.a(T * h * w)
 
-    def block_forward(x: int, keep: bool) -> tuple[dict, int]:
-        """One block's forward from its input x: (what its backward keeps, its output)."""
+    def block_forward(x: int, keep: bool, recompute: bool = False) -> tuple[dict, int | None]:
+        """One block's forward from its input x: (what its backward keeps, its output).
+        `recompute`: a checkpoint's recomputation in backward, which stops once the last
+        tensor backward needs is made (torch.utils.checkpoint, non-reentrant, early stop on
+        by default): fc2 and the residual add are not run again, no output (z2-ckpt trace:
+        no 48 MiB fc2 output or sum between a layer's recomputed product and fc2's gradients)."""
         sv: dict[str, list[int]] = {}
         sv["norm1"], n1 = norm_forward()
         sv["n1"] = [n1]
         if hf:
-            q, k, v = s.a(T * h * w), s.a(T * kv * w), s.a(T * kv * w)
+            q = s.a(T * h * w)
+            first_matmul("forward")
+            k, v = s.a(T * kv * w), s.a(T * kv * w)
             tmp = [s.a(T * h * w), s.a(T * h * w)]  # rotary: q * cos, rotate_half(q) * sin
             qr = s.a(T * h * w)
             s.f(*tmp, q)
@@ -412,6 +465,7 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             sv["qkv"] = [qr, kr, v]
         else:
             sv["qkv"] = [s.a(T * (h + 2 * kv) * w)]
+            first_matmul("forward")
         sv["attn"] = [s.a(T * h * w)]
         proj = s.a(T * h * w)
         xm = s.a(T * h * w)
@@ -438,9 +492,12 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             sv["prod"] = [s.a(T * f * w)]
         else:
             sv["prod"] = []
-        fc2 = s.a(T * h * w)
-        out = s.a(T * h * w)
-        s.f(fc2)
+        if recompute:
+            out = None
+        else:
+            fc2 = s.a(T * h * w)
+            out = s.a(T * h * w)
+            s.f(fc2)
         if hf_norm:
             s.f(xm)
             sv["xm"] = []
@@ -452,77 +509,93 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             sv = {}
         return sv, out
 
-    def block_backward(sv: dict, g: int) -> tuple[int, list[int]]:
+    heads = model.heads
+    seq_rounded = 128 * -(-t.seq // 128)
+    # flash attention's backward: one fp32 workspace of two (b, s, heads, head_dim)
+    # accumulators and the (b, heads, s) softmax sums, freed when it returns (traces: 129.0 MiB
+    # at b2 s4096 h2048 32 heads, 192.8 MiB at h3072 24 heads)
+    flash_bwd = t.micro_batch * seq_rounded * (8 * h + 4 * heads)
+
+    def linear_backward(weight: int, d_input: int, hook) -> int:
+        """A Linear's backward (MmBackward): the weight's gradient, then the input's; the
+        weight's gradient goes at once to its AccumulateGrad node, whose hook (DeepSpeed's
+        reduce hook) runs before the next node (traces: 48 then 128 MiB at fc2, 96 then 48 at
+        fc1, the 48 freed into the reduce bucket before the activation gradients follow)."""
+        wgrad = s.a(weight * w)
+        gin = s.a(d_input)
+        hook([wgrad])
+        return gin
+
+    def block_backward(sv: dict, g: int, hook) -> int:
         """One block's backward, as autograd runs it: each node frees what it kept when it
-        is done. g: the gradient of the block's output (also the residual's)."""
-        wg = []
-        g1 = s.a(T * f * w)  # fc2: d(input)
-        wg.append(s.a(f * h * w))  # fc2: d(weight)
+        is done, each weight gradient is handed to `hook` as it is made. g: the gradient of
+        the block's output, which is also the residual stream's: the gradients of the two
+        norms' branches are added into it in place (autograd's InputBuffer accumulates into a
+        buffer it owns; the traces free the branch's gradient and keep g)."""
+        wg_fc2 = s.a(f * h * w)  # fc2: d(weight), then d(input)
+        g1 = s.a(T * f * w)
         s.f(*(sv["prod"] or sv["act"][:0]))
+        hook([wg_fc2])
         if swiglu:
             ga, gb = s.a(T * f * w), s.a(T * f * w)  # mul: d(silu), d(up)
             s.f(g1, *sv["act"])
             gs = s.a(T * f * w)  # silu backward
             s.f(ga)
-            gcat = s.a(T * 2 * f * w) if not hf else None  # chunk backward: cat
-            if gcat:
+            if hf:
+                gcat = None
+            else:
+                s.f(*sv["fc1"])  # the fused gate/up output: its last use was the silu
+                gcat = s.a(T * 2 * f * w)  # chunk backward: cat
                 s.f(gs, gb)
         else:
-            gcat = s.a(T * f * w)  # gelu backward
-            s.f(g1, *sv["act"])
-        s.f(*sv["fc1"])
+            gcat = s.a(T * f * w)  # gelu backward: its input (fc1's output) freed
+            s.f(g1, *sv["act"], *sv["fc1"])
         if hf and swiglu:
-            gx = s.a(T * h * w)  # up_proj d(input)
-            wg.append(s.a(f * h * w))
+            s.f(*sv["fc1"])
+            gx = linear_backward(f * h, T * h * w, hook)  # up_proj
             s.f(gb)
-            gx2 = s.a(T * h * w)  # gate_proj d(input)
-            wg.append(s.a(f * h * w))
+            gx2 = linear_backward(f * h, T * h * w, hook)  # gate_proj
             s.f(gs)
             gn = s.a(T * h * w)  # sum
             s.f(gx, gx2)
         else:
-            gn = s.a(T * h * w)  # fc1 d(input)
-            wg.append(s.a((2 if swiglu else 1) * f * h * w))
+            gn = linear_backward((2 if swiglu else 1) * f * h, T * h * w, hook)  # fc1
             s.f(gcat)
         s.f(*sv["n2"])
         gxm = norm_backward(gn, sv["norm2"], sv["xm"])
-        gres = s.a(T * h * w)  # residual: g + d(xm)
-        s.f(gxm, g)
-        gattn = s.a(T * h * w)  # proj d(input)
-        wg.append(s.a(h * h * w))
-        # sdpa backward: dq, dk, dv
+        s.f(gxm)  # added into g in place
+        gattn = linear_backward(h * h, T * h * w, hook)  # proj
+        # sdpa backward: dq, dk, dv, flash's workspace
         dq, dk, dv = s.a(T * h * w), s.a(T * kv * w), s.a(T * kv * w)
-        s.f(gattn, *sv["attn"], *sv["qkv"])
+        s.f(s.a(flash_bwd))
+        s.f(*sv["attn"], *sv["qkv"], gattn)
         if hf:
             # rotary backward of q and k, then three projections' input gradients summed
             dq2 = s.a(T * h * w)
             s.f(dq)
             dk2 = s.a(T * kv * w)
             s.f(dk)
-            gx = s.a(T * h * w)
-            wg.append(s.a(h * h * w))
+            gx = linear_backward(h * h, T * h * w, hook)
             s.f(dq2)
-            gx2 = s.a(T * h * w)
-            wg.append(s.a(h * kv * w))
+            gx2 = linear_backward(h * kv, T * h * w, hook)
             s.f(dk2)
             gsum = s.a(T * h * w)
             s.f(gx, gx2)
-            gx = s.a(T * h * w)
-            wg.append(s.a(h * kv * w))
+            gx = linear_backward(h * kv, T * h * w, hook)
             s.f(dv)
             gn = s.a(T * h * w)
             s.f(gsum, gx)
         else:
             gqkv = s.a(T * (h + 2 * kv) * w)  # split backward: cat
             s.f(dq, dk, dv)
-            gn = s.a(T * h * w)
-            wg.append(s.a(h * (h + 2 * kv) * w))
+            gn = linear_backward(h * (h + 2 * kv), T * h * w, hook)
+            s.f(*sv["n1"])
             s.f(gqkv)
-        s.f(*sv["n1"])
+        if hf:
+            s.f(*sv["n1"])
         gx = norm_backward(gn, sv["norm1"], sv["x"])
-        gin = s.a(T * h * w)  # residual
-        s.f(gx, gres)
-        return gin, wg
+        s.f(gx)  # added into g in place
+        return g
 
     def norm_backward(g: int, kept: list[int], x: list[int]) -> int:
         if hf_norm:
@@ -538,13 +611,13 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         s.f(g, *x)
         return gx
 
-    def fp32_gradients(size: int, moments_made: bool) -> int:
+    def fp32_gradients(size: int, moments_made: bool, *release: int | None) -> int:
         """The step over one flat partition of `size` elements: its gradients flattened, cast to
-        fp32 (the bf16 flat freed), Adam's two moments made on the first step. Returns the fp32
-        gradients, which the caller frees once the step is done."""
+        fp32 (the bf16 flat freed, then `release`), Adam's two moments made on the first step.
+        Returns the fp32 gradients, which the caller frees once the step is done."""
         flat16 = s.a(size * w)
         flat32 = s.a(size * 4)
-        s.f(flat16)
+        s.f(flat16, *release)
         if not moments_made:
             s.a(4 * size)
             s.a(4 * size)
@@ -576,18 +649,37 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             s.f(inputs[-1])
         head_w = fetch([V * h])
         logits = s.a(T * V * w)
-        sliced = s.a(T * V * w) if t.micro_batch > 1 or hf else None
-        f32 = s.a(T * V * 4)
-        s.f(sliced, logits)
-        logp = s.a(T * V * 4)
-        s.f(f32)
+        if hf:
+            # transformers' ForCausalLMLoss: logits.float() over every token (the labels are
+            # shifted, not the logits), log_softmax keeps its output; the fp32 copy is freed
+            # when the loss function returns, the bf16 logits with the model's output
+            sliced = None
+            f32 = s.a(T * V * 4)
+            logp = s.a(T * V * 4)
+            s.f(f32, logits)
+            L = T
+        else:
+            # worker_model: cross_entropy(logits[:, :-1].flatten(0, 1).float(), ...): the
+            # b x (s-1) tokens; flatten copies the slice when b > 1 (a temporary, freed once
+            # cast), log_softmax keeps its output, the fp32 copy is freed when its consumer is
+            # done and the logits when forward returns (z2-ckpt-L16-h3072 trace: 2004 and
+            # 2003.5 MiB, 4007 fp32, the slice freed, 4007 more, then the fp32 and the logits)
+            L = t.micro_batch * (t.seq - 1)
+            sliced = s.a(L * V * w) if t.micro_batch > 1 else None
+            f32 = s.a(L * V * 4)
+            s.f(sliced)
+            logp = s.a(L * V * 4)
+            s.f(f32, logits)
+        if boundary:
+            s.mark(f"step{step_index // ga + 1}.forward")
         # --- backward: the loss, its three fp32 tokens x vocab tensors
-        g_nll = s.a(T * V * 4)
-        g_lsm = s.a(T * V * 4)
+        g_nll = s.a(L * V * 4)
+        g_lsm = s.a(L * V * 4)
         s.f(g_nll, logp)
-        g_bf = s.a(T * V * w)
+        g_bf = s.a(L * V * w)
         s.f(g_lsm)
-        if sliced:
+        if sliced or not hf:
+            # SliceBackward: slice_backward makes a zero tensor of the whole logits
             g_full = s.a(T * V * w)
             s.f(g_bf)
             g_bf = g_full
@@ -600,13 +692,25 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             if not in_bucket:
                 return
             staged = s.a(sum(in_bucket) * w, REDUCE_STREAM)
+            # stage3.py partition_grads, per gradient: grad_buffer.to(device) (a bf16 copy,
+            # kept in `buffers` until the bucket is done); at the boundary
+            # _offload_grad_partition_at_boundary takes its norm (_constant_buffered_norm2:
+            # .double() of parts of at most 250M elements) and casts it to fp32 for the copy
+            # to the host, both freed at once (z3-opt-param-cpu trace: 128, 512, 256 MiB per
+            # fc weight; 1000 MiB for the embedding's norm)
+            copies = []
             for size in in_bucket:
-                s.f(s.a(size * 4, REDUCE_STREAM))
+                copies.append(s.a(size * w, REDUCE_STREAM))
+                if boundary:
+                    s.f(s.a(min(size, NORM_PART_ELEMENTS) * 8, REDUCE_STREAM))
+                    s.f(s.a(size * 4, REDUCE_STREAM))
+            s.f(*copies)
             s.f(staged)
             in_bucket.clear()
             filled = 0
 
         head_grad = s.a(V * h * w)
+        first_matmul("backward")
         g = s.a(T * h * w)
         s.f(g_bf, head_in)
         if not head_kept:
@@ -642,7 +746,12 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
                 buckets = [s.a(zero.reduce_bucket_size * w) for _ in range(2 if zero.overlap_comm else 1)]
             filled += sum(s.sizes[gr] for gr in weight_grads) // w
             if partition is None and filled > zero.reduce_bucket_size:
-                partition = s.a(p_shard * w)  # the first bucket reduced: grads_in_partition
+                # the first bucket reduced: grads_in_partition, made by copy_grads_in_partition
+                # inside reduce_ipg_grads' `with stream(self.reduction_stream)` when
+                # overlap_comm is on: cached for that stream, never reused by the compute
+                # stream (z2-ckpt trace: a new 4576 MiB segment while a free 4576 and a free
+                # 9152 MiB block sat in the compute stream's pool)
+                partition = s.a(p_shard * w, REDUCE_STREAM if zero.overlap_comm else DEFAULT_STREAM)
             if stage == 2 or boundary:
                 s.f(*weight_grads)  # copied into the bucket
                 if stage == 1 and accumulating:
@@ -650,7 +759,9 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
                     s.f(*grads[:len(weight_grads)])
                     del grads[:len(weight_grads)]
 
-        hook([head_grad])
+        tied = model.tie_embeddings
+        if not tied:
+            hook([head_grad])
         if head_kept:
             s.f(*head_w)
         g = norm_backward(g, fin_kept, [])
@@ -658,10 +769,8 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             sv = saved[i]
             layer_w = gathered.pop(i) if i in gathered else fetch(layer_sizes)
             if ckpt:
-                sv, out = block_forward(inputs[i], keep=True)
-                s.f(out)
-            gin, wg = block_backward(sv, g)
-            hook(wg)
+                sv, _ = block_forward(inputs[i], keep=True, recompute=True)
+            gin = block_backward(sv, g, hook)
             s.f(*layer_w)
             if ckpt:
                 s.f(inputs[i])
@@ -669,13 +778,42 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         emb_w = fetch([V * h])
         emb_grad = s.a(V * h * w)
         s.f(g)
+        if tied:
+            # one weight used twice: autograd sums its two gradients in the AccumulateGrad
+            # node's input buffer (the head's is held there from the start of backward; the
+            # sum is a new tensor), and the weight's hook runs once, with the sum (z0-L16-h2048
+            # trace: 501 MiB allocated after the embedding backward, the head's and the
+            # embedding's 501 MiB freed)
+            total = s.a(V * h * w)
+            s.f(head_grad, emb_grad)
+            emb_grad = total
         hook([emb_grad])
         s.f(*emb_w)
+        if stage in (1, 2) and (stage == 2 or boundary) and partition is None:
+            # overlapping_partition_gradients_reduce_epilogue reduces the last, partly filled
+            # bucket: copy_grads_in_partition makes grads_in_partition then if no full bucket
+            # did before (a model under reduce_bucket_size elements)
+            partition = s.a(p_shard * w, REDUCE_STREAM if zero.overlap_comm else DEFAULT_STREAM)
         s.f(*buckets)
+        if stage == 0 and boundary:
+            # engine.allreduce_gradients -> buffered_allreduce_fallback -> allreduce_no_retain:
+            # the gradients in named_parameters order, flattened into buckets of just over
+            # 500M elements (MEMORY_OPT_ALLREDUCE_SIZE), each all-reduced, copied back and
+            # freed, also on one GPU (z0-L16-h2048 trace: 965, 1012 and 380 MiB transients)
+            numel = 0
+            for gr in reversed(grads):
+                numel += s.sizes[gr] // w
+                if numel > ALLREDUCE_BUCKET_ELEMENTS:
+                    s.f(s.a(numel * w))
+                    numel = 0
+            if numel:
+                s.f(s.a(numel * w))
         if stage == 3 and not opt_on_gpu:
             flush()
         s.f(*retired)
         retired.clear()
+        if boundary:
+            s.mark(f"step{step_index // ga + 1}.backward")
         if not boundary:
             if stage == 2 and partition is not None:
                 # _release_ipg_buffers drops grads_in_partition at the end of every backward;
@@ -691,15 +829,27 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
                     s.f(fp32_gradients(size, moments_made))
                 moments_made = True
         elif stage == 0:
-            casts = [s.a(s.sizes[gr] * 2) for gr in grads]
+            # FP16_Optimizer.step: _flatten_dense_tensors([p.grad.to(fp32) for p in group]):
+            # the casts in parameter order (grads holds them in backward order), then the flat
+            casts = [s.a(s.sizes[gr] * 2) for gr in reversed(grads)]
             flat32 = s.a(4 * p)
             s.f(*casts)
             s.f(flat32, *grads)
             grads.clear()
         else:
-            s.f(fp32_gradients(p_shard, moments_made), partition)
+            # scaled_global_norm -> get_grad_norm_direct: vector_norm(g.double()) of each
+            # gradient of the partition, in parameter order, each freed at once (z2-ckpt
+            # trace: 3006, then 120, 72, 384, 192 MiB per block, 8 bytes an element)
+            left = p_shard
+            for x in tensors:
+                if left <= 0:
+                    break
+                s.f(s.a(min(x, left) * 8))
+                left -= x
+            s.f(fp32_gradients(p_shard, moments_made, partition))
             moments_made = True
             partition = None  # released with the step's gradients (allocated peaks say so)
+        s.mark(f"step{step_index // ga + 1}.step")
     return s.events
 
 
@@ -708,7 +858,8 @@ def _key(inp, layout) -> tuple:
     # accumulate (stage 1 then keeps them per weight between boundaries): one replay for both
     stage = 2 if layout.stage == 1 and inp.training.grad_accum <= 1 else layout.stage
     return (inp.model.model_dump_json(), inp.training.model_dump_json(), inp.zero.model_dump_json(),
-            inp.hardware.world, stage, layout.offload_optimizer, layout.offload_param)
+            inp.hardware.world, stage, layout.offload_optimizer, layout.offload_param,
+            cublas_workspace_bytes(inp.hardware.gpu.name))
 
 
 _CACHE: dict[tuple, int | None] = {}
