@@ -48,37 +48,20 @@ def main() -> int:
     a = ap.parse_args()
     argv = [x for x in a.layout if x != "--"]
 
-    from zlayout.cli import build_parser, layout_from_args, plan_input_from_args
+    from layout_on_gpu import build_model, parse_layout, start_distributed
     from zlayout.core.memory import estimate_memory
-    from zlayout.profile.ds_config import ds_config
     from zlayout.spec import GiB
 
-    # The environment corrections verify applies to its ranks (TORCH_CUDA_ARCH_LIST=9.0a, as the
-    # H200 node sets it, is not parsed by DeepSpeed 0.19.8's op builder when it JIT-builds fused
-    # Adam: "invalid literal for int() with base 10: '0a'"). The product's rule, imported.
-    from zlayout.verify.environment import corrected_env
-
-    env, notes = corrected_env(dict(os.environ))
-    for key in set(os.environ) - set(env):
-        del os.environ[key]
-    os.environ.update(env)
-    for note in notes:
-        print(f"NOTE {note}", file=sys.stderr)
-
-    args = build_parser().parse_args(["verify", *argv])
-    inp = plan_input_from_args(args).model_copy(update={"headroom_fraction": 0.0})
-    layout = layout_from_args(args)
+    inp, layout, cfg = parse_layout(argv)
+    inp = inp.model_copy(update={"headroom_fraction": 0.0})
     est = estimate_memory(inp, layout)
-    cfg = ds_config(inp, layout)
 
     import deepspeed
     import torch
 
-    from zlayout.verify.worker import batch, initialise_partitioned_hf_weights
-    from zlayout.verify.worker_model import builder
+    from zlayout.verify.worker import batch
 
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    deepspeed.init_distributed(dist_backend="nccl")
+    start_distributed()
     torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python",
                                              max_entries=MAX_TRACE_ROWS)
     m, t = inp.model, inp.training
@@ -113,15 +96,7 @@ def main() -> int:
         })
 
     started = time.time()
-    checkpointing = t.checkpointing == "full"
-    build = builder(m, checkpointing, t.impl, t.seq, None)
-    if layout.stage == 3:
-        with deepspeed.zero.Init(config_dict_or_path=cfg):
-            model = build()
-        if t.impl == "hf":
-            initialise_partitioned_hf_weights(deepspeed, model.model)
-    else:
-        model = build()
+    model = build_model(inp, layout, cfg)
     snapshot_phase("built")
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
     snapshot_phase("initialize")

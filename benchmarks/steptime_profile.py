@@ -50,42 +50,21 @@ def main() -> int:
     a = ap.parse_args()
     argv = [x for x in a.layout if x != "--"]
 
-    from zlayout.cli import build_parser, layout_from_args, plan_input_from_args
+    from layout_on_gpu import build_model, parse_layout, start_distributed
     from zlayout.core.steptime import estimate_step_time
-    from zlayout.profile.ds_config import ds_config
-    from zlayout.verify.environment import corrected_env
 
-    env, notes = corrected_env(dict(os.environ))
-    for key in set(os.environ) - set(env):
-        del os.environ[key]
-    os.environ.update(env)
-    for note in notes:
-        print(f"NOTE {note}", file=sys.stderr)
-
-    args = build_parser().parse_args(["verify", *argv])
-    inp = plan_input_from_args(args)
-    layout = layout_from_args(args)
-    cfg = ds_config(inp, layout)
+    inp, layout, cfg = parse_layout(argv)
     predicted = estimate_step_time(inp, layout)
 
     import deepspeed
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    from zlayout.verify.worker import batch, initialise_partitioned_hf_weights
-    from zlayout.verify.worker_model import builder
+    from zlayout.verify.worker import batch
 
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    deepspeed.init_distributed(dist_backend="nccl")
+    start_distributed()
     m, t = inp.model, inp.training
-    build = builder(m, t.checkpointing == "full", t.impl, t.seq, None)
-    if layout.stage == 3:
-        with deepspeed.zero.Init(config_dict_or_path=cfg):
-            model = build()
-        if t.impl == "hf":
-            initialise_partitioned_hf_weights(deepspeed, model.model)
-    else:
-        model = build()
+    model = build_model(inp, layout, cfg)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
     device = torch.device("cuda", torch.cuda.current_device())
     accum = t.grad_accum

@@ -1,22 +1,13 @@
 #!/bin/bash
-# 2026-12-01, third session, call 1 on one H200 (16 cores): diagnostics for the two models still
-# missing their targets, before any change to them.
+# Diagnostics for the step-time and allocator models on one H200 (16 cores), written 2026-12-01
+# when this session had no device time left (not yet run): one call, about 9 minutes.
 # 1. torch.profiler of the step-time model's worst layouts (benchmarks/steptime_profile.py), one at a
 #    time: is each phase bound by the GPU or by the host (ZeRO-3's hooks, launches)? (issue 13)
 # 2. allocator traces (benchmarks/allocator_trace.py) of the device-used rows the replay misses most,
 #    two at a time (each trace's own reserved and segments are per process; its device_used_bytes
 #    is not, with two processes on the card) (issue 11).
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl 2>&1 | tail -2
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 \
-  TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 HF_HUB_OFFLINE=1
-OUT=${OUT:-/tmp/verify-out}; mkdir -p "$OUT"; P=/tmp/profiles; T=/tmp/traces; mkdir -p $P $T
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-  echo "cores $(nproc)"; grep -m1 "model name" /proc/cpuinfo; grep MemTotal /proc/meminfo
-  echo "TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST-unset}"
-  python3 -c "import torch, deepspeed, transformers; print(torch.__version__, deepspeed.__version__, transformers.__version__)"
-} > "$OUT/call1-host.txt" 2>&1
-cat "$OUT/call1-host.txt"
+source benchmarks/h200_node_setup.sh diagnostics
+P=/tmp/profiles; T=/tmp/traces; mkdir -p $P $T
 s=$SECONDS
 python3 -c "from zlayout.verify.environment import corrected_env as c; import os; os.environ.update(c(dict(os.environ))[0]); from deepspeed.ops.op_builder import FusedAdamBuilder as B; B().load()" > "$OUT/build-fused.log" 2>&1 &
 python3 -c "from zlayout.verify.environment import corrected_env as c; import os; os.environ.update(c(dict(os.environ))[0]); from deepspeed.ops.op_builder import CPUAdamBuilder as B; B().load()" > "$OUT/build-cpu.log" 2>&1 &
@@ -44,4 +35,4 @@ trace t-z0-hf-s6144 --impl hf --stage 0 --layers 8 --hidden 2560 --heads 20 --kv
 wait
 trace t-z2-hf-h3584 --impl hf --stage 2 --layers 8 --hidden 3584 --heads 28 --kv-heads 4 --ffn 18944 --vocab 152064 --mlp swiglu --norm rmsnorm --no-bias --qkv-bias --seq 4096 --micro-batch 1
 tar czf "$OUT/profiles.tgz" -C /tmp profiles; tar czf "$OUT/traces.tgz" -C /tmp traces
-echo "call 1 finished at ${SECONDS}s"; ls -la $OUT
+echo "diagnostics finished at ${SECONDS}s"; ls -la $OUT

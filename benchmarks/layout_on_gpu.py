@@ -1,0 +1,55 @@
+"""One layout, given as `zlayout verify` arguments, built on this GPU exactly as the verify
+worker builds it: the measurement scripts (allocator_trace.py, steptime_profile.py) share it
+so what they measure is what `zlayout verify` runs."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+
+def parse_layout(argv: list[str]) -> tuple[Any, Any, dict]:
+    """(plan input, layout, DeepSpeed config) of `zlayout verify ARGV`, after applying verify's
+    own corrections to this process's environment (the H200 node's TORCH_CUDA_ARCH_LIST=9.0a is
+    not parsed by DeepSpeed 0.19.8's op builder when it JIT-builds fused Adam)."""
+    from zlayout.cli import build_parser, layout_from_args, plan_input_from_args
+    from zlayout.profile.ds_config import ds_config
+    from zlayout.verify.environment import corrected_env
+
+    env, notes = corrected_env(dict(os.environ))
+    for key in set(os.environ) - set(env):
+        del os.environ[key]
+    os.environ.update(env)
+    for note in notes:
+        print(f"NOTE {note}", file=sys.stderr)
+    args = build_parser().parse_args(["verify", *argv])
+    inp = plan_input_from_args(args)
+    layout = layout_from_args(args)
+    return inp, layout, ds_config(inp, layout)
+
+
+def build_model(inp: Any, layout: Any, cfg: dict) -> Any:
+    """The worker's model (ZeRO-3 under zero.Init, transformers weights initialised per module)."""
+    import deepspeed
+
+    from zlayout.verify.worker import initialise_partitioned_hf_weights
+    from zlayout.verify.worker_model import builder
+
+    t = inp.training
+    build = builder(inp.model, t.checkpointing == "full", t.impl, t.seq, None)
+    if layout.stage != 3:
+        return build()
+    with deepspeed.zero.Init(config_dict_or_path=cfg):
+        model = build()
+    if t.impl == "hf":
+        initialise_partitioned_hf_weights(deepspeed, model.model)
+    return model
+
+
+def start_distributed() -> None:
+    import deepspeed
+    import torch
+
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    deepspeed.init_distributed(dist_backend="nccl")
