@@ -38,8 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from zlayout.core.calibrate import MeasuredStep  # noqa: E402
 from zlayout.core.comm import estimate_comm  # noqa: E402
 from zlayout.core.steptime import (HBM_EFFICIENCY, STAGE3_GATHER_OVERHEAD_S, GpuStepConstants,  # noqa: E402
-                                   estimate_step_time, micro_step_work, optimizer_work, phase_kernel_s,
-                                   stage3_hooks_s)
+                                   estimate_step_time, micro_step_work, optimizer_kernels, optimizer_work,
+                                   phase_kernel_s, stage3_hooks_s)
 
 PASS_TERMS = 7  # 1/E_gemm, h0/E_gemm, 1/E_unaligned, 1/E_attn, s/kernel, s/fetch, s/gradient hook
 OPT_TERMS = 3  # 1/E_opt, s/tensor, s
@@ -88,6 +88,7 @@ def _design(step: MeasuredStep, c: GpuStepConstants) -> tuple[np.ndarray, np.nda
     opt_bytes, tensors = optimizer_work(inp, layout)
     x = np.zeros(PASS_TERMS + OPT_TERMS)
     x[PASS_TERMS:] = [opt_bytes / hbm, tensors, 1.0]
+    x[4] = optimizer_kernels(inp, layout)
     rows.append(x)
     fixed.append(0.0)
     return np.array(rows), np.array(fixed), np.array(step.phases_s) if step.phases_s else None
@@ -152,7 +153,12 @@ def loss(steps: list[MeasuredStep], c: GpuStepConstants) -> float:
 HOOK_STARTS_S = ((0.3e-3, 0.05e-3), (0.5e-3, 0.15e-3), (0.7e-3, 0.3e-3))
 
 
-def _solve(steps: list[MeasuredStep], c: GpuStepConstants, rounds: int) -> tuple[float, GpuStepConstants]:
+HOOK_TERMS = [5, 6]  # theta's ZeRO-3 hook constants: s/fetch, s/gradient hook
+
+
+def _solve(steps: list[MeasuredStep], c: GpuStepConstants, rounds: int,
+           only: list[int] | None = None) -> tuple[float, GpuStepConstants]:
+    """Rounds of non-negative least squares from `c`; `only`: the terms solved, the others held."""
     best = (loss(steps, c), c)
     for _ in range(rounds):
         a_rows, b_rows = [], []
@@ -169,9 +175,14 @@ def _solve(steps: list[MeasuredStep], c: GpuStepConstants, rounds: int) -> tuple
                 other = est.step_time_s - linear  # exposed communication, which the fit holds fixed
                 a_rows.append(x.sum(axis=0) * scale)
                 b_rows.append((step.measured_step_s - fixed.sum() - other) * scale)
-        a = np.array(a_rows)
+        a, b = np.array(a_rows), np.array(b_rows)
         previous = theta_from_constants(c)
-        theta = nnls(a, np.array(b_rows))
+        if only is None:
+            theta = nnls(a, b)
+        else:
+            held = [i for i in range(a.shape[1]) if i not in only]
+            theta = previous.copy()
+            theta[only] = nnls(a[:, only], b - a[:, held] @ previous[held])
         unseen = ~np.any(a != 0, axis=0)  # no pass on that side this round: keep the constant
         theta[unseen] = previous[unseen]
         theta = np.maximum(theta, 1e-12)  # an efficiency's inverse must stay finite
@@ -181,12 +192,24 @@ def _solve(steps: list[MeasuredStep], c: GpuStepConstants, rounds: int) -> tuple
 
 
 def fit(steps: list[MeasuredStep], start: GpuStepConstants | None = None, rounds: int = 8) -> GpuStepConstants:
-    """The constants that bring the GPU-resident `steps` closest to their measurements."""
+    """The constants that bring the GPU-resident `steps` closest to their measurements.
+
+    In two parts: the kernels', launches' and optimizer's constants on the rows without ZeRO-3
+    (no hooks: every second of a pass is kernels or launches), then the hooks' constants on the
+    ZeRO-3 rows with those held (a ZeRO-3 pass shows its kernels or its hooks, whichever is longer,
+    so fitting both there lets one stand in for the other).
+    """
     steps = [s for s in steps if is_fitted(s)]
     c = start or GpuStepConstants()
+    plain = [s for s in steps if s.layout.stage != 3]
+    if plain:
+        c = _solve(plain, c, rounds)[1]
+    hooked = [s for s in steps if s.layout.stage == 3]
+    if not hooked:
+        return c
     starts = [c] if start is not None else [
         replace(c, stage3_fetch_overhead_s=fetch_s, stage3_grad_hook_s=grad_s) for fetch_s, grad_s in HOOK_STARTS_S]
-    return min((_solve(steps, s, rounds) for s in starts), key=lambda pair: pair[0])[1]
+    return min((_solve(hooked, s, rounds, only=HOOK_TERMS) for s in starts), key=lambda pair: pair[0])[1]
 
 
 def load_steps(held_out: bool = False) -> list[MeasuredStep]:

@@ -54,17 +54,17 @@ from zlayout.spec import Layout, LinkSpec, PlanInput
 # the optimizer step, each priced from the work it does. The fitted constants (benchmarks/
 # steptime_fit.py fits them by least squares on the forward/backward/optimizer times verify
 # records, and on whole steps where a row has no phases; docs/tradeoffs.md lists the evidence):
-GEMM_EFFICIENCY = 0.711  # large GEMMs' achieved / peak bf16 FLOP/s (the asymptote in the hidden size)
+GEMM_EFFICIENCY = 0.714  # large GEMMs' achieved / peak bf16 FLOP/s (the asymptote in the hidden size)
 # A GEMM of hidden size h reaches GEMM_EFFICIENCY * h / (h + GEMM_HALF_WIDTH): the narrow GEMMs of a
 # small model fill fewer tiles per wave and spend more of their time in prologue and epilogue.
-GEMM_HALF_WIDTH = 196.0
+GEMM_HALF_WIDTH = 89.5
 # A vocabulary that is not a multiple of 8 leaves the logits' rows misaligned for 16-byte tensor-core
 # loads (GPT-2's 50257; nanoGPT pads it to 50304 for this): the head's three GEMMs and the loss's
 # passes run on slower kernels, the head's GEMMs at this achieved / peak.
-UNALIGNED_HEAD_EFFICIENCY = 0.130
-ATTENTION_EFFICIENCY = 0.500  # causal flash attention forward (SDPA): achieved / peak on its halved FLOPs
+UNALIGNED_HEAD_EFFICIENCY = 0.126
+ATTENTION_EFFICIENCY = 0.570  # causal flash attention forward (SDPA): achieved / peak on its halved FLOPs
 ATTENTION_BACKWARD_RATIO = 2.5  # flash attention's backward takes this many forwards' time (counted, not fitted)
-KERNEL_OVERHEAD_S = 3.6e-6  # host time per kernel launched (Python, the dispatcher, the launch itself)
+KERNEL_OVERHEAD_S = 8.4e-6  # host time per kernel launched (Python, the dispatcher, the launch itself)
 # ZeRO-3's hooks are host time that runs ahead of the GPU's kernels (see `pass_s`). Per module per
 # pass (forward, backward, the recompute's forward): the pre-forward hook's fetch_sub_module (trace
 # check, prefetch queue, the handles' waits), the post-forward hook's release_sub_module, and the two
@@ -72,13 +72,13 @@ KERNEL_OVERHEAD_S = 3.6e-6  # host time per kernel launched (Python, the dispatc
 # releases the module again). Per parameter tensor, in the backward: the gradient hook
 # (reduce_partition_and_remove_grads: the copy into the reduction bucket on a side stream, the
 # bookkeeping) and its share of the epilogue's partition_grads.
-STAGE3_FETCH_OVERHEAD_S = 0.419e-3
-STAGE3_GRAD_HOOK_S = 0.381e-3
-GPU_OPTIMIZER_HBM_EFFICIENCY = 0.469  # the optimizer step's kernels (norm, clip, multi-tensor Adam, casts)
+STAGE3_FETCH_OVERHEAD_S = 0.383e-3
+STAGE3_GRAD_HOOK_S = 0.435e-3
+GPU_OPTIMIZER_HBM_EFFICIENCY = 0.458  # the optimizer step's kernels (norm, clip, multi-tensor Adam, casts)
 # Per optimizer step, DeepSpeed's engine runs Python around the optimizer's kernels: a fixed part,
 # and a part per parameter tensor (bookkeeping, per-tensor norms and copies).
-STEP_BASE_OVERHEAD_S = 5.32e-3
-STEP_OVERHEAD_PER_TENSOR_S = 0.119e-3
+STEP_BASE_OVERHEAD_S = 5.02e-3
+STEP_OVERHEAD_PER_TENSOR_S = 0.111e-3
 # Counted, not fitted: elementwise, norm, activation, rotary and loss kernels stream HBM at this share
 # of nominal; bytes per element are counted in `micro_step_work`.
 HBM_EFFICIENCY = 0.8
@@ -415,12 +415,16 @@ def optimizer_work(inp: PlanInput, layout: Layout) -> tuple[float, int]:
         hbm_bytes += GPU_OPTIMIZER_BYTES_PER_PARAM * partition
         if layout.stage in (1, 2):
             hbm_bytes += 6 * partition  # the gradient partition cast to fp32 (stage 3: in the backward hooks)
-    # Python per parameter tensor at every stage: stage 3 steps its flat fp32 sub-groups
-    # (sub_group_size), but its step still visits each tensor as stages 1-2 do (DeepSpeed's
-    # stage3.py: get_grad_norm_direct's g.double().norm(2) per gradient, the gradients' record_stream
-    # and release in _prepare_fp32_grad_for_sub_group, the partitions re-pointed by
-    # _unflatten_partitioned_parameters)
-    return hbm_bytes, parameter_tensors(inp)
+    # stage 3 steps its flat fp32 sub-groups (sub_group_size), not one parameter tensor at a time
+    # (its per-tensor gradient norm: `optimizer_kernels`)
+    return hbm_bytes, (1 if layout.stage == 3 else parameter_tensors(inp))
+
+
+def optimizer_kernels(inp: PlanInput, layout: Layout) -> int:
+    """Kernels stage 3's step launches one tensor at a time, priced as any launch: its gradient norm
+    runs per gradient (stage3.py, get_grad_norm_direct: g.double() and .norm(2), two kernels each).
+    Stages 0-2's per-tensor Python is STEP_OVERHEAD_PER_TENSOR_S's."""
+    return 2 * parameter_tensors(inp) if layout.stage == 3 else 0
 
 
 def peak_flops(inp: PlanInput) -> float:
@@ -513,7 +517,8 @@ def estimate_step_time(inp: PlanInput, layout: Layout, comm: CommEstimate | None
     # The GPU optimizer step: memory-bound passes over the rank's partition, and Python per tensor
     opt_bytes, tensors = optimizer_work(inp, layout)
     gpu_optimizer_s = opt_bytes / (hw.gpu.hbm_gbps * c.optimizer_hbm_efficiency * 1e9) * cal.gpu_factor
-    step_overhead_s = (c.step_base_overhead_s + c.step_overhead_per_tensor_s * tensors) * cal.overhead_factor
+    step_overhead_s = (c.step_base_overhead_s + c.step_overhead_per_tensor_s * tensors
+                       + c.kernel_overhead_s * optimizer_kernels(inp, layout)) * cal.overhead_factor
 
     # What hides behind compute: two side streams, each serial (a bucket is reduced, then its
     # partition copied to the host; a module's partition comes up, then is gathered), each
