@@ -226,7 +226,8 @@ def test_measured_rows_in_the_repository():
     for m in rows:
         predicted = step(m.inp, m.layout, cpu_threads_per_rank=m.cpu_threads_per_rank).step_time_s
         offloaded = "cpu" in (m.layout.offload_optimizer, m.layout.offload_param)
-        worst = m.layout.stage == 3 and m.row["world"] == 2 and m.inp.model.layers == 8 and m.inp.training.micro_batch == 2
+        worst = (m.layout.stage == 3 and m.row["world"] == 2 and m.inp.model.layers == 8
+                 and m.inp.training.micro_batch == 2 and m.layout.offload_optimizer == "gpu")
         assert predicted == pytest.approx(m.steady_step_s, rel=0.3 if worst else 0.25), (m.label, m.host, offloaded)
 
 

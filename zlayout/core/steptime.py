@@ -16,11 +16,14 @@ the values, the evidence, in-sample, leave-one-out and held-out errors), price i
   80% of the HBM bandwidth; transformers classes (`impl = "hf"`) add their unfused RMSNorm,
   rotary and repeat_kv bytes.
 - Host overheads: a time per kernel launched (kernels counted per block: transformers classes
-  launch about three times as many, and their MoE blocks loop over the experts), and stage 3's
-  hooks per module per pass (forward, backward, the recompute's forward).
+  launch about three times as many, and their MoE blocks loop over the experts), added to the
+  pass. Stage 3's hooks (per module per pass: forward, backward, the recompute's forward; per
+  parameter tensor: the backward's gradient hook) are host time that runs ahead of the kernels
+  (they never wait on the compute stream), so a ZeRO-3 pass takes its launches plus the longer
+  of its kernels and its hooks (`pass_s`).
 - The optimizer phase: the GPU optimizer's HBM passes over the rank's partition at the
-  (lower) rate its kernels reach, the engine's Python per parameter tensor (stages 0-2) and per
-  step; offloaded, the CPU optimizer below.
+  (lower) rate its kernels reach, the engine's Python per parameter tensor (stages 0-2; stage 3:
+  its per-gradient norm kernels) and per step; offloaded, the CPU optimizer below.
 - Communication: each collective's bytes over the bus bandwidth of the link it crosses
   (intra- vs inter-node, the slower share paces the ring), plus a latency per ring step.
   What overlaps: stage 1-3 gradient reductions run in the backward hooks on a side stream
