@@ -8,23 +8,27 @@ The model (zlayout/core/steptime.py) prices a pass as
     GEMM FLOPs / peak * (1 + GEMM_HALF_WIDTH / hidden) / GEMM_EFFICIENCY
     + attention forward-equivalent FLOPs / (peak * ATTENTION_EFFICIENCY)
     + elementwise bytes / (HBM * 0.8)                       (counted, not fitted)
-    + kernels * KERNEL_OVERHEAD_S + ZeRO-3 fetches * STAGE3_FETCH_OVERHEAD_S
+    + kernels * KERNEL_OVERHEAD_S
 
-and the optimizer step as bytes / (HBM * GPU_OPTIMIZER_HBM_EFFICIENCY) + tensors *
-STEP_OVERHEAD_PER_TENSOR_S + STEP_BASE_OVERHEAD_S. Each is linear in 1/efficiency (and
-half-width/efficiency) and the overheads, so non-negative least squares finds them: one residual
-per phase where verify timed forward, backward and optimizer apart (each over the row's measured
-step, so a phase counts by its share of the step), one per whole step elsewhere. Exposed
-communication (2-GPU rows) is the model's own, held fixed while the linear part is solved
-(three rounds). Offloaded rows are not fitted here (their CPU optimizer and PCIe constants have
-their own measurements); they are reported by benchmarks/steptime_accuracy.py.
+and under ZeRO-3 the longer of the kernels (the first three lines) and the host's hooks, ZeRO-3
+fetches * STAGE3_FETCH_OVERHEAD_S + gradient hooks * STAGE3_GRAD_HOOK_S (steptime.pass_s: the
+hooks run ahead of the kernels). The optimizer step: bytes / (HBM * GPU_OPTIMIZER_HBM_EFFICIENCY)
++ tensors * STEP_OVERHEAD_PER_TENSOR_S (stage 3: STAGE3_STEP_OVERHEAD_PER_TENSOR_S) +
+STEP_BASE_OVERHEAD_S. Each is linear in 1/efficiency (and half-width/efficiency) and the
+overheads once a ZeRO-3 pass's longer side is known, so non-negative least squares finds them:
+one residual per phase where verify timed forward, backward and optimizer apart (each over the
+row's measured step, so a phase counts by its share of the step), one per whole step elsewhere.
+Each round takes a ZeRO-3 pass's longer side, and the exposed communication (2-GPU rows), from
+the previous round's constants and solves the linear part again, until the sides stop changing.
+Offloaded rows are not fitted here (their CPU optimizer and PCIe constants have their own
+measurements); they are reported by benchmarks/steptime_accuracy.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -34,9 +38,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from zlayout.core.calibrate import MeasuredStep  # noqa: E402
 from zlayout.core.comm import estimate_comm  # noqa: E402
 from zlayout.core.steptime import (HBM_EFFICIENCY, STAGE3_GATHER_OVERHEAD_S, GpuStepConstants,  # noqa: E402
-                                   estimate_step_time, micro_step_work, optimizer_work)
+                                   estimate_step_time, micro_step_work, optimizer_kernels, optimizer_work,
+                                   phase_kernel_s, stage3_hooks_s)
 
-PASS_TERMS = 6  # 1/E_gemm, h0/E_gemm, 1/E_unaligned, 1/E_attn, s/kernel, s/fetch
+PASS_TERMS = 7  # 1/E_gemm, h0/E_gemm, 1/E_unaligned, 1/E_attn, s/kernel, s/fetch, s/gradient hook
 OPT_TERMS = 3  # 1/E_opt, s/tensor, s
 
 
@@ -56,8 +61,11 @@ def _predict(step: MeasuredStep, c: GpuStepConstants | None = None):
                               cpu_threads_per_rank=step.cpu_threads_per_rank, constants=c)
 
 
-def _design(step: MeasuredStep) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per phase (forward, backward, optimizer): the coefficients of theta, and the fixed seconds."""
+def _design(step: MeasuredStep, c: GpuStepConstants) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per phase (forward, backward, optimizer): the coefficients of theta, and the fixed seconds.
+
+    A ZeRO-3 pass counts its kernels or its hooks, whichever is longer under the constants `c`.
+    """
     inp, layout = step.inp, step.layout
     hw, accum = inp.hardware, inp.training.grad_accum
     peak = hw.gpu.peak_bf16_flops * (0.5 if inp.training.precision == "fp32" else 1.0)
@@ -66,33 +74,42 @@ def _design(step: MeasuredStep) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     rows, fixed = [], []
     for work in micro_step_work(inp, layout):
         x = np.zeros(PASS_TERMS + OPT_TERMS)
-        x[:PASS_TERMS] = [work.gemm_flops / peak, work.gemm_flops / peak / inp.model.hidden,
-                          work.unaligned_gemm_flops / peak,
-                          work.attention_flops / peak, work.kernels, work.stage3_fetches]
+        x[4] = work.kernels
+        hooks_longer = (work.stage3_fetches + work.stage3_grad_hooks > 0
+                        and stage3_hooks_s(inp, work, c) > phase_kernel_s(inp, work, c))
+        if hooks_longer:
+            x[5:7] = [work.stage3_fetches, work.stage3_grad_hooks]
+            fixed.append(accum * work.stage3_fetches * gather)
+        else:
+            x[:4] = [work.gemm_flops / peak, work.gemm_flops / peak / inp.model.hidden,
+                     work.unaligned_gemm_flops / peak, work.attention_flops / peak]
+            fixed.append(accum * work.hbm_bytes / (hbm * HBM_EFFICIENCY))
         rows.append(x * accum)
-        fixed.append(accum * (work.hbm_bytes / (hbm * HBM_EFFICIENCY) + work.stage3_fetches * gather))
     opt_bytes, tensors = optimizer_work(inp, layout)
     x = np.zeros(PASS_TERMS + OPT_TERMS)
     x[PASS_TERMS:] = [opt_bytes / hbm, tensors, 1.0]
+    x[4] = optimizer_kernels(inp, layout)
     rows.append(x)
     fixed.append(0.0)
     return np.array(rows), np.array(fixed), np.array(step.phases_s) if step.phases_s else None
 
 
 def constants_from_theta(theta: np.ndarray) -> GpuStepConstants:
-    inv_gemm, width_over_gemm, inv_unaligned, inv_attn, kernel_s, fetch_s, inv_opt, tensor_s, base_s = theta
+    (inv_gemm, width_over_gemm, inv_unaligned, inv_attn, kernel_s, fetch_s, grad_hook_s,
+     inv_opt, tensor_s, base_s) = theta
     return GpuStepConstants(
         gemm_efficiency=1 / inv_gemm, gemm_half_width=width_over_gemm / inv_gemm,
         unaligned_head_efficiency=1 / inv_unaligned,
         attention_efficiency=1 / inv_attn, kernel_overhead_s=kernel_s, stage3_fetch_overhead_s=fetch_s,
-        optimizer_hbm_efficiency=1 / inv_opt, step_overhead_per_tensor_s=tensor_s, step_base_overhead_s=base_s)
+        stage3_grad_hook_s=grad_hook_s, optimizer_hbm_efficiency=1 / inv_opt,
+        step_overhead_per_tensor_s=tensor_s, step_base_overhead_s=base_s)
 
 
 def theta_from_constants(c: GpuStepConstants) -> np.ndarray:
     return np.array([1 / c.gemm_efficiency, c.gemm_half_width / c.gemm_efficiency,
                      1 / c.unaligned_head_efficiency, 1 / c.attention_efficiency,
-                     c.kernel_overhead_s, c.stage3_fetch_overhead_s, 1 / c.optimizer_hbm_efficiency,
-                     c.step_overhead_per_tensor_s, c.step_base_overhead_s])
+                     c.kernel_overhead_s, c.stage3_fetch_overhead_s, c.stage3_grad_hook_s,
+                     1 / c.optimizer_hbm_efficiency, c.step_overhead_per_tensor_s, c.step_base_overhead_s])
 
 
 def nnls(a: np.ndarray, b: np.ndarray, iterations: int = 200) -> np.ndarray:
@@ -117,14 +134,36 @@ def nnls(a: np.ndarray, b: np.ndarray, iterations: int = 200) -> np.ndarray:
     return x
 
 
-def fit(steps: list[MeasuredStep], start: GpuStepConstants | None = None, rounds: int = 3) -> GpuStepConstants:
-    """The constants that bring the GPU-resident `steps` closest to their measurements."""
-    steps = [s for s in steps if is_fitted(s)]
-    designs = [_design(s) for s in steps]
-    c = start or GpuStepConstants()
+def loss(steps: list[MeasuredStep], c: GpuStepConstants) -> float:
+    """What the fit minimises: squared phase (or whole-step) errors, each over its row's measured step."""
+    total = 0.0
+    for step in steps:
+        est = _predict(step, c)
+        if step.phases_s is not None:
+            predicted = (est.forward_s, est.backward_s, est.optimizer_s)
+            total += sum(((p - m) / step.measured_step_s) ** 2 for p, m in zip(predicted, step.phases_s))
+        else:
+            total += ((est.step_time_s - step.measured_step_s) / step.measured_step_s) ** 2
+    return total
+
+
+# Where the ZeRO-3 hooks' constants start (per module per pass, per gradient hook): a pass's longer
+# side depends on them, so the fit starts from each and keeps the best (a start at which every
+# pass is kernel-bound would leave the hooks' constants unseen).
+HOOK_STARTS_S = ((0.3e-3, 0.05e-3), (0.5e-3, 0.15e-3), (0.7e-3, 0.3e-3))
+
+
+HOOK_TERMS = [5, 6]  # theta's ZeRO-3 hook constants: s/fetch, s/gradient hook
+
+
+def _solve(steps: list[MeasuredStep], c: GpuStepConstants, rounds: int,
+           only: list[int] | None = None) -> tuple[float, GpuStepConstants]:
+    """Rounds of non-negative least squares from `c`; `only`: the terms solved, the others held."""
+    best = (loss(steps, c), c)
     for _ in range(rounds):
         a_rows, b_rows = [], []
-        for step, (x, fixed, phases) in zip(steps, designs):
+        for step in steps:
+            x, fixed, phases = _design(step, c)
             scale = 1 / step.measured_step_s
             if phases is not None:
                 for i in range(3):
@@ -136,10 +175,41 @@ def fit(steps: list[MeasuredStep], start: GpuStepConstants | None = None, rounds
                 other = est.step_time_s - linear  # exposed communication, which the fit holds fixed
                 a_rows.append(x.sum(axis=0) * scale)
                 b_rows.append((step.measured_step_s - fixed.sum() - other) * scale)
-        theta = nnls(np.array(a_rows), np.array(b_rows))
+        a, b = np.array(a_rows), np.array(b_rows)
+        previous = theta_from_constants(c)
+        if only is None:
+            theta = nnls(a, b)
+        else:
+            held = [i for i in range(a.shape[1]) if i not in only]
+            theta = previous.copy()
+            theta[only] = nnls(a[:, only], b - a[:, held] @ previous[held])
+        unseen = ~np.any(a != 0, axis=0)  # no pass on that side this round: keep the constant
+        theta[unseen] = previous[unseen]
         theta = np.maximum(theta, 1e-12)  # an efficiency's inverse must stay finite
         c = constants_from_theta(theta)
-    return c
+        best = min(best, (loss(steps, c), c), key=lambda pair: pair[0])
+    return best
+
+
+def fit(steps: list[MeasuredStep], start: GpuStepConstants | None = None, rounds: int = 8) -> GpuStepConstants:
+    """The constants that bring the GPU-resident `steps` closest to their measurements.
+
+    In two parts: the kernels', launches' and optimizer's constants on the rows without ZeRO-3
+    (no hooks: every second of a pass is kernels or launches), then the hooks' constants on the
+    ZeRO-3 rows with those held (a ZeRO-3 pass shows its kernels or its hooks, whichever is longer,
+    so fitting both there lets one stand in for the other).
+    """
+    steps = [s for s in steps if is_fitted(s)]
+    c = start or GpuStepConstants()
+    plain = [s for s in steps if s.layout.stage != 3]
+    if plain:
+        c = _solve(plain, c, rounds)[1]
+    hooked = [s for s in steps if s.layout.stage == 3]
+    if not hooked:
+        return c
+    starts = [c] if start is not None else [
+        replace(c, stage3_fetch_overhead_s=fetch_s, stage3_grad_hook_s=grad_s) for fetch_s, grad_s in HOOK_STARTS_S]
+    return min((_solve(hooked, s, rounds, only=HOOK_TERMS) for s in starts), key=lambda pair: pair[0])[1]
 
 
 def load_steps(held_out: bool = False) -> list[MeasuredStep]:

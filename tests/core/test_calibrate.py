@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zlayout.core.calibrate import GROUPS, MeasuredStep, fit_calibration, group_parts_s, predict_step
-from zlayout.spec import Layout, PlanInput
+from zlayout.spec import Layout, PlanInput, StepTimeCalibration
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "measurements" / "verify-h200-2026-11-30.jsonl"
 
@@ -32,13 +32,12 @@ def real_rows() -> list[MeasuredStep]:
 
 
 def with_measured(rows: list[MeasuredStep], factors: dict[str, float]) -> list[MeasuredStep]:
-    """The same runs on a host whose parts are `factors` times the model's."""
-    out = []
-    for r in rows:
-        parts = group_parts_s(predict_step(r))
-        measured = sum(factors.get(g, 1.0) * s for g, s in parts.items())
-        out.append(MeasuredStep(r.label, r.inp, r.layout, measured, r.cpu_threads_per_rank))
-    return out
+    """The same runs on a host whose parts are `factors` times the model's: the model's own step
+    under those factors (overlaps and all: a slower GPU hides more of ZeRO-3's hooks, so the step
+    is not the parts' scaled sum)."""
+    calibration = StepTimeCalibration(**{f"{g}_factor": f for g, f in factors.items()})
+    return [MeasuredStep(r.label, r.inp, r.layout, predict_step(r, calibration).step_time_s, r.cpu_threads_per_rank)
+            for r in rows]
 
 
 def test_a_slower_host_cpu_is_found():
@@ -80,3 +79,25 @@ def test_no_row_is_ever_left_worse(noise, subset):
 def test_no_rows_is_an_error():
     with pytest.raises(ValueError, match="no measured step times"):
         fit_calibration([])
+
+
+def test_a_group_moves_the_step_by_what_it_does_not_hide():
+    """Without overlap a group's sensitivity is its seconds' share; a ZeRO-3 pass bound by its hooks
+    hides its kernels, so the GPU factor moves that row by less than its kernels' seconds."""
+    from zlayout.core.calibrate import group_sensitivities
+
+    rows = {r.label: r for r in real_rows()}
+    stage0 = rows["ZeRO-0"]
+    est = predict_step(stage0)
+    sens = group_sensitivities(stage0, est)
+    for g, seconds in group_parts_s(est).items():
+        assert sens[g] == pytest.approx(seconds / stage0.measured_step_s, rel=1e-6, abs=1e-9)
+    # the same ZeRO-3 run on a short sequence: its hooks outlast its kernels
+    z3 = rows["ZeRO-3"]
+    short = z3.inp.model_copy(update={"training": z3.inp.training.model_copy(update={"seq": 256, "micro_batch": 1})})
+    row = MeasuredStep(z3.label, short, z3.layout, 0.1, z3.cpu_threads_per_rank)
+    est = predict_step(row)
+    assert est.stage3_overhead_s > 0
+    sens, parts = group_sensitivities(row, est), group_parts_s(est)
+    assert sens["gpu"] < parts["gpu"] / row.measured_step_s - 0.01
+    assert sum(sens.values()) == pytest.approx(est.step_time_s / row.measured_step_s, rel=1e-3)

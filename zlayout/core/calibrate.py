@@ -9,7 +9,10 @@ The fit minimises the squared relative errors subject to one rule: no row may en
 from its measurement than the shipped model put it. Each row's error is (nearly) linear in
 the factors, so the rule is a set of linear bounds; coordinate descent inside them finds the
 factors, and the real model then checks every row, shrinking the step towards the shipped
-factors if the overlap terms (not exactly linear) moved a row the wrong way.
+factors if the overlap terms (not exactly linear) moved a row the wrong way. A row's share of a
+group is the model's own sensitivity to that group's factor, not the group's seconds: where
+something overlaps (ZeRO-3's hooks run ahead of the kernels, gradient reductions hide behind the
+backward) a hidden second does not move the step. Without overlap the two are the same.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ FACTOR_MIN, FACTOR_MAX = 0.2, 5.0  # a factor outside this says the model, not t
 MIN_GROUP_SHARE = 0.05
 _SWEEPS = 200
 _SHRINK_STEPS = 30
+_SENSITIVITY_STEP = 1e-3  # a factor's relative nudge to read the model's sensitivity to it
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +92,19 @@ def group_parts_s(est: StepTimeEstimate) -> dict[str, float]:
     }
 
 
+def group_sensitivities(row: MeasuredStep, shipped: StepTimeEstimate) -> dict[str, float]:
+    """Per group, how much of the row's measured step its factor moves: d step / d factor over the
+    measured step, at the shipped factors (a forward difference). Equal to the group's seconds
+    (group_parts_s) over the measured step where nothing overlaps; less where part of it hides
+    behind another group (ZeRO-3's hooks behind the kernels, or the kernels behind the hooks)."""
+    out = {}
+    for g in GROUPS:
+        nudged = _calibration({h: 1.0 + (_SENSITIVITY_STEP if h == g else 0.0) for h in GROUPS}, None)
+        moved_s = predict_step(row, nudged).step_time_s - shipped.step_time_s
+        out[g] = moved_s / _SENSITIVITY_STEP / row.measured_step_s
+    return out
+
+
 def predict_step(row: MeasuredStep, calibration: StepTimeCalibration | None = None) -> StepTimeEstimate:
     inp = row.inp.model_copy(update={"calibration": calibration or StepTimeCalibration()})
     return estimate_step_time(inp, row.layout, estimate_comm(inp, row.layout),
@@ -103,8 +120,8 @@ def fit_calibration(rows: list[MeasuredStep], source: str | None = None) -> Cali
     if not rows:
         raise ValueError("no measured step times to calibrate on")
     shipped = [predict_step(r) for r in rows]
-    # c[r][g]: the group's share of the measured time; b[r]: the row's error bound
-    c = [{g: s / r.measured_step_s for g, s in group_parts_s(est).items()} for r, est in zip(rows, shipped)]
+    # c[r][g]: the group's share of the measured time (what a factor moves); b[r]: the row's error bound
+    c = [group_sensitivities(r, est) for r, est in zip(rows, shipped)]
     b = [abs(est.step_time_s - r.measured_step_s) / r.measured_step_s for r, est in zip(rows, shipped)]
     fitted = tuple(g for g in GROUPS if max(ci[g] for ci in c) >= MIN_GROUP_SHARE)
     factors = {g: 1.0 for g in GROUPS}

@@ -16,11 +16,14 @@ the values, the evidence, in-sample, leave-one-out and held-out errors), price i
   80% of the HBM bandwidth; transformers classes (`impl = "hf"`) add their unfused RMSNorm,
   rotary and repeat_kv bytes.
 - Host overheads: a time per kernel launched (kernels counted per block: transformers classes
-  launch about three times as many, and their MoE blocks loop over the experts), and stage 3's
-  hooks per module per pass (forward, backward, the recompute's forward).
+  launch about three times as many, and their MoE blocks loop over the experts), added to the
+  pass. Stage 3's hooks (per module per pass: forward, backward, the recompute's forward; per
+  parameter tensor: the backward's gradient hook) are host time that runs ahead of the kernels
+  (they never wait on the compute stream), so a ZeRO-3 pass takes its launches plus the longer
+  of its kernels and its hooks (`pass_s`).
 - The optimizer phase: the GPU optimizer's HBM passes over the rank's partition at the
-  (lower) rate its kernels reach, the engine's Python per parameter tensor (stages 0-2) and per
-  step; offloaded, the CPU optimizer below.
+  (lower) rate its kernels reach, the engine's Python per parameter tensor (stages 0-2; stage 3:
+  its per-gradient norm kernels) and per step; offloaded, the CPU optimizer below.
 - Communication: each collective's bytes over the bus bandwidth of the link it crosses
   (intra- vs inter-node, the slower share paces the ring), plus a latency per ring step.
   What overlaps: stage 1-3 gradient reductions run in the backward hooks on a side stream
@@ -54,23 +57,31 @@ from zlayout.spec import Layout, LinkSpec, PlanInput
 # the optimizer step, each priced from the work it does. The fitted constants (benchmarks/
 # steptime_fit.py fits them by least squares on the forward/backward/optimizer times verify
 # records, and on whole steps where a row has no phases; docs/tradeoffs.md lists the evidence):
-GEMM_EFFICIENCY = 0.698  # large GEMMs' achieved / peak bf16 FLOP/s (the asymptote in the hidden size)
+GEMM_EFFICIENCY = 0.714  # large GEMMs' achieved / peak bf16 FLOP/s (the asymptote in the hidden size)
 # A GEMM of hidden size h reaches GEMM_EFFICIENCY * h / (h + GEMM_HALF_WIDTH): the narrow GEMMs of a
 # small model fill fewer tiles per wave and spend more of their time in prologue and epilogue.
-GEMM_HALF_WIDTH = 59.0
+GEMM_HALF_WIDTH = 89.5
 # A vocabulary that is not a multiple of 8 leaves the logits' rows misaligned for 16-byte tensor-core
 # loads (GPT-2's 50257; nanoGPT pads it to 50304 for this): the head's three GEMMs and the loss's
 # passes run on slower kernels, the head's GEMMs at this achieved / peak.
-UNALIGNED_HEAD_EFFICIENCY = 0.124
-ATTENTION_EFFICIENCY = 0.588  # causal flash attention forward (SDPA): achieved / peak on its halved FLOPs
+UNALIGNED_HEAD_EFFICIENCY = 0.126
+ATTENTION_EFFICIENCY = 0.570  # causal flash attention forward (SDPA): achieved / peak on its halved FLOPs
 ATTENTION_BACKWARD_RATIO = 2.5  # flash attention's backward takes this many forwards' time (counted, not fitted)
-KERNEL_OVERHEAD_S = 5.9e-6  # host time per kernel launched (Python, the dispatcher, the launch itself)
-STAGE3_FETCH_OVERHEAD_S = 0.153e-3  # ZeRO-3's Python hooks per module per pass (fetch, release, reduce)
-GPU_OPTIMIZER_HBM_EFFICIENCY = 0.437  # the optimizer step's kernels (norm, clip, multi-tensor Adam, casts)
+KERNEL_OVERHEAD_S = 8.4e-6  # host time per kernel launched (Python, the dispatcher, the launch itself)
+# ZeRO-3's hooks are host time that runs ahead of the GPU's kernels (see `pass_s`). Per module per
+# pass (forward, backward, the recompute's forward): the pre-forward hook's fetch_sub_module (trace
+# check, prefetch queue, the handles' waits), the post-forward hook's release_sub_module, and the two
+# autograd Functions each module's hooks wrap its inputs and outputs in (their backward fetches and
+# releases the module again). Per parameter tensor, in the backward: the gradient hook
+# (reduce_partition_and_remove_grads: the copy into the reduction bucket on a side stream, the
+# bookkeeping) and its share of the epilogue's partition_grads.
+STAGE3_FETCH_OVERHEAD_S = 0.383e-3
+STAGE3_GRAD_HOOK_S = 0.435e-3
+GPU_OPTIMIZER_HBM_EFFICIENCY = 0.458  # the optimizer step's kernels (norm, clip, multi-tensor Adam, casts)
 # Per optimizer step, DeepSpeed's engine runs Python around the optimizer's kernels: a fixed part,
 # and a part per parameter tensor (bookkeeping, per-tensor norms and copies).
-STEP_BASE_OVERHEAD_S = 6.16e-3
-STEP_OVERHEAD_PER_TENSOR_S = 0.092e-3
+STEP_BASE_OVERHEAD_S = 5.02e-3
+STEP_OVERHEAD_PER_TENSOR_S = 0.111e-3
 # Counted, not fitted: elementwise, norm, activation, rotary and loss kernels stream HBM at this share
 # of nominal; bytes per element are counted in `micro_step_work`.
 HBM_EFFICIENCY = 0.8
@@ -151,7 +162,7 @@ class StepTimeEstimate:
     mfu: float
     gpu_optimizer_s: float = 0.0  # optimizer step and gradient bookkeeping on the GPU (HBM-bound)
     step_overhead_s: float = 0.0  # fixed per step: engine and Python
-    stage3_overhead_s: float = 0.0  # stage 3's per-module hooks
+    stage3_overhead_s: float = 0.0  # stage 3's hooks (per module, per gradient), the part the kernels do not hide
     comm_total_s: float = 0.0  # all network communication, hidden or not
     cpu_optimizer_s: float = 0.0  # of offload_s: the optimizer step on the host
     pcie_s: float = 0.0  # of offload_s: exposed PCIe copies
@@ -257,6 +268,7 @@ class PhaseWork:
     hbm_bytes: float = 0.0  # elementwise, norm, activation, rotary, loss and bookkeeping traffic
     kernels: float = 0.0  # kernel launches the host issues
     stage3_fetches: float = 0.0  # ZeRO-3 module fetches (hooks)
+    stage3_grad_hooks: float = 0.0  # ZeRO-3 gradient hooks (one per parameter tensor, backward)
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,6 +281,7 @@ class GpuStepConstants:
     attention_efficiency: float = ATTENTION_EFFICIENCY
     kernel_overhead_s: float = KERNEL_OVERHEAD_S
     stage3_fetch_overhead_s: float = STAGE3_FETCH_OVERHEAD_S
+    stage3_grad_hook_s: float = STAGE3_GRAD_HOOK_S
     optimizer_hbm_efficiency: float = GPU_OPTIMIZER_HBM_EFFICIENCY
     step_overhead_per_tensor_s: float = STEP_OVERHEAD_PER_TENSOR_S
     step_base_overhead_s: float = STEP_BASE_OVERHEAD_S
@@ -353,9 +366,13 @@ def micro_step_work(inp: PlanInput, layout: Layout) -> tuple[PhaseWork, PhaseWor
     # gradient bookkeeping in the backward hooks: stage 0 accumulates bf16 grads into fp32 (r2 r4 w4);
     # stages 1-3 copy them into the reduction buckets (r2 w2)
     bytes_bwd += (10 if layout.stage == 0 else 4) * m.params
-    if layout.stage == 3:  # each pass gathers every partition into the full parameters (r2 w2)
-        bytes_fwd += 4 * m.params
-        bytes_bwd += 4 * m.params * (2 if ckpt else 1) + 6 * m.params / inp.hardware.world  # + fp32 grad partition
+    if layout.stage == 3:
+        # each pass gathers every partition into the full parameters (r2 w2: the gathered flat buffer
+        # split into the parameters); on one GPU there is nothing to gather: the fetch points the
+        # parameter at its partition, which is the whole tensor (NoGatherHandle), no copy
+        gathered = 4 * m.params if inp.hardware.world > 1 else 0.0
+        bytes_fwd += gathered
+        bytes_bwd += gathered * (2 if ckpt else 1) + 6 * m.params / inp.hardware.world  # + fp32 grad partition
     dense_fwd, dense_bwd = _block_kernels(inp)
     moe_fwd, moe_bwd = _moe_block_kernels(inp)
     moe_layers = m.moe_layer_count
@@ -368,12 +385,13 @@ def micro_step_work(inp: PlanInput, layout: Layout) -> tuple[PhaseWork, PhaseWor
     top_fwd, top_bwd = TOP_KERNELS["hf" if t.impl == "hf" else "zlayout"]
     kernels_fwd = layer_fwd + top_fwd
     kernels_bwd = layer_bwd + top_bwd + parameter_tensors(inp) + (layer_fwd if ckpt else 0)
-    fetches_fwd = fetches_bwd = 0.0
+    fetches_fwd = fetches_bwd = grad_hooks = 0.0
     if layout.stage == 3:
         fetches_fwd = float(stage3_hooked_modules(inp))
         fetches_bwd = fetches_fwd * (2 if ckpt else 1)  # the recompute's forward fetches again
+        grad_hooks = float(parameter_tensors(inp))
     return (PhaseWork(gemm_fwd, head_fwd, attn_fwd, bytes_fwd, kernels_fwd, fetches_fwd),
-            PhaseWork(gemm_bwd, 2 * head_fwd, attn_bwd, bytes_bwd, kernels_bwd, fetches_bwd))
+            PhaseWork(gemm_bwd, 2 * head_fwd, attn_bwd, bytes_bwd, kernels_bwd, fetches_bwd, grad_hooks))
 
 
 def stage3_hooked_modules(inp: PlanInput) -> int:
@@ -401,7 +419,15 @@ def optimizer_work(inp: PlanInput, layout: Layout) -> tuple[float, int]:
         if layout.stage in (1, 2):
             hbm_bytes += 6 * partition  # the gradient partition cast to fp32 (stage 3: in the backward hooks)
     # stage 3 steps its flat fp32 sub-groups (sub_group_size), not one parameter tensor at a time
+    # (its per-tensor gradient norm: `optimizer_kernels`)
     return hbm_bytes, (1 if layout.stage == 3 else parameter_tensors(inp))
+
+
+def optimizer_kernels(inp: PlanInput, layout: Layout) -> int:
+    """Kernels stage 3's step launches one tensor at a time, priced as any launch: its gradient norm
+    runs per gradient (stage3.py, get_grad_norm_direct: g.double() and .norm(2), two kernels each).
+    Stages 0-2's per-tensor Python is STEP_OVERHEAD_PER_TENSOR_S's."""
+    return 2 * parameter_tensors(inp) if layout.stage == 3 else 0
 
 
 def peak_flops(inp: PlanInput) -> float:
@@ -417,6 +443,27 @@ def elementwise_bytes_per_s(inp: PlanInput) -> float:
 def gemm_seconds_per_flop(inp: PlanInput, c: GpuStepConstants = SHIPPED) -> float:
     """1 / the dense GEMMs' achieved FLOP/s, which grows with the hidden size towards the asymptote."""
     return (1 + c.gemm_half_width / inp.model.hidden) / (peak_flops(inp) * c.gemm_efficiency)
+
+
+def stage3_hooks_s(inp: PlanInput, work: PhaseWork, c: GpuStepConstants = SHIPPED) -> float:
+    """Host time of ZeRO-3's hooks in a pass: per module fetched (more with world > 1: the gather
+    buffers, the waits on the all-gather stream) and per gradient hook."""
+    per_fetch_s = c.stage3_fetch_overhead_s + (STAGE3_GATHER_OVERHEAD_S if inp.hardware.world > 1 else 0.0)
+    return work.stage3_fetches * per_fetch_s + work.stage3_grad_hooks * c.stage3_grad_hook_s
+
+
+def pass_s(kernels_s: float, launches_s: float, hooks_s: float) -> float:
+    """A pass's time: the launches, then the longer of the GPU's kernels and ZeRO-3's hooks.
+
+    ZeRO-3's hooks do not wait on the GPU's kernels (DeepSpeed 0.19, partitioned_param_coordinator.py
+    and partition_parameters.py): on one GPU a fetch points the parameter at its partition
+    (NoGatherHandle, no copy) and the handle's wait synchronizes only the all-gather stream, which
+    holds no kernels; with more GPUs the host waits on that stream's all-gathers (at most two fetch
+    events in flight), never on the compute stream. So the host runs its hooks ahead of the kernels it
+    queued, and a pass takes the longer of the two: hooks hide behind a large model's GEMMs, and a
+    small or short-sequence model waits on its Python. Without ZeRO-3 (no hooks) it is the sum.
+    """
+    return launches_s + max(kernels_s, hooks_s)
 
 
 def phase_kernel_s(inp: PlanInput, work: PhaseWork, c: GpuStepConstants = SHIPPED) -> float:
@@ -462,17 +509,19 @@ def estimate_step_time(inp: PlanInput, layout: Layout, comm: CommEstimate | None
     launch_bwd_s = bwd.kernels * c.kernel_overhead_s * cal.overhead_factor
     launch_overhead_s = (launch_fwd_s + launch_bwd_s) * accum
 
-    per_fetch_s = c.stage3_fetch_overhead_s + (STAGE3_GATHER_OVERHEAD_S if n > 1 else 0.0)
-    hooks_fwd_s = fwd.stage3_fetches * per_fetch_s * cal.overhead_factor
-    hooks_bwd_s = bwd.stage3_fetches * per_fetch_s * cal.overhead_factor
-    stage3_overhead_s = (hooks_fwd_s + hooks_bwd_s) * accum
-    micro_forward_s = micro_fwd_kernels_s + launch_fwd_s + hooks_fwd_s
-    micro_backward_s = micro_bwd_kernels_s + launch_bwd_s + hooks_bwd_s
+    hooks_fwd_s = stage3_hooks_s(inp, fwd, c) * cal.overhead_factor
+    hooks_bwd_s = stage3_hooks_s(inp, bwd, c) * cal.overhead_factor
+    micro_forward_s = pass_s(micro_fwd_kernels_s, launch_fwd_s, hooks_fwd_s)
+    micro_backward_s = pass_s(micro_bwd_kernels_s, launch_bwd_s, hooks_bwd_s)
+    # the hooks' time the kernels do not hide
+    stage3_overhead_s = (micro_forward_s + micro_backward_s
+                         - micro_fwd_kernels_s - micro_bwd_kernels_s - launch_fwd_s - launch_bwd_s) * accum
 
     # The GPU optimizer step: memory-bound passes over the rank's partition, and Python per tensor
     opt_bytes, tensors = optimizer_work(inp, layout)
     gpu_optimizer_s = opt_bytes / (hw.gpu.hbm_gbps * c.optimizer_hbm_efficiency * 1e9) * cal.gpu_factor
-    step_overhead_s = (c.step_base_overhead_s + c.step_overhead_per_tensor_s * tensors) * cal.overhead_factor
+    step_overhead_s = (c.step_base_overhead_s + c.step_overhead_per_tensor_s * tensors
+                       + c.kernel_overhead_s * optimizer_kernels(inp, layout)) * cal.overhead_factor
 
     # What hides behind compute: two side streams, each serial (a bucket is reduced, then its
     # partition copied to the host; a module's partition comes up, then is gathered), each
