@@ -65,10 +65,10 @@ def sim_weight_sizes(inp: PlanInput) -> list[int]:
 
 def test_what_is_replayed():
     inp = _input()
-    for layout in (Layout(stage=0), Layout(stage=2), Layout(stage=3),
+    for layout in (Layout(stage=0), Layout(stage=2), Layout(stage=3), Layout(stage=2, offload_optimizer="cpu"),
+                   Layout(stage=1, offload_optimizer="cpu"),
                    Layout(stage=3, offload_optimizer="cpu", offload_param="cpu")):
         assert replayed_reserved_bytes(inp, layout) is not None, layout
-    assert replayed_reserved_bytes(inp, Layout(stage=2, offload_optimizer="cpu")) is None
     assert replayed_reserved_bytes(inp, Layout(stage=3, offload_optimizer="nvme")) is None
 
 
@@ -245,3 +245,41 @@ def test_checkpoint_recompute_stops_after_the_last_saved_tensor():
     layers = 4
     # the recompute makes norm1, attention out, proj, residual, norm2 again (5 per layer, not 7)
     assert count(full) - count(plain) == 5 * layers
+
+
+def test_stage2_cpu_offload_keeps_no_fp32_state_on_the_gpu():
+    # stage_1_and_2.py with cpu_offload: after initialize the GPU holds the flat bf16 weights
+    # and temp_grad_buffer_for_gpu_offload (the largest weight, bf16), nothing fp32; no
+    # grads_in_partition; each reduced gradient's float64 norm and fp32 cast are made on the
+    # reduction stream at the boundary and freed at once
+    inp = _input()
+    m = inp.model
+    seq = sim._Seq()
+    events = sim.allocation_sequence(inp, Layout(stage=2, offload_optimizer="cpu"), 1, seq)
+    init_end = dict(seq.marks)["initialize"]
+    live: dict = {}
+    for event in events[:init_end]:
+        if event[0] == "a":
+            live[event[1]] = event[2]
+        else:
+            live.pop(event[1])
+    p = m.params if hasattr(m, "params") else None
+    big = max(x for x in sim_weight_sizes(inp))
+    assert sorted(live.values())[-1] == p * 2  # the flat weights
+    assert big * 2 in live.values()  # the temp gradient buffer
+    assert sum(live.values()) == p * 2 + big * 2
+    on_reduce = [e[2] for e in events if e[0] == "a" and len(e) > 3 and e[3] == sim.REDUCE_STREAM]
+    # every weight gradient over 1 MiB: its norm in float64 then its fp32 copy
+    assert sorted(on_reduce) == sorted([x * 8 for x in sim_weight_sizes(inp)] + [x * 4 for x in sim_weight_sizes(inp)]
+                                       + [x * 8 for x in _small_tracked(inp)] + [x * 4 for x in _small_tracked(inp)])
+    gpu = sim.replay(sim.allocation_sequence(inp, Layout(stage=2), 2))
+    off = sim.replay(sim.allocation_sequence(inp, Layout(stage=2, offload_optimizer="cpu"), 2))
+    assert off.peak_allocated < gpu.peak_allocated - 10 * p  # no fp32 master, moments, gradients
+
+
+def _small_tracked(inp: PlanInput) -> list[int]:
+    """Weights of at most 1 MiB in bf16 whose float64 norm (8 bytes an element) or fp32 cast is over it."""
+    from zlayout.core.memory import layer_tensor_sizes
+    m = inp.model
+    sizes = layer_tensor_sizes(m, moe=False) * m.layers + [m.final_norm_params()]
+    return [x for x in sizes if x * 2 <= MiB and x * 4 > MiB]

@@ -300,20 +300,24 @@ class _Seq:
 
 def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -> list[tuple[str, object, int]] | None:
     """The large tensors one GPU allocates and frees, in order, for a dense model: ZeRO 0-2
-    with the optimizer on the GPU, ZeRO-3 with the optimizer and weights on the GPU or the
-    CPU; gradient accumulation included. None for what is not replayed: stage 1/2 with the
-    optimizer offloaded, NVMe, MoE, MLA, fp32 training."""
+    with the optimizer on the GPU or the CPU, ZeRO-3 with the optimizer and weights on the GPU
+    or the CPU; gradient accumulation included. None for what is not replayed: NVMe, MoE,
+    MLA, fp32 training."""
     from zlayout.core.memory import layer_tensor_sizes, stage3_live_param_elements
 
     model, t, zero = inp.model, inp.training, inp.zero
     stage, n = layout.stage, inp.hardware.world
     if "nvme" in (layout.offload_optimizer, layout.offload_param):
         return None
-    if stage < 3 and (layout.offload_optimizer != "gpu" or layout.offload_param != "gpu"):
+    if stage < 3 and layout.offload_param != "gpu":
         return None
     if model.is_moe or model.mla or t.precision == "fp32":
         return None
     opt_on_gpu = layout.offload_optimizer == "gpu"
+    # stage 1/2 with the optimizer on the host (stage_1_and_2.py, cpu_offload): no GPU fp32
+    # master, moments or grads_in_partition; each reduced gradient is normed and cast to fp32
+    # on the GPU for its copy to the pinned host partition (copy_grads_in_partition)
+    offload12 = stage in (1, 2) and not opt_on_gpu
     param_on_gpu = layout.offload_param == "gpu"
     # Micro-steps between the first and the boundary repeat the same requests on the state the
     # one before left: the allocator's state is periodic after the first, so three of them
@@ -407,9 +411,19 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         s.a(p * w)
         s.f(*weights)
         clone = s.a(p_shard * w)
-        s.a(4 * p_shard)
-        s.f(clone)
-        s.f(s.a(4 * p_shard))
+        if offload12:
+            # weights_partition = partition.clone().to(device='cpu', dtype=fp32): the bf16
+            # clone is copied out and freed, the fp32 cast is made on the host (a GPU to CPU
+            # copy_ converts on the destination side); the zero fp32 gradient partition is
+            # pinned host memory. temp_grad_buffer_for_gpu_offload: the largest weight's
+            # numel in bf16 on the GPU, kept (measured after initialize: 3.733 GiB at L8
+            # h4096 = the flat weights + one 32000 x 4096 bf16 buffer)
+            s.f(clone)
+            s.a(max(tensors) * w)
+        else:
+            s.a(4 * p_shard)
+            s.f(clone)
+            s.f(s.a(4 * p_shard))
     s.mark("initialize")
     moments_made = stage == 0
     partition = None
@@ -686,6 +700,23 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         buckets: list[int] = []
         filled = 0
         in_bucket: list[int] = []
+        grad_stream = REDUCE_STREAM if zero.overlap_comm else DEFAULT_STREAM
+
+        def offload_flush() -> None:
+            """stage_1_and_2.py reduce_ipg_grads with cpu_offload: for each gradient of the
+            bucket, under `stream(reduction_stream)` (overlap_comm), copy_grads_in_partition:
+            at the boundary set_norm_for_param_grad_in_gpu (`.double().norm(2)`, 8 bytes an
+            element, freed at once) and async_inplace_copy_grad_to_fp32_buffer_from_gpu
+            (`.to(fp32)` then a non-blocking copy to the pinned partition, freed on return);
+            between boundaries async_accumulate_grad_in_cpu_via_gpu only uses the
+            preallocated temp_grad_buffer_for_gpu_offload."""
+            nonlocal filled
+            if boundary:
+                for size in in_bucket:
+                    s.f(s.a(size * 8, grad_stream))
+                    s.f(s.a(size * 4, grad_stream))
+            in_bucket.clear()
+            filled = 0
 
         def flush() -> None:
             nonlocal filled
@@ -744,6 +775,21 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
                     return
             if not buckets:
                 buckets = [s.a(zero.reduce_bucket_size * w) for _ in range(2 if zero.overlap_comm else 1)]
+            if offload12:
+                if stage == 2 or boundary:
+                    # reduce_independent_p_g_buckets_and_remove_grads: a gradient that would
+                    # overflow the bucket first has the bucket reduced, then is copied in
+                    for gr in weight_grads:
+                        size = s.sizes[gr] // w
+                        if filled + size > zero.reduce_bucket_size:
+                            offload_flush()
+                        in_bucket.append(size)
+                        filled += size
+                    s.f(*weight_grads)
+                    if stage == 1 and accumulating:
+                        s.f(*grads[:len(weight_grads)])
+                        del grads[:len(weight_grads)]
+                return
             filled += sum(s.sizes[gr] for gr in weight_grads) // w
             if partition is None and filled > zero.reduce_bucket_size:
                 # the first bucket reduced: grads_in_partition, made by copy_grads_in_partition
@@ -789,7 +835,9 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             emb_grad = total
         hook([emb_grad])
         s.f(*emb_w)
-        if stage in (1, 2) and (stage == 2 or boundary) and partition is None:
+        if offload12 and (stage == 2 or boundary):
+            offload_flush()  # the reduce epilogue's last bucket
+        elif stage in (1, 2) and (stage == 2 or boundary) and partition is None:
             # overlapping_partition_gradients_reduce_epilogue reduces the last, partly filled
             # bucket: copy_grads_in_partition makes grads_in_partition then if no full bucket
             # did before (a model under reduce_bucket_size elements)
@@ -836,6 +884,11 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             s.f(*casts)
             s.f(flat32, *grads)
             grads.clear()
+        elif offload12:
+            # the step runs on the host: the norms were taken in backward, the fp32 gradients
+            # are pinned host memory, the updated bf16 partition is copied into the flat
+            # weights in place
+            pass
         else:
             # scaled_global_norm -> get_grad_norm_direct: vector_norm(g.double()) of each
             # gradient of the partition, in parameter order, each freed at once (z2-ckpt
