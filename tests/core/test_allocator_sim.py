@@ -283,3 +283,40 @@ def _small_tracked(inp: PlanInput) -> list[int]:
     m = inp.model
     sizes = layer_tensor_sizes(m, moe=False) * m.layers + [m.final_norm_params()]
     return [x for x in sizes if x * 2 <= MiB and x * 4 > MiB]
+
+
+def test_hf_layers_have_transformers_separate_projections():
+    # --impl hf builds LlamaForCausalLM / Qwen2ForCausalLM: q, k, v, o, gate, up, down are
+    # separate tensors (in that order, biases after their weights), the reference GPT fuses
+    # qkv and gate/up; the element count is the same
+    from zlayout.core.memory import layer_tensor_sizes
+    m = ModelSpec(layers=2, hidden=1536, heads=12, kv_heads=2, ffn=8960, vocab=32000, mlp="swiglu",
+                  norm="rmsnorm", bias=False, qkv_bias=True)
+    h, kv, f = 1536, 256, 8960
+    assert sim.hf_layer_tensor_sizes(m) == [h * h, h, h * kv, kv, h * kv, kv, h * h, f * h, f * h, f * h, h, h]
+    assert sum(sim.hf_layer_tensor_sizes(m)) == sum(layer_tensor_sizes(m, moe=False))
+    # ZeRO-0's initialize moves (and clones) each weight: the hf replay asks for q_proj's
+    # 1536 x 1536 weight, the reference one for the fused 1536 x 2048 qkv
+    hardware = HardwareSpec(gpu=catalog.load_gpu("h200"), gpus_per_node=1, intra_link=catalog.load_link("nvlink4"))
+    sizes = {}
+    for impl in ("hf", "zlayout"):
+        inp = PlanInput(model=m, hardware=hardware, training=TrainingSpec(seq=1024, micro_batch=1, impl=impl))
+        seq = sim._Seq()
+        events = sim.allocation_sequence(inp, Layout(stage=0), 1, seq)
+        init = events[:dict(seq.marks)["initialize"]]
+        sizes[impl] = {e[2] for e in init if e[0] == "a"}
+    assert h * h * 2 in sizes["hf"] and h * (h + 2 * kv) * 2 not in sizes["hf"]
+    assert h * (h + 2 * kv) * 2 in sizes["zlayout"]
+
+
+def test_flash_backward_workspace_expands_kv_only_for_grouped_heads():
+    # flash_api.cpp mha_bwd: dk/dv expanded to every query head only when there are fewer
+    # key/value heads (z3-opt-param-cpu trace, 32/32 heads: 64.5 MiB at b2 s2048 h4096; the
+    # grouped traces 129 MiB at b2 s4096 h2048 32/8)
+    hardware = HardwareSpec(gpu=catalog.load_gpu("h200"), gpus_per_node=1, intra_link=catalog.load_link("nvlink4"))
+    training = TrainingSpec(seq=2048, micro_batch=2)
+    for kv_heads, expected in ((32, 2 * 2048 * (4 * 4096 + 4 * 32)), (8, 2 * 2048 * (8 * 4096 + 4 * 32))):
+        m = ModelSpec(layers=1, hidden=4096, heads=32, kv_heads=kv_heads, vocab=32000)
+        inp = PlanInput(model=m, hardware=hardware, training=training)
+        events = sim.allocation_sequence(inp, Layout(stage=0), 1)
+        assert expected in [e[2] for e in events if e[0] == "a"], kv_heads

@@ -298,6 +298,20 @@ class _Seq:
         return sum(pool.reserved for pool in self.pools.values())
 
 
+def hf_layer_tensor_sizes(model) -> list[int]:
+    """One decoder layer's parameter tensors in the order transformers registers them
+    (modeling_llama.py / modeling_qwen2.py / modeling_mistral.py: LlamaDecoderLayer's
+    self_attn (q_proj, k_proj, v_proj, o_proj: each a Linear, weight then bias), mlp
+    (gate_proj, up_proj, down_proj), input_layernorm, post_attention_layernorm): separate
+    q/k/v and gate/up weights, not the reference GPT's fused ones. The same element count."""
+    h, q, kv, f = model.hidden, model.q_size, model.kv_size, model.ffn_size
+    qb, ob, mb = model._biased(model.qkv_bias), model._biased(model.out_bias), model._biased(model.mlp_bias)
+    sizes = [h * q] + ([q] if qb else []) + [h * kv] + ([kv] if qb else []) + [h * kv] + ([kv] if qb else [])
+    sizes += [model.attn_out_size * h] + ([h] if ob else [])
+    sizes += [f * h] + ([f] if mb else []) + [f * h] + ([f] if mb else []) + [f * h] + ([h] if mb else [])
+    return sizes + [h] * model.norms_per_layer
+
+
 def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -> list[tuple[str, object, int]] | None:
     """The large tensors one GPU allocates and frees, in order, for a dense model: ZeRO 0-2
     with the optimizer on the GPU or the CPU, ZeRO-3 with the optimizer and weights on the GPU
@@ -342,7 +356,7 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
     ckpt = t.checkpointing == "full"
     p = model.params
     p_shard = -(-p // (n if stage else 1))
-    layer_sizes = layer_tensor_sizes(model, moe=False)
+    layer_sizes = hf_layer_tensor_sizes(model) if hf_norm and swiglu else layer_tensor_sizes(model, moe=False)
     tensors = [V * h] + layer_sizes * model.layers + [model.final_norm_params()]
     if not model.tie_embeddings:
         tensors.append(V * h)
@@ -525,10 +539,14 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
 
     heads = model.heads
     seq_rounded = 128 * -(-t.seq // 128)
-    # flash attention's backward: one fp32 workspace of two (b, s, heads, head_dim)
-    # accumulators and the (b, heads, s) softmax sums, freed when it returns (traces: 129.0 MiB
-    # at b2 s4096 h2048 32 heads, 192.8 MiB at h3072 24 heads)
-    flash_bwd = t.micro_batch * seq_rounded * (8 * h + 4 * heads)
+    # flash attention's backward workspace, freed when it returns: the fp32 dq accumulator
+    # (b, s, heads, head_dim) and the (b, heads, s) softmax sums, and with fewer key/value
+    # heads than query heads the bf16 dk/dv expanded to every query head before they are
+    # summed per group (flash_api.cpp mha_bwd: dk_expanded, dv_expanded when num_heads_k !=
+    # num_heads). Traces: 129.0 MiB at b2 s4096 h2048 32 heads / 8 kv heads, 192.8 MiB at
+    # h3072 24/8, 64.5 MiB at b2 s2048 h4096 32/32 (z3-opt-param-cpu)
+    gqa = model.num_kv_heads != heads
+    flash_bwd = t.micro_batch * seq_rounded * ((8 if gqa else 4) * model.q_size + 4 * heads)
 
     def linear_backward(weight: int, d_input: int, hook) -> int:
         """A Linear's backward (MmBackward): the weight's gradient, then the input's; the
