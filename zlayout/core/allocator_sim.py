@@ -660,6 +660,14 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
     for step_index in range(steps * ga):
         boundary = step_index % ga == ga - 1
         accumulating = bool(grads)
+        # ZeRO-3's first forward and backward record the module trace
+        # (partitioned_param_coordinator: reset_step at each forward's start moves INVALID ->
+        # RECORD -> COMPLETE); until the trace is complete release_sub_module releases every
+        # gathered weight after its module, whatever stage3_max_reuse_distance says (the
+        # z3-opt-param-cpu trace: step 1's forward frees every block's and the head's
+        # weights, step 2's keeps the last blocks')
+        recording = step_index == 0
+        keep_head = head_kept and not recording
         # --- forward
         emb_w = fetch([V * h])
         x = s.a(T * h * w)  # embedding
@@ -670,7 +678,7 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         for layer in range(model.layers):
             gathered[layer] = fetch(layer_sizes)
             sv, x = block_forward(x, keep=not ckpt)
-            if layer not in kept_layers:
+            if recording or layer not in kept_layers:
                 s.f(*gathered.pop(layer))
             saved.append(sv)
             inputs.append(x)
@@ -681,6 +689,8 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             s.f(inputs[-1])
         head_w = fetch([V * h])
         logits = s.a(T * V * w)
+        if recording:
+            s.f(*head_w)  # released after the head's forward, gathered again for its backward
         if hf:
             # transformers' ForCausalLMLoss: logits.float() over every token (the labels are
             # shifted, not the logits), log_softmax keeps its output; the fp32 copy is freed
@@ -758,11 +768,13 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             in_bucket.clear()
             filled = 0
 
+        if recording:
+            head_w = fetch([V * h])
         head_grad = s.a(V * h * w)
         first_matmul("backward")
         g = s.a(T * h * w)
         s.f(g_bf, head_in)
-        if not head_kept:
+        if not keep_head:
             s.f(*head_w)
 
         def hook(weight_grads: list[int]) -> None:
@@ -826,7 +838,7 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         tied = model.tie_embeddings
         if not tied:
             hook([head_grad])
-        if head_kept:
+        if keep_head:
             s.f(*head_w)
         g = norm_backward(g, fin_kept, [])
         for i in reversed(range(model.layers)):
