@@ -16,7 +16,7 @@ layers default and 32 layers expandable: the in-sample rows, marked *). The rule
 optimizer step's transient is trapped under pressure came from one more (shape B, 18 layers,
 default: it ran where trapping its loss request would have said it cannot). Every other row
 is held out from them; shape B's 17 layers and its expandable 18/19 were predicted before they ran.
-Peak reserved of ZeRO 0-2 with the optimizer on the GPU comes from replaying the allocator
+Peak reserved of ZeRO 0-2 (the optimizer on the GPU or, stage 1/2, the CPU) and ZeRO-3 comes from replaying the allocator
 (zlayout/core/allocator_sim.py, no fitted constant but the 20 MiB small pool); its request
 order was written while looking at every row here, so these rows are not a hold-out for it.
 The hold-out is benchmarks/batch-h200-heldout-allocator.txt (rows tagged h, from

@@ -298,22 +298,40 @@ class _Seq:
         return sum(pool.reserved for pool in self.pools.values())
 
 
+def hf_layer_tensor_sizes(model) -> list[int]:
+    """One decoder layer's parameter tensors in the order transformers registers them
+    (modeling_llama.py / modeling_qwen2.py / modeling_mistral.py: LlamaDecoderLayer's
+    self_attn (q_proj, k_proj, v_proj, o_proj: each a Linear, weight then bias), mlp
+    (gate_proj, up_proj, down_proj), input_layernorm, post_attention_layernorm): separate
+    q/k/v and gate/up weights, not the reference GPT's fused ones. The same element count."""
+    h, q, kv, f = model.hidden, model.q_size, model.kv_size, model.ffn_size
+    qb, ob, mb = model._biased(model.qkv_bias), model._biased(model.out_bias), model._biased(model.mlp_bias)
+    sizes = [h * q] + ([q] if qb else []) + [h * kv] + ([kv] if qb else []) + [h * kv] + ([kv] if qb else [])
+    sizes += [model.attn_out_size * h] + ([h] if ob else [])
+    sizes += [f * h] + ([f] if mb else []) + [f * h] + ([f] if mb else []) + [f * h] + ([h] if mb else [])
+    return sizes + [h] * model.norms_per_layer
+
+
 def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -> list[tuple[str, object, int]] | None:
     """The large tensors one GPU allocates and frees, in order, for a dense model: ZeRO 0-2
-    with the optimizer on the GPU, ZeRO-3 with the optimizer and weights on the GPU or the
-    CPU; gradient accumulation included. None for what is not replayed: stage 1/2 with the
-    optimizer offloaded, NVMe, MoE, MLA, fp32 training."""
+    with the optimizer on the GPU or the CPU, ZeRO-3 with the optimizer and weights on the GPU
+    or the CPU; gradient accumulation included. None for what is not replayed: NVMe, MoE,
+    MLA, fp32 training."""
     from zlayout.core.memory import layer_tensor_sizes, stage3_live_param_elements
 
     model, t, zero = inp.model, inp.training, inp.zero
     stage, n = layout.stage, inp.hardware.world
     if "nvme" in (layout.offload_optimizer, layout.offload_param):
         return None
-    if stage < 3 and (layout.offload_optimizer != "gpu" or layout.offload_param != "gpu"):
+    if stage < 3 and layout.offload_param != "gpu":
         return None
     if model.is_moe or model.mla or t.precision == "fp32":
         return None
     opt_on_gpu = layout.offload_optimizer == "gpu"
+    # stage 1/2 with the optimizer on the host (stage_1_and_2.py, cpu_offload): no GPU fp32
+    # master, moments or grads_in_partition; each reduced gradient is normed and cast to fp32
+    # on the GPU for its copy to the pinned host partition (copy_grads_in_partition)
+    offload12 = stage in (1, 2) and not opt_on_gpu
     param_on_gpu = layout.offload_param == "gpu"
     # Micro-steps between the first and the boundary repeat the same requests on the state the
     # one before left: the allocator's state is periodic after the first, so three of them
@@ -338,7 +356,7 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
     ckpt = t.checkpointing == "full"
     p = model.params
     p_shard = -(-p // (n if stage else 1))
-    layer_sizes = layer_tensor_sizes(model, moe=False)
+    layer_sizes = hf_layer_tensor_sizes(model) if hf_norm and swiglu else layer_tensor_sizes(model, moe=False)
     tensors = [V * h] + layer_sizes * model.layers + [model.final_norm_params()]
     if not model.tie_embeddings:
         tensors.append(V * h)
@@ -407,9 +425,19 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         s.a(p * w)
         s.f(*weights)
         clone = s.a(p_shard * w)
-        s.a(4 * p_shard)
-        s.f(clone)
-        s.f(s.a(4 * p_shard))
+        if offload12:
+            # weights_partition = partition.clone().to(device='cpu', dtype=fp32): the bf16
+            # clone is copied out and freed, the fp32 cast is made on the host (a GPU to CPU
+            # copy_ converts on the destination side); the zero fp32 gradient partition is
+            # pinned host memory. temp_grad_buffer_for_gpu_offload: the largest weight's
+            # numel in bf16 on the GPU, kept (measured after initialize: 3.733 GiB at L8
+            # h4096 = the flat weights + one 32000 x 4096 bf16 buffer)
+            s.f(clone)
+            s.a(max(tensors) * w)
+        else:
+            s.a(4 * p_shard)
+            s.f(clone)
+            s.f(s.a(4 * p_shard))
     s.mark("initialize")
     moments_made = stage == 0
     partition = None
@@ -511,10 +539,14 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
 
     heads = model.heads
     seq_rounded = 128 * -(-t.seq // 128)
-    # flash attention's backward: one fp32 workspace of two (b, s, heads, head_dim)
-    # accumulators and the (b, heads, s) softmax sums, freed when it returns (traces: 129.0 MiB
-    # at b2 s4096 h2048 32 heads, 192.8 MiB at h3072 24 heads)
-    flash_bwd = t.micro_batch * seq_rounded * (8 * h + 4 * heads)
+    # flash attention's backward workspace, freed when it returns: the fp32 dq accumulator
+    # (b, s, heads, head_dim) and the (b, heads, s) softmax sums, and with fewer key/value
+    # heads than query heads the bf16 dk/dv expanded to every query head before they are
+    # summed per group (flash_api.cpp mha_bwd: dk_expanded, dv_expanded when num_heads_k !=
+    # num_heads). Traces: 129.0 MiB at b2 s4096 h2048 32 heads / 8 kv heads, 192.8 MiB at
+    # h3072 24/8, 64.5 MiB at b2 s2048 h4096 32/32 (z3-opt-param-cpu)
+    gqa = model.num_kv_heads != heads
+    flash_bwd = t.micro_batch * seq_rounded * ((8 if gqa else 4) * model.q_size + 4 * heads)
 
     def linear_backward(weight: int, d_input: int, hook) -> int:
         """A Linear's backward (MmBackward): the weight's gradient, then the input's; the
@@ -628,6 +660,14 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
     for step_index in range(steps * ga):
         boundary = step_index % ga == ga - 1
         accumulating = bool(grads)
+        # ZeRO-3's first forward and backward record the module trace
+        # (partitioned_param_coordinator: reset_step at each forward's start moves INVALID ->
+        # RECORD -> COMPLETE); until the trace is complete release_sub_module releases every
+        # gathered weight after its module, whatever stage3_max_reuse_distance says (the
+        # z3-opt-param-cpu trace: step 1's forward frees every block's and the head's
+        # weights, step 2's keeps the last blocks')
+        recording = step_index == 0
+        keep_head = head_kept and not recording
         # --- forward
         emb_w = fetch([V * h])
         x = s.a(T * h * w)  # embedding
@@ -638,7 +678,7 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         for layer in range(model.layers):
             gathered[layer] = fetch(layer_sizes)
             sv, x = block_forward(x, keep=not ckpt)
-            if layer not in kept_layers:
+            if recording or layer not in kept_layers:
                 s.f(*gathered.pop(layer))
             saved.append(sv)
             inputs.append(x)
@@ -649,6 +689,8 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             s.f(inputs[-1])
         head_w = fetch([V * h])
         logits = s.a(T * V * w)
+        if recording:
+            s.f(*head_w)  # released after the head's forward, gathered again for its backward
         if hf:
             # transformers' ForCausalLMLoss: logits.float() over every token (the labels are
             # shifted, not the logits), log_softmax keeps its output; the fp32 copy is freed
@@ -686,6 +728,23 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         buckets: list[int] = []
         filled = 0
         in_bucket: list[int] = []
+        grad_stream = REDUCE_STREAM if zero.overlap_comm else DEFAULT_STREAM
+
+        def offload_flush() -> None:
+            """stage_1_and_2.py reduce_ipg_grads with cpu_offload: for each gradient of the
+            bucket, under `stream(reduction_stream)` (overlap_comm), copy_grads_in_partition:
+            at the boundary set_norm_for_param_grad_in_gpu (`.double().norm(2)`, 8 bytes an
+            element, freed at once) and async_inplace_copy_grad_to_fp32_buffer_from_gpu
+            (`.to(fp32)` then a non-blocking copy to the pinned partition, freed on return);
+            between boundaries async_accumulate_grad_in_cpu_via_gpu only uses the
+            preallocated temp_grad_buffer_for_gpu_offload."""
+            nonlocal filled
+            if boundary:
+                for size in in_bucket:
+                    s.f(s.a(size * 8, grad_stream))
+                    s.f(s.a(size * 4, grad_stream))
+            in_bucket.clear()
+            filled = 0
 
         def flush() -> None:
             nonlocal filled
@@ -709,11 +768,13 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             in_bucket.clear()
             filled = 0
 
+        if recording:
+            head_w = fetch([V * h])
         head_grad = s.a(V * h * w)
         first_matmul("backward")
         g = s.a(T * h * w)
         s.f(g_bf, head_in)
-        if not head_kept:
+        if not keep_head:
             s.f(*head_w)
 
         def hook(weight_grads: list[int]) -> None:
@@ -744,6 +805,21 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
                     return
             if not buckets:
                 buckets = [s.a(zero.reduce_bucket_size * w) for _ in range(2 if zero.overlap_comm else 1)]
+            if offload12:
+                if stage == 2 or boundary:
+                    # reduce_independent_p_g_buckets_and_remove_grads: a gradient that would
+                    # overflow the bucket first has the bucket reduced, then is copied in
+                    for gr in weight_grads:
+                        size = s.sizes[gr] // w
+                        if filled + size > zero.reduce_bucket_size:
+                            offload_flush()
+                        in_bucket.append(size)
+                        filled += size
+                    s.f(*weight_grads)
+                    if stage == 1 and accumulating:
+                        s.f(*grads[:len(weight_grads)])
+                        del grads[:len(weight_grads)]
+                return
             filled += sum(s.sizes[gr] for gr in weight_grads) // w
             if partition is None and filled > zero.reduce_bucket_size:
                 # the first bucket reduced: grads_in_partition, made by copy_grads_in_partition
@@ -762,7 +838,7 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         tied = model.tie_embeddings
         if not tied:
             hook([head_grad])
-        if head_kept:
+        if keep_head:
             s.f(*head_w)
         g = norm_backward(g, fin_kept, [])
         for i in reversed(range(model.layers)):
@@ -789,7 +865,9 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             emb_grad = total
         hook([emb_grad])
         s.f(*emb_w)
-        if stage in (1, 2) and (stage == 2 or boundary) and partition is None:
+        if offload12 and (stage == 2 or boundary):
+            offload_flush()  # the reduce epilogue's last bucket
+        elif stage in (1, 2) and (stage == 2 or boundary) and partition is None:
             # overlapping_partition_gradients_reduce_epilogue reduces the last, partly filled
             # bucket: copy_grads_in_partition makes grads_in_partition then if no full bucket
             # did before (a model under reduce_bucket_size elements)
@@ -836,6 +914,11 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             s.f(*casts)
             s.f(flat32, *grads)
             grads.clear()
+        elif offload12:
+            # the step runs on the host: the norms were taken in backward, the fp32 gradients
+            # are pinned host memory, the updated bf16 partition is copied into the flat
+            # weights in place
+            pass
         else:
             # scaled_global_norm -> get_grad_norm_direct: vector_norm(g.double()) of each
             # gradient of the partition, in parameter order, each freed at once (z2-ckpt

@@ -558,12 +558,15 @@ def estimate_memory(inp: PlanInput, layout: Layout, replay: bool = True) -> Memo
     context += add("gpu", "nccl_buffers", NCCL_BUFFER_BYTES if n > 1 else 0, "overhead",
                    "NCCL communicator buffers, outside PyTorch's allocator")
     allocator = caching_allocator(phases, misc, t.allocator)
+    replayed = None
     if replay and allocator.needed_bytes + context < hw.gpu.memory_bytes:
         # only a layout that fits is replayed: one that does not reserves the whole card
-        allocator = caching_allocator(phases, misc, t.allocator, replayed_reserved_bytes(inp, layout))
+        replayed = replayed_reserved_bytes(inp, layout)
+        allocator = caching_allocator(phases, misc, t.allocator, replayed)
     # On a card that cannot hold every cached segment the allocator frees them and retries:
     # what it reserves then is bounded by the card, never below what the peak needs.
-    reserved = max(allocator.needed_bytes, min(allocator.reserved_bytes, hw.gpu.memory_bytes - context))
+    reserved = max(peak if replayed else allocator.needed_bytes,
+                   min(allocator.reserved_bytes, hw.gpu.memory_bytes - context))
     add("gpu", "allocator_reserve", reserved - peak, "overhead", allocator.explanation)
 
     # --- host, per node ------------------------------------------------------------------
@@ -630,7 +633,7 @@ SMALL_POOL_BYTES = 20 * 2**20
 
 def replayed_reserved_bytes(inp: PlanInput, layout: Layout) -> int | None:
     """Peak reserved bytes of the default allocator replayed over two training steps
-    (`allocator_sim`: ZeRO 0-2 with the optimizer on the GPU, ZeRO-3 with or without CPU
+    (`allocator_sim`: ZeRO 0-2 with the optimizer on the GPU or the CPU, ZeRO-3 with or without CPU
     offload, dense bf16 models), or None for a layout it does not replay."""
     if inp.training.allocator != "default":
         return None
@@ -668,7 +671,7 @@ def caching_allocator(phases: dict[str, tuple[int, int]], misc: int, kind: str,
                                  "expandable segments: 2 MiB pages mapped as needed; free pages "
                                  "stay cached until memory runs short")
     if replayed is not None:
-        return AllocatorEstimate(default_needed, max(replayed, default_needed),
+        return AllocatorEstimate(default_needed, max(replayed, peak),
                                  "caching allocator, replayed over two steps: a tensor no cached "
                                  "block of its stream holds gets a new segment; segments split by "
                                  "smaller tensors stay reserved")
