@@ -115,3 +115,16 @@ def test_a_burst_through_the_tab_bar_and_a_select_lands_in_the_fields_it_names(t
     inp = PlanInput.model_validate(state["plan_input"])
     assert (inp.training.seq, inp.model.layers) == (3072, 40)
     assert_plan_is_the_fields_plan(state)
+
+
+def test_a_burst_that_ends_on_the_tab_bar_keeps_the_tab_it_chose(terminal_app):
+    """From Size, one write of shift+tab shift+tab right: the tab bar shows Hardware, and a
+    tab typed later goes to Hardware's first field (the Model pane's late 'I have the focus'
+    news used to switch the tabs back, and the tab then landed on Preset)."""
+    app = terminal_app(["app", "--preset", "llama3-70b", "--gpu", "h100", "--gpus-per-node", "8"], (160, 48))
+    app.focus("size")
+    app.write(keys("shift+tab", "shift+tab", "right"))
+    app.settled()
+    app.write(keys("tab"))
+    state = app.settled(until=lambda s: s["focused"] != "size")
+    assert state["focused"] == "gpu"

@@ -22,7 +22,7 @@ import re
 from textual import events
 from textual.app import ComposeResult
 from textual.widget import Widget
-from textual.widgets import Checkbox, Input, Select, TabbedContent
+from textual.widgets import Checkbox, Input, Select, TabbedContent, TabPane
 from textual.widgets._tabbed_content import ContentTab, ContentTabs
 
 # Labels of the panel's fields: what every message shows instead of the internal name.
@@ -120,6 +120,14 @@ class PanelTabs(TabbedContent):
             if type(widget) is ContentTabs:
                 widget.__class__ = _InOrderContentTabs  # the same widget, these key rules
             yield widget
+
+    def _on_tab_pane_focused(self, event: TabPane.Focused) -> None:
+        # A pane says it gained the focus; in a burst that news can arrive after a later key
+        # switched to another pane: only a pane that still holds the focus is shown.
+        focused = self.app.focused
+        if focused is None or event.tab_pane not in focused.ancestors:
+            event.stop()
+            event.prevent_default()
 
     def get_child_by_type(self, expect_type):
         # TabbedContent finds its tab bar by exact type
