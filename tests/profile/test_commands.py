@@ -334,3 +334,22 @@ def test_export_json_and_a_layout_that_does_not_fit(tmp_path, capsys):
     assert data["profile"] == str(tmp_path / "big" / "profile.toml")
     assert "predicted NOT to fit" in captured.err
     assert load_profile(tmp_path / "big").prediction.fits is False
+
+
+def test_check_and_alerts_of_a_layout_whose_cache_fills_the_card(tmp_path, capsys, monkeypatch):
+    """Llama-3-70B on 8x8 H100, ZeRO-3: the caching allocator is predicted to grow into the whole
+    card (device used = capacity) while the run needs less (the least its peak runs in). An idle
+    H100 with 79.1 GiB free passes `check`, and no alert fires on a healthy run's free memory."""
+    _, out = export(tmp_path, capsys, argv=["export", "--preset", "llama3-70b", "--gpu", "h100",
+                                            "--gpus-per-node", "8", "--nodes", "8", "--stage", "3"])
+    profile = load_profile(out)
+    pred = profile.prediction
+    assert pred.fits and pred.gpu_device_used_bytes > pred.gpu_usable_bytes > pred.gpu_needed_bytes
+    assert profile.alerts.gpu_memory.critical_free_below_bytes is None
+    assert "DCGM_FI_DEV_FB_FREE" not in (out / "alerts.yml").read_text()
+    _fake_nvidia_smi(tmp_path, monkeypatch, ["NVIDIA H100 80GB HBM3, 81559 MiB, 81004 MiB"] * 8)
+    capsys.readouterr()
+    main(["check", str(out), "--json"])
+    checks = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
+    assert checks["GPU free memory"]["verdict"] == "pass", checks["GPU free memory"]
+    assert f"the run needs {pred.gpu_needed_bytes / 2**30:,.1f} GiB" in checks["GPU free memory"]["detail"]

@@ -42,3 +42,13 @@ def test_preset_shapes():
 def test_show_by_preset_name(capsys):
     assert main(["show", "llama3-70b-64xh100"]) == 0
     assert "8 node(s) x 8 h100" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_preset_profile_holds_this_planners_prediction(name):
+    """A shipped profile is not stale: `zlayout show` of a fresh clone must not say STALE
+    (after a change to the planner: scripts/make_preset_profiles.py regenerates them)."""
+    from zlayout.profile.integrity import stale_prediction
+
+    stale = stale_prediction(load_profile(catalog.preset_path("profiles", name)))
+    assert stale is None, f"{stale.line()} -- run scripts/make_preset_profiles.py"

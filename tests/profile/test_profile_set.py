@@ -247,7 +247,7 @@ def test_show_flags_a_prediction_the_inputs_no_longer_give(exported, capsys):
     _edit_layers(exported, 200)
     code, out, _ = run(capsys, "show", str(exported))
     assert code == 0
-    assert out.startswith("STALE PREDICTION (profile.toml's inputs were edited after export)")
+    assert out.startswith("STALE PREDICTION (this zlayout's model changed since export, or the inputs were edited)")
     assert "gpu_peak_allocated_bytes" in out
     code, out, _ = run(capsys, "show", "--json", str(exported))
     data = json.loads(out)

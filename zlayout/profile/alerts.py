@@ -48,7 +48,10 @@ def derive_alerts(inp: PlanInput, prediction: Prediction, verification: Verifica
         peak_allocated_bytes=peak, warn_allocated_above_bytes=warn_alloc,
         device_used_bytes=used, warn_device_used_above_bytes=warn_used,
         capacity_bytes=capacity, margin_fraction=GPU_MEMORY_MARGIN,
-        critical_free_below_bytes=capacity - prediction.gpu_usable_bytes,
+        # below the plan's headroom, unless the caching allocator is predicted to reach into it
+        # on a healthy run (it grows into free memory): then the rule would fire from step 1
+        critical_free_below_bytes=(capacity - prediction.gpu_usable_bytes
+                                   if prediction.gpu_device_used_bytes <= prediction.gpu_usable_bytes else None),
         why=(f"the {gpu_basis} peak is {_gib(peak)} of {_gib(capacity)}; "
              f"{GPU_MEMORY_MARGIN:.0%} above it something grew (sequence length, batch, a leak) "
              f"and the next step may run out of memory"),

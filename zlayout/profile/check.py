@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Literal
 
 from zlayout.profile.schema import Profile
-from zlayout.profile.summary import gib
+from zlayout.profile.summary import free_gpu_memory_needed, gib
 
 Verdict = Literal["pass", "fail", "warn", "skip"]
 MiB = 2**20
@@ -124,18 +124,18 @@ def check_gpus(profile: Profile, gpus: list[GpuInfo]) -> list[CheckItem]:
         validated = profile.verification.gpus
         note = f"; validated on {validated}" if validated else ""
         items.append(CheckItem("GPU model", "pass", f"matches {hw.gpu.name}{note}"))
-    need_bytes = profile.alerts.gpu_memory.device_used_bytes
-    basis = profile.alerts.gpu_memory.basis
+    need_bytes = free_gpu_memory_needed(profile)
     short = [(i, g) for i, g in enumerate(gpus[:need]) if g.memory_free_bytes < need_bytes]
     if short:
         i, g = short[0]
         items.append(CheckItem("GPU free memory", "fail",
                                f"GPU {i} has {gib(g.memory_free_bytes)} free, the run needs {gib(need_bytes)} "
-                               f"({basis} device use): another process holds memory, see `nvidia-smi`"))
+                               "(the least its peak runs in): another process holds memory, see `nvidia-smi`"))
     else:
         least = min(g.memory_free_bytes for g in gpus[:need])
         items.append(CheckItem("GPU free memory", "pass",
-                               f"at least {gib(least)} free on each GPU, the run needs {gib(need_bytes)} ({basis})"))
+                               f"at least {gib(least)} free on each GPU, the run needs {gib(need_bytes)} "
+                               "(the least its peak runs in)"))
     return items
 
 

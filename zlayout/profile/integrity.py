@@ -150,7 +150,9 @@ class StalePrediction:
     def reason(self) -> str:
         if self.stored_planner != self.current_planner:
             return f"made by {self.stored_planner}, this is {self.current_planner}"
-        return "profile.toml's inputs were edited after export"
+        # same version string: the planner's model changed since export (development builds
+        # keep the version), or the inputs were edited; the manifest check reports an edit
+        return "this zlayout's model changed since export, or the inputs were edited"
 
     def line(self) -> str:
         from zlayout.profile.summary import figure

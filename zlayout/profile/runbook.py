@@ -17,7 +17,7 @@ from zlayout.profile.launch import DEEPSPEED_SCRIPT, SLURM_SCRIPT, TORCHRUN_SCRI
 from zlayout.profile.memory_svg import memory_svg
 from zlayout.profile.prometheus import alerts_yaml, mib, rules
 from zlayout.profile.schema import Profile, inputs_to_file
-from zlayout.profile.summary import figure, gib, seconds
+from zlayout.profile.summary import figure, free_gpu_memory_needed, gib, seconds
 from zlayout.spec import Layout, offload_flag
 
 RUNBOOK_FILE = "RUNBOOK.md"
@@ -199,7 +199,7 @@ def _stops_fitting(p: Profile) -> list[str]:
 def _checklist(p: Profile) -> list[str]:
     hw, a, v = p.inputs.hardware, p.alerts, p.verification
     d = _dir(p)
-    need_gpu = a.gpu_memory.device_used_bytes
+    need_gpu = free_gpu_memory_needed(p)
     out = [f"`zlayout check {d}` tests every item below on the node you launch on (exit 0: all pass, 1: a "
            "failure; run it at the top of the job script). By hand:", ""]
     items = [
@@ -207,7 +207,7 @@ def _checklist(p: Profile) -> list[str]:
         ("GPU model", f"`{NVIDIA_SMI}`", f"{hw.gpu.name} with {gib(hw.gpu.memory_bytes)} "
                                           f"({mib(hw.gpu.memory_bytes):,} MiB, within 3%) each"),
         ("GPU free memory", f"`{NVIDIA_SMI}`",
-         f"memory.free at least {gib(need_gpu)} ({mib(need_gpu):,} MiB) on each GPU ({a.gpu_memory.basis} use)"),
+         f"memory.free at least {gib(need_gpu)} ({mib(need_gpu):,} MiB) on each GPU (the least the peak runs in)"),
         ("host memory", "`grep MemAvailable /proc/meminfo`",
          f"at least {gib(a.host_memory.peak_bytes)} available ({a.host_memory.basis} host peak per node)"),
         ("driver", f"`{NVIDIA_SMI}`",
@@ -359,7 +359,7 @@ def _on_call(p: Profile) -> list[str]:
     mb = f" (largest that fits: {lim.max_micro_batch})" if lim else ""
     notes: list[tuple[str, str, str]] = [
         ("CUDA out of memory at step 1",
-         f"`nvidia-smi`: another process holding memory (the run needs {gib(a.gpu_memory.device_used_bytes)} "
+         f"`nvidia-smi`: another process holding memory (the run needs {gib(free_gpu_memory_needed(p))} "
          f"per GPU, `zlayout check {d}`); the job really uses this ds_config.json (micro-batch {t.micro_batch}) "
          f"and sequence length {t.seq}; the OOM's phase (the plan's peak is during {pred.peak_phase}; the optimizer "
          "state is created by the first step())",

@@ -12,6 +12,14 @@ def gib(n: float | int | None) -> str:
     return "-" if n is None else f"{n / GiB:,.1f} GiB"
 
 
+def free_gpu_memory_needed(profile: Profile) -> int:
+    """The free memory each GPU must have for the run: the least its peak runs in (the
+    allocator model's verdict figure), not the device use it reaches on a card with room
+    (the caching allocator grows into whatever is free, up to the whole card)."""
+    pred = profile.prediction
+    return pred.gpu_needed_bytes if pred.gpu_needed_bytes is not None else pred.gpu_device_used_bytes
+
+
 def seconds(s: float | None) -> str:
     return "-" if s is None else f"{s:.3g} s"
 

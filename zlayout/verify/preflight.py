@@ -241,10 +241,10 @@ def check_gpus(inp: PlanInput, layout: Layout, processes: int,
                             f"found {', '.join(names)}",
                             "plan with --gpu matching this node's GPUs", blocking=False))
     least_free = min(g.memory_free_bytes for g in gpus[:processes])
-    need = mem.gpu_device_used_bytes
+    need = mem.gpu_needed_bytes  # the least the peak runs in; device use grows into what is free
     checks.append(Check(
         "gpu memory", least_free >= need,
-        f"{least_free / GiB:.1f} GiB free on the fullest GPU, predicted use "
+        f"{least_free / GiB:.1f} GiB free on the fullest GPU, the run needs "
         f"{need / GiB:.1f} GiB (peak allocated {mem.gpu_peak_allocated_bytes / GiB:.1f} GiB)",
         "free the GPUs (nvidia-smi shows who holds them) or pick a layout that fits",
         blocking=False))
