@@ -83,7 +83,8 @@ def _why(best: LayoutPlan, ranked: list[LayoutPlan], fastest: LayoutPlan) -> str
     `ranked` are the other fitting layouts, best first (so ranked[0] is the runner-up)."""
     mem, t = best.memory, best.time
     head = (f"{best.layout.label}: fits with {mem.gpu_headroom_fraction:.0%} headroom "
-            f"({mem.gpu_headroom_bytes / GiB:.0f} GiB free per GPU) at {t.step_time_s:.2f} s/step "
+            f"(needs {mem.gpu_needed_bytes / GiB:.1f} of {mem.gpu_capacity_bytes / GiB:.1f} GiB per GPU) "
+            f"at {t.step_time_s:.2f} s/step "
             f"({t.mfu:.0%} MFU)")
     if not ranked:
         return f"{head}, the only layout that does."
