@@ -189,3 +189,19 @@ def test_scaled_model_follows_the_family_or_the_depth():
     assert (deeper.hidden, deeper.vocab) == (CUSTOM.hidden, CUSTOM.vocab)
     assert deeper.layers > CUSTOM.layers
     assert abs(deeper.params - 2 * CUSTOM.params) <= CUSTOM.layer_params() / 2
+
+
+def test_break_even_stays_inside_the_ranges_zlayout_takes():
+    """A tiny custom model on two H200s fits at every depth zlayout accepts: the break-even is
+    the deepest such model (1000 layers) and 'range', never a 25,809-layer model nor a
+    micro-batch above 4096, which no input could then ask for."""
+    from zlayout.spec import BOUNDS
+
+    tiny = ModelSpec(name="custom", layers=2, hidden=128, heads=4, vocab=1000)
+    inp = make_input(model=tiny, gpus_per_node=2, seq=64)
+    for layout in (Layout(stage=0), Layout(stage=3)):
+        be = break_even(inp, layout)
+        assert be.limited_by == "range"
+        assert be.max_model.layers == BOUNDS["layers"].high
+        assert be.max_micro_batch == BOUNDS["micro_batch"].high
+        assert scaled_model(tiny, 1e15).layers == BOUNDS["layers"].high

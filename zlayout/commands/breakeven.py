@@ -68,7 +68,7 @@ def breakeven_json(inp: PlanInput) -> dict[str, Any]:
     }
 
 
-_LIMIT_WORDS = {"gpu": "GPU memory", "host": "host RAM", "nvme": "NVMe", "range": "(beyond 10T)"}
+_LIMIT_WORDS = {"gpu": "GPU memory", "host": "host RAM", "nvme": "NVMe", "range": "(end of range)"}
 
 
 def breakeven_table(inp: PlanInput) -> str:

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 
 from zlayout.catalog import family_scaler, format_size
 from zlayout.core.memory import MemoryEstimate, estimate_memory
-from zlayout.spec import Layout, ModelSpec, PlanInput, all_layouts
+from zlayout.spec import BOUNDS, Layout, ModelSpec, PlanInput, all_layouts
 
 MIN_PARAMS = 1e8
 MAX_PARAMS = 1e13
 PARAMS_TOLERANCE = 0.002  # stop bisecting when the bracket is this narrow (relative)
-MAX_MICRO_BATCH = 65536
+MAX_MICRO_BATCH = int(BOUNDS["micro_batch"].high)  # the largest micro-batch zlayout takes
 FAMILY_GRID = math.log(1.0025)  # family searches ask for sizes 0.25% apart (cached shapes)
 PROBE_WINDOW = 0.035  # after converging, look this far (relative) above for a shape that fits again
 MAX_RESTARTS = 4
@@ -36,7 +36,7 @@ MAX_RESTARTS = 4
 class BreakEven:
     max_params: int  # largest model of the family that fits with the requested headroom
     max_micro_batch: int  # largest micro-batch that fits the current model (0: none)
-    limited_by: str  # what the next larger model runs out of: "gpu", "host", "nvme"; "range" if none within 1e13
+    limited_by: str  # what the next larger model runs out of: "gpu", "host", "nvme"; "range" if none up to 1e13 params or 1000 layers (the spec's range)
     max_model: ModelSpec | None = None  # the model at max_params (None when none fits)
     next_params: int = 0  # the smallest larger model of the family, which does not fit (0: none)
     next_model: ModelSpec | None = None  # that model
@@ -102,7 +102,8 @@ def scaled_model(model: ModelSpec, target_params: float) -> ModelSpec:
     if scaling_rule(model) == "family":
         return _family_model(model.family, math.exp(_snap(math.log(target_params))))
     fixed = model.params - model.layers * model.layer_params()
-    layers = max(1, round((target_params - fixed) / model.layer_params()))
+    # no deeper than a model zlayout takes (the spec's layer range): beyond it, "range"
+    layers = min(BOUNDS["layers"].high, max(1, round((target_params - fixed) / model.layer_params())))
     return model_with_layers(model, layers)
 
 

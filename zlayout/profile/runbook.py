@@ -37,7 +37,7 @@ SECTIONS = (
     "## Change log",
 )
 NVIDIA_SMI = "nvidia-smi --query-gpu=name,memory.total,memory.free,driver_version --format=csv,noheader"
-RUN_OUT_OF = {"gpu": "GPU memory", "host": "host memory", "nvme": "NVMe space", "range": "nothing below 10T"}
+RUN_OUT_OF = {"gpu": "GPU memory", "host": "host memory", "nvme": "NVMe space", "range": "nothing up to zlayout's limits (10T params, 1,000 layers)"}
 
 
 def extra_files(profile: Profile) -> dict[str, str]:
