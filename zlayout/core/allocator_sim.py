@@ -33,6 +33,15 @@ Pure arithmetic, no torch. Two parts:
   backward, those within `stage3_max_reuse_distance` (the head and the last blocks) kept.
 * Gradient accumulation: stage 0 and stage 1 keep each weight's `.grad` from the first
   micro-step to the boundary (stage 1 reduces only there); stage 2 reduces every micro-step.
+* Mixture of experts (`mixtral_replayed`: transformers' Mixtral, `--impl hf`, routed experts
+  only): each block's MixtralSparseMoeBlock as transformers 5.24 runs it, its experts by
+  `grouped_mm_experts_forward` (integrations/moe.py; the default experts implementation): the
+  router's fp32 softmax and top-k, the tokens sorted by expert and gathered (tokens x top_k
+  rows), two grouped matmuls over the 3D expert weights, the routing weights applied in fp32,
+  un-permuted and summed; in backward each 3D weight's whole gradient made once, by its
+  grouped matmul, and hooked. No allocator trace of a MoE run yet: the order follows
+  torch.profiler's CPU memory events of the block. Qwen2-MoE and DeepSeek blocks (shared
+  experts, grouped routing) and zlayout's GPT (no experts) are not replayed.
 * Checked request by request against allocator traces recorded on an H200 (torch 2.11,
   DeepSpeed 0.19.8; benchmarks/allocator_trace_compare.py lines a replay up with one, phase by
   phase): the cuBLAS workspace each multiplying thread keeps, autograd's order (a Linear's
@@ -338,8 +347,8 @@ def mixtral_layer_tensor_sizes(model) -> list[int]:
 def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -> list[tuple[str, object, int]] | None:
     """The large tensors one GPU allocates and frees, in order, for a dense model: ZeRO 0-2
     with the optimizer on the GPU or the CPU, ZeRO-3 with the optimizer and weights on the GPU
-    or the CPU; gradient accumulation included. None for what is not replayed: NVMe, MoE,
-    MLA, fp32 training."""
+    or the CPU; gradient accumulation included; Mixtral's MoE blocks (`mixtral_replayed`).
+    None for what is not replayed: NVMe, other MoE blocks, MLA, fp32 training."""
     from zlayout.core.memory import layer_tensor_sizes, stage3_live_param_elements
 
     model, t, zero = inp.model, inp.training, inp.zero
