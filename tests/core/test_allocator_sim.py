@@ -359,3 +359,82 @@ def test_reserved_is_the_replay_on_a_card_with_room():
     assert est.gpu_needed_bytes > replayed  # the case this covers
     assert est.gpu_peak_reserved_bytes == max(replayed, est.gpu_peak_allocated_bytes)
     assert abs(est.gpu_peak_reserved_bytes - doc["max_reserved_bytes"]) < 0.05 * 2**30
+
+
+# --- mixture of experts: transformers' Mixtral blocks (grouped_mm experts) ----------------
+
+
+def _moe_input(layers=8, hidden=2048, heads=16, kv_heads=4, ffn=4096, experts=8, top_k=2, seq=4096,
+               micro_batch=2, checkpointing="none", impl="hf", **model) -> PlanInput:
+    m = ModelSpec(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn, vocab=32000,
+                  mlp="swiglu", norm="rmsnorm", bias=False, experts=experts, top_k=top_k, **model)
+    hardware = HardwareSpec(gpu=catalog.load_gpu("h200"), gpus_per_node=1,
+                            intra_link=catalog.load_link("nvlink4"))
+    return PlanInput(model=m, hardware=hardware,
+                     training=TrainingSpec(seq=seq, micro_batch=micro_batch, impl=impl, checkpointing=checkpointing))
+
+
+# measured shapes (benchmarks/measurements: batch3, heldout-steptime, heldout2) and unmeasured
+# ones: top-1, 64 experts top-6, 128 experts top-8, checkpointed
+MOE_SHAPES = [
+    dict(),
+    dict(hidden=1536, heads=12, ffn=2048, seq=2048, micro_batch=4),
+    dict(layers=4, hidden=1024, heads=8, kv_heads=8, ffn=2048, experts=16, micro_batch=4, checkpointing="full"),
+    dict(top_k=1),
+    dict(layers=6, kv_heads=8, ffn=1408, experts=64, top_k=6),
+    dict(layers=4, hidden=2560, heads=20, ffn=1024, experts=128, top_k=8, seq=2048, micro_batch=4),
+]
+
+
+def test_mixtral_layouts_are_replayed_and_other_moe_blocks_are_not():
+    sim._CACHE.clear()
+    for shape in MOE_SHAPES:
+        inp = _moe_input(**shape)
+        for layout in (Layout(stage=0), Layout(stage=2), Layout(stage=3),
+                       Layout(stage=3, offload_optimizer="cpu", offload_param="cpu")):
+            assert replayed_reserved_bytes(inp, layout) is not None, (shape, layout.label)
+    # shared experts (Qwen2-MoE, DeepSeek) and zlayout's GPT (no experts) stay on the phase rule
+    assert replayed_reserved_bytes(_moe_input(shared_experts=1, shared_expert_gate=True), Layout(stage=2)) is None
+    assert replayed_reserved_bytes(_moe_input(impl="zlayout"), Layout(stage=2)) is None
+
+
+def test_mixtral_layer_tensors_add_up_to_the_models_parameters():
+    for shape in MOE_SHAPES:
+        m = _moe_input(**shape).model
+        total = 2 * m.vocab * m.hidden + sum(sim.mixtral_layer_tensor_sizes(m)) * m.layers + m.final_norm_params()
+        assert total == m.params, shape
+
+
+def test_moe_replay_peak_allocated_is_memory_pys():
+    # The replay's requests hold at the peak what memory.py's phases hold (the bytes agree;
+    # only their order is the replay's). Left out: ZeRO-3 layouts whose peak is memory.py's
+    # "backward (experts)" phase, which counts transformers' eager per-expert loop (two
+    # accumulating expert gradients and a fresh one); grouped_mm makes each 3D gradient
+    # once, so memory.py is above the replay there (by 1.6 GiB at L2 h4096 8 experts).
+    for shape in MOE_SHAPES:
+        inp = _moe_input(**shape)
+        for stage in (0, 2, 3):
+            est = estimate_memory(inp, Layout(stage=stage))
+            if est.peak_phase == "backward (experts)":
+                continue
+            peak = sim.replay(sim.allocation_sequence(inp, Layout(stage=stage), 2)).peak_allocated
+            assert abs(peak - est.gpu_peak_allocated_bytes) < 0.2 * 2**30, (shape, stage)
+
+
+def test_moe_blocks_make_each_3d_expert_gradient_once_and_their_fp32_routing_products():
+    # grouped_mm_experts_forward: proj_out * sample_weights_g (fp32 weights) is fp32, S x
+    # hidden, and so are the un-permuted copy in forward and three gradients in backward;
+    # GroupedMmBackward0 makes each 3D weight's whole gradient once per block pass
+    inp = _moe_input(layers=2, hidden=1024, heads=8, kv_heads=8, ffn=1536, experts=6, top_k=2, seq=1024,
+                     micro_batch=2)
+    m, T = inp.model, 2 * 1024
+    S = T * m.top_k
+    events = sim.allocation_sequence(inp, Layout(stage=2), 1)
+    sizes = [e[2] for e in events if e[0] == "a"]
+    # stage 2, one step: each layer's tensor moved to the GPU at initialize, its gradient once
+    # in backward (the eager loop would make one per expert used)
+    assert sizes.count(m.experts * 2 * m.ffn * m.hidden * 2) == 2 * m.layers
+    assert sizes.count(m.experts * m.ffn * m.hidden * 2) == 2 * m.layers
+    # forward: weighted, un-permuted; backward: the sum's expand copy, the index gradient and
+    # the mul's two products
+    assert sizes.count(S * m.hidden * 4) == 6 * m.layers

@@ -33,6 +33,15 @@ Pure arithmetic, no torch. Two parts:
   backward, those within `stage3_max_reuse_distance` (the head and the last blocks) kept.
 * Gradient accumulation: stage 0 and stage 1 keep each weight's `.grad` from the first
   micro-step to the boundary (stage 1 reduces only there); stage 2 reduces every micro-step.
+* Mixture of experts (`mixtral_replayed`: transformers' Mixtral, `--impl hf`, routed experts
+  only): each block's MixtralSparseMoeBlock as transformers 5.24 runs it, its experts by
+  `grouped_mm_experts_forward` (integrations/moe.py; the default experts implementation): the
+  router's fp32 softmax and top-k, the tokens sorted by expert and gathered (tokens x top_k
+  rows), two grouped matmuls over the 3D expert weights, the routing weights applied in fp32,
+  un-permuted and summed; in backward each 3D weight's whole gradient made once, by its
+  grouped matmul, and hooked. No allocator trace of a MoE run yet: the order follows
+  torch.profiler's CPU memory events of the block. Qwen2-MoE and DeepSeek blocks (shared
+  experts, grouped routing) and zlayout's GPT (no experts) are not replayed.
 * Checked request by request against allocator traces recorded on an H200 (torch 2.11,
   DeepSpeed 0.19.8; benchmarks/allocator_trace_compare.py lines a replay up with one, phase by
   phase): the cuBLAS workspace each multiplying thread keeps, autograd's order (a Linear's
@@ -312,11 +321,34 @@ def hf_layer_tensor_sizes(model) -> list[int]:
     return sizes + [h] * model.norms_per_layer
 
 
+def mixtral_replayed(model, training) -> bool:
+    """A MoE model whose requests the replay writes: transformers' Mixtral (what
+    hfconfig.to_hf_config writes for routed experts alone, `--impl hf`): every block a
+    MixtralSparseMoeBlock (router, experts as two 3D tensors, SwiGLU), no shared experts, no
+    dense blocks, no biases. Qwen2-MoE's and DeepSeek's blocks (shared experts, their gate,
+    grouped routing) and zlayout's own GPT (worker_model.Block has no experts) are left to the
+    per-phase rule."""
+    return (model.is_moe and training.impl == "hf" and model.mla is None and model.shared_experts == 0
+            and model.dense_layer_count == 0 and model.mlp == "swiglu" and model.norm == "rmsnorm"
+            and model.hf_model_type in (None, "mixtral") and not model.shared_expert_gate
+            and not any(model._biased(b) for b in (model.qkv_bias, model.out_bias, model.mlp_bias))
+            and model.expert_ffn_size == model.ffn_size)
+
+
+def mixtral_layer_tensor_sizes(model) -> list[int]:
+    """One MixtralDecoderLayer's parameter tensors in registration order (modeling_mixtral.py:
+    self_attn's q/k/v/o, mlp.gate (MixtralTopKRouter.weight, experts x hidden),
+    mlp.experts (MixtralExperts.gate_up_proj (experts, 2 ffn, hidden), down_proj (experts,
+    hidden, ffn)), input_layernorm, post_attention_layernorm)."""
+    h, q, kv, f, E = model.hidden, model.q_size, model.kv_size, model.expert_ffn_size, model.experts
+    return [h * q, h * kv, h * kv, model.attn_out_size * h, E * h, E * 2 * f * h, E * f * h] + [h] * model.norms_per_layer
+
+
 def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -> list[tuple[str, object, int]] | None:
     """The large tensors one GPU allocates and frees, in order, for a dense model: ZeRO 0-2
     with the optimizer on the GPU or the CPU, ZeRO-3 with the optimizer and weights on the GPU
-    or the CPU; gradient accumulation included. None for what is not replayed: NVMe, MoE,
-    MLA, fp32 training."""
+    or the CPU; gradient accumulation included; Mixtral's MoE blocks (`mixtral_replayed`).
+    None for what is not replayed: NVMe, other MoE blocks, MLA, fp32 training."""
     from zlayout.core.memory import layer_tensor_sizes, stage3_live_param_elements
 
     model, t, zero = inp.model, inp.training, inp.zero
@@ -325,7 +357,8 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         return None
     if stage < 3 and layout.offload_param != "gpu":
         return None
-    if model.is_moe or model.mla or t.precision == "fp32":
+    moe = model.is_moe
+    if (moe and not mixtral_replayed(model, t)) or model.mla or t.precision == "fp32":
         return None
     opt_on_gpu = layout.offload_optimizer == "gpu"
     # stage 1/2 with the optimizer on the host (stage_1_and_2.py, cpu_offload): no GPU fp32
@@ -356,7 +389,10 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
     ckpt = t.checkpointing == "full"
     p = model.params
     p_shard = -(-p // (n if stage else 1))
-    layer_sizes = hf_layer_tensor_sizes(model) if hf_norm and swiglu else layer_tensor_sizes(model, moe=False)
+    if moe:
+        layer_sizes = mixtral_layer_tensor_sizes(model)
+    else:
+        layer_sizes = hf_layer_tensor_sizes(model) if hf_norm and swiglu else layer_tensor_sizes(model, moe=False)
     tensors = [V * h] + layer_sizes * model.layers + [model.final_norm_params()]
     if not model.tie_embeddings:
         tensors.append(V * h)
@@ -471,6 +507,104 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             return [x32, nb], s.a(T * h * w)
         return [], s.a(T * h * w)
 
+    E, top_k = model.experts, model.top_k or 0
+    S = T * top_k  # (token, expert) pairs
+
+    def moe_forward(sv: dict, recompute: bool) -> int | None:
+        """MixtralSparseMoeBlock.forward on the post-attention norm's output (modeling_mixtral.py,
+        transformers 5.24; experts by `grouped_mm_experts_forward`, integrations/moe.py, the
+        default: PreTrainedModel.get_correct_experts_implementation resolves None to
+        "grouped_mm" for a class decorated @use_experts_implementation), then the residual
+        add. Saved for backward: the fp32 router probabilities, the top-k indices and sums,
+        the sort permutation, the gathered input (S x hidden), the sorted routing weights,
+        the gate/up output (S x 2 ffn), SiLU's output, the product, the down output (S x
+        hidden), the inverse permutation. With `recompute` the checkpoint stops after the
+        inverse permutation, the last tensor saved (IndexBackward0 saves its indices before
+        it runs): no un-permuted copy, sum or output. Request order checked against
+        torch.profiler's CPU memory events of the block (torch 2.13, bf16)."""
+        # MixtralTopKRouter: F.linear (bf16 logits), .float(), softmax (kept), topk (values,
+        # int64 indices), values /= values.sum(-1) (the sum kept by DivBackward)
+        logits = s.a(T * E * w)
+        l32 = s.a(T * E * 4)
+        probs = s.a(T * E * 4)
+        s.f(l32)
+        top_v, top_i, top_sum = s.a(T * top_k * 4), s.a(T * top_k * 8), s.a(T * 4)
+        # grouped_mm_experts_forward: sort the S expert ids (sorted ids, permutation),
+        # perm // top_k (IndexBackward0's index, kept), hidden_states[...] (S x hidden,
+        # kept by the grouped mm), sample_weights[perm] (fp32, kept), histc's int32 input
+        ids_g, perm = s.a(S * 8), s.a(S * 8)
+        pk = s.a(S * 8)
+        sel = s.a(S * h * w)
+        sw = s.a(S * 4)
+        s.f(s.a(S * 4))
+        proj = s.a(S * 2 * f * w)  # gate/up grouped mm
+        act = s.a(S * f * w)  # _default_apply_gate: act_fn(gate) * up
+        prod = s.a(S * f * w)
+        down = s.a(S * h * w)  # down grouped mm
+        weighted = s.a(S * h * 4)  # proj_out * sample_weights_g: bf16 x fp32 -> fp32
+        inv = s.a(S * 8)  # inv_perm = empty_like(perm); inv_perm[perm] = arange
+        s.f(s.a(S * 8))
+        sv["moe_router"] = [probs, top_i, top_sum, perm, sw]
+        sv["moe_pk"], sv["moe_sel"], sv["moe_proj"] = [pk], [sel], [proj]
+        sv["act"], sv["prod"], sv["fc1"] = [act], [prod], []
+        sv["moe_down"], sv["moe_inv"] = [down], [inv]
+        if recompute:
+            s.f(weighted, logits, top_v, ids_g)
+            return None
+        unperm = s.a(S * h * 4)  # weighted_out[inv_perm]
+        s.f(weighted)
+        sum32 = s.a(T * h * 4)  # .view(tokens, top_k, hidden).sum(1)
+        moe_out = s.a(T * h * w)  # .to(bf16)
+        s.f(unperm, sum32, logits, top_v, ids_g)
+        out = s.a(T * h * w)  # residual + hidden_states
+        s.f(moe_out)
+        return out
+
+    def moe_backward(sv: dict, g: int, hook) -> int:
+        """The MoE block's backward from g (its output's gradient, also the residual's), as
+        autograd runs it (engine order: highest sequence number first; each node's inputs
+        and saved tensors freed before the next node, AccumulateGrad (DeepSpeed's hook)
+        right after the node that made the weight's gradient). Returns the gradient of the
+        norm's output (the router's input gradient added in place into the experts')."""
+        g32 = s.a(T * h * 4)  # ToCopyBackward0
+        gs = s.a(S * h * 4)  # SumBackward1's expand, reshaped by ViewBackward0 (a copy)
+        s.f(g32)
+        gi = s.a(S * h * 4)  # IndexBackward0: zeros, index_put_ (accumulate)
+        s.f(gs, *sv["moe_inv"])
+        # MulBackward0: d(down) = g * weights (fp32, cast to bf16), d(weights) = g * down
+        # (fp32, summed to S x 1)
+        gd32, gw32 = s.a(S * h * 4), s.a(S * h * 4)
+        gd = s.a(S * h * w)
+        s.f(gd32, gw32, gi, *sv["moe_down"])
+        # GroupedMmBackward0 (down): the 3D weight's gradient, then the input's
+        wg = s.a(E * f * h * w)
+        gp = s.a(S * f * w)
+        s.f(gd, *sv["prod"])
+        hook([wg])
+        ga, gu = s.a(S * f * w), s.a(S * f * w)  # MulBackward0: d(act), d(up)
+        s.f(gp, *sv["act"])
+        gg = s.a(S * f * w)  # SiluBackward0
+        s.f(ga, *sv["moe_proj"])
+        gcat = s.a(S * 2 * f * w)  # SplitBackward0 (chunk): cat
+        s.f(gg, gu)
+        wg = s.a(E * 2 * f * h * w)  # GroupedMmBackward0 (gate/up)
+        gsel = s.a(S * h * w)
+        s.f(gcat, *sv["moe_sel"])
+        hook([wg])
+        gx = s.a(T * h * w)  # IndexBackward0 (hidden_states[perm // top_k]): zeros, index_put_
+        s.f(gsel, *sv["moe_pk"])
+        # the router: routing weights' gathers, DivBackward0, TopkBackward0 (zeros T x
+        # experts fp32), SoftmaxBackward0, ToCopyBackward0 (bf16), the router's Linear
+        gt = s.a(T * E * 4)
+        gsm = s.a(T * E * 4)
+        s.f(gt, *sv["moe_router"])
+        gl = s.a(T * E * w)
+        s.f(gsm)
+        gr = linear_backward(E * h, T * h * w, hook)
+        s.f(gl)
+        s.f(gr)  # added into the experts' input gradient in place
+        return gx
+
     def block_forward(x: int, keep: bool, recompute: bool = False) -> tuple[dict, int | None]:
         """One block's forward from its input x: (what its backward keeps, its output).
         `recompute`: a checkpoint's recomputation in backward, which stops once the last
@@ -507,25 +641,28 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             sv["x"] = [x]
         sv["norm2"], n2 = norm_forward()
         sv["n2"] = [n2]
-        if hf and swiglu:
-            gate, up = s.a(T * f * w), s.a(T * f * w)
-            act = s.a(T * f * w)
-            sv["fc1"] = [gate, up]
+        if moe:
+            out = moe_forward(sv, recompute)
         else:
-            fc1 = s.a(T * (2 if swiglu else 1) * f * w)
-            act = s.a(T * f * w)
-            sv["fc1"] = [fc1]
-        sv["act"] = [act]
-        if swiglu:
-            sv["prod"] = [s.a(T * f * w)]
-        else:
-            sv["prod"] = []
-        if recompute:
-            out = None
-        else:
-            fc2 = s.a(T * h * w)
-            out = s.a(T * h * w)
-            s.f(fc2)
+            if hf and swiglu:
+                gate, up = s.a(T * f * w), s.a(T * f * w)
+                act = s.a(T * f * w)
+                sv["fc1"] = [gate, up]
+            else:
+                fc1 = s.a(T * (2 if swiglu else 1) * f * w)
+                act = s.a(T * f * w)
+                sv["fc1"] = [fc1]
+            sv["act"] = [act]
+            if swiglu:
+                sv["prod"] = [s.a(T * f * w)]
+            else:
+                sv["prod"] = []
+            if recompute:
+                out = None
+            else:
+                fc2 = s.a(T * h * w)
+                out = s.a(T * h * w)
+                s.f(fc2)
         if hf_norm:
             s.f(xm)
             sv["xm"] = []
@@ -564,6 +701,12 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         the block's output, which is also the residual stream's: the gradients of the two
         norms' branches are added into it in place (autograd's InputBuffer accumulates into a
         buffer it owns; the traces free the branch's gradient and keep g)."""
+        if moe:
+            gn = moe_backward(sv, g, hook)
+            s.f(*sv["n2"])
+            gxm = norm_backward(gn, sv["norm2"], sv["xm"])
+            s.f(gxm)  # added into g in place
+            return attention_backward(sv, g, hook)
         wg_fc2 = s.a(f * h * w)  # fc2: d(weight), then d(input)
         g1 = s.a(T * f * w)
         s.f(*(sv["prod"] or sv["act"][:0]))
@@ -596,6 +739,10 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         s.f(*sv["n2"])
         gxm = norm_backward(gn, sv["norm2"], sv["xm"])
         s.f(gxm)  # added into g in place
+        return attention_backward(sv, g, hook)
+
+    def attention_backward(sv: dict, g: int, hook) -> int:
+        """The attention half of a block's backward, from g (the residual's gradient)."""
         gattn = linear_backward(h * h, T * h * w, hook)  # proj
         # sdpa backward: dq, dk, dv, flash's workspace
         dq, dk, dv = s.a(T * h * w), s.a(T * kv * w), s.a(T * kv * w)

@@ -634,7 +634,7 @@ SMALL_POOL_BYTES = 20 * 2**20
 def replayed_reserved_bytes(inp: PlanInput, layout: Layout) -> int | None:
     """Peak reserved bytes of the default allocator replayed over two training steps
     (`allocator_sim`: ZeRO 0-2 with the optimizer on the GPU or the CPU, ZeRO-3 with or without CPU
-    offload, dense bf16 models), or None for a layout it does not replay."""
+    offload, dense bf16 models and Mixtral's MoE blocks), or None for a layout it does not replay."""
     if inp.training.allocator != "default":
         return None
     from zlayout.core.allocator_sim import replayed_peak_reserved
