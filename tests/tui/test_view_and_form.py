@@ -136,7 +136,7 @@ def test_compare_rows_give_signed_percent_changes():
     assert len(rows) == len(pinned.layouts)
     assert all(row.peak_delta.startswith("+") and row.peak_delta_sign == 1 for row in rows)
     assert all(row.step_delta == "=" for row in rows)
-    assert view.input_changes(pinned, stub_planner(longer)) == ["seq: 4096 → 8192"]
+    assert view.input_changes(pinned, stub_planner(longer)) == ["Sequence: 4096 → 8192"]  # the panel's label
 
 
 def test_breakeven_rows_handle_missing_and_zero_sizes():
