@@ -412,7 +412,7 @@ async def test_pin_then_change_shows_the_deltas_side_by_side():
         assert pinned is app.plan
         await type_into(pilot, "micro_batch", "2")
         text = str(app.query_one("#compare").render())
-        assert "micro_batch: 1 → 2" in text
+        assert "Micro-batch: 1 → 2" in text and "micro_batch" not in text
         assert "+" in text and "%" in text
         assert app.pinned is pinned
         app.query_one(LayoutTable).focus()

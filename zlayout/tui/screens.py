@@ -62,17 +62,20 @@ class DetailScreen(ModalScreen[None]):
                 yield Static(self._terms_table(), id="detail-terms")
                 yield Label("[b]ds_config.json[/b]")
                 yield Static(Syntax(self.ds_config_json, "json",
-                                    theme="ansi_dark", background_color="default"),
+                                    theme="ansi_dark", background_color="default",
+                                    word_wrap=True),
                              id="detail-ds-config")
             yield Label("[dim]escape: close · ↑↓ scroll[/dim]", classes="dialog-hint")
 
     def _terms_table(self) -> Table:
         """Every term: where it lives, its size, and why it is there (wrapped to fit)."""
         table = Table(box=None, expand=True, pad_edge=False, header_style="bold")
-        table.add_column("Term", no_wrap=True)
+        # long names (stage3_param_persistence_threshold in a reason) fold onto the next line
+        # rather than being cut with an ellipsis when the dialog is narrow
+        table.add_column("Term", overflow="fold", min_width=12)
         table.add_column("Where", no_wrap=True)
         table.add_column("GiB", justify="right", no_wrap=True)
-        table.add_column("Why", ratio=1)
+        table.add_column("Why", ratio=1, overflow="fold")
         for term in self._layout_plan.memory.terms:
             table.add_row(term.name, term.where, view.fmt_gib(term.bytes), term.explanation)
         return table

@@ -82,7 +82,9 @@ def headroom_text(memory: MemoryEstimate) -> str:
 
 
 def fmt_gib(n_bytes: int | float) -> str:
-    """Bytes as GiB in at most 5 characters: 0.42, 9.87, 99.9, 1234, 12.3T (TiB)."""
+    """Bytes as GiB, always in GiB (every title and suffix says GiB): 0.42, 9.87, 99.9, 1234,
+    10434. Five characters up to 99999 GiB; beyond, the whole figure (never a 'T' that would
+    read as tera-GiB under a GiB title)."""
     gib = n_bytes / GiB
     if gib == 0:
         return "·"
@@ -90,9 +92,7 @@ def fmt_gib(n_bytes: int | float) -> str:
         return f"{gib:.2f}"
     if abs(gib) < 1000:
         return f"{gib:.1f}"
-    if abs(gib) < 10000:
-        return f"{gib:.0f}"
-    return f"{gib / 1024:.1f}T"
+    return f"{gib:.0f}"
 
 
 def fmt_gb(n_bytes: int | float) -> str:
@@ -368,7 +368,9 @@ def compare_rows(pinned: Plan, current: Plan) -> list[CompareRow]:
 
 
 def input_changes(pinned: Plan, current: Plan) -> list[str]:
-    """Which inputs differ between the pinned plan and now ('seq: 2048 → 4096')."""
+    """Which inputs differ between the pinned plan and now, named by the panel's labels
+    ('Sequence: 2048 → 4096', 'Micro-batch: 1 → 2')."""
+    from zlayout.tui.fields import FIELD_LABELS, readable
     changes = []
     old, new = pinned.input.model_dump(), current.input.model_dump()
     for section in ("model", "hardware", "training", "zero"):
@@ -378,7 +380,8 @@ def input_changes(pinned: Plan, current: Plan) -> list[str]:
                 value = (value or {}).get("name") if isinstance(value, dict) or value is None else value
                 before = (before or {}).get("name") if isinstance(before, dict) or before is None else before
             if value != before:
-                changes.append(f"{key}: {before} → {value}")
+                label = FIELD_LABELS.get(key) or readable(key)
+                changes.append(f"{label}: {before} → {value}")
     return changes
 
 

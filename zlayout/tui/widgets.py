@@ -50,6 +50,10 @@ class LayoutTable(KeysInTypedOrder, DataTable):
     COLUMN_KEYS = tuple(key for key, _ in COLUMNS)
     BREAKDOWN_KEYS = frozenset(key for key, _ in view.MEMORY_COLUMNS)
     TITLE = "Layouts · GiB per GPU · Host: GiB per node · Comm: GB per GPU per step"
+    # Shorter titles for narrower tables, longest first: the title is never cut mid-word.
+    SHORT_TITLES = ("Layouts · GiB per GPU · Host: GiB/node · Comm: GB/GPU/step",
+                    "Layouts · GiB/GPU · Host GiB/node · Comm GB/GPU", "Layouts · GiB per GPU",
+                    "Layouts")
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, fixed_columns=3, **kwargs)
@@ -96,6 +100,39 @@ class LayoutTable(KeysInTypedOrder, DataTable):
     def on_resize(self) -> None:
         if self._fit():
             self._rebuild()
+        self._retitle()
+
+    def off_screen_titles(self) -> list[str]:
+        """The titles of the columns past the table's right edge (only when even the table
+        without the per-term columns is wider than its space: 80 columns with the inputs
+        panel open); a horizontal scroll (→) brings them in."""
+        if not self._rows or not self.size.width:
+            return []
+        room = self.scrollable_content_region.width or self.size.width
+        titles = dict(self.COLUMNS)
+        widths = self._content_widths([self._cells(row) for row in self._rows])
+        right, out = 0, []
+        for key in self._shown_keys():
+            right += widths[key] + 2 * self.cell_padding
+            if right > room:
+                out.append(titles[key])
+        return out
+
+    def _retitle(self) -> None:
+        """The longest title that fits the top border whole; when columns lie past the right
+        edge, it says which ones and that → scrolls to them."""
+        room = self.size.width - 2
+        if room <= 0:
+            return
+        hidden = " ".join(self.off_screen_titles())
+        if hidden:
+            forms = (f"Layouts · GiB per GPU · → scrolls to {hidden}", f"Layouts · GiB/GPU · → {hidden}",
+                     f"Layouts · → {hidden}", f"→ {hidden}", "Layouts")
+        else:
+            forms = (self.TITLE, *self.SHORT_TITLES)
+        title = next((form for form in forms if len(form) <= room), forms[-1])
+        if self.border_title != title:
+            self.border_title = title
 
     def watch_plan(self, plan: Plan | None) -> None:
         if plan is None:
@@ -103,6 +140,7 @@ class LayoutTable(KeysInTypedOrder, DataTable):
         rows = view.layout_rows(plan)
         same_layouts = [row.key.value for row in self.ordered_rows] == [row.key for row in rows]
         self._rows = rows
+        self._retitle()
         if self._fit() or not same_layouts:
             self._rebuild()
             return
@@ -296,9 +334,14 @@ class ComparePanel(PlanPanel):
                         style="dim italic")
         out = Text(no_wrap=True, overflow="ellipsis")
         changes = view.input_changes(pinned, plan)
-        out.append("Changed: ", style="bold")
-        out.append(", ".join(changes) if changes else "nothing yet", style="" if changes else "dim")
-        out.append("\n")
+        # the changed inputs are wrapped at the panel's width, never cut (the table below is
+        # drawn one line per row)
+        changed = Text.assemble(("Changed: ", "bold"), (", ".join(changes), "") if changes
+                                else ("nothing yet", "dim"))
+        width = self.content_region.width or self.size.width or 80
+        for line in changed.wrap(self.app.console, width, overflow="fold"):
+            out.append_text(line)
+            out.append("\n")
         out.append(f"{'':14} {'peak GiB':^17}  {'step time':^19}\n", style="bold")
         out.append(f"{'ZeRO Opt  Par':<14} {'was':>5} {'now':>5} {'Δ':>5}  "
                    f"{'was':>6} {'now':>6} {'Δ':>5}\n", style="bold")
@@ -406,7 +449,7 @@ class InputsPanel(Widget):
             [(k, k) for k in ("bf16", "fp16", "fp32")], value=v["precision"],
             allow_blank=False, compact=True, id="precision"), "precision")
         yield from self._row("Checkpoint", PanelSelect(
-            [("none", "none"), ("full (every layer)", "full")], value=v["checkpointing"],
+            [("none", "none"), ("full", "full")], value=v["checkpointing"],
             allow_blank=False, compact=True, id="checkpointing"), "checkpointing")
         yield from self._row("Model code", PanelSelect(
             [("zlayout GPT", "zlayout"), ("transformers", "hf")], value=v["impl"],
