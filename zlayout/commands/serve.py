@@ -41,8 +41,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def app_command() -> str:
-    """The shell command each browser session runs: this Python's `python -m zlayout`."""
-    return f"{shlex.quote(sys.executable)} -m zlayout"
+    """The shell command each browser session runs: this Python's `python -P -m zlayout`.
+
+    -P: the current directory is not put first on sys.path, so a `zlayout/` folder where the
+    server was started cannot run in place of zlayout (PYTHONPATH still counts)."""
+    from zlayout.install import zlayout_argv
+
+    return " ".join(shlex.quote(part) for part in zlayout_argv())
 
 
 def run(args: argparse.Namespace) -> int:

@@ -102,7 +102,7 @@ def query_gpus(timeout_s: float = 20.0) -> list[GpuInfo]:
 def probe(python: str, env: dict[str, str], ops: list[str],
           timeout_s: float | None = None) -> tuple[dict[str, Any], str | None]:
     """Run `zlayout.verify.probe` with the ranks' environment: (facts, why it failed)."""
-    command = [python, "-m", PROBE_MODULE] + (["--ops", ",".join(ops)] if ops else [])
+    command = [python, "-P", "-m", PROBE_MODULE] + (["--ops", ",".join(ops)] if ops else [])
     timeout_s = timeout_s or (OP_BUILD_TIMEOUT_S if ops else VERSIONS_TIMEOUT_S)
     try:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=env,
