@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping
 
 from pydantic import ValidationError
 
+from zlayout import tomlsafe
 from zlayout.spec import MlaSpec, ModelSpec
 
 CONFIG_FILE = "config.json"
@@ -309,9 +310,15 @@ def load(path: str | os.PathLike[str]) -> ModelSpec:
     if len(data) > MAX_CONFIG_BYTES:
         raise HfConfigError(f"{p}: larger than {MAX_CONFIG_BYTES // 2**20} MiB, not a config.json")
     try:
-        config = json.loads(data.decode("utf-8"))
+        text = data.decode("utf-8")
+        # json.loads recurses per level: 100,000 `[` is a RecursionError. The profiles' and
+        # presets' guard refuses it first, with the same one line.
+        tomlsafe.check_toml_limits(text, str(p), max_chars=None)
+        config = json.loads(text)
     except UnicodeDecodeError:
         raise HfConfigError(f"{p}: not a text file; give the model's config.json") from None
+    except tomlsafe.TomlLimitError as exc:
+        raise HfConfigError(f"{exc}: not a model's config.json") from None
     except json.JSONDecodeError as exc:
         raise HfConfigError(f"{p}: not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}") from None
     folder = p.resolve().parent.name if p.name == CONFIG_FILE else p.stem

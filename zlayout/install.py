@@ -12,6 +12,15 @@ import sys
 from pathlib import Path
 
 
+def zlayout_argv() -> list[str]:
+    """How zlayout starts itself: this interpreter, `-P -m zlayout`.
+
+    -P (Python 3.11+): the current directory is not put first on sys.path, so a `zlayout/`
+    folder where the user happens to be cannot run in place of zlayout; unlike -I it keeps
+    PYTHONPATH (source checkouts and the tests rely on it)."""
+    return [sys.executable, "-P", "-m", "zlayout"]
+
+
 def source_checkout() -> Path | None:
     """The repository root when zlayout runs from a clone (editable or PYTHONPATH), else None."""
     root = Path(__file__).resolve().parent.parent

@@ -5,6 +5,10 @@ spends quadratic time on dotted keys (a 30,000-part key takes 9 s and 3.5 GB). P
 profiles are a few kilobytes with two or three levels, so a single pass over the text that
 counts nesting and key parts (outside strings and comments) refuses such input at once,
 with one line that names the file.
+
+The same scan guards JSON (a model's config.json, `hfconfig.load`): json.loads recurses once
+per `[` or `{` too. Outside strings valid JSON has no `#`, `'` or `\\`, and json.loads stops at
+the first such character, so the scan counts every level it would enter.
 """
 
 from __future__ import annotations
@@ -25,9 +29,11 @@ class TomlLimitError(ValueError):
     """Text over a size, nesting or dotted-key limit (message: one line naming the source)."""
 
 
-def check_toml_limits(text: str, source: str) -> None:
-    """Raise TomlLimitError when `text` is bigger, deeper or has longer dotted keys than allowed."""
-    if len(text) > MAX_TOML_BYTES:
+def check_toml_limits(text: str, source: str, max_chars: int | None = MAX_TOML_BYTES) -> None:
+    """Raise TomlLimitError when `text` is bigger, deeper or has longer dotted keys than allowed.
+
+    `max_chars=None`: the caller has limited the size itself (JSON files have their own)."""
+    if max_chars is not None and len(text) > max_chars:
         raise TomlLimitError(f"{source}: {len(text):,} characters is too long for a zlayout TOML "
                              f"file (at most {MAX_TOML_BYTES:,})")
     depth = 0

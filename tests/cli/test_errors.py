@@ -119,3 +119,27 @@ def test_the_installed_entry_point_prints_one_line_for_argparse_errors():
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.splitlines() == ["zlayout: error: --stage: '4' is not one of 0, 1, 2, 3",
                                         "zlayout: hint: `zlayout plan --help` lists every flag"]
+
+
+@pytest.mark.parametrize("text", ["[" * 100_000, '{"a":' * 5_000,
+                                  '{"model_type": "llama", "x": ' + "[" * 40 + "]" * 40 + "}"],
+                         ids=["100k-brackets", "5k-objects", "deep-inside-a-config"])
+def test_a_deeply_nested_hf_config_is_one_line_not_a_recursion_error(tmp_path, text):
+    """`plan --hf-config` crashed with RecursionError and a 31-line traceback; it now reads
+    through the same nesting guard as profiles and presets (`show`, ctrl+o)."""
+    path = tmp_path / "deep.json"
+    path.write_text(text)
+    proc = subprocess.run([sys.executable, "-m", "zlayout", "plan", "--hf-config", str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    assert proc.stderr.splitlines() == [f"zlayout: error: {path}: nested more than 32 levels deep "
+                                        "(line 1): not a model's config.json"]
+
+
+def test_the_app_reads_a_deep_config_json_through_the_same_reader(tmp_path):
+    """ctrl+o on a file named config.json goes to hfconfig.load too: the same ValueError line."""
+    from zlayout.hfconfig import HfConfigError, load
+
+    (tmp_path / "config.json").write_text("[" * 100_000)
+    with pytest.raises(HfConfigError, match="nested more than 32 levels deep"):
+        load(tmp_path)

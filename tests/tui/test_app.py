@@ -711,7 +711,8 @@ async def test_the_selection_follows_the_star_until_the_user_moves_it():
         assert table.selected_key == moved  # the user's choice stays
 
 
-async def test_cpu_check_from_the_verify_dialog_and_a_failed_run_is_red_not_100_percent():
+async def test_cpu_check_from_the_verify_dialog_and_a_failed_run_is_red_not_100_percent(monkeypatch):
+    monkeypatch.setattr("zlayout.verify.options.usable_cores", lambda: 8)  # 3 processes allowed
     hint = "install them: pip install 'zlayout[verify]' (torch, deepspeed==0.19.8)"
     result = '{"status": "failed", "cause": "' + hint.replace("'", "\\u0027") + '"}'
     verifier = FakeVerifier(["[rank 0] step 1/5: loss 10.4", result, "zlayout verify exited with code 1"])
@@ -881,3 +882,41 @@ async def test_inputs_loaded_before_the_hidden_tabs_are_mounted_reach_them():
         assert app.query_one("#gpus_per_node", Input).value == "4"
         assert app.query_one("#checkpointing", Select).value == "full"
         assert app.plan.input == changed
+
+
+async def test_the_verify_dialog_offers_and_accepts_no_more_cpu_processes_than_the_cli(monkeypatch):
+    """A 48-GPU plan on a 2-core machine: the dialog offered 4 CPU processes (and accepted up
+    to 64) while `zlayout verify --cpu` refuses more than 2 there. Both now use the same rule
+    (zlayout.verify.options: one process per usable core)."""
+    from zlayout.verify.options import LaunchError, VerifyOptions, check_request
+
+    monkeypatch.setattr("zlayout.verify.options.usable_cores", lambda: 2)
+    verifier = FakeVerifier(["done"])
+    app = make_app(verifier=verifier)
+    async with app.run_test(size=WIDE) as pilot:
+        await settle(pilot)
+        await type_into(pilot, "gpus_per_node", "8")
+        await type_into(pilot, "nodes", "6")
+        app.query_one(LayoutTable).focus()
+        await pilot.press("ctrl+r")
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, VerifyOptionsScreen)
+        assert app.plan.input.hardware.world == 48
+        field = screen.query_one("#cpu-processes", Input)
+        assert field.value == "2"  # what the CLI accepts here
+        check_request(app.plan.input, VerifyOptions(cpu=True, processes=int(field.value)))
+        with pytest.raises(LaunchError, match="2 usable cores"):
+            check_request(app.plan.input, VerifyOptions(cpu=True, processes=3))
+        field.value = "3"
+        await pilot.press("c")
+        await pilot.pause()
+        assert app.screen is screen  # refused, as the CLI refuses it
+        error = str(screen.query_one("#verify-options-error", Static).render())
+        assert "1 to 2" in error and "2 usable cores" in error
+        field.value = "2"
+        await pilot.press("c")
+        await pilot.pause()
+        assert isinstance(app.screen, VerifyScreen)
+        await wait_until(lambda: verifier.cpu_processes is not None, pilot)
+        assert verifier.cpu_processes == 2

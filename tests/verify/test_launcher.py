@@ -70,3 +70,34 @@ def test_a_blocking_preflight_stops_before_any_rank(tmp_path):
     assert result["cause"].startswith("preflight: nvme path")
     assert any(line.startswith("preflight FAIL nvme path") for line in lines)
     assert not any(line.startswith("zlayout: running") for line in lines)
+
+
+def test_a_zlayout_folder_in_the_current_directory_does_not_stand_in_for_the_worker(tmp_path,
+                                                                                      monkeypatch):
+    """torchrun starts each rank as `python -u -m zlayout.verify.worker` (no -P of its own):
+    the launcher runs with -P and the ranks' environment carries PYTHONSAFEPATH=1, so a
+    `zlayout/` package where the user stands is not imported. A real torchrun of one rank."""
+    import subprocess
+    import sys
+
+    from zlayout.verify.launcher import WORKER_MODULE, launch_command
+
+    marker = "SHADOW-WORKER-RAN"
+    for name in ("zlayout/__init__.py", "zlayout/verify/__init__.py", "zlayout/verify/worker.py",
+                 "zlayout/verify/probe.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(f"print({marker!r})\n")
+    monkeypatch.chdir(tmp_path)
+    options = VerifyOptions(cpu=True, processes=1, python=sys.executable)
+    env = worker_env(options, 1)
+    assert env["PYTHONSAFEPATH"] == "1"
+    command = launch_command(options, 1, tmp_path / "spec.json", tmp_path / "out.json",
+                             tmp_path / "logs", resume=False)
+    command = command[:command.index(WORKER_MODULE) + 1] + ["--help"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300,
+                          stdin=subprocess.DEVNULL)
+    assert marker not in done.stdout + done.stderr
+    assert done.returncode == 0 and "zlayout.verify.worker" in done.stdout + done.stderr
+    probe = subprocess.run([sys.executable, "-P", "-m", "zlayout.verify.probe", "--help"], env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert marker not in probe.stdout + probe.stderr and probe.returncode == 0

@@ -217,3 +217,77 @@ def test_an_op_build_that_never_answers_points_to_a_stale_lock(tmp_path, monkeyp
     check, facts = preflight.check_versions(str(python), cpu=False, ops=["fused_adam"], env={})
     assert not check.ok and check.blocking and facts == {}
     assert "did not answer in 1 s building fused_adam" in check.detail and "lock" in check.fix
+
+
+def _run_input(inp, processes):
+    from zlayout.verify.options import input_for_run
+    return input_for_run(inp, processes)
+
+
+def _llama405b_48_gpus():
+    from zlayout import catalog
+    from zlayout.cli import build_parser, plan_input_from_args
+    args = build_parser().parse_args(["plan", "--preset", "llama3-405b", "--gpu", "a100-40gb",
+                                      "--gpus-per-node", "8", "--nodes", "6", "--checkpointing", "full"])
+    return plan_input_from_args(args)
+
+
+OFFLOADED = Layout(stage=3, offload_optimizer="cpu", offload_param="cpu")
+
+
+def test_host_ram_far_below_what_the_cpu_run_must_hold_blocks(monkeypatch):
+    """A 405B model verified on CPU with 2 processes holds its optimizer states (12 bytes per
+    parameter, ~4.5 TiB) in RAM: with 18.7 GiB available that was a WARN and the ranks were
+    started anyway (an OOM of a shared login node). It is now a blocking FAIL."""
+    monkeypatch.setattr(preflight, "host_available_bytes", lambda: int(18.7 * GiB))
+    run = _run_input(_llama405b_48_gpus(), 2)
+    (ram,) = [c for c in preflight.check_host(run, OFFLOADED, 2, cpu=True) if c.name == "host ram"]
+    assert not ram.ok and ram.blocking
+    assert ram.line().startswith("preflight FAIL host ram: 18.7 GiB available; this run holds at "
+                                 "least 45")  # 12 B x 406e9 = 4536 GiB
+    assert preflight.host_floor_bytes(run, OFFLOADED, cpu=True) == 12 * run.model.params
+
+
+def test_host_ram_over_the_prediction_but_above_the_floor_only_warns(monkeypatch):
+    """Borderline: the prediction exceeds what is free but what the run must hold does not
+    (the estimate may be high; the run decides): WARN, as before."""
+    inp = tiny_input(layers=4, hidden=256)
+    run = _run_input(inp, 2)
+    mem = estimate_memory(run, OFFLOADED)
+    predicted = mem.host_peak_bytes + 2 * mem.gpu_peak_allocated_bytes
+    floor = preflight.host_floor_bytes(run, OFFLOADED, cpu=True)
+    assert 0 < floor < predicted
+    monkeypatch.setattr(preflight, "host_available_bytes", lambda: (floor + predicted) // 2)
+    (ram,) = [c for c in preflight.check_host(run, OFFLOADED, 2, cpu=True) if c.name == "host ram"]
+    assert not ram.ok and not ram.blocking and ram.line().startswith("preflight WARN host ram")
+    monkeypatch.setattr(preflight, "host_available_bytes", lambda: predicted + GiB)
+    (ram,) = [c for c in preflight.check_host(run, OFFLOADED, 2, cpu=True) if c.name == "host ram"]
+    assert ram.ok
+
+
+def test_on_gpus_without_offload_the_optimizer_states_are_not_in_ram(monkeypatch):
+    monkeypatch.setattr(preflight, "host_available_bytes", lambda: 1 * GiB)
+    run = _run_input(_llama405b_48_gpus(), 8)
+    assert preflight.host_floor_bytes(run, Layout(stage=3), cpu=False) == 0
+    assert preflight.host_floor_bytes(run, Layout(stage=3, offload_optimizer="nvme"), cpu=True) == 0
+    (ram,) = preflight.check_host(run, Layout(stage=3), 8)
+    assert not ram.blocking  # the host side of a GPU run: the prediction only warns
+
+
+def test_the_cli_refuses_to_launch_a_cpu_run_the_machine_cannot_hold(tmp_path):
+    """The QA command, for real: exit non-zero, one FAIL line, no rank started (no spec
+    written, no rank output)."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-m", "zlayout", "verify", "--preset", "llama3-405b", "--gpu", "a100-40gb",
+         "--gpus-per-node", "8", "--nodes", "6", "--checkpointing", "full", "--stage", "3",
+         "--offload-optimizer", "cpu", "--offload-param", "cpu", "--cpu", "--processes", "2",
+         "--out", str(out)], capture_output=True, text=True, timeout=300)
+    output = done.stdout + done.stderr
+    assert done.returncode != 0, output
+    fails = [x for x in output.splitlines() if x.startswith("preflight FAIL")]
+    assert len(fails) == 1 and fails[0].startswith("preflight FAIL host ram:"), output
+    assert "[rank" not in output and not (out / "spec.json").exists()

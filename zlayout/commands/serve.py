@@ -40,9 +40,48 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
+ALL_INTERFACES = ("0.0.0.0", "::", "[::]")
+
+
+def network_name() -> str:
+    """A name other machines can open for this one: its FQDN or host name where that resolves
+    to an address that is not loopback, else the address it reaches the network from (a UDP
+    socket's own address after connect, which sends nothing). Many hosts map their own name
+    to 127.0.0.1 in /etc/hosts, and getfqdn() is then `localhost`: useless to a colleague."""
+    import socket
+
+    for name in (socket.getfqdn(), socket.gethostname()):
+        try:
+            if name and not is_loopback_name(name) and not is_loopback_name(socket.gethostbyname(name)):
+                return name
+        except OSError:
+            continue
+    for family, target in ((socket.AF_INET, ("192.0.2.1", 9)), (socket.AF_INET6, ("2001:db8::1", 9))):
+        try:
+            with socket.socket(family, socket.SOCK_DGRAM) as probe:
+                probe.connect(target)
+                address = probe.getsockname()[0]
+        except OSError:
+            continue
+        if not is_loopback_name(address):
+            return f"[{address}]" if ":" in address else address
+    return socket.gethostname()
+
+
+def is_loopback_name(host: str) -> bool:
+    from zlayout.webserver import is_loopback
+
+    return is_loopback(host)
+
+
 def app_command() -> str:
-    """The shell command each browser session runs: this Python's `python -m zlayout`."""
-    return f"{shlex.quote(sys.executable)} -m zlayout"
+    """The shell command each browser session runs: this Python's `python -P -m zlayout`.
+
+    -P: the current directory is not put first on sys.path, so a `zlayout/` folder where the
+    server was started cannot run in place of zlayout (PYTHONPATH still counts)."""
+    from zlayout.install import zlayout_argv
+
+    return " ".join(shlex.quote(part) for part in zlayout_argv())
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,10 +99,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--public-url {args.public_url!r} is not an http(s) URL: e.g. --public-url http://localhost:9000")
     if not host.strip() or any(not c.isprintable() or c.isspace() for c in host):
         raise UsageError(f"--host {host!r} is not an address: e.g. --host 127.0.0.1")
-    if public_url is None and host in ("0.0.0.0", "::", "[::]"):
-        import socket
-
-        public_url = f"http://{socket.getfqdn()}:{args.port}"  # a browser cannot open 0.0.0.0
+    if public_url is None and host in ALL_INTERFACES:
+        public_url = f"http://{network_name()}:{args.port}"  # a browser cannot open 0.0.0.0
     if not is_loopback(host):
         print(f"zlayout: warning: listening on {host}: every machine that can reach it can ask for the "
               "page; only the token keeps them out. Prefer the default (127.0.0.1) and an SSH tunnel.",
@@ -74,6 +111,11 @@ def run(args: argparse.Namespace) -> int:
         print("zlayout: open that URL (it carries the secret token; anyone with it can use the app as you); "
               "ctrl+c stops the server", file=sys.stderr)
         print(f"zlayout: each browser tab runs its own app: {server.command}", file=sys.stderr)
+        if not is_loopback(host):
+            where = "every network interface of this machine" if host in ALL_INTERFACES else host
+            bound = f"[{host.strip('[]')}]" if ":" in host else host
+            print(f"zlayout: listening on {bound}:{args.port} ({where}): reachable by other machines "
+                  "on the network, not only this one", file=sys.stderr)
         if is_loopback(host):
             print(f"zlayout: from your laptop: ssh -L {args.port}:localhost:{args.port} THIS_HOST, "
                   "then open the URL above", file=sys.stderr)

@@ -8,10 +8,10 @@ pending) is refused with the fields to fix.
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from zlayout.install import zlayout_argv
 from zlayout.spec import Layout
 from zlayout.tui.backends import (ProfileIO, cli_verifier, default_profile_io, verification_missing,
                                   verify_flags)
@@ -175,7 +175,7 @@ class LayoutActionsMixin:
 
     def _write_slurm_script(self, plan: Plan, layout: Layout, path: str) -> None:
         """`zlayout verify --slurm PATH` for this plan, in a worker (it takes a second)."""
-        command = [sys.executable, "-m", "zlayout", "verify", *verify_flags(plan.input, layout),
+        command = [*zlayout_argv(), "verify", *verify_flags(plan.input, layout),
                    "--slurm", path]
 
         def work() -> None:

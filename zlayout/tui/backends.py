@@ -11,7 +11,6 @@ import importlib.util
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
+from zlayout.install import zlayout_argv
 from zlayout.spec import GiB, Layout, PlanInput, offload_flag
 from zlayout.tui.form import Presets
 
@@ -150,10 +150,10 @@ def cli_verifier(inp: PlanInput, layout: Layout, cancel: threading.Event,
     with tempfile.TemporaryDirectory(prefix="zlayout-tui-verify-") as tmp:
         target = _temporary_profile(inp, layout, Path(tmp))
         args = [str(target)] if target is not None else verify_flags(inp, layout)
-        command = [sys.executable, "-m", "zlayout", "verify", *args, "--json"]
+        command = [*zlayout_argv(), "verify", *args, "--json"]
         if cpu_processes:
             command += ["--cpu", "--processes", str(cpu_processes)]
-        yield "$ zlayout verify " + " ".join(command[4:])
+        yield "$ zlayout verify " + " ".join(command[len(zlayout_argv()) + 1:])
         child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                  text=True, bufsize=1, start_new_session=True)
         finished = threading.Event()

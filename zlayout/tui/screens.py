@@ -182,9 +182,6 @@ class VerifyOptions:
     slurm_script: str | None = None
 
 
-MAX_CPU_PROCESSES = 64
-
-
 class VerifyOptionsScreen(ModalScreen["VerifyOptions | None"]):
     """Where to run the verification: this node's GPUs, a CPU check with N processes (gloo,
     runs anywhere), or, for a multi-node plan, a SLURM batch script to submit."""
@@ -200,6 +197,8 @@ class VerifyOptionsScreen(ModalScreen["VerifyOptions | None"]):
         self.multi_node = inp.hardware.nodes > 1
 
     def compose(self) -> ComposeResult:
+        from zlayout.verify import options as verify_options  # after the first frame (planner)
+
         hw = self._inp.hardware
         where = f"{hw.world}× {hw.gpu.name}" + (f" ({hw.nodes} nodes)" if self.multi_node else "")
         with Vertical(classes="dialog small-dialog", id="verify-options"):
@@ -214,7 +213,8 @@ class VerifyOptionsScreen(ModalScreen["VerifyOptions | None"]):
                                      compact=True, id="slurm-path")
             with Horizontal(classes="field-row"):
                 yield Label("CPU processes", classes="field-label")
-                yield FieldInput(value=str(min(hw.world, 4)), compact=True, id="cpu-processes")
+                yield FieldInput(value=str(verify_options.default_cpu_processes(self._inp)),
+                                 compact=True, id="cpu-processes")
             yield Static("", id="verify-options-error", classes="field-error")
             with Horizontal(classes="buttons"):
                 if self.multi_node:
@@ -249,8 +249,13 @@ class VerifyOptionsScreen(ModalScreen["VerifyOptions | None"]):
             self.dismiss(VerifyOptions(slurm_script=path))
         elif how == "cpu":
             text = self.query_one("#cpu-processes", Input).value.strip()
-            if not text.isdigit() or not 1 <= int(text) <= MAX_CPU_PROCESSES:
-                self._error(f"CPU processes: type a whole number from 1 to {MAX_CPU_PROCESSES}, e.g. 2")
+            from zlayout.verify import options as verify_options
+
+            # The CLI's rule (zlayout verify --cpu refuses more processes than usable cores).
+            limit = verify_options.cpu_processes_limit()
+            if not text.isdigit() or not 1 <= int(text) <= limit:
+                self._error(f"CPU processes: type a whole number from 1 to {limit} (this machine "
+                            f"has {limit} usable cores; a CPU check runs one process per core)")
                 return
             self.dismiss(VerifyOptions(cpu_processes=int(text)))
 

@@ -7,7 +7,8 @@ It is the user's environment with four changes, each for a failure seen on real 
 - `OMP_NUM_THREADS` split across the ranks instead of torchrun's 1;
 - the interpreter's own bin directory first on PATH (pip's ninja lives there: a JIT build
   under a venv that is not activated finds no ninja);
-- zlayout importable by the ranks (PYTHONPATH), CPU mode pinned to gloo and no GPU.
+- zlayout importable by the ranks (PYTHONPATH) and never shadowed by a `zlayout/` folder in
+  the current directory (PYTHONSAFEPATH=1, Python's -P), CPU mode pinned to gloo and no GPU.
 `PYTORCH_CUDA_ALLOC_CONF` and everything else pass through unchanged.
 """
 
@@ -92,6 +93,10 @@ def worker_env(options: VerifyOptions, processes: int = 1,
     if bin_dir and bin_dir not in env.get("PATH", "").split(os.pathsep):
         env["PATH"] = os.pathsep.join(p for p in (bin_dir, env.get("PATH")) if p)
     env["PYTHONUNBUFFERED"] = "1"
+    # Python's -P for every process of the run (torchrun starts the ranks without it): the
+    # current directory is not put first on sys.path, so a `zlayout/` folder there cannot run
+    # in place of zlayout's worker. PYTHONPATH (above) still counts.
+    env["PYTHONSAFEPATH"] = "1"
     env.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
     if options.cpu:
         env["DS_ACCELERATOR"] = "cpu"

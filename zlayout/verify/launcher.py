@@ -73,9 +73,12 @@ def _config_for_world(config: dict[str, Any], inp: PlanInput) -> dict[str, Any]:
 
 def launch_command(options: VerifyOptions, processes: int, spec_path: Path, out_path: Path,
                    log_dir: Path, resume: bool) -> list[str]:
+    # -P here and PYTHONSAFEPATH=1 in worker_env (torchrun starts each rank as `python -u -m
+    # zlayout.verify.worker`, without -P): a `zlayout/` folder in the current directory cannot
+    # stand in for zlayout's worker.
     # --standalone: the rendezvous store binds port 0 and gets a random id, so no port is
     # picked here and then taken by someone else before torchrun binds it.
-    command = [options.python, "-m", "torch.distributed.run", "--standalone",
+    command = [options.python, "-P", "-m", "torch.distributed.run", "--standalone",
                "--nproc_per_node", str(processes), "--tee", "3", "--log-dir", str(log_dir),
                "-m", WORKER_MODULE, "--spec", str(spec_path), "--out", str(out_path)]
     if resume:

@@ -59,6 +59,21 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+DEFAULT_CPU_PROCESSES = 4  # a CPU check's default where the plan and the cores allow it
+
+
+def cpu_processes_limit() -> int:
+    """The most processes a CPU check runs here: one per usable core (check_request refuses
+    more; the app's verify dialog offers and accepts no more)."""
+    return usable_cores()
+
+
+def default_cpu_processes(inp: PlanInput) -> int:
+    """What the app's verify dialog offers for a CPU check: the plan's GPUs, at most 4, and
+    never more than cpu_processes_limit()."""
+    return max(1, min(inp.hardware.world, DEFAULT_CPU_PROCESSES, cpu_processes_limit()))
+
+
 def check_request(inp: PlanInput, options: VerifyOptions, gpus_visible: int | None = None) -> None:
     """Refuse what cannot run, with what to type instead (LaunchError, one line).
 
@@ -81,7 +96,7 @@ def check_request(inp: PlanInput, options: VerifyOptions, gpus_visible: int | No
     if processes < 1:
         raise LaunchError("--processes must be at least 1")
     if options.cpu:
-        cores = usable_cores()
+        cores = cpu_processes_limit()
         if processes > cores:
             raise LaunchError(f"--processes {processes}: this machine has {cores} usable cores "
                               f"and CPU mode runs one process per core; use --processes {cores} "

@@ -2,8 +2,9 @@
 
 Each check prints one line, pass or fail, with the number and, on failure, what to do.
 Blocking failures (no GPUs, torch/deepspeed missing, a DeepSpeed op that cannot be built, a
-directory that cannot be written) stop the verification; the memory checks only warn, since
-the run itself is the real test (an out-of-memory is then reported as `does-not-fit`).
+directory that cannot be written, host RAM below what the run must hold: the optimizer states
+it keeps in RAM) stop the verification; the other memory checks only warn, since the run
+itself is the real test (an out-of-memory is then reported as `does-not-fit`).
 
 The planner process never imports torch: GPUs come from `nvidia-smi`; versions, DeepSpeed's
 parse of TORCH_CUDA_ARCH_LIST and the op builds from one subprocess (`zlayout.verify.probe`)
@@ -102,7 +103,7 @@ def query_gpus(timeout_s: float = 20.0) -> list[GpuInfo]:
 def probe(python: str, env: dict[str, str], ops: list[str],
           timeout_s: float | None = None) -> tuple[dict[str, Any], str | None]:
     """Run `zlayout.verify.probe` with the ranks' environment: (facts, why it failed)."""
-    command = [python, "-m", PROBE_MODULE] + (["--ops", ",".join(ops)] if ops else [])
+    command = [python, "-P", "-m", PROBE_MODULE] + (["--ops", ",".join(ops)] if ops else [])
     timeout_s = timeout_s or (OP_BUILD_TIMEOUT_S if ops else VERSIONS_TIMEOUT_S)
     try:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=env,
@@ -261,16 +262,46 @@ def host_available_bytes() -> int | None:
     return None
 
 
-def check_host(inp: PlanInput, layout: Layout, processes: int) -> list[Check]:
+OPTIMIZER_STATE_BYTES_PER_PARAM = 12  # fp32 master weights + Adam's two fp32 moments
+
+
+def host_floor_bytes(inp: PlanInput, layout: Layout, cpu: bool) -> int:
+    """Host RAM the run cannot do without, whatever the estimate's error: the fp32 master
+    weights and Adam moments of every parameter (12 bytes each) where they live in RAM: in
+    CPU mode (every "device" tensor is host memory) unless the optimizer goes to NVMe, and
+    with the optimizer offloaded to the CPU. `inp` is the run's input: one node, so the whole
+    world's share is on this machine. The worker builds the planned model at full size (its
+    parameter count is asserted), in CPU mode too. 0 where the states are not in RAM."""
+    in_ram = (cpu and layout.offload_optimizer != "nvme") or layout.offload_optimizer == "cpu"
+    return OPTIMIZER_STATE_BYTES_PER_PARAM * inp.model.params if in_ram else 0
+
+
+def check_host(inp: PlanInput, layout: Layout, processes: int, cpu: bool = False) -> list[Check]:
+    """Host RAM against what the run needs: FAIL (blocking) when even its floor (the optimizer
+    states held in RAM, `host_floor_bytes`) exceeds what is available, so no rank is started
+    to exhaust a shared node; WARN when only the prediction does (the run decides). In CPU
+    mode the ranks' device memory is host memory too and is added to the prediction."""
     mem = estimate_memory(inp, layout)
     checks = []
     available = host_available_bytes()
+    predicted = mem.host_peak_bytes + (processes * mem.gpu_peak_allocated_bytes if cpu else 0)
+    shown = (f"predicted host peak {predicted / GiB:.1f} GiB (with the ranks' device memory: "
+             "host memory in CPU mode)" if cpu else
+             f"predicted host peak {mem.host_peak_bytes / GiB:.1f} GiB")
+    floor = host_floor_bytes(inp, layout, cpu)
     if available is None:
         checks.append(Check("host ram", True, "/proc/meminfo unreadable; not checked"))
+    elif floor > available:
+        checks.append(Check(
+            "host ram", False,
+            f"{available / GiB:.1f} GiB available; this run holds at least {floor / GiB:.1f} GiB "
+            f"in RAM (fp32 weights and Adam moments of {inp.model.params / 1e9:.3g}B parameters, "
+            f"12 bytes each, on this one machine), {shown}",
+            "not started: verify a smaller model here (fewer --layers, a smaller --hidden) "
+            "or run on the planned nodes", blocking=True))
     else:
         checks.append(Check(
-            "host ram", available >= mem.host_peak_bytes,
-            f"{available / GiB:.1f} GiB available, predicted host peak {mem.host_peak_bytes / GiB:.1f} GiB",
+            "host ram", available >= predicted, f"{available / GiB:.1f} GiB available, {shown}",
             "free host memory, use fewer processes per node, or offload to NVMe", blocking=False))
     offloaded = layout.offload_optimizer != "gpu" or layout.offload_param != "gpu"
     if offloaded and inp.zero.pin_memory:
@@ -318,7 +349,7 @@ def run_checks(inp: PlanInput, layout: Layout, options: VerifyOptions, processes
     take minutes and the run could not start anyway)."""
     smi_gpus = [] if options.cpu else query_gpus()
     gpu_checks = (check_gpus(inp, layout, processes, smi_gpus) if smi_gpus else [])
-    host_checks = check_host(inp, layout, processes)
+    host_checks = check_host(inp, layout, processes, options.cpu)
     dir_checks: list[Check] = []
     if "nvme" in (layout.offload_optimizer, layout.offload_param):
         mem = estimate_memory(inp, layout)

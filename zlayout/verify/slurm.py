@@ -96,7 +96,7 @@ def prepare_job(inp: PlanInput, layout: Layout, options: VerifyOptions) -> Job:
 
 def _torchrun(job: Job, out_name: str, resume: bool) -> str:
     q = shlex.quote
-    parts = [q(job.options.python), "-m", "torch.distributed.run",
+    parts = [q(job.options.python), "-P", "-m", "torch.distributed.run",
              "--nnodes", "$SLURM_NNODES", "--nproc_per_node", str(job.processes_per_node),
              "--rdzv_backend", "c10d", "--rdzv_id", f"$SLURM_JOB_ID-{out_name}",
              "--rdzv_endpoint", '"$MASTER_ADDR:$MASTER_PORT"',
@@ -135,7 +135,8 @@ def batch_script(job: Job, partition: str | None = None, account: str | None = N
         f"# `zlayout verify --submit` or: python -m zlayout.verify.slurm {shlex.quote(str(job.out_dir))}",
         "set -euo pipefail",
         f"cd {shlex.quote(str(Path.cwd()))}",
-        "export PYTHONUNBUFFERED=1 PYTHONWARNINGS=${PYTHONWARNINGS:-ignore::FutureWarning}",
+        "# PYTHONSAFEPATH (Python's -P): a zlayout/ folder in this directory must not shadow zlayout",
+        "export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1 PYTHONWARNINGS=${PYTHONWARNINGS:-ignore::FutureWarning}",
         f"export PYTHONPATH={shlex.quote(str(Path(__file__).resolve().parents[2]))}"
         "${PYTHONPATH:+:$PYTHONPATH}",
         "# torchrun would pin OMP_NUM_THREADS to 1 (CPU Adam on one core): share the cores instead",
