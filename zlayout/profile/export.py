@@ -27,6 +27,9 @@ from zlayout.profile.store import (DS_CONFIG_FILE, PROFILE_FILE, ProfileError, l
 from zlayout.spec import Layout, PlanInput
 
 
+MAX_WHY_CHARS = 2000  # one change-log reason; with the profile's ~1 kB per entry, hundreds of exports fit
+
+
 class ProfileExists(ProfileError):
     """The target holds a readable profile and the caller did not ask to replace it."""
 
@@ -108,6 +111,9 @@ def export_profile(inp: PlanInput, layout: Layout, path: str | os.PathLike[str],
     profile's; they are validated here, with every other value the scripts print, before any
     file is touched. Raises ProfileExists (a profile is there, `replace` is False) or ProfileError.
     """
+    if why is not None and len(why) > MAX_WHY_CHARS:
+        raise ProfileError(f"--why is {len(why):,} characters long; the change log keeps at most "
+                           f"{MAX_WHY_CHARS:,} per entry: shorten it (link to a longer write-up instead)")
     target = inspect_target(path)
     if target.previous is not None and not replace:
         raise ProfileExists(f"{target.profile_file} already exists (profile {target.previous.name}): "

@@ -285,13 +285,33 @@ def save_profile(profile: Profile, path: str | os.PathLike[str]) -> Path:
             p = p / PROFILE_FILE
         if p.name == PROFILE_FILE:
             return save_profile_dir(profile, p.parent)[-1]
+        data = readable_profile_bytes(profile, p, manifest={})
         p.parent.mkdir(parents=True, exist_ok=True)
         with _locked(p.parent):
             clean_temporaries(p.parent)
-            atomic_write(p, dumps_profile(profile.model_copy(update={"manifest": {}})).encode("utf-8"))
+            atomic_write(p, data)
     except OSError as exc:
         raise ProfileError(f"cannot write {p}: {exc.strerror or exc}") from None
     return p
+
+
+def readable_profile_bytes(profile: Profile, target: Path, *, manifest: dict[str, str] | None = None) -> bytes:
+    """The bytes of `profile` as written to `target`, checked to load again: over
+    MAX_PROFILE_BYTES, or anything else load_profile refuses, raises ProfileError before any file
+    is written, so a write never leaves a profile zlayout cannot read."""
+    data = dumps_profile(profile if manifest is None else profile.model_copy(update={"manifest": manifest}))
+    raw = data.encode("utf-8")
+    if len(raw) > MAX_PROFILE_BYTES:
+        raise ProfileError(
+            f"not writing {target}: it would be {len(raw):,} bytes, over the {MAX_PROFILE_BYTES:,} zlayout "
+            f"reads, because its change log is too long ({len(profile.changelog)} entries, "
+            f"{sum(len(e.why) for e in profile.changelog):,} characters of reasons): remove old "
+            "[[changelog]] entries from the profile (or move it aside and export afresh), then retry")
+    try:
+        loads_profile(data, source=str(target))
+    except ProfileError as exc:
+        raise ProfileError(f"not writing {target}: zlayout could not read it back: {exc}") from None
+    return raw
 
 
 def ds_config_text(profile: Profile) -> str:
@@ -327,7 +347,7 @@ def save_profile_dir(profile: Profile, directory: str | os.PathLike[str]) -> lis
     """
     d = Path(directory)
     files = set_files(profile)
-    files[PROFILE_FILE] = dumps_profile(with_manifest(profile, files)).encode("utf-8")
+    files[PROFILE_FILE] = readable_profile_bytes(with_manifest(profile, files), d / PROFILE_FILE)
     try:
         d.mkdir(parents=True, exist_ok=True)
         with _locked(d):
