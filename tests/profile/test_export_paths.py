@@ -53,3 +53,59 @@ def test_why_over_the_limit_is_refused_before_writing(tmp_path, capsys):
     assert f"at most {MAX_WHY_CHARS:,}" in err and len(err.strip().splitlines()) == 1
     assert not out.exists()
     assert export(out, "--why", "w" * MAX_WHY_CHARS) == 0
+
+
+def test_a_trailing_slash_means_a_directory(tmp_path, capsys):
+    out = tmp_path / "dir.toml"
+    assert export(f"{out}/") == 0
+    assert out.is_dir() and (out / "profile.toml").is_file() and (out / "ds_config.json").is_file()
+    assert load_profile(out).layout.stage == 2
+
+
+def test_a_symlinked_toml_is_not_replaced(tmp_path, capsys):
+    real = tmp_path / "real.toml"
+    assert export(real) == 0
+    link = tmp_path / "link.toml"
+    link.symlink_to(real)
+    before = real.read_bytes()
+    capsys.readouterr()
+    assert export(link, "--force", "--seq", "8192") == 2
+    err = capsys.readouterr().err
+    assert f"{link} is a symlink" in err and "does not replace links" in err
+    assert link.is_symlink() and real.read_bytes() == before
+
+
+def test_a_symlinked_profile_toml_in_a_directory_is_not_replaced(tmp_path, capsys):
+    real = tmp_path / "real.toml"
+    assert export(real) == 0
+    out = tmp_path / "p"
+    assert export(out) == 0
+    (out / "profile.toml").unlink()
+    (out / "profile.toml").symlink_to(real)
+    capsys.readouterr()
+    assert export(out, "--force") == 2
+    assert "is a symlink" in capsys.readouterr().err
+    assert (out / "profile.toml").is_symlink()
+
+
+def test_symlink_loops_and_broken_links_are_named(tmp_path, capsys):
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    loop_toml = tmp_path / "loop.toml"
+    loop_toml.symlink_to(loop_toml)
+    dangling = tmp_path / "dangling.toml"
+    dangling.symlink_to(tmp_path / "nowhere.toml")
+    for argv, message in [
+        ([*EXPORT, "--out", str(loop), "--force"], f"symlink loop at {loop}"),
+        ([*EXPORT, "--out", str(loop_toml), "--force"], f"symlink loop at {loop_toml}"),
+        ([*EXPORT, "--out", str(dangling), "--force"], f"{dangling} is a broken symlink"),
+        (["show", str(loop)], f"symlink loop at {loop}"),
+        (["check", str(loop_toml)], f"symlink loop at {loop_toml}"),
+        (["show", str(dangling)], f"{dangling} is a broken symlink"),
+    ]:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert message in err, err
+        assert "no such file" not in err.lower() and "no profile at" not in err and "is a file" not in err
+        assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "nowhere.toml").exists()

@@ -28,6 +28,7 @@ import tomli_w
 from pydantic import ValidationError
 
 from zlayout import tomlsafe
+from zlayout.outfile import link_problem
 from zlayout.profile.launch import DEEPSPEED_SCRIPT, SLURM_SCRIPT, TORCHRUN_SCRIPT, launch_scripts
 from zlayout.profile.runbook import EXTRA_FILES, extra_files
 from zlayout.profile.schema import SCHEMA_VERSION, Profile
@@ -170,6 +171,9 @@ def _line_of(text: str, loc: tuple[Any, ...]) -> int | None:
 def resolve_profile_path(path: str | os.PathLike[str]) -> Path:
     """PROFILE may be the profile.toml or the directory `zlayout export --out` wrote."""
     p = Path(path)
+    problem = link_problem(p) or (link_problem(p / PROFILE_FILE) if os.path.isdir(p) else None)
+    if problem is not None:
+        raise ProfileError(problem)
     try:
         if p.is_dir():
             p = p / PROFILE_FILE
