@@ -3,6 +3,7 @@ a trailing slash a directory, accurate messages for loops and broken links, a qu
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 from zlayout.cli import main
@@ -86,6 +87,16 @@ def test_a_symlinked_profile_toml_in_a_directory_is_not_replaced(tmp_path, capsy
     assert export(out, "--force") == 2
     assert "is a symlink" in capsys.readouterr().err
     assert (out / "profile.toml").is_symlink()
+
+
+def test_the_next_hint_is_shell_quoted(tmp_path, capsys):
+    out = tmp_path / "with space" / "prof"
+    assert export(out) == 0
+    printed = capsys.readouterr().out
+    hint = next(line for line in printed.splitlines() if "next:" in line)
+    assert f"zlayout show {shlex.quote(str(out))}" in hint
+    command = shlex.split(hint.split("next:", 1)[1].split("   ")[0])
+    assert command == ["zlayout", "show", str(out)]
 
 
 def test_symlink_loops_and_broken_links_are_named(tmp_path, capsys):
