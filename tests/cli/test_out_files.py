@@ -84,3 +84,12 @@ def test_calibrate_out_a_symlink_loop_or_broken_link(tmp_path, capsys):
     assert calibrate(str(dangling), "--force") == 2
     assert f"{dangling} is a broken symlink" in capsys.readouterr().err
     assert not (tmp_path / "nowhere.toml").exists()
+
+
+def test_calibrate_refuses_a_big_file_without_reading_it_all(tmp_path, capsys):
+    big = tmp_path / "data.bin"
+    with open(big, "wb") as handle:
+        handle.truncate(64 * 2**20)
+    assert calibrate(str(big), "--force") == 2
+    err = capsys.readouterr().err
+    assert "not a zlayout calibration" in err and big.stat().st_size == 64 * 2**20

@@ -81,7 +81,7 @@ def check_calibration_out(out: str, force: bool) -> None:
     from pathlib import Path
 
     from zlayout.outfile import OutFileError, check_replaceable
-    from zlayout.profile.calibration import CalibrationError, load_calibration
+    from zlayout.profile.calibration import CalibrationError
 
     if not out.strip():
         raise UsageError("--out is empty: give a file name, e.g. --out zlayout-calibration.toml")
@@ -89,7 +89,7 @@ def check_calibration_out(out: str, force: bool) -> None:
         raise UsageError(f"--out {out} names a directory: give a file name, e.g. "
                          f"--out {out}zlayout-calibration.toml")
     try:
-        check_replaceable(Path(out), load_calibration, replace=force,
+        check_replaceable(Path(out), _read_small_calibration, replace=force,
                           not_ours="Not replacing a file that is not a zlayout calibration: move it aside "
                                    "or choose another --out",
                           exists_message=lambda _: f"{out} already exists (a zlayout calibration): add --force to "
@@ -97,3 +97,15 @@ def check_calibration_out(out: str, force: bool) -> None:
                           unreadable=lambda exc: isinstance(exc, CalibrationError))
     except OutFileError as exc:
         raise UsageError(str(exc)) from None
+
+
+def _read_small_calibration(path):
+    """load_calibration, refusing at once a file far bigger than any calibration (a data file
+    given as --out is not read into memory to find out it is not one)."""
+    from zlayout import tomlsafe
+    from zlayout.profile.calibration import CalibrationError, load_calibration
+
+    size = path.stat().st_size
+    if size > tomlsafe.MAX_TOML_BYTES:
+        raise CalibrationError(f"{path} is {size:,} bytes, not a zlayout calibration")
+    return load_calibration(path)
