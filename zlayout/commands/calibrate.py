@@ -20,7 +20,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("results", nargs="+", metavar="RESULTS",
                         help="result.json, results.jsonl, or a folder of them (from zlayout verify)")
     parser.add_argument("--out", default="zlayout-calibration.toml",
-                        help="calibration file to write (default zlayout-calibration.toml)")
+                        help="calibration file to write (default zlayout-calibration.toml); an existing "
+                             "file is replaced only if it is a zlayout calibration and --force is given")
+    parser.add_argument("--force", action="store_true",
+                        help="replace an existing calibration file at --out")
     parser.add_argument("--host-cores", type=int, default=None,
                         help="CPU cores per node of the hosts that ran the results, where a result "
                              "does not record them (default: the GPU preset's)")
@@ -36,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.host_cores is not None and not 0 < args.host_cores <= 65536:
         raise UsageError(f"--host-cores must be a core count from 1 to 65536, not {args.host_cores}")
+    check_calibration_out(args.out, args.force)  # before reading the results: nothing to lose
     try:
         rows, skipped = read_results(args.results, default_host_cores=args.host_cores)
     except CalibrationError as exc:
@@ -45,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"no complete GPU verification in {' '.join(args.results)}{why}: give the "
                          "result.json or results.jsonl of `zlayout verify` runs on GPUs")
     fit = fit_calibration(rows, source=None)
+    check_calibration_out(args.out, args.force)  # again: the results may have taken a while
     try:
         path = write_calibration(args.out, fit, __version__)
     except OSError as exc:
@@ -68,3 +73,39 @@ def run(args: argparse.Namespace) -> int:
         print(f"skipped {line}")
     print(f"wrote {path}; use it with --calibration {path}")
     return 0
+
+
+def check_calibration_out(out: str, force: bool) -> None:
+    """export's rule (zlayout.outfile) for --out: an empty name or a directory is refused, a link is
+    never replaced, an existing file only when it is a calibration and --force is given."""
+    from pathlib import Path
+
+    from zlayout.outfile import OutFileError, check_replaceable
+    from zlayout.profile.calibration import CalibrationError
+
+    if not out.strip():
+        raise UsageError("--out is empty: give a file name, e.g. --out zlayout-calibration.toml")
+    if out.endswith("/"):
+        raise UsageError(f"--out {out} names a directory: give a file name, e.g. "
+                         f"--out {out}zlayout-calibration.toml")
+    try:
+        check_replaceable(Path(out), _read_small_calibration, replace=force,
+                          not_ours="Not replacing a file that is not a zlayout calibration: move it aside "
+                                   "or choose another --out",
+                          exists_message=lambda _: f"{out} already exists (a zlayout calibration): add --force to "
+                                                   "replace it or choose another --out",
+                          unreadable=lambda exc: isinstance(exc, CalibrationError))
+    except OutFileError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _read_small_calibration(path):
+    """load_calibration, refusing at once a file far bigger than any calibration (a data file
+    given as --out is not read into memory to find out it is not one)."""
+    from zlayout import tomlsafe
+    from zlayout.profile.calibration import CalibrationError, load_calibration
+
+    size = path.stat().st_size
+    if size > tomlsafe.MAX_TOML_BYTES:
+        raise CalibrationError(f"{path} is {size:,} bytes, not a zlayout calibration")
+    return load_calibration(path)

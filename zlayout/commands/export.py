@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 
 from zlayout.cli import UsageError, add_plan_arguments, layout_from_args, plan_input_from_args
 from zlayout.profile import ProfileError
-from zlayout.profile.export import export_profile
+from zlayout.profile.export import MAX_WHY_CHARS, export_profile
 from zlayout.spec import GiB
 
 
@@ -27,11 +28,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "RUNBOOK.md, memory.svg (per-GPU memory chart) and alerts.yml (Prometheus rules).")
     add_plan_arguments(parser)
     out = parser.add_argument_group("profile")
-    out.add_argument("--out", required=True, metavar="DIR", help="directory to write (created if missing); a name ending in .toml writes that profile file alone")
+    out.add_argument("--out", required=True, metavar="DIR", help="directory to write (created if missing); a name ending in .toml writes that profile file "
+                          "alone (a trailing / always means a directory); a symlink is never replaced")
     out.add_argument("--force", action="store_true",
                      help="replace an existing profile in DIR (its change log is kept)")
     out.add_argument("--name", help="profile name (default: model-GPUsxgpu-layout)")
-    out.add_argument("--why", help="the reason for this export, recorded in the change log")
+    out.add_argument("--why", help=f"the reason for this export, recorded in the change log (at most {MAX_WHY_CHARS} characters)")
     out.add_argument("--train-script", default=None,
                      help="your training script, the launch scripts' default (default train.py)")
     out.add_argument("--checkpoint-dir", default=None,
@@ -68,9 +70,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {out.resolve()}" + ("" if result.target.single_file else "/: " + ", ".join(p.name for p in written)))
         print(f"  {profile.description}: predicted peak {pred.gpu_peak_allocated_bytes / GiB:.1f} GiB "
               f"allocated per GPU of {pred.gpu_capacity_bytes / GiB:.1f} GiB; status unverified")
-        print(f"  next: zlayout show {out}   zlayout check {out}")
+        print(f"  next: zlayout show {shlex.quote(str(out))}   zlayout check {shlex.quote(str(out))}")
     if not pred.fits:
         print(f"zlayout: warning: {layout.label} is predicted NOT to fit "
               f"(GPU {'ok' if pred.fits_gpu else 'over'}, host {'ok' if pred.fits_host else 'over'}, "
-              f"NVMe {'ok' if pred.fits_nvme else 'over'}); see `zlayout show {out}`", file=sys.stderr)
+              f"NVMe {'ok' if pred.fits_nvme else 'over'}); see `zlayout show {shlex.quote(str(out))}`", file=sys.stderr)
     return 0

@@ -37,6 +37,11 @@ def _resolve(name: str) -> Path:
         raise UsageError(f"{name[:80]}...: {exc.strerror or exc}: give a profile.toml or its directory") from None
     if exists:
         return path
+    from zlayout.outfile import link_problem
+
+    problem = link_problem(path)
+    if problem is not None:
+        raise UsageError(problem)
     from zlayout import catalog
 
     try:

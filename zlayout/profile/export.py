@@ -18,6 +18,7 @@ from typing import Any, Mapping
 
 from pydantic import ValidationError
 
+from zlayout.outfile import OutFileError, check_replaceable, link_problem
 from zlayout.profile.build import build_profile
 from zlayout.profile.launch import launch_scripts
 from zlayout.profile.runbook import EXTRA_FILES
@@ -25,6 +26,9 @@ from zlayout.profile.schema import Profile, RunSettings, path_text
 from zlayout.profile.store import (DS_CONFIG_FILE, PROFILE_FILE, ProfileError, load_profile, save_profile,
                                    save_profile_dir)
 from zlayout.spec import Layout, PlanInput
+
+
+MAX_WHY_CHARS = 2000  # one change-log reason; with the profile's ~1 kB per entry, hundreds of exports fit
 
 
 class ProfileExists(ProfileError):
@@ -49,16 +53,24 @@ def _set_names(profile: Profile | None = None) -> tuple[str, ...]:
     return (DS_CONFIG_FILE, *scripts, *EXTRA_FILES)
 
 
-def _load_previous(profile_file: Path) -> Profile:
+NOT_OURS = ("Not replacing a profile zlayout cannot read, nor a file that is not a profile: "
+            "fix it or move it aside, or choose another path")
+
+
+def _previous(profile_file: Path) -> Profile | None:
+    """The readable profile at `profile_file`, or None when nothing is there (zlayout.outfile's
+    rule: links, loops, and files zlayout cannot read as a profile are refused)."""
     try:
-        return load_profile(profile_file)
-    except ProfileError as exc:
-        raise ProfileError(f"{exc}. Not replacing a profile zlayout cannot read, nor a file that is "
-                           "not a profile: fix it or move it aside, or choose another path") from None
+        return check_replaceable(profile_file, load_profile, replace=True, not_ours=NOT_OURS, exists_message=str,
+                                 unreadable=lambda exc: isinstance(exc, ProfileError))
+    except OutFileError as exc:
+        raise ProfileError(str(exc)) from None
 
 
 def inspect_target(path: str | os.PathLike[str]) -> ExportTarget:
-    """What exporting to `path` would do; ProfileError when it must not write there."""
+    """What exporting to `path` would do; ProfileError when it must not write there.
+
+    A path ending in '/' is always a directory (profiles.toml/ is the directory profiles.toml)."""
     text = os.fspath(path)
     if not text.strip():
         raise ProfileError("the export path is empty: give a directory, e.g. profiles/llama3-8b")
@@ -66,20 +78,31 @@ def inspect_target(path: str | os.PathLike[str]) -> ExportTarget:
         path_text(text, "the export path")
     except ValueError as exc:
         raise ProfileError(str(exc)) from None
+    as_dir = text.endswith(("/", os.sep))
     p = Path(text).expanduser()
+    problem = link_problem(p)
+    if problem is not None:
+        raise ProfileError(problem)
     try:
         is_dir, exists = p.is_dir(), p.exists() or p.is_symlink()
     except OSError as exc:
         raise ProfileError(f"{p}: {exc.strerror or exc}") from None
-    if not is_dir and p.suffix == ".toml":
-        previous = _load_previous(p) if exists else None
-        return ExportTarget(path=p, profile_file=p, single_file=True, previous=previous)
+    if not is_dir and p.suffix == ".toml" and not as_dir:
+        return ExportTarget(path=p, profile_file=p, single_file=True, previous=_previous(p))
     if exists and not is_dir:
         raise ProfileError(f"{p} is a file, not a directory: give a directory (or a .toml file name)")
     profile_file = p / PROFILE_FILE
+    if is_dir:
+        for name in _set_names():  # os.replace would swap a link for a plain file, target untouched
+            problem = link_problem(p / name)
+            if problem is None and (p / name).is_symlink():
+                problem = (f"{p / name} is a symlink: zlayout does not replace links in a profile "
+                           "directory: replace it with the file it points to, or choose another directory")
+            if problem is not None:
+                raise ProfileError(problem)
     if is_dir and (profile_file.exists() or profile_file.is_symlink()):
         return ExportTarget(path=p, profile_file=profile_file, single_file=False,
-                            previous=_load_previous(profile_file))
+                            previous=_previous(profile_file))
     if is_dir:
         foreign = next((name for name in _set_names() if (p / name).exists() or (p / name).is_symlink()), None)
         if foreign is not None:
@@ -108,6 +131,9 @@ def export_profile(inp: PlanInput, layout: Layout, path: str | os.PathLike[str],
     profile's; they are validated here, with every other value the scripts print, before any
     file is touched. Raises ProfileExists (a profile is there, `replace` is False) or ProfileError.
     """
+    if why is not None and len(why) > MAX_WHY_CHARS:
+        raise ProfileError(f"--why is {len(why):,} characters long; the change log keeps at most "
+                           f"{MAX_WHY_CHARS:,} per entry: shorten it (link to a longer write-up instead)")
     target = inspect_target(path)
     if target.previous is not None and not replace:
         raise ProfileExists(f"{target.profile_file} already exists (profile {target.previous.name}): "

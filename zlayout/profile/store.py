@@ -28,6 +28,7 @@ import tomli_w
 from pydantic import ValidationError
 
 from zlayout import tomlsafe
+from zlayout.outfile import link_problem
 from zlayout.profile.launch import DEEPSPEED_SCRIPT, SLURM_SCRIPT, TORCHRUN_SCRIPT, launch_scripts
 from zlayout.profile.runbook import EXTRA_FILES, extra_files
 from zlayout.profile.schema import SCHEMA_VERSION, Profile
@@ -170,6 +171,9 @@ def _line_of(text: str, loc: tuple[Any, ...]) -> int | None:
 def resolve_profile_path(path: str | os.PathLike[str]) -> Path:
     """PROFILE may be the profile.toml or the directory `zlayout export --out` wrote."""
     p = Path(path)
+    problem = link_problem(p) or (link_problem(p / PROFILE_FILE) if os.path.isdir(p) else None)
+    if problem is not None:
+        raise ProfileError(problem)
     try:
         if p.is_dir():
             p = p / PROFILE_FILE
@@ -285,13 +289,33 @@ def save_profile(profile: Profile, path: str | os.PathLike[str]) -> Path:
             p = p / PROFILE_FILE
         if p.name == PROFILE_FILE:
             return save_profile_dir(profile, p.parent)[-1]
+        data = readable_profile_bytes(profile, p, manifest={})
         p.parent.mkdir(parents=True, exist_ok=True)
         with _locked(p.parent):
             clean_temporaries(p.parent)
-            atomic_write(p, dumps_profile(profile.model_copy(update={"manifest": {}})).encode("utf-8"))
+            atomic_write(p, data)
     except OSError as exc:
         raise ProfileError(f"cannot write {p}: {exc.strerror or exc}") from None
     return p
+
+
+def readable_profile_bytes(profile: Profile, target: Path, *, manifest: dict[str, str] | None = None) -> bytes:
+    """The bytes of `profile` as written to `target`, checked to load again: over
+    MAX_PROFILE_BYTES, or anything else load_profile refuses, raises ProfileError before any file
+    is written, so a write never leaves a profile zlayout cannot read."""
+    data = dumps_profile(profile if manifest is None else profile.model_copy(update={"manifest": manifest}))
+    raw = data.encode("utf-8")
+    if len(raw) > MAX_PROFILE_BYTES:
+        raise ProfileError(
+            f"not writing {target}: it would be {len(raw):,} bytes, over the {MAX_PROFILE_BYTES:,} zlayout "
+            f"reads, because its change log is too long ({len(profile.changelog)} entries, "
+            f"{sum(len(e.why) for e in profile.changelog):,} characters of reasons): remove old "
+            "[[changelog]] entries from the profile (or move it aside and export afresh), then retry")
+    try:
+        loads_profile(data, source=str(target))
+    except ProfileError as exc:
+        raise ProfileError(f"not writing {target}: zlayout could not read it back: {exc}") from None
+    return raw
 
 
 def ds_config_text(profile: Profile) -> str:
@@ -327,7 +351,7 @@ def save_profile_dir(profile: Profile, directory: str | os.PathLike[str]) -> lis
     """
     d = Path(directory)
     files = set_files(profile)
-    files[PROFILE_FILE] = dumps_profile(with_manifest(profile, files)).encode("utf-8")
+    files[PROFILE_FILE] = readable_profile_bytes(with_manifest(profile, files), d / PROFILE_FILE)
     try:
         d.mkdir(parents=True, exist_ok=True)
         with _locked(d):
