@@ -15,7 +15,7 @@ import math
 import os
 import re
 import sys
-from typing import Any, NoReturn, Sequence
+from typing import NoReturn, Sequence
 
 from pydantic import ValidationError
 

@@ -6,7 +6,6 @@ import json
 import subprocess
 import sys
 
-import pytest
 
 from zlayout.cli import build_parser, main, plan_input_from_args
 from zlayout.core.breakeven import break_even

@@ -11,7 +11,7 @@ from textual.widgets._select import SelectCurrent
 from test_app import screen_text
 from tui_fakes import settle
 from zlayout import catalog
-from zlayout.spec import GiB, HardwareSpec, PlanInput, TrainingSpec
+from zlayout.spec import HardwareSpec, PlanInput, TrainingSpec
 from zlayout.tui.app import ZLayoutApp
 from zlayout.tui.fields import PanelSelect
 from zlayout.tui.screens import DetailScreen

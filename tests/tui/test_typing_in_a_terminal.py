@@ -15,7 +15,7 @@ from zlayout import catalog
 from zlayout.core.plan import make_plan
 from zlayout.spec import PlanInput
 from zlayout.tui import view
-from zlayout.tui.form import form_values, plan_input_from_form
+from zlayout.tui.form import plan_input_from_form
 from zlayout.tui.backends import catalog_presets
 from zlayout.tui.widgets import LayoutTable
 

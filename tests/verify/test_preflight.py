@@ -225,7 +225,6 @@ def _run_input(inp, processes):
 
 
 def _llama405b_48_gpus():
-    from zlayout import catalog
     from zlayout.cli import build_parser, plan_input_from_args
     args = build_parser().parse_args(["plan", "--preset", "llama3-405b", "--gpu", "a100-40gb",
                                       "--gpus-per-node", "8", "--nodes", "6", "--checkpointing", "full"])
