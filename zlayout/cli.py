@@ -264,7 +264,12 @@ def _model_from_args(args: argparse.Namespace):
     if args.preset or args.hf_config:
         base = hfconfig.load(args.hf_config) if args.hf_config else catalog.load_model(args.preset, dirs)
         # Re-validate: architecture flags on top of a preset must still form a valid model.
-        return ModelSpec.model_validate({**base.model_dump(), **given}) if given else base
+        # One that changes the preset's architecture is a custom model, of no preset's family
+        # (break-even then scales its own shape in depth), as in the app.
+        data = base.model_dump()
+        if any(data.get(key) != value for key, value in given.items()):
+            data.update(given, name="custom", family=None)
+        return ModelSpec.model_validate(data)
     if args.params is not None:
         try:
             size = catalog.parse_size(args.params)

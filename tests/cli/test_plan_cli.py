@@ -135,3 +135,21 @@ def test_one_layout_says_when_the_recommendation_is_another(capsys):
     assert json.loads(out)["recommended"] is True
     code, out, _ = run_plan(capsys, *REFERENCE_FLAGS, "--stage", "3", "--offload-optimizer", "cpu")
     assert f"Note: the recommendation is another layout, {rec['label']}, not ZeRO-3 opt→cpu." in out
+
+
+def test_a_preset_with_a_changed_architecture_is_a_custom_model_of_no_family(capsys):
+    """--preset llama3-70b --layers 48 --hidden 4096 ... is a 19.8B model: it is not Llama-3-70B,
+    and its break-even follows its own shape, not the Llama-3 family's sizes. Flags that repeat
+    the preset's own values keep the preset."""
+    from zlayout.cli import build_parser, plan_input_from_args
+
+    def model(*flags):
+        return plan_input_from_args(build_parser().parse_args(["plan", "--preset", "llama3-70b", *flags])).model
+
+    changed = model("--layers", "48", "--hidden", "4096", "--heads", "32", "--kv-heads", "4")
+    assert (changed.name, changed.family, changed.layers, changed.hidden) == ("custom", None, 48, 4096)
+    same = model("--layers", "80")
+    assert (same.name, same.family) == ("llama3-70b", "llama3")
+    code, out, _ = run_plan(capsys, "--preset", "llama3-70b", "--layers", "48", "--hidden", "4096",
+                            "--heads", "32", "--kv-heads", "4")
+    assert code == 0 and out.startswith("custom: 19.77B params")

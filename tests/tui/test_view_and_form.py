@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from tui_fakes import fixed_input, fixed_presets, stub_planner
 from zlayout.core.plan import make_plan
-from zlayout.spec import GiB
+from zlayout.spec import GiB, PlanInput
 from zlayout.tui import view
 from zlayout.tui.form import FormInvalid, form_values, plan_input_from_form
 
@@ -164,3 +164,15 @@ def test_the_app_starts_without_torch_or_deepspeed():
             "bad = [m for m in ('torch', 'deepspeed') if m in sys.modules]; print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_an_edited_preset_architecture_is_custom_and_of_no_family():
+    """The app's break-even then scales the custom shape, not the preset's family."""
+    from zlayout import catalog
+    from zlayout.tui.form import model_from_form
+
+    base = catalog.load_model("llama3-70b")
+    values = form_values(PlanInput(model=base, hardware=fixed_input().hardware, training=fixed_input().training))
+    assert model_from_form(values, base) == base
+    edited = model_from_form({**values, "layers": "48"}, base)
+    assert (edited.name, edited.family, edited.layers) == ("custom", None, 48)

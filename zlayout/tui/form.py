@@ -99,8 +99,8 @@ def model_from_form(values: Mapping[str, Any], model_base: ModelSpec) -> ModelSp
     data = model_base.model_dump()
     changed = any(data.get(k) != v for k, v in arch.items())
     data.update(arch)
-    if changed:
-        data["name"] = "custom"
+    if changed:  # a custom model, of no preset's family (break-even scales it in depth)
+        data.update(name="custom", family=None)
     try:
         return ModelSpec(**data)
     except ValidationError as exc:
