@@ -120,23 +120,8 @@ def _trace_layout(name: str):
 
 
 def _phase_reserved(events, marks) -> dict[str, int]:
-    """Reserved bytes (all streams' large pools) at the end of each marked phase."""
-    pools: dict[int, sim.CachingAllocator] = {}
-    handles = {}
-    ends = {index: name for name, index in marks}
-    out = {}
-    for i, event in enumerate(events + [None]):
-        if i in ends:
-            out[ends[i]] = sum(p.reserved for p in pools.values())
-        if event is None:
-            break
-        if event[0] == "a":
-            pool = pools.setdefault(event[3] if len(event) > 3 else sim.DEFAULT_STREAM, sim.CachingAllocator())
-            handles[event[1]] = (pool, pool.malloc(event[2]))
-        else:
-            pool, block = handles.pop(event[1])
-            pool.free(block)
-    return out
+    """Reserved bytes (all streams' pools) at the end of each marked phase."""
+    return {name: sim.replay(events[:end], track_allocated=False).peak_reserved for name, end in marks}
 
 
 def _trace_phase_reserved(doc) -> dict[str, int]:
@@ -335,17 +320,8 @@ def test_zero3_first_pass_releases_every_gathered_weight():
     assert abs(reserved["step1.forward"] - measured["step1.forward"]) < 0.25 * 2**30
     # the allgather stream's pool at the end of step 1's forward holds no more than one block's
     # weights and the head: nothing was kept
-    pools: dict = {}
-    handles = {}
     end = dict(seq.marks)["step1.forward"]
-    for event in events[:end]:
-        if event[0] == "a":
-            pool = pools.setdefault(event[3] if len(event) > 3 else sim.DEFAULT_STREAM, sim.CachingAllocator())
-            handles[event[1]] = (pool, pool.malloc(event[2]))
-        else:
-            pool, block = handles.pop(event[1])
-            pool.free(block)
-    assert pools[sim.ALLGATHER_STREAM].allocated == 0
+    assert sim.replay(events[:end]).pools[sim.ALLGATHER_STREAM].allocated == 0
 
 
 def test_reserved_is_the_replay_on_a_card_with_room():
