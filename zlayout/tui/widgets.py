@@ -60,6 +60,8 @@ class LayoutTable(KeysInTypedOrder, DataTable):
         self.border_title = self.TITLE
         self.show_breakdown = True
         self._rows: list[view.LayoutRow] = []
+        self._row_cells: list[list[Text]] = []  # each row's cells (_cells), made once per plan
+        self._widths: dict[str, int] = {}  # each column's content width for those cells
 
     def on_mount(self) -> None:
         self._add_columns()
@@ -82,8 +84,7 @@ class LayoutTable(KeysInTypedOrder, DataTable):
 
     def _width_needed(self, with_breakdown: bool) -> int:
         """Columns wide enough for every cell and title, with the cell padding on both sides."""
-        widths = self._content_widths([self._cells(row) for row in self._rows])
-        return sum(width + 2 * self.cell_padding for key, width in widths.items()
+        return sum(width + 2 * self.cell_padding for key, width in self._widths.items()
                    if with_breakdown or key not in self.BREAKDOWN_KEYS)
 
     def _fit(self) -> bool:
@@ -110,10 +111,9 @@ class LayoutTable(KeysInTypedOrder, DataTable):
             return []
         room = self.scrollable_content_region.width or self.size.width
         titles = dict(self.COLUMNS)
-        widths = self._content_widths([self._cells(row) for row in self._rows])
         right, out = 0, []
         for key in self._shown_keys():
-            right += widths[key] + 2 * self.cell_padding
+            right += self._widths[key] + 2 * self.cell_padding
             if right > room:
                 out.append(titles[key])
         return out
@@ -140,6 +140,8 @@ class LayoutTable(KeysInTypedOrder, DataTable):
         rows = view.layout_rows(plan)
         same_layouts = [row.key.value for row in self.ordered_rows] == [row.key for row in rows]
         self._rows = rows
+        self._row_cells = [self._cells(row) for row in rows]
+        self._widths = self._content_widths(self._row_cells)
         self._retitle()
         if self._fit() or not same_layouts:
             self._rebuild()
@@ -148,13 +150,11 @@ class LayoutTable(KeysInTypedOrder, DataTable):
         # column's widest cell changed width, rebuild instead: DataTable's own update_width
         # re-measures the whole column for every narrower cell (thousands of measurements per
         # plan, ~100 ms on the next idle, in front of the next keystroke).
-        cells = [self._cells(row) for row in rows]
         shown = self._shown_keys()
-        widths = self._content_widths(cells)
-        if any(self.columns[key].content_width != widths[key] for key in shown if key in self.columns):
+        if any(self.columns[key].content_width != self._widths[key] for key in shown if key in self.columns):
             self._rebuild()
             return
-        for row, row_cells in zip(rows, cells):
+        for row, row_cells in zip(rows, self._row_cells):
             for column, cell in zip(self.COLUMN_KEYS, row_cells):
                 if column in shown:
                     self.update_cell(row.key, column, cell)
@@ -164,14 +164,13 @@ class LayoutTable(KeysInTypedOrder, DataTable):
         self.clear(columns=True)
         self._add_columns()
         shown = self._shown_keys()
-        all_cells = [self._cells(row) for row in self._rows]
-        for row, row_cells in zip(self._rows, all_cells):
+        for row, row_cells in zip(self._rows, self._row_cells):
             self.add_row(*(cell for column, cell in zip(self.COLUMN_KEYS, row_cells) if column in shown),
                          key=row.key)
         # DataTable measures new rows on its next idle and does not invalidate its render cache
         # when that widens a column: a header drawn in between (a repaint before the idle) kept
         # the titles' widths, misaligned over the rows. Set the widths the rows need now.
-        for key, width in self._content_widths(all_cells).items():
+        for key, width in self._widths.items():
             if key in shown:
                 self.columns[key].content_width = width
         if cursor_key is not None:
