@@ -113,6 +113,14 @@ def main() -> int:
     torch.cuda.memory._record_memory_history(enabled=None)
     trace = [[ACTIONS.get(e["action"], 9), e["addr"], e["size"]]
              for tr in snap.get("device_traces", []) for e in tr][:MAX_TRACE_ROWS]
+    # where the large requests come from: the first frames outside torch of each alloc >= 16 MiB
+    big_allocs = []
+    for tr in snap.get("device_traces", []):
+        for i, e in enumerate(tr):
+            if e["action"] == "alloc" and e["size"] >= 16 * 2**20 and len(big_allocs) < 20000:
+                frames = [f"{Path(f['filename']).name}:{f['line']}:{f['name']}" for f in e.get("frames", [])
+                          if "/torch/" not in f["filename"]][:4]
+                big_allocs.append([i, e["size"], " < ".join(frames)])
     free, total = torch.cuda.mem_get_info()
     out = Path(os.environ.get("OUT", "."))
     out.mkdir(parents=True, exist_ok=True)
@@ -125,6 +133,7 @@ def main() -> int:
                       "reserved_gib": est.gpu_peak_reserved_bytes / GiB,
                       "device_used_gib": est.gpu_device_used_bytes / GiB},
         "actions": ACTIONS, "phase_marks": marks, "phases": phases, "trace": trace,
+        "big_allocs": big_allocs,
     }
     path = out / f"{a.name}.json"
     path.write_text(json.dumps(result, separators=(",", ":")))

@@ -33,6 +33,9 @@ wait
 trace t-z2-moe --impl hf --stage 2 --layers 8 --hidden 1536 --heads 12 --kv-heads 4 --ffn 2048 --experts 8 --top-k 2 --vocab 32000 --mlp swiglu --norm rmsnorm --no-bias --seq 2048 --micro-batch 4 &
 trace t-z0-hf-s6144 --impl hf --stage 0 --layers 8 --hidden 2560 --heads 20 --kv-heads 4 --ffn 6912 --vocab 49152 --mlp swiglu --norm rmsnorm --no-bias --seq 6144 --micro-batch 1 &
 wait
-trace t-z2-hf-h3584 --impl hf --stage 2 --layers 8 --hidden 3584 --heads 28 --kv-heads 4 --ffn 18944 --vocab 152064 --mlp swiglu --norm rmsnorm --no-bias --qkv-bias --seq 4096 --micro-batch 1
+trace t-z2-hf-h3584 --impl hf --stage 2 --layers 8 --hidden 3584 --heads 28 --kv-heads 4 --ffn 18944 --vocab 152064 --mlp swiglu --norm rmsnorm --no-bias --qkv-bias --seq 4096 --micro-batch 1 &
+trace t-z1-hf-v32001 --impl hf --stage 1 --layers 12 --hidden 2048 --heads 16 --ffn 5504 --vocab 32001 --mlp swiglu --norm rmsnorm --no-bias --seq 4096 --micro-batch 2 &
+trace t-z1-L6-h3072 --stage 1 --layers 6 --hidden 3072 --heads 24 --kv-heads 8 --ffn 8192 --vocab 65536 --mlp swiglu --norm rmsnorm --no-bias --seq 2048 --micro-batch 4 &
+wait
 tar czf "$OUT/profiles.tgz" -C /tmp profiles; tar czf "$OUT/traces.tgz" -C /tmp traces
 echo "diagnostics finished at ${SECONDS}s"; ls -la $OUT

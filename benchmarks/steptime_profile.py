@@ -75,19 +75,19 @@ def main() -> int:
             for phase, run in (("forward", lambda: engine(ids)), ("backward", None)):
                 torch.cuda.synchronize()
                 start = time.perf_counter()
-                with record_function(f"phase:{phase}"):
+                with record_function(f"phase:{phase}"):  # the window ends after its kernels do
                     if phase == "forward":
                         loss = run()
                     else:
                         engine.backward(loss)
-                torch.cuda.synchronize()
+                    torch.cuda.synchronize()
                 if walls is not None:
                     walls[phase] += time.perf_counter() - start
             torch.cuda.synchronize()
             start = time.perf_counter()
             with record_function("phase:step"):
                 engine.step()
-            torch.cuda.synchronize()
+                torch.cuda.synchronize()
             if walls is not None:
                 walls["step"] += time.perf_counter() - start
 
