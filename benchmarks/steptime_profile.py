@@ -103,7 +103,10 @@ def main() -> int:
     for ev in events:
         if ev.name.startswith("phase:"):
             windows[ev.name[6:]].append((ev.time_range.start, ev.time_range.end))
-    device_events = [ev for ev in events if ev.device_type == torch.autograd.DeviceType.CUDA]
+    # the phase:* record_functions also show on the GPU timeline as annotations spanning the window:
+    # they are not work, leave them out of busy time and kernel counts
+    device_events = [ev for ev in events if ev.device_type == torch.autograd.DeviceType.CUDA
+                     and not ev.name.startswith("phase:")]
 
     def phase_of(ev) -> str | None:
         # a kernel belongs to the phase whose host window launched it (its correlated CPU op)
