@@ -211,7 +211,8 @@ def _build_spec(kind: str, name: str, path: str, mtime_ns: int, size: int) -> Ba
         return _SPEC_TYPES[kind](name=name, **fields)
     except ValidationError as err:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'file'}: {e['msg']}" for e in err.errors())
+            f"{'.'.join(str(p) for p in e['loc']) or 'file'}: {e['msg'].removeprefix('Value error, ')}"
+            for e in err.errors())
         raise PresetFileError(f"{path}: invalid {_KIND_LABELS[kind]} preset: {problems}") from None
 
 

@@ -39,11 +39,15 @@ TiB = 2**40
 
 
 class Bound:
-    """An inclusive range [low, high]; `unit` and `scale` say how the message shows it."""
+    """An inclusive range [low, high]; `unit` and `scale` say how the message shows it.
+
+    `fraction`: the value is a fraction of a whole (0.05 is 5%); a percentage typed in its
+    place (5 for 5%) is refused with "did you mean 0.05 (5%)?" rather than a bare range."""
 
     def __init__(self, low: float, high: float, unit: str = "", scale: float = 1.0,
-                 low_open: bool = False) -> None:
+                 low_open: bool = False, fraction: bool = False) -> None:
         self.low, self.high, self.unit, self.scale, self.low_open = low, high, unit, scale, low_open
+        self.fraction = fraction
 
     def _show(self, value: float) -> str:
         shown = value / self.scale
@@ -61,8 +65,19 @@ class Bound:
             raise ValueError(f"must be a finite number {self.describe()}")
         too_low = value <= self.low if self.low_open else value < self.low
         if too_low or value > self.high:
-            raise ValueError(f"must be {self.describe()} (got {self._show(value)})")
+            raise ValueError(f"must be {self.describe()} (got {self._show(value)}){self.percent_hint(value)}")
         return value
+
+    def percent_hint(self, value: float) -> str:
+        """'; a fraction: did you mean 0.05 (5%)?' when `value` reads as a percentage of a
+        fraction-valued range, else ''."""
+        if not self.fraction or value <= self.high:
+            return ""
+        as_fraction = value / 100
+        low_ok = as_fraction > self.low if self.low_open else as_fraction >= self.low
+        if not (low_ok and as_fraction <= self.high):
+            return ""
+        return f"; it is a fraction: did you mean {as_fraction:.6g} ({value:.6g}%)?"
 
 
 # field name -> its range. Model shapes: beyond today's largest models by 10x or more.
@@ -110,7 +125,7 @@ BOUNDS: dict[str, Bound] = {
     # LinkSpec
     "bandwidth_gbps": Bound(0.01, 1_000_000, "GB/s"),
     "latency_us": Bound(0, 1_000_000, "us"),
-    "efficiency": Bound(0, 1, low_open=True),
+    "efficiency": Bound(0, 1, low_open=True, fraction=True),
     # ZeroKnobs (elements, as DeepSpeed counts them)
     "reduce_bucket_size": Bound(1, 10**12),
     "allgather_bucket_size": Bound(1, 10**12),
@@ -121,7 +136,7 @@ BOUNDS: dict[str, Bound] = {
     "sub_group_size": Bound(1, 10**15),
     "gradient_clipping": Bound(0, 1e9),
     # PlanInput
-    "headroom_fraction": Bound(0, 0.9),
+    "headroom_fraction": Bound(0, 0.9, fraction=True),
     # StepTimeCalibration (zlayout calibrate keeps its factors within 0.2-5)
     "gpu_factor": Bound(0.01, 100),
     "overhead_factor": Bound(0.01, 100),

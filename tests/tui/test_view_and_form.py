@@ -81,6 +81,20 @@ def test_an_unknown_gpu_is_reported_on_the_gpu_field():
     assert set(caught.value.errors) == {"gpu"}
 
 
+def test_a_gpu_error_that_ends_by_quoting_a_value_keeps_its_closing_quote():
+    """The form stripped quotes off both ends of the catalog's message ("got 'x'" read "got 'x")."""
+    import dataclasses
+
+    def broken(name):
+        raise ValueError(f"gpus/{name}.toml: memory_bytes must be a whole number, got '80GB'")
+
+    inp = fixed_input()
+    presets = dataclasses.replace(fixed_presets(), load_gpu=broken)
+    with pytest.raises(FormInvalid) as caught:
+        plan_input_from_form(values_with(gpu="lab-gpu"), inp.model, inp, presets)
+    assert caught.value.errors["gpu"] == "gpus/lab-gpu.toml: memory_bytes must be a whole number, got '80GB'"
+
+
 def test_changing_the_architecture_makes_the_model_custom_and_keeps_the_rest():
     inp = build(values_with(layers="16", ffn="11008"))
     assert inp.model.name == "custom" and inp.model.ffn == 11008

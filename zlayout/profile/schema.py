@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 from zlayout.profile.ds_config import DEFAULT_NVME_PATH, ds_config
-from zlayout.spec import GiB, Layout, PlanInput
+from zlayout.spec import Bound, GiB, Layout, PlanInput
 
 SCHEMA_VERSION = 2
 
@@ -188,6 +188,10 @@ class RestartDrill(Section):
     message: str | None = None
 
 
+# an alert's margin above the peak: a fraction (0.10 is 10%), never a percentage
+MARGIN_BOUND = Bound(0, 1, fraction=True)
+
+
 class GpuMemoryAlert(Section):
     basis: Basis
     peak_allocated_bytes: int
@@ -200,6 +204,11 @@ class GpuMemoryAlert(Section):
         default=None, description="framebuffer free per GPU below the plan's headroom (DCGM_FI_DEV_FB_FREE)")
     why: str
 
+    @field_validator("margin_fraction")
+    @classmethod
+    def _margin(cls, value: float) -> float:
+        return MARGIN_BOUND.check(value)
+
 
 class HostMemoryAlert(Section):
     basis: Basis
@@ -208,6 +217,11 @@ class HostMemoryAlert(Section):
     capacity_bytes: int
     margin_fraction: float
     why: str
+
+    @field_validator("margin_fraction")
+    @classmethod
+    def _margin(cls, value: float) -> float:
+        return MARGIN_BOUND.check(value)
 
 
 class StepTimeAlert(Section):
