@@ -287,7 +287,7 @@ def parse_size(text: str | int | float) -> int:
         bare = float(number.replace("_", "").replace(",", ""))
         if not exponent and not suffix and bare > 0:
             # small: a count of billions typed short; large: a count, written with a unit
-            guess = f"{bare:g}B" if bare < 10**6 else format_size(bare).replace(".0B", "B")
+            guess = f"{bare:g}B" if bare < 10**6 else format_params(bare)
             raise ValueError(f"size {text.strip()} has no unit: did you mean {guess}? "
                              "(e.g. 13B, 1.5T, 350M or 13e9)")
         value = (float(number.replace("_", "").replace(",", "") + (exponent or ""))
@@ -297,13 +297,33 @@ def parse_size(text: str | int | float) -> int:
     try:
         check_model_size(value)
     except ValueError:
-        raise ValueError(f"a model size must be from 10M to 20T parameters (got {format_size(value)}); "
+        raise ValueError(f"a model size must be from 10M to 20T parameters (got {format_params(value)}); "
                          f"e.g. 350M, 13B or 1.5T") from None
     return int(round(value))
 
 
+def format_params(params: float) -> str:
+    """A parameter count as people say it, for every place zlayout shows one (the command
+    line, show, the runbook, the app): 8.03B, 70.6B, 350M, 17.7M, 950K, 1.2T; under a
+    thousand, the count itself. Three significant digits (whole units from 100 up); a value
+    that rounds up to 1000 of a unit is shown in the next one (999.96M is 1B, not 1000M).
+
+    `format_size` is something else: the size part of a generated model's name, kept stable
+    because profiles and break-even results store those names."""
+    if not math.isfinite(params) or params < 1000:
+        return f"{params:,.0f}" if math.isfinite(params) else str(params)
+    units = (("K", 1e3), ("M", 1e6), ("B", 1e9), ("T", 1e12))
+    for index, (unit, scale) in enumerate(units):
+        value = params / scale
+        text = f"{value:.0f}" if value >= 100 else f"{value:.3g}"
+        if float(text) < 1000 or index == len(units) - 1:
+            return f"{float(text):,.0f}{unit}" if float(text) >= 1000 else f"{text}{unit}"
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 def format_size(params: float) -> str:
-    """'350M', '13.0B', '1.20T': the size part of a generated model's name."""
+    """'350M', '13.0B', '1.20T': the size part of a generated model's name (see
+    `format_params` for showing a count)."""
     if params >= 1e12:
         return f"{params / 1e12:.2f}T"
     if params >= 1e9:

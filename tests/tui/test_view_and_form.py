@@ -95,6 +95,14 @@ def test_a_gpu_error_that_ends_by_quoting_a_value_keeps_its_closing_quote():
     assert caught.value.errors["gpu"] == "gpus/lab-gpu.toml: memory_bytes must be a whole number, got '80GB'"
 
 
+@pytest.mark.parametrize("count", [653_056, 17_700_000, 950_000, 8_030_261_248, 176_729_321_472, 999_960_000])
+def test_the_app_shows_parameter_counts_as_the_command_line_does(count):
+    from zlayout.catalog import format_params
+
+    assert view.fmt_params(count) == format_params(count)
+    assert view.fmt_params(0) == "—"
+
+
 def test_changing_the_architecture_makes_the_model_custom_and_keeps_the_rest():
     inp = build(values_with(layers="16", ffn="11008"))
     assert inp.model.name == "custom" and inp.model.ffn == 11008

@@ -438,7 +438,7 @@ class Profile(Section):
 
     def summary(self) -> Summary:
         """The figures that matter, as best known (measured after a complete run), rounded."""
-        from zlayout.catalog import format_size
+        from zlayout.catalog import format_params
 
         inp, pred, alerts = self.inputs, self.prediction, self.alerts
         m, hw, v = inp.model, inp.hardware, self.verification
@@ -454,7 +454,7 @@ class Profile(Section):
         tokens = tokens if tokens is not None else pred.tokens_per_s
         return Summary(
             verdict=verdict,
-            model=f"{m.name}: {format_size(m.params)} parameters, {m.layers} layers, hidden {m.hidden}",
+            model=f"{m.name}: {format_params(m.params)} parameters, {m.layers} layers, hidden {m.hidden}",
             hardware=f"{nodes}{hw.gpus_per_node}x {hw.gpu.name} ({round_gib(hw.gpu.memory_bytes)} GiB each)",
             layout=self.layout.label, basis=alerts.gpu_memory.basis, fits=pred.fits,
             gpu_peak_allocated_gib=round_gib(alerts.gpu_memory.peak_allocated_bytes),
