@@ -28,6 +28,7 @@ from typing import Callable, Iterable, Mapping
 from pydantic import BaseModel, ValidationError
 
 from zlayout import tomlsafe
+from zlayout.messages import type_error_text
 from zlayout.spec import BOUNDS, GpuSpec, LinkSpec, ModelSpec, check_model_size
 
 KINDS = ("gpus", "links", "models", "profiles")
@@ -208,11 +209,12 @@ def _build_spec(kind: str, name: str, path: str, mtime_ns: int, size: int) -> Ba
     drop = METADATA_KEYS | (GPU_ONLY_KEYS if kind == "gpus" else frozenset())
     fields = {key: value for key, value in table.items() if key not in drop}
     try:
-        return _SPEC_TYPES[kind](name=name, **fields)
+        # strict: hidden = "4096" or bias = 0 in a preset file is an error naming the key
+        return _SPEC_TYPES[kind].model_validate({"name": name, **fields}, strict=True)
     except ValidationError as err:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'file'}: {e['msg'].removeprefix('Value error, ')}"
-            for e in err.errors())
+            f"{'.'.join(str(p) for p in e['loc']) or 'file'}: "
+            f"{type_error_text(e) or e['msg'].removeprefix('Value error, ')}" for e in err.errors())
         raise PresetFileError(f"{path}: invalid {_KIND_LABELS[kind]} preset: {problems}") from None
 
 

@@ -225,6 +225,13 @@ class ModelSpec(Frozen):
     hf_model_type: str | None = Field(default=None, description="config.json's model_type")
     hf_config: str | None = Field(default=None, description="the config.json it was read from")
 
+    @field_validator("dense_layers", mode="before")
+    @classmethod
+    def _array_is_a_tuple(cls, value: Any) -> Any:
+        # TOML and JSON have arrays, not tuples: a list is the same value (also when a preset
+        # or a profile is read in strict mode, which takes only a tuple for a tuple field)
+        return tuple(value) if isinstance(value, list) else value
+
     @model_serializer(mode="wrap")
     def _omit_unused_extensions(self, handler):
         """Fields added for config.json models and MoE are written only when used, so a dense
@@ -529,6 +536,20 @@ class Layout(Frozen):
     stage: Stage
     offload_optimizer: Device = "gpu"
     offload_param: Device = "gpu"
+
+    @field_validator("stage", mode="before")
+    @classmethod
+    def _stage_is_a_whole_number(cls, value: object) -> object:
+        # Literal[0, 1, 2, 3] compares by equality, so true and 1.0 passed as stage 1 (even
+        # in strict mode): a profile's `stage = true` is refused, naming what to write
+        if isinstance(value, (bool, float, str)):
+            from zlayout.messages import toml_value
+
+            fixed = str(value).strip() if isinstance(value, str) else repr(value).removesuffix(".0")
+            hint = f": write stage = {fixed}" if fixed in ("0", "1", "2", "3") else ""
+            raise ValueError(f"expected 0, 1, 2 or 3 (a whole number, without quotes), "
+                             f"got {toml_value(value)}{hint}")
+        return value
 
     @field_validator("offload_optimizer", "offload_param", mode="before")
     @classmethod
