@@ -28,6 +28,7 @@ from typing import Callable, Iterable, Mapping
 from pydantic import BaseModel, ValidationError
 
 from zlayout import tomlsafe
+from zlayout.messages import type_error_text
 from zlayout.spec import BOUNDS, GpuSpec, LinkSpec, ModelSpec, check_model_size
 
 KINDS = ("gpus", "links", "models", "profiles")
@@ -208,10 +209,12 @@ def _build_spec(kind: str, name: str, path: str, mtime_ns: int, size: int) -> Ba
     drop = METADATA_KEYS | (GPU_ONLY_KEYS if kind == "gpus" else frozenset())
     fields = {key: value for key, value in table.items() if key not in drop}
     try:
-        return _SPEC_TYPES[kind](name=name, **fields)
+        # strict: hidden = "4096" or bias = 0 in a preset file is an error naming the key
+        return _SPEC_TYPES[kind].model_validate({"name": name, **fields}, strict=True)
     except ValidationError as err:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'file'}: {e['msg']}" for e in err.errors())
+            f"{'.'.join(str(p) for p in e['loc']) or 'file'}: "
+            f"{type_error_text(e) or e['msg'].removeprefix('Value error, ')}" for e in err.errors())
         raise PresetFileError(f"{path}: invalid {_KIND_LABELS[kind]} preset: {problems}") from None
 
 
@@ -286,7 +289,7 @@ def parse_size(text: str | int | float) -> int:
         bare = float(number.replace("_", "").replace(",", ""))
         if not exponent and not suffix and bare > 0:
             # small: a count of billions typed short; large: a count, written with a unit
-            guess = f"{bare:g}B" if bare < 10**6 else format_size(bare).replace(".0B", "B")
+            guess = f"{bare:g}B" if bare < 10**6 else format_params(bare)
             raise ValueError(f"size {text.strip()} has no unit: did you mean {guess}? "
                              "(e.g. 13B, 1.5T, 350M or 13e9)")
         value = (float(number.replace("_", "").replace(",", "") + (exponent or ""))
@@ -296,13 +299,33 @@ def parse_size(text: str | int | float) -> int:
     try:
         check_model_size(value)
     except ValueError:
-        raise ValueError(f"a model size must be from 10M to 20T parameters (got {format_size(value)}); "
+        raise ValueError(f"a model size must be from 10M to 20T parameters (got {format_params(value)}); "
                          f"e.g. 350M, 13B or 1.5T") from None
     return int(round(value))
 
 
+def format_params(params: float) -> str:
+    """A parameter count as people say it, for every place zlayout shows one (the command
+    line, show, the runbook, the app): 8.03B, 70.6B, 350M, 17.7M, 950K, 1.2T; under a
+    thousand, the count itself. Three significant digits (whole units from 100 up); a value
+    that rounds up to 1000 of a unit is shown in the next one (999.96M is 1B, not 1000M).
+
+    `format_size` is something else: the size part of a generated model's name, kept stable
+    because profiles and break-even results store those names."""
+    if not math.isfinite(params) or params < 1000:
+        return f"{params:,.0f}" if math.isfinite(params) else str(params)
+    units = (("K", 1e3), ("M", 1e6), ("B", 1e9), ("T", 1e12))
+    for index, (unit, scale) in enumerate(units):
+        value = params / scale
+        text = f"{value:.0f}" if value >= 100 else f"{value:.3g}"
+        if float(text) < 1000 or index == len(units) - 1:
+            return f"{float(text):,.0f}{unit}" if float(text) >= 1000 else f"{text}{unit}"
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 def format_size(params: float) -> str:
-    """'350M', '13.0B', '1.20T': the size part of a generated model's name."""
+    """'350M', '13.0B', '1.20T': the size part of a generated model's name (see
+    `format_params` for showing a count)."""
     if params >= 1e12:
         return f"{params / 1e12:.2f}T"
     if params >= 1e9:

@@ -19,6 +19,7 @@ from typing import NoReturn, Sequence
 
 from pydantic import ValidationError
 
+from zlayout.messages import exception_text, quoted
 from zlayout.spec import (BOUNDS, GiB, HardwareSpec, Layout, ModelSpec, PlanInput, TrainingSpec,
                           ZeroKnobs)
 
@@ -110,41 +111,117 @@ class ZlayoutParser(argparse.ArgumentParser):
         return message.removeprefix("argument ")
 
 
-def finite_float(text: str) -> float:
+# flags whose value is a count of elements (DeepSpeed's knobs): 5e8 is a common way to type them
+ELEMENT_COUNT_FLAGS = ("--reduce-bucket-size", "--allgather-bucket-size", "--prefetch-bucket-size",
+                       "--max-live-parameters", "--persistence-threshold")
+# fraction-valued flags (0.05 is 5%): '5%' reads as 0.05, a bare 5 gets "did you mean 0.05 (5%)?"
+FRACTION_FLAGS = ("--headroom",)
+
+
+def _expected(bound_field: str | None, word: str) -> str:
+    """' (expected a whole number from 1 to 1,000)': what to type, with the range when it has one."""
+    bound = BOUNDS.get(bound_field) if bound_field else None
+    return f" (expected {word} {bound.describe()})" if bound is not None else f" (expected {word})"
+
+
+def finite_float(text: str, bound_field: str | None = None) -> float:
     """A float flag's value: a finite number ('inf' and 'nan' would poison every figure)."""
     try:
-        value = float(text)
+        value = float(text.strip().replace("_", ""))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        raise argparse.ArgumentTypeError(f"{quoted(text)} is not a number"
+                                         f"{_expected(bound_field, 'a number')}") from None
     if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+        raise argparse.ArgumentTypeError(f"{quoted(text)} is not a finite number"
+                                         f"{_expected(bound_field, 'a number')}")
     return value
 
 
-def whole_number(text: str) -> int:
+def whole_number(text: str, bound_field: str | None = None) -> int:
     """An int flag's value; '1_000' and '1,000' read as 1000."""
     cleaned = text.strip().replace("_", "").replace(",", "")
     if not re.fullmatch(r"[+-]?[0-9]{1,30}", cleaned):
-        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a whole number")
+        raise argparse.ArgumentTypeError(f"{quoted(text)} is not a whole number"
+                                         f"{_expected(bound_field, 'a whole number')}")
     return int(cleaned)
+
+
+def fraction(text: str, bound_field: str | None = None) -> float:
+    """A fraction flag's value (--headroom 0.05); a percentage written with its sign, '5%',
+    reads as 0.05. A bare 5 is left to the spec's range, which asks "did you mean 0.05 (5%)?"."""
+    stripped = text.strip()
+    if stripped.endswith("%"):
+        number = stripped[:-1].strip()
+        try:
+            return finite_float(number, bound_field) / 100
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(f"{quoted(text)} is not a percentage"
+                                             f"{_expected(bound_field, 'a fraction')}, e.g. 0.05 or 5%") from None
+    return finite_float(text, bound_field)
+
+
+def element_count(text: str, bound_field: str | None = None) -> int:
+    """A count of elements (DeepSpeed's bucket sizes): a whole number, also typed as 5e8.
+
+    Read as a float and then truncated, 0.5 became 0 and the message said "(got 0)"; 1e40
+    reached pydantic's integer parser and came back as its own wording."""
+    value = finite_float(text, bound_field)
+    bound = BOUNDS.get(bound_field) if bound_field else None
+    if not value.is_integer():
+        raise argparse.ArgumentTypeError(f"{quoted(text)} is not a whole number of elements"
+                                         f"{_expected(bound_field, 'a whole number')}")
+    if bound is not None and not bound.low <= value <= bound.high:
+        raise argparse.ArgumentTypeError(f"must be {bound.describe()} (got {text.strip()})")
+    return int(value)
 
 
 def _lower(text: str) -> str:
     return text.lower()
 
 
+def _bound_field(action: argparse.Action) -> str | None:
+    """The BOUNDS key of a flag's value (its spec field), or None."""
+    fields = {flag: field for field, flag in FLAG_OF_FIELD.items()}
+    for option in action.option_strings:
+        if option in fields and fields[option] in BOUNDS:
+            return fields[option]
+    return action.dest if action.dest in BOUNDS and action.option_strings else None
+
+
+def _typed(parse, action: argparse.Action):
+    field = _bound_field(action)
+    choices = tuple(action.choices) if action.choices else ()
+
+    def typed(text: str):
+        try:
+            return parse(text, field)
+        except argparse.ArgumentTypeError as exc:
+            if choices:  # --stage: the choices are what to type
+                raise argparse.ArgumentTypeError(
+                    f"{quoted(text)} is not one of {', '.join(map(str, choices))}") from None
+            raise exc
+
+    typed.__name__ = parse.__name__  # argparse names the type in its own messages
+    return typed
+
+
 def _polish(parser: argparse.ArgumentParser) -> None:
-    """Every parser's choices case-insensitive, ints and floats checked the same way."""
+    """Every parser's choices case-insensitive, ints and floats checked the same way, each
+    message quoting what was typed and saying what is expected."""
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for sub in action.choices.values():
                 _polish(sub)
         elif action.type is None and action.choices and all(isinstance(c, str) for c in action.choices):
             action.type = _lower
+        elif action.type is float and any(o in ELEMENT_COUNT_FLAGS for o in action.option_strings):
+            action.type = _typed(element_count, action)
+        elif action.type is float and any(o in FRACTION_FLAGS for o in action.option_strings):
+            action.type = _typed(fraction, action)
         elif action.type is float:
-            action.type = finite_float
+            action.type = _typed(finite_float, action)
         elif action.type is int:
-            action.type = whole_number
+            action.type = _typed(whole_number, action)
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser, with_layout: bool = True) -> None:
@@ -209,7 +286,8 @@ def add_plan_arguments(parser: argparse.ArgumentParser, with_layout: bool = True
     ds.add_argument("--persistence-threshold", type=float)
     ds.add_argument("--no-overlap-comm", action="store_true")
     ds.add_argument("--headroom", type=float, default=0.05,
-                    help="fraction of GPU memory kept free when judging 'fits' (default 0.05)")
+                    help="fraction of GPU memory kept free when judging 'fits' "
+                         "(default 0.05, i.e. 5%%; '5%%' reads as 0.05)")
 
     if with_layout:
         lay = parser.add_argument_group("layout (without --stage: every layout)")
@@ -349,8 +427,7 @@ def plan_input_from_args(args: argparse.Namespace) -> PlanInput:
             "stage3_max_live_parameters": args.max_live_parameters,
             "stage3_param_persistence_threshold": args.persistence_threshold,
         }
-        zero = ZeroKnobs(**{k: (int(v) if abs(v) < 2**80 else v) for k, v in knobs.items()
-                            if v is not None},
+        zero = ZeroKnobs(**{k: v for k, v in knobs.items() if v is not None},  # whole: element_count
                          overlap_comm=not args.no_overlap_comm)
         extra = {}
         if args.calibration:
@@ -362,7 +439,7 @@ def plan_input_from_args(args: argparse.Namespace) -> PlanInput:
     except ValidationError as exc:
         raise UsageError(format_validation_error(exc)) from None
     except (KeyError, ValueError) as exc:
-        raise UsageError(str(exc).strip("'\"")) from None
+        raise UsageError(exception_text(exc)) from None
 
 
 def layout_from_args(args: argparse.Namespace) -> Layout | None:

@@ -39,11 +39,15 @@ TiB = 2**40
 
 
 class Bound:
-    """An inclusive range [low, high]; `unit` and `scale` say how the message shows it."""
+    """An inclusive range [low, high]; `unit` and `scale` say how the message shows it.
+
+    `fraction`: the value is a fraction of a whole (0.05 is 5%); a percentage typed in its
+    place (5 for 5%) is refused with "did you mean 0.05 (5%)?" rather than a bare range."""
 
     def __init__(self, low: float, high: float, unit: str = "", scale: float = 1.0,
-                 low_open: bool = False) -> None:
+                 low_open: bool = False, fraction: bool = False) -> None:
         self.low, self.high, self.unit, self.scale, self.low_open = low, high, unit, scale, low_open
+        self.fraction = fraction
 
     def _show(self, value: float) -> str:
         shown = value / self.scale
@@ -61,8 +65,19 @@ class Bound:
             raise ValueError(f"must be a finite number {self.describe()}")
         too_low = value <= self.low if self.low_open else value < self.low
         if too_low or value > self.high:
-            raise ValueError(f"must be {self.describe()} (got {self._show(value)})")
+            raise ValueError(f"must be {self.describe()} (got {self._show(value)}){self.percent_hint(value)}")
         return value
+
+    def percent_hint(self, value: float) -> str:
+        """'; a fraction: did you mean 0.05 (5%)?' when `value` reads as a percentage of a
+        fraction-valued range, else ''."""
+        if not self.fraction or value <= self.high:
+            return ""
+        as_fraction = value / 100
+        low_ok = as_fraction > self.low if self.low_open else as_fraction >= self.low
+        if not (low_ok and as_fraction <= self.high):
+            return ""
+        return f"; it is a fraction: did you mean {as_fraction:.6g} ({value:.6g}%)?"
 
 
 # field name -> its range. Model shapes: beyond today's largest models by 10x or more.
@@ -110,7 +125,7 @@ BOUNDS: dict[str, Bound] = {
     # LinkSpec
     "bandwidth_gbps": Bound(0.01, 1_000_000, "GB/s"),
     "latency_us": Bound(0, 1_000_000, "us"),
-    "efficiency": Bound(0, 1, low_open=True),
+    "efficiency": Bound(0, 1, low_open=True, fraction=True),
     # ZeroKnobs (elements, as DeepSpeed counts them)
     "reduce_bucket_size": Bound(1, 10**12),
     "allgather_bucket_size": Bound(1, 10**12),
@@ -121,7 +136,7 @@ BOUNDS: dict[str, Bound] = {
     "sub_group_size": Bound(1, 10**15),
     "gradient_clipping": Bound(0, 1e9),
     # PlanInput
-    "headroom_fraction": Bound(0, 0.9),
+    "headroom_fraction": Bound(0, 0.9, fraction=True),
     # StepTimeCalibration (zlayout calibrate keeps its factors within 0.2-5)
     "gpu_factor": Bound(0.01, 100),
     "overhead_factor": Bound(0.01, 100),
@@ -209,6 +224,13 @@ class ModelSpec(Frozen):
     # where the architecture was read from (`--hf-config`)
     hf_model_type: str | None = Field(default=None, description="config.json's model_type")
     hf_config: str | None = Field(default=None, description="the config.json it was read from")
+
+    @field_validator("dense_layers", mode="before")
+    @classmethod
+    def _array_is_a_tuple(cls, value: Any) -> Any:
+        # TOML and JSON have arrays, not tuples: a list is the same value (also when a preset
+        # or a profile is read in strict mode, which takes only a tuple for a tuple field)
+        return tuple(value) if isinstance(value, list) else value
 
     @model_serializer(mode="wrap")
     def _omit_unused_extensions(self, handler):
@@ -514,6 +536,20 @@ class Layout(Frozen):
     stage: Stage
     offload_optimizer: Device = "gpu"
     offload_param: Device = "gpu"
+
+    @field_validator("stage", mode="before")
+    @classmethod
+    def _stage_is_a_whole_number(cls, value: object) -> object:
+        # Literal[0, 1, 2, 3] compares by equality, so true and 1.0 passed as stage 1 (even
+        # in strict mode): a profile's `stage = true` is refused, naming what to write
+        if isinstance(value, (bool, float, str)):
+            from zlayout.messages import toml_value
+
+            fixed = str(value).strip() if isinstance(value, str) else repr(value).removesuffix(".0")
+            hint = f": write stage = {fixed}" if fixed in ("0", "1", "2", "3") else ""
+            raise ValueError(f"expected 0, 1, 2 or 3 (a whole number, without quotes), "
+                             f"got {toml_value(value)}{hint}")
+        return value
 
     @field_validator("offload_optimizer", "offload_param", mode="before")
     @classmethod

@@ -24,7 +24,7 @@ INT_FLAGS = {
 }
 FLOAT_FLAGS = {
     "--host-ram-gib": [0.5, 16, 2048], "--nvme-gib": [0, 100, 1e9], "--nvme-gbps": [0.05, 6, 1000],
-    "--headroom": [0, 0.05, 0.9, 1], "--reduce-bucket-size": [0, 1, 5e8, 1e13],
+    "--headroom": [0, 0.05, 0.9, 1, 5, "5%", "95%", "%"], "--reduce-bucket-size": [0, 0.5, 1, 5e8, 1e13, 1e40],
     "--prefetch-bucket-size": [0, 5e7], "--max-live-parameters": [0, 1e9],
     "--persistence-threshold": [0, 1e5], "--allgather-bucket-size": [1, 5e8],
 }

@@ -152,4 +152,4 @@ def test_a_preset_with_a_changed_architecture_is_a_custom_model_of_no_family(cap
     assert (same.name, same.family) == ("llama3-70b", "llama3")
     code, out, _ = run_plan(capsys, "--preset", "llama3-70b", "--layers", "48", "--hidden", "4096",
                             "--heads", "32", "--kv-heads", "4")
-    assert code == 0 and out.startswith("custom: 19.77B params")
+    assert code == 0 and out.startswith("custom: 19.8B params")

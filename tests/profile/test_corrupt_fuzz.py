@@ -49,6 +49,7 @@ def corrupt(data: bytes, kind: str, seed: int, piece: bytes, count: int) -> byte
             return data + piece
         m = rng.choice(values)
         return data[:m.start(1)] + rng.choice([piece, b"-" + m.group(1), m.group(1) * 3, b'"' + piece + b'"',
+                                               b'"' + m.group(1) + b'"',  # a number in quotes
                                                b"1" + b"0" * rng.randrange(1, 400)]) + data[m.end(1):]
     if kind == "nest":  # deep brackets: tomllib and json recurse
         return data[:at] + b"x = " + b"[" * count + data[at:]

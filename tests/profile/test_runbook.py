@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from zlayout import catalog
-from zlayout.catalog import format_size
+from zlayout.catalog import format_params
 from zlayout.cli import main
 from zlayout.profile import (RunSettings, attach_verification, build_profile, dumps_profile, load_profile,
                              save_profile, save_profile_dir)
@@ -47,7 +47,7 @@ def _walk(value, key=""):
 
 def profile_figures(profile) -> tuple[set[float], set[float], set[str]]:
     """Every GiB, seconds and parameter-count figure the profile holds, rounded as the runbook rounds."""
-    gib, secs, params = set(), set(), {format_size(profile.inputs.model.params)}
+    gib, secs, params = set(), set(), {format_params(profile.inputs.model.params)}
     for key, value in _walk(profile.model_dump(mode="json")):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
@@ -59,7 +59,7 @@ def profile_figures(profile) -> tuple[set[float], set[float], set[str]]:
                 and not key.endswith("per_s"):
             secs.add(float(f"{value:.3g}"))
         elif key.endswith("params"):
-            params.add(format_size(value))
+            params.add(format_params(value))
     return gib, secs, params
 
 
@@ -72,7 +72,7 @@ def assert_every_figure_is_the_profiles(profile, text: str) -> None:
         text = text.replace(sentence, "")
     found_gib = [float(x.replace(",", "")) for x in re.findall(r"(\d[\d,]*\.\d) GiB", text)]
     found_s = [float(x) for x in re.findall(r"(?<![\w.])(\d[\d.]*(?:e[+-]?\d+)?) s\b", text)]
-    found_params = re.findall(r"\b(\d+\.\d+[BT]|\d+M)\b(?! ?GiB)", text)
+    found_params = re.findall(r"\b(\d+(?:\.\d+)?[KMBT])\b(?! ?GiB)", text)
     assert found_gib and found_s
     assert not [x for x in found_gib if x not in gib], "GiB figures the profile does not hold"
     assert not [x for x in found_s if x not in secs], "seconds the profile does not hold"
@@ -112,7 +112,7 @@ def test_ready_profile_runbook_has_every_section_and_the_profiles_figures(name):
         assert f"| {term.name} | {term.bytes / GiB:,.1f} GiB |" in body["## What lives where"]
     assert f"![Memory per GPU]({MEMORY_SVG_FILE})" in body["## What lives where"]
     limits = body["## Where it stops fitting"]
-    assert f"**{format_size(profile.limits.max_params)}** parameters" in limits
+    assert f"**{format_params(profile.limits.max_params)}** parameters" in limits
     assert f"**{profile.limits.takes_over.label}** is the fastest layout" in limits
     assert f"micro-batch for this model with this layout: **{profile.limits.max_micro_batch}**" in limits
     assert len(re.findall(r"^\| (\*\*)?ZeRO-", limits, flags=re.M)) == len(profile.limits.layouts) == 13

@@ -81,6 +81,28 @@ def test_an_unknown_gpu_is_reported_on_the_gpu_field():
     assert set(caught.value.errors) == {"gpu"}
 
 
+def test_a_gpu_error_that_ends_by_quoting_a_value_keeps_its_closing_quote():
+    """The form stripped quotes off both ends of the catalog's message ("got 'x'" read "got 'x")."""
+    import dataclasses
+
+    def broken(name):
+        raise ValueError(f"gpus/{name}.toml: memory_bytes must be a whole number, got '80GB'")
+
+    inp = fixed_input()
+    presets = dataclasses.replace(fixed_presets(), load_gpu=broken)
+    with pytest.raises(FormInvalid) as caught:
+        plan_input_from_form(values_with(gpu="lab-gpu"), inp.model, inp, presets)
+    assert caught.value.errors["gpu"] == "gpus/lab-gpu.toml: memory_bytes must be a whole number, got '80GB'"
+
+
+@pytest.mark.parametrize("count", [653_056, 17_700_000, 950_000, 8_030_261_248, 176_729_321_472, 999_960_000])
+def test_the_app_shows_parameter_counts_as_the_command_line_does(count):
+    from zlayout.catalog import format_params
+
+    assert view.fmt_params(count) == format_params(count)
+    assert view.fmt_params(0) == "—"
+
+
 def test_changing_the_architecture_makes_the_model_custom_and_keeps_the_rest():
     inp = build(values_with(layers="16", ffn="11008"))
     assert inp.model.name == "custom" and inp.model.ffn == 11008

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 
 from zlayout.cli import UsageError, add_plan_arguments, plan_input_from_args
+from zlayout.messages import exception_text
 
 MODEL_FLAGS = ("preset", "params", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab")
 DEFAULT_PRESET = "llama3-8b"
@@ -53,7 +54,7 @@ def _profile_input(path: str):
     try:
         return profile.load_profile(path).plan_input()
     except (OSError, ValueError, KeyError) as exc:
-        raise UsageError(f"cannot open {path} in the app: {str(exc).strip(chr(39))} "
+        raise UsageError(f"cannot open {path} in the app: {exception_text(exc)} "
                          "(give a profile.toml or its directory, e.g. zlayout app profiles/llama3-8b)") from None
     except Exception as exc:  # a profile error class of zlayout.profile
         raise UsageError(f"cannot open {path} in the app: {exc}") from None

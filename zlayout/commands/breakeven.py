@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 from zlayout.cli import add_plan_arguments, plan_input_from_args
-from zlayout.catalog import format_size
+from zlayout.catalog import format_params
 from zlayout.core.breakeven import BreakEven, Crossover, break_even, crossovers
 from zlayout.core.serialize import layout_dict
 from zlayout.spec import Layout, PlanInput, all_layouts
@@ -77,7 +77,7 @@ def breakeven_table(inp: PlanInput) -> str:
     scaled = (f"the {m.family} family's shapes" if data["scaling"] == "family"
               else f"{m.name} deeper or shallower at hidden {m.hidden}")
     lines = [
-        f"{m.name}: {format_size(m.params)} params now; sizes along {scaled}",
+        f"{m.name}: {format_params(m.params)} params now; sizes along {scaled}",
         f"{hw.nodes} x {hw.gpus_per_node} {hw.gpu.name}, seq {inp.training.seq}, "
         f"micro-batch {inp.training.micro_batch}, headroom {inp.headroom_fraction:.0%}",
         "",
@@ -87,7 +87,7 @@ def breakeven_table(inp: PlanInput) -> str:
     for row in data["layouts"]:
         shape = ("" if row["max_model"] is None
                  else f"{row['max_model']['layers']} x {row['max_model']['hidden']}")
-        size = format_size(row["max_params"]) if row["max_params"] else "none"
+        size = format_params(row["max_params"]) if row["max_params"] else "none"
         micro = str(row["max_micro_batch"]) if row["max_micro_batch"] else "none fits"
         mark = "*" if row["fits_current_model"] else " "
         lines.append(f"{mark} {row['label']:26} {size:>14} {shape:>16} "

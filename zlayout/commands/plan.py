@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from zlayout.catalog import format_params
 from zlayout.cli import add_plan_arguments, layout_from_args, plan_input_from_args
 from zlayout.core.memory import MemoryEstimate
 from zlayout.core.plan import Plan, make_plan
@@ -93,9 +94,9 @@ def plan_table(plan: Plan, layout=None) -> str:
     inp = plan.input
     m, hw, t = inp.model, inp.hardware, inp.training
     lines = [
-        f"{m.name}: {m.params / 1e9:.2f}B params (L{m.layers} h{m.hidden} heads {m.heads}"
+        f"{m.name}: {format_params(m.params)} params (L{m.layers} h{m.hidden} heads {m.heads}"
         f"{f'/{m.num_kv_heads} kv' if m.num_kv_heads != m.heads else ''} ffn {m.ffn_size} vocab {m.vocab}"
-        + (f"; {m.experts} experts, top-{m.top_k}, {m.active_params / 1e9:.2f}B active" if m.is_moe else "")
+        + (f"; {m.experts} experts, top-{m.top_k}, {format_params(m.active_params)} active" if m.is_moe else "")
         + ")",
         f"{hw.nodes} x {hw.gpus_per_node} {hw.gpu.name} ({hw.gpu.memory_bytes / GiB:.0f} GiB), "
         f"seq {t.seq}, micro-batch {t.micro_batch}, accumulation {t.grad_accum}, {t.precision}, "

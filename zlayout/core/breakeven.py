@@ -19,7 +19,7 @@ import functools
 import math
 from dataclasses import dataclass
 
-from zlayout.catalog import family_scaler, format_size
+from zlayout.catalog import family_scaler, format_params
 from zlayout.core.memory import MemoryEstimate, estimate_memory
 from zlayout.spec import BOUNDS, Layout, ModelSpec, PlanInput, all_layouts
 
@@ -50,7 +50,7 @@ class Crossover:
     takes_over: Layout | None  # the fastest layout that still fits at that size; None: none does
 
     def describe(self) -> str:
-        size = format_size(self.params)
+        size = format_params(self.params)
         if self.takes_over is None:
             return f"from {size} params, {self.stops_fitting.label} stops fitting; nothing else fits"
         return (f"from {size} params, {self.stops_fitting.label} stops fitting; "

@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from zlayout.core.calibrate import GROUPS, CalibrationFit, MeasuredStep
 from zlayout.core.steptime import steady_step_s
+from zlayout.messages import type_error_text
 from zlayout.spec import Layout, PlanInput, StepTimeCalibration
 
 SCHEMA = "zlayout-calibration/1"
@@ -208,7 +209,13 @@ def load_calibration(path: str | os.PathLike[str]) -> StepTimeCalibration:
                                "[factors]); write one with `zlayout calibrate RESULTS... --out FILE`")
     source = f"{p.name} sha256:{hashlib.sha256(data).hexdigest()[:12]}"
     try:
-        return StepTimeCalibration(source=source, **{f"{g}_factor": factors.get(g, 1.0) for g in GROUPS})
+        return StepTimeCalibration.model_validate(
+            {"source": source, **{f"{g}_factor": factors.get(g, 1.0) for g in GROUPS}}, strict=True)
     except ValidationError as exc:
-        bad = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        problems = []
+        for e in exc.errors():
+            key = str(e["loc"][-1]).removesuffix("_factor")  # the file's key: [factors] gpu = ...
+            text = type_error_text({**e, "loc": (key,)}) or e["msg"].removeprefix("Value error, ")
+            problems.append(f"factors.{key}: {text}")
+        bad = "; ".join(problems)
         raise CalibrationError(f"--calibration {p}: {bad}") from None

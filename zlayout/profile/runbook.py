@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import shlex
 
-from zlayout.catalog import format_size
+from zlayout.catalog import format_params
 from zlayout.profile.diff import Effect, diff_profiles
 from zlayout.profile.launch import DEEPSPEED_SCRIPT, SLURM_SCRIPT, TORCHRUN_SCRIPT
 from zlayout.profile.memory_svg import memory_svg
@@ -157,22 +157,22 @@ def _stops_fitting(p: Profile) -> list[str]:
     out = []
     if lim.max_params:
         model = f" ({lim.max_model})" if lim.max_model else ""
-        out.append(f"On this hardware {p.layout.label} carries models up to **{format_size(lim.max_params)}** "
+        out.append(f"On this hardware {p.layout.label} carries models up to **{format_params(lim.max_params)}** "
                    f"parameters{model}, growing the model along {rule}. This model has "
-                   f"{format_size(inp.model.params)}.")
+                   f"{format_params(inp.model.params)}.")
     else:
         out.append(f"On this hardware {p.layout.label} carries no size of the model along {rule}.")
     if lim.next_params:
         beyond = (f"**{lim.takes_over.label}** is the fastest layout that fits it" if lim.takes_over
                   else "no layout fits it on this hardware")
-        out.append(f"The next size, {format_size(lim.next_params)}, runs out of {RUN_OUT_OF.get(lim.limited_by, lim.limited_by)}; "
+        out.append(f"The next size, {format_params(lim.next_params)}, runs out of {RUN_OUT_OF.get(lim.limited_by, lim.limited_by)}; "
                    f"{beyond}.")
     else:
         out.append("No size up to 10T parameters runs out of memory with this layout.")
     out += ["", f"Largest micro-batch for this model with this layout: **{lim.max_micro_batch}** "
                 f"(the profile runs {inp.training.micro_batch}).", ""]
     rows = [(f"**{row.layout}**" if row.layout == p.layout.label else row.layout,
-             format_size(row.max_params) if row.max_params else "none",
+             format_params(row.max_params) if row.max_params else "none",
              row.max_micro_batch or "none", RUN_OUT_OF.get(row.limited_by, row.limited_by)) for row in lim.layouts]
     out += _table(("layout", "largest model", "largest micro-batch", "beyond it, runs out of"), rows, right=(1, 2))
     out += ["", "What to change first if the model grows:", ""]

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 from zlayout.profile.ds_config import DEFAULT_NVME_PATH, ds_config
-from zlayout.spec import GiB, Layout, PlanInput
+from zlayout.spec import Bound, GiB, Layout, PlanInput
 
 SCHEMA_VERSION = 2
 
@@ -188,6 +188,10 @@ class RestartDrill(Section):
     message: str | None = None
 
 
+# an alert's margin above the peak: a fraction (0.10 is 10%), never a percentage
+MARGIN_BOUND = Bound(0, 1, fraction=True)
+
+
 class GpuMemoryAlert(Section):
     basis: Basis
     peak_allocated_bytes: int
@@ -200,6 +204,11 @@ class GpuMemoryAlert(Section):
         default=None, description="framebuffer free per GPU below the plan's headroom (DCGM_FI_DEV_FB_FREE)")
     why: str
 
+    @field_validator("margin_fraction")
+    @classmethod
+    def _margin(cls, value: float) -> float:
+        return MARGIN_BOUND.check(value)
+
 
 class HostMemoryAlert(Section):
     basis: Basis
@@ -208,6 +217,11 @@ class HostMemoryAlert(Section):
     capacity_bytes: int
     margin_fraction: float
     why: str
+
+    @field_validator("margin_fraction")
+    @classmethod
+    def _margin(cls, value: float) -> float:
+        return MARGIN_BOUND.check(value)
 
 
 class StepTimeAlert(Section):
@@ -424,7 +438,7 @@ class Profile(Section):
 
     def summary(self) -> Summary:
         """The figures that matter, as best known (measured after a complete run), rounded."""
-        from zlayout.catalog import format_size
+        from zlayout.catalog import format_params
 
         inp, pred, alerts = self.inputs, self.prediction, self.alerts
         m, hw, v = inp.model, inp.hardware, self.verification
@@ -440,7 +454,7 @@ class Profile(Section):
         tokens = tokens if tokens is not None else pred.tokens_per_s
         return Summary(
             verdict=verdict,
-            model=f"{m.name}: {format_size(m.params)} parameters, {m.layers} layers, hidden {m.hidden}",
+            model=f"{m.name}: {format_params(m.params)} parameters, {m.layers} layers, hidden {m.hidden}",
             hardware=f"{nodes}{hw.gpus_per_node}x {hw.gpu.name} ({round_gib(hw.gpu.memory_bytes)} GiB each)",
             layout=self.layout.label, basis=alerts.gpu_memory.basis, fits=pred.fits,
             gpu_peak_allocated_gib=round_gib(alerts.gpu_memory.peak_allocated_bytes),

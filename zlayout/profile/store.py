@@ -28,10 +28,11 @@ import tomli_w
 from pydantic import ValidationError
 
 from zlayout import tomlsafe
+from zlayout.messages import type_error_text
 from zlayout.outfile import link_problem
 from zlayout.profile.launch import DEEPSPEED_SCRIPT, SLURM_SCRIPT, TORCHRUN_SCRIPT, launch_scripts
 from zlayout.profile.runbook import EXTRA_FILES, extra_files
-from zlayout.profile.schema import SCHEMA_VERSION, Profile
+from zlayout.profile.schema import SCHEMA_VERSION, SPEC_TO_FILE_SUFFIX, Profile
 
 PROFILE_FILE = "profile.toml"
 DS_CONFIG_FILE = "ds_config.json"
@@ -112,21 +113,61 @@ def loads_profile(text: str, source: str = PROFILE_FILE) -> Profile:
         raise ProfileError(f"{source}: schema_version {version} was written by a newer zlayout "
                            f"(this one reads {SCHEMA_VERSION}): upgrade zlayout")
     try:
-        return Profile.model_validate(data)
+        # strict: a number written as a string (hidden = "4096"), a boolean as 0 or "false",
+        # a float where an integer belongs is an error naming the key, not a silent conversion
+        return Profile.model_validate(data, strict=True)
     except ValidationError as exc:
-        raise ProfileError(f"{source}: {describe_validation_error(exc, text)}") from None
+        raise ProfileError(f"{source}: {describe_validation_error(exc, text, data)}") from None
     except RecursionError:
         raise ProfileError(f"{source}: nested too deeply to be a zlayout profile") from None
 
 
-def describe_validation_error(exc: ValidationError, text: str | None = None) -> str:
-    """pydantic's errors as 'line N: field.path: what is wrong', one per error."""
+def _file_loc(loc: tuple[Any, ...], data: Any) -> tuple[Any, ...]:
+    """pydantic's location as the file spells it: the file's key names (nvme_gb_per_s, not
+    the spec's nvme_gbps), without the union branch pydantic adds past a value ('int')."""
+    out: list[Any] = []
+    node = data
+    for part in loc:
+        if isinstance(node, dict):
+            if part not in node and isinstance(part, str):
+                for spec_suffix, file_suffix in SPEC_TO_FILE_SUFFIX.items():
+                    renamed = part[: -len(spec_suffix)] + file_suffix
+                    if part.endswith(spec_suffix) and renamed in node:
+                        part = renamed
+                        break
+            out.append(part)
+            node = node.get(part)
+        elif isinstance(node, list) and isinstance(part, int):
+            out.append(part)
+            node = node[part] if 0 <= part < len(node) else None
+        elif node is None:  # missing keys and tables: pydantic's location is the file's
+            out.append(part)
+        else:
+            break  # past a value: pydantic's own tags (the union branch), not the file's
+    return tuple(out)
+
+
+def describe_validation_error(exc: ValidationError, text: str | None = None, data: Any = None) -> str:
+    """pydantic's errors as 'line N: field.path: what is wrong', one per error; with the
+    parsed file (`data`), the path and the key in "write KEY = VALUE" are the file's."""
     parts = []
+    errors = []
     for err in exc.errors():
         loc = tuple(err["loc"])
+        if data is not None:
+            loc = _file_loc(loc, data)
+        errors.append({**err, "loc": loc})
+    # `int | float` reports each branch: "a number" covers both
+    numbers = {e["loc"] for e in errors if e["type"] == "float_type"}
+    errors = [e for e in errors if not (e["type"] == "int_type" and e["loc"] in numbers)]
+    for err in errors:
+        loc = err["loc"]
         field = ascii(".".join(str(p) for p in loc))[1:-1][:200]
         message = " ".join(err["msg"].removeprefix("Value error, ").split())
-        if err["type"] == "missing":
+        typed = type_error_text(err)
+        if typed is not None:
+            message = typed
+        elif err["type"] == "missing":
             message = "missing (required)"
         elif err["type"] == "extra_forbidden":
             message = "unknown key (misspelt? remove it or use a field zlayout knows)"

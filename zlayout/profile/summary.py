@@ -5,6 +5,7 @@ Pure formatting (no I/O), shared by `zlayout show` and anything else that displa
 
 from __future__ import annotations
 
+from zlayout.catalog import format_params
 from zlayout.profile.schema import Profile
 from zlayout.spec import GiB
 
@@ -60,7 +61,7 @@ def format_profile(profile: Profile) -> str:
 
     out.append("Inputs")
     kv = f" ({m.num_kv_heads} kv)" if m.num_kv_heads != m.heads else ""
-    out.append(f"  model     {m.name}: {m.params / 1e9:,.2f}B params, {m.layers} layers, hidden {m.hidden}, "
+    out.append(f"  model     {m.name}: {format_params(m.params)} params, {m.layers} layers, hidden {m.hidden}, "
                f"{m.heads} heads{kv}, ffn {m.ffn_size}, vocab {m.vocab}, {m.mlp}, {m.norm}")
     inter = f", {hw.inter_link.name} between nodes" if hw.inter_link and hw.nodes > 1 else ""
     out.append(f"  hardware  {hw.nodes} node(s) x {hw.gpus_per_node} {hw.gpu.name} ({gib(hw.gpu.memory_bytes)} each), "

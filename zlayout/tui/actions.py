@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from zlayout.install import zlayout_argv
+from zlayout.messages import exception_text
 from zlayout.spec import Layout
 from zlayout.tui.backends import (ProfileIO, cli_verifier, default_profile_io, verification_missing,
                                   verify_flags)
@@ -119,7 +120,7 @@ class LayoutActionsMixin:
             try:
                 loaded["input"] = io.load(path)
             except Exception as exc:
-                return str(exc).strip("'\"") or type(exc).__name__
+                return exception_text(exc)
             return None
 
         def load_hf_config(path: str) -> str | None:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from textual.message import Message
 
+from zlayout.messages import exception_text
 from zlayout.spec import ModelSpec, PlanInput
 from zlayout.tui.form import FormInvalid, form_values, plan_input_from_form
 from zlayout.tui.widgets import InputsPanel
@@ -198,14 +199,14 @@ class EditingMixin:
         try:
             return self._presets.load_model(name)
         except Exception as exc:  # the catalog's message names what exists
-            self._extra_errors["preset"] = str(exc).strip("'\"")
+            self._extra_errors["preset"] = exception_text(exc)
             return None
 
     def _model_of_size(self, text: str) -> ModelSpec | None:
         try:
             return self._presets.model_of_size(text.strip())
         except Exception as exc:  # the catalog's message says what to type
-            message = str(exc).strip("'\"")
+            message = exception_text(exc)
             if not any(example in message for example in ("70B", "13B", "350M")):
                 message += " (type a size with a unit: 70B, 350M, 1.5T or 13e9)"
             self._extra_errors["size"] = message

@@ -13,6 +13,7 @@ from typing import Any, Callable, Mapping
 
 from pydantic import ValidationError
 
+from zlayout.messages import exception_text
 from zlayout.spec import GiB, HardwareSpec, ModelSpec, PlanInput, TrainingSpec
 
 # Architecture fields the panel shows, in order; the rest of ModelSpec comes from the base model.
@@ -197,7 +198,7 @@ def _resolve(name: Any, base_spec: Any, load: Callable[[str], Any], field: str,
     try:
         return load(str(name))
     except Exception as exc:  # the catalog says what is wrong (unknown name, bad file)
-        errors[field] = str(exc).strip("'\"")
+        errors[field] = exception_text(exc)
         return None
 
 

@@ -127,14 +127,11 @@ def fmt_rate(per_s: float) -> str:
 
 
 def fmt_params(params: int) -> str:
-    """A parameter count the way people say it: 1.87B, 70.6B, 350M."""
-    if params <= 0:
-        return "—"
-    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if params >= scale:
-            value = params / scale
-            return f"{value:.0f}{unit}" if value >= 100 else f"{value:.3g}{unit}"
-    return str(params)
+    """A parameter count the way people say it (1.87B, 70.6B, 350M, 17.7M): the command
+    line's formatter (`zlayout.catalog.format_params`); "—" for none."""
+    from zlayout.catalog import format_params
+
+    return "—" if params <= 0 else format_params(params)
 
 
 def fmt_percent_change(new: float, old: float) -> str:

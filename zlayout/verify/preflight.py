@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from zlayout.catalog import format_params
 from zlayout.core.memory import estimate_memory
 from zlayout.spec import GiB, Layout, PlanInput
 from zlayout.verify.environment import worker_env, worker_env_notes
@@ -295,7 +296,7 @@ def check_host(inp: PlanInput, layout: Layout, processes: int, cpu: bool = False
         checks.append(Check(
             "host ram", False,
             f"{available / GiB:.1f} GiB available; this run holds at least {floor / GiB:.1f} GiB "
-            f"in RAM (fp32 weights and Adam moments of {inp.model.params / 1e9:.3g}B parameters, "
+            f"in RAM (fp32 weights and Adam moments of {format_params(inp.model.params)} parameters, "
             f"12 bytes each, on this one machine), {shown}",
             "not started: verify a smaller model here (fewer --layers, a smaller --hidden) "
             "or run on the planned nodes", blocking=True))

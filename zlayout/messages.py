@@ -1,0 +1,105 @@
+"""How a message shows what the user typed, shared by the command line and the app.
+
+No imports beyond the standard library: the app's first frame and the planner use it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+MAX_SHOWN_CHARS = 40
+
+
+def quoted(value: object, limit: int = MAX_SHOWN_CHARS) -> str:
+    """`value` as Python quotes it (balanced quotes, escapes visible); a long one is cut
+    and says so: 'xxxx'... (60 characters)."""
+    text = str(value)
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}... ({len(text):,} characters)"
+
+
+def exception_text(exc: BaseException) -> str:
+    """An exception's message as written, for one line shown to the user.
+
+    str(KeyError('x')) is "'x'" (KeyError quotes its argument): a bare KeyError shows its
+    argument. Nothing else is stripped: stripping quotes off the ends of every message cut the
+    closing quote off ones that end by quoting a value ("..., got '32'" read "got '32").
+    """
+    if isinstance(exc, KeyError) and type(exc).__str__ is KeyError.__str__ and len(exc.args) == 1:
+        text = str(exc.args[0])
+    else:
+        text = str(exc)
+    return text.strip() or type(exc).__name__
+
+
+# pydantic's strict type errors -> what the file should hold (TOML's words)
+_EXPECTED_TYPE = {
+    "int_type": "an integer (a whole number, without quotes)",
+    "float_type": "a number (without quotes)",
+    "bool_type": "true or false (without quotes)",
+    "string_type": "a string (in quotes)",
+    "list_type": "an array",
+    "dict_type": "a table",
+    "model_type": "a table",
+    "model_attributes_type": "a table",
+    "datetime_type": "a date-time such as 2026-11-30T01:02:03Z (without quotes)",
+}
+
+
+def toml_value(value: object) -> str:
+    """A value read from TOML, as the file spells it: the string "4096", true, 4096.0, an array."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):  # TOML's basic string is JSON's: "4096", escapes visible
+        shown = value if len(value) <= MAX_SHOWN_CHARS else value[:MAX_SHOWN_CHARS]
+        return "the string " + json.dumps(shown) + ("..." if shown != value else "")
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "an array"
+    if isinstance(value, dict):
+        return "a table"
+    return f"a {type(value).__name__}"
+
+
+def type_error_text(error: dict) -> str | None:
+    """A pydantic strict-mode type error (one of ValidationError.errors()) as "expected an
+    integer (...), got the string "4096": write hidden = 4096"; None for other errors."""
+    expected = _EXPECTED_TYPE.get(str(error.get("type")))
+    if expected is None or "input" not in error:
+        return None
+    value = error["input"]
+    text = f"expected {expected}, got {toml_value(value)}"
+    key = error["loc"][-1] if error.get("loc") else None
+    fixed = None
+    if isinstance(value, str) and error["type"] in ("int_type", "float_type", "bool_type"):
+        fixed = {"int_type": _as_int, "float_type": _as_float, "bool_type": _as_bool}[error["type"]](value.strip())
+    elif (error["type"] == "int_type" and isinstance(value, float) and value.is_integer()
+          and abs(value) < 2**63):
+        fixed = str(int(value))  # memory_bytes = 80e9: TOML integers have no exponent
+    elif error["type"] == "string_type" and isinstance(value, (int, float)) and not isinstance(value, bool):
+        fixed = json.dumps(str(value))  # name = 8: a name is text
+    if fixed is not None and isinstance(key, str):
+        text += f": write {key} = {fixed}"
+    return text
+
+
+def _as_int(text: str) -> str | None:
+    cleaned = text.replace("_", "").replace(",", "")
+    return cleaned if re.fullmatch(r"[+-]?[0-9]{1,18}", cleaned) else None
+
+
+def _as_float(text: str) -> str | None:
+    if _as_int(text) is not None:  # "12" where a number belongs: 12 is one
+        return _as_int(text)
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return repr(value) if value == value and abs(value) != float("inf") else None
+
+
+def _as_bool(text: str) -> str | None:
+    return {"true": "true", "false": "false"}.get(text.lower())
