@@ -787,7 +787,8 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             s.f(g32, *kept)
             return gx
         gx = s.a(T * h * w)
-        s.f(g, *x)
+        # what the norm kept for its backward (the final norm's input, `fin_kept`) dies with it
+        s.f(g, *x, *kept)
         return gx
 
     def fp32_gradients(size: int, moments_made: bool, *release: int | None) -> int:
