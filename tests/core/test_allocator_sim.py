@@ -469,3 +469,21 @@ def test_the_final_norms_input_dies_with_its_backward():
     for phase, _ in doc["phase_marks"]:
         assert abs(replayed[phase] - measured[phase]) < 64 * MiB, (phase, replayed[phase], measured[phase])
     assert abs(sim.replayed_peak_reserved(inp, layout) - doc["max_reserved_bytes"]) < 64 * MiB
+
+
+def test_hf_rmsnorm_frees_its_fp32_product_after_the_output():
+    # LlamaRMSNorm keeps `hidden_states * rsqrt(...)` bound to a local until it returns: the
+    # bf16 cast and the weight product are made first (trace: 64, 64, -64, 64, 32, 32, -64
+    # MiB at b2 s4096 h2048). Freed a request earlier, the replay packed the first forward
+    # differently, and step 2's flat gradients took a third 2818 MiB segment (28.31 GiB
+    # replayed, 25.60 measured)
+    doc, inp, layout = _trace_c("t-z1-hf-v32001")
+    seq = sim._Seq()
+    sim.allocation_sequence(inp, layout, 2, seq)
+    replayed, measured = _phase_reserved(seq.events, seq.marks), _trace_phase_reserved(doc)
+    for phase, _ in doc["phase_marks"]:
+        assert abs(replayed[phase] - measured[phase]) < 64 * MiB, (phase, replayed[phase], measured[phase])
+    T, h = inp.training.micro_batch * inp.training.seq, inp.model.hidden
+    start = dict(seq.marks)["initialize"]
+    sizes = [e[2] if e[0] == "a" else -seq.sizes[e[1]] for e in seq.events[start:start + 8]]
+    assert sizes[1:8] == [4 * T * h, 4 * T * h, -4 * T * h, 4 * T * h, 2 * T * h, 2 * T * h, -4 * T * h]
