@@ -414,3 +414,76 @@ def test_moe_blocks_make_each_3d_expert_gradient_once_and_their_fp32_routing_pro
     # forward: weighted, un-permuted; backward: the sum's expand copy, the index gradient and
     # the mul's two products
     assert sizes.count(S * m.hidden * 4) == 6 * m.layers
+
+
+# --- the 2026-12-01c traces (hf and zlayout layouts the replay missed by 6-13%) -------------
+
+TRACES_C = TRACES.parent.parent / "h200-2026-12-01c" / "traces"
+
+
+def _trace_c(name: str):
+    from zlayout.cli import build_parser, layout_from_args, plan_input_from_args
+    doc = json.loads((TRACES_C / f"{name}.json").read_text())
+    args = build_parser().parse_args(["verify", *doc["argv"].split()])
+    return doc, plan_input_from_args(args).model_copy(update={"headroom_fraction": 0.0}), layout_from_args(args)
+
+
+def _trace_kept_after_initialize(doc) -> list[int]:
+    """Sizes of the large requests made after initialize that the traced run never freed."""
+    alloc, free = doc["actions"]["alloc"], doc["actions"]["free_completed"]
+    start = dict(doc["phase_marks"])["initialize"]
+    live: dict[int, tuple[int, int]] = {}
+    for i, (action, addr, size) in enumerate(doc["trace"]):
+        if action == alloc:
+            live[addr] = (i, size)
+        elif action == free:
+            live.pop(addr, None)
+    return sorted(size for i, size in live.values() if i >= start and size > sim.SMALL_SIZE)
+
+
+def _replay_kept_after_initialize(seq) -> list[int]:
+    start = dict(seq.marks)["initialize"]
+    live: dict[object, tuple[int, int]] = {}
+    for i, event in enumerate(seq.events):
+        if event[0] == "a":
+            live[event[1]] = (i, event[2])
+        else:
+            live.pop(event[1])
+    return sorted(size for i, size in live.values() if i >= start and size > sim.SMALL_SIZE)
+
+
+def test_the_final_norms_input_dies_with_its_backward():
+    # t-z1-L6-h3072 (zlayout's LayerNorm GPT, ZeRO-1): after two steps the GPU keeps only the
+    # two cuBLAS workspaces and the moments; the replay kept the last block's output (the final
+    # norm's saved input, 48 MiB) for ever, which split a 3842 MiB segment so the step's fp32
+    # gradients took a third one (30.29 GiB replayed, 28.52 measured)
+    for path in sorted(TRACES_C.glob("*.json")):  # every traced layout keeps what the replay keeps
+        doc, inp, layout = _trace_c(path.stem)
+        seq = sim._Seq()
+        sim.allocation_sequence(inp, layout, 2, seq)
+        assert _replay_kept_after_initialize(seq) == _trace_kept_after_initialize(doc), path.stem
+    doc, inp, layout = _trace_c("t-z1-L6-h3072")
+    seq = sim._Seq()
+    sim.allocation_sequence(inp, layout, 2, seq)
+    replayed, measured = _phase_reserved(seq.events, seq.marks), _trace_phase_reserved(doc)
+    for phase, _ in doc["phase_marks"]:
+        assert abs(replayed[phase] - measured[phase]) < 64 * MiB, (phase, replayed[phase], measured[phase])
+    assert abs(sim.replayed_peak_reserved(inp, layout) - doc["max_reserved_bytes"]) < 64 * MiB
+
+
+def test_hf_rmsnorm_frees_its_fp32_product_after_the_output():
+    # LlamaRMSNorm keeps `hidden_states * rsqrt(...)` bound to a local until it returns: the
+    # bf16 cast and the weight product are made first (trace: 64, 64, -64, 64, 32, 32, -64
+    # MiB at b2 s4096 h2048). Freed a request earlier, the replay packed the first forward
+    # differently, and step 2's flat gradients took a third 2818 MiB segment (28.31 GiB
+    # replayed, 25.60 measured)
+    doc, inp, layout = _trace_c("t-z1-hf-v32001")
+    seq = sim._Seq()
+    sim.allocation_sequence(inp, layout, 2, seq)
+    replayed, measured = _phase_reserved(seq.events, seq.marks), _trace_phase_reserved(doc)
+    for phase, _ in doc["phase_marks"]:
+        assert abs(replayed[phase] - measured[phase]) < 64 * MiB, (phase, replayed[phase], measured[phase])
+    T, h = inp.training.micro_batch * inp.training.seq, inp.model.hidden
+    start = dict(seq.marks)["initialize"]
+    sizes = [e[2] if e[0] == "a" else -seq.sizes[e[1]] for e in seq.events[start:start + 8]]
+    assert sizes[1:8] == [4 * T * h, 4 * T * h, -4 * T * h, 4 * T * h, 2 * T * h, 2 * T * h, -4 * T * h]

@@ -499,12 +499,16 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         if hf_norm:
             # transformers' RMSNorm: x.float() (kept), pow (transient), x * rsqrt (fp32,
             # transient), .to(bf16) (kept by the weight multiply), weight * that (output)
+            # (the fp32 product stays bound to the local `hidden_states` until the function
+            # returns: freed after the output is made; traces t-z1-hf-v32001, t-z2-hf-ckpt-s8192:
+            # 64, 64, -64, 64, 32, 32, -64 MiB at b2 s4096 h2048)
             x32 = s.a(T * h * 4)
             s.f(s.a(T * h * 4))
             n32 = s.a(T * h * 4)
             nb = s.a(T * h * w)
+            out = s.a(T * h * w)
             s.f(n32)
-            return [x32, nb], s.a(T * h * w)
+            return [x32, nb], out
         return [], s.a(T * h * w)
 
     E, top_k = model.experts, model.top_k or 0
@@ -787,7 +791,8 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             s.f(g32, *kept)
             return gx
         gx = s.a(T * h * w)
-        s.f(g, *x)
+        # what the norm kept for its backward (the final norm's input, `fin_kept`) dies with it
+        s.f(g, *x, *kept)
         return gx
 
     def fp32_gradients(size: int, moments_made: bool, *release: int | None) -> int:
