@@ -487,3 +487,34 @@ def test_hf_rmsnorm_frees_its_fp32_product_after_the_output():
     start = dict(seq.marks)["initialize"]
     sizes = [e[2] if e[0] == "a" else -seq.sizes[e[1]] for e in seq.events[start:start + 8]]
     assert sizes[1:8] == [4 * T * h, 4 * T * h, -4 * T * h, 4 * T * h, 2 * T * h, 2 * T * h, -4 * T * h]
+
+
+def test_stage3_sub_groups_close_on_whole_tensors_as_deepspeed_does():
+    # stage3.py _create_fp16_sub_groups: whole tensors are added until the sub-group holds at
+    # least sub_group_size elements. The held-out 2.36B model (hf, L6 h4096, vocab 128256) at
+    # the default 1e9 makes two sub-groups, 1003.5M and 1355.8M elements: its trace's fp32
+    # masters are 3828.1 and 5172.1 MiB. Split at exactly 1e9 (the replay before), the largest
+    # step buffer was 1e9 elements and peak allocated was 2 GiB short from step 2 on (-4.5%).
+    doc, inp, layout = _trace_c("t-z3-hf-L6-h4096")
+    groups = sim.stage3_sub_groups(sim.parameter_tensor_sizes(inp.model, "hf"), 1, inp.zero.sub_group_size)
+    assert [part for part, _ in groups] == [1_003_503_616, 1_355_845_632]
+    first, last = dict(doc["phase_marks"])["built"], dict(doc["phase_marks"])["initialize"]
+    masters = sorted({size for action, _, size in doc["trace"][first:last] if action == 0 and size > 2**31})
+    assert [4 * part for part, _ in groups] == [m for m in masters if m != 2 * inp.model.params]
+    # on two GPUs a sub-group closes on its partitions: twice the tensors, the same partition size
+    two = sim.stage3_sub_groups(sim.parameter_tensor_sizes(inp.model, "hf"), 2, inp.zero.sub_group_size)
+    assert all(part >= inp.zero.sub_group_size for part, _ in two[:-1])
+    assert all(whole >= 2 * part - 2 * len(sim.parameter_tensor_sizes(inp.model, "hf")) for part, whole in two)
+    # the replay: initialize (conversions freed one sub-group late, the zero gradient of the
+    # largest sub-group) as traced, and the peak reserved
+    seq = sim._Seq()
+    sim.allocation_sequence(inp, layout, 3, seq)
+    replayed, measured = _phase_reserved(seq.events, seq.marks), _trace_phase_reserved(doc)
+    assert abs(replayed["initialize"] - measured["initialize"]) < 64 * MiB
+    assert abs(sim.replayed_peak_reserved(inp, layout) - doc["max_reserved_bytes"]) < 64 * MiB
+    # and the per-phase memory model's step buffers: bf16 flat + fp32 of the largest sub-group
+    from zlayout.core.memory import estimate_memory
+    est = estimate_memory(inp.model_copy(update={"headroom_fraction": 0.0}), layout)
+    step = next(term for term in est.gpu_terms() if term.name == "step_fp32_gradients")
+    assert step.bytes == 6 * 1_355_845_632
+    assert abs(est.gpu_peak_allocated_bytes - doc["max_allocated_bytes"]) < 0.01 * doc["max_allocated_bytes"]

@@ -344,12 +344,51 @@ def mixtral_layer_tensor_sizes(model) -> list[int]:
     return [h * q, h * kv, h * kv, model.attn_out_size * h, E * h, E * 2 * f * h, E * f * h] + [h] * model.norms_per_layer
 
 
+def block_tensor_sizes(model, impl: str) -> list[int]:
+    """Elements of each weight tensor of one block, in the worker's module order."""
+    from zlayout.core.memory import layer_tensor_sizes
+
+    if model.is_moe:
+        return mixtral_layer_tensor_sizes(model)
+    if impl == "hf" and model.norm == "rmsnorm" and model.mlp == "swiglu":
+        return hf_layer_tensor_sizes(model)
+    return layer_tensor_sizes(model, moe=False)
+
+
+def parameter_tensor_sizes(model, impl: str) -> list[int]:
+    """Elements of each weight tensor in `model.parameters()` order (the order DeepSpeed
+    flattens and groups them): the embedding, each block's tensors, the final norm, the head."""
+    tensors = [model.vocab * model.hidden] + block_tensor_sizes(model, impl) * model.layers
+    tensors.append(model.final_norm_params())
+    if not model.tie_embeddings:
+        tensors.append(model.vocab * model.hidden)
+    return tensors
+
+
+def stage3_sub_groups(tensors: list[int], world: int, sub_group_size: int) -> list[tuple[int, int]]:
+    """ZeRO-3's optimizer sub-groups as (elements of this GPU's partition, elements of the whole
+    tensors). stage3.py _create_fp16_sub_groups: whole tensors are added in order and a
+    sub-group closes once its partitions reach sub_group_size, so a sub-group holds at least
+    sub_group_size elements (a 2.36B model at the default 1e9: 1003.5M and 1355.9M, not 1e9,
+    1e9 and 0.36e9; the t-z3-hf-L6-h4096 trace's fp32 buffers are 3828 and 5172 MiB)."""
+    parts = [-(-x // world) for x in tensors]
+    if not parts or sub_group_size >= sum(parts):
+        return [(sum(parts), sum(tensors))]
+    groups, part, whole = [], 0, 0
+    for i, (x, px) in enumerate(zip(tensors, parts)):
+        part, whole = part + px, whole + x
+        if part >= sub_group_size or i == len(parts) - 1:
+            groups.append((part, whole))
+            part, whole = 0, 0
+    return groups
+
+
 def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -> list[tuple[str, object, int]] | None:
     """The large tensors one GPU allocates and frees, in order, for a dense model: ZeRO 0-2
     with the optimizer on the GPU or the CPU, ZeRO-3 with the optimizer and weights on the GPU
     or the CPU; gradient accumulation included; Mixtral's MoE blocks (`mixtral_replayed`).
     None for what is not replayed: NVMe, other MoE blocks, MLA, fp32 training."""
-    from zlayout.core.memory import layer_tensor_sizes, stage3_live_param_elements
+    from zlayout.core.memory import stage3_live_param_elements
 
     model, t, zero = inp.model, inp.training, inp.zero
     stage, n = layout.stage, inp.hardware.world
@@ -389,17 +428,12 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
     ckpt = t.checkpointing == "full"
     p = model.params
     p_shard = -(-p // (n if stage else 1))
-    if moe:
-        layer_sizes = mixtral_layer_tensor_sizes(model)
-    else:
-        layer_sizes = hf_layer_tensor_sizes(model) if hf_norm and swiglu else layer_tensor_sizes(model, moe=False)
-    tensors = [V * h] + layer_sizes * model.layers + [model.final_norm_params()]
-    if not model.tie_embeddings:
-        tensors.append(V * h)
+    layer_sizes = block_tensor_sizes(model, t.impl)
+    tensors = parameter_tensor_sizes(model, t.impl)
 
     # --- deepspeed.initialize ---------------------------------------------------------
-    sub = min(zero.sub_group_size, p_shard)
-    sub_groups = [sub] * (p_shard // sub) + ([p_shard % sub] if p_shard % sub else [])
+    groups = stage3_sub_groups(tensors, n, zero.sub_group_size) if stage == 3 else []
+    sub_groups = [part for part, _ in groups]
     # stage 3 gathers a weight before its module runs (on the allgather stream) when it is not
     # whole on this GPU: more than one GPU, or the weights on the host
     gather = stage == 3 and (n > 1 or not param_on_gpu)
@@ -425,13 +459,24 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             s.a(p_shard * w)
             s.f(*weights)
         if opt_on_gpu:
-            for size in sub_groups:  # fp32 master per sub-group: clone, then .float()
-                clone = s.a(size * w)
+            # _create_fp32_partitions, per sub-group: converted = flat.to(fp32), master =
+            # converted.clone(); the local `converted` lives until the next sub-group's
+            # replaces it, the last until the function returns (t-z3-hf-L6-h4096 trace)
+            converted = None
+            for size in sub_groups:
+                made = s.a(size * 4)
+                if converted is not None:
+                    s.f(converted)
                 s.a(size * 4)
-                s.f(clone)
-            s.a(p_shard * w)  # grad_partitions_flat_buffer
+                converted = made
+            s.f(converted)
+            # initialize_optimizer_states: one zero fp32 gradient as long as the largest
+            # sub-group's whole tensors (ds_numel, not the partition), dropped at its end
+            s.f(s.a(4 * max(whole for _, whole in groups)))
         if zero.contiguous_gradients:
             s.a(zero.reduce_bucket_size * w)  # the IPG bucket, allocated once
+        if opt_on_gpu:
+            s.a(p_shard * w)  # grad_partitions_flat_buffer (made after the IPG bucket: same trace)
         weights = []
     else:
         # engine: the module, cast to bf16 on the host, moves to the GPU tensor by tensor

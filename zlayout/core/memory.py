@@ -294,6 +294,14 @@ def ipg_bucket_bytes(zero: ZeroKnobs, stage: int, training: TrainingSpec) -> int
     return 0
 
 
+def largest_sub_group(model: ModelSpec, impl: str, world: int, zero: ZeroKnobs) -> int:
+    """Elements of this GPU's partition in ZeRO-3's largest optimizer sub-group (whole tensors
+    until sub_group_size is reached: allocator_sim.stage3_sub_groups)."""
+    from zlayout.core.allocator_sim import parameter_tensor_sizes, stage3_sub_groups
+
+    return max(part for part, _ in stage3_sub_groups(parameter_tensor_sizes(model, impl), world, zero.sub_group_size))
+
+
 def stage3_live_param_elements(model: ModelSpec, zero: ZeroKnobs, world: int, param_offload: bool) -> int:
     """Full (gathered) weights ZeRO-3 keeps on the GPU between the forward and the backward:
     those whose next use is within `stage3_max_reuse_distance` elements stay gathered (the
@@ -466,7 +474,7 @@ def estimate_memory(inp: PlanInput, layout: Layout, replay: bool = True) -> Memo
     elif stage in (1, 2) and opt_on_gpu:
         step_fp32 = (w + FP32_BYTES) * p_shard  # flatten(partition) then .to(fp32)
     elif stage == 3 and opt_on_gpu:
-        step_fp32 = (w + FP32_BYTES) * min(zero.sub_group_size, p_shard)  # per sub-group
+        step_fp32 = (w + FP32_BYTES) * largest_sub_group(inp.model, training.impl, n, zero)  # per sub-group
     else:
         step_fp32 = 0
     step_fp32 = add("gpu", "step_fp32_gradients", step_fp32, "deepspeed_buffers",
@@ -580,11 +588,11 @@ def estimate_memory(inp: PlanInput, layout: Layout, replay: bool = True) -> Memo
                                "pinned fp32 gradient partition and bf16 upload buffer; pinned blocks "
                                "round up to a power of two")
         else:
-            sub = min(zero.sub_group_size, p_shard)
-            groups = -(-p_shard // sub)
+            from zlayout.core.allocator_sim import parameter_tensor_sizes, stage3_sub_groups
+
+            groups = stage3_sub_groups(parameter_tensor_sizes(inp.model, training.impl), n, zero.sub_group_size)
             host_states += add("host", "offload_pinned_buffers",
-                               (groups - 1) * pin(FP32_BYTES * sub)
-                               + pin(FP32_BYTES * (p_shard - (groups - 1) * sub)),
+                               sum(pin(FP32_BYTES * part) for part, _ in groups),
                                "deepspeed_buffers",
                                "pinned fp32 sub-group gradient buffers (power-of-two blocks)")
     if param_where == "host":
@@ -594,7 +602,7 @@ def estimate_memory(inp: PlanInput, layout: Layout, replay: bool = True) -> Memo
                                     "copies zero.Init makes before flattening")
     if opt_where == "nvme":
         host_states += add("host", "nvme_swap_buffers",
-                           AIO_OPTIMIZER_BUFFER_COUNT * pin(FP32_BYTES * min(zero.sub_group_size, p_shard)),
+                           AIO_OPTIMIZER_BUFFER_COUNT * pin(FP32_BYTES * largest_sub_group(inp.model, training.impl, n, zero)),
                            "deepspeed_buffers", "pinned buffers the optimizer state is swapped through")
     if param_where == "nvme":
         host_states += add("host", "nvme_param_buffers", AIO_PARAM_BUFFER_COUNT * AIO_PARAM_BUFFER_ELEMENTS * w,
