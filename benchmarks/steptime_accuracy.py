@@ -49,6 +49,9 @@ from zlayout.spec import StepTimeCalibration  # noqa: E402
 FITTED_ON = ("h200-32core", "h200-16core")
 PREDICTIONS = ROOT / "benchmarks" / "measurements" / "h200-2026-12-01b" / "heldout2-steptime-predictions.jsonl"
 HELDOUT_BATCH = "benchmarks/batch-h200-heldout2.txt"
+# batch 3 (benchmarks/batch-h200-heldout3.txt): predicted by main at c00c30b before it ran, no
+# step-time change since
+PREDICTIONS_3 = ROOT / "benchmarks" / "measurements" / "h200-2026-12-01c" / "heldout3-steptime-predictions.jsonl"
 TARGETS = {"GPU-resident": 0.15, "offloaded": 0.25}
 
 
@@ -90,13 +93,14 @@ def committed_predictions() -> dict[str, float]:
     """The held-out batch's predictions as committed before it ran, by layout label."""
     if not PREDICTIONS.exists():
         return {}
+    files = [f for f in (PREDICTIONS, PREDICTIONS_3) if f.exists()]
     from zlayout.profile.calibration import _label  # the label read_results gives a row
     from zlayout.cli import build_parser
     from zlayout.commands import verify as verify_cmd
     import shlex
     build_parser()
     out = {}
-    for line in PREDICTIONS.read_text().splitlines():
+    for line in (line for f in files for line in f.read_text().splitlines()):
         if line.strip():
             p = json.loads(line)
             inp, layout, _, _ = verify_cmd._inputs(verify_cmd._VERIFY_PARSER.parse_args(shlex.split(p["flags"])))
@@ -242,6 +246,11 @@ def main() -> int:
             print("      (the model was changed after this batch ran, its ZeRO-3 rows looked at: ZeRO-3's hooks"
                   "\n       overlapping the kernels; 'this model' is no longer a clean hold-out, the committed"
                   "\n       predictions are, and leave-one-out is the estimate for an unseen layout)")
+        for source in sorted({m.source.split(":")[0] for m, _ in held_out}):
+            batch = [(m, e) for m, e in held_out if m.source.split(":")[0] == source]
+            summary(f"    {source[:30]}, this model", [m for m, _ in batch], [e for _, e in batch], True)
+            pre = [(m, (committed[m.label] - m.steady_step_s) / m.steady_step_s) for m, _ in batch if m.label in committed]
+            summary(f"    {source[:30]}, committed", [m for m, _ in pre], [e for _, e in pre], True)
         print("  phases (held-out rows):")
         phase_errors([m for m, _ in held_out])
     else:
