@@ -68,8 +68,9 @@ async def test_every_cell_shows_its_full_value(case, size):
                     for row in view.layout_rows(make_plan(inp))}
         shown_columns = [column.key.value for column in table.ordered_columns]
         assert {"stage", "opt", "param", "peak", "used", "free", "host", "step", "tps"} <= set(shown_columns)
-        # the table is never wider than its space: nothing scrolled off to the right
-        assert table.virtual_size.width <= table.scrollable_content_region.width
+        # the table is never wider than its space: nothing scrolled off to the right (but the
+        # blank padding right of its last column)
+        assert table.virtual_size.width - table.cell_padding <= table.scrollable_content_region.width
         lines = screen_lines(app)
         region = table.content_region
         for index, row in enumerate(table.ordered_rows):
@@ -137,12 +138,14 @@ def named_in_title(title: str) -> tuple[list[str], list[str]]:
 
 
 def assert_every_column_whole(app, expected: dict[str, dict[str, str]], where) -> None:
-    """On screen now: every column of the table whose cells show at all shows whole, title
-    and every visible cell exactly its full text; nothing else is drawn right of the last
-    one; the title is whole and names exactly the columns not shown."""
+    """On screen now: every column of the table whose text shows at all shows whole (the blank
+    padding right of the last one may fall past the edge), its title and every visible cell
+    exactly their full text; nothing else is drawn right of the last one; the title is whole
+    and names exactly the columns not shown."""
     table = app.query_one(LayoutTable)
     lines = screen_lines(app)
     region = table.content_region
+    pad = table.cell_padding
     room_right = region.x + table.scrollable_content_region.width
     fixed_width = sum(c.get_render_width(table) for c in table.ordered_columns[:table.fixed_columns])
     visible, x_fixed, x_scrolled, last_right = [], region.x, region.x + fixed_width - table.scroll_offset.x, region.x
@@ -159,17 +162,20 @@ def assert_every_column_whole(app, expected: dict[str, dict[str, str]], where) -
         else:
             x_scrolled += width
         left_edge = region.x if fixed else region.x + fixed_width
-        if x + width <= left_edge or x >= room_right:
+        text_left, text_right = x + pad, x + width - pad  # where its text goes
+        if text_right <= left_edge or text_left >= room_right:
             continue  # wholly off screen
         key = column.key.value
         # drawn at all: drawn whole
-        assert left_edge <= x and x + width <= room_right, (where, key, "cut", lines[region.y][region.x:room_right])
-        assert lines[region.y][x:x + width].strip() == TITLES[key], (where, key, lines[region.y][region.x:room_right])
+        assert left_edge <= text_left and text_right <= room_right, \
+            (where, key, "cut", lines[region.y][region.x:room_right])
+        right = min(x + width, room_right)
+        assert lines[region.y][x:right].strip() == TITLES[key], (where, key, lines[region.y][region.x:room_right])
         for y, row_key in rows:
-            assert lines[y][x:x + width].strip() == expected[row_key][key].strip(), \
+            assert lines[y][x:right].strip() == expected[row_key][key].strip(), \
                 (where, row_key, key, lines[y][region.x:room_right])
         visible.append(key)
-        last_right = max(last_right, x + width)
+        last_right = max(last_right, right)
     for y in [region.y] + [y for y, _ in rows]:  # nothing past the last whole column
         assert not lines[y][last_right:region.right].strip(), (where, lines[y][region.x:region.right])
     # the title is whole on the border and names exactly the columns not shown, on their side
@@ -221,11 +227,15 @@ async def scroll_sideways_both_ways(pilot, expected, where) -> None:
         reached = {key for columns in seen for key in columns}
         assert {key for key in LayoutTable.COLUMN_KEYS if key not in LayoutTable.BREAKDOWN_KEYS} <= reached, where
     assert not named_in_title(str(table.border_title))[0], where  # home: nothing left out on the left
+    # the wheel sideways, and shift+wheel: one column a notch, there and back
+    can_scroll = bool(table.off_screen_titles())
     for event in (events.MouseScrollRight, events.MouseScrollLeft, events.MouseScrollDown, events.MouseScrollUp):
+        before = [column.key.value for column in table.ordered_columns]
         table.post_message(event(table, 1, 1, 0, 0, 0, True, False, False))
         await pilot.pause()
         await pilot.pause()
         assert_every_column_whole(app, expected, (*where, event.__name__))
+        assert ([column.key.value for column in table.ordered_columns] != before) == can_scroll, (where, event)
 
 
 @pytest.mark.parametrize("size", SIZES, ids=[f"{w}x{h}" for w, h in SIZES])
@@ -244,7 +254,10 @@ async def test_with_the_inputs_panel_toggled_every_column_shown_is_whole(case, s
         assert app.show_inputs == (size[0] < 120)
         assert_every_column_whole(app, expected, (case, size, "toggled"))
         table = app.query_one(LayoutTable)
-        assert table.virtual_size.width <= table.scrollable_content_region.width  # no sideways scroll by cells
+        # the table itself never scrolls by cells: no horizontal scrollbar, nothing to scroll but
+        # at most the blank padding right of its last column
+        assert table.virtual_size.width - table.cell_padding <= table.scrollable_content_region.width
+        assert not table.show_horizontal_scrollbar and table.scroll_offset.x == 0
         await scroll_sideways_both_ways(pilot, expected, (case, size))
 
 

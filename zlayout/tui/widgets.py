@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from rich.text import Text
-from textual import on
+from textual import events, on
 from textual.app import ComposeResult
 from textual.containers import Horizontal, VerticalScroll
+from textual.geometry import Size
 from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import MountError, Widget
@@ -47,8 +48,17 @@ class LayoutTable(KeysInTypedOrder, DataTable):
     and half a figure (`✗ +1740 Gi`, `Fre`) is a wrong figure, so no key, wheel or scrollbar
     may show part of a column. `→` brings in the next column on the right, whole, leaving out
     as few columns on the left as that takes; `←` brings back the previous one; `home`/`end`
-    go to either end. ZeRO, Opt and Par always stay (they say which row is which). The
-    DataTable underneath never scrolls sideways itself: what it holds always fits."""
+    go to either end, and so does a sideways wheel (or shift+wheel), a column a notch. ZeRO,
+    Opt and Par always stay (they say which row is which). The DataTable underneath never
+    scrolls sideways itself (no horizontal overflow): what it holds fits, all but the blank
+    padding right of its last column, which may fall past the edge (a blank is not a figure;
+    counting it left the default plan's Free column out at 80x24 with the inputs open)."""
+
+    DEFAULT_CSS = """
+    LayoutTable {
+        overflow-x: hidden;
+    }
+    """
 
     plan: reactive[Plan | None] = reactive(None, init=False, always_update=True)
 
@@ -109,23 +119,27 @@ class LayoutTable(KeysInTypedOrder, DataTable):
                 for index, key in enumerate(self.COLUMN_KEYS)}
 
     def _width_needed(self, with_breakdown: bool) -> int:
-        """Columns wide enough for every cell and title, with the cell padding on both sides."""
+        """Columns wide enough for every cell and title, with the cell padding on both sides
+        (but the blank right of the last column)."""
         return sum(width + 2 * self.cell_padding for key, width in self._widths.items()
-                   if with_breakdown or key not in self.BREAKDOWN_KEYS)
+                   if with_breakdown or key not in self.BREAKDOWN_KEYS) - self.cell_padding
 
     def _room(self) -> int:
-        return self.scrollable_content_region.width or self.size.width
+        """The width the columns have: the table's less its border and a vertical scrollbar,
+        from the size Textual gives the table (its region on screen can lag behind it)."""
+        return self.outer_size.width - self.gutter.width
 
     def _window(self, first: int) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
         """With the scrollable columns starting at `first`: the columns that fit whole (the
         fixed ones, then scrollable ones in order up to the first that does not fit), those
-        left out on the left, and those left out on the right."""
+        left out on the left, and those left out on the right. A column fits when its text
+        does: the blank padding right of the last one may fall past the edge."""
         scrollable = self._scrollable_keys()
         fixed = tuple(key for key in self._candidate_keys() if key in self.FIXED_KEYS)
-        room, used, shown = self._room(), 0, []
+        room, used, shown, padding = self._room(), 0, [], self.cell_padding
         for key in fixed + scrollable[first:]:
-            used += self._widths[key] + 2 * self.cell_padding
-            if used > room:
+            used += self._widths[key] + 2 * padding
+            if used - padding > room:
                 break
             shown.append(key)
         left = scrollable[:first]
@@ -144,9 +158,9 @@ class LayoutTable(KeysInTypedOrder, DataTable):
     def _fit(self) -> bool:
         """Choose the columns shown (see the class docstring); True if they are not the ones
         the table holds (a rebuild is due)."""
-        if not self._rows or not self.size.width:
+        if not self._rows or self._room() <= 0:
             return False
-        room = self._room()
+        room = self._fitted_room = self._room()
         breakdown = self._width_needed(True) <= room
         if breakdown != self.show_breakdown:
             self.show_breakdown = breakdown
@@ -161,12 +175,23 @@ class LayoutTable(KeysInTypedOrder, DataTable):
             self._rebuild()
         self._retitle()
 
+    _fitted_room = -1  # the room of the last _fit
+
+    def _size_updated(self, size: Size, virtual_size: Size, container_size: Size,
+                      layout: bool = True) -> bool:
+        # Fit the columns to a new width here, before the frame is drawn, and not only on
+        # Resize: Textual does not always send one (opening the inputs panel at 80x24 resized
+        # the table from 80 to 44 columns without a Resize in about half of the runs).
+        changed = super()._size_updated(size, virtual_size, container_size, layout)
+        if self._room() != self._fitted_room:
+            self._refit()
+        return changed
+
     def on_resize(self) -> None:
         self._refit()
 
     def watch_show_vertical_scrollbar(self) -> None:
         # a vertical scrollbar (a table taller than its space) takes room from the columns
-        # without resizing the table
         self.call_after_refresh(self._refit)
 
     # -- sideways, by whole columns ---------------------------------------------------------
@@ -211,16 +236,31 @@ class LayoutTable(KeysInTypedOrder, DataTable):
     def action_scroll_end(self) -> None:
         self._scroll_columns_to(self._last_first())
 
-    def _scroll_right_for_pointer(self, *args: Any, **kwargs: Any) -> bool:
-        return self.scroll_columns(1)  # a sideways wheel (or shift+wheel): whole columns too
+    # The sideways wheel (and shift/ctrl+wheel, as Textual reads it): whole columns too. The
+    # DataTable's own handlers would scroll by cells; they never run for these.
+    def _on_mouse_scroll_right(self, event: events.MouseScrollRight) -> None:
+        self._wheel_columns(event, 1)
 
-    def _scroll_left_for_pointer(self, *args: Any, **kwargs: Any) -> bool:
-        return self.scroll_columns(-1)
+    def _on_mouse_scroll_left(self, event: events.MouseScrollLeft) -> None:
+        self._wheel_columns(event, -1)
+
+    def _on_mouse_scroll_down(self, event: events.MouseScrollDown) -> None:
+        if event.ctrl or event.shift:
+            self._wheel_columns(event, 1)
+
+    def _on_mouse_scroll_up(self, event: events.MouseScrollUp) -> None:
+        if event.ctrl or event.shift:
+            self._wheel_columns(event, -1)
+
+    def _wheel_columns(self, event: events.MouseEvent, step: int) -> None:
+        event.prevent_default()
+        if self.scroll_columns(step):
+            event.stop()
 
     def left_out_titles(self) -> tuple[list[str], list[str]]:
         """The titles of the columns left out, besides the per-term ones: those left of the
         columns shown (scrolled past: ← brings them back) and those right of them (→)."""
-        if not self._rows or not self.size.width:
+        if not self._rows or self._fitted_room <= 0:
             return [], []
         titles = dict(self.COLUMNS)
         left, right = self._left_out
@@ -234,7 +274,7 @@ class LayoutTable(KeysInTypedOrder, DataTable):
     def _retitle(self) -> None:
         """The longest title that fits the top border whole; when columns are left out, it
         names exactly those, and which way (← →) brings them in."""
-        room = self.size.width - 2
+        room = self.outer_size.width - 2
         if room <= 0:
             return
         left, right = (" ".join(titles) for titles in self.left_out_titles())
