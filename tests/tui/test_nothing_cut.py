@@ -122,8 +122,9 @@ async def test_gib_past_ten_thousand_stays_in_gib_in_the_table():
 
 
 async def test_at_80_columns_with_the_inputs_open_the_title_is_whole_and_names_the_columns_past_the_edge():
-    """45 columns are left for the table; even without the per-term columns it needs ~75, so
-    Host, Comm, Step and tok/s lie past the edge (→ scrolls): the title says so, uncut."""
+    """44 columns are left for the table; even without the per-term columns it needs ~75, so
+    the columns that do not fit whole (Free, Host, Comm, Step, tok/s here) are left out (→
+    scrolls, by whole columns): the title names them, uncut."""
     app = ZLayoutApp(initial=qa_input(), cursor_blink=False)
     async with app.run_test(size=(80, 24)) as pilot:
         await open_inputs(pilot)

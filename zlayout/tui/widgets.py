@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from rich.text import Text
-from textual import on
+from textual import events, on
 from textual.app import ComposeResult
 from textual.containers import Horizontal, VerticalScroll
+from textual.geometry import Size
 from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import MountError, Widget
@@ -36,10 +37,28 @@ HEADROOM_STYLES = {"ok": "bold green", "tight": "bold yellow", "over": "bold red
 class LayoutTable(KeysInTypedOrder, DataTable):
     """Every layout, one row each; the recommended one starred and bold.
 
-    No figure is ever cut: each column is as wide as its widest cell, and when the table
-    with the per-term columns (Param … Other) would be wider than the space it has, those
-    columns are left out (the bar chart and the detail screen show them) rather than
-    scrolled off or cropped."""
+    No figure is ever cut: each column is as wide as its widest cell, and the table holds
+    only the columns that fit its width whole. When the table with the per-term columns
+    (Param … Other) would be wider than the space it has, those columns are left out (the bar
+    chart and the detail screen show them). When even the rest does not fit (80 columns with
+    the inputs panel open), the columns that do not fit whole are left out too, and the title
+    names exactly those (`← Peak Used · → Step tok/s`).
+
+    Sideways scrolling is by whole columns, never by cells: a demanding user reads figures,
+    and half a figure (`✗ +1740 Gi`, `Fre`) is a wrong figure, so no key, wheel or scrollbar
+    may show part of a column. `→` brings in the next column on the right, whole, leaving out
+    as few columns on the left as that takes; `←` brings back the previous one; `home`/`end`
+    go to either end, and so does a sideways wheel (or shift+wheel), a column a notch. ZeRO,
+    Opt and Par always stay (they say which row is which). The DataTable underneath never
+    scrolls sideways itself (no horizontal overflow): what it holds fits, all but the blank
+    padding right of its last column, which may fall past the edge (a blank is not a figure;
+    counting it left the default plan's Free column out at 80x24 with the inputs open)."""
+
+    DEFAULT_CSS = """
+    LayoutTable {
+        overflow-x: hidden;
+    }
+    """
 
     plan: reactive[Plan | None] = reactive(None, init=False, always_update=True)
 
@@ -48,6 +67,7 @@ class LayoutTable(KeysInTypedOrder, DataTable):
         ("peak", "Peak"), ("used", "Used"), ("free", "Free"), ("host", "Host"),
         ("comm", "Comm"), ("step", "Step"), ("tps", "tok/s"))
     COLUMN_KEYS = tuple(key for key, _ in COLUMNS)
+    FIXED_KEYS = ("stage", "opt", "param")  # never scrolled away
     BREAKDOWN_KEYS = frozenset(key for key, _ in view.MEMORY_COLUMNS)
     TITLE = "Layouts · GiB per GPU · Host: GiB per node · Comm: GB per GPU per step"
     # Shorter titles for narrower tables, longest first: the title is never cut mid-word.
@@ -56,24 +76,40 @@ class LayoutTable(KeysInTypedOrder, DataTable):
                     "Layouts")
 
     def __init__(self, **kwargs: Any) -> None:
-        super().__init__(cursor_type="row", zebra_stripes=True, fixed_columns=3, **kwargs)
+        super().__init__(cursor_type="row", zebra_stripes=True, fixed_columns=len(self.FIXED_KEYS),
+                         **kwargs)
         self.border_title = self.TITLE
         self.show_breakdown = True
         self._rows: list[view.LayoutRow] = []
         self._row_cells: list[list[Text]] = []  # each row's cells (_cells), made once per plan
         self._widths: dict[str, int] = {}  # each column's content width for those cells
+        self._first = 0  # the first scrollable column shown: an index into _scrollable_keys()
+        self._held: tuple[str, ...] = ()  # the columns the DataTable holds now
+        self._wanted: tuple[str, ...] = self.COLUMN_KEYS  # the columns that fit (see _fit)
+        self._left_out: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())  # left, right of them
 
     def on_mount(self) -> None:
         self._add_columns()
 
-    def _shown_keys(self) -> tuple[str, ...]:
+    def _candidate_keys(self) -> tuple[str, ...]:
+        """The columns the table would show if it were wide enough (all but the per-term ones
+        when those do not fit)."""
         return tuple(key for key in self.COLUMN_KEYS if self.show_breakdown or key not in self.BREAKDOWN_KEYS)
+
+    def _scrollable_keys(self) -> tuple[str, ...]:
+        return tuple(key for key in self._candidate_keys() if key not in self.FIXED_KEYS)
+
+    def _shown_keys(self) -> tuple[str, ...]:
+        """The columns the table holds (each one whole on screen)."""
+        return self._held
 
     def _add_columns(self) -> None:
         titles = dict(self.COLUMNS)
-        for key in self._shown_keys():
-            self.add_column(Text(titles[key], justify="left" if key in ("stage", "opt", "param") else "right"),
+        for key in self._wanted:
+            self.add_column(Text(titles[key], justify="left" if key in self.FIXED_KEYS else "right"),
                             key=key)
+        self._held = self._wanted
+        self.fixed_columns = sum(key in self.FIXED_KEYS for key in self._held)
 
     def _content_widths(self, cells: list[list[Text]]) -> dict[str, int]:
         """Each column's width without padding: its widest cell or title (what DataTable
@@ -83,51 +119,174 @@ class LayoutTable(KeysInTypedOrder, DataTable):
                 for index, key in enumerate(self.COLUMN_KEYS)}
 
     def _width_needed(self, with_breakdown: bool) -> int:
-        """Columns wide enough for every cell and title, with the cell padding on both sides."""
+        """Columns wide enough for every cell and title, with the cell padding on both sides
+        (but the blank right of the last column)."""
         return sum(width + 2 * self.cell_padding for key, width in self._widths.items()
-                   if with_breakdown or key not in self.BREAKDOWN_KEYS)
+                   if with_breakdown or key not in self.BREAKDOWN_KEYS) - self.cell_padding
+
+    def _room(self) -> int:
+        """The width the columns have: the table's less its border and a vertical scrollbar,
+        from the size Textual gives the table (its region on screen can lag behind it)."""
+        return self.outer_size.width - self.gutter.width
+
+    def _window(self, first: int) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+        """With the scrollable columns starting at `first`: the columns that fit whole (the
+        fixed ones, then scrollable ones in order up to the first that does not fit), those
+        left out on the left, and those left out on the right. A column fits when its text
+        does: the blank padding right of the last one may fall past the edge."""
+        scrollable = self._scrollable_keys()
+        fixed = tuple(key for key in self._candidate_keys() if key in self.FIXED_KEYS)
+        room, used, shown, padding = self._room(), 0, [], self.cell_padding
+        for key in fixed + scrollable[first:]:
+            used += self._widths[key] + 2 * padding
+            if used - padding > room:
+                break
+            shown.append(key)
+        left = scrollable[:first]
+        right = tuple(key for key in fixed + scrollable[first:] if key not in shown)
+        return tuple(shown), left, right
+
+    def _last_first(self) -> int:
+        """The largest useful `first`: the smallest one that leaves nothing out on the right
+        (as a scroll offset stops at the end)."""
+        scrollable = self._scrollable_keys()
+        for first in range(len(scrollable)):
+            if not self._window(first)[2]:
+                return first
+        return max(0, len(scrollable) - 1)
 
     def _fit(self) -> bool:
-        """Show the per-term columns only when the whole table fits; True if that changed."""
-        if not self._rows or not self.size.width:
+        """Choose the columns shown (see the class docstring); True if they are not the ones
+        the table holds (a rebuild is due)."""
+        if not self._rows or self._room() <= 0:
             return False
-        room = self.scrollable_content_region.width or self.size.width
-        wanted = self._width_needed(True) <= room
-        if wanted == self.show_breakdown:
-            return False
-        self.show_breakdown = wanted
-        return True
+        room = self._fitted_room = self._room()
+        breakdown = self._width_needed(True) <= room
+        if breakdown != self.show_breakdown:
+            self.show_breakdown = breakdown
+            self._first = 0
+        self._first = max(0, min(self._first, self._last_first()))
+        shown, left, right = self._window(self._first)
+        self._wanted, self._left_out = shown, (left, right)
+        return self._wanted != self._held
 
-    def on_resize(self) -> None:
+    def _refit(self) -> None:
         if self._fit():
             self._rebuild()
         self._retitle()
 
-    def off_screen_titles(self) -> list[str]:
-        """The titles of the columns past the table's right edge (only when even the table
-        without the per-term columns is wider than its space: 80 columns with the inputs
-        panel open); a horizontal scroll (→) brings them in."""
-        if not self._rows or not self.size.width:
-            return []
-        room = self.scrollable_content_region.width or self.size.width
+    _fitted_room = -1  # the room of the last _fit
+
+    def _size_updated(self, size: Size, virtual_size: Size, container_size: Size,
+                      layout: bool = True) -> bool:
+        # Fit the columns to a new width here, before the frame is drawn, and not only on
+        # Resize: Textual does not always send one (opening the inputs panel at 80x24 resized
+        # the table from 80 to 44 columns without a Resize in about half of the runs).
+        changed = super()._size_updated(size, virtual_size, container_size, layout)
+        if self._room() != self._fitted_room:
+            self._refit()
+        return changed
+
+    def on_resize(self) -> None:
+        self._refit()
+
+    def watch_show_vertical_scrollbar(self) -> None:
+        # a vertical scrollbar (a table taller than its space) takes room from the columns
+        self.call_after_refresh(self._refit)
+
+    # -- sideways, by whole columns ---------------------------------------------------------
+
+    def scroll_columns(self, step: int) -> bool:
+        """Scroll by whole columns: step > 0 brings in the next column(s) on the right, step
+        < 0 the previous one(s) on the left. True if the columns shown changed."""
+        if not self._rows:
+            return False
+        first = self._first
+        for _ in range(abs(step)):
+            if step > 0:
+                right = self._window(first)[2]
+                scrollable = self._scrollable_keys()
+                if not right or right[0] not in scrollable:
+                    break  # nothing past the right edge (or not even the fixed columns fit)
+                # the smallest move left that makes the next column on the right fit whole
+                target = scrollable.index(right[0])
+                first = next((f for f in range(first + 1, target + 1) if right[0] in self._window(f)[0]),
+                             target)
+            elif first > 0:
+                first -= 1
+        return self._scroll_columns_to(first)
+
+    def _scroll_columns_to(self, first: int) -> bool:
+        before = self._first
+        self._first = max(0, min(first, self._last_first()))
+        if self._first == before:
+            return False
+        self._refit()
+        return True
+
+    def action_cursor_right(self) -> None:
+        self.scroll_columns(1)
+
+    def action_cursor_left(self) -> None:
+        self.scroll_columns(-1)
+
+    def action_scroll_home(self) -> None:
+        self._scroll_columns_to(0)
+
+    def action_scroll_end(self) -> None:
+        self._scroll_columns_to(self._last_first())
+
+    # The sideways wheel (and shift/ctrl+wheel, as Textual reads it): whole columns too. The
+    # DataTable's own handlers would scroll by cells; they never run for these.
+    def _on_mouse_scroll_right(self, event: events.MouseScrollRight) -> None:
+        self._wheel_columns(event, 1)
+
+    def _on_mouse_scroll_left(self, event: events.MouseScrollLeft) -> None:
+        self._wheel_columns(event, -1)
+
+    def _on_mouse_scroll_down(self, event: events.MouseScrollDown) -> None:
+        if event.ctrl or event.shift:
+            self._wheel_columns(event, 1)
+
+    def _on_mouse_scroll_up(self, event: events.MouseScrollUp) -> None:
+        if event.ctrl or event.shift:
+            self._wheel_columns(event, -1)
+
+    def _wheel_columns(self, event: events.MouseEvent, step: int) -> None:
+        event.prevent_default()
+        if self.scroll_columns(step):
+            event.stop()
+
+    def left_out_titles(self) -> tuple[list[str], list[str]]:
+        """The titles of the columns left out, besides the per-term ones: those left of the
+        columns shown (scrolled past: ← brings them back) and those right of them (→)."""
+        if not self._rows or self._fitted_room <= 0:
+            return [], []
         titles = dict(self.COLUMNS)
-        right, out = 0, []
-        for key in self._shown_keys():
-            right += self._widths[key] + 2 * self.cell_padding
-            if right > room:
-                out.append(titles[key])
-        return out
+        left, right = self._left_out
+        return [titles[key] for key in left], [titles[key] for key in right]
+
+    def off_screen_titles(self) -> list[str]:
+        """The titles of every column left out but the per-term ones, left to right."""
+        left, right = self.left_out_titles()
+        return left + right
 
     def _retitle(self) -> None:
-        """The longest title that fits the top border whole; when columns lie past the right
-        edge, it says which ones and that → scrolls to them."""
-        room = self.size.width - 2
+        """The longest title that fits the top border whole; when columns are left out, it
+        names exactly those, and which way (← →) brings them in."""
+        room = self.outer_size.width - 2
         if room <= 0:
             return
-        hidden = " ".join(self.off_screen_titles())
-        if hidden:
-            forms = (f"Layouts · GiB per GPU · → scrolls to {hidden}", f"Layouts · GiB/GPU · → {hidden}",
-                     f"Layouts · → {hidden}", f"→ {hidden}", "Layouts")
+        left, right = (" ".join(titles) for titles in self.left_out_titles())
+        if left and right:
+            forms = (f"Layouts · GiB/GPU · ← {left} · → {right}", f"Layouts · ← {left} · → {right}",
+                     f"← {left} · → {right}", "Layouts")
+        elif right:
+            forms = (f"Layouts · GiB per GPU · → scrolls to {right}", f"Layouts · GiB/GPU · → {right}",
+                     f"Layouts · → {right}", f"→ {right}", "Layouts")
+        elif left:
+            forms = (f"Layouts · GiB per GPU · ← scrolls back to {left}", f"Layouts · GiB/GPU · ← {left}",
+                     f"Layouts · ← {left}", f"← {left}", "Layouts")
         else:
             forms = (self.TITLE, *self.SHORT_TITLES)
         title = next((form for form in forms if len(form) <= room), forms[-1])
@@ -142,8 +301,9 @@ class LayoutTable(KeysInTypedOrder, DataTable):
         self._rows = rows
         self._row_cells = [self._cells(row) for row in rows]
         self._widths = self._content_widths(self._row_cells)
+        refit = self._fit()
         self._retitle()
-        if self._fit() or not same_layouts:
+        if refit or not same_layouts:
             self._rebuild()
             return
         # Same layouts: update the cells in place (no relayout, so typing stays smooth). When a
