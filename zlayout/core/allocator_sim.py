@@ -654,6 +654,65 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         s.f(gr)  # added into the experts' input gradient in place
         return gx
 
+    def rotary(size: int) -> int:
+        """apply_rotary_pos_emb on one of q, k (`size` bytes): x * cos, rotate_half(x) =
+        cat(-x2, x1) (the negated half, then the cat), that * sin, the sum."""
+        xc = s.a(size)
+        neg = s.a(size // 2)
+        cat = s.a(size)
+        s.f(neg)
+        xs = s.a(size)
+        s.f(cat)
+        out = s.a(size)
+        s.f(xc, xs)
+        return out
+
+    def hf_norm_no_saves(x: int) -> int:
+        """transformers' RMSNorm when autograd saves nothing: the fp32 copy dies when the
+        local is rebound to its product with rsqrt, that product when the function returns."""
+        x32 = s.a(T * h * 4)
+        s.f(s.a(T * h * 4))  # pow
+        n32 = s.a(T * h * 4)
+        s.f(x32)
+        nb = s.a(T * h * w)
+        out = s.a(T * h * w)
+        s.f(nb, n32)
+        return out
+
+    def hf_block_forward_checkpointed(x: int) -> int:
+        """A transformers decoder layer's forward inside torch.utils.checkpoint (non-reentrant):
+        nothing is saved, so every intermediate dies at its last use, when the Python local
+        holding it is rebound or its function returns; only the layer's input is kept, by the
+        checkpoint. Order from the t-z2-hf-ckpt-s8192 trace (per layer, MiB at s8192 h2048 kv
+        1024 ffn 5632: norm 64 64 -64 64 -64 32 32 -32 -64; q 32, k 16, v 16; the two rotaries;
+        -32 -16 the unrotated q and k; sdpa 32, o_proj 32, -32 -32 -16 -16 the attention's
+        locals, -32 the norm's output, 32 the residual add, -32; the MLP: gate 88, silu 88,
+        -88, up 88, product 88, -88 -88, down 32, -88, -32, 32 the residual add, -32 -32)."""
+        n1 = hf_norm_no_saves(x)
+        q = s.a(T * h * w)
+        first_matmul("forward")
+        k, v = s.a(T * kv * w), s.a(T * kv * w)
+        qr = rotary(T * h * w)
+        kr = rotary(T * kv * w)
+        s.f(q, k)
+        attn = s.a(T * h * w)
+        proj = s.a(T * h * w)
+        s.f(attn, qr, kr, v, n1)
+        xm = s.a(T * h * w)
+        s.f(proj)
+        n2 = hf_norm_no_saves(xm)
+        gate = s.a(T * f * w)
+        act = s.a(T * f * w)
+        s.f(gate)
+        up = s.a(T * f * w)
+        prod = s.a(T * f * w)
+        s.f(act, up)
+        down = s.a(T * h * w)
+        s.f(prod, n2)
+        out = s.a(T * h * w)
+        s.f(down, xm)
+        return out
+
     def block_forward(x: int, keep: bool, recompute: bool = False) -> tuple[dict, int | None]:
         """One block's forward from its input x: (what its backward keeps, its output).
         `recompute`: a checkpoint's recomputation in backward, which stops once the last
@@ -874,7 +933,10 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         gathered: dict[int, list[int]] = {}
         for layer in range(model.layers):
             gathered[layer] = fetch(layer_sizes)
-            sv, x = block_forward(x, keep=not ckpt)
+            if ckpt and hf_norm and swiglu and not moe:
+                sv, x = {}, hf_block_forward_checkpointed(x)
+            else:
+                sv, x = block_forward(x, keep=not ckpt)
             if recording or layer not in kept_layers:
                 s.f(*gathered.pop(layer))
             saved.append(sv)
