@@ -81,10 +81,28 @@ def verify_rows() -> list[dict]:
             if r["status"] == "failed" and "Failed to CUDA calloc" not in json.dumps(r):
                 continue  # a crash that says nothing about memory (e.g. a missing package)
             r["_source"] = path.name
-            r["_measured"] = measured
+            r["_measured"] = measured = with_peak_device_used(r, measured)
             r["_error"] = error
             rows.append(r)
     return rows
+
+
+def with_peak_device_used(r: dict, measured: dict) -> dict:
+    """Rows verified before the worker read device use at the peak
+    (zlayout.verify.worker.device_used_at_peak) report the card's use after the run; where the
+    allocator retried (it frees its cached segments to do so) that is below the run's peak.
+    The rank's cached segments at the end give the cache then (all of it when it lists every
+    segment; else the part it lists, which makes the non-cache part an upper bound)."""
+    if not (measured.get("alloc_retries") or 0) or not measured.get("gpu_device_used_bytes"):
+        return measured
+    peaks = []
+    for rank in r.get("ranks") or []:
+        stats = (rank or {}).get("allocator_stats") or {}
+        if rank.get("device_used_at_end_bytes") or not stats.get("segments_end"):
+            return measured  # verified by a worker that reads the peak itself, or nothing to go on
+        cache_end = sum(size for size, _ in stats["segments_end"])
+        peaks.append(rank["device_used_bytes"] - cache_end + rank["max_reserved_bytes"])
+    return {**measured, "gpu_device_used_bytes": max(peaks)} if peaks else measured
 
 
 def row_key(stage, opt, param, impl, layers, hidden, vocab, seq, micro_batch) -> tuple:

@@ -228,3 +228,18 @@ def test_step_phases_take_the_slowest_rank_per_step(inp):
     # The steady step, as for the step time: here step 3 (1 and 2 warm up).
     assert m["forward_s"] == pytest.approx(0.3)
     assert m["backward_s"] == pytest.approx(0.2) and m["optimizer_s"] == pytest.approx(0.15)
+
+
+def test_device_used_is_read_at_the_peak_not_after_the_allocator_gave_memory_back():
+    # ZeRO-2 L18 h4096 on one H200 (benchmarks/measurements/h200-2026-12-01, call 3): the
+    # allocator hit the card's limit 7 times, freed its cached segments and retried; after the
+    # run the card held 129.75 GiB, 128.45 of it PyTorch's cache, while the cache had peaked at
+    # 136.41. The run's device use at its peak is 137.71 GiB; verify compared 129.75 with the
+    # plan's 140.40 and called the plan 8% high.
+    from zlayout.verify.worker import device_used_at_peak
+
+    used_end, cache_end, cache_peak = int(129.75 * GiB), int(128.45 * GiB), int(136.41 * GiB)
+    assert device_used_at_peak(used_end, cache_end, cache_peak) == used_end - cache_end + cache_peak
+    assert abs(device_used_at_peak(used_end, cache_end, cache_peak) - 137.71 * GiB) < 0.01 * GiB
+    # without retries the cache never shrinks: the figure read at the end is the peak
+    assert device_used_at_peak(used_end, cache_peak, cache_peak) == used_end
