@@ -59,8 +59,15 @@ def one_line(text: str) -> str:
 
 
 def did_you_mean(word: str, options: Sequence[str]) -> str:
-    """' (did you mean X?)' for the closest option, or ''."""
-    close = difflib.get_close_matches(str(word).lower(), [str(o) for o in options], n=1, cutoff=0.6)
+    """' (did you mean X?)' for the closest option, or ''. A flag that begins one or two
+    flags names them (`--gpus`: --gpus-per-node): flags are not abbreviated (allow_abbrev
+    off), so a shortened flag is an error with the full names, never a guess."""
+    word = str(word)
+    if word.startswith("--") and len(word) > 2:
+        longer = [str(o) for o in options if str(o).startswith(word) and str(o) != word]
+        if 0 < len(longer) <= 2:
+            return f" (did you mean {' or '.join(longer)}?)"
+    close = difflib.get_close_matches(word.lower(), [str(o) for o in options], n=1, cutoff=0.6)
     return f" (did you mean {close[0]}?)" if close else ""
 
 
@@ -207,7 +214,10 @@ def _typed(parse, action: argparse.Action):
 
 def _polish(parser: argparse.ArgumentParser) -> None:
     """Every parser's choices case-insensitive, ints and floats checked the same way, each
-    message quoting what was typed and saying what is expected."""
+    message quoting what was typed and saying what is expected. No flag is taken from a
+    prefix (argparse's allow_abbrev): `--gpus 16` read as `--gpus-per-node 16` planned 16
+    GPUs per node for a user who meant 16 in all."""
+    parser.allow_abbrev = False
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for sub in action.choices.values():

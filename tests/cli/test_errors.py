@@ -143,3 +143,15 @@ def test_the_app_reads_a_deep_config_json_through_the_same_reader(tmp_path):
     (tmp_path / "config.json").write_text("[" * 100_000)
     with pytest.raises(HfConfigError, match="nested more than 32 levels deep"):
         load(tmp_path)
+
+
+@pytest.mark.parametrize("argv, meant", [
+    (["plan", "--preset", "llama3-8b", "--gpus", "16"], "--gpus-per-node"),
+    (["plan", *ARCH, "--micro", "2"], "--micro-batch"),
+    (["breakeven", "--gpu", "h100", "--gpus", "8"], "--gpus-per-node"),
+])
+def test_a_shortened_flag_is_an_error_naming_the_flag_not_a_guess(capsys, argv, meant):
+    # argparse takes any unique prefix: `--gpus 16` planned 16 GPUs per node for a user who
+    # meant 16 in all, with nothing on screen to say so
+    message = assert_one_line_error(*run(capsys, *argv))
+    assert "unrecognized arguments" in message and f"did you mean {meant}" in message
