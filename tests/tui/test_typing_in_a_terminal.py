@@ -128,3 +128,16 @@ def test_a_burst_that_ends_on_the_tab_bar_keeps_the_tab_it_chose(terminal_app):
     app.write(keys("tab"))
     state = app.settled(until=lambda s: s["focused"] != "size")
     assert state["focused"] == "gpu"
+
+
+def test_showing_and_hiding_the_inputs_in_one_burst_leaves_the_focus_on_the_table(terminal_app):
+    # At 80x24 the inputs start hidden and the table has the focus. ctrl+b ctrl+b written at
+    # once: the first showed the panel and asked for its tab bar to be focused later, the
+    # second hid the panel before that focus landed, so the focus ended on a hidden tab bar and
+    # the keys typed next were lost (3 of 6 runs). Four runs, each must end on the table.
+    for _ in range(4):
+        app = terminal_app(["app", "--preset", "llama3-8b", "--gpu", "h200", "--gpus-per-node", "8"], (80, 24))
+        assert app.state()["focused"] == "layouts"
+        app.write(keys("\x02\x02"))
+        assert app.settled()["focused"] == "layouts"
+        app.close()

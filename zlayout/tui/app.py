@@ -63,6 +63,7 @@ COMPACT_WIDTH = 120  # below this the inputs panel starts hidden (ctrl+b shows i
 OTHER_KEYS = (
     ("enter", "on the table: the layout's memory terms and ds_config"),
     ("↑ ↓ pgup pgdn", "move in the table (the cursor follows ★ until you move it)"),
+    ("← → home end", "on a narrow table: bring in the columns left out, whole (the title names them)"),
     ("tab / shift+tab", "next / previous field or panel"),
     ("← →", "on the tab bar: Model, Hardware, Training"),
     ("enter / space", "on a select: open it; type to search"),
@@ -187,10 +188,13 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
             tabs = self.query_one("#input-tabs", TabbedContent)
             if tabs.active:
                 tabs.show_tab(tabs.active)
+            # set_focus, not focus(): focus() lands after the keys already queued, so a quick
+            # ctrl+b ctrl+b hid the panel first and then focused its tab bar, hidden: the keys
+            # after it were lost (3 of 6 bursts at 80x24)
             if self.focused is self.query_one(LayoutTable) and self._compact:
-                self.query_one("#input-tabs").query("Tabs").first().focus()
+                self.screen.set_focus(self.query_one("#input-tabs").query("Tabs").first())
         elif self.focused is not None and panel in self.focused.ancestors:
-            self.query_one(LayoutTable).focus()
+            self.screen.set_focus(self.query_one(LayoutTable))
 
     # -- the plan -------------------------------------------------------------------------
 
