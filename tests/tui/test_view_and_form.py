@@ -61,6 +61,12 @@ def test_any_valid_input_round_trips_through_the_form(layers, seq, gpus, nodes, 
     ("host_ram_gib", "lots", "number of GiB"),
     ("nvme_gib", "-1", "0 or more"),
     ("gpus_per_node", "-8", "greater than 0"),
+    # what the command line refuses the app refuses too: other scripts' digits, infinities
+    # ('inf' GiB crashed the plan: no integer of bytes)
+    ("layers", "١٢", "whole number"),
+    ("host_ram_gib", "inf", "number of GiB"),
+    ("nvme_gib", "1e400", "number of GiB"),
+    ("host_ram_gib", "nan", "number of GiB"),
 ])
 def test_each_bad_value_is_reported_on_its_own_field(field, text, reason):
     with pytest.raises(FormInvalid) as caught:

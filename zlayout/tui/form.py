@@ -8,6 +8,8 @@ the `base` input, so a loaded profile keeps every value it carried.
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -164,11 +166,11 @@ def _parse_int(values: Mapping[str, Any], field: str, out: dict[str, Any],
     if optional and not text:
         out[field] = None
         return
-    try:
-        number = int(text)
-    except ValueError:
+    # ASCII digits only, as the command line reads them (int() also takes '١٢')
+    if not re.fullmatch(r"[+-]?[0-9]{1,30}", text):
         errors[field] = f"type a whole number, e.g. {FIELD_EXAMPLES.get(field, '8')}"
         return
+    number = int(text)
     if number <= 0:
         errors[field] = "must be greater than 0"
         return
@@ -177,12 +179,12 @@ def _parse_int(values: Mapping[str, Any], field: str, out: dict[str, Any],
 
 def _parse_float(values: Mapping[str, Any], field: str, errors: dict[str, str]) -> float | None:
     text = str(values[field]).strip().replace("_", "").replace(",", "")
-    try:
-        number = float(text)
-    except ValueError:
+    # ASCII and finite: 'inf' or '1e400' GiB crashed the plan (no integer of bytes)
+    plain = re.fullmatch(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?", text)
+    if not plain or not math.isfinite(number := float(text)):
         errors[field] = f"type a number of GiB, e.g. {FIELD_EXAMPLES.get(field, '0')}"
         return None
-    if number < 0 or number != number:
+    if number < 0:
         errors[field] = "must be 0 or more"
         return None
     return number
