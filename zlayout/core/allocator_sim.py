@@ -322,13 +322,18 @@ def hf_layer_tensor_sizes(model) -> list[int]:
 
 
 def mixtral_replayed(model, training) -> bool:
-    """A MoE model whose requests the replay writes: transformers' Mixtral (what
-    hfconfig.to_hf_config writes for routed experts alone, `--impl hf`): every block a
-    MixtralSparseMoeBlock (router, experts as two 3D tensors, SwiGLU), no shared experts, no
-    dense blocks, no biases. Qwen2-MoE's and DeepSeek's blocks (shared experts, their gate,
-    grouped routing) and zlayout's own GPT (worker_model.Block has no experts) are left to the
+    """A MoE model whose requests the replay writes: transformers' Mixtral (`mixtral_shaped`,
+    `--impl hf`). Qwen2-MoE's and DeepSeek's blocks (shared experts, their gate, grouped
+    routing) and zlayout's own GPT (worker_model.Block has no experts) are left to the
     per-phase rule."""
-    return (model.is_moe and training.impl == "hf" and model.mla is None and model.shared_experts == 0
+    return training.impl == "hf" and mixtral_shaped(model)
+
+
+def mixtral_shaped(model) -> bool:
+    """A MoE model of Mixtral's shape (what hfconfig.to_hf_config writes for routed experts
+    alone): every block a MixtralSparseMoeBlock (router, experts as two 3D tensors, SwiGLU),
+    no shared experts, no dense blocks, no biases."""
+    return (model.is_moe and model.mla is None and model.shared_experts == 0
             and model.dense_layer_count == 0 and model.mlp == "swiglu" and model.norm == "rmsnorm"
             and model.hf_model_type in (None, "mixtral") and not model.shared_expert_gate
             and not any(model._biased(b) for b in (model.qkv_bias, model.out_bias, model.mlp_bias))
@@ -345,7 +350,8 @@ def mixtral_layer_tensor_sizes(model) -> list[int]:
 
 
 def block_tensor_sizes(model, impl: str) -> list[int]:
-    """Elements of each weight tensor of one block, in the worker's module order."""
+    """Elements of each weight tensor of one block, in the worker's module order: a dense
+    model's block or a Mixtral-shaped one's (`mixtral_shaped`; the replay's MoE blocks)."""
     from zlayout.core.memory import layer_tensor_sizes
 
     if model.is_moe:
@@ -357,8 +363,17 @@ def block_tensor_sizes(model, impl: str) -> list[int]:
 
 def parameter_tensor_sizes(model, impl: str) -> list[int]:
     """Elements of each weight tensor in `model.parameters()` order (the order DeepSpeed
-    flattens and groups them): the embedding, each block's tensors, the final norm, the head."""
-    tensors = [model.vocab * model.hidden] + block_tensor_sizes(model, impl) * model.layers
+    flattens and groups them): the embedding, each block's tensors, the final norm, the head.
+    Other MoE models than Mixtral's shape (shared experts, their gate, dense blocks first, MLA)
+    by memory.layer_tensor_sizes, block kind by block kind."""
+    from zlayout.core.memory import layer_tensor_sizes
+
+    if model.is_moe and not mixtral_shaped(model):
+        blocks = (layer_tensor_sizes(model, moe=False) * model.dense_layer_count
+                  + layer_tensor_sizes(model, moe=True) * model.moe_layer_count)
+    else:
+        blocks = block_tensor_sizes(model, impl) * model.layers
+    tensors = [model.vocab * model.hidden] + blocks
     tensors.append(model.final_norm_params())
     if not model.tie_embeddings:
         tensors.append(model.vocab * model.hidden)
