@@ -294,14 +294,6 @@ def ipg_bucket_bytes(zero: ZeroKnobs, stage: int, training: TrainingSpec) -> int
     return 0
 
 
-def largest_sub_group(model: ModelSpec, impl: str, world: int, zero: ZeroKnobs) -> int:
-    """Elements of this GPU's partition in ZeRO-3's largest optimizer sub-group (whole tensors
-    until sub_group_size is reached: allocator_sim.stage3_sub_groups)."""
-    from zlayout.core.allocator_sim import parameter_tensor_sizes, stage3_sub_groups
-
-    return max(part for part, _ in stage3_sub_groups(parameter_tensor_sizes(model, impl), world, zero.sub_group_size))
-
-
 def stage3_live_param_elements(model: ModelSpec, zero: ZeroKnobs, world: int, param_offload: bool) -> int:
     """Full (gathered) weights ZeRO-3 keeps on the GPU between the forward and the backward:
     those whose next use is within `stage3_max_reuse_distance` elements stay gathered (the
@@ -407,6 +399,15 @@ def estimate_memory(inp: PlanInput, layout: Layout, replay: bool = True) -> Memo
     master_per_param = 0 if training.precision == "fp32" else FP32_BYTES
 
     pin = pinned_bytes if zero.pin_memory else int
+    # ZeRO-3's optimizer sub-groups, this GPU's partition of each (whole tensors until
+    # sub_group_size is reached: allocator_sim.stage3_sub_groups): the step, the host's pinned
+    # gradient buffers and the NVMe swap buffers are sized by them
+    sub_groups: list[int] = []
+    if stage == 3:
+        from zlayout.core.allocator_sim import parameter_tensor_sizes, stage3_sub_groups
+
+        sub_groups = [part for part, _ in stage3_sub_groups(parameter_tensor_sizes(model, training.impl), n,
+                                                             zero.sub_group_size)]
     init = model_init(training.init, stage)
     host_grads = 0  # only stage 3 keeps a gradient partition on the host
     gpu: list[MemoryTerm] = []
@@ -474,7 +475,7 @@ def estimate_memory(inp: PlanInput, layout: Layout, replay: bool = True) -> Memo
     elif stage in (1, 2) and opt_on_gpu:
         step_fp32 = (w + FP32_BYTES) * p_shard  # flatten(partition) then .to(fp32)
     elif stage == 3 and opt_on_gpu:
-        step_fp32 = (w + FP32_BYTES) * largest_sub_group(inp.model, training.impl, n, zero)  # per sub-group
+        step_fp32 = (w + FP32_BYTES) * max(sub_groups)  # per sub-group, the largest
     else:
         step_fp32 = 0
     step_fp32 = add("gpu", "step_fp32_gradients", step_fp32, "deepspeed_buffers",
@@ -588,11 +589,8 @@ def estimate_memory(inp: PlanInput, layout: Layout, replay: bool = True) -> Memo
                                "pinned fp32 gradient partition and bf16 upload buffer; pinned blocks "
                                "round up to a power of two")
         else:
-            from zlayout.core.allocator_sim import parameter_tensor_sizes, stage3_sub_groups
-
-            groups = stage3_sub_groups(parameter_tensor_sizes(inp.model, training.impl), n, zero.sub_group_size)
             host_states += add("host", "offload_pinned_buffers",
-                               sum(pin(FP32_BYTES * part) for part, _ in groups),
+                               sum(pin(FP32_BYTES * part) for part in sub_groups),
                                "deepspeed_buffers",
                                "pinned fp32 sub-group gradient buffers (power-of-two blocks)")
     if param_where == "host":
@@ -602,7 +600,7 @@ def estimate_memory(inp: PlanInput, layout: Layout, replay: bool = True) -> Memo
                                     "copies zero.Init makes before flattening")
     if opt_where == "nvme":
         host_states += add("host", "nvme_swap_buffers",
-                           AIO_OPTIMIZER_BUFFER_COUNT * pin(FP32_BYTES * largest_sub_group(inp.model, training.impl, n, zero)),
+                           AIO_OPTIMIZER_BUFFER_COUNT * pin(FP32_BYTES * max(sub_groups)),
                            "deepspeed_buffers", "pinned buffers the optimizer state is swapped through")
     if param_where == "nvme":
         host_states += add("host", "nvme_param_buffers", AIO_PARAM_BUFFER_COUNT * AIO_PARAM_BUFFER_ELEMENTS * w,
