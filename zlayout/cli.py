@@ -19,7 +19,7 @@ from typing import NoReturn, Sequence
 
 from pydantic import ValidationError
 
-from zlayout.messages import exception_text, quoted
+from zlayout.messages import exception_text, parse_whole_number, quoted
 from zlayout.spec import (BOUNDS, GiB, HardwareSpec, Layout, ModelSpec, PlanInput, TrainingSpec,
                           ZeroKnobs)
 
@@ -146,11 +146,11 @@ def finite_float(text: str, bound_field: str | None = None) -> float:
 
 def whole_number(text: str, bound_field: str | None = None) -> int:
     """An int flag's value; '1_000' and '1,000' read as 1000."""
-    cleaned = text.strip().replace("_", "").replace(",", "")
-    if not re.fullmatch(r"[+-]?[0-9]{1,30}", cleaned):
+    number = parse_whole_number(text)
+    if number is None:
         raise argparse.ArgumentTypeError(f"{quoted(text)} is not a whole number"
                                          f"{_expected(bound_field, 'a whole number')}")
-    return int(cleaned)
+    return number
 
 
 def fraction(text: str, bound_field: str | None = None) -> float:

@@ -11,6 +11,14 @@ import re
 MAX_SHOWN_CHARS = 40
 
 
+def parse_whole_number(text: str) -> int | None:
+    """A whole number as the command line and the app read it: '1_000', '1,000' and '+8'
+    are numbers; '8.0', other scripts' digits ('١٢', which int() takes) and anything else
+    are not (None)."""
+    cleaned = str(text).strip().replace("_", "").replace(",", "")
+    return int(cleaned) if re.fullmatch(r"[+-]?[0-9]{1,30}", cleaned) else None
+
+
 def quoted(value: object, limit: int = MAX_SHOWN_CHARS) -> str:
     """`value` as Python quotes it (balanced quotes, escapes visible); a long one is cut
     and says so: 'xxxx'... (60 characters)."""

@@ -9,13 +9,12 @@ the `base` input, so a loaded profile keeps every value it carried.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from pydantic import ValidationError
 
-from zlayout.messages import exception_text
+from zlayout.messages import exception_text, parse_whole_number
 from zlayout.spec import GiB, HardwareSpec, ModelSpec, PlanInput, TrainingSpec
 
 # Architecture fields the panel shows, in order; the rest of ModelSpec comes from the base model.
@@ -166,11 +165,10 @@ def _parse_int(values: Mapping[str, Any], field: str, out: dict[str, Any],
     if optional and not text:
         out[field] = None
         return
-    # ASCII digits only, as the command line reads them (int() also takes '١٢')
-    if not re.fullmatch(r"[+-]?[0-9]{1,30}", text):
+    number = parse_whole_number(text)  # as the command line reads it ('١٢' is not one)
+    if number is None:
         errors[field] = f"type a whole number, e.g. {FIELD_EXAMPLES.get(field, '8')}"
         return
-    number = int(text)
     if number <= 0:
         errors[field] = "must be greater than 0"
         return
@@ -179,9 +177,13 @@ def _parse_int(values: Mapping[str, Any], field: str, out: dict[str, Any],
 
 def _parse_float(values: Mapping[str, Any], field: str, errors: dict[str, str]) -> float | None:
     text = str(values[field]).strip().replace("_", "").replace(",", "")
-    # ASCII and finite: 'inf' or '1e400' GiB crashed the plan (no integer of bytes)
-    plain = re.fullmatch(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?", text)
-    if not plain or not math.isfinite(number := float(text)):
+    # finite, as the command line's finite_float reads it: 'inf' or '1e400' GiB crashed the
+    # plan (no integer of bytes)
+    try:
+        number = float(text)
+    except ValueError:
+        number = math.nan
+    if not math.isfinite(number):
         errors[field] = f"type a number of GiB, e.g. {FIELD_EXAMPLES.get(field, '0')}"
         return None
     if number < 0:
