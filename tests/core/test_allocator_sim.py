@@ -137,14 +137,25 @@ def _trace_phase_reserved(doc) -> dict[str, int]:
     return out
 
 
+def _replayed_beside_trace(doc, inp, layout, steps: int):
+    """The replay of a traced layout (its request sequence) and both sides' reserved bytes at
+    the end of each phase."""
+    seq = sim._Seq()
+    sim.allocation_sequence(inp, layout, steps, seq)
+    return seq, _phase_reserved(seq.events, seq.marks), _trace_phase_reserved(doc)
+
+
+def _assert_every_phase_within(doc, replayed, measured, tolerance: int = 64 * MiB) -> None:
+    for phase, _ in doc["phase_marks"]:
+        assert abs(replayed[phase] - measured[phase]) < tolerance, (phase, replayed[phase], measured[phase])
+
+
 def test_replay_reserves_what_the_traced_runs_reserved_phase_by_phase():
     # ZeRO-0 (tied embeddings) and ZeRO-2 with checkpointing: every phase's segments as the
     # H200 made them, to within one small segment (the replay was 4.7 GiB under and 4.5 over)
     for name in ("z0-L16-h2048", "z2-ckpt-L16-h3072"):
         doc, inp, layout = _trace_layout(name)
-        seq = sim._Seq()
-        sim.allocation_sequence(inp, layout, 2, seq)
-        replayed, measured = _phase_reserved(seq.events, seq.marks), _trace_phase_reserved(doc)
+        _, replayed, measured = _replayed_beside_trace(doc, inp, layout, 2)
         for phase in ("initialize", "step1.forward", "step1.backward", "step1.step", "step2.step"):
             assert abs(replayed[phase] - measured[phase]) < 64 * MiB, (name, phase, replayed[phase], measured[phase])
         assert abs(sim.replayed_peak_reserved(inp, layout) - doc["max_reserved_bytes"]) < 64 * MiB, name
@@ -152,9 +163,7 @@ def test_replay_reserves_what_the_traced_runs_reserved_phase_by_phase():
 
 def test_zero_init_builds_each_tensor_in_fp32_then_casts_it():
     doc, inp, layout = _trace_layout("z3-opt-param-cpu")
-    seq = sim._Seq()
-    sim.allocation_sequence(inp, layout, 2, seq)
-    replayed, measured = _phase_reserved(seq.events, seq.marks), _trace_phase_reserved(doc)
+    seq, replayed, measured = _replayed_beside_trace(doc, inp, layout, 2)
     assert replayed["built"] == measured["built"]  # 500 and 250 MiB segments for the embedding
     assert seq.events[0][2] == 2 * seq.events[1][2] == 4 * inp.model.vocab * inp.model.hidden
 
@@ -465,11 +474,8 @@ def test_the_final_norms_input_dies_with_its_backward():
         sim.allocation_sequence(inp, layout, 2, seq)
         assert _replay_kept_after_initialize(seq) == _trace_kept_after_initialize(doc), path.stem
     doc, inp, layout = _trace_c("t-z1-L6-h3072")
-    seq = sim._Seq()
-    sim.allocation_sequence(inp, layout, 2, seq)
-    replayed, measured = _phase_reserved(seq.events, seq.marks), _trace_phase_reserved(doc)
-    for phase, _ in doc["phase_marks"]:
-        assert abs(replayed[phase] - measured[phase]) < 64 * MiB, (phase, replayed[phase], measured[phase])
+    _, replayed, measured = _replayed_beside_trace(doc, inp, layout, 2)
+    _assert_every_phase_within(doc, replayed, measured)
     assert abs(sim.replayed_peak_reserved(inp, layout) - doc["max_reserved_bytes"]) < 64 * MiB
 
 
@@ -480,11 +486,8 @@ def test_hf_rmsnorm_frees_its_fp32_product_after_the_output():
     # differently, and step 2's flat gradients took a third 2818 MiB segment (28.31 GiB
     # replayed, 25.60 measured)
     doc, inp, layout = _trace_c("t-z1-hf-v32001")
-    seq = sim._Seq()
-    sim.allocation_sequence(inp, layout, 2, seq)
-    replayed, measured = _phase_reserved(seq.events, seq.marks), _trace_phase_reserved(doc)
-    for phase, _ in doc["phase_marks"]:
-        assert abs(replayed[phase] - measured[phase]) < 64 * MiB, (phase, replayed[phase], measured[phase])
+    seq, replayed, measured = _replayed_beside_trace(doc, inp, layout, 2)
+    _assert_every_phase_within(doc, replayed, measured)
     T, h = inp.training.micro_batch * inp.training.seq, inp.model.hidden
     start = dict(seq.marks)["initialize"]
     sizes = [e[2] if e[0] == "a" else -seq.sizes[e[1]] for e in seq.events[start:start + 8]]
@@ -509,9 +512,7 @@ def test_stage3_sub_groups_close_on_whole_tensors_as_deepspeed_does():
     assert all(whole >= 2 * part - 2 * len(sim.parameter_tensor_sizes(inp.model, "hf")) for part, whole in two)
     # the replay: initialize (conversions freed one sub-group late, the zero gradient of the
     # largest sub-group) as traced, and the peak reserved
-    seq = sim._Seq()
-    sim.allocation_sequence(inp, layout, 3, seq)
-    replayed, measured = _phase_reserved(seq.events, seq.marks), _trace_phase_reserved(doc)
+    _, replayed, measured = _replayed_beside_trace(doc, inp, layout, 3)
     assert abs(replayed["initialize"] - measured["initialize"]) < 64 * MiB
     assert abs(sim.replayed_peak_reserved(inp, layout) - doc["max_reserved_bytes"]) < 64 * MiB
     # and the per-phase memory model's step buffers: bf16 flat + fp32 of the largest sub-group

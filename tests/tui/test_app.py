@@ -330,6 +330,15 @@ async def wait_until(predicate, pilot, timeout_s: float = 5.0) -> None:
     raise AssertionError("condition not reached")
 
 
+async def open_verify_options(pilot) -> VerifyOptionsScreen:
+    """ctrl+r from the layouts table: the dialog that asks how to verify."""
+    pilot.app.query_one(LayoutTable).focus()
+    await pilot.press("ctrl+r")
+    await pilot.pause()
+    assert isinstance(pilot.app.screen, VerifyOptionsScreen)
+    return pilot.app.screen
+
+
 async def start_verify(pilot, how: str = "g") -> None:
     """ctrl+r, then the way to run it: g (this node's GPUs), c (CPU check)."""
     await pilot.press("ctrl+r")
@@ -741,11 +750,7 @@ async def test_a_multi_node_plan_offers_the_slurm_script_not_this_node():
     async with app.run_test(size=WIDE) as pilot:
         await settle(pilot)
         await type_into(pilot, "nodes", "2")
-        app.query_one(LayoutTable).focus()
-        await pilot.press("ctrl+r")
-        await pilot.pause()
-        screen = app.screen
-        assert isinstance(screen, VerifyOptionsScreen)
+        screen = await open_verify_options(pilot)
         buttons = {b.id for b in screen.query("Button")}
         assert "slurm" in buttons and "gpus" not in buttons
         assert screen.query_one("#slurm-path", Input).value.endswith(".sbatch")
@@ -897,11 +902,7 @@ async def test_the_verify_dialog_offers_and_accepts_no_more_cpu_processes_than_t
         await settle(pilot)
         await type_into(pilot, "gpus_per_node", "8")
         await type_into(pilot, "nodes", "6")
-        app.query_one(LayoutTable).focus()
-        await pilot.press("ctrl+r")
-        await pilot.pause()
-        screen = app.screen
-        assert isinstance(screen, VerifyOptionsScreen)
+        screen = await open_verify_options(pilot)
         assert app.plan.input.hardware.world == 48
         field = screen.query_one("#cpu-processes", Input)
         assert field.value == "2"  # what the CLI accepts here
