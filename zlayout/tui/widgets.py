@@ -99,10 +99,6 @@ class LayoutTable(KeysInTypedOrder, DataTable):
     def _scrollable_keys(self) -> tuple[str, ...]:
         return tuple(key for key in self._candidate_keys() if key not in self.FIXED_KEYS)
 
-    def _shown_keys(self) -> tuple[str, ...]:
-        """The columns the table holds (each one whole on screen)."""
-        return self._held
-
     def _add_columns(self) -> None:
         titles = dict(self.COLUMNS)
         for key in self._wanted:
@@ -266,11 +262,6 @@ class LayoutTable(KeysInTypedOrder, DataTable):
         left, right = self._left_out
         return [titles[key] for key in left], [titles[key] for key in right]
 
-    def off_screen_titles(self) -> list[str]:
-        """The titles of every column left out but the per-term ones, left to right."""
-        left, right = self.left_out_titles()
-        return left + right
-
     def _retitle(self) -> None:
         """The longest title that fits the top border whole; when columns are left out, it
         names exactly those, and which way (← →) brings them in."""
@@ -310,7 +301,7 @@ class LayoutTable(KeysInTypedOrder, DataTable):
         # column's widest cell changed width, rebuild instead: DataTable's own update_width
         # re-measures the whole column for every narrower cell (thousands of measurements per
         # plan, ~100 ms on the next idle, in front of the next keystroke).
-        shown = self._shown_keys()
+        shown = self._held
         if any(self.columns[key].content_width != self._widths[key] for key in shown if key in self.columns):
             self._rebuild()
             return
@@ -323,7 +314,7 @@ class LayoutTable(KeysInTypedOrder, DataTable):
         cursor_key = self.selected_key
         self.clear(columns=True)
         self._add_columns()
-        shown = self._shown_keys()
+        shown = self._held
         for row, row_cells in zip(self._rows, self._row_cells):
             self.add_row(*(cell for column, cell in zip(self.COLUMN_KEYS, row_cells) if column in shown),
                          key=row.key)
