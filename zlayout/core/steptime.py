@@ -50,24 +50,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from zlayout.core.comm import Collective, CommEstimate, estimate_comm, stage3_fetched_modules
-from zlayout.core.memory import layer_tensor_sizes
 from zlayout.spec import Layout, LinkSpec, PlanInput
 
 # The GPU-resident step, phase by phase: forward, backward (with checkpointing's recompute), and
 # the optimizer step, each priced from the work it does. The fitted constants (benchmarks/
 # steptime_fit.py fits them by least squares on the forward/backward/optimizer times verify
 # records, and on whole steps where a row has no phases; docs/tradeoffs.md lists the evidence):
-GEMM_EFFICIENCY = 0.714  # large GEMMs' achieved / peak bf16 FLOP/s (the asymptote in the hidden size)
+GEMM_EFFICIENCY = 0.700  # large GEMMs' achieved / peak bf16 FLOP/s (the asymptote in the hidden size)
 # A GEMM of hidden size h reaches GEMM_EFFICIENCY * h / (h + GEMM_HALF_WIDTH): the narrow GEMMs of a
 # small model fill fewer tiles per wave and spend more of their time in prologue and epilogue.
-GEMM_HALF_WIDTH = 89.5
+GEMM_HALF_WIDTH = 69.9
 # A vocabulary that is not a multiple of 8 leaves the logits' rows misaligned for 16-byte tensor-core
 # loads (GPT-2's 50257; nanoGPT pads it to 50304 for this): the head's three GEMMs and the loss's
 # passes run on slower kernels, the head's GEMMs at this achieved / peak.
-UNALIGNED_HEAD_EFFICIENCY = 0.126
-ATTENTION_EFFICIENCY = 0.570  # causal flash attention forward (SDPA): achieved / peak on its halved FLOPs
+UNALIGNED_HEAD_EFFICIENCY = 0.124
+ATTENTION_EFFICIENCY = 0.565  # causal flash attention forward (SDPA): achieved / peak on its halved FLOPs
 ATTENTION_BACKWARD_RATIO = 2.5  # flash attention's backward takes this many forwards' time (counted, not fitted)
-KERNEL_OVERHEAD_S = 8.4e-6  # host time per kernel launched (Python, the dispatcher, the launch itself)
+KERNEL_OVERHEAD_S = 7.5e-6  # host time per kernel launched (Python, the dispatcher, the launch itself)
 # ZeRO-3's hooks are host time that runs ahead of the GPU's kernels (see `pass_s`). Per module per
 # pass (forward, backward, the recompute's forward): the pre-forward hook's fetch_sub_module (trace
 # check, prefetch queue, the handles' waits), the post-forward hook's release_sub_module, and the two
@@ -75,13 +74,13 @@ KERNEL_OVERHEAD_S = 8.4e-6  # host time per kernel launched (Python, the dispatc
 # releases the module again). Per parameter tensor, in the backward: the gradient hook
 # (reduce_partition_and_remove_grads: the copy into the reduction bucket on a side stream, the
 # bookkeeping) and its share of the epilogue's partition_grads.
-STAGE3_FETCH_OVERHEAD_S = 0.383e-3
-STAGE3_GRAD_HOOK_S = 0.435e-3
-GPU_OPTIMIZER_HBM_EFFICIENCY = 0.458  # the optimizer step's kernels (norm, clip, multi-tensor Adam, casts)
+STAGE3_FETCH_OVERHEAD_S = 0.380e-3
+STAGE3_GRAD_HOOK_S = 0.417e-3
+GPU_OPTIMIZER_HBM_EFFICIENCY = 0.454  # the optimizer step's kernels (norm, clip, multi-tensor Adam, casts)
 # Per optimizer step, DeepSpeed's engine runs Python around the optimizer's kernels: a fixed part,
 # and a part per parameter tensor (bookkeeping, per-tensor norms and copies).
-STEP_BASE_OVERHEAD_S = 5.02e-3
-STEP_OVERHEAD_PER_TENSOR_S = 0.111e-3
+STEP_BASE_OVERHEAD_S = 5.76e-3
+STEP_OVERHEAD_PER_TENSOR_S = 0.083e-3
 # Counted, not fitted: elementwise, norm, activation, rotary and loss kernels stream HBM at this share
 # of nominal; bytes per element are counted in `micro_step_work`.
 HBM_EFFICIENCY = 0.8
@@ -476,10 +475,15 @@ def phase_kernel_s(inp: PlanInput, work: PhaseWork, c: GpuStepConstants = SHIPPE
 
 
 def parameter_tensors(inp: PlanInput) -> int:
-    """The model's parameter tensors: each block's, the embedding, the head unless tied, the final norm."""
+    """The model's parameter tensors as the trained class registers them (the per-tensor Python of
+    the backward's gradient hooks and of the optimizer step runs once per tensor): each block's,
+    the embedding, the head unless tied, the final norm (a LayerNorm's weight and bias: two).
+    A transformers Llama-family layer has separate q/k/v and gate/up weights: 9 tensors where
+    the reference GPT's fused block has 6 (allocator_sim.parameter_tensor_sizes)."""
+    from zlayout.core.allocator_sim import parameter_tensor_sizes
+
     m = inp.model
-    final_norm = 2 if m.norm == "layernorm" else 1
-    return m.layers * len(layer_tensor_sizes(m)) + 1 + (0 if m.tie_embeddings else 1) + final_norm
+    return len(parameter_tensor_sizes(m, inp.training.impl)) + (1 if m.norm == "layernorm" else 0)
 
 
 def estimate_step_time(inp: PlanInput, layout: Layout, comm: CommEstimate | None = None,
