@@ -52,6 +52,11 @@ HELDOUT_BATCH = "benchmarks/batch-h200-heldout2.txt"
 # batch 3 (benchmarks/batch-h200-heldout3.txt): predicted by main at c00c30b before it ran, no
 # step-time change since
 PREDICTIONS_3 = ROOT / "benchmarks" / "measurements" / "h200-2026-12-01c" / "heldout3-steptime-predictions.jsonl"
+# batch 4 (benchmarks/batch-h200-heldout4.txt): predicted by main at 5609f6d before it ran
+PREDICTIONS_4 = ROOT / "benchmarks" / "measurements" / "h200-2026-12-01e" / "heldout4-steptime-predictions.jsonl"
+# each batch's results file and the predictions committed for it (two batches may share a layout)
+COMMITTED = {"heldout2-results.jsonl": PREDICTIONS, "heldout3-results.jsonl": PREDICTIONS_3,
+             "heldout4-results.jsonl": PREDICTIONS_4}
 TARGETS = {"GPU-resident": 0.15, "offloaded": 0.25}
 
 
@@ -89,23 +94,29 @@ def load_rows() -> list[Row]:
     return rows
 
 
-def committed_predictions() -> dict[str, float]:
-    """The held-out batch's predictions as committed before it ran, by layout label."""
-    if not PREDICTIONS.exists():
-        return {}
-    files = [f for f in (PREDICTIONS, PREDICTIONS_3) if f.exists()]
+def committed_predictions() -> dict[tuple[str, str], float]:
+    """The held-out batches' predictions as committed before they ran, by (results file, layout
+    label): the same layout in two batches keeps each batch's own prediction."""
     from zlayout.profile.calibration import _label  # the label read_results gives a row
     from zlayout.cli import build_parser
     from zlayout.commands import verify as verify_cmd
     import shlex
     build_parser()
     out = {}
-    for line in (line for f in files for line in f.read_text().splitlines()):
-        if line.strip():
-            p = json.loads(line)
-            inp, layout, _, _ = verify_cmd._inputs(verify_cmd._VERIFY_PARSER.parse_args(shlex.split(p["flags"])))
-            out[_label(inp, layout) + (f" ({inp.training.impl})" if inp.training.impl != "zlayout" else "")] = p["predicted_step_s"]
+    for results, f in COMMITTED.items():
+        if not f.exists():
+            continue
+        for line in f.read_text().splitlines():
+            if line.strip():
+                p = json.loads(line)
+                inp, layout, _, _ = verify_cmd._inputs(verify_cmd._VERIFY_PARSER.parse_args(shlex.split(p["flags"])))
+                label = _label(inp, layout) + (f" ({inp.training.impl})" if inp.training.impl != "zlayout" else "")
+                out[(results, label)] = p["predicted_step_s"]
     return out
+
+
+def committed_key(m: Row) -> tuple[str, str]:
+    return (m.source.split(":")[0], m.label)
 
 
 def predict(m: Row, calibration: StepTimeCalibration | None = None) -> StepTimeEstimate:
@@ -196,8 +207,8 @@ def main() -> int:
             err = (est.step_time_s - m.steady_step_s) / m.steady_step_s
             errors.append(err)
             extra = ""
-            if held and m.label in committed:
-                c = committed[m.label]
+            if held and committed_key(m) in committed:
+                c = committed[committed_key(m)]
                 extra = f"   {c:7.3f} {(c - m.steady_step_s) / m.steady_step_s:+7.1%}"
             if fitted and not is_offloaded(m) and not is_fitted(m.step):
                 extra += f"   not fitted: {m.step.alloc_retries} allocator retries"
@@ -240,7 +251,8 @@ def main() -> int:
     print()
     if held_out:
         summary("(3) held out, this model", [m for m, _ in held_out], [e for _, e in held_out], True)
-        pre = [(m, (committed[m.label] - m.steady_step_s) / m.steady_step_s) for m, _ in held_out if m.label in committed]
+        pre = [(m, (committed[committed_key(m)] - m.steady_step_s) / m.steady_step_s) for m, _ in held_out
+               if committed_key(m) in committed]
         if pre:
             summary("(3) held out, committed predictions", [m for m, _ in pre], [e for _, e in pre], True)
             print("      (the model was changed after this batch ran, its ZeRO-3 rows looked at: ZeRO-3's hooks"
@@ -249,7 +261,8 @@ def main() -> int:
         for source in sorted({m.source.split(":")[0] for m, _ in held_out}):
             batch = [(m, e) for m, e in held_out if m.source.split(":")[0] == source]
             summary(f"    {source[:30]}, this model", [m for m, _ in batch], [e for _, e in batch], True)
-            pre = [(m, (committed[m.label] - m.steady_step_s) / m.steady_step_s) for m, _ in batch if m.label in committed]
+            pre = [(m, (committed[committed_key(m)] - m.steady_step_s) / m.steady_step_s) for m, _ in batch
+                   if committed_key(m) in committed]
             summary(f"    {source[:30]}, committed", [m for m, _ in pre], [e for _, e in pre], True)
         print("  phases (held-out rows):")
         phase_errors([m for m, _ in held_out])
