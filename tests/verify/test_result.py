@@ -110,6 +110,29 @@ def test_step_time_is_the_steady_step_of_the_slowest_rank(inp):
     assert m["tokens_per_s"] == pytest.approx(tokens / 3.0)
 
 
+def test_the_steady_steps_spread_is_reported_with_the_prediction_inside_or_outside_it(inp):
+    # The slowest rank's steps: 9, 5 | 3, 4, 2 -> steady 2-4 s around a median of 3 s.
+    reports = [report(0, GiB, step_s=[9.0, 5.0, 3.0, 1.0, 2.0], peak_allocated_bytes=[GiB] * 5),
+               report(1, GiB, step_s=[9.0, 2.0, 1.0, 4.0, 1.0], peak_allocated_bytes=[GiB] * 5)]
+    m = measured_figures(inp, reports)
+    assert m["step_time_range_s"] == [2.0, 4.0]
+    result = build_result(inp, LAYOUT, reports, cpu=False, returncode=0, output_tail=[], expected_ranks=2)
+    result["predicted"]["step_time_s"] = 2.5
+    text = format_result(result)
+    assert "steady steps (3): 2.000-4.000 s, -33%/+33% around the median; the prediction lies inside" in text
+    assert "--steps 10" in text  # 67% apart over 3 steps: more steps asked for
+    result["predicted"]["step_time_s"] = 1.5
+    assert "lies outside that range" in format_result(result)
+
+
+def test_no_spread_from_three_steps_or_fewer(inp):
+    m = measured_figures(inp, [report(0, GiB, step_s=[9.0, 2.0, 3.0], peak_allocated_bytes=[GiB] * 3)])
+    assert m["step_time_range_s"] is None
+    result = build_result(inp, LAYOUT, [report(0, GiB)], cpu=False, returncode=0, output_tail=[],
+                          expected_ranks=1)
+    assert "steady steps" not in format_result(result)
+
+
 def test_step_time_of_two_steps_is_the_second(inp):
     m = measured_figures(inp, [report(0, GiB, step_s=[9.0, 2.0], peak_allocated_bytes=[GiB] * 2)])
     assert m["step_time_s"] == pytest.approx(2.0)

@@ -217,6 +217,12 @@ def format_result(result: dict[str, Any]) -> str:
                      f"{'-' if err is None else f'{err:+.1f}%':>8}")
     if partial:
         lines.append("  partial: measured until the run stopped; not an error of the plan")
+    else:
+        from zlayout.verify.result import step_time_spread_line
+
+        spread = step_time_spread_line(m, p)
+        if spread:
+            lines.append(f"  {spread}")
     if m.get("forward_s") is not None:
         lines.append(f"  step phases: forward {_seconds(m['forward_s'])}, backward "
                      f"{_seconds(m['backward_s'])}, optimizer {_seconds(m['optimizer_s'])}")

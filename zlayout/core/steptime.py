@@ -135,20 +135,23 @@ STAGE3_PREFETCH_OVERLAP = 0.0  # share of fwd+bwd compute stage-3 prefetch hides
 
 
 
-def steady_step_s(step_times_s: list[float]) -> float | None:
-    """The step time this model predicts, read from measured per-step times: the steady state.
-
-    The first step pays one-time costs and the second still warms up where DeepSpeed builds
-    state on it: ZeRO-3's prefetch trace (H200: 0.62 s, then 0.38-0.39 s; 0.99 s, then 0.45 s)
-    and checkpointed runs (0.54 s, then 0.32-0.33 s). With three or more steps: the median of
-    the third and later; with two, the second; with one, that one.
-    """
+def steady_steps(step_times_s: list[float]) -> list[float]:
+    """The steps that count as steady: the third and later (the first pays one-time costs, the
+    second still warms up where DeepSpeed builds state on it: ZeRO-3's prefetch trace, H200:
+    0.62 s, then 0.38-0.39 s; checkpointed runs, 0.54 s, then 0.32-0.33 s). With two steps, the
+    second; with one, that one."""
     steps = [float(x) for x in step_times_s]
-    if len(steps) >= 3:
-        later = sorted(steps[2:])
-        mid = len(later) // 2
-        return later[mid] if len(later) % 2 else (later[mid - 1] + later[mid]) / 2
-    return steps[-1] if steps else None
+    return steps[2:] if len(steps) >= 3 else steps[-1:]
+
+
+def steady_step_s(step_times_s: list[float]) -> float | None:
+    """The step time this model predicts, read from measured per-step times: the median of the
+    steady steps (`steady_steps`)."""
+    later = sorted(steady_steps(step_times_s))
+    if not later:
+        return None
+    mid = len(later) // 2
+    return later[mid] if len(later) % 2 else (later[mid - 1] + later[mid]) / 2
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ import re
 from typing import Any, Iterable
 
 from zlayout.core.plan import plan_layout
-from zlayout.core.steptime import steady_step_s
+from zlayout.core.steptime import steady_step_s, steady_steps
 from zlayout.spec import GiB, Layout, PlanInput, offload_flag
 
 TOLERANCE_FRACTION = 0.10
@@ -118,6 +118,10 @@ def measured_figures(inp: PlanInput, reports: list[dict[str, Any]]) -> dict[str,
         "host_maxrss_bytes_per_rank": [r.get("host_maxrss_bytes") for r in reports],
         "step_time_s": step_time_s,
         "step_times_s": per_step_s,
+        # the steady steps' fastest and slowest: how far the run's own steps scatter around its
+        # step time (ZeRO-3 on one GPU, host-bound: up to 2x step to step)
+        "step_time_range_s": ([min(steady_steps(per_step_s)), max(steady_steps(per_step_s))]
+                              if len(per_step_s) >= 4 else None),
         # Per step, the slowest rank's time in each phase (summed over micro-steps).
         "forward_s": steady_step_s(per_phase_s["forward"]),
         "backward_s": steady_step_s(per_phase_s["backward"]),
@@ -149,6 +153,28 @@ def errors_pct(measured: dict[str, Any], predicted: dict[str, Any]) -> dict[str,
         m, p = measured.get(key), predicted.get(key)
         errors[key] = round(100.0 * (p - m) / m, 2) if m and p is not None else None
     return errors
+
+
+# Steady steps that scatter more than this around their median make a single step-time error
+# figure unreliable; the line below says so and how many steps would steady it.
+UNEVEN_STEPS_FRACTION = 0.2
+STEADY_STEPS_WANTED = 8
+
+
+def step_time_spread_line(measured: dict[str, Any], predicted: dict[str, Any]) -> str | None:
+    """How the run's own steady steps scattered, and whether the predicted step time lies among
+    them: an error against the median alone reads as the plan's when the steps themselves vary."""
+    span, median, want = measured.get("step_time_range_s"), measured.get("step_time_s"), predicted.get("step_time_s")
+    if not (isinstance(span, list) and len(span) == 2 and median and isinstance(want, (int, float))):
+        return None
+    lo, hi = float(span[0]), float(span[1])
+    n = max(0, len(measured.get("step_times_s") or []) - 2)
+    where = "inside" if lo <= want <= hi else "outside"
+    line = (f"steady steps ({n}): {lo:.3f}-{hi:.3f} s, {(lo - median) / median:+.0%}/{(hi - median) / median:+.0%} "
+            f"around the median; the prediction lies {where} that range")
+    if (hi - lo) / median > UNEVEN_STEPS_FRACTION and n < STEADY_STEPS_WANTED:
+        line += f" (steps this uneven need more of them: --steps {STEADY_STEPS_WANTED + 2})"
+    return line
 
 
 def restart_drill_result(first: list[dict[str, Any]], resumed: list[dict[str, Any]],
