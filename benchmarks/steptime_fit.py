@@ -83,7 +83,7 @@ def _design(step: MeasuredStep, c: GpuStepConstants) -> tuple[np.ndarray, np.nda
         else:
             x[:4] = [work.gemm_flops / peak, work.gemm_flops / peak / inp.model.hidden,
                      work.unaligned_gemm_flops / peak, work.attention_flops / peak]
-            fixed.append(accum * work.hbm_bytes / (hbm * HBM_EFFICIENCY))
+            fixed.append(accum * (work.hbm_bytes / (hbm * HBM_EFFICIENCY) + work.fixed_s))
         rows.append(x * accum)
     opt_bytes, tensors = optimizer_work(inp, layout)
     x = np.zeros(PASS_TERMS + OPT_TERMS)

@@ -56,17 +56,17 @@ from zlayout.spec import Layout, LinkSpec, PlanInput
 # the optimizer step, each priced from the work it does. The fitted constants (benchmarks/
 # steptime_fit.py fits them by least squares on the forward/backward/optimizer times verify
 # records, and on whole steps where a row has no phases; docs/tradeoffs.md lists the evidence):
-GEMM_EFFICIENCY = 0.700  # large GEMMs' achieved / peak bf16 FLOP/s (the asymptote in the hidden size)
+GEMM_EFFICIENCY = 0.703  # large GEMMs' achieved / peak bf16 FLOP/s (the asymptote in the hidden size)
 # A GEMM of hidden size h reaches GEMM_EFFICIENCY * h / (h + GEMM_HALF_WIDTH): the narrow GEMMs of a
 # small model fill fewer tiles per wave and spend more of their time in prologue and epilogue.
-GEMM_HALF_WIDTH = 69.9
+GEMM_HALF_WIDTH = 154
 # A vocabulary that is not a multiple of 8 leaves the logits' rows misaligned for 16-byte tensor-core
 # loads (GPT-2's 50257; nanoGPT pads it to 50304 for this): the head's three GEMMs and the loss's
 # passes run on slower kernels, the head's GEMMs at this achieved / peak.
-UNALIGNED_HEAD_EFFICIENCY = 0.124
-ATTENTION_EFFICIENCY = 0.565  # causal flash attention forward (SDPA): achieved / peak on its halved FLOPs
+UNALIGNED_HEAD_EFFICIENCY = 0.128
+ATTENTION_EFFICIENCY = 0.546  # causal flash attention forward (SDPA): achieved / peak on its halved FLOPs
 ATTENTION_BACKWARD_RATIO = 2.5  # flash attention's backward takes this many forwards' time (counted, not fitted)
-KERNEL_OVERHEAD_S = 7.5e-6  # host time per kernel launched (Python, the dispatcher, the launch itself)
+KERNEL_OVERHEAD_S = 2.85e-6  # host time per kernel launched (Python, the dispatcher, the launch itself)
 # ZeRO-3's hooks are host time that runs ahead of the GPU's kernels (see `pass_s`). Per module per
 # pass (forward, backward, the recompute's forward): the pre-forward hook's fetch_sub_module (trace
 # check, prefetch queue, the handles' waits), the post-forward hook's release_sub_module, and the two
@@ -74,13 +74,13 @@ KERNEL_OVERHEAD_S = 7.5e-6  # host time per kernel launched (Python, the dispatc
 # releases the module again). Per parameter tensor, in the backward: the gradient hook
 # (reduce_partition_and_remove_grads: the copy into the reduction bucket on a side stream, the
 # bookkeeping) and its share of the epilogue's partition_grads.
-STAGE3_FETCH_OVERHEAD_S = 0.380e-3
-STAGE3_GRAD_HOOK_S = 0.417e-3
-GPU_OPTIMIZER_HBM_EFFICIENCY = 0.454  # the optimizer step's kernels (norm, clip, multi-tensor Adam, casts)
+STAGE3_FETCH_OVERHEAD_S = 0.440e-3
+STAGE3_GRAD_HOOK_S = 0.396e-3
+GPU_OPTIMIZER_HBM_EFFICIENCY = 0.451  # the optimizer step's kernels (norm, clip, multi-tensor Adam, casts)
 # Per optimizer step, DeepSpeed's engine runs Python around the optimizer's kernels: a fixed part,
 # and a part per parameter tensor (bookkeeping, per-tensor norms and copies).
-STEP_BASE_OVERHEAD_S = 5.76e-3
-STEP_OVERHEAD_PER_TENSOR_S = 0.083e-3
+STEP_BASE_OVERHEAD_S = 4.89e-3
+STEP_OVERHEAD_PER_TENSOR_S = 0.099e-3
 # Counted, not fitted: elementwise, norm, activation, rotary and loss kernels stream HBM at this share
 # of nominal; bytes per element are counted in `micro_step_work`.
 HBM_EFFICIENCY = 0.8
@@ -103,11 +103,22 @@ HF_BLOCK_KERNELS = (37, 70)
 # Around the blocks, per micro-step: embedding, final norm, head, the loss's slice/cast/log-softmax/
 # nll (transformers adds the rotary tables and the mask).
 TOP_KERNELS = {"zlayout": (8, 12), "hf": (24, 24)}
-# A transformers MoE block: router, softmax, top-k, renormalise, one-hot mask (10 forward, 10 backward);
-# then a Python loop over the experts, each visit a torch.where (a host sync), a gather, the expert's
-# three GEMMs, silu and mul, the routing weight and an index_add (10 forward, 20 backward).
-MOE_ROUTER_KERNELS = (10, 10)
-MOE_EXPERT_KERNELS = (10, 20)
+# A transformers MoE block (MixtralSparseMoeBlock and the other classes behind transformers'
+# experts interface) runs its experts as grouped GEMMs (`grouped_mm`, the default a model built by
+# from_config gets; no Python loop over the experts, no host sync): router, top-k, sort by expert,
+# gather, histogram and offsets, two grouped GEMMs, SwiGLU, the routing weights, the per-token sum.
+# Measured on one H200 against a dense SwiGLU MLP of the same active FLOPs, five shapes from 4 to 64
+# experts (benchmarks/moe_block_bench.py, measurements/h200-2026-12-01e/moe-block.jsonl):
+# - kernels: 49 forward and 86-87 backward whatever the experts (the profiler's count);
+# - forward: the dense MLP's time (grouped GEMMs as fast as dense ones) plus routing work, 0.91 ms
+#   per block and 44 bytes of HBM per routed element (tokens x top-k x hidden): in-sample within
+#   11%, leave-one-out worst +51% (the 64-expert shape, predicted from the 4-8-expert ones);
+# - backward: the expert GEMMs at 1/1.36 of dense speed (the weight gradients' grouped GEMMs) plus
+#   0.25 ms and 80 bytes per routed element: in-sample within 3%, leave-one-out worst -26%.
+MOE_BLOCK_KERNELS = (49, 87)
+MOE_ROUTING_FIXED_S = (0.91e-3, 0.25e-3)
+MOE_ROUTED_BYTES = (44, 80)
+MOE_BACKWARD_GEMM_FACTOR = 1.36
 HOST_MEM_EFFICIENCY = 0.55  # DeepSpeedCPUAdam's achieved / nominal host memory bandwidth
 CPU_OPTIMIZER_BYTES_PER_PARAM = 42  # clip r/w 8 + Adam r 16 w 12 + fp32->bf16 cast r 4 w 2
 # The CPU optimizer step per parameter (DeepSpeedCPUAdam + clipping + the bf16 cast) and how it
@@ -271,6 +282,7 @@ class PhaseWork:
     kernels: float = 0.0  # kernel launches the host issues
     stage3_fetches: float = 0.0  # ZeRO-3 module fetches (hooks)
     stage3_grad_hooks: float = 0.0  # ZeRO-3 gradient hooks (one per parameter tensor, backward)
+    fixed_s: float = 0.0  # GPU time priced per call, not per FLOP or byte (a MoE block's routing)
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,12 +328,11 @@ def _block_kernels(inp: PlanInput) -> tuple[float, float]:
 
 
 def _moe_block_kernels(inp: PlanInput) -> tuple[float, float]:
-    """Kernels a MoE block launches beyond its attention half: router, the expert loop, shared experts."""
+    """Kernels a MoE block launches beyond its attention half: router and grouped experts, shared experts."""
     m, t = inp.model, inp.training
     if t.impl != "hf":  # zlayout's GPT has no MoE blocks: priced as dense
         return 0.0, 0.0
-    fwd = MOE_ROUTER_KERNELS[0] + m.experts * MOE_EXPERT_KERNELS[0]
-    bwd = MOE_ROUTER_KERNELS[1] + m.experts * MOE_EXPERT_KERNELS[1]
+    fwd, bwd = MOE_BLOCK_KERNELS
     fwd += m.shared_experts * 5 + (3 if m.shared_expert_gate else 0)
     bwd += m.shared_experts * 8 + (3 if m.shared_expert_gate else 0)
     return float(fwd), float(bwd)
@@ -375,6 +386,16 @@ def micro_step_work(inp: PlanInput, layout: Layout) -> tuple[PhaseWork, PhaseWor
         gathered = 4 * m.params if inp.hardware.world > 1 else 0.0
         bytes_fwd += gathered
         bytes_bwd += gathered * (2 if ckpt else 1) + 6 * m.params / inp.hardware.world  # + fp32 grad partition
+    moe_fixed_fwd = moe_fixed_bwd = 0.0
+    if m.moe_layer_count and t.impl == "hf":  # transformers' grouped experts (MOE_* above)
+        routed = m.moe_layer_count * tokens * (m.top_k or 1) * m.hidden
+        bytes_fwd += MOE_ROUTED_BYTES[0] * routed
+        bytes_bwd += MOE_ROUTED_BYTES[1] * routed + (MOE_ROUTED_BYTES[0] * routed if ckpt else 0)
+        moe_fixed_fwd = MOE_ROUTING_FIXED_S[0] * m.moe_layer_count
+        moe_fixed_bwd = MOE_ROUTING_FIXED_S[1] * m.moe_layer_count + (moe_fixed_fwd if ckpt else 0.0)
+        gate_up = 2 if m.mlp == "swiglu" else 1
+        expert_gemm_fwd = 2 * tokens * (m.top_k or 1) * (gate_up + 1) * m.expert_ffn_size * m.hidden * m.moe_layer_count
+        gemm_bwd += (MOE_BACKWARD_GEMM_FACTOR - 1) * 2 * expert_gemm_fwd
     dense_fwd, dense_bwd = _block_kernels(inp)
     moe_fwd, moe_bwd = _moe_block_kernels(inp)
     moe_layers = m.moe_layer_count
@@ -392,8 +413,9 @@ def micro_step_work(inp: PlanInput, layout: Layout) -> tuple[PhaseWork, PhaseWor
         fetches_fwd = float(stage3_hooked_modules(inp))
         fetches_bwd = fetches_fwd * (2 if ckpt else 1)  # the recompute's forward fetches again
         grad_hooks = float(parameter_tensors(inp))
-    return (PhaseWork(gemm_fwd, head_fwd, attn_fwd, bytes_fwd, kernels_fwd, fetches_fwd),
-            PhaseWork(gemm_bwd, 2 * head_fwd, attn_bwd, bytes_bwd, kernels_bwd, fetches_bwd, grad_hooks))
+    return (PhaseWork(gemm_fwd, head_fwd, attn_fwd, bytes_fwd, kernels_fwd, fetches_fwd, fixed_s=moe_fixed_fwd),
+            PhaseWork(gemm_bwd, 2 * head_fwd, attn_bwd, bytes_bwd, kernels_bwd, fetches_bwd, grad_hooks,
+                      fixed_s=moe_fixed_bwd))
 
 
 def stage3_hooked_modules(inp: PlanInput) -> int:
@@ -474,7 +496,8 @@ def phase_kernel_s(inp: PlanInput, work: PhaseWork, c: GpuStepConstants = SHIPPE
     return (work.gemm_flops * gemm_seconds_per_flop(inp, c)
             + work.unaligned_gemm_flops / (peak * c.unaligned_head_efficiency)
             + work.attention_flops / (peak * c.attention_efficiency)
-            + work.hbm_bytes / elementwise_bytes_per_s(inp))
+            + work.hbm_bytes / elementwise_bytes_per_s(inp)
+            + work.fixed_s)
 
 
 def parameter_tensors(inp: PlanInput) -> int:
