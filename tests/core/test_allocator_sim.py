@@ -123,16 +123,20 @@ def _trace_layout(name: str):
 
 def _phase_reserved(events, marks) -> dict[str, int]:
     """Reserved bytes (all streams' pools) at the end of each marked phase."""
-    return {name: sim.replay(events[:end], track_allocated=False).peak_reserved for name, end in marks}
+    return {name: sum(p.reserved for p in sim.replay(events[:end], track_allocated=False).pools.values())
+            for name, end in marks}
 
 
 def _trace_phase_reserved(doc) -> dict[str, int]:
-    """Large-pool reserved bytes at each phase's end, from the trace's own segment events."""
-    seg = doc["actions"]["segment_alloc"]
+    """Large-pool reserved bytes at each phase's end, from the trace's own segment events
+    (those made, less those empty_cache returned)."""
+    seg, seg_free = doc["actions"]["segment_alloc"], doc["actions"]["segment_free"]
     bounds = [0] + [i for _, i in doc["phase_marks"]]
     out, reserved = {}, 0
     for k, (name, _) in enumerate(doc["phase_marks"]):
-        reserved += sum(r[2] for r in doc["trace"][bounds[k]:bounds[k + 1]] if r[0] == seg and r[2] > 2 * MiB)
+        rows = doc["trace"][bounds[k]:bounds[k + 1]]
+        reserved += sum(r[2] for r in rows if r[0] == seg and r[2] > 2 * MiB)
+        reserved -= sum(r[2] for r in rows if r[0] == seg_free and r[2] > 2 * MiB)
         out[name] = reserved
     return out
 
@@ -173,7 +177,7 @@ def _never_freed(events) -> list[int]:
     for event in events:
         if event[0] == "a":
             live[event[1]] = event[2]
-        else:
+        elif event[0] == "f":
             live.pop(event[1])
     return list(live.values())
 
@@ -458,7 +462,7 @@ def _replay_kept_after_initialize(seq) -> list[int]:
     for i, event in enumerate(seq.events):
         if event[0] == "a":
             live[event[1]] = (i, event[2])
-        else:
+        elif event[0] == "f":
             live.pop(event[1])
     return sorted(size for i, size in live.values() if i >= start and size > sim.SMALL_SIZE)
 
@@ -541,3 +545,92 @@ def test_the_parameter_tensors_add_up_to_the_model_for_every_preset(impl):
     for name in catalog.list_presets("models"):
         model = catalog.load_model(name)
         assert sum(sim.parameter_tensor_sizes(model, impl)) == model.params, name
+
+
+# --- the 2026-12-01d/e traces (ZeRO-3 on one GPU: zlayout L12 h3072, L24 h2048; hf ckpt b4) ---
+
+MEASUREMENTS = TRACES.parent.parent
+
+
+def _trace_at(day: str, name: str):
+    from zlayout.cli import build_parser, layout_from_args, plan_input_from_args
+    doc = json.loads((MEASUREMENTS / f"h200-2026-12-{day}" / "traces" / f"{name}.json").read_text())
+    args = build_parser().parse_args(["verify", *doc["argv"].split()])
+    return doc, plan_input_from_args(args).model_copy(update={"headroom_fraction": 0.0}), layout_from_args(args)
+
+
+def _large_requests(seq, phase: str, stream: int | None = None) -> list[int]:
+    marks = dict(seq.marks)
+    names = [name for name, _ in seq.marks]
+    start = marks[names[names.index(phase) - 1]] if names.index(phase) else 0
+    return [e[2] for e in seq.events[start:marks[phase]] if e[0] == "a" and e[2] > sim.SMALL_SIZE
+            and (stream is None or (e[3] if len(e) > 3 else sim.DEFAULT_STREAM) == stream)]
+
+
+def _trace_large_requests(doc, phase: str) -> list[int]:
+    names = [name for name, _ in doc["phase_marks"]]
+    bounds = [0] + [i for _, i in doc["phase_marks"]]
+    k = names.index(phase)
+    return [size for action, _, size in doc["trace"][bounds[k]:bounds[k + 1]]
+            if action == doc["actions"]["alloc"] and size > sim.SMALL_SIZE]
+
+
+def test_empty_cache_returns_only_segments_with_nothing_in_use():
+    a = sim.CachingAllocator()
+    x, y = a.malloc(100 * MiB), a.malloc(200 * MiB)  # a segment each
+    a.free(x)
+    a.free(a.malloc(50 * MiB))  # split from x's free segment, merged back whole
+    a.empty_cache()
+    assert a.reserved == 200 * MiB  # x's segment went back, y's is in use
+    a.free(y)
+    pools = sim.replay([("a", 1, 100 * MiB), ("f", 1, 0), ("e", None, 0), ("a", 2, 50 * MiB)])
+    assert pools.peak_reserved == 100 * MiB and pools.pools[sim.DEFAULT_STREAM].reserved == 50 * MiB
+
+
+def test_zero3_defragment_returns_the_built_segments_to_the_device():
+    # stage3.py _create_fp16_partitions_with_defragmentation -> zero/utils.py defragment: the
+    # partitions go to the host, gc.collect(), empty_cache(), then the flat buffer comes back.
+    # t-z3-L12-h3072 trace: zero.Init's 16 segments (3336 MiB) freed before the 2680 MiB flat
+    # buffer. The replay kept them cached, and step 1's forward reused them: 36 segments
+    # (3120 MiB) fewer than the GPU made
+    doc, inp, layout = _trace_at("01e", "t-z3-L12-h3072")
+    seq, replayed, measured = _replayed_beside_trace(doc, inp, layout, 2)
+    assert ("e", None, 0) in seq.events
+    for phase in ("built", "initialize", "step1.forward"):
+        assert abs(replayed[phase] - measured[phase]) < 64 * MiB, (phase, replayed[phase], measured[phase])
+
+
+def test_zero3_reduces_each_full_bucket_through_a_concatenated_copy():
+    # reduce_scatter (on by default) -> __avg_scatter_grads -> reduce_scatter_coalesced:
+    # torch.cat of the bucket's gradients on reduce_and_partition_stream, on one GPU too. The
+    # t-z3-L12-h3072 trace's first two buckets: 485,253,120 and 493,910,016 elements (the
+    # norms' weights counted: the head, the final norm, three blocks, then fc2, fc1, the
+    # post-attention norm and proj), each a segment of its own (926 and 944 MiB), which the
+    # replay never made: 1.6 and 1.4 GiB under on the two ZeRO-3 rows
+    doc, inp, layout = _trace_at("01e", "t-z3-L12-h3072")
+    seq, replayed, measured = _replayed_beside_trace(doc, inp, layout, 2)
+    assert _large_requests(seq, "step1.backward", sim.REDUCE_STREAM)[:2] == [970506240, 987820032]
+    for day, name in (("01e", "t-z3-L12-h3072"), ("01e", "t-z3-L24-h2048"), ("01d", "t-z3-hf-ckpt-b4")):
+        doc, inp, layout = _trace_at(day, name)
+        _, replayed, measured = _replayed_beside_trace(doc, inp, layout, 2)
+        for phase, _ in doc["phase_marks"][1:]:  # hf's zero.Init (built) is not replayed request by request
+            if phase in replayed:
+                assert abs(replayed[phase] - measured[phase]) < 64 * MiB, (name, phase, replayed[phase], measured[phase])
+        assert abs(sim.replayed_peak_reserved(inp, layout) - doc["max_reserved_bytes"]) < 64 * MiB, name
+    # a bucket of one tensor that splits evenly is reduced in place: t-z3-hf-L6-h4096's head
+    # (525M elements, over the bucket) made no 1002 MiB copy; the next bucket's 944 MiB did
+    doc, inp, layout = _trace_c("t-z3-hf-L6-h4096")
+    _, replayed, measured = _replayed_beside_trace(doc, inp, layout, 3)
+    _assert_every_phase_within(doc, replayed, measured, 16 * MiB)
+
+
+def test_zero3_step_takes_each_gradients_float64_norm_first():
+    # _get_norm_groups -> get_grad_norm_direct: g.to(float64).norm(2) per gradient partition,
+    # every sub-group's before the first is stepped; the step's requests are the trace's, one
+    # for one (the embedding's 750 MiB, per block 120, 72, 384, 192, the head's 750, then each
+    # sub-group's flat bf16, fp32 cast and moments)
+    doc, inp, layout = _trace_at("01e", "t-z3-L12-h3072")
+    seq = sim._Seq()
+    sim.allocation_sequence(inp, layout, 2, seq)
+    for phase in ("step1.step", "step2.step"):
+        assert _large_requests(seq, phase) == _trace_large_requests(doc, phase), phase

@@ -8,10 +8,10 @@ Pure arithmetic, no torch. Two parts:
   when more than 1 MiB would remain (`should_split`); when no cached block holds it a new
   segment is cudaMalloc'ed: 20 MiB for requests under 10 MiB, else the request rounded up to
   2 MiB (`get_allocation_size`). A freed block merges with free neighbours of its own segment;
-  segments are never returned while the card has room (no `empty_cache`, no OOM retry), so
-  peak reserved is the sum of every segment ever made. Requests of 1 MiB or less (the small
-  pool: norms' statistics, flags, losses) are not replayed: they stay in 2 MiB segments of
-  their own and are a constant.
+  segments are never returned while the card has room (no OOM retry) but by an explicit
+  `empty_cache` (ZeRO-3's defragment at initialize), so from then on peak reserved is the sum
+  of every segment made. Requests of 1 MiB or less (the small pool: norms' statistics, flags,
+  losses) are not replayed: they stay in 2 MiB segments of their own and are a constant.
 * `allocation_sequence`: the tensors one GPU allocates and frees, in order, from
   `deepspeed.initialize` through `steps` training steps, built from the same terms as
   `memory.py` (weights per tensor then flattened, fp32 master and moments, each block's
@@ -21,16 +21,18 @@ Pure arithmetic, no torch. Two parts:
   a tensor that no cached block holds gets a new segment, and the cached blocks that smaller
   tensors split are not whole again when a large request comes back.
 * Streams (`Pools`): a freed block is cached for the stream that allocated it. ZeRO-3
-  gathers weights on its allgather stream and, with the optimizer on the host, stages each
-  reduced bucket on its reduce stream; those pools are replayed apart from the compute
-  stream's, and peak reserved is their sum.
+  gathers weights on its allgather stream and concatenates each reduced bucket on its reduce
+  stream; those pools are replayed apart from the compute stream's, and peak reserved is
+  their sum.
 * ZeRO-3 (DeepSpeed 0.19.8 stage3.py / partition_parameters.py): zero.Init partitions each
-  tensor as it is built; the partitions are flattened into one buffer; the fp32 master per
-  sub-group, the flat gradient partition and the IPG bucket are allocated once at initialize;
-  each weight gradient is copied into the bucket and dropped; the step flattens and casts one
-  sub-group at a time. Weights are gathered only when they are not whole on the GPU (more
-  than one GPU, or parameter offload): per block before its forward and again before its
-  backward, those within `stage3_max_reuse_distance` (the head and the last blocks) kept.
+  tensor as it is built; the partitions are moved to the host, the cache emptied, and flattened
+  into one buffer; the fp32 master per sub-group, the flat gradient partition and the IPG
+  bucket are allocated once at initialize; each weight gradient is copied into the bucket and
+  dropped, a full bucket concatenated for its reduce-scatter; the step takes each gradient's
+  float64 norm, then flattens and casts one sub-group at a time. Weights are gathered only
+  when they are not whole on the GPU (more than one GPU, or parameter offload): per block
+  before its forward and again before its backward, those within `stage3_max_reuse_distance`
+  (the head and the last blocks) kept.
 * Gradient accumulation: stage 0 and stage 1 keep each weight's `.grad` from the first
   micro-step to the boundary (stage 1 reduces only there); stage 2 reduces every micro-step.
 * Mixture of experts (`mixtral_replayed`: transformers' Mixtral, `--impl hf`, routed experts
@@ -198,6 +200,14 @@ class CachingAllocator:
             block = prev
         self._add_free(block)
 
+    def empty_cache(self) -> None:
+        """torch.cuda.empty_cache (`release_cached_blocks`): every segment with no block in use
+        is returned to the device (`segment_sizes` keeps what was ever made)."""
+        for key in [k for k, b in self.free_blocks.items() if b.prev is None and b.next is None]:
+            block = self.free_blocks.pop(key)
+            del self.free_index[bisect_left(self.free_index, key)]
+            self.reserved -= block.size
+
     @property
     def segments(self) -> list[int]:
         return self.segment_sizes
@@ -213,10 +223,16 @@ class Pools:
     pools: dict[int, CachingAllocator] = field(default_factory=dict)
     allocated: int = 0
     peak_allocated: int = 0
+    released_peak: int = 0  # reserved just before the last empty_cache, if one ran
 
     @property
     def peak_reserved(self) -> int:
-        return sum(pool.reserved for pool in self.pools.values())
+        return max(self.released_peak, sum(pool.reserved for pool in self.pools.values()))
+
+    def empty_cache(self) -> None:
+        self.released_peak = max(self.released_peak, self.peak_reserved)
+        for pool in self.pools.values():
+            pool.empty_cache()
 
     @property
     def segments(self) -> list[int]:
@@ -225,7 +241,8 @@ class Pools:
 
 def replay(events: list[tuple[str, object, int]], track_allocated: bool = True) -> Pools:
     """events: ("a", name, bytes) allocates a tensor called name on the default stream,
-    ("a", name, bytes, stream) on another stream; ("f", name, 0) frees it.
+    ("a", name, bytes, stream) on another stream; ("f", name, 0) frees it; ("e", None, 0)
+    empties every pool's cache (`CachingAllocator.empty_cache`).
     `track_allocated=False` skips the peak allocated across streams (planning reads only
     reserved; each pool still keeps its own)."""
     out = Pools()
@@ -247,9 +264,11 @@ def replay(events: list[tuple[str, object, int]], track_allocated: bool = True) 
                 allocated = sum(p.allocated for p in pools.values())
                 if allocated > peak:
                     peak = allocated
-        else:
+        elif event[0] == "f":
             pool, handle = handles.pop(event[1])
             pool.free(handle)
+        else:
+            out.empty_cache()
     out.allocated = sum(p.allocated for p in pools.values())
     out.peak_allocated = peak if several else default.peak_allocated
     return out
@@ -273,6 +292,7 @@ class _Seq:
         self.pools: dict[int, CachingAllocator] = {}
         self.blocks: list[tuple[CachingAllocator, _Block | None] | None] = [None]
         self.marks: list[tuple[str, int]] = []  # (phase, index of its first event): comparisons
+        self.released_peak = 0
 
     def mark(self, phase: str) -> None:
         """The phase that ends here (the allocator trace's `phase_marks`), for comparing the
@@ -302,9 +322,20 @@ class _Seq:
                 else:
                     self.events.append(("f", name, 0))
 
+    def empty_cache(self) -> None:
+        """torch.cuda.empty_cache: the pools' unused segments go back to the device."""
+        if self.live:
+            self.released_peak = max(self.released_peak, self.reserved)
+            for pool in self.pools.values():
+                pool.empty_cache()
+        else:
+            self.events.append(("e", None, 0))
+
     @property
     def reserved(self) -> int:
-        return sum(pool.reserved for pool in self.pools.values())
+        """Peak reserved bytes so far (live): the pools' segments, or what they held before an
+        empty_cache returned some, whichever was more."""
+        return max(self.released_peak, sum(pool.reserved for pool in self.pools.values()))
 
 
 def hf_layer_tensor_sizes(model) -> list[int]:
@@ -469,10 +500,14 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             s.f(whole)
         s.mark("built")
         if param_on_gpu:
-            # _create_fp16_partitions_with_defragmentation: one flat bf16 buffer of the
-            # partitions, which become views of it
-            s.a(p_shard * w)
+            # _create_fp16_partitions_with_defragmentation -> zero/utils.py defragment: each
+            # partition copied to a host buffer and freed, gc.collect(), empty_cache() (the
+            # segments zero.Init filled go back to the device: t-z3-L12-h3072 trace, 16
+            # segments freed, 3336 MiB), then the flat buffer copied back to the GPU; the
+            # partitions become views of it
             s.f(*weights)
+            s.empty_cache()
+            s.a(p_shard * w)
         if opt_on_gpu:
             # _create_fp32_partitions, per sub-group: converted = flat.to(fp32), master =
             # converted.clone(); the local `converted` lives until the next sub-group's
@@ -827,7 +862,7 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         if moe:
             gn = moe_backward(sv, g, hook)
             s.f(*sv["n2"])
-            gxm = norm_backward(gn, sv["norm2"], sv["xm"])
+            gxm = norm_backward(gn, sv["norm2"], sv["xm"], hook)
             s.f(gxm)  # added into g in place
             return attention_backward(sv, g, hook)
         wg_fc2 = s.a(f * h * w)  # fc2: d(weight), then d(input)
@@ -860,7 +895,7 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             gn = linear_backward((2 if swiglu else 1) * f * h, T * h * w, hook)  # fc1
             s.f(gcat)
         s.f(*sv["n2"])
-        gxm = norm_backward(gn, sv["norm2"], sv["xm"])
+        gxm = norm_backward(gn, sv["norm2"], sv["xm"], hook)
         s.f(gxm)  # added into g in place
         return attention_backward(sv, g, hook)
 
@@ -895,11 +930,14 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             s.f(gqkv)
         if hf:
             s.f(*sv["n1"])
-        gx = norm_backward(gn, sv["norm1"], sv["x"])
+        gx = norm_backward(gn, sv["norm1"], sv["x"], hook)
         s.f(gx)  # added into g in place
         return g
 
-    def norm_backward(g: int, kept: list[int], x: list[int]) -> int:
+    def norm_backward(g: int, kept: list[int], x: list[int], hook) -> int:
+        # the norm's weight (and bias) gradient: too small for the large pool, but ZeRO-3
+        # counts its elements into the reduce bucket
+        hook([], model.norm_params())
         if hf_norm:
             # weight multiply, .to(bf16) backward (fp32), rsqrt multiply, pow: fp32 gradients
             gb = s.a(T * h * 4)
@@ -1021,18 +1059,28 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             filled = 0
 
         def flush() -> None:
+            """stage3.py __reduce_and_partition_ipg_grads on reduce_and_partition_stream:
+            reduce_scatter on by default, so __avg_scatter_grads -> reduce_scatter_coalesced
+            torch.cat's the bucket's gradients, one GPU included, and the partitions are views
+            of that copy until the bucket is done (t-z3-L12-h3072 trace: 925.5, 942.1 MiB
+            blocks, the bucket's 485.3M and 493.9M elements, in segments of their own). A
+            bucket of one tensor that splits evenly is reduced in place, no cat (a head larger
+            than the bucket: t-z3-hf-L6-h4096, no 1002 MiB copy)."""
             nonlocal filled
             if not in_bucket:
                 return
-            staged = s.a(sum(in_bucket) * w, REDUCE_STREAM)
-            # stage3.py partition_grads, per gradient: grad_buffer.to(device) (a bf16 copy,
-            # kept in `buffers` until the bucket is done); at the boundary
+            alone = len(in_bucket) == 1 and in_bucket[0] % n == 0
+            staged = None if alone else s.a(sum(in_bucket) * w, REDUCE_STREAM)
+            # with the optimizer on the host, partition_grads per gradient:
+            # grad_buffer.to(device) (a bf16 copy, kept in `buffers` until the bucket is
+            # done); at the boundary
             # _offload_grad_partition_at_boundary takes its norm (_constant_buffered_norm2:
             # .double() of parts of at most 250M elements) and casts it to fp32 for the copy
             # to the host, both freed at once (z3-opt-param-cpu trace: 128, 512, 256 MiB per
-            # fc weight; 1000 MiB for the embedding's norm)
+            # fc weight; 1000 MiB for the embedding's norm). On the GPU the partition is
+            # copied or added into grad_partitions_flat_buffer in place.
             copies = []
-            for size in in_bucket:
+            for size in in_bucket if not opt_on_gpu else ():
                 copies.append(s.a(size * w, REDUCE_STREAM))
                 if boundary:
                     s.f(s.a(min(size, NORM_PART_ELEMENTS) * 8, REDUCE_STREAM))
@@ -1051,22 +1099,25 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         if not keep_head:
             s.f(*head_w)
 
-        def hook(weight_grads: list[int]) -> None:
+        def hook(weight_grads: list[int], small: int = 0) -> None:
+            """DeepSpeed's gradient hook, for `weight_grads` (names of large gradients) or
+            for `small` elements of small ones (norms), which only ZeRO-3's bucket counts."""
             nonlocal partition, buckets, filled
             if stage == 3:
-                # copied into the IPG bucket (reduce_and_partition_stream); a full bucket is
-                # reduced there. With the optimizer on the host each reduced bucket is staged
-                # on that stream and every gradient in it cast to fp32 before its copy to the
-                # pinned partition (the allocator trace of ZeRO-3 offload: one ~bucket-sized
-                # block per reduce, per-tensor 4-byte transients, in segments the compute
-                # stream never reuses)
-                sizes = [s.sizes[gr] // w for gr in weight_grads]
+                # copied into the IPG bucket (reduce_and_partition_stream); a gradient that
+                # would overflow it first has the bucket reduced there (`flush`). With the
+                # optimizer on the host each gradient of a reduced bucket is cast to fp32
+                # before its copy to the pinned partition (the allocator trace of ZeRO-3
+                # offload: per-tensor 4-byte transients, in segments the compute stream never
+                # reuses)
+                sizes = [s.sizes[gr] // w for gr in weight_grads] + ([small] if small else [])
                 s.f(*weight_grads)
-                if not opt_on_gpu:
-                    if filled + sum(sizes) > zero.reduce_bucket_size:
-                        flush()
-                    in_bucket.extend(sizes)
-                    filled += sum(sizes)
+                if filled + sum(sizes) > zero.reduce_bucket_size:
+                    flush()
+                in_bucket.extend(sizes)
+                filled += sum(sizes)
+                return
+            if not weight_grads:
                 return
             if stage == 0 or (stage == 1 and not boundary):
                 # accumulated in .grad: the first micro-step's gradients stay, later ones are
@@ -1114,7 +1165,7 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             hook([head_grad])
         if keep_head:
             s.f(*head_w)
-        g = norm_backward(g, fin_kept, [])
+        g = norm_backward(g, fin_kept, [], hook)
         for i in reversed(range(model.layers)):
             sv = saved[i]
             layer_w = gathered.pop(i) if i in gathered else fetch(layer_sizes)
@@ -1160,8 +1211,8 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
                     numel = 0
             if numel:
                 s.f(s.a(numel * w))
-        if stage == 3 and not opt_on_gpu:
-            flush()
+        if stage == 3:
+            flush()  # independent_gradient_partition_epilogue: the last, partly filled bucket
         s.f(*retired)
         retired.clear()
         if boundary:
@@ -1177,6 +1228,13 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         # --- optimizer step
         if stage == 3:
             if opt_on_gpu:
+                # _get_norm_groups -> get_grad_norm_direct, before any sub-group is stepped:
+                # each gradient partition's g.to(float64).norm(2), in parameter order, the
+                # float64 copy freed at once (t-z3-L12-h3072 trace: 750 MiB for the embedding,
+                # then 120, 72, 384, 192 per block; t-z3-hf-L6-h4096: a 4008 MiB segment for
+                # its 128256 x 4096 embedding)
+                for x in tensors:
+                    s.f(s.a(-(-x // n) * 8))
                 for size in sub_groups:  # per sub-group
                     s.f(fp32_gradients(size, moments_made))
                 moments_made = True
