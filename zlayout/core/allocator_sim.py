@@ -4,7 +4,8 @@ Pure arithmetic, no torch. Two parts:
 
 * `CachingAllocator`: the default (fixed-segment) allocator of c10/cuda/CUDACachingAllocator.cpp
   (torch 2.11), for the large pool: requests rounded up to 512 bytes; a request over 1 MiB is
-  served by the smallest free cached block that holds it (best fit, `get_free_block`), split
+  served by the smallest free cached block that holds it (best fit, `get_free_block`; of equal
+  ones the lowest address, which the newest segment usually has: `_key_of`), split
   when more than 1 MiB would remain (`should_split`); when no cached block holds it a new
   segment is cudaMalloc'ed: 20 MiB for requests under 10 MiB, else the request rounded up to
   2 MiB (`get_allocation_size`). A freed block merges with free neighbours of its own segment;
@@ -109,20 +110,26 @@ class _Block:
         return _key_of(self.size, self.segment, self.offset)
 
 
-# A free block's place in the best-fit order (size, then segment, then offset) as one int:
-# ints compare faster than tuples. Offsets are multiples of 512 bytes.
+# A free block's place in the best-fit order as one int (ints compare faster than tuples):
+# size, then address. The allocator's BlockComparatorSize orders free blocks by (stream, size,
+# pointer), and the CUDA driver mostly places a new segment below the one made before it (the
+# 15 H200 traces: 882 of 995 consecutive segments over 20 MiB), so among free blocks of one
+# size the newest segment's comes first, then the lowest offset. (Oldest first, two measured
+# hf rows lost a step segment that the GPU made: -9% and -14% reserved.)
+# Offsets are multiples of 512 bytes.
 _SEG_SHIFT, _SIZE_SHIFT = 48, 72
+_SEG_MAX = (1 << (_SIZE_SHIFT - _SEG_SHIFT)) - 1
 
 
 def _key_of(size: int, segment: int, offset: int) -> int:
-    return (size << _SIZE_SHIFT) | (segment << _SEG_SHIFT) | (offset >> 9)
+    return (size << _SIZE_SHIFT) | ((_SEG_MAX - segment) << _SEG_SHIFT) | (offset >> 9)
 
 
 @dataclass
 class CachingAllocator:
     """The large pool of the default caching allocator on one stream. Blocks of a segment are
-    a doubly linked list, as in the allocator; free blocks are kept sorted by (size, segment,
-    offset), the order `get_free_block`'s best fit searches."""
+    a doubly linked list, as in the allocator; free blocks are kept sorted by (size, newest
+    segment, offset), the address order `get_free_block`'s best fit searches (`_key_of`)."""
 
     free_index: list[int] = field(default_factory=list)
     free_blocks: dict[int, _Block] = field(default_factory=dict)
@@ -134,12 +141,12 @@ class CachingAllocator:
 
     def _add_free(self, block: _Block) -> None:
         block.free = True
-        key = (block.size << _SIZE_SHIFT) | (block.segment << _SEG_SHIFT) | (block.offset >> 9)
+        key = (block.size << _SIZE_SHIFT) | ((_SEG_MAX - block.segment) << _SEG_SHIFT) | (block.offset >> 9)
         insort(self.free_index, key)
         self.free_blocks[key] = block
 
     def _remove_free(self, block: _Block) -> None:
-        key = (block.size << _SIZE_SHIFT) | (block.segment << _SEG_SHIFT) | (block.offset >> 9)
+        key = (block.size << _SIZE_SHIFT) | ((_SEG_MAX - block.segment) << _SEG_SHIFT) | (block.offset >> 9)
         del self.free_index[bisect_left(self.free_index, key)]
         del self.free_blocks[key]
         block.free = False
@@ -172,7 +179,7 @@ class CachingAllocator:
                 nxt.prev = rest
             block.next = rest
             block.size = size
-            key = (remaining << _SIZE_SHIFT) | (rest.segment << _SEG_SHIFT) | (rest.offset >> 9)
+            key = (remaining << _SIZE_SHIFT) | ((_SEG_MAX - rest.segment) << _SEG_SHIFT) | (rest.offset >> 9)
             insort(index, key)
             self.free_blocks[key] = rest
         self.allocated += block.size
@@ -763,7 +770,7 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         s.f(down, xm)
         return out
 
-    def block_forward(x: int, keep: bool, recompute: bool = False) -> tuple[dict, int | None]:
+    def block_forward(x: int, keep: bool, recompute: bool = False, input_dies: bool = True) -> tuple[dict, int | None]:
         """One block's forward from its input x: (what its backward keeps, its output).
         `recompute`: a checkpoint's recomputation in backward, which stops once the last
         tensor backward needs is made (torch.utils.checkpoint, non-reentrant, early stop on
@@ -776,12 +783,13 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             q = s.a(T * h * w)
             first_matmul("forward")
             k, v = s.a(T * kv * w), s.a(T * kv * w)
-            tmp = [s.a(T * h * w), s.a(T * h * w)]  # rotary: q * cos, rotate_half(q) * sin
-            qr = s.a(T * h * w)
-            s.f(*tmp, q)
-            tmp = [s.a(T * kv * w), s.a(T * kv * w)]
-            kr = s.a(T * kv * w)
-            s.f(*tmp, k)
+            # apply_rotary_pos_emb(q, k): autograd keeps only cos and sin, so each rotary's
+            # intermediates (the negated half and the cat included) die inside it; q and k stay
+            # bound to the attention's locals until both are rotated (t-z1-hf-v256000 trace:
+            # 18, 9, 18, -9, 18, -18, 18, -18, -18 MiB for q at b2 s2048 h2304)
+            qr = rotary(T * h * w)
+            kr = rotary(T * kv * w)
+            s.f(q, k)
             sv["qkv"] = [qr, kr, v]
         else:
             sv["qkv"] = [s.a(T * (h + 2 * kv) * w)]
@@ -793,8 +801,7 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         if ckpt:
             sv["x"] = []  # the checkpoint keeps the block's input
         elif hf_norm:
-            s.f(x)  # the residual is not kept: the norm kept its fp32 copy
-            sv["x"] = []
+            sv["x"] = []  # the norm keeps its fp32 copy, not the block's input
         else:
             sv["x"] = [x]
         sv["norm2"], n2 = norm_forward()
@@ -803,8 +810,10 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             out = moe_forward(sv, recompute)
         else:
             if hf and swiglu:
-                gate, up = s.a(T * f * w), s.a(T * f * w)
+                # down_proj(act_fn(gate_proj(x)) * up_proj(x)): gate, its SiLU, up
+                gate = s.a(T * f * w)
                 act = s.a(T * f * w)
+                up = s.a(T * f * w)
                 sv["fc1"] = [gate, up]
             else:
                 fc1 = s.a(T * (2 if swiglu else 1) * f * w)
@@ -823,6 +832,11 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
                 s.f(fc2)
         if hf_norm:
             s.f(xm)
+            if not ckpt and input_dies:
+                # the block's input stays bound to the model loop's `hidden_states` until the
+                # layer returns (t-z1-hf-v256000 trace: the down output, the residual, then the
+                # input freed after each block's second residual add)
+                s.f(x)
             sv["xm"] = []
         else:
             sv["xm"] = [xm]
@@ -869,31 +883,43 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         g1 = s.a(T * f * w)
         s.f(*(sv["prod"] or sv["act"][:0]))
         hook([wg_fc2])
+        if hf and swiglu:
+            # transformers' MLP (t-z1-hf-v256000 trace): MulBackward0 (up's gradient, then
+            # act's; up and act freed with it); up_proj's MmBackward runs before the SiLU's
+            # (made later in forward); gate_proj's input gradient is summed with up_proj's
+            # (both views of a matmul: a new tensor) before its weight's hook, and the norm's
+            # output, which both projections kept, dies with gate_proj's node
+            gate, up = sv["fc1"]
+            g_up, g_act = s.a(T * f * w), s.a(T * f * w)
+            s.f(g1, up, *sv["act"])
+            w_up = s.a(f * h * w)
+            gx = s.a(T * h * w)
+            s.f(g_up)
+            hook([w_up])
+            gs = s.a(T * f * w)  # SiluBackward0
+            s.f(g_act, gate)
+            w_gate = s.a(f * h * w)
+            gx2 = s.a(T * h * w)
+            s.f(gs, *sv["n2"])
+            gn = s.a(T * h * w)
+            s.f(gx, gx2)
+            hook([w_gate])
+            gxm = norm_backward(gn, sv["norm2"], sv["xm"], hook)
+            s.f(gxm)  # added into g in place
+            return attention_backward(sv, g, hook)
         if swiglu:
             ga, gb = s.a(T * f * w), s.a(T * f * w)  # mul: d(silu), d(up)
             s.f(g1, *sv["act"])
             gs = s.a(T * f * w)  # silu backward
             s.f(ga)
-            if hf:
-                gcat = None
-            else:
-                s.f(*sv["fc1"])  # the fused gate/up output: its last use was the silu
-                gcat = s.a(T * 2 * f * w)  # chunk backward: cat
-                s.f(gs, gb)
+            s.f(*sv["fc1"])  # the fused gate/up output: its last use was the silu
+            gcat = s.a(T * 2 * f * w)  # chunk backward: cat
+            s.f(gs, gb)
         else:
             gcat = s.a(T * f * w)  # gelu backward: its input (fc1's output) freed
             s.f(g1, *sv["act"], *sv["fc1"])
-        if hf and swiglu:
-            s.f(*sv["fc1"])
-            gx = linear_backward(f * h, T * h * w, hook)  # up_proj
-            s.f(gb)
-            gx2 = linear_backward(f * h, T * h * w, hook)  # gate_proj
-            s.f(gs)
-            gn = s.a(T * h * w)  # sum
-            s.f(gx, gx2)
-        else:
-            gn = linear_backward((2 if swiglu else 1) * f * h, T * h * w, hook)  # fc1
-            s.f(gcat)
+        gn = linear_backward((2 if swiglu else 1) * f * h, T * h * w, hook)  # fc1
+        s.f(gcat)
         s.f(*sv["n2"])
         gxm = norm_backward(gn, sv["norm2"], sv["xm"], hook)
         s.f(gxm)  # added into g in place
@@ -905,48 +931,95 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         # sdpa backward: dq, dk, dv, flash's workspace
         dq, dk, dv = s.a(T * h * w), s.a(T * kv * w), s.a(T * kv * w)
         s.f(s.a(flash_bwd))
-        s.f(*sv["attn"], *sv["qkv"], gattn)
         if hf:
-            # rotary backward of q and k, then three projections' input gradients summed
-            dq2 = s.a(T * h * w)
-            s.f(dq)
-            dk2 = s.a(T * kv * w)
-            s.f(dk)
-            gx = linear_backward(h * h, T * h * w, hook)
-            s.f(dq2)
-            gx2 = linear_backward(h * kv, T * h * w, hook)
-            s.f(dk2)
-            gsum = s.a(T * h * w)
-            s.f(gx, gx2)
-            gx = linear_backward(h * kv, T * h * w, hook)
+            # transformers' attention (t-z1-hf-v256000 trace): the sdpa node frees its
+            # incoming gradient, then the rotated k and q, v and its output; k's rotary runs
+            # back before q's (made later), then v_proj, k_proj, q_proj (reverse order of
+            # creation). k's and q's gradients come out of the rotary transposed and are
+            # made contiguous for their projection's view; v_proj's and k_proj's input
+            # gradients are summed into a new tensor (both views), q_proj's added into it in
+            # place; each projection's weight hook runs once its input gradient is placed
+            qr, kr, v = sv["qkv"]
+            s.f(gattn, kr, qr, v, *sv["attn"])
+            dk = rotary_backward(dk, T * kv * w)
+            dq = rotary_backward(dq, T * h * w)
+            w_v = s.a(h * kv * w)
+            gv = s.a(T * h * w)
             s.f(dv)
+            hook([w_v])
+            kc = s.a(T * kv * w)
+            s.f(dk)
+            w_k = s.a(h * kv * w)
+            gk = s.a(T * h * w)
+            s.f(kc)
             gn = s.a(T * h * w)
-            s.f(gsum, gx)
-        else:
-            gqkv = s.a(T * (h + 2 * kv) * w)  # split backward: cat
-            s.f(dq, dk, dv)
-            gn = linear_backward(h * (h + 2 * kv), T * h * w, hook)
-            s.f(*sv["n1"])
-            s.f(gqkv)
-        if hf:
-            s.f(*sv["n1"])
+            s.f(gv, gk)
+            hook([w_k])
+            qc = s.a(T * h * w)
+            s.f(dq)
+            w_q = s.a(h * h * w)
+            gq = s.a(T * h * w)
+            s.f(qc, *sv["n1"], gq)
+            hook([w_q])
+            gx = norm_backward(gn, sv["norm1"], sv["x"], hook)
+            s.f(gx)  # added into g in place
+            return g
+        s.f(*sv["attn"], *sv["qkv"], gattn)
+        gqkv = s.a(T * (h + 2 * kv) * w)  # split backward: cat
+        s.f(dq, dk, dv)
+        gn = linear_backward(h * (h + 2 * kv), T * h * w, hook)
+        s.f(*sv["n1"])
+        s.f(gqkv)
         gx = norm_backward(gn, sv["norm1"], sv["x"], hook)
         s.f(gx)  # added into g in place
         return g
 
+    def rotary_backward(g: int, size: int) -> int:
+        """apply_rotary_pos_emb's backward for one of q, k (`size` bytes) from its output's
+        gradient g: rotate_half(x) * sin's product, the negated half, the two slices'
+        zero-padded gradients (the second added into the first in place), x * cos's product
+        added too (t-z1-hf-v256000 trace: 18, 9, 18, -9, 18, -18, -18, 18, -18, -18 MiB)."""
+        a1 = s.a(size)
+        neg = s.a(size // 2)
+        s2 = s.a(size)
+        s.f(neg)
+        s1 = s.a(size)
+        s.f(a1, s1)
+        y = s.a(size)
+        s.f(g, y)
+        return s2
+
     def norm_backward(g: int, kept: list[int], x: list[int], hook) -> int:
+        if hf_norm:
+            # transformers' RMSNorm as autograd runs it back (traces t-z1-hf-v256000,
+            # t-z1-hf-v32001: 18, 18, 72, then 36 x 7 and 18 MiB at b2 s2048 h2304).
+            # MulBackward0 (weight * hb): hb's gradient, then the weight's product, which the
+            # engine sums to the weight's shape (validate_outputs -> sum_to; the reduction
+            # takes a transient of 8 bytes an element); g, the product and hb freed, then the
+            # weight's AccumulateGrad and hook
+            x32, nb = kept
+            g_hb = s.a(T * h * w)
+            gw = s.a(T * h * w)
+            s.f(s.a(T * h * 8))
+            s.f(gw, g, nb)
+            hook([], model.norm_params())
+            g32 = s.a(T * h * 4)  # ToCopyBackward0: to fp32
+            s.f(g_hb)
+            # MulBackward0 (x32 * rsqrt): rsqrt's product (summed over h, freed), then x32's
+            gr = s.a(T * h * 4)
+            gx32 = s.a(T * h * 4)
+            s.f(gr, g32)
+            # MeanBackward0 (expand / h), PowBackward0 (x32.pow(1), * 2, * grad): x32 freed
+            # with the pow's node, its product added into x32's gradient in place
+            gm = s.a(T * h * 4)
+            p1, p2, gp = s.a(T * h * 4), s.a(T * h * 4), s.a(T * h * 4)
+            s.f(p2, p1, gm, x32, gp)
+            gx = s.a(T * h * w)  # ToCopyBackward0: to bf16
+            s.f(gx32)
+            return gx
         # the norm's weight (and bias) gradient: too small for the large pool, but ZeRO-3
         # counts its elements into the reduce bucket
         hook([], model.norm_params())
-        if hf_norm:
-            # weight multiply, .to(bf16) backward (fp32), rsqrt multiply, pow: fp32 gradients
-            gb = s.a(T * h * 4)
-            s.f(g)
-            g32 = s.a(T * h * 4)
-            s.f(gb)
-            gx = s.a(T * h * w)
-            s.f(g32, *kept)
-            return gx
         gx = s.a(T * h * w)
         # what the norm kept for its backward (the final norm's input, `fin_kept`) dies with it
         s.f(g, *x, *kept)
@@ -989,7 +1062,8 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             if ckpt and hf_norm and swiglu and not moe:
                 sv, x = {}, hf_block_forward_checkpointed(x)
             else:
-                sv, x = block_forward(x, keep=not ckpt)
+                # the first block's input is the model's `inputs_embeds`, alive to its return
+                sv, x = block_forward(x, keep=not ckpt, input_dies=layer > 0)
             if recording or layer not in kept_layers:
                 s.f(*gathered.pop(layer))
             saved.append(sv)
@@ -998,7 +1072,9 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         if not hf_norm:
             fin_kept = [inputs[-1]]
         else:
-            s.f(inputs[-1])
+            s.f(inputs[-1])  # rebound to the final norm's output
+            if not ckpt:
+                s.f(inputs[0])  # inputs_embeds, when the model's forward returns
         head_w = fetch([V * h])
         logits = s.a(T * V * w)
         if recording:
@@ -1101,7 +1177,8 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
 
         def hook(weight_grads: list[int], small: int = 0) -> None:
             """DeepSpeed's gradient hook, for `weight_grads` (names of large gradients) or
-            for `small` elements of small ones (norms), which only ZeRO-3's bucket counts."""
+            for `small` elements of small ones (norms: no block of their own, but counted
+            into the reduce bucket)."""
             nonlocal partition, buckets, filled
             if stage == 3:
                 # copied into the IPG bucket (reduce_and_partition_stream); a gradient that
@@ -1118,6 +1195,20 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
                 filled += sum(sizes)
                 return
             if not weight_grads:
+                # a norm's gradient: reduced like the others (the first one ready makes the
+                # buckets: t-z1-hf-v256000 trace, tied embeddings, the final norm's weight
+                # before any block's), its elements counted into the bucket
+                if stage == 0 or (stage == 1 and not boundary):
+                    return
+                if not buckets:
+                    buckets = [s.a(zero.reduce_bucket_size * w) for _ in range(2 if zero.overlap_comm else 1)]
+                if offload12:
+                    if filled + small > zero.reduce_bucket_size:
+                        offload_flush()
+                    in_bucket.append(small)
+                elif partition is None and filled + small > zero.reduce_bucket_size:
+                    partition = s.a(p_shard * w, REDUCE_STREAM if zero.overlap_comm else DEFAULT_STREAM)
+                filled += small
                 return
             if stage == 0 or (stage == 1 and not boundary):
                 # accumulated in .grad: the first micro-step's gradients stay, later ones are
