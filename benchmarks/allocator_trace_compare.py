@@ -8,7 +8,7 @@ The trace (benchmarks/allocator_trace.py) is replayed as recorded: its large req
 same layout (the trace's argv, as `zlayout verify` reads it) is written by
 `allocator_sim.allocation_sequence` and served by `allocator_sim.CachingAllocator`, one per
 stream. Per phase (built, initialize, stepN.forward/backward/step) it prints: the number of
-large requests and their bytes, reserved at the phase's end, the segments each side made
+large requests and their bytes, reserved at the phase's end (less what empty_cache returned), the segments each side made
 (with the request that made it), and the first places where the two request sequences
 differ (sizes in MiB, `difflib` opcodes), so a missing, extra or reordered tensor shows where
 it first appears.
@@ -41,6 +41,7 @@ def trace_phases(doc: dict) -> dict[str, dict]:
     """Per phase, the recorded large requests (MiB), the segments made (size, index of the
     request that made it, its size) and reserved at the phase's end (all pools, large only)."""
     ALLOC, SEG = doc["actions"]["alloc"], doc["actions"]["segment_alloc"]
+    SEG_FREE = doc["actions"]["segment_free"]
     trace = doc["trace"]
     bounds = [0] + [i for _, i in doc["phase_marks"]]
     names = [name for name, _ in doc["phase_marks"]]
@@ -58,6 +59,8 @@ def trace_phases(doc: dict) -> dict[str, dict]:
                 nxt = next((r[2] for r in rows[j + 1:] if r[0] == ALLOC), 0)
                 segs.append((mib(size), len(reqs), mib(nxt)))
                 reserved += size
+            elif action == SEG_FREE and size > 2 * MiB:  # empty_cache
+                reserved -= size
         out[name] = {"reqs": reqs, "segs": segs, "reserved": reserved}
     return out
 
@@ -82,9 +85,12 @@ def replay_phases(events: list[tuple], marks: list[tuple[str, int]]) -> dict[str
                 if len(pool.segment_sizes) > before:
                     segs.append((mib(pool.segment_sizes[-1]), len(reqs) - 1,
                                  mib(event[2]) if stream == DEFAULT_STREAM else f"{mib(event[2])}@s{stream}"))
-            else:
+            elif event[0] == "f":
                 pool, handle = handles.pop(event[1])
                 pool.free(handle)
+            else:  # empty_cache
+                for pool in pools.values():
+                    pool.empty_cache()
         out[name] = {"reqs": reqs, "segs": segs, "reserved": sum(p.reserved for p in pools.values())}
     return out
 

@@ -4,14 +4,15 @@ Pure arithmetic, no torch. Two parts:
 
 * `CachingAllocator`: the default (fixed-segment) allocator of c10/cuda/CUDACachingAllocator.cpp
   (torch 2.11), for the large pool: requests rounded up to 512 bytes; a request over 1 MiB is
-  served by the smallest free cached block that holds it (best fit, `get_free_block`), split
+  served by the smallest free cached block that holds it (best fit, `get_free_block`; of equal
+  ones the lowest address, which the newest segment usually has: `_key_of`), split
   when more than 1 MiB would remain (`should_split`); when no cached block holds it a new
   segment is cudaMalloc'ed: 20 MiB for requests under 10 MiB, else the request rounded up to
   2 MiB (`get_allocation_size`). A freed block merges with free neighbours of its own segment;
-  segments are never returned while the card has room (no `empty_cache`, no OOM retry), so
-  peak reserved is the sum of every segment ever made. Requests of 1 MiB or less (the small
-  pool: norms' statistics, flags, losses) are not replayed: they stay in 2 MiB segments of
-  their own and are a constant.
+  segments are never returned while the card has room (no OOM retry) but by an explicit
+  `empty_cache` (ZeRO-3's defragment at initialize), so from then on peak reserved is the sum
+  of every segment made. Requests of 1 MiB or less (the small pool: norms' statistics, flags,
+  losses) are not replayed: they stay in 2 MiB segments of their own and are a constant.
 * `allocation_sequence`: the tensors one GPU allocates and frees, in order, from
   `deepspeed.initialize` through `steps` training steps, built from the same terms as
   `memory.py` (weights per tensor then flattened, fp32 master and moments, each block's
@@ -21,16 +22,18 @@ Pure arithmetic, no torch. Two parts:
   a tensor that no cached block holds gets a new segment, and the cached blocks that smaller
   tensors split are not whole again when a large request comes back.
 * Streams (`Pools`): a freed block is cached for the stream that allocated it. ZeRO-3
-  gathers weights on its allgather stream and, with the optimizer on the host, stages each
-  reduced bucket on its reduce stream; those pools are replayed apart from the compute
-  stream's, and peak reserved is their sum.
+  gathers weights on its allgather stream and concatenates each reduced bucket on its reduce
+  stream; those pools are replayed apart from the compute stream's, and peak reserved is
+  their sum.
 * ZeRO-3 (DeepSpeed 0.19.8 stage3.py / partition_parameters.py): zero.Init partitions each
-  tensor as it is built; the partitions are flattened into one buffer; the fp32 master per
-  sub-group, the flat gradient partition and the IPG bucket are allocated once at initialize;
-  each weight gradient is copied into the bucket and dropped; the step flattens and casts one
-  sub-group at a time. Weights are gathered only when they are not whole on the GPU (more
-  than one GPU, or parameter offload): per block before its forward and again before its
-  backward, those within `stage3_max_reuse_distance` (the head and the last blocks) kept.
+  tensor as it is built; the partitions are moved to the host, the cache emptied, and flattened
+  into one buffer; the fp32 master per sub-group, the flat gradient partition and the IPG
+  bucket are allocated once at initialize; each weight gradient is copied into the bucket and
+  dropped, a full bucket concatenated for its reduce-scatter; the step takes each gradient's
+  float64 norm, then flattens and casts one sub-group at a time. Weights are gathered only
+  when they are not whole on the GPU (more than one GPU, or parameter offload): per block
+  before its forward and again before its backward, those within `stage3_max_reuse_distance`
+  (the head and the last blocks) kept.
 * Gradient accumulation: stage 0 and stage 1 keep each weight's `.grad` from the first
   micro-step to the boundary (stage 1 reduces only there); stage 2 reduces every micro-step.
 * Mixture of experts (`mixtral_replayed`: transformers' Mixtral, `--impl hf`, routed experts
@@ -48,8 +51,10 @@ Pure arithmetic, no torch. Two parts:
   weight gradient before its input's, hooked at once; residual gradients summed in place; a
   tied weight's two gradients summed once), the checkpoint recompute's early stop, flash
   attention's backward workspace, the loss's b x (s-1) tokens, DeepSpeed's float64 gradient
-  norms, stage 0's all-reduce buckets, grads_in_partition on the reduction stream. The
-  ZeRO-0 and ZeRO-2-checkpointed traces replay to within 20 MiB of every phase's segments.
+  norms, stage 0's all-reduce buckets, grads_in_partition on the reduction stream,
+  transformers' decoder layer node by node, ZeRO-3's defragment and bucket copies. Every
+  phase after zero.Init of 14 of the 15 traces replays to within 16 MiB of its segments, peak
+  reserved within 20 MiB; z3-opt-param-cpu (ZeRO-3 with both offloads) is 0.44 GiB over.
 """
 
 from __future__ import annotations
@@ -107,20 +112,26 @@ class _Block:
         return _key_of(self.size, self.segment, self.offset)
 
 
-# A free block's place in the best-fit order (size, then segment, then offset) as one int:
-# ints compare faster than tuples. Offsets are multiples of 512 bytes.
+# A free block's place in the best-fit order as one int (ints compare faster than tuples):
+# size, then address. The allocator's BlockComparatorSize orders free blocks by (stream, size,
+# pointer), and the CUDA driver mostly places a new segment below the one made before it (the
+# 15 H200 traces: 882 of 995 consecutive segments over 20 MiB), so among free blocks of one
+# size the newest segment's comes first, then the lowest offset. (Oldest first, two measured
+# hf rows lost a step segment that the GPU made: -9% and -14% reserved.)
+# Offsets are multiples of 512 bytes.
 _SEG_SHIFT, _SIZE_SHIFT = 48, 72
+_SEG_MAX = (1 << (_SIZE_SHIFT - _SEG_SHIFT)) - 1
 
 
 def _key_of(size: int, segment: int, offset: int) -> int:
-    return (size << _SIZE_SHIFT) | (segment << _SEG_SHIFT) | (offset >> 9)
+    return (size << _SIZE_SHIFT) | ((_SEG_MAX - segment) << _SEG_SHIFT) | (offset >> 9)
 
 
 @dataclass
 class CachingAllocator:
     """The large pool of the default caching allocator on one stream. Blocks of a segment are
-    a doubly linked list, as in the allocator; free blocks are kept sorted by (size, segment,
-    offset), the order `get_free_block`'s best fit searches."""
+    a doubly linked list, as in the allocator; free blocks are kept sorted by (size, newest
+    segment, offset), the address order `get_free_block`'s best fit searches (`_key_of`)."""
 
     free_index: list[int] = field(default_factory=list)
     free_blocks: dict[int, _Block] = field(default_factory=dict)
@@ -132,12 +143,12 @@ class CachingAllocator:
 
     def _add_free(self, block: _Block) -> None:
         block.free = True
-        key = (block.size << _SIZE_SHIFT) | (block.segment << _SEG_SHIFT) | (block.offset >> 9)
+        key = (block.size << _SIZE_SHIFT) | ((_SEG_MAX - block.segment) << _SEG_SHIFT) | (block.offset >> 9)
         insort(self.free_index, key)
         self.free_blocks[key] = block
 
     def _remove_free(self, block: _Block) -> None:
-        key = (block.size << _SIZE_SHIFT) | (block.segment << _SEG_SHIFT) | (block.offset >> 9)
+        key = (block.size << _SIZE_SHIFT) | ((_SEG_MAX - block.segment) << _SEG_SHIFT) | (block.offset >> 9)
         del self.free_index[bisect_left(self.free_index, key)]
         del self.free_blocks[key]
         block.free = False
@@ -170,7 +181,7 @@ class CachingAllocator:
                 nxt.prev = rest
             block.next = rest
             block.size = size
-            key = (remaining << _SIZE_SHIFT) | (rest.segment << _SEG_SHIFT) | (rest.offset >> 9)
+            key = (remaining << _SIZE_SHIFT) | ((_SEG_MAX - rest.segment) << _SEG_SHIFT) | (rest.offset >> 9)
             insort(index, key)
             self.free_blocks[key] = rest
         self.allocated += block.size
@@ -198,6 +209,14 @@ class CachingAllocator:
             block = prev
         self._add_free(block)
 
+    def empty_cache(self) -> None:
+        """torch.cuda.empty_cache (`release_cached_blocks`): every segment with no block in use
+        is returned to the device (`segment_sizes` keeps what was ever made)."""
+        for key in [k for k, b in self.free_blocks.items() if b.prev is None and b.next is None]:
+            block = self.free_blocks.pop(key)
+            del self.free_index[bisect_left(self.free_index, key)]
+            self.reserved -= block.size
+
     @property
     def segments(self) -> list[int]:
         return self.segment_sizes
@@ -213,10 +232,16 @@ class Pools:
     pools: dict[int, CachingAllocator] = field(default_factory=dict)
     allocated: int = 0
     peak_allocated: int = 0
+    released_peak: int = 0  # reserved just before the last empty_cache, if one ran
 
     @property
     def peak_reserved(self) -> int:
-        return sum(pool.reserved for pool in self.pools.values())
+        return max(self.released_peak, sum(pool.reserved for pool in self.pools.values()))
+
+    def empty_cache(self) -> None:
+        self.released_peak = max(self.released_peak, self.peak_reserved)
+        for pool in self.pools.values():
+            pool.empty_cache()
 
     @property
     def segments(self) -> list[int]:
@@ -225,7 +250,8 @@ class Pools:
 
 def replay(events: list[tuple[str, object, int]], track_allocated: bool = True) -> Pools:
     """events: ("a", name, bytes) allocates a tensor called name on the default stream,
-    ("a", name, bytes, stream) on another stream; ("f", name, 0) frees it.
+    ("a", name, bytes, stream) on another stream; ("f", name, 0) frees it; ("e", None, 0)
+    empties every pool's cache (`CachingAllocator.empty_cache`).
     `track_allocated=False` skips the peak allocated across streams (planning reads only
     reserved; each pool still keeps its own)."""
     out = Pools()
@@ -247,9 +273,11 @@ def replay(events: list[tuple[str, object, int]], track_allocated: bool = True) 
                 allocated = sum(p.allocated for p in pools.values())
                 if allocated > peak:
                     peak = allocated
-        else:
+        elif event[0] == "f":
             pool, handle = handles.pop(event[1])
             pool.free(handle)
+        else:
+            out.empty_cache()
     out.allocated = sum(p.allocated for p in pools.values())
     out.peak_allocated = peak if several else default.peak_allocated
     return out
@@ -273,6 +301,7 @@ class _Seq:
         self.pools: dict[int, CachingAllocator] = {}
         self.blocks: list[tuple[CachingAllocator, _Block | None] | None] = [None]
         self.marks: list[tuple[str, int]] = []  # (phase, index of its first event): comparisons
+        self.released_peak = 0
 
     def mark(self, phase: str) -> None:
         """The phase that ends here (the allocator trace's `phase_marks`), for comparing the
@@ -302,9 +331,20 @@ class _Seq:
                 else:
                     self.events.append(("f", name, 0))
 
+    def empty_cache(self) -> None:
+        """torch.cuda.empty_cache: the pools' unused segments go back to the device."""
+        if self.live:
+            self.released_peak = max(self.released_peak, self.reserved)
+            for pool in self.pools.values():
+                pool.empty_cache()
+        else:
+            self.events.append(("e", None, 0))
+
     @property
     def reserved(self) -> int:
-        return sum(pool.reserved for pool in self.pools.values())
+        """Peak reserved bytes so far (live): the pools' segments, or what they held before an
+        empty_cache returned some, whichever was more."""
+        return max(self.released_peak, sum(pool.reserved for pool in self.pools.values()))
 
 
 def hf_layer_tensor_sizes(model) -> list[int]:
@@ -469,10 +509,14 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             s.f(whole)
         s.mark("built")
         if param_on_gpu:
-            # _create_fp16_partitions_with_defragmentation: one flat bf16 buffer of the
-            # partitions, which become views of it
-            s.a(p_shard * w)
+            # _create_fp16_partitions_with_defragmentation -> zero/utils.py defragment: each
+            # partition copied to a host buffer and freed, gc.collect(), empty_cache() (the
+            # segments zero.Init filled go back to the device: t-z3-L12-h3072 trace, 16
+            # segments freed, 3336 MiB), then the flat buffer copied back to the GPU; the
+            # partitions become views of it
             s.f(*weights)
+            s.empty_cache()
+            s.a(p_shard * w)
         if opt_on_gpu:
             # _create_fp32_partitions, per sub-group: converted = flat.to(fp32), master =
             # converted.clone(); the local `converted` lives until the next sub-group's
@@ -728,7 +772,7 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         s.f(down, xm)
         return out
 
-    def block_forward(x: int, keep: bool, recompute: bool = False) -> tuple[dict, int | None]:
+    def block_forward(x: int, keep: bool, recompute: bool = False, input_dies: bool = True) -> tuple[dict, int | None]:
         """One block's forward from its input x: (what its backward keeps, its output).
         `recompute`: a checkpoint's recomputation in backward, which stops once the last
         tensor backward needs is made (torch.utils.checkpoint, non-reentrant, early stop on
@@ -741,12 +785,13 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             q = s.a(T * h * w)
             first_matmul("forward")
             k, v = s.a(T * kv * w), s.a(T * kv * w)
-            tmp = [s.a(T * h * w), s.a(T * h * w)]  # rotary: q * cos, rotate_half(q) * sin
-            qr = s.a(T * h * w)
-            s.f(*tmp, q)
-            tmp = [s.a(T * kv * w), s.a(T * kv * w)]
-            kr = s.a(T * kv * w)
-            s.f(*tmp, k)
+            # apply_rotary_pos_emb(q, k): autograd keeps only cos and sin, so each rotary's
+            # intermediates (the negated half and the cat included) die inside it; q and k stay
+            # bound to the attention's locals until both are rotated (t-z1-hf-v256000 trace:
+            # 18, 9, 18, -9, 18, -18, 18, -18, -18 MiB for q at b2 s2048 h2304)
+            qr = rotary(T * h * w)
+            kr = rotary(T * kv * w)
+            s.f(q, k)
             sv["qkv"] = [qr, kr, v]
         else:
             sv["qkv"] = [s.a(T * (h + 2 * kv) * w)]
@@ -758,8 +803,7 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         if ckpt:
             sv["x"] = []  # the checkpoint keeps the block's input
         elif hf_norm:
-            s.f(x)  # the residual is not kept: the norm kept its fp32 copy
-            sv["x"] = []
+            sv["x"] = []  # the norm keeps its fp32 copy, not the block's input
         else:
             sv["x"] = [x]
         sv["norm2"], n2 = norm_forward()
@@ -768,8 +812,10 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             out = moe_forward(sv, recompute)
         else:
             if hf and swiglu:
-                gate, up = s.a(T * f * w), s.a(T * f * w)
+                # down_proj(act_fn(gate_proj(x)) * up_proj(x)): gate, its SiLU, up
+                gate = s.a(T * f * w)
                 act = s.a(T * f * w)
+                up = s.a(T * f * w)
                 sv["fc1"] = [gate, up]
             else:
                 fc1 = s.a(T * (2 if swiglu else 1) * f * w)
@@ -788,6 +834,11 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
                 s.f(fc2)
         if hf_norm:
             s.f(xm)
+            if not ckpt and input_dies:
+                # the block's input stays bound to the model loop's `hidden_states` until the
+                # layer returns (t-z1-hf-v256000 trace: the down output, the residual, then the
+                # input freed after each block's second residual add)
+                s.f(x)
             sv["xm"] = []
         else:
             sv["xm"] = [xm]
@@ -827,40 +878,52 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         if moe:
             gn = moe_backward(sv, g, hook)
             s.f(*sv["n2"])
-            gxm = norm_backward(gn, sv["norm2"], sv["xm"])
+            gxm = norm_backward(gn, sv["norm2"], sv["xm"], hook)
             s.f(gxm)  # added into g in place
             return attention_backward(sv, g, hook)
         wg_fc2 = s.a(f * h * w)  # fc2: d(weight), then d(input)
         g1 = s.a(T * f * w)
         s.f(*(sv["prod"] or sv["act"][:0]))
         hook([wg_fc2])
+        if hf and swiglu:
+            # transformers' MLP (t-z1-hf-v256000 trace): MulBackward0 (up's gradient, then
+            # act's; up and act freed with it); up_proj's MmBackward runs before the SiLU's
+            # (made later in forward); gate_proj's input gradient is summed with up_proj's
+            # (both views of a matmul: a new tensor) before its weight's hook, and the norm's
+            # output, which both projections kept, dies with gate_proj's node
+            gate, up = sv["fc1"]
+            g_up, g_act = s.a(T * f * w), s.a(T * f * w)
+            s.f(g1, up, *sv["act"])
+            w_up = s.a(f * h * w)
+            gx = s.a(T * h * w)
+            s.f(g_up)
+            hook([w_up])
+            gs = s.a(T * f * w)  # SiluBackward0
+            s.f(g_act, gate)
+            w_gate = s.a(f * h * w)
+            gx2 = s.a(T * h * w)
+            s.f(gs, *sv["n2"])
+            gn = s.a(T * h * w)
+            s.f(gx, gx2)
+            hook([w_gate])
+            gxm = norm_backward(gn, sv["norm2"], sv["xm"], hook)
+            s.f(gxm)  # added into g in place
+            return attention_backward(sv, g, hook)
         if swiglu:
             ga, gb = s.a(T * f * w), s.a(T * f * w)  # mul: d(silu), d(up)
             s.f(g1, *sv["act"])
             gs = s.a(T * f * w)  # silu backward
             s.f(ga)
-            if hf:
-                gcat = None
-            else:
-                s.f(*sv["fc1"])  # the fused gate/up output: its last use was the silu
-                gcat = s.a(T * 2 * f * w)  # chunk backward: cat
-                s.f(gs, gb)
+            s.f(*sv["fc1"])  # the fused gate/up output: its last use was the silu
+            gcat = s.a(T * 2 * f * w)  # chunk backward: cat
+            s.f(gs, gb)
         else:
             gcat = s.a(T * f * w)  # gelu backward: its input (fc1's output) freed
             s.f(g1, *sv["act"], *sv["fc1"])
-        if hf and swiglu:
-            s.f(*sv["fc1"])
-            gx = linear_backward(f * h, T * h * w, hook)  # up_proj
-            s.f(gb)
-            gx2 = linear_backward(f * h, T * h * w, hook)  # gate_proj
-            s.f(gs)
-            gn = s.a(T * h * w)  # sum
-            s.f(gx, gx2)
-        else:
-            gn = linear_backward((2 if swiglu else 1) * f * h, T * h * w, hook)  # fc1
-            s.f(gcat)
+        gn = linear_backward((2 if swiglu else 1) * f * h, T * h * w, hook)  # fc1
+        s.f(gcat)
         s.f(*sv["n2"])
-        gxm = norm_backward(gn, sv["norm2"], sv["xm"])
+        gxm = norm_backward(gn, sv["norm2"], sv["xm"], hook)
         s.f(gxm)  # added into g in place
         return attention_backward(sv, g, hook)
 
@@ -870,45 +933,95 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         # sdpa backward: dq, dk, dv, flash's workspace
         dq, dk, dv = s.a(T * h * w), s.a(T * kv * w), s.a(T * kv * w)
         s.f(s.a(flash_bwd))
-        s.f(*sv["attn"], *sv["qkv"], gattn)
         if hf:
-            # rotary backward of q and k, then three projections' input gradients summed
-            dq2 = s.a(T * h * w)
-            s.f(dq)
-            dk2 = s.a(T * kv * w)
-            s.f(dk)
-            gx = linear_backward(h * h, T * h * w, hook)
-            s.f(dq2)
-            gx2 = linear_backward(h * kv, T * h * w, hook)
-            s.f(dk2)
-            gsum = s.a(T * h * w)
-            s.f(gx, gx2)
-            gx = linear_backward(h * kv, T * h * w, hook)
+            # transformers' attention (t-z1-hf-v256000 trace): the sdpa node frees its
+            # incoming gradient, then the rotated k and q, v and its output; k's rotary runs
+            # back before q's (made later), then v_proj, k_proj, q_proj (reverse order of
+            # creation). k's and q's gradients come out of the rotary transposed and are
+            # made contiguous for their projection's view; v_proj's and k_proj's input
+            # gradients are summed into a new tensor (both views), q_proj's added into it in
+            # place; each projection's weight hook runs once its input gradient is placed
+            qr, kr, v = sv["qkv"]
+            s.f(gattn, kr, qr, v, *sv["attn"])
+            dk = rotary_backward(dk, T * kv * w)
+            dq = rotary_backward(dq, T * h * w)
+            w_v = s.a(h * kv * w)
+            gv = s.a(T * h * w)
             s.f(dv)
+            hook([w_v])
+            kc = s.a(T * kv * w)
+            s.f(dk)
+            w_k = s.a(h * kv * w)
+            gk = s.a(T * h * w)
+            s.f(kc)
             gn = s.a(T * h * w)
-            s.f(gsum, gx)
-        else:
-            gqkv = s.a(T * (h + 2 * kv) * w)  # split backward: cat
-            s.f(dq, dk, dv)
-            gn = linear_backward(h * (h + 2 * kv), T * h * w, hook)
-            s.f(*sv["n1"])
-            s.f(gqkv)
-        if hf:
-            s.f(*sv["n1"])
-        gx = norm_backward(gn, sv["norm1"], sv["x"])
+            s.f(gv, gk)
+            hook([w_k])
+            qc = s.a(T * h * w)
+            s.f(dq)
+            w_q = s.a(h * h * w)
+            gq = s.a(T * h * w)
+            s.f(qc, *sv["n1"], gq)
+            hook([w_q])
+            gx = norm_backward(gn, sv["norm1"], sv["x"], hook)
+            s.f(gx)  # added into g in place
+            return g
+        s.f(*sv["attn"], *sv["qkv"], gattn)
+        gqkv = s.a(T * (h + 2 * kv) * w)  # split backward: cat
+        s.f(dq, dk, dv)
+        gn = linear_backward(h * (h + 2 * kv), T * h * w, hook)
+        s.f(*sv["n1"])
+        s.f(gqkv)
+        gx = norm_backward(gn, sv["norm1"], sv["x"], hook)
         s.f(gx)  # added into g in place
         return g
 
-    def norm_backward(g: int, kept: list[int], x: list[int]) -> int:
+    def rotary_backward(g: int, size: int) -> int:
+        """apply_rotary_pos_emb's backward for one of q, k (`size` bytes) from its output's
+        gradient g: rotate_half(x) * sin's product, the negated half, the two slices'
+        zero-padded gradients (the second added into the first in place), x * cos's product
+        added too (t-z1-hf-v256000 trace: 18, 9, 18, -9, 18, -18, -18, 18, -18, -18 MiB)."""
+        a1 = s.a(size)
+        neg = s.a(size // 2)
+        s2 = s.a(size)
+        s.f(neg)
+        s1 = s.a(size)
+        s.f(a1, s1)
+        y = s.a(size)
+        s.f(g, y)
+        return s2
+
+    def norm_backward(g: int, kept: list[int], x: list[int], hook) -> int:
         if hf_norm:
-            # weight multiply, .to(bf16) backward (fp32), rsqrt multiply, pow: fp32 gradients
-            gb = s.a(T * h * 4)
-            s.f(g)
-            g32 = s.a(T * h * 4)
-            s.f(gb)
-            gx = s.a(T * h * w)
-            s.f(g32, *kept)
+            # transformers' RMSNorm as autograd runs it back (traces t-z1-hf-v256000,
+            # t-z1-hf-v32001: 18, 18, 72, then 36 x 7 and 18 MiB at b2 s2048 h2304).
+            # MulBackward0 (weight * hb): hb's gradient, then the weight's product, which the
+            # engine sums to the weight's shape (validate_outputs -> sum_to; the reduction
+            # takes a transient of 8 bytes an element); g, the product and hb freed, then the
+            # weight's AccumulateGrad and hook
+            x32, nb = kept
+            g_hb = s.a(T * h * w)
+            gw = s.a(T * h * w)
+            s.f(s.a(T * h * 8))
+            s.f(gw, g, nb)
+            hook([], model.norm_params())
+            g32 = s.a(T * h * 4)  # ToCopyBackward0: to fp32
+            s.f(g_hb)
+            # MulBackward0 (x32 * rsqrt): rsqrt's product (summed over h, freed), then x32's
+            gr = s.a(T * h * 4)
+            gx32 = s.a(T * h * 4)
+            s.f(gr, g32)
+            # MeanBackward0 (expand / h), PowBackward0 (x32.pow(1), * 2, * grad): x32 freed
+            # with the pow's node, its product added into x32's gradient in place
+            gm = s.a(T * h * 4)
+            p1, p2, gp = s.a(T * h * 4), s.a(T * h * 4), s.a(T * h * 4)
+            s.f(p2, p1, gm, x32, gp)
+            gx = s.a(T * h * w)  # ToCopyBackward0: to bf16
+            s.f(gx32)
             return gx
+        # the norm's weight (and bias) gradient: too small for the large pool, but ZeRO-3
+        # counts its elements into the reduce bucket
+        hook([], model.norm_params())
         gx = s.a(T * h * w)
         # what the norm kept for its backward (the final norm's input, `fin_kept`) dies with it
         s.f(g, *x, *kept)
@@ -951,7 +1064,8 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             if ckpt and hf_norm and swiglu and not moe:
                 sv, x = {}, hf_block_forward_checkpointed(x)
             else:
-                sv, x = block_forward(x, keep=not ckpt)
+                # the first block's input is the model's `inputs_embeds`, alive to its return
+                sv, x = block_forward(x, keep=not ckpt, input_dies=layer > 0)
             if recording or layer not in kept_layers:
                 s.f(*gathered.pop(layer))
             saved.append(sv)
@@ -960,7 +1074,9 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         if not hf_norm:
             fin_kept = [inputs[-1]]
         else:
-            s.f(inputs[-1])
+            s.f(inputs[-1])  # rebound to the final norm's output
+            if not ckpt:
+                s.f(inputs[0])  # inputs_embeds, when the model's forward returns
         head_w = fetch([V * h])
         logits = s.a(T * V * w)
         if recording:
@@ -1021,18 +1137,28 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             filled = 0
 
         def flush() -> None:
+            """stage3.py __reduce_and_partition_ipg_grads on reduce_and_partition_stream:
+            reduce_scatter on by default, so __avg_scatter_grads -> reduce_scatter_coalesced
+            torch.cat's the bucket's gradients, one GPU included, and the partitions are views
+            of that copy until the bucket is done (t-z3-L12-h3072 trace: 925.5, 942.1 MiB
+            blocks, the bucket's 485.3M and 493.9M elements, in segments of their own). A
+            bucket of one tensor that splits evenly is reduced in place, no cat (a head larger
+            than the bucket: t-z3-hf-L6-h4096, no 1002 MiB copy)."""
             nonlocal filled
             if not in_bucket:
                 return
-            staged = s.a(sum(in_bucket) * w, REDUCE_STREAM)
-            # stage3.py partition_grads, per gradient: grad_buffer.to(device) (a bf16 copy,
-            # kept in `buffers` until the bucket is done); at the boundary
+            alone = len(in_bucket) == 1 and in_bucket[0] % n == 0
+            staged = None if alone else s.a(sum(in_bucket) * w, REDUCE_STREAM)
+            # with the optimizer on the host, partition_grads per gradient:
+            # grad_buffer.to(device) (a bf16 copy, kept in `buffers` until the bucket is
+            # done); at the boundary
             # _offload_grad_partition_at_boundary takes its norm (_constant_buffered_norm2:
             # .double() of parts of at most 250M elements) and casts it to fp32 for the copy
             # to the host, both freed at once (z3-opt-param-cpu trace: 128, 512, 256 MiB per
-            # fc weight; 1000 MiB for the embedding's norm)
+            # fc weight; 1000 MiB for the embedding's norm). On the GPU the partition is
+            # copied or added into grad_partitions_flat_buffer in place.
             copies = []
-            for size in in_bucket:
+            for size in in_bucket if not opt_on_gpu else ():
                 copies.append(s.a(size * w, REDUCE_STREAM))
                 if boundary:
                     s.f(s.a(min(size, NORM_PART_ELEMENTS) * 8, REDUCE_STREAM))
@@ -1051,22 +1177,40 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         if not keep_head:
             s.f(*head_w)
 
-        def hook(weight_grads: list[int]) -> None:
+        def hook(weight_grads: list[int], small: int = 0) -> None:
+            """DeepSpeed's gradient hook, for `weight_grads` (names of large gradients) or
+            for `small` elements of small ones (norms: no block of their own, but counted
+            into the reduce bucket)."""
             nonlocal partition, buckets, filled
             if stage == 3:
-                # copied into the IPG bucket (reduce_and_partition_stream); a full bucket is
-                # reduced there. With the optimizer on the host each reduced bucket is staged
-                # on that stream and every gradient in it cast to fp32 before its copy to the
-                # pinned partition (the allocator trace of ZeRO-3 offload: one ~bucket-sized
-                # block per reduce, per-tensor 4-byte transients, in segments the compute
-                # stream never reuses)
-                sizes = [s.sizes[gr] // w for gr in weight_grads]
+                # copied into the IPG bucket (reduce_and_partition_stream); a gradient that
+                # would overflow it first has the bucket reduced there (`flush`). With the
+                # optimizer on the host each gradient of a reduced bucket is cast to fp32
+                # before its copy to the pinned partition (the allocator trace of ZeRO-3
+                # offload: per-tensor 4-byte transients, in segments the compute stream never
+                # reuses)
+                sizes = [s.sizes[gr] // w for gr in weight_grads] + ([small] if small else [])
                 s.f(*weight_grads)
-                if not opt_on_gpu:
-                    if filled + sum(sizes) > zero.reduce_bucket_size:
-                        flush()
-                    in_bucket.extend(sizes)
-                    filled += sum(sizes)
+                if filled + sum(sizes) > zero.reduce_bucket_size:
+                    flush()
+                in_bucket.extend(sizes)
+                filled += sum(sizes)
+                return
+            if not weight_grads:
+                # a norm's gradient: reduced like the others (the first one ready makes the
+                # buckets: t-z1-hf-v256000 trace, tied embeddings, the final norm's weight
+                # before any block's), its elements counted into the bucket
+                if stage == 0 or (stage == 1 and not boundary):
+                    return
+                if not buckets:
+                    buckets = [s.a(zero.reduce_bucket_size * w) for _ in range(2 if zero.overlap_comm else 1)]
+                if offload12:
+                    if filled + small > zero.reduce_bucket_size:
+                        offload_flush()
+                    in_bucket.append(small)
+                elif partition is None and filled + small > zero.reduce_bucket_size:
+                    partition = s.a(p_shard * w, REDUCE_STREAM if zero.overlap_comm else DEFAULT_STREAM)
+                filled += small
                 return
             if stage == 0 or (stage == 1 and not boundary):
                 # accumulated in .grad: the first micro-step's gradients stay, later ones are
@@ -1114,7 +1258,7 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             hook([head_grad])
         if keep_head:
             s.f(*head_w)
-        g = norm_backward(g, fin_kept, [])
+        g = norm_backward(g, fin_kept, [], hook)
         for i in reversed(range(model.layers)):
             sv = saved[i]
             layer_w = gathered.pop(i) if i in gathered else fetch(layer_sizes)
@@ -1160,8 +1304,8 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
                     numel = 0
             if numel:
                 s.f(s.a(numel * w))
-        if stage == 3 and not opt_on_gpu:
-            flush()
+        if stage == 3:
+            flush()  # independent_gradient_partition_epilogue: the last, partly filled bucket
         s.f(*retired)
         retired.clear()
         if boundary:
@@ -1177,6 +1321,13 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         # --- optimizer step
         if stage == 3:
             if opt_on_gpu:
+                # _get_norm_groups -> get_grad_norm_direct, before any sub-group is stepped:
+                # each gradient partition's g.to(float64).norm(2), in parameter order, the
+                # float64 copy freed at once (t-z3-L12-h3072 trace: 750 MiB for the embedding,
+                # then 120, 72, 384, 192 per block; t-z3-hf-L6-h4096: a 4008 MiB segment for
+                # its 128256 x 4096 embedding)
+                for x in tensors:
+                    s.f(s.a(-(-x // n) * 8))
                 for size in sub_groups:  # per sub-group
                     s.f(fp32_gradients(size, moments_made))
                 moments_made = True
