@@ -60,6 +60,10 @@ HELDOUT3_PREDICTIONS_ALLOC5 = MEASURED / "h200-2026-12-01c" / "heldout3-allocato
 # committed before it ran: rows tagged 4.
 HELDOUT4 = MEASURED / "h200-2026-12-01e" / "heldout4-results.jsonl"
 HELDOUT4_PREDICTIONS = MEASURED / "h200-2026-12-01e" / "heldout4-allocator-predictions.jsonl"
+# The fifth (benchmarks/batch-h200-heldout5.txt, 5 shapes), predicted by main at 666d1ca after
+# the replay's traced fixes, committed before it ran: rows tagged 5.
+HELDOUT5 = MEASURED / "h200-2026-12-01e" / "heldout5-results.jsonl"
+HELDOUT5_PREDICTIONS = MEASURED / "h200-2026-12-01e" / "heldout5-allocator-predictions.jsonl"
 SHAPE_A = ("--stage 0 --hidden 3584 --heads 28 --kv-heads 4 --ffn 12544 --vocab 128256 --mlp swiglu "
            "--norm rmsnorm --no-bias --seq 4096 --micro-batch 1 --gpus-per-node 1 --gpu h200")
 OOM_TEXT = re.compile(r"Tried to allocate ([\d.]+) GiB.*?([\d.]+) GiB is allocated by PyTorch", re.S)
@@ -171,6 +175,7 @@ def main() -> int:
     ho, h2 = HeldOut(committed_predictions()), HeldOut(committed_predictions(HELDOUT2_PREDICTIONS))
     h3 = HeldOut(committed_predictions(HELDOUT3_PREDICTIONS), committed_predictions(HELDOUT3_PREDICTIONS_ALLOC5))
     h4 = HeldOut(committed_predictions(HELDOUT4_PREDICTIONS))
+    h5 = HeldOut(committed_predictions(HELDOUT5_PREDICTIONS))
     every_used: list[float] = []  # signed, every row that ran
     for r in verify_rows():
         inp = zero_headroom(PlanInput.model_validate(r["inputs"]))
@@ -185,8 +190,9 @@ def main() -> int:
         heldout2 = r["_source"] == HELDOUT2.name
         heldout3 = r["_source"] == HELDOUT3.name
         heldout4 = r["_source"] == HELDOUT4.name
+        heldout5 = r["_source"] == HELDOUT5.name
         tag = "*" if key in IN_SAMPLE else ("h" if heldout else ("H" if heldout2 else (
-            "3" if heldout3 else ("4" if heldout4 else " "))))
+            "3" if heldout3 else ("4" if heldout4 else ("5" if heldout5 else " ")))))
         label = (f"{tag}{layout.label} {t.impl} {t.allocator[:3]} L{model.layers} h{model.hidden} "
                  f"s{t.seq} b{t.micro_batch}{' ckpt' if t.checkpointing == 'full' else ''} w{inp.hardware.world}")
         alloc = m.get("gpu_peak_allocated_bytes") or 0
@@ -203,8 +209,9 @@ def main() -> int:
             resv_err.append(abs(est.gpu_peak_reserved_bytes - resv) / resv * 100)
         if ran and used and tag == " ":
             used_err.append(abs(est.gpu_device_used_bytes - used) / used * 100)
-        if (heldout or heldout2 or heldout3 or heldout4) and ran and resv and used:
-            (ho if heldout else (h2 if heldout2 else (h3 if heldout3 else h4))).add(est, layout, inp, resv, used)
+        if (heldout or heldout2 or heldout3 or heldout4 or heldout5) and ran and resv and used:
+            (ho if heldout else (h2 if heldout2 else (h3 if heldout3 else (h4 if heldout4 else h5)))).add(
+                est, layout, inp, resv, used)
         if ran and used:
             every_used.append((est.gpu_device_used_bytes - used) / used * 100)
         verdict_all += 1
@@ -272,6 +279,12 @@ def main() -> int:
         print(f"held out 4, predictions committed before the run (main 5609f6d): device used "
               f"{mean(h4.committed_used):.1f}% mean, {max(h4.committed_used):.1f}% max, worst under "
               f"{min(h4.committed_signed_used):+.1f}% over {len(h4.committed_used)}")
+    if h5.used:
+        print(f"held out 5 (5, {HELDOUT5.relative_to(ROOT)}), this model: device used {mean(h5.used):.1f}% mean, "
+              f"{max(h5.used):.1f}% max, worst under {min(h5.signed_used):+.1f}% over {len(h5.used)}")
+        print(f"held out 5, predictions committed before the run (main 666d1ca): device used "
+              f"{mean(h5.committed_used):.1f}% mean, {max(h5.committed_used):.1f}% max, worst under "
+              f"{min(h5.committed_signed_used):+.1f}% over {len(h5.committed_used)}")
     absolute = [abs(e) for e in every_used]
     print(f"device used, every row that ran ({len(every_used)}): {mean(absolute):.1f}% mean, {max(absolute):.1f}% max, "
           f"{sum(a <= 5 for a in absolute)} within 5%, worst under-prediction {min(every_used):+.1f}%")

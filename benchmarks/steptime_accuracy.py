@@ -54,9 +54,11 @@ HELDOUT_BATCH = "benchmarks/batch-h200-heldout2.txt"
 PREDICTIONS_3 = ROOT / "benchmarks" / "measurements" / "h200-2026-12-01c" / "heldout3-steptime-predictions.jsonl"
 # batch 4 (benchmarks/batch-h200-heldout4.txt): predicted by main at 5609f6d before it ran
 PREDICTIONS_4 = ROOT / "benchmarks" / "measurements" / "h200-2026-12-01e" / "heldout4-steptime-predictions.jsonl"
+# batch 5 (benchmarks/batch-h200-heldout5.txt): predicted by main at 666d1ca before it ran
+PREDICTIONS_5 = ROOT / "benchmarks" / "measurements" / "h200-2026-12-01e" / "heldout5-steptime-predictions.jsonl"
 # each batch's results file and the predictions committed for it (two batches may share a layout)
 COMMITTED = {"heldout2-results.jsonl": PREDICTIONS, "heldout3-results.jsonl": PREDICTIONS_3,
-             "heldout4-results.jsonl": PREDICTIONS_4}
+             "heldout4-results.jsonl": PREDICTIONS_4, "heldout5-results.jsonl": PREDICTIONS_5}
 TARGETS = {"GPU-resident": 0.15, "offloaded": 0.25}
 
 
