@@ -349,8 +349,9 @@ async def start_verify(pilot, how: str = "g") -> None:
 
 
 async def test_verify_streams_the_output_and_shows_the_result():
-    result = '{"status": "validated", "measured": {"gpu_peak_allocated_bytes": 100}, ' \
-             '"predicted": {"gpu_peak_allocated_bytes": 104}}'
+    result = '{"status": "validated", "mode": "gpu", "measured": {"gpu_peak_allocated_bytes": 100, ' \
+             '"step_time_s": 0.3, "step_times_s": [2.0, 0.5, 0.3, 0.25, 0.4], "step_time_range_s": [0.25, 0.4]}, ' \
+             '"predicted": {"gpu_peak_allocated_bytes": 104, "step_time_s": 0.28}}'
     verifier = FakeVerifier(["preflight PASS gpus", "[rank 0] step 1/2: loss 10.4", result])
     app = make_app(verifier=verifier)
     async with app.run_test(size=WIDE) as pilot:
@@ -363,6 +364,8 @@ async def test_verify_streams_the_output_and_shows_the_result():
         assert screen.lines == verifier.lines
         log_text = "\n".join(screen.query_one("#verify-log", Log).lines)
         assert "preflight PASS gpus" in log_text and "error +4.0%" in log_text
+        # the run's own step-to-step spread beside the step-time error
+        assert "steady steps (3): 0.250-0.400 s" in log_text and "lies inside that range" in log_text
         assert screen.query_one("#verify-progress").progress == 1  # then 1/1 when finished
         assert verifier.calls == [(app.plan.input, selected)]
         assert "validated" in str(screen.query_one("#verify-status").render())

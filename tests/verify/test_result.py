@@ -125,6 +125,14 @@ def test_the_steady_steps_spread_is_reported_with_the_prediction_inside_or_outsi
     assert "lies outside that range" in format_result(result)
 
 
+def test_no_spread_line_for_a_cpu_run(inp):
+    # a CPU run's steps against the GPU's predicted step time would read as a miss of the plan
+    reports = [report(0, GiB, step_s=[9.0, 5.0, 3.0, 1.0, 2.0], peak_allocated_bytes=[GiB] * 5)]
+    result = build_result(inp, LAYOUT, reports, cpu=True, returncode=0, output_tail=[], expected_ranks=1)
+    assert result["measured"]["step_time_range_s"] == [1.0, 3.0]
+    assert "steady steps" not in format_result(result)
+
+
 def test_no_spread_from_three_steps_or_fewer(inp):
     m = measured_figures(inp, [report(0, GiB, step_s=[9.0, 2.0, 3.0], peak_allocated_bytes=[GiB] * 3)])
     assert m["step_time_range_s"] is None

@@ -220,7 +220,7 @@ def format_result(result: dict[str, Any]) -> str:
     else:
         from zlayout.verify.result import step_time_spread_line
 
-        spread = step_time_spread_line(m, p)
+        spread = step_time_spread_line(result)
         if spread:
             lines.append(f"  {spread}")
     if m.get("forward_s") is not None:

@@ -421,12 +421,11 @@ def _comparison_lines(result: dict[str, Any]) -> list[str]:
                 else (want - got) / got * 100
             lines.append(f"{key:<28} predicted {_figure(key, want):>12}  measured "
                          f"{_figure(key, got):>12}  error {error:+.1f}%")
-    if not result.get("measured_partial"):
-        from zlayout.verify.result import step_time_spread_line
+    from zlayout.verify.result import step_time_spread_line
 
-        spread = step_time_spread_line(measured, predicted)
-        if spread:
-            lines.append(spread)
+    spread = step_time_spread_line(result)
+    if spread:
+        lines.append(spread)
     return lines
 
 

@@ -161,9 +161,14 @@ UNEVEN_STEPS_FRACTION = 0.2
 STEADY_STEPS_WANTED = 8
 
 
-def step_time_spread_line(measured: dict[str, Any], predicted: dict[str, Any]) -> str | None:
+def step_time_spread_line(result: dict[str, Any]) -> str | None:
     """How the run's own steady steps scattered, and whether the predicted step time lies among
-    them: an error against the median alone reads as the plan's when the steps themselves vary."""
+    them: an error against the median alone reads as the plan's when the steps themselves vary.
+    None for a CPU run (a GPU prediction against CPU steps) and a partial one."""
+    measured, predicted = result.get("measured") or {}, result.get("predicted") or {}
+    if result.get("mode") == "cpu" or result.get("measured_partial") or not isinstance(measured, dict) \
+            or not isinstance(predicted, dict):
+        return None
     span, median, want = measured.get("step_time_range_s"), measured.get("step_time_s"), predicted.get("step_time_s")
     if not (isinstance(span, list) and len(span) == 2 and median and isinstance(want, (int, float))):
         return None
