@@ -52,10 +52,20 @@ EXPANDABLE_SLACK_BYTES = int(0.39 * GiB)
 # device-used minus reserved grows from 1.29 GiB (one GPU) to 1.77 GiB (two) on the H200s.
 NCCL_BUFFER_BYTES = int(0.48 * GiB)
 
-# Host memory of one training process besides model states, read off rank 0's ru_maxrss on
-# the H200 runs: ~1 GiB while the model is built (Python, torch), ~3 GiB once CUDA, NCCL and
-# DeepSpeed's ops are loaded.
-HOST_BASE_EARLY_BYTES = int(1.0 * GiB)
+# Host memory of one rank besides what it builds, off the verify workers' ru_maxrss on the H200
+# runs (benchmarks/host_accuracy.py). The peak of a GPU-resident run is a transient while the
+# model is set up (host_init_transients); on top of it every rank holds 0.68 GiB before CUDA
+# is up (Python, torch, DeepSpeed: each untied ZeRO 0-2 zlayout row is 0.677-0.678 GiB above its
+# cast peak), 0.15 GiB more with transformers imported (--impl hf: 0.828-0.830) and 0.52 GiB more
+# once the CUDA context exists (ZeRO-3 rows sit 1.348-1.352 GiB, hf, above their defragment
+# buffer; zlayout 1.158-1.161: 0.04 GiB to spare).
+HOST_BASE_EARLY_BYTES = int(0.68 * GiB)
+HOST_TRANSFORMERS_BYTES = int(0.15 * GiB)
+HOST_CUDA_CONTEXT_BYTES = int(0.52 * GiB)
+# What a rank holds once training runs besides its host model states. Kept as an upper bound:
+# one-GPU GPU-resident runs end at 1.6-2.2 GiB RSS (host_rss_end_bytes), but ZeRO-3 parameter
+# offload rows sit 1.9-4.3 GiB above their modelled buffers, and with 8 peers NCCL's host side
+# is unmeasured.
 HOST_BASE_BYTES = int(3.0 * GiB)
 
 # DeepSpeed's NVMe swapper (aio) defaults: pinned host buffers it streams through.
@@ -373,6 +383,41 @@ def model_init(init: str, stage: int) -> str:
     return init
 
 
+def host_init_transients(inp: PlanInput, layout: Layout, init: str) -> tuple[int, int, int]:
+    """Host bytes of one rank while the model is set up, beside its libraries: (the model built
+    in fp32 and cast, the ZeRO-3 defragment buffer, the libraries' bytes then). Transients: a
+    GPU-resident run ends at 1.6-2.2 GiB RSS, its peak is one of these.
+
+    - fp32-cpu: the model is built in fp32 (a tied head's own weight is allocated before it is
+      tied: 4 bytes more per V*h, the tied hf and zlayout rows), then DeepSpeed casts it one tensor
+      at a time on the host (engine._cast_module_mixed_precision, before module.to(device)): the
+      first tensors are cast while the fp32 rest is still there (the embedding: 4P + 2Vh).
+    - ZeRO-3 with the weights on the GPU: zero/utils.py defragment() copies this GPU's partition
+      into a host buffer (torch.empty(..., device="cpu")) and back: w bytes per element of it.
+    CUDA's context is up by then for ZeRO-3 (zero.Init allocates on the GPU) and, with peers,
+    before the model is built (DeepSpeed's init_process_group binds device_id when world > 1)."""
+    model, hw, t = inp.model, inp.hardware, inp.training
+    early = HOST_BASE_EARLY_BYTES + (HOST_TRANSFORMERS_BYTES if t.impl == "hf" else 0)
+    build = 0
+    if init == "fp32-cpu":
+        from zlayout.core.allocator_sim import parameter_tensor_sizes
+
+        built = FP32_BYTES * (model.params + (model.vocab * model.hidden if model.tie_embeddings else 0))
+        w = weight_bytes_per_param(t)
+        cast, done = 0, 0
+        if w < FP32_BYTES:
+            for numel in parameter_tensor_sizes(model, t.impl):
+                cast = max(cast, w * numel - (FP32_BYTES - w) * done)
+                done += numel
+        build = max(built, FP32_BYTES * model.params + cast)
+    staging = 0
+    if layout.stage == 3 and layout.offload_param == "gpu":
+        staging = weight_bytes_per_param(t) * -(-model.params // hw.world)
+    if layout.stage == 3 or hw.world > 1:
+        early += HOST_CUDA_CONTEXT_BYTES
+    return build, staging, early
+
+
 def pinned_bytes(nbytes: int) -> int:
     """PyTorch's pinned-memory allocator rounds every block up to a power of two, and the
     pages are all resident: a 4.8 GB pinned buffer costs 8 GiB of host RAM."""
@@ -607,10 +652,13 @@ def estimate_memory(inp: PlanInput, layout: Layout, replay: bool = True) -> Memo
                            "deepspeed_buffers", "pinned buffers weights are read from NVMe into")
     add("host", "process_baseline", HOST_BASE_BYTES, "overhead",
         "Python, torch, CUDA, NCCL and DeepSpeed's libraries")
-    construction = add("host", "model_construction", FP32_BYTES * p if init == "fp32-cpu" else 0,
-                       "model_states", "the training script builds the model in fp32 on the host, "
-                       "every rank, before DeepSpeed moves it (--init: zero-init, bf16-gpu or meta avoid it)")
-    host_rank = max(HOST_BASE_EARLY_BYTES + construction, HOST_BASE_BYTES + host_states)
+    build, staging, early = host_init_transients(inp, layout, init)
+    add("host", "model_construction", build, "model_states",
+        "the training script builds the model in fp32 on the host, every rank, and DeepSpeed casts it "
+        "there before moving it (--init: zero-init, bf16-gpu or meta avoid it)")
+    add("host", "defragment_staging", staging, "deepspeed_buffers",
+        "ZeRO-3 copies the GPU's weight partition to a host buffer while it defragments them")
+    host_rank = max(early + build, early + staging, HOST_BASE_BYTES + host_states)
     host_peak = host_rank * ranks
 
     cap = hw.gpu.memory_bytes
