@@ -946,5 +946,11 @@ async def test_a_broken_model_preset_is_named_in_the_break_even_panel_not_hidden
             text = str(app.query_one("#breakeven").render())
             assert "llama3-bad.toml: invalid TOML" in text and "(at line 2, column 15)" in text
             assert [n.title for n in app._notifications] == ["Break-even not computed"]
+        compact = make_app(initial=inp)  # the panel is below the fold there: the toast says it
+        async with compact.run_test(size=COMPACT, notifications=True) as pilot:
+            await settle(pilot)
+            await pilot.pause(0.2)
+            shown = " ".join(screen_text(compact).split())
+            assert "Break-even not computed" in shown and "cannot scale the llama3" in shown
     finally:
         breakeven.clear_caches()
