@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 
 from zlayout.cli import build_parser, main, plan_input_from_args
 from zlayout.core.breakeven import break_even
@@ -99,3 +100,82 @@ def test_installed_entry_point_prints_json():
                          capture_output=True, text=True, check=True, timeout=60).stdout
     data = json.loads(out)
     assert len(data["layouts"]) == len(all_layouts())
+
+
+# -- user model presets: a broken one is refused, a family of --presets-dir is used ---------------
+
+LLAMA_LIKE = ('family = "llama3"\nlayers = 40\nhidden = {hidden}\nheads = 40\nkv_heads = 8\n'
+              'ffn = 14336\nvocab = 128256\nmlp = "swiglu"\nnorm = "rmsnorm"\nbias = false\n')
+
+
+def presets_dir(tmp_path, **files: str):
+    (tmp_path / "models").mkdir()
+    for name, text in files.items():
+        (tmp_path / "models" / f"{name}.toml").write_text(text)
+    return str(tmp_path)
+
+
+@pytest.fixture
+def fresh_breakeven():
+    """Break-even remembers families per process; these tests change the preset files."""
+    from zlayout.core import breakeven
+
+    breakeven.clear_caches()
+    yield
+    breakeven.clear_caches()
+
+
+def test_a_broken_family_preset_in_presets_dir_is_refused_naming_file_and_line(capsys, tmp_path,
+                                                                                fresh_breakeven):
+    # It used to be skipped: break-even read no --presets-dir, so the answer ignored the user's files.
+    folder = presets_dir(tmp_path, **{"llama3-bad": 'family = "llama3"\nlayers = 40\nhidden = 5120 5120\n'})
+    assert main(["breakeven", "--preset", "llama3-8b", "--presets-dir", folder]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    line, = captured.err.splitlines()
+    assert line.startswith("zlayout: error: break-even cannot scale the llama3 family: ")
+    assert "llama3-bad.toml: invalid TOML" in line and "line 3, column 15" in line
+    # as `plan --preset` refuses the same file
+    assert main(["plan", "--preset", "llama3-bad", "--presets-dir", folder]) == 2
+    assert "llama3-bad.toml: invalid TOML" in capsys.readouterr().err
+
+
+def test_a_wrongly_typed_user_preset_does_not_turn_into_depth_scaling(capsys, tmp_path, monkeypatch,
+                                                                       fresh_breakeven):
+    # ZLAYOUT_PRESETS_DIR was read, the file failed, and the sizes silently grew in depth instead.
+    folder = presets_dir(tmp_path, **{"llama3-mine": LLAMA_LIKE.format(hidden='"5120"')})
+    monkeypatch.setenv("ZLAYOUT_PRESETS_DIR", folder)
+    assert main(["breakeven", "--preset", "llama3-8b", "--json"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "deeper or shallower" not in captured.err
+    assert "llama3-mine.toml: invalid model preset: hidden: expected an integer" in captured.err
+    # a model without a family reads no preset: it grows in depth, as documented
+    assert main(["breakeven", *REFERENCE_FLAGS, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["scaling"] == "depth"
+
+
+def test_a_family_of_presets_dir_scales_along_its_presets(capsys, tmp_path, fresh_breakeven):
+    text = LLAMA_LIKE.format(hidden=5120).replace('"llama3"', '"myfam"')
+    folder = presets_dir(tmp_path, **{"myfam-13b": text})
+    data = run_json(capsys, "--preset", "myfam-13b", "--gpu", "h100", "--presets-dir", folder)
+    assert (data["family"], data["scaling"]) == ("myfam", "family")
+    grown = [row["max_model"] for row in data["layouts"] if row["max_model"]]
+    assert grown and all(model["name"].startswith("myfam-") for model in grown)
+    # export stores the same limits in the profile (they were depth-scaled)
+    from zlayout.profile import load_profile
+
+    out = tmp_path / "profile"
+    assert main(["export", "--preset", "myfam-13b", "--gpu", "h100", "--stage", "3",
+                 "--presets-dir", folder, "--out", str(out)]) == 0
+    limits = load_profile(str(out)).limits
+    assert limits.scaling == "family" and limits.max_model.startswith("myfam-")
+
+
+def test_export_refuses_a_broken_family_preset_before_writing(capsys, tmp_path, monkeypatch,
+                                                              fresh_breakeven):
+    # the profile's limits are break-even's: they were written depth-scaled without a word
+    monkeypatch.setenv("ZLAYOUT_PRESETS_DIR", presets_dir(tmp_path, **{"llama3-mine": LLAMA_LIKE.format(hidden="[5120]")}))
+    out = tmp_path / "profile"
+    assert main(["export", "--preset", "llama3-8b", "--stage", "3", "--out", str(out)]) == 2
+    assert "llama3-mine.toml: invalid model preset: hidden" in capsys.readouterr().err
+    assert not out.exists()

@@ -924,3 +924,36 @@ async def test_the_verify_dialog_offers_and_accepts_no_more_cpu_processes_than_t
         assert isinstance(app.screen, VerifyScreen)
         await wait_until(lambda: verifier.cpu_processes is not None, pilot)
         assert verifier.cpu_processes == 2
+
+
+async def test_a_broken_model_preset_is_named_in_the_break_even_panel_not_hidden(tmp_path, monkeypatch):
+    """A user preset that cannot be read used to turn break-even into depth scaling without a
+    word; now the panel (and a notification, for when the panel is scrolled away) names the
+    file and the line, and the rest of the plan is still shown."""
+    from zlayout import catalog
+    from zlayout.core import breakeven
+
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "llama3-bad.toml").write_text('family = "llama3"\nhidden = 5120 5120\n')
+    monkeypatch.setenv("ZLAYOUT_PRESETS_DIR", str(tmp_path))
+    breakeven.clear_caches()  # families are read once per process
+    inp = fixed_input().model_copy(update={"model": catalog.load_model("llama3-8b")})
+    app = make_app(initial=inp)
+    try:
+        async with app.run_test(size=WIDE) as pilot:
+            await settle(pilot)
+            assert app.planner_error is None and app.query_one(LayoutTable).row_count == len(all_layouts())
+            panel = " ".join(screen_text(app).split())  # the panel's lines, wrapped
+            assert "Not computed: break-even cannot scale the llama3 family:" in panel
+            assert "deeper or shallower" not in panel and "more or fewer layers" not in panel
+            text = str(app.query_one("#breakeven").render())
+            assert "llama3-bad.toml: invalid TOML" in text and "(at line 2, column 15)" in text
+            assert [n.title for n in app._notifications] == ["Break-even not computed"]
+        compact = make_app(initial=inp)  # the panel is below the fold there: the toast says it
+        async with compact.run_test(size=COMPACT, notifications=True) as pilot:
+            await settle(pilot)
+            await pilot.pause(0.2)
+            shown = " ".join(screen_text(compact).split())
+            assert "Break-even not computed" in shown and "cannot scale the llama3" in shown
+    finally:
+        breakeven.clear_caches()

@@ -14,8 +14,8 @@ import argparse
 import json
 from typing import Any
 
-from zlayout.cli import add_plan_arguments, plan_input_from_args
-from zlayout.catalog import format_params
+from zlayout.cli import UsageError, add_plan_arguments, plan_input_from_args
+from zlayout.catalog import PresetFileError, format_params
 from zlayout.core.breakeven import BreakEven, Crossover, break_even, crossovers
 from zlayout.core.serialize import layout_dict
 from zlayout.spec import Layout, PlanInput, all_layouts
@@ -53,9 +53,9 @@ def crossover_dict(c: Crossover) -> dict[str, Any]:
             "text": c.describe()}
 
 
-def breakeven_json(inp: PlanInput) -> dict[str, Any]:
+def breakeven_json(inp: PlanInput, presets_dirs: tuple[str, ...] = ()) -> dict[str, Any]:
     layouts = all_layouts()
-    evens = [(layout, break_even(inp, layout)) for layout in layouts]
+    evens = [(layout, break_even(inp, layout, presets_dirs)) for layout in layouts]
     return {
         "params": inp.model.params,
         "model": inp.model.name,
@@ -64,16 +64,16 @@ def breakeven_json(inp: PlanInput) -> dict[str, Any]:
         "world": inp.hardware.world,
         "headroom_fraction": inp.headroom_fraction,
         "layouts": [layout_breakeven_dict(inp, layout, be) for layout, be in evens],
-        "crossovers": [crossover_dict(c) for c in crossovers(inp, layouts)],
+        "crossovers": [crossover_dict(c) for c in crossovers(inp, layouts, presets_dirs)],
     }
 
 
 _LIMIT_WORDS = {"gpu": "GPU memory", "host": "host RAM", "nvme": "NVMe", "range": "(end of range)"}
 
 
-def breakeven_table(inp: PlanInput) -> str:
+def breakeven_table(inp: PlanInput, presets_dirs: tuple[str, ...] = ()) -> str:
     m, hw = inp.model, inp.hardware
-    data = breakeven_json(inp)
+    data = breakeven_json(inp, presets_dirs)
     scaled = (f"the {m.family} family's shapes" if data["scaling"] == "family"
               else f"{m.name} deeper or shallower at hidden {m.hidden}")
     lines = [
@@ -103,8 +103,10 @@ def breakeven_table(inp: PlanInput) -> str:
 
 def run(args: argparse.Namespace) -> int:
     inp = plan_input_from_args(args)
-    if args.json:
-        print(json.dumps(breakeven_json(inp)))
-    else:
-        print(breakeven_table(inp))
+    dirs = tuple(args.presets_dir)
+    try:  # a broken model preset is refused, as `plan --preset` and `--params` refuse it
+        out = json.dumps(breakeven_json(inp, dirs)) if args.json else breakeven_table(inp, dirs)
+    except PresetFileError as exc:
+        raise UsageError(str(exc)) from None
+    print(out)
     return 0

@@ -13,6 +13,7 @@ import json
 import shlex
 import sys
 
+from zlayout.catalog import PresetFileError
 from zlayout.cli import UsageError, add_plan_arguments, layout_from_args, plan_input_from_args
 from zlayout.profile import ProfileError
 from zlayout.profile.export import MAX_WHY_CHARS, export_profile
@@ -55,8 +56,8 @@ def run(args: argparse.Namespace) -> int:
                                            ("nvme_path", args.nvme_path)) if value is not None}
     try:
         result = export_profile(inp, layout, args.out, replace=args.force, name=args.name, why=args.why,
-                                run_settings=given)
-    except ProfileError as exc:
+                                run_settings=given, presets_dirs=tuple(args.presets_dir))
+    except (ProfileError, PresetFileError) as exc:  # the profile's limits read the family's presets
         raise UsageError(str(exc)) from None
     profile, out, written = result.profile, result.target.path, result.written
     pred = profile.prediction

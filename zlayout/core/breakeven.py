@@ -4,7 +4,10 @@
 rule scales depth and width together: `catalog.model_for_size`) that fits GPU memory with
 the requested headroom, host RAM and NVMe, everything else unchanged. A model without a
 family (or of a family no preset names) is scaled in depth at fixed width: same layers'
-shape, vocabulary and style, more or fewer layers.
+shape, vocabulary and style, more or fewer layers. A model preset file that cannot be read
+(bad TOML, wrong types) raises PresetFileError rather than falling back to depth: the
+sizes would silently answer another question. `presets_dirs` are `--presets-dir`'s folders,
+looked up before the usual ones (catalog.search_dirs).
 
 The TUI recomputes every layout's break-even on each keystroke, so the searches count their
 memory evaluations: a bisection in log(params) (about a dozen evaluations, fewer when
@@ -19,7 +22,7 @@ import functools
 import math
 from dataclasses import dataclass
 
-from zlayout.catalog import family_scaler, format_params
+from zlayout.catalog import PresetFileError, family_scaler, format_params
 from zlayout.core.memory import MemoryEstimate, estimate_memory
 from zlayout.spec import BOUNDS, Layout, ModelSpec, PlanInput, all_layouts
 
@@ -61,46 +64,53 @@ class Crossover:
 
 
 @functools.lru_cache(maxsize=64)
-def _scaler(family: str):
-    return family_scaler(family)
+def _scaler(family: str, presets_dirs: tuple[str, ...] = ()):
+    return family_scaler(family, presets_dirs)
 
 
-def _family_model(family: str, target_params: float) -> ModelSpec:
+def _family_model(family: str, target_params: float, presets_dirs: tuple[str, ...] = ()) -> ModelSpec:
     """The family's shape nearest `target_params` (catalog.model_for_size, presets read once)."""
-    return _scaler(family)(target_params)
+    return _scaler(family, presets_dirs)(target_params)
 
 
 def clear_caches() -> None:
     """Forget every memoized answer (after a model preset file changed)."""
-    break_even.cache_clear()
+    _break_even.cache_clear()
     _scaler.cache_clear()
     _family_is_known.cache_clear()
 
 
 @functools.lru_cache(maxsize=256)
-def _family_is_known(family: str | None) -> bool:
+def _family_is_known(family: str | None, presets_dirs: tuple[str, ...] = ()) -> bool:
     if not family:
         return False
     try:
-        _family_model(family, 1e9)
-    except (KeyError, ValueError):
+        _family_model(family, 1e9, presets_dirs)
+    except PresetFileError as err:
+        # a broken file may be one of this family's presets: its sizes cannot be trusted
+        raise PresetFileError(f"break-even cannot scale the {family} family: {err}; "
+                              "fix or remove that file") from None
+    except (KeyError, ValueError):  # no preset names the family, or its shapes do not scale
         return False
     return True
 
 
-def scaling_rule(model: ModelSpec) -> str:
-    """"family" when the catalog can scale this model's family, else "depth"."""
-    return "family" if _family_is_known(model.family) else "depth"
+def scaling_rule(model: ModelSpec, presets_dirs: tuple[str, ...] = ()) -> str:
+    """"family" when the catalog can scale this model's family, else "depth".
+
+    Raises PresetFileError when a model preset file cannot be read."""
+    return "family" if _family_is_known(model.family, tuple(presets_dirs)) else "depth"
 
 
 def model_with_layers(model: ModelSpec, layers: int) -> ModelSpec:
     return model.model_copy(update={"layers": layers})
 
 
-def scaled_model(model: ModelSpec, target_params: float) -> ModelSpec:
+def scaled_model(model: ModelSpec, target_params: float, presets_dirs: tuple[str, ...] = ()) -> ModelSpec:
     """The model of `model`'s family (or depth series) nearest `target_params`."""
-    if scaling_rule(model) == "family":
-        return _family_model(model.family, math.exp(_snap(math.log(target_params))))
+    presets_dirs = tuple(presets_dirs)
+    if scaling_rule(model, presets_dirs) == "family":
+        return _family_model(model.family, math.exp(_snap(math.log(target_params))), presets_dirs)
     fixed = model.params - model.layers * model.layer_params()
     # no deeper than a model zlayout takes (the spec's layer range): beyond it, "range"
     layers = min(BOUNDS["layers"].high, max(1, round((target_params - fixed) / model.layer_params())))
@@ -279,17 +289,23 @@ def largest_micro_batch(inp: PlanInput, layout: Layout) -> int:
     return lo
 
 
+def break_even(inp: PlanInput, layout: Layout, presets_dirs: tuple[str, ...] = ()) -> BreakEven:
+    """The largest model and micro-batch `layout` carries on `inp`'s hardware (memoized).
+
+    Raises PresetFileError when a model preset file cannot be read."""
+    return _break_even(inp, layout, tuple(str(d) for d in presets_dirs))
+
+
 @functools.lru_cache(maxsize=1024)
-def break_even(inp: PlanInput, layout: Layout) -> BreakEven:
-    """The largest model and micro-batch `layout` carries on `inp`'s hardware (memoized)."""
-    rule = scaling_rule(inp.model)
+def _break_even(inp: PlanInput, layout: Layout, presets_dirs: tuple[str, ...]) -> BreakEven:
+    rule = scaling_rule(inp.model, presets_dirs)
     model = inp.model
     if rule == "family":
         def candidate(log_params: float) -> ModelSpec:
-            return _family_model(model.family, math.exp(log_params))
+            return _family_model(model.family, math.exp(log_params), presets_dirs)
     else:
         def candidate(log_params: float) -> ModelSpec:
-            return scaled_model(model, math.exp(log_params))
+            return scaled_model(model, math.exp(log_params), presets_dirs)
     grid = FAMILY_GRID if rule == "family" else None
     largest, smallest_failing, limited_by = _largest_fitting(inp, layout, candidate, grid)
     return BreakEven(
@@ -303,7 +319,8 @@ def break_even(inp: PlanInput, layout: Layout) -> BreakEven:
     )
 
 
-def crossovers(inp: PlanInput, layouts: tuple[Layout, ...] | None = None) -> list[Crossover]:
+def crossovers(inp: PlanInput, layouts: tuple[Layout, ...] | None = None,
+               presets_dirs: tuple[str, ...] = ()) -> list[Crossover]:
     """Where each layout stops fitting as the model grows, and which layout is fastest beyond.
 
     One entry per layout that fits some size of the family and stops within the range, in
@@ -314,7 +331,7 @@ def crossovers(inp: PlanInput, layouts: tuple[Layout, ...] | None = None) -> lis
     from zlayout.core.steptime import estimate_step_time
 
     chosen = tuple(layouts) if layouts is not None else all_layouts()
-    evens = {layout: break_even(inp, layout) for layout in chosen}
+    evens = {layout: break_even(inp, layout, presets_dirs) for layout in chosen}
     out = []
     ordered = sorted((be.next_params, layout.key, layout) for layout, be in evens.items()
                      if be.max_params > 0 and be.next_params > 0)

@@ -21,6 +21,7 @@ class Plan:
     input: PlanInput
     layouts: tuple[LayoutPlan, ...]
     recommendation: Recommendation
+    breakeven_error: str = ""  # why break-even is missing (a broken model preset file): for the app
 
     def for_layout(self, layout: Layout) -> LayoutPlan:
         for lp in self.layouts:

@@ -33,11 +33,13 @@ def checkpoint_bytes(inp: PlanInput, layout: Layout) -> int:
     return OPTIMIZER_STATE_BYTES_PER_PARAM * params + weights
 
 
-def limits(inp: PlanInput, layout: Layout) -> Limits:
-    """Break-even on this hardware: how far this layout carries the model, and what comes next."""
-    evens = {other: break_even(inp, other) for other in all_layouts()}
-    mine = evens.get(layout) or break_even(inp, layout)
-    crossing = next((c for c in crossovers(inp) if c.stops_fitting == layout), None)
+def limits(inp: PlanInput, layout: Layout, presets_dirs: tuple[str, ...] = ()) -> Limits:
+    """Break-even on this hardware: how far this layout carries the model, and what comes next.
+
+    `presets_dirs`: `--presets-dir`'s folders, where the model's family may be defined."""
+    evens = {other: break_even(inp, other, presets_dirs) for other in all_layouts()}
+    mine = evens.get(layout) or break_even(inp, layout, presets_dirs)
+    crossing = next((c for c in crossovers(inp, presets_dirs=presets_dirs) if c.stops_fitting == layout), None)
     model = mine.max_model
     return Limits(
         scaling=mine.scaling, max_params=mine.max_params,
@@ -93,7 +95,7 @@ def describe(inp: PlanInput, layout: Layout) -> str:
 def build_profile(inp: PlanInput, layout: Layout, *, name: str | None = None,
                   description: str | None = None, run: RunSettings | None = None,
                   why: str | None = None, previous: Profile | None = None,
-                  now: datetime | None = None) -> Profile:
+                  now: datetime | None = None, presets_dirs: tuple[str, ...] = ()) -> Profile:
     """A fresh, unverified profile for `layout`.
 
     With `previous` (the profile being replaced) its change log is kept and this export is
@@ -126,7 +128,7 @@ def build_profile(inp: PlanInput, layout: Layout, *, name: str | None = None,
         zlayout_version=__version__,
         inputs=inp, layout=layout, run=run or RunSettings(),
         prediction=prediction, verification=verification, changelog=changelog,
-        limits=limits(inp, layout),
+        limits=limits(inp, layout, presets_dirs),
         alerts=derive_alerts(inp, prediction, verification, checkpoint_dir=(run or RunSettings()).checkpoint_dir),
     )
 

@@ -124,7 +124,8 @@ def _one_line(exc: ValidationError) -> str:
 
 def export_profile(inp: PlanInput, layout: Layout, path: str | os.PathLike[str], *, replace: bool = False,
                    name: str | None = None, why: str | None = None,
-                   run_settings: Mapping[str, Any] | None = None, now: datetime | None = None) -> ExportResult:
+                   run_settings: Mapping[str, Any] | None = None, now: datetime | None = None,
+                   presets_dirs: tuple[str, ...] = ()) -> ExportResult:
     """Build the profile for `layout` and write it to `path` under the rules above.
 
     `run_settings` (train_script, checkpoint_dir, nvme_path, master_port) override the replaced
@@ -141,7 +142,8 @@ def export_profile(inp: PlanInput, layout: Layout, path: str | os.PathLike[str],
     base = target.previous.run if target.previous is not None else RunSettings()
     try:
         run = RunSettings.model_validate({**base.model_dump(), **dict(run_settings or {})})
-        profile = build_profile(inp, layout, name=name, why=why, previous=target.previous, run=run, now=now)
+        profile = build_profile(inp, layout, name=name, why=why, previous=target.previous, run=run, now=now,
+                                presets_dirs=presets_dirs)
     except ValidationError as exc:
         raise ProfileError(_one_line(exc)) from None
     if target.single_file:

@@ -45,16 +45,27 @@ STATE_DUMP_ENV = "ZLAYOUT_STATE_DUMP"  # a file path: f12 writes the app's state
 # The planner is imported by the first planning worker, after the first frame: importing it
 # (catalog tables, every estimator) is not on the way to the first screen.
 def _core_plan(inp: PlanInput) -> Plan:
+    from dataclasses import replace
+
+    from zlayout.catalog import PresetFileError
     from zlayout.core.plan import make_plan
 
-    return make_plan(inp)
+    try:
+        return make_plan(inp)
+    except PresetFileError as exc:
+        # a broken model preset stops break-even only: plan the rest, the panel says why
+        return replace(make_plan(inp, with_breakeven=False), breakeven_error=str(exc))
 
 
 def _core_crossovers(inp: PlanInput) -> Sequence[Any]:
+    from zlayout.catalog import PresetFileError
     from zlayout.core import breakeven
 
     finder = getattr(breakeven, "crossovers", None)
-    return finder(inp) if finder is not None else ()
+    try:
+        return finder(inp) if finder is not None else ()
+    except PresetFileError:  # _core_plan's plan carries the message
+        return ()
 
 
 COMPACT_WIDTH = 120  # below this the inputs panel starts hidden (ctrl+b shows it)
@@ -125,6 +136,7 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
         self._profile_io = profile_io
         self._crossover_finder = crossovers
         self.planner_error: str | None = None
+        self._breakeven_error_shown = ""  # notified once per distinct message
         self.cursor_blink = cursor_blink
         self._compact: bool | None = None
         self._inputs_toggled = False  # the user chose: resizing no longer shows/hides the panel
@@ -215,6 +227,11 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
         panel.plan = plan
         self.query_one(ComparePanel).plan = plan
         self.show_status()
+        error = getattr(plan, "breakeven_error", "")
+        if error and error != self._breakeven_error_shown:  # the panel may be scrolled away
+            self.notify(error, title="Break-even not computed", severity="warning", timeout=15,
+                        markup=False)  # a TOML error quotes [brackets]
+        self._breakeven_error_shown = error
 
     def watch_pinned(self, pinned: Plan | None) -> None:
         self.query_one(ComparePanel).pinned = pinned

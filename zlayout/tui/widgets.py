@@ -445,6 +445,12 @@ class BreakEvenPanel(PlanPanel):
         if plan is None:
             return Text("")
         out = Text()
+        error = getattr(plan, "breakeven_error", "")
+        if error:  # a broken model preset: say which file and why, never other sizes
+            out.append("Not computed: ", style="bold red")
+            out.append(error)
+            out.append("\nThe layouts table and the memory bars do not depend on it.", style="dim italic")
+            return out
         scaling = view.scaling_text(plan)
         if scaling:
             out.append(f"Largest model that fits: {scaling}\n", style="dim")
