@@ -399,7 +399,7 @@ def micro_step_work(inp: PlanInput, layout: Layout) -> tuple[PhaseWork, PhaseWor
     dense_fwd, dense_bwd = _block_kernels(inp)
     moe_fwd, moe_bwd = _moe_block_kernels(inp)
     moe_layers = m.moe_layer_count
-    if moe_layers and t.impl == "hf":  # the MLP half of a MoE block is the router and the loop
+    if moe_layers and t.impl == "hf":  # the MLP half of a MoE block is the router and the grouped experts
         mlp_fwd, mlp_bwd = (5, 8) if m.mlp == "swiglu" else (3, 5)
         layer_fwd = m.layers * dense_fwd + moe_layers * (moe_fwd - mlp_fwd)
         layer_bwd = m.layers * dense_bwd + moe_layers * (moe_bwd - mlp_bwd)
