@@ -957,3 +957,94 @@ async def test_a_broken_model_preset_is_named_in_the_break_even_panel_not_hidden
             assert "Break-even not computed" in shown and "cannot scale the llama3" in shown
     finally:
         breakeven.clear_caches()
+
+
+# -- `zlayout app --presets-dir DIR`: the app reads DIR as the CLI's commands do ---------------
+
+def family_only_in(folder: Path) -> str:
+    """Llama 3 8B and 70B copied under a new family name, `myfam`, that only `folder` defines."""
+    from zlayout import catalog
+
+    (folder / "models").mkdir(parents=True)
+    for size in ("8b", "70b"):
+        text = catalog.preset_path("models", f"llama3-{size}").read_text()
+        (folder / "models" / f"myfam-{size}.toml").write_text(text.replace('"llama3"', '"myfam"'))
+    return str(folder)
+
+
+APP_FLAGS = ["--preset", "myfam-8b", "--gpu", "h100", "--gpus-per-node", "8", "--seq", "4096"]
+
+
+def app_of_command(monkeypatch, *argv: str) -> ZLayoutApp:
+    """The app `zlayout app ARGV` builds (through commands/app.py and run_app), not yet run."""
+    from zlayout.cli import main
+
+    built: list[ZLayoutApp] = []
+    monkeypatch.setenv("TEXTUAL_DRIVER", "test")  # run_app's "a screen is there" (textual-serve's)
+    monkeypatch.setattr(ZLayoutApp, "run", lambda self, *a, **k: built.append(self))
+    assert main(["app", *argv]) == 0
+    monkeypatch.undo()
+    app, = built
+    app.cursor_blink = False
+    return app
+
+
+@pytest.fixture
+def fresh_families():
+    """Break-even remembers families per process; these tests bring their own family."""
+    from zlayout.core import breakeven
+
+    breakeven.clear_caches()
+    yield
+    breakeven.clear_caches()
+
+
+async def test_app_presets_dir_reaches_break_even_and_the_preset_list(tmp_path, monkeypatch, fresh_families):
+    # The app used --presets-dir for the starting model only: break-even grew a family of DIR
+    # in depth (unlike `zlayout breakeven --presets-dir DIR`) and the model picker lacked DIR's presets.
+    folder = family_only_in(tmp_path / "mine")
+    app = app_of_command(monkeypatch, *APP_FLAGS, "--presets-dir", folder)
+    async with app.run_test(size=WIDE) as pilot:
+        await settle(pilot)
+        assert app.planner_error is None and not app.plan.breakeven_error
+        assert app.plan.input.model.family == "myfam"
+        assert {lp.breakeven.scaling for lp in app.plan.layouts} == {"family"}
+        panel = " ".join(str(app.query_one("#breakeven").render()).split())
+        assert "sizes of the myfam family (its shapes, scaled together)" in panel
+        assert "deeper or shallower" not in panel and "more or fewer layers" not in panel
+        picker = app.query_one("#preset", Select)
+        names = {str(value) for _, value in picker._options}
+        assert {"myfam-8b", "myfam-70b", "llama3-8b"} <= names
+        assert picker.value == "myfam-8b"
+        # the break-even rows are the CLI's for the same dir
+        from zlayout.cli import build_parser, plan_input_from_args
+        from zlayout.core.breakeven import break_even
+
+        cli = plan_input_from_args(build_parser().parse_args(["breakeven", *APP_FLAGS, "--presets-dir", folder]))
+        for lp in app.plan.layouts:
+            assert lp.breakeven.max_params == break_even(cli, lp.layout, (folder,)).max_params
+
+
+async def test_app_export_limits_equal_the_cli_export_for_the_same_presets_dir(tmp_path, monkeypatch,
+                                                                              fresh_families):
+    # ctrl+s computed the profile's limits without --presets-dir: a family of DIR grew in depth
+    # there, so the app's profile promised other model sizes than `zlayout export --presets-dir DIR`.
+    from zlayout.cli import main
+    from zlayout.profile import load_profile
+    from zlayout.spec import offload_flag
+
+    folder = family_only_in(tmp_path / "mine")
+    app = app_of_command(monkeypatch, *APP_FLAGS, "--presets-dir", folder)
+    async with app.run_test(size=WIDE) as pilot:
+        await settle(pilot)
+        layout = app.selected_layout()
+        await pilot.press("ctrl+s")
+        assert isinstance(app.screen, PathScreen)
+        await submit_path(pilot, tmp_path / "from-app")
+    layout_flags = ["--stage", str(layout.stage), "--offload-optimizer", offload_flag(layout.offload_optimizer),
+                    "--offload-param", offload_flag(layout.offload_param)]
+    assert main(["export", *APP_FLAGS, *layout_flags, "--presets-dir", folder,
+                 "--out", str(tmp_path / "from-cli")]) == 0
+    from_app, from_cli = load_profile(tmp_path / "from-app"), load_profile(tmp_path / "from-cli")
+    assert from_app.limits is not None and from_app.limits == from_cli.limits
+    assert from_cli.limits.scaling == "family" and from_app.limits.max_params > 0

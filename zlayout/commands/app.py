@@ -36,6 +36,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from zlayout.tui.app import run_app
 
     given = _flags_given(args, parser)
+    # --presets-dir reaches the app too: its preset lists, break-even and export read the
+    # folders as `zlayout plan/breakeven/export --presets-dir` do
+    dirs = tuple(args.presets_dir)
     if args.profile is not None:
         if given:
             raise UsageError(f"give either a PROFILE or plan flags, not both (got {args.profile} "
@@ -45,7 +48,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return run_app()
     if not any(getattr(args, name, None) is not None for name in MODEL_FLAGS):
         args.preset = DEFAULT_PRESET
-    return run_app(plan_input_from_args(args))
+    return run_app(plan_input_from_args(args), presets_dirs=dirs)
 
 
 def _profile_input(path: str):

@@ -30,7 +30,8 @@ class Plan:
         raise KeyError(layout.key)
 
 
-def plan_layout(inp: PlanInput, layout: Layout, with_breakeven: bool = True) -> LayoutPlan:
+def plan_layout(inp: PlanInput, layout: Layout, with_breakeven: bool = True,
+                presets_dirs: tuple[str, ...] = ()) -> LayoutPlan:
     memory = estimate_memory(inp, layout)
     comm = estimate_comm(inp, layout)
     return LayoutPlan(
@@ -38,12 +39,13 @@ def plan_layout(inp: PlanInput, layout: Layout, with_breakeven: bool = True) -> 
         memory=memory,
         comm=comm,
         time=estimate_step_time(inp, layout, comm),
-        breakeven=break_even(inp, layout) if with_breakeven else None,
+        breakeven=break_even(inp, layout, presets_dirs) if with_breakeven else None,
     )
 
 
 def make_plan(inp: PlanInput, layouts: tuple[Layout, ...] | None = None,
-              with_breakeven: bool = True) -> Plan:
+              with_breakeven: bool = True, presets_dirs: tuple[str, ...] = ()) -> Plan:
+    """`presets_dirs`: `--presets-dir`'s folders, where break-even looks for the model's family."""
     chosen = layouts if layouts is not None else all_layouts()
-    planned = tuple(plan_layout(inp, layout, with_breakeven) for layout in chosen)
+    planned = tuple(plan_layout(inp, layout, with_breakeven, presets_dirs) for layout in chosen)
     return Plan(input=inp, layouts=planned, recommendation=recommend(inp, planned))

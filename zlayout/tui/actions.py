@@ -53,7 +53,7 @@ class LayoutActionsMixin:
 
     def _resolve_profile_io(self) -> ProfileIO | None:
         if self._profile_io is None:
-            resolved = default_profile_io()
+            resolved = default_profile_io(self._presets_dirs)
             if isinstance(resolved, str):
                 self.notify(resolved, severity="error", title="Profiles")
                 return None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -44,26 +45,27 @@ STATE_DUMP_ENV = "ZLAYOUT_STATE_DUMP"  # a file path: f12 writes the app's state
 
 # The planner is imported by the first planning worker, after the first frame: importing it
 # (catalog tables, every estimator) is not on the way to the first screen.
-def _core_plan(inp: PlanInput) -> Plan:
+# `presets_dirs`: `zlayout app --presets-dir`'s folders, where break-even looks for the family.
+def _core_plan(inp: PlanInput, presets_dirs: tuple[str, ...] = ()) -> Plan:
     from dataclasses import replace
 
     from zlayout.catalog import PresetFileError
     from zlayout.core.plan import make_plan
 
     try:
-        return make_plan(inp)
+        return make_plan(inp, presets_dirs=presets_dirs)
     except PresetFileError as exc:
         # a broken model preset stops break-even only: plan the rest, the panel says why
         return replace(make_plan(inp, with_breakeven=False), breakeven_error=str(exc))
 
 
-def _core_crossovers(inp: PlanInput) -> Sequence[Any]:
+def _core_crossovers(inp: PlanInput, presets_dirs: tuple[str, ...] = ()) -> Sequence[Any]:
     from zlayout.catalog import PresetFileError
     from zlayout.core import breakeven
 
     finder = getattr(breakeven, "crossovers", None)
     try:
-        return finder(inp) if finder is not None else ()
+        return finder(inp, presets_dirs=presets_dirs) if finder is not None else ()
     except PresetFileError:  # _core_plan's plan carries the message
         return ()
 
@@ -126,15 +128,19 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
     def __init__(self, initial: PlanInput | None = None, planner: Planner = _core_plan,
                  verifier: Verifier | None = None, profile_io: ProfileIO | None = None,
                  presets: Presets | None = None, crossovers: CrossoverFinder | None = _core_crossovers,
-                 cursor_blink: bool = True) -> None:
+                 cursor_blink: bool = True, presets_dirs: Sequence[str] = ()) -> None:
         super().__init__()
-        self._presets = presets if presets is not None else catalog_presets()
+        # `zlayout app --presets-dir`'s folders: the preset lists, break-even and export read
+        # them as the CLI's commands do (the defaults below; collaborators passed in are kept)
+        self._presets_dirs = dirs = tuple(str(d) for d in presets_dirs)
+        self._presets = presets if presets is not None else catalog_presets(dirs)
         self._base_input = initial if initial is not None else default_plan_input()
         self._model_base: ModelSpec = self._base_input.model
-        self._planner = planner
+        self._planner = partial(_core_plan, presets_dirs=dirs) if planner is _core_plan else planner
         self._verifier = verifier
         self._profile_io = profile_io
-        self._crossover_finder = crossovers
+        self._crossover_finder = (partial(_core_crossovers, presets_dirs=dirs)
+                                  if crossovers is _core_crossovers else crossovers)
         self.planner_error: str | None = None
         self._breakeven_error_shown = ""  # notified once per distinct message
         self.cursor_blink = cursor_blink
@@ -355,8 +361,9 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
         os.replace(tmp, path)
 
 
-def run_app(initial: PlanInput | None = None) -> int:
-    """The full-screen app; without a terminal on stdin and stdout, one line and exit 2."""
+def run_app(initial: PlanInput | None = None, presets_dirs: Sequence[str] = ()) -> int:
+    """The full-screen app; without a terminal on stdin and stdout, one line and exit 2.
+    `presets_dirs`: `--presets-dir`'s folders (preset lists, break-even, export)."""
     # textual-serve (`zlayout serve`) runs the app on pipes with its web driver: that is a screen
     served = bool(os.environ.get("TEXTUAL_DRIVER"))
     if not served and not (sys.stdin.isatty() and sys.stdout.isatty()):
@@ -364,5 +371,5 @@ def run_app(initial: PlanInput | None = None) -> int:
               "for output a script can read, run: zlayout plan --preset llama3-8b --json",
               file=sys.stderr)
         return 2
-    ZLayoutApp(initial=initial).run()
+    ZLayoutApp(initial=initial, presets_dirs=presets_dirs).run()
     return 0

@@ -37,8 +37,9 @@ class ProfileIO:
     exists: Callable[[str], bool] = lambda path: Path(path).exists()
 
 
-def default_profile_io() -> ProfileIO | str:
-    """zlayout.profile's functions, or why they are not available."""
+def default_profile_io(presets_dirs: tuple[str, ...] = ()) -> ProfileIO | str:
+    """zlayout.profile's functions, or why they are not available. `presets_dirs`: the
+    `--presets-dir` folders the export's limits (break-even) read, as `zlayout export`'s do."""
     try:
         from zlayout import profile
     except ImportError as exc:  # pragma: no cover - the profile package ships with zlayout
@@ -52,7 +53,7 @@ def default_profile_io() -> ProfileIO | str:
     def save(plan: Plan, layout: Layout, path: str) -> object:
         # the CLI's export path and rules: never replaces what is not a readable profile, keeps
         # the change log; the app has asked before replacing a profile (`exists`)
-        return export_profile(plan.input, layout, path, replace=True)
+        return export_profile(plan.input, layout, path, replace=True, presets_dirs=presets_dirs)
 
     def exists(path: str) -> bool:
         """A readable profile is there (the app asks first); a refused target is reported by save."""
@@ -67,9 +68,10 @@ def default_profile_io() -> ProfileIO | str:
     return ProfileIO(save=save, load=load, exists=exists)
 
 
-@lru_cache(maxsize=1)
-def catalog_presets() -> Presets:
-    """The preset names and loaders of zlayout.catalog (empty when it is missing)."""
+@lru_cache(maxsize=4)
+def catalog_presets(presets_dirs: tuple[str, ...] = ()) -> Presets:
+    """The preset names and loaders of zlayout.catalog (empty when it is missing), looking in
+    `presets_dirs` (`--presets-dir`'s folders) first, as the CLI's `--presets-dir` does."""
     try:
         from zlayout import catalog
     except ImportError:
@@ -77,15 +79,16 @@ def catalog_presets() -> Presets:
             raise LookupError(f"no preset catalog (zlayout.catalog is missing): cannot load {name!r}")
 
         return Presets(models=(), gpus=(), links=(), load_gpu=missing, load_link=missing)
+    dirs = tuple(presets_dirs)
     return Presets(
-        models=tuple(catalog.list_presets("models")),
-        gpus=tuple(catalog.list_presets("gpus")),
-        links=tuple(catalog.list_presets("links")),
-        load_gpu=catalog.load_gpu,
-        load_link=catalog.load_link,
-        load_model=catalog.load_model,
-        model_of_size=lambda text: catalog.model_for_size(catalog.parse_size(text)),
-        default_intra_link=catalog.default_intra_link,
+        models=tuple(catalog.list_presets("models", dirs)),
+        gpus=tuple(catalog.list_presets("gpus", dirs)),
+        links=tuple(catalog.list_presets("links", dirs)),
+        load_gpu=lambda name: catalog.load_gpu(name, dirs),
+        load_link=lambda name: catalog.load_link(name, dirs),
+        load_model=lambda name: catalog.load_model(name, dirs),
+        model_of_size=lambda text: catalog.model_for_size(catalog.parse_size(text), extra_dirs=dirs),
+        default_intra_link=lambda name: catalog.default_intra_link(name, dirs),
     )
 
 
