@@ -59,6 +59,7 @@ Pure arithmetic, no torch. Two parts:
 
 from __future__ import annotations
 
+import functools
 from bisect import bisect_left, insort
 from dataclasses import dataclass, field
 
@@ -401,11 +402,14 @@ def block_tensor_sizes(model, impl: str) -> list[int]:
     return layer_tensor_sizes(model, moe=False)
 
 
-def parameter_tensor_sizes(model, impl: str) -> list[int]:
+@functools.lru_cache(maxsize=256)
+def parameter_tensor_sizes(model, impl: str) -> tuple[int, ...]:
     """Elements of each weight tensor in `model.parameters()` order (the order DeepSpeed
     flattens and groups them): the embedding, each block's tensors, the final norm, the head.
     Other MoE models than Mixtral's shape (shared experts, their gate, dense blocks first, MLA)
-    by memory.layer_tensor_sizes, block kind by block kind."""
+    by memory.layer_tensor_sizes, block kind by block kind. Memoized (a tuple): one estimate
+    reads it for the step time's per-tensor terms, ZeRO-3's sub-groups and the host's cast, and
+    break-even runs hundreds of estimates a keystroke."""
     from zlayout.core.memory import layer_tensor_sizes
 
     if model.is_moe and not mixtral_shaped(model):
@@ -417,10 +421,10 @@ def parameter_tensor_sizes(model, impl: str) -> list[int]:
     tensors.append(model.final_norm_params())
     if not model.tie_embeddings:
         tensors.append(model.vocab * model.hidden)
-    return tensors
+    return tuple(tensors)
 
 
-def stage3_sub_groups(tensors: list[int], world: int, sub_group_size: int) -> list[tuple[int, int]]:
+def stage3_sub_groups(tensors: list[int] | tuple[int, ...], world: int, sub_group_size: int) -> list[tuple[int, int]]:
     """ZeRO-3's optimizer sub-groups as (elements of this GPU's partition, elements of the whole
     tensors). stage3.py _create_fp16_sub_groups: whole tensors are added in order and a
     sub-group closes once its partitions reach sub_group_size, so a sub-group holds at least

@@ -18,6 +18,7 @@ the activation sizes follow the reference GPT's forward (benchmarks/measurements
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Literal
 
@@ -400,22 +401,29 @@ def host_init_transients(inp: PlanInput, layout: Layout, init: str) -> tuple[int
     early = HOST_BASE_EARLY_BYTES + (HOST_TRANSFORMERS_BYTES if t.impl == "hf" else 0)
     build = 0
     if init == "fp32-cpu":
-        from zlayout.core.allocator_sim import parameter_tensor_sizes
-
         built = FP32_BYTES * (model.params + (model.vocab * model.hidden if model.tie_embeddings else 0))
-        w = weight_bytes_per_param(t)
-        cast, done = 0, 0
-        if w < FP32_BYTES:
-            for numel in parameter_tensor_sizes(model, t.impl):
-                cast = max(cast, w * numel - (FP32_BYTES - w) * done)
-                done += numel
-        build = max(built, FP32_BYTES * model.params + cast)
+        build = max(built, FP32_BYTES * model.params + _host_cast_excess(model, t.impl, weight_bytes_per_param(t)))
     staging = 0
     if layout.stage == 3 and layout.offload_param == "gpu":
         staging = weight_bytes_per_param(t) * -(-model.params // hw.world)
     if layout.stage == 3 or hw.world > 1:
         early += HOST_CUDA_CONTEXT_BYTES
     return build, staging, early
+
+
+@functools.lru_cache(maxsize=256)
+def _host_cast_excess(model: ModelSpec, impl: str, w: int) -> int:
+    """The most the tensor-by-tensor cast to `w` bytes holds above the fp32 model: a tensor's
+    copy while the fp32 tensors cast before it are freed (host_init_transients). Memoized: it
+    walks every tensor (1137 for Llama-3-405B), on each of break-even's estimates."""
+    from zlayout.core.allocator_sim import parameter_tensor_sizes
+
+    cast, done = 0, 0
+    if w < FP32_BYTES:
+        for numel in parameter_tensor_sizes(model, impl):
+            cast = max(cast, w * numel - (FP32_BYTES - w) * done)
+            done += numel
+    return cast
 
 
 def pinned_bytes(nbytes: int) -> int:
