@@ -738,6 +738,20 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         s.f(xc, xs)
         return out
 
+    def hf_rotated_qkv() -> tuple[int, int, int]:
+        """A transformers attention's q, k and v projections and apply_rotary_pos_emb(q, k):
+        autograd keeps only cos and sin, so each rotary's intermediates (the negated half and the
+        cat included) die inside it; q and k stay bound to the attention's locals until both are
+        rotated (t-z1-hf-v256000 trace: 18, 9, 18, -9, 18, -18, 18, -18, -18 MiB for q at b2
+        s2048 h2304). Returns the rotated q and k, and v."""
+        q = s.a(T * h * w)
+        first_matmul("forward")
+        k, v = s.a(T * kv * w), s.a(T * kv * w)
+        qr = rotary(T * h * w)
+        kr = rotary(T * kv * w)
+        s.f(q, k)
+        return qr, kr, v
+
     def hf_norm_no_saves(x: int) -> int:
         """transformers' RMSNorm when autograd saves nothing: the fp32 copy dies when the
         local is rebound to its product with rsqrt, that product when the function returns."""
@@ -760,12 +774,7 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         locals, -32 the norm's output, 32 the residual add, -32; the MLP: gate 88, silu 88,
         -88, up 88, product 88, -88 -88, down 32, -88, -32, 32 the residual add, -32 -32)."""
         n1 = hf_norm_no_saves(x)
-        q = s.a(T * h * w)
-        first_matmul("forward")
-        k, v = s.a(T * kv * w), s.a(T * kv * w)
-        qr = rotary(T * h * w)
-        kr = rotary(T * kv * w)
-        s.f(q, k)
+        qr, kr, v = hf_rotated_qkv()
         attn = s.a(T * h * w)
         proj = s.a(T * h * w)
         s.f(attn, qr, kr, v, n1)
@@ -794,17 +803,7 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         sv["norm1"], n1 = norm_forward()
         sv["n1"] = [n1]
         if hf:
-            q = s.a(T * h * w)
-            first_matmul("forward")
-            k, v = s.a(T * kv * w), s.a(T * kv * w)
-            # apply_rotary_pos_emb(q, k): autograd keeps only cos and sin, so each rotary's
-            # intermediates (the negated half and the cat included) die inside it; q and k stay
-            # bound to the attention's locals until both are rotated (t-z1-hf-v256000 trace:
-            # 18, 9, 18, -9, 18, -18, 18, -18, -18 MiB for q at b2 s2048 h2304)
-            qr = rotary(T * h * w)
-            kr = rotary(T * kv * w)
-            s.f(q, k)
-            sv["qkv"] = [qr, kr, v]
+            sv["qkv"] = list(hf_rotated_qkv())
         else:
             sv["qkv"] = [s.a(T * (h + 2 * kv) * w)]
             first_matmul("forward")
