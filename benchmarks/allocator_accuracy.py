@@ -64,6 +64,13 @@ HELDOUT4_PREDICTIONS = MEASURED / "h200-2026-12-01e" / "heldout4-allocator-predi
 # the replay's traced fixes, committed before it ran: rows tagged 5.
 HELDOUT5 = MEASURED / "h200-2026-12-01e" / "heldout5-results.jsonl"
 HELDOUT5_PREDICTIONS = MEASURED / "h200-2026-12-01e" / "heldout5-allocator-predictions.jsonl"
+# The hold-outs reported by device used alone: (tag, results, predictions committed before the
+# run and the model that made them, a second committed set or None and its model).
+LATER_HELDOUTS = (
+    ("3", HELDOUT3, HELDOUT3_PREDICTIONS, "main c00c30b", HELDOUT3_PREDICTIONS_ALLOC5, "replay on alloc5 1d42eff"),
+    ("4", HELDOUT4, HELDOUT4_PREDICTIONS, "main 5609f6d", None, None),
+    ("5", HELDOUT5, HELDOUT5_PREDICTIONS, "main 666d1ca", None, None),
+)
 SHAPE_A = ("--stage 0 --hidden 3584 --heads 28 --kv-heads 4 --ffn 12544 --vocab 128256 --mlp swiglu "
            "--norm rmsnorm --no-bias --seq 4096 --micro-batch 1 --gpus-per-node 1 --gpu h200")
 OOM_TEXT = re.compile(r"Tried to allocate ([\d.]+) GiB.*?([\d.]+) GiB is allocated by PyTorch", re.S)
@@ -173,9 +180,10 @@ def main() -> int:
           f" {'needs':>7} {'result':>6} {'fits':>5}")
     used_err, resv_err, verdict_ok, verdict_all, alloc_err = [], [], 0, 0, []
     ho, h2 = HeldOut(committed_predictions()), HeldOut(committed_predictions(HELDOUT2_PREDICTIONS))
-    h3 = HeldOut(committed_predictions(HELDOUT3_PREDICTIONS), committed_predictions(HELDOUT3_PREDICTIONS_ALLOC5))
-    h4 = HeldOut(committed_predictions(HELDOUT4_PREDICTIONS))
-    h5 = HeldOut(committed_predictions(HELDOUT5_PREDICTIONS))
+    later = {tag: HeldOut(committed_predictions(first), committed_predictions(second) if second else None)
+             for tag, _, first, _, second, _ in LATER_HELDOUTS}
+    by_source = {HELDOUT.name: ("h", ho), HELDOUT2.name: ("H", h2),
+                 **{results.name: (tag, later[tag]) for tag, results, *_ in LATER_HELDOUTS}}
     every_used: list[float] = []  # signed, every row that ran
     for r in verify_rows():
         inp = zero_headroom(PlanInput.model_validate(r["inputs"]))
@@ -186,13 +194,8 @@ def main() -> int:
             r["status"] == "failed" and len(m.get("gpu_peak_allocated_bytes_per_step") or []) == r.get("steps", 3))
         model, t = inp.model, inp.training
         key = ("A", model.layers, t.allocator) if model.hidden == 3584 and layout.stage == 0 else None
-        heldout = r["_source"] == HELDOUT.name
-        heldout2 = r["_source"] == HELDOUT2.name
-        heldout3 = r["_source"] == HELDOUT3.name
-        heldout4 = r["_source"] == HELDOUT4.name
-        heldout5 = r["_source"] == HELDOUT5.name
-        tag = "*" if key in IN_SAMPLE else ("h" if heldout else ("H" if heldout2 else (
-            "3" if heldout3 else ("4" if heldout4 else ("5" if heldout5 else " ")))))
+        held = by_source.get(r["_source"])  # (tag, its HeldOut) for a hold-out's row
+        tag = "*" if key in IN_SAMPLE else (held[0] if held else " ")
         label = (f"{tag}{layout.label} {t.impl} {t.allocator[:3]} L{model.layers} h{model.hidden} "
                  f"s{t.seq} b{t.micro_batch}{' ckpt' if t.checkpointing == 'full' else ''} w{inp.hardware.world}")
         alloc = m.get("gpu_peak_allocated_bytes") or 0
@@ -209,9 +212,8 @@ def main() -> int:
             resv_err.append(abs(est.gpu_peak_reserved_bytes - resv) / resv * 100)
         if ran and used and tag == " ":
             used_err.append(abs(est.gpu_device_used_bytes - used) / used * 100)
-        if (heldout or heldout2 or heldout3 or heldout4 or heldout5) and ran and resv and used:
-            (ho if heldout else (h2 if heldout2 else (h3 if heldout3 else (h4 if heldout4 else h5)))).add(
-                est, layout, inp, resv, used)
+        if held and ran and resv and used:
+            held[1].add(est, layout, inp, resv, used)
         if ran and used:
             every_used.append((est.gpu_device_used_bytes - used) / used * 100)
         verdict_all += 1
@@ -263,28 +265,20 @@ def main() -> int:
               f"{max(h2.committed_used):.1f}% max over {len(h2.committed_used)}")
     if not HELDOUT2.exists():
         print(f"held out 2: {HELDOUT2.relative_to(ROOT)} not there yet (batch-h200-heldout2.txt)")
-    if h3.used:
-        worst = lambda xs: min(xs)  # noqa: E731  (the most negative: under-predicted, the unsafe side)
-        print(f"held out 3 (3, {HELDOUT3.relative_to(ROOT)}), this model: device used {mean(h3.used):.1f}% mean, "
-              f"{max(h3.used):.1f}% max, worst under {worst(h3.signed_used):+.1f}% over {len(h3.used)}")
-        print(f"held out 3, predictions committed before the run (main c00c30b): device used "
-              f"{mean(h3.committed_used):.1f}% mean, {max(h3.committed_used):.1f}% max, worst under "
-              f"{worst(h3.committed_signed_used):+.1f}% over {len(h3.committed_used)}")
-        print(f"held out 3, committed before the run (replay on alloc5 1d42eff): device used "
-              f"{mean(h3.second_used):.1f}% mean, {max(h3.second_used):.1f}% max, worst under "
-              f"{worst(h3.second_signed_used):+.1f}% over {len(h3.second_used)}")
-    if h4.used:
-        print(f"held out 4 (4, {HELDOUT4.relative_to(ROOT)}), this model: device used {mean(h4.used):.1f}% mean, "
-              f"{max(h4.used):.1f}% max, worst under {min(h4.signed_used):+.1f}% over {len(h4.used)}")
-        print(f"held out 4, predictions committed before the run (main 5609f6d): device used "
-              f"{mean(h4.committed_used):.1f}% mean, {max(h4.committed_used):.1f}% max, worst under "
-              f"{min(h4.committed_signed_used):+.1f}% over {len(h4.committed_used)}")
-    if h5.used:
-        print(f"held out 5 (5, {HELDOUT5.relative_to(ROOT)}), this model: device used {mean(h5.used):.1f}% mean, "
-              f"{max(h5.used):.1f}% max, worst under {min(h5.signed_used):+.1f}% over {len(h5.used)}")
-        print(f"held out 5, predictions committed before the run (main 666d1ca): device used "
-              f"{mean(h5.committed_used):.1f}% mean, {max(h5.committed_used):.1f}% max, worst under "
-              f"{min(h5.committed_signed_used):+.1f}% over {len(h5.committed_used)}")
+    for tag, results, _, made_by, _, second_by in LATER_HELDOUTS:
+        h = later[tag]
+        if not h.used:
+            continue
+        # worst under: the most negative error, under-predicted, the unsafe side
+        print(f"held out {tag} ({tag}, {results.relative_to(ROOT)}), this model: device used {mean(h.used):.1f}% mean, "
+              f"{max(h.used):.1f}% max, worst under {min(h.signed_used):+.1f}% over {len(h.used)}")
+        print(f"held out {tag}, predictions committed before the run ({made_by}): device used "
+              f"{mean(h.committed_used):.1f}% mean, {max(h.committed_used):.1f}% max, worst under "
+              f"{min(h.committed_signed_used):+.1f}% over {len(h.committed_used)}")
+        if second_by:
+            print(f"held out {tag}, committed before the run ({second_by}): device used "
+                  f"{mean(h.second_used):.1f}% mean, {max(h.second_used):.1f}% max, worst under "
+                  f"{min(h.second_signed_used):+.1f}% over {len(h.second_used)}")
     absolute = [abs(e) for e in every_used]
     print(f"device used, every row that ran ({len(every_used)}): {mean(absolute):.1f}% mean, {max(absolute):.1f}% max, "
           f"{sum(a <= 5 for a in absolute)} within 5%, worst under-prediction {min(every_used):+.1f}%")
