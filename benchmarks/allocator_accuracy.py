@@ -33,7 +33,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from measurements import verify_results  # noqa: E402
 from zlayout.core.memory import estimate_memory  # noqa: E402
 from zlayout.spec import GiB, Layout, PlanInput  # noqa: E402
 
@@ -83,22 +85,17 @@ def zero_headroom(inp: PlanInput) -> PlanInput:
 
 def verify_rows() -> list[dict]:
     rows = []
-    for path in sorted(MEASURED.rglob("*.jsonl")):
-        for line in path.read_text().splitlines():
-            if not line.strip().startswith("{"):
-                continue
-            r = json.loads(line)
-            if "inputs" not in r or r.get("mode") != "gpu" or r.get("status") not in (
-                    "validated", "does-not-fit", "failed", "mismatch"):
-                continue
-            measured = r.get("measured") or {}
-            error = r.get("cause") or ""
-            if r["status"] == "failed" and "Failed to CUDA calloc" not in json.dumps(r):
-                continue  # a crash that says nothing about memory (e.g. a missing package)
-            r["_source"] = path.name
-            r["_measured"] = measured = with_peak_device_used(r, measured)
-            r["_error"] = error
-            rows.append(r)
+    for path, r in verify_results():
+        if r.get("mode") != "gpu" or r.get("status") not in ("validated", "does-not-fit", "failed", "mismatch"):
+            continue
+        measured = r.get("measured") or {}
+        error = r.get("cause") or ""
+        if r["status"] == "failed" and "Failed to CUDA calloc" not in json.dumps(r):
+            continue  # a crash that says nothing about memory (e.g. a missing package)
+        r["_source"] = path.name
+        r["_measured"] = measured = with_peak_device_used(r, measured)
+        r["_error"] = error
+        rows.append(r)
     return rows
 
 

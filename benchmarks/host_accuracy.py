@@ -12,12 +12,14 @@ built in fp32 on the host, 3 GiB + host model states); "after" is estimate_memor
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from measurements import verify_results  # noqa: E402
 
 from zlayout.core.memory import FP32_BYTES, HOST_BASE_BYTES, estimate_memory, model_init  # noqa: E402
 from zlayout.spec import GiB, Layout, PlanInput  # noqa: E402
@@ -28,18 +30,13 @@ TRANSIENTS = ("process_baseline", "model_construction", "defragment_staging")
 
 def rows() -> list[tuple[str, dict, PlanInput, Layout]]:
     out = []
-    for path in sorted(MEASURED.rglob("*.jsonl")):
-        for line in path.read_text().splitlines():
-            if not line.strip().startswith("{"):
-                continue
-            r = json.loads(line)
-            m = r.get("measured") or {}
-            if ("inputs" not in r or r.get("status") == "failed" or not m.get("host_peak_bytes")
-                    or not m.get("host_maxrss_bytes_per_rank")):
-                continue
-            inp = PlanInput.model_validate(r["inputs"])
-            layout = Layout.model_validate({k: r["layout"][k] for k in ("stage", "offload_optimizer", "offload_param")})
-            out.append((str(path.relative_to(MEASURED)), m, inp, layout))
+    for path, r in verify_results():
+        m = r.get("measured") or {}
+        if r.get("status") == "failed" or not m.get("host_peak_bytes") or not m.get("host_maxrss_bytes_per_rank"):
+            continue
+        inp = PlanInput.model_validate(r["inputs"])
+        layout = Layout.model_validate({k: r["layout"][k] for k in ("stage", "offload_optimizer", "offload_param")})
+        out.append((str(path.relative_to(MEASURED)), m, inp, layout))
     return out
 
 

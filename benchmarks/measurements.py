@@ -86,6 +86,19 @@ def row_to_input(row: dict) -> tuple[PlanInput, Layout]:
     return PlanInput(model=model, hardware=hardware, training=training), layout
 
 
+def verify_results():
+    """Every `zlayout verify` result kept under benchmarks/measurements/ (any depth), as (its
+    file, the result object): the JSON lines that carry "inputs" (batch results, single results;
+    prediction files and benchmark rows have none)."""
+    for path in sorted(SOURCES[0].rglob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            if not line.strip().startswith("{"):
+                continue
+            r = json.loads(line)
+            if "inputs" in r:
+                yield path, r
+
+
 def load_measured(with_memory: bool = True) -> list[MeasuredLayout]:
     """Every measured row; `with_memory=False` adds those that measured step time only."""
     out = []

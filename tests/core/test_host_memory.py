@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,18 +17,17 @@ MEASURED = Path(__file__).resolve().parents[2] / "benchmarks" / "measurements"
 
 def verify_rows() -> list[tuple[str, PlanInput, Layout, int]]:
     """Every verify run that measured each rank's ru_maxrss (failed runs left out)."""
+    sys.path.insert(0, str(MEASURED.parent))
+    from measurements import verify_results  # benchmarks/measurements.py: the results' one reader
+
     out = []
-    for path in sorted(MEASURED.rglob("*.jsonl")):
-        for line in path.read_text().splitlines():
-            if not line.strip().startswith("{"):
-                continue
-            r = json.loads(line)
-            m = r.get("measured") or {}
-            if "inputs" not in r or r.get("status") == "failed" or not m.get("host_maxrss_bytes_per_rank"):
-                continue
-            inp = PlanInput.model_validate(r["inputs"])
-            layout = Layout.model_validate({k: r["layout"][k] for k in ("stage", "offload_optimizer", "offload_param")})
-            out.append((path.name, inp, layout, max(m["host_maxrss_bytes_per_rank"])))
+    for path, r in verify_results():
+        m = r.get("measured") or {}
+        if r.get("status") == "failed" or not m.get("host_maxrss_bytes_per_rank"):
+            continue
+        inp = PlanInput.model_validate(r["inputs"])
+        layout = Layout.model_validate({k: r["layout"][k] for k in ("stage", "offload_optimizer", "offload_param")})
+        out.append((path.name, inp, layout, max(m["host_maxrss_bytes_per_rank"])))
     return out
 
 
