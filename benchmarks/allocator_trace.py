@@ -4,6 +4,10 @@
         --name z3-param-cpu -- --stage 3 --offload-optimizer cpu --offload-param cpu \
         --layers 8 --hidden 4096 --heads 32 --vocab 32000 --seq 2048 --micro-batch 2 --gpus-per-node 1 --gpu h200
 
+    # rank 0 of a 2-GPU run, on one GPU (torch's fake process group; no torchrun):
+    OUT=/tmp/out python benchmarks/allocator_trace.py --name z3-w2 --emulate-world 2 -- --stage 3 \
+        --layers 8 --hidden 4096 --heads 32 --vocab 32000 --seq 2048 --micro-batch 2 --gpus-per-node 2 --gpu h200
+
 The layout is given as `zlayout verify` arguments (after `--`), and is built exactly as the
 verify worker builds it: zlayout's DeepSpeed config (`zlayout.profile.ds_config`), the worker's
 model (`zlayout.verify.worker_model.builder`), ZeRO-3 under `deepspeed.zero.Init`, the
@@ -44,6 +48,9 @@ def main() -> int:
     ap.add_argument("--name", required=True)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--blocks", action="store_true", help="keep every block of every segment per phase")
+    ap.add_argument("--emulate-world", type=int, default=0, metavar="N",
+                    help="run as rank 0 of N GPUs on torch's fake process group (one process, one GPU; "
+                         "the layout's --gpus-per-node must say N): the allocator of an N-GPU run's rank 0")
     ap.add_argument("layout", nargs=argparse.REMAINDER, help="-- then zlayout verify arguments")
     a = ap.parse_args()
     argv = [x for x in a.layout if x != "--"]
@@ -61,7 +68,9 @@ def main() -> int:
 
     from zlayout.verify.worker import batch
 
-    start_distributed()
+    if a.emulate_world > 1 and inp.hardware.world != a.emulate_world:
+        ap.error(f"--emulate-world {a.emulate_world} but the layout plans {inp.hardware.world} GPUs")
+    start_distributed(a.emulate_world)
     torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python",
                                              max_entries=MAX_TRACE_ROWS)
     m, t = inp.model, inp.training
@@ -125,7 +134,7 @@ def main() -> int:
     out = Path(os.environ.get("OUT", "."))
     out.mkdir(parents=True, exist_ok=True)
     result = {
-        "name": a.name, "argv": shlex.join(argv), "torch": torch.__version__, "deepspeed": deepspeed.__version__,
+        "name": a.name, "argv": shlex.join(argv), "emulated_world": a.emulate_world or None, "torch": torch.__version__, "deepspeed": deepspeed.__version__,
         "gpu": torch.cuda.get_device_name(), "wall_s": round(time.time() - started, 2),
         "device_used_bytes": total - free, "max_reserved_bytes": torch.cuda.max_memory_reserved(),
         "max_allocated_bytes": torch.cuda.max_memory_allocated(),

@@ -47,9 +47,22 @@ def build_model(inp: Any, layout: Any, cfg: dict) -> Any:
     return model
 
 
-def start_distributed() -> None:
+def start_distributed(emulate_world: int = 0) -> None:
+    """NCCL over the ranks torchrun started; or, with `emulate_world` N > 1, this one process as
+    rank 0 of N on torch's fake process group (collectives return at once, moving nothing).
+    DeepSpeed then partitions, buckets and gathers exactly as rank 0 of N GPUs would, so the
+    caching allocator sees rank 0's requests of an N-GPU run on one GPU. What it cannot show:
+    NCCL's own buffers (outside the allocator) and frees that wait on a real collective's stream."""
     import deepspeed
     import torch
 
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    if emulate_world > 1:
+        import torch.distributed as dist
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+
+        os.environ.update(LOCAL_RANK="0", RANK="0", WORLD_SIZE=str(emulate_world), LOCAL_WORLD_SIZE="1")
+        torch.cuda.set_device(0)
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=emulate_world)
+    else:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     deepspeed.init_distributed(dist_backend="nccl")

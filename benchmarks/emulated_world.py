@@ -1,0 +1,126 @@
+"""Multi-GPU layouts' allocator on one GPU: rank 0 of N on torch's fake process group.
+
+    python benchmarks/emulated_world.py lines [--extra]   # name and verify arguments per layout
+    python benchmarks/emulated_world.py compare DIR       # DIR: the traces allocator_trace.py wrote
+
+Only one-GPU machines were lent for the allocator work, and the replay
+(zlayout/core/allocator_sim.py) had no trace of a multi-GPU ZeRO-3 run: its gathers were a
+labelled stand-in. `allocator_trace.py --emulate-world N` runs one process as rank 0 of N
+(layout_on_gpu.start_distributed): DeepSpeed partitions, buckets and gathers as on N GPUs, the
+collectives move nothing. Whether that is rank 0's real allocator is a measured question, not an
+assumption: `lines` lists the layouts measured on two real H200s (benchmarks/measurements/, the
+2-GPU host h200-32core), `compare` holds each emulated peak allocated and peak reserved against
+the real one, and against the replay's prediction. `--extra` adds layouts no real multi-GPU host
+measured (4 and 8 GPUs): traces for the replay, with no real figure to compare.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from measurements import MeasuredLayout, load_measured  # noqa: E402
+from zlayout.spec import GiB, Layout, PlanInput  # noqa: E402
+
+ON_GPU = ("none", "gpu")  # a Layout's offload fields: where the states stay
+
+# Layouts of 4 and 8 GPUs that no real host measured: ZeRO-3 gathers and ZeRO-1/2 partitions at
+# the world sizes users plan for (no real figure to compare; traces for the replay).
+EXTRA = {
+    "x-z3-w4-L8-h4096": "--stage 3 --layers 8 --hidden 4096 --heads 32 --ffn 16384 --vocab 32000 --mlp gelu "
+                        "--norm layernorm --seq 2048 --micro-batch 2 --gpus-per-node 4 --gpu h200",
+    "x-z3-w8-L16-h3072-ckpt": "--stage 3 --checkpointing full --layers 16 --hidden 3072 --heads 24 --kv-heads 8 "
+                              "--ffn 8192 --vocab 128256 --mlp swiglu --norm rmsnorm --no-bias --seq 4096 "
+                              "--micro-batch 2 --gpus-per-node 8 --gpu h200",
+}
+
+
+def verify_argv(inp: PlanInput, layout: Layout) -> list[str]:
+    """`zlayout verify` arguments that plan this input and layout (zlayout's own model)."""
+    m, t, hw = inp.model, inp.training, inp.hardware
+    argv = ["--stage", str(layout.stage)]
+    if layout.offload_optimizer not in ON_GPU:
+        argv += ["--offload-optimizer", layout.offload_optimizer]
+    if layout.offload_param not in ON_GPU:
+        argv += ["--offload-param", layout.offload_param]
+    if t.checkpointing == "full":
+        argv += ["--checkpointing", "full"]
+    argv += ["--layers", str(m.layers), "--hidden", str(m.hidden), "--heads", str(m.heads),
+             "--kv-heads", str(m.kv_heads), "--ffn", str(m.ffn), "--vocab", str(m.vocab),
+             "--mlp", m.mlp, "--norm", m.norm]
+    if not m.bias:
+        argv.append("--no-bias")
+    if m.tie_embeddings:
+        argv.append("--tie-embeddings")
+    argv += ["--seq", str(t.seq), "--micro-batch", str(t.micro_batch)]
+    if t.grad_accum > 1:
+        argv += ["--grad-accum", str(t.grad_accum)]
+    return argv + ["--gpus-per-node", str(hw.gpus_per_node), "--gpu", "h200"]
+
+
+def name_of(m: MeasuredLayout) -> str:
+    r = m.row
+    lay = m.layout
+    off = ("-opt" if lay.offload_optimizer not in ON_GPU else "") + ("-param" if lay.offload_param not in ON_GPU else "")
+    extra = ("-ckpt" if r.get("ckpt") else "") + (f"-gas{r['gas']}" if r.get("gas", 1) > 1 else "")
+    return f"w{r['world']}-z{lay.stage}{off}-L{r['layers']}-h{r['hidden']}-s{r['seq']}-b{r['mbs']}{extra}"
+
+
+def multi_gpu_rows() -> dict[str, MeasuredLayout]:
+    """The measured multi-GPU rows by name (one per distinct layout: the first file that has it)."""
+    out: dict[str, MeasuredLayout] = {}
+    for m in load_measured():
+        if m.row["world"] > 1:
+            out.setdefault(name_of(m), m)
+    return out
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["lines"]:
+        for name, m in multi_gpu_rows().items():
+            print(f"{name}\t{shlex.join(verify_argv(m.inp, m.layout))}")
+        if "--extra" in argv:
+            for name, line in EXTRA.items():
+                print(f"{name}\t{line}")
+        return 0
+    if argv[:1] != ["compare"] or len(argv) != 2:
+        print(__doc__.strip().splitlines()[2], file=sys.stderr)
+        return 2
+    from zlayout.core.memory import estimate_memory
+
+    folder = Path(argv[1])
+    print(f"{'layout (rank 0 of N, emulated on one GPU)':44} {'alloc':>7} {'emul':>7} {'err':>6}"
+          f" {'resv':>7} {'emul':>7} {'err':>6} {'replay':>7} {'err':>6}")
+    alloc_err, resv_err, replay_err = [], [], []
+    for name, m in multi_gpu_rows().items():
+        path = folder / f"{name}.json"
+        if not path.exists():
+            print(f"{name:44} (no trace)")
+            continue
+        t = json.loads(path.read_text())
+        alloc, resv = max(m.row["peak_gib"]), m.row["reserved_gib"]
+        e_alloc, e_resv = t["max_allocated_bytes"] / GiB, t["max_reserved_bytes"] / GiB
+        est = estimate_memory(m.inp.model_copy(update={"headroom_fraction": 0.0}), m.layout)
+        replay = est.gpu_peak_reserved_bytes / GiB
+        a, r, p = (e_alloc - alloc) / alloc * 100, (e_resv - resv) / resv * 100, (replay - resv) / resv * 100
+        alloc_err.append(abs(a))
+        resv_err.append(abs(r))
+        replay_err.append(abs(p))
+        print(f"{name:44} {alloc:7.2f} {e_alloc:7.2f} {a:+6.1f} {resv:7.2f} {e_resv:7.2f} {r:+6.1f}"
+              f" {replay:7.2f} {p:+6.1f}")
+    if alloc_err:
+        n = len(alloc_err)
+        print(f"\nemulated vs real, {n} layouts: peak allocated {sum(alloc_err) / n:.1f}% mean, {max(alloc_err):.1f}% max;"
+              f" peak reserved {sum(resv_err) / n:.1f}% mean, {max(resv_err):.1f}% max")
+        print(f"replay vs real reserved: {sum(replay_err) / n:.1f}% mean, {max(replay_err):.1f}% max")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
