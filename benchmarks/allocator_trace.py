@@ -111,13 +111,15 @@ def main() -> int:
     snapshot_phase("initialize")
     device = torch.device("cuda", torch.cuda.current_device())
     for step in range(a.steps):
-        ids = batch(step, 0, 0, 0, (t.micro_batch, t.seq), m.vocab).to(device)
-        loss = engine(ids)
-        snapshot_phase(f"step{step + 1}.forward")
-        engine.backward(loss)
-        snapshot_phase(f"step{step + 1}.backward")
-        engine.step()
-        snapshot_phase(f"step{step + 1}.step")
+        for micro in range(t.grad_accum):  # engine.step() steps the optimizer at the last micro-step
+            name = f"step{step + 1}" + (f".m{micro + 1}" if t.grad_accum > 1 else "")
+            ids = batch(step, micro, 0, 0, (t.micro_batch, t.seq), m.vocab).to(device)
+            loss = engine(ids)
+            snapshot_phase(f"{name}.forward")
+            engine.backward(loss)
+            snapshot_phase(f"{name}.backward")
+            engine.step()
+            snapshot_phase(f"{name}.step")
     snap = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
     trace = [[ACTIONS.get(e["action"], 9), e["addr"], e["size"]]

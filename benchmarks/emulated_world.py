@@ -2,6 +2,8 @@
 
     python benchmarks/emulated_world.py lines [--extra]   # name and verify arguments per layout
     python benchmarks/emulated_world.py compare DIR       # DIR: the traces allocator_trace.py wrote
+    python benchmarks/emulated_world.py batch BATCH       # a held-out batch's lines, named
+    python benchmarks/emulated_world.py heldout BATCH PREDICTIONS DIR
 
 Only one-GPU machines were lent for the allocator work, and the replay
 (zlayout/core/allocator_sim.py) had no trace of a multi-GPU ZeRO-3 run: its gathers were a
@@ -12,6 +14,9 @@ assumption: `lines` lists the layouts measured on two real H200s (benchmarks/mea
 2-GPU host h200-32core), `compare` holds each emulated peak allocated and peak reserved against
 the real one, and against the replay's prediction. `--extra` adds layouts no real multi-GPU host
 measured (4 and 8 GPUs): traces for the replay, with no real figure to compare.
+`batch`/`heldout`: a held-out batch of verify lines (benchmarks/batch-emulated-heldout6.txt),
+its replay predictions committed before it ran (benchmarks/allocator_predict.py), held against
+the emulated traces' peak reserved, for the committed predictions and for this model.
 """
 
 from __future__ import annotations
@@ -81,7 +86,52 @@ def multi_gpu_rows() -> dict[str, MeasuredLayout]:
     return out
 
 
+def batch_lines(batch: Path) -> list[tuple[str, str]]:
+    """(name, verify arguments) of each layout line of a batch file: h<batch number>-<index>."""
+    tag = "".join(ch for ch in batch.stem.rsplit("heldout", 1)[-1] if ch.isdigit()) or "x"
+    lines = [x.strip() for x in batch.read_text().splitlines() if x.strip() and not x.lstrip().startswith("#")]
+    return [(f"h{tag}-{i:02d}", line) for i, line in enumerate(lines, 1)]
+
+
+def heldout(batch: Path, predictions: Path, folder: Path) -> int:
+    from zlayout.cli import build_parser, layout_from_args, plan_input_from_args
+    from zlayout.core.memory import estimate_memory
+
+    committed = {json.loads(x)["line"]: json.loads(x) for x in predictions.read_text().splitlines() if x.strip()}
+    print(f"{'layout (rank 0 of N on one GPU)':34} {'N':>3} {'trace':>7} {'commit':>7} {'err':>6} {'model':>7} {'err':>6}")
+    errs, model_errs = [], []
+    for name, line in batch_lines(batch):
+        args = build_parser().parse_args(["verify", *shlex.split(line)])
+        inp = plan_input_from_args(args).model_copy(update={"headroom_fraction": 0.0})
+        layout = layout_from_args(args)
+        path = folder / f"{name}.json"
+        if not path.exists():
+            print(f"{name} {layout.label:26} (no trace)")
+            continue
+        resv = json.loads(path.read_text())["max_reserved_bytes"] / GiB
+        model = estimate_memory(inp, layout).gpu_peak_reserved_bytes / GiB
+        p = committed[line]["gpu_peak_reserved_gib"]
+        errs.append((p - resv) / resv * 100)
+        model_errs.append((model - resv) / resv * 100)
+        print(f"{name} {layout.label[:18]:18} {inp.training.impl:7} {inp.hardware.world:>3} {resv:7.2f} {p:7.2f}"
+              f" {errs[-1]:+6.1f} {model:7.2f} {model_errs[-1]:+6.1f}")
+    for what, e in (("committed before the run", errs), ("this model", model_errs)):
+        if e:
+            print(f"peak reserved, {what}: {sum(map(abs, e)) / len(e):.1f}% mean, {max(map(abs, e)):.1f}% max, "
+                  f"worst under {min(e):+.1f}% over {len(e)}")
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["batch"] and len(argv) == 2:
+        from zlayout.cli import build_parser, plan_input_from_args
+
+        for name, line in batch_lines(Path(argv[1])):  # name, GPUs (nodes x per node), arguments
+            world = plan_input_from_args(build_parser().parse_args(["verify", *shlex.split(line)])).hardware.world
+            print(f"{name}\t{world}\t{line}")
+        return 0
+    if argv[:1] == ["heldout"] and len(argv) == 4:
+        return heldout(Path(argv[1]), Path(argv[2]), Path(argv[3]))
     if argv[:1] == ["lines"]:
         for name, m in multi_gpu_rows().items():
             print(f"{name}\t{shlex.join(verify_argv(m.inp, m.layout))}")
