@@ -1048,3 +1048,25 @@ async def test_app_export_limits_equal_the_cli_export_for_the_same_presets_dir(t
     from_app, from_cli = load_profile(tmp_path / "from-app"), load_profile(tmp_path / "from-cli")
     assert from_app.limits is not None and from_app.limits == from_cli.limits
     assert from_cli.limits.scaling == "family" and from_app.limits.max_params > 0
+
+
+async def test_app_opens_a_profile_with_a_presets_dir_and_still_refuses_plan_flags(tmp_path, monkeypatch, capsys,
+                                                                                  fresh_families):
+    # `zlayout app PROFILE --presets-dir DIR` was refused as "a PROFILE and plan flags": the folder
+    # says where presets live, it is not a plan input. A plan flag beside a profile stays an error.
+    from zlayout.cli import main
+    from zlayout.profile import load_profile
+
+    folder = family_only_in(tmp_path / "mine")
+    assert main(["export", *APP_FLAGS, "--stage", "3", "--presets-dir", folder,
+                 "--out", str(tmp_path / "profile")]) == 0
+    app = app_of_command(monkeypatch, str(tmp_path / "profile"), "--presets-dir", folder)
+    assert app._presets_dirs == (folder,)
+    async with app.run_test(size=WIDE) as pilot:
+        await settle(pilot)
+        assert app.planner_error is None and not app.plan.breakeven_error
+        assert app.plan.input == load_profile(tmp_path / "profile").plan_input()
+        assert {lp.breakeven.scaling for lp in app.plan.layouts} == {"family"}
+    capsys.readouterr()
+    assert main(["app", str(tmp_path / "profile"), "--layers", "4"]) == 2
+    assert "give either a PROFILE or plan flags, not both" in capsys.readouterr().err

@@ -40,10 +40,12 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     # folders as `zlayout plan/breakeven/export --presets-dir` do
     dirs = tuple(args.presets_dir)
     if args.profile is not None:
-        if given:
+        # --presets-dir is not a plan input: it says where presets live, with a profile too
+        plan_flags = [name for name in given if name != "presets_dir"]
+        if plan_flags:
             raise UsageError(f"give either a PROFILE or plan flags, not both (got {args.profile} "
-                             f"and --{given[0].replace('_', '-')}); e.g. zlayout app {args.profile}")
-        return run_app(_profile_input(args.profile))
+                             f"and --{plan_flags[0].replace('_', '-')}); e.g. zlayout app {args.profile}")
+        return run_app(_profile_input(args.profile), presets_dirs=dirs)
     if not given:
         return run_app()
     if not any(getattr(args, name, None) is not None for name in MODEL_FLAGS):
