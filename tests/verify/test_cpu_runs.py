@@ -290,3 +290,18 @@ def test_deepspeed_launcher_command_runs_the_worker_and_collects(tmp_path):
     result = slurm.collect_result(job.out_dir)
     assert result["status"] == "cpu-ok", result.get("cause")
     assert result["measured"]["world"] == 2 and len(result["measured"]["losses"]) == 2
+
+
+def test_emulate_runs_rank_0_of_the_plans_world_in_one_process(tmp_path):
+    # --emulate: one process stands for rank 0 of 4 on torch's fake process group. DeepSpeed
+    # checks train_batch_size == micro-batch x accumulation x world size, so the run finishing
+    # with the 4-GPU batch size is DeepSpeed itself saying it sharded for 4
+    inp = tiny_input(gpus=4)
+    result, lines = run(inp, Layout(stage=3), tmp_path, emulate=True, run_preflight=False)
+    assert result["status"] == "cpu-ok", result.get("cause")
+    assert result["emulated_world"] == 4 and result["measured"]["world"] == 4
+    rank, = result["ranks"]
+    assert rank["world"] == 4 and rank["emulated_world"] == 4 and rank["rank"] == 0
+    assert json.loads((tmp_path / "ds_config.json").read_text())["train_batch_size"] == 4 * 2
+    assert result["measured"]["params"] == inp.model.params
+    assert any("as rank 0 of 4 GPUs on 1 CPU process (emulated" in line for line in lines)

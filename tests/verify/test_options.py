@@ -11,7 +11,7 @@ import pytest
 
 from zlayout.spec import GiB, Layout
 from zlayout.verify.options import (LaunchError, VerifyOptions, check_request, checkpoint_bytes,
-                                    usable_cores)
+                                    input_for_run, usable_cores, world_for)
 from zlayout.verify.runner import announce
 
 from .conftest import tiny_input
@@ -93,3 +93,31 @@ def test_preflight_only_writes_nothing(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert f"preflight PASS checkpoint dir: {cache}/zlayout/verify/" in proc.stdout
     assert list(cwd.iterdir()) == [] and not cache.exists() and list(home.iterdir()) == []
+
+
+def test_emulation_runs_one_process_and_refuses_what_it_cannot_do():
+    # --emulate: rank 0 of the plan's world as one process; a one-GPU plan has nothing to emulate,
+    # more processes or a restart drill (only rank 0's checkpoint) cannot be honoured
+    eight = tiny_input(gpus=8)
+    check_request(eight, VerifyOptions(emulate=True), gpus_visible=1)
+    assert world_for(eight, VerifyOptions(emulate=True)) == 1
+    assert input_for_run(eight, 1, emulate=True) is eight  # the plan's own 8-GPU shards
+    assert input_for_run(eight, 1).hardware.world == 1
+    with pytest.raises(LaunchError, match="this plan has one GPU"):
+        check_request(tiny_input(gpus=1), VerifyOptions(emulate=True))
+    with pytest.raises(LaunchError, match="leave out --processes"):
+        check_request(eight, VerifyOptions(emulate=True, processes=2))
+    with pytest.raises(LaunchError, match="leave out --restart-drill"):
+        check_request(eight, VerifyOptions(emulate=True, restart_drill=True, steps=4))
+
+
+@pytest.mark.parametrize("flags, wanted", [
+    (["--emulate", "--slurm", "verify.sbatch"], "leave out --slurm"),
+    (["--emulate", "--processes", "2"], "leave out --processes"),
+])
+def test_the_command_line_refuses_an_emulation_it_cannot_run(tmp_path, flags, wanted):
+    proc = zlayout("verify", *TINY_FLAGS, "--gpus-per-node", "4", "--cpu", *flags,
+                   "--out", str(tmp_path / "out"))
+    assert proc.returncode == 2
+    assert wanted in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "out").exists()

@@ -274,3 +274,28 @@ def test_device_used_is_read_at_the_peak_not_after_the_allocator_gave_memory_bac
     assert abs(device_used_at_peak(used_end, cache_end, cache_peak) - 137.71 * GiB) < 0.01 * GiB
     # without retries the cache never shrinks: the figure read at the end is the peak
     assert device_used_at_peak(used_end, cache_peak, cache_peak) == used_end
+
+
+def test_an_emulated_run_compares_gpu_memory_only_without_nccls_buffers():
+    # rank 0 of 8 on one GPU (--emulate): its allocator's figures are the full run's, its device
+    # use has no NCCL communicator (no peers), and its step has no communication: the step time,
+    # throughput and host memory are not compared, and the result says it was emulated
+    from zlayout.core.memory import NCCL_BUFFER_BYTES
+
+    eight = tiny_input(gpus=8)
+    planned = predicted_figures(eight, LAYOUT)
+    peak = planned["gpu_peak_allocated_bytes"]
+    result = build_result(eight, LAYOUT, [report(0, peak, world=8)], cpu=False, returncode=0,
+                          output_tail=[], expected_ranks=1, emulated=True)
+    assert result["status"] == "validated" and result["emulated_world"] == 8
+    assert result["measured"]["world"] == 8 and result["measured"]["emulated"] is True
+    assert result["predicted"]["gpu_device_used_bytes"] == planned["gpu_device_used_bytes"] - NCCL_BUFFER_BYTES
+    assert result["predicted"]["gpu_peak_reserved_bytes"] == planned["gpu_peak_reserved_bytes"]
+    e = result["errors_pct"]
+    assert e["gpu_peak_allocated_bytes"] == 0.0 and e["gpu_device_used_bytes"] is not None
+    assert e["step_time_s"] is None and e["host_peak_bytes"] is None and e["tokens_per_s"] is None
+    assert result["measured"]["step_time_s"] is None and result["measured"]["step_times_s"] == [2.0, 0.5, 0.7]
+    text = format_result(result)
+    assert "emulated: rank 0 of 8 GPUs on one GPU" in text
+    step_line, = [line for line in text.splitlines() if line.strip().startswith("step time")]
+    assert step_line.split()[-3:] == ["-", "-", "-"]

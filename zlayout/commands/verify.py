@@ -48,6 +48,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--cpu", action="store_true",
                      help="run on CPU with gloo (login nodes, CI): checks the configuration end "
                           "to end; GPU memory is not measured")
+    run.add_argument("--emulate", action="store_true",
+                     help="run rank 0 of the plan's whole world (nodes x GPUs per node) on one GPU: "
+                          "DeepSpeed shards as on all of them and the collectives move nothing, so "
+                          "the per-GPU memory of a 64-GPU layout is measured here; step time and "
+                          "host memory are not compared")
     run.add_argument("--processes", type=int, default=None,
                      help="processes (GPUs) to run, at most the GPUs here (or the cores with "
                           "--cpu); default the plan's GPUs per node, 1 with --cpu (with "
@@ -117,7 +122,7 @@ def _options(args: argparse.Namespace, profile: Any, inp: PlanInput) -> "VerifyO
         steps=args.steps, restart_drill=args.restart_drill, save_at_step=args.save_at,
         cpu=args.cpu, processes=args.processes, out_dir=args.out,
         checkpoint_dir=args.checkpoint_dir, python=args.python, timeout_s=args.timeout,
-        run_preflight=not args.no_preflight)
+        run_preflight=not args.no_preflight, emulate=args.emulate)
     if args.nvme_path:
         kwargs["nvme_path"] = args.nvme_path
     elif profile is not None:
@@ -203,6 +208,10 @@ def format_result(result: dict[str, Any]) -> str:
     lines = [f"verify {result['layout']['label']}: {result['status'].upper()}"]
     if result.get("cause"):
         lines.append(f"  {result['cause']}")
+    if result.get("emulated_world"):
+        lines.append(f"  emulated: rank 0 of {result['emulated_world']} GPUs on one GPU; GPU memory "
+                     "as on the full run, less NCCL's buffers (left out of the prediction too); step "
+                     "time and host memory not compared")
     if result.get("slurm"):
         job = result["slurm"]
         lines.append(f"  SLURM job {job['job_id']}: {job['state']}, exit code {job['exit_code'] or '-'}"
@@ -247,12 +256,16 @@ def run_command(args: argparse.Namespace) -> int:
     options = _options(args, profile, inp)
     if args.submit and not args.slurm:
         raise UsageError("--submit needs --slurm SCRIPT")
+    if options.emulate and (args.slurm or args.hostfile):
+        raise UsageError("--emulate runs here, as one process on one GPU: leave out "
+                         f"--{'slurm' if args.slurm else 'hostfile'}")
     if args.slurm or args.hostfile:
         return _multi_node(args, inp, layout, options)
-    if inp.hardware.nodes > 1 and not options.cpu and options.processes is None:
+    if inp.hardware.nodes > 1 and not options.cpu and options.processes is None and not options.emulate:
         raise UsageError(f"the plan spans {inp.hardware.nodes} nodes: write a SLURM script with "
-                         "--slurm verify.sbatch (add --submit to run it), or verify one node "
-                         f"with --processes {inp.hardware.gpus_per_node}")
+                         "--slurm verify.sbatch (add --submit to run it), verify one node "
+                         f"with --processes {inp.hardware.gpus_per_node}, or measure one GPU's "
+                         "memory of the whole run with --emulate")
     if args.preflight_only:
         return _preflight_only(inp, layout, options, args.json)
     if args.update_profile and profile is None:
@@ -292,7 +305,7 @@ def _preflight_only(inp: PlanInput, layout: Layout, options: Any, as_json: bool)
     out_dir, checkpoint_dir, _ = resolved_dirs(layout, options)
     options = replace(options, out_dir=out_dir, checkpoint_dir=checkpoint_dir)
     progress = None if as_json else (lambda line: print(line, file=sys.stderr, flush=True))
-    checks = preflight.run_checks(input_for_run(inp, processes), layout, options, processes,
+    checks = preflight.run_checks(input_for_run(inp, processes, options.emulate), layout, options, processes,
                                   on_line=progress)
     blocking = [c for c in checks if not c.ok and c.blocking]
     if as_json:

@@ -229,7 +229,11 @@ def attach_verification(profile: Profile, result: Mapping[str, Any],
     measured = _numbers(measured_block)
     world = int(measured.get("world") or ran_world or 0) or None
     message = result.get("message") or result.get("cause")
-    if world is not None and world != profile.world:
+    if result.get("emulated_world"):
+        note = (f"emulated: rank 0 of {result['emulated_world']} GPUs on one GPU (per-GPU memory of "
+                "the full run; step time and host memory not measured)")
+        message = f"{note}. {message}" if message else note
+    elif world is not None and world != profile.world:
         note = (f"run on {world} of the profile's {profile.world} GPUs: per-GPU figures are for "
                 f"{world}; alerts stay on the prediction")
         message = f"{note}. {message}" if message else note

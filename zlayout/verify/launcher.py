@@ -58,6 +58,8 @@ def run_spec(inp: PlanInput, layout: Layout, options: VerifyOptions, checkpoint_
         "resume_steps": max(1, steps - save_at) if save_at is not None else 0,
         "save_at_step": save_at,
         "device": "cpu" if options.cpu else "cuda",
+        # rank 0 of this world on torch's fake process group (VerifyOptions.emulate)
+        "emulate_world": inp.hardware.world if options.emulate else None,
         "seed": options.seed,
         "checkpoint_dir": str(checkpoint_dir.resolve()),
     }

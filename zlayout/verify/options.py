@@ -34,6 +34,11 @@ class VerifyOptions:
     run_preflight: bool = True
     extra_env: dict[str, str] = field(default_factory=dict)
     ds_config: dict[str, Any] | None = None  # default: zlayout's ds_config(inp, layout)
+    # Rank 0 of the plan's whole world (nodes x GPUs per node) as one process on one GPU, on
+    # torch's fake process group: DeepSpeed shards, buckets and gathers as on the full world and
+    # the collectives move nothing, so GPU memory is the full run's; step time and host memory
+    # are not (benchmarks/emulated_world.py: equal to 2 real GPUs' peaks on 14 of 16 layouts).
+    emulate: bool = False
 
     def drill_step(self) -> int:
         return self.save_at_step if self.save_at_step is not None else max(1, self.steps // 2)
@@ -44,6 +49,9 @@ class LaunchError(Exception):
 
 
 def world_for(inp: PlanInput, options: VerifyOptions) -> int:
+    """The processes this node starts (one per GPU; one in CPU mode or when emulating)."""
+    if options.emulate:
+        return 1
     if options.processes is not None:
         return options.processes
     if options.cpu:
@@ -92,6 +100,16 @@ def check_request(inp: PlanInput, options: VerifyOptions, gpus_visible: int | No
                               f"{options.steps})")
     elif options.save_at_step is not None:
         raise LaunchError("--save-at only applies to the restart drill: add --restart-drill")
+    if options.emulate:
+        if inp.hardware.world < 2:
+            raise LaunchError("--emulate runs rank 0 of a multi-GPU plan on one GPU; this plan has "
+                              "one GPU: leave out --emulate")
+        if options.processes not in (None, 1):
+            raise LaunchError("--emulate runs one process (rank 0 of the plan's "
+                              f"{inp.hardware.world} GPUs): leave out --processes")
+        if options.restart_drill:
+            raise LaunchError("--emulate cannot drill a restart (only rank 0's checkpoint is "
+                              "written): leave out --restart-drill, or drill on the real GPUs")
     processes = world_for(inp, options)
     if processes < 1:
         raise LaunchError("--processes must be at least 1")
@@ -106,13 +124,14 @@ def check_request(inp: PlanInput, options: VerifyOptions, gpus_visible: int | No
                           f"--processes {gpus_visible} or fewer (or run on a bigger node)")
 
 
-def input_for_run(inp: PlanInput, processes: int) -> PlanInput:
-    """The plan's input at the size this node runs: one node of `processes` GPUs.
+def input_for_run(inp: PlanInput, processes: int, emulate: bool = False) -> PlanInput:
+    """The plan's input at the size this node runs: one node of `processes` GPUs (emulating:
+    the plan's own world, which its one process stands rank 0 of).
 
     The prediction is recomputed for that world, so measured and predicted describe the same
     run (a ZeRO shard on 2 GPUs is not the shard on 16)."""
     hw = inp.hardware
-    if hw.nodes == 1 and hw.gpus_per_node == processes:
+    if emulate or (hw.nodes == 1 and hw.gpus_per_node == processes):
         return inp
     return inp.model_copy(update={"hardware": hw.model_copy(update={"gpus_per_node": processes,
                                                                     "nodes": 1})})

@@ -264,13 +264,38 @@ def verdict(reports: list[dict[str, Any]], measured: dict[str, Any], predicted: 
                         f"({100 * error:+.1f}%, tolerance ±{100 * TOLERANCE_FRACTION:.0f}%)")
 
 
+# What an emulated run (rank 0 of the world on one GPU) measures as the full run would: the GPU
+# figures. Its step has no communication and its host holds one rank, not a node's.
+EMULATION_UNMEASURED = ("host_peak_bytes", "step_time_s", "step_time_range_s", "tokens_per_s",
+                        "tflops_per_gpu", "forward_s", "backward_s", "optimizer_s")
+
+
+def emulated_figures(inp: PlanInput, measured: dict[str, Any],
+                     predicted: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Measured and predicted as an emulated run compares them: per-GPU figures for the plan's
+    world; NCCL's communicator buffers (outside the allocator) left out of the predicted device
+    use, since a fake process group opens no communicator; the figures it cannot measure None."""
+    from zlayout.core.memory import NCCL_BUFFER_BYTES
+
+    measured = {**measured, "world": inp.hardware.world, "emulated": True,
+                **dict.fromkeys(EMULATION_UNMEASURED)}
+    predicted = dict(predicted)
+    if predicted.get("gpu_device_used_bytes") is not None:
+        predicted["gpu_device_used_bytes"] -= NCCL_BUFFER_BYTES
+    for key in ("host_peak_bytes", "step_time_s", "tokens_per_s", "tflops_per_gpu"):
+        predicted[key] = None
+    return measured, predicted
+
+
 def build_result(inp: PlanInput, layout: Layout, reports: list[dict[str, Any]], *,
                  cpu: bool, returncode: int | None, output_tail: list[str], cancelled: bool = False,
                  expected_ranks: int, restart_drill: dict[str, Any] | None = None,
                  environment: dict[str, Any] | None = None,
-                 extra: dict[str, Any] | None = None) -> dict[str, Any]:
+                 extra: dict[str, Any] | None = None, emulated: bool = False) -> dict[str, Any]:
     predicted = predicted_figures(inp, layout)
     measured = measured_figures(inp, reports) if reports else {}
+    if emulated and measured:
+        measured, predicted = emulated_figures(inp, measured, predicted)
     status, cause = verdict(reports, measured, predicted, cpu, returncode, output_tail,
                             cancelled, expected_ranks)
     if (status in COMPLETE_STATUSES and restart_drill is not None
@@ -303,6 +328,7 @@ def build_result(inp: PlanInput, layout: Layout, reports: list[dict[str, Any]], 
         "environment": env,
         "ranks": [{k: v for k, v in r.items() if k != "traceback"} for r in reports],
         "output_tail": output_tail[-40:] if status not in ("validated", "cpu-ok") else [],
+        "emulated_world": inp.hardware.world if emulated else None,
     }
     if extra:
         result.update(extra)

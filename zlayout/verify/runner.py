@@ -82,7 +82,7 @@ def run_verification(inp: PlanInput, layout: Layout, options: VerifyOptions | No
     cancel = cancel or threading.Event()
     check_request(inp, options)
     processes = world_for(inp, options)
-    run_inp = input_for_run(inp, processes)
+    run_inp = input_for_run(inp, processes, options.emulate)
     out_dir, checkpoint_dir, default_out = resolved_dirs(layout, options)
     options = replace(options, out_dir=out_dir, checkpoint_dir=checkpoint_dir)
     announce(run_inp, layout, options, default_out, on_line)
@@ -120,7 +120,12 @@ def run_verification(inp: PlanInput, layout: Layout, options: VerifyOptions | No
     env = worker_env(options, processes)
     unit = ("CPU process" if options.cpu else "GPU") if processes == 1 else \
         ("CPU processes" if options.cpu else "GPUs")
-    on_line(f"zlayout: running {layout.label} on {processes} {unit}, {options.steps} steps")
+    if options.emulate:
+        on_line(f"zlayout: running {layout.label} as rank 0 of {run_inp.hardware.world} GPUs on 1 "
+                f"{'CPU process' if options.cpu else 'GPU'} (emulated: DeepSpeed shards as on "
+                f"{run_inp.hardware.world}, the collectives move nothing), {options.steps} steps")
+    else:
+        on_line(f"zlayout: running {layout.label} on {processes} {unit}, {options.steps} steps")
     first = stream_process(launch_command(options, processes, spec_path, out_path,
                                           out_dir / "logs-run", resume=False),
                            env, on_line, cancel, options.timeout_s)
@@ -168,7 +173,7 @@ def run_verification(inp: PlanInput, layout: Layout, options: VerifyOptions | No
     result = build_result(run_inp, layout, reports, cpu=options.cpu, returncode=returncode,
                           output_tail=tail, cancelled=cancelled, expected_ranks=processes,
                           restart_drill=drill, environment=environment_facts(options.cpu),
-                          extra=extra)
+                          extra=extra, emulated=options.emulate)
     result["wall_s"] = round(first.wall_s, 2)
     return _finish(result, out_dir, started, on_line)
 

@@ -173,6 +173,15 @@ def run(spec: dict[str, Any], out: Path, resume: bool) -> int:
     else:  # before the process group, so NCCL's first collective uses this rank's GPU
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
+    emulate_world = int(spec.get("emulate_world") or 0)
+    if emulate_world > 1:
+        # rank 0 of emulate_world on torch's fake process group: DeepSpeed (which takes a process
+        # group that is already there) shards, buckets and gathers as on the full world, and each
+        # collective returns at once without moving data (losses are not the real run's)
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+
+        os.environ.update(RANK="0", WORLD_SIZE=str(emulate_world))
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=emulate_world)
     deepspeed.init_distributed(dist_backend="gloo" if cpu else "nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
 
@@ -182,6 +191,7 @@ def run(spec: dict[str, Any], out: Path, resume: bool) -> int:
         "phase": "build", "torch": torch.__version__, "deepspeed": deepspeed.__version__,
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "torch_threads": torch.get_num_threads(),
         "allocator": planned_allocator, "pytorch_cuda_alloc_conf": conf,
+        "emulated_world": emulate_world or None,
         "host_cores": os.cpu_count(), **host_facts(),
     }
     if not cpu:
