@@ -86,16 +86,18 @@ def row_to_input(row: dict) -> tuple[PlanInput, Layout]:
     return PlanInput(model=model, hardware=hardware, training=training), layout
 
 
-def verify_results():
+def verify_results(emulated: bool = False):
     """Every `zlayout verify` result kept under benchmarks/measurements/ (any depth), as (its
     file, the result object): the JSON lines that carry "inputs" (batch results, single results;
-    prediction files and benchmark rows have none)."""
+    prediction files and benchmark rows have none). Runs of `verify --emulate` (rank 0 of the
+    plan's world on one GPU: no step time, host or NCCL figures of the real run) only with
+    `emulated=True`, and then only they."""
     for path in sorted(SOURCES[0].rglob("*.jsonl")):
         for line in path.read_text().splitlines():
             if not line.strip().startswith("{"):
                 continue
             r = json.loads(line)
-            if "inputs" in r:
+            if "inputs" in r and bool(r.get("emulated_world")) == emulated:
                 yield path, r
 
 

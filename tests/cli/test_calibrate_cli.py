@@ -127,3 +127,14 @@ def test_results_without_a_gpu_run_are_refused(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "no complete GPU verification" in err and "cpu-ok" in err
     assert not (tmp_path / "cal.toml").exists()
+
+
+def test_an_emulated_run_is_left_out_of_a_calibration_with_the_reason(tmp_path):
+    # `verify --emulate` steps move no data (a fake process group): its step time is not the run's
+    first = json.loads(RESULTS.read_text().splitlines()[0])
+    emulated = {**first, "emulated_world": 8}
+    path = tmp_path / "results.jsonl"
+    path.write_text(json.dumps(first) + "\n" + json.dumps(emulated) + "\n")
+    rows, skipped = read_results([path])
+    assert len(rows) == 1
+    assert len(skipped) == 1 and "emulated (rank 0 of 8 on one GPU)" in skipped[0]

@@ -124,6 +124,10 @@ def read_results(paths: Iterable[str | os.PathLike[str]],
             status, mode = result.get("status"), result.get("mode")
             measured = result.get("measured") if isinstance(result.get("measured"), dict) else {}
             step_s = measured_step_s(measured)
+            if result.get("emulated_world"):
+                skipped.append(f"{where}: emulated (rank 0 of {result['emulated_world']} on one GPU): "
+                               "its steps moved no data, no step time to fit")
+                continue
             if status not in USABLE_STATUSES or mode != "gpu":
                 skipped.append(f"{where}: {status} ({mode} mode): no GPU step time to fit")
                 continue
