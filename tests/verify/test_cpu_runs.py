@@ -305,3 +305,19 @@ def test_emulate_runs_rank_0_of_the_plans_world_in_one_process(tmp_path):
     assert json.loads((tmp_path / "ds_config.json").read_text())["train_batch_size"] == 4 * 2
     assert result["measured"]["params"] == inp.model.params
     assert any("as rank 0 of 4 GPUs on 1 CPU process (emulated" in line for line in lines)
+
+
+def test_a_batch_line_emulates_and_names_its_folder_by_the_world_it_stands_for(tmp_path):
+    batch = tmp_path / "batch.txt"
+    batch.write_text(" ".join(TINY_FLAGS) + " --gpus-per-node 4 --stage 3 --cpu --emulate --steps 2\n")
+    proc = zlayout("verify", "--batch", str(batch), "--out", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "out" / "results.jsonl").read_text())
+    assert result["status"] == "cpu-ok" and result["emulated_world"] == 4
+    assert (tmp_path / "out" / "00-z3-opt_gpu-param_gpu-w4-emulated" / "result.json").exists()
+    assert "emulated: rank 0 of 4 on one CPU process" in proc.stderr
+    assert "GPU memory as on the full run" not in proc.stderr  # CPU: no memory compared
+    # --preflight-only checks one run; with --batch it would have run every line
+    refused = zlayout("verify", "--batch", str(batch), "--preflight-only", "--out", str(tmp_path / "again"))
+    assert refused.returncode == 2 and "--preflight-only checks one run" in refused.stderr
+    assert not (tmp_path / "again").exists()

@@ -208,7 +208,10 @@ def format_result(result: dict[str, Any]) -> str:
     lines = [f"verify {result['layout']['label']}: {result['status'].upper()}"]
     if result.get("cause"):
         lines.append(f"  {result['cause']}")
-    if result.get("emulated_world"):
+    if result.get("emulated_world") and result.get("mode") == "cpu":
+        lines.append(f"  emulated: rank 0 of {result['emulated_world']} on one CPU process: DeepSpeed's "
+                     "configuration at the full run's sharding, end to end")
+    elif result.get("emulated_world"):
         lines.append(f"  emulated: rank 0 of {result['emulated_world']} GPUs on one GPU; GPU memory "
                      "as on the full run, less NCCL's buffers (left out of the prediction too); step "
                      "time and host memory not compared")
@@ -251,6 +254,8 @@ def format_result(result: dict[str, Any]) -> str:
 
 def run_command(args: argparse.Namespace) -> int:
     if args.batch:
+        if args.preflight_only:  # the batch would run every line: GPU time the user did not ask for
+            raise UsageError("--preflight-only checks one run: give one line's flags without --batch")
         return _run_batch(args)
     inp, layout, profile, profile_path = _inputs(args)
     options = _options(args, profile, inp)

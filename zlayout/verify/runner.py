@@ -236,9 +236,10 @@ def run_batch(runs: list[BatchRun], base: Path, deadline_s: float | None,
             worst = 1
             continue
         assert run.inp is not None and run.layout is not None
-        world = world_for(run.inp, run.options)
+        world = (f"w{run.inp.hardware.world}-emulated" if run.options.emulate
+                 else f"w{world_for(run.inp, run.options)}")
         options = replace(run.options, run_preflight=run.options.run_preflight and index == 0,
-                          out_dir=base / f"{index:02d}-{run.layout.key}-w{world}")
+                          out_dir=base / f"{index:02d}-{run.layout.key}-{world}")
         on_start(run)
         try:
             result = run_verification(run.inp, run.layout, options, on_line=on_line, cancel=cancel)
