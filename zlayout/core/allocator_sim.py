@@ -519,15 +519,7 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             # segments freed, 3336 MiB), then the flat buffer copied back to the GPU; the
             # partitions become views of it
             s.f(*weights)
-            if n == 1:
-                s.empty_cache()
-            # On more than one GPU the replay keeps zero.Init's segments cached, a stand-in for
-            # what it does not replay there: each fetch's all-gather into a flat buffer, the copy
-            # per weight, the deferred (record_stream) frees, which fill the cache in their place.
-            # No 2-GPU trace yet; on the one measured 2-GPU ZeRO-3 row (L16 h3072 checkpointed)
-            # device used is -4.7% with the stand-in and -11.1% without it: under-predicting is
-            # what turns "fits" into an out-of-memory error, so the stand-in stays until a trace
-            # replaces it.
+            s.empty_cache()
             s.a(p_shard * w)
         if opt_on_gpu:
             # _create_fp32_partitions, per sub-group: converted = flat.to(fp32), master =
@@ -542,8 +534,10 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
                 converted = made
             s.f(converted)
             # initialize_optimizer_states: one zero fp32 gradient as long as the largest
-            # sub-group's whole tensors (ds_numel, not the partition), dropped at its end
-            s.f(s.a(4 * max(whole for _, whole in groups)))
+            # sub-group, summed over `fp16_partitioned_groups` (stage3.py: the params' ds_tensor,
+            # whose ds_numel is this GPU's partition), dropped at its end (w2-z3-L8-h4096 trace:
+            # 3572.8 MiB on 2 GPUs, the partition, not 7145.7 for the whole tensors)
+            s.f(s.a(4 * max(part for part, _ in groups)))
         if zero.contiguous_gradients:
             s.a(zero.reduce_bucket_size * w)  # the IPG bucket, allocated once
         if opt_on_gpu:
