@@ -542,6 +542,14 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             s.a(zero.reduce_bucket_size * w)  # the IPG bucket, allocated once
         if opt_on_gpu:
             s.a(p_shard * w)  # grad_partitions_flat_buffer (made after the IPG bucket: same trace)
+        if n > 1:
+            # _create_reduce_and_remove_grad_hooks: each trainable weight is param.all_gather()ed
+            # (_all_gather_sequential: a buffer of ceil(numel / n) * n on the default stream),
+            # its hook registered, then param.partition() frees it (w2-z3-L8-h4096 trace: 250,
+            # 96, 32, 128, 128 MiB ..., each freed before the next). Small ones are persistent.
+            for x in tensors:
+                if x > small:
+                    s.f(s.a(-(-x // n) * n * w))
         weights = []
     else:
         # engine: the module, cast to bf16 on the host, moves to the GPU tensor by tensor
@@ -1162,12 +1170,15 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             # to the host, both freed at once (z3-opt-param-cpu trace: 128, 512, 256 MiB per
             # fc weight; 1000 MiB for the embedding's norm). On the GPU the partition is
             # copied or added into grad_partitions_flat_buffer in place.
+            # Each is this GPU's partition of the reduced gradient (reduce_scatter_coalesced's
+            # output: ceil(numel / n) elements on rank 0), not the whole gradient.
             copies = []
             for size in in_bucket if not opt_on_gpu else ():
-                copies.append(s.a(size * w, REDUCE_STREAM))
+                part = -(-size // n)
+                copies.append(s.a(part * w, REDUCE_STREAM))
                 if boundary:
-                    s.f(s.a(min(size, NORM_PART_ELEMENTS) * 8, REDUCE_STREAM))
-                    s.f(s.a(size * 4, REDUCE_STREAM))
+                    s.f(s.a(min(part, NORM_PART_ELEMENTS) * 8, REDUCE_STREAM))
+                    s.f(s.a(part * 4, REDUCE_STREAM))
             s.f(*copies)
             s.f(staged)
             in_bucket.clear()
