@@ -402,6 +402,23 @@ def block_tensor_sizes(model, impl: str) -> list[int]:
     return layer_tensor_sizes(model, moe=False)
 
 
+def block_fetch_modules(model, impl: str) -> list[list[int]] | None:
+    """One dense block's modules in the order their forward runs (the order ZeRO-3's trace
+    fetches them), each as the element counts of its weights (a module without one: a norm,
+    whose small weights stay gathered). None for the blocks whose order is not written here
+    (MoE, MLA)."""
+    if model.is_moe or model.mla:
+        return None
+    h, q, kv, f = model.hidden, model.q_size, model.kv_size, model.ffn_size
+    if impl == "hf" and model.norm == "rmsnorm" and model.mlp == "swiglu":
+        # LlamaDecoderLayer: input_layernorm, q/k/v/o_proj, post_attention_layernorm,
+        # LlamaMLP: down_proj(act(gate_proj(x)) * up_proj(x))
+        return [[], [h * q], [h * kv], [h * kv], [model.attn_out_size * h], [], [f * h], [f * h], [f * h]]
+    # worker_model.Block: norm1, qkv, proj, norm2, fc1, fc2
+    gate_up = 2 if model.mlp == "swiglu" else 1
+    return [[], [h * (q + 2 * kv)], [model.attn_out_size * h], [], [gate_up * f * h], [f * h]]
+
+
 @functools.lru_cache(maxsize=256)
 def parameter_tensor_sizes(model, impl: str) -> tuple[int, ...]:
     """Elements of each weight tensor in `model.parameters()` order (the order DeepSpeed
@@ -611,6 +628,92 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
 
     def fetch(sizes: list[int]) -> list[int]:
         return [s.a(x * w, ALLGATHER_STREAM) for x in sizes if x > small] if gather else []
+
+    block_modules = block_fetch_modules(model, t.impl) if gather and n > 1 else None
+
+    class Prefetcher:
+        """ZeRO-3's gathers on n > 1 GPUs once the module trace is complete (steps after the
+        first), partitioned_param_coordinator.fetch_sub_module per module, in trace order:
+        wait for the module's weights, then prefetch: pop the trace's next weights until
+        stage3_prefetch_bucket_size elements are not available, and all-gather them in one
+        call (__all_gather_params_ -> all_gather_coalesced, on the allgather stream).
+        partition_parameters.py: one weight is gathered straight into its buffer of
+        ceil(numel / n) * n elements (_all_gather_sequential); several into one flat buffer
+        (_all_gather_dtype, the padded partitions times n), each weight copied out of it by
+        torch.cat at the first wait (AllGatherCoalescedHandle.wait), the flat freed once
+        every weight of the call has been waited for (the handle leaves
+        __inflight_param_registry). w2-z3-L8-h4096 step 2: 160 MiB flats (proj + fc1,
+        16.8M + 67.1M elements), 96 and 128 MiB buffers (qkv, fc2 alone). A prefetch takes at
+        most stage3_max_live_parameters less the elements gathered and not yet released
+        (__n_available_params: up by each gather, down by release_sub_module after each
+        module's forward unless its weights are kept, `kept`); here the releases are counted
+        at the module's end, the frees are the caller's (the end of its block)."""
+
+        def __init__(self, modules: list[list[int]], kept: set[int]) -> None:
+            self.modules = modules
+            self.kept = kept
+            self.available = 0
+            self.queue = [(mi, j) for mi, mod in enumerate(modules) for j, x in enumerate(mod) if x > small]
+            self.qp = 0
+            self.state: dict = {}  # (mi, j) -> [group]
+            self.buf: dict = {}
+
+        def gather(self, params: list) -> None:
+            sizes = [self.modules[mi][j] for mi, j in params]
+            group = {"params": params, "left": len(params), "flat": None, "copied": len(params) == 1}
+            self.available += sum(sizes)
+            if len(params) == 1:
+                self.buf[params[0]] = s.a(-(-sizes[0] // n) * n * w, ALLGATHER_STREAM)
+            else:
+                group["flat"] = s.a(sum(-(-x // n) for x in sizes) * n * w, ALLGATHER_STREAM)
+            for q in params:
+                self.state[q] = group
+
+        def fetch(self, mi: int) -> list[int]:
+            if mi > 0 and mi - 1 not in self.kept:
+                self.available -= sum(x for x in self.modules[mi - 1] if x > small)
+            mine = [(mi, j) for j, x in enumerate(self.modules[mi]) if x > small]
+            todo = [q for q in mine if q not in self.state]
+            if todo:
+                self.gather(todo)
+            while self.qp < len(self.queue) and self.queue[self.qp][0] <= mi:
+                self.qp += 1
+            for q in mine:
+                group = self.state[q]
+                if not group["copied"]:
+                    group["copied"] = True
+                    for r in group["params"]:
+                        self.buf[r] = s.a(self.modules[r[0]][r[1]] * w, ALLGATHER_STREAM)
+                group["left"] -= 1
+                if group["left"] == 0:
+                    s.f(group["flat"])
+            numel, batch = 0, []
+            most = min(zero.stage3_max_live_parameters - self.available, zero.stage3_prefetch_bucket_size)
+            while self.qp < len(self.queue) and numel < most:
+                q = self.queue[self.qp]
+                self.qp += 1
+                if q not in self.state:
+                    batch.append(q)
+                    numel += self.modules[q[0]][q[1]]
+            if batch:
+                self.gather(batch)
+            return [self.buf.pop(q) for q in mine]
+
+    def forward_prefetcher(keep_head: bool) -> tuple[Prefetcher, list[int]] | None:
+        """The forward's module sequence (embedding, each block's modules, final norm, head)
+        and the index of each block's first module."""
+        if block_modules is None:
+            return None
+        modules, starts, kept = [[V * h]], [], set()
+        for layer in range(model.layers):
+            starts.append(len(modules))
+            if layer in kept_layers:
+                kept.update(range(len(modules), len(modules) + len(block_modules)))
+            modules += [list(m) for m in block_modules]
+        modules += [[], [V * h]]
+        if keep_head:
+            kept.add(len(modules) - 1)
+        return Prefetcher(modules, kept), starts
 
     def norm_forward() -> tuple[list[int], int]:
         """A norm: (tensors its backward keeps, its output)."""
@@ -1066,14 +1169,19 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         recording = step_index == 0
         keep_head = head_kept and not recording
         # --- forward
-        emb_w = fetch([V * h])
+        pf = forward_prefetcher(keep_head) if not recording else None
+        emb_w = pf[0].fetch(0) if pf else fetch([V * h])
         x = s.a(T * h * w)  # embedding
         s.f(*emb_w)
         saved: list[dict] = []
         inputs = [x]
         gathered: dict[int, list[int]] = {}
         for layer in range(model.layers):
-            gathered[layer] = fetch(layer_sizes)
+            if pf:
+                first = pf[1][layer]
+                gathered[layer] = [b for mi in range(first, first + len(block_modules)) for b in pf[0].fetch(mi)]
+            else:
+                gathered[layer] = fetch(layer_sizes)
             if ckpt and hf_norm and swiglu and not moe:
                 sv, x = {}, hf_block_forward_checkpointed(x)
             else:
@@ -1090,7 +1198,11 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             s.f(inputs[-1])  # rebound to the final norm's output
             if not ckpt:
                 s.f(inputs[0])  # inputs_embeds, when the model's forward returns
-        head_w = fetch([V * h])
+        if pf:
+            pf[0].fetch(len(pf[0].modules) - 2)  # the final norm: a prefetch
+            head_w = pf[0].fetch(len(pf[0].modules) - 1)
+        else:
+            head_w = fetch([V * h])
         logits = s.a(T * V * w)
         if recording:
             s.f(*head_w)  # released after the head's forward, gathered again for its backward
