@@ -33,7 +33,12 @@ Pure arithmetic, no torch. Two parts:
   float64 norm, then flattens and casts one sub-group at a time. Weights are gathered only
   when they are not whole on the GPU (more than one GPU, or parameter offload): per block
   before its forward and again before its backward, those within `stage3_max_reuse_distance`
-  (the head and the last blocks) kept.
+  (the head and the last blocks) kept. On more than one GPU: each weight gathered and
+  released once at initialize (its gradient hook's registration), and from the second step
+  the coordinator's prefetch per module (`Prefetcher`: one all-gather call per
+  `stage3_prefetch_bucket_size` elements, a flat buffer with a copy per weight when the call
+  has several); checked against rank 0 of 2, 4 and 8 GPUs emulated on one H200
+  (benchmarks/measurements/h200-2026-12-01f/emulated).
 * Gradient accumulation: stage 0 and stage 1 keep each weight's `.grad` from the first
   micro-step to the boundary (stage 1 reduces only there); stage 2 reduces every micro-step.
 * Mixture of experts (`mixtral_replayed`: transformers' Mixtral, `--impl hf`, routed experts
@@ -533,8 +538,9 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             # _create_fp16_partitions_with_defragmentation -> zero/utils.py defragment: each
             # partition copied to a host buffer and freed, gc.collect(), empty_cache() (the
             # segments zero.Init filled go back to the device: t-z3-L12-h3072 trace, 16
-            # segments freed, 3336 MiB), then the flat buffer copied back to the GPU; the
-            # partitions become views of it
+            # segments freed, 3336 MiB; on 2 GPUs too, w2-z3-L8-h4096 emulated trace, 9
+            # segments), then the flat buffer copied back to the GPU; the partitions become
+            # views of it
             s.f(*weights)
             s.empty_cache()
             s.a(p_shard * w)
