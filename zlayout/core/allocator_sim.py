@@ -653,13 +653,16 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         most stage3_max_live_parameters less the elements gathered and not yet released
         (__n_available_params: up by each gather, down by release_sub_module after each
         module's forward unless its weights are kept, `kept`); here the releases are counted
-        at the module's end, the frees are the caller's (the end of its block)."""
+        at the module's end, the frees are the caller's (the end of its block). The backward
+        prefetches the same way along the trace's backward half (`backward_prefetcher`)."""
 
-        def __init__(self, modules: list[list[int]], kept: set[int]) -> None:
+        def __init__(self, modules: list[list[int]], kept: set[int], present: frozenset[int] = frozenset()) -> None:
             self.modules = modules
             self.kept = kept
-            self.available = 0
-            self.queue = [(mi, j) for mi, mod in enumerate(modules) for j, x in enumerate(mod) if x > small]
+            self.present = present  # modules whose weights are gathered already (kept by the forward)
+            self.available = sum(x for mi in present for x in modules[mi] if x > small)
+            self.queue = [(mi, j) for mi, mod in enumerate(modules) if mi not in present
+                          for j, x in enumerate(mod) if x > small]
             self.qp = 0
             self.state: dict = {}  # (mi, j) -> [group]
             self.buf: dict = {}
@@ -678,7 +681,7 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         def fetch(self, mi: int) -> list[int]:
             if mi > 0 and mi - 1 not in self.kept:
                 self.available -= sum(x for x in self.modules[mi - 1] if x > small)
-            mine = [(mi, j) for j, x in enumerate(self.modules[mi]) if x > small]
+            mine = [(mi, j) for j, x in enumerate(self.modules[mi]) if x > small and mi not in self.present]
             todo = [q for q in mine if q not in self.state]
             if todo:
                 self.gather(todo)
@@ -720,6 +723,23 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         if keep_head:
             kept.add(len(modules) - 1)
         return Prefetcher(modules, kept), starts
+
+    def backward_prefetcher(gathered: dict[int, list[int]]) -> tuple[Prefetcher, dict[int, int]] | None:
+        """The backward's module sequence (the head, the final norm, the blocks last first:
+        each block's modules in reverse, or in forward order when checkpointed, the recompute
+        fetching them; the embedding), with the blocks still gathered from the forward and the
+        head present, and the index of each block's first module."""
+        if block_modules is None:
+            return None
+        modules, starts, present = [[V * h], []], {}, {0}
+        order = block_modules if ckpt else block_modules[::-1]
+        for layer in reversed(range(model.layers)):
+            starts[layer] = len(modules)
+            if layer in gathered:
+                present.update(range(len(modules), len(modules) + len(order)))
+            modules += [list(m) for m in order]
+        modules.append([V * h])
+        return Prefetcher(modules, set(), frozenset(present)), starts
 
     def norm_forward() -> tuple[list[int], int]:
         """A norm: (tensors its backward keeps, its output)."""
@@ -1393,9 +1413,17 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         if keep_head:
             s.f(*head_w)
         g = norm_backward(g, fin_kept, [], hook)
+        pb = backward_prefetcher(gathered) if pf else None
+        if pb:
+            pb[0].fetch(1)  # the final norm
         for i in reversed(range(model.layers)):
             sv = saved[i]
-            layer_w = gathered.pop(i) if i in gathered else fetch(layer_sizes)
+            if pb:
+                first = pb[1][i]
+                fetched = [b for mi in range(first, first + len(block_modules)) for b in pb[0].fetch(mi)]
+                layer_w = gathered.pop(i) if i in gathered else fetched
+            else:
+                layer_w = gathered.pop(i) if i in gathered else fetch(layer_sizes)
             if ckpt:
                 sv, _ = block_forward(inputs[i], keep=True, recompute=True)
             gin = block_backward(sv, g, hook)
@@ -1403,7 +1431,7 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             if ckpt:
                 s.f(inputs[i])
             g = gin
-        emb_w = fetch([V * h])
+        emb_w = pb[0].fetch(len(pb[0].modules) - 1) if pb else fetch([V * h])
         emb_grad = s.a(V * h * w)
         s.f(g)
         if tied:
