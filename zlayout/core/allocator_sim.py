@@ -33,7 +33,12 @@ Pure arithmetic, no torch. Two parts:
   float64 norm, then flattens and casts one sub-group at a time. Weights are gathered only
   when they are not whole on the GPU (more than one GPU, or parameter offload): per block
   before its forward and again before its backward, those within `stage3_max_reuse_distance`
-  (the head and the last blocks) kept.
+  (the head and the last blocks) kept. On more than one GPU: each weight gathered and
+  released once at initialize (its gradient hook's registration), and from the second step
+  the coordinator's prefetch per module (`Prefetcher`: one all-gather call per
+  `stage3_prefetch_bucket_size` elements, a flat buffer with a copy per weight when the call
+  has several); checked against rank 0 of 2, 4 and 8 GPUs emulated on one H200
+  (benchmarks/measurements/h200-2026-12-01f/emulated).
 * Gradient accumulation: stage 0 and stage 1 keep each weight's `.grad` from the first
   micro-step to the boundary (stage 1 reduces only there); stage 2 reduces every micro-step.
 * Mixture of experts (`mixtral_replayed`: transformers' Mixtral, `--impl hf`, routed experts
@@ -402,6 +407,23 @@ def block_tensor_sizes(model, impl: str) -> list[int]:
     return layer_tensor_sizes(model, moe=False)
 
 
+def block_fetch_modules(model, impl: str) -> list[list[int]] | None:
+    """One dense block's modules in the order their forward runs (the order ZeRO-3's trace
+    fetches them), each as the element counts of its weights (a module without one: a norm,
+    whose small weights stay gathered). None for the blocks whose order is not written here
+    (MoE, MLA)."""
+    if model.is_moe or model.mla:
+        return None
+    h, q, kv, f = model.hidden, model.q_size, model.kv_size, model.ffn_size
+    if impl == "hf" and model.norm == "rmsnorm" and model.mlp == "swiglu":
+        # LlamaDecoderLayer: input_layernorm, q/k/v/o_proj, post_attention_layernorm,
+        # LlamaMLP: down_proj(act(gate_proj(x)) * up_proj(x))
+        return [[], [h * q], [h * kv], [h * kv], [model.attn_out_size * h], [], [f * h], [f * h], [f * h]]
+    # worker_model.Block: norm1, qkv, proj, norm2, fc1, fc2
+    gate_up = 2 if model.mlp == "swiglu" else 1
+    return [[], [h * (q + 2 * kv)], [model.attn_out_size * h], [], [gate_up * f * h], [f * h]]
+
+
 @functools.lru_cache(maxsize=256)
 def parameter_tensor_sizes(model, impl: str) -> tuple[int, ...]:
     """Elements of each weight tensor in `model.parameters()` order (the order DeepSpeed
@@ -516,18 +538,11 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             # _create_fp16_partitions_with_defragmentation -> zero/utils.py defragment: each
             # partition copied to a host buffer and freed, gc.collect(), empty_cache() (the
             # segments zero.Init filled go back to the device: t-z3-L12-h3072 trace, 16
-            # segments freed, 3336 MiB), then the flat buffer copied back to the GPU; the
-            # partitions become views of it
+            # segments freed, 3336 MiB; on 2 GPUs too, w2-z3-L8-h4096 emulated trace, 9
+            # segments), then the flat buffer copied back to the GPU; the partitions become
+            # views of it
             s.f(*weights)
-            if n == 1:
-                s.empty_cache()
-            # On more than one GPU the replay keeps zero.Init's segments cached, a stand-in for
-            # what it does not replay there: each fetch's all-gather into a flat buffer, the copy
-            # per weight, the deferred (record_stream) frees, which fill the cache in their place.
-            # No 2-GPU trace yet; on the one measured 2-GPU ZeRO-3 row (L16 h3072 checkpointed)
-            # device used is -4.7% with the stand-in and -11.1% without it: under-predicting is
-            # what turns "fits" into an out-of-memory error, so the stand-in stays until a trace
-            # replaces it.
+            s.empty_cache()
             s.a(p_shard * w)
         if opt_on_gpu:
             # _create_fp32_partitions, per sub-group: converted = flat.to(fp32), master =
@@ -542,12 +557,22 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
                 converted = made
             s.f(converted)
             # initialize_optimizer_states: one zero fp32 gradient as long as the largest
-            # sub-group's whole tensors (ds_numel, not the partition), dropped at its end
-            s.f(s.a(4 * max(whole for _, whole in groups)))
+            # sub-group, summed over `fp16_partitioned_groups` (stage3.py: the params' ds_tensor,
+            # whose ds_numel is this GPU's partition), dropped at its end (w2-z3-L8-h4096 trace:
+            # 3572.8 MiB on 2 GPUs, the partition, not 7145.7 for the whole tensors)
+            s.f(s.a(4 * max(part for part, _ in groups)))
         if zero.contiguous_gradients:
             s.a(zero.reduce_bucket_size * w)  # the IPG bucket, allocated once
         if opt_on_gpu:
             s.a(p_shard * w)  # grad_partitions_flat_buffer (made after the IPG bucket: same trace)
+        if n > 1:
+            # _create_reduce_and_remove_grad_hooks: each trainable weight is param.all_gather()ed
+            # (_all_gather_sequential: a buffer of ceil(numel / n) * n on the default stream),
+            # its hook registered, then param.partition() frees it (w2-z3-L8-h4096 trace: 250,
+            # 96, 32, 128, 128 MiB ..., each freed before the next). Small ones are persistent.
+            for x in tensors:
+                if x > small:
+                    s.f(s.a(-(-x // n) * n * w))
         weights = []
     else:
         # engine: the module, cast to bf16 on the host, moves to the GPU tensor by tensor
@@ -609,6 +634,112 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
 
     def fetch(sizes: list[int]) -> list[int]:
         return [s.a(x * w, ALLGATHER_STREAM) for x in sizes if x > small] if gather else []
+
+    block_modules = block_fetch_modules(model, t.impl) if gather and n > 1 else None
+
+    class Prefetcher:
+        """ZeRO-3's gathers on n > 1 GPUs once the module trace is complete (steps after the
+        first), partitioned_param_coordinator.fetch_sub_module per module, in trace order:
+        wait for the module's weights, then prefetch: pop the trace's next weights until
+        stage3_prefetch_bucket_size elements are not available, and all-gather them in one
+        call (__all_gather_params_ -> all_gather_coalesced, on the allgather stream).
+        partition_parameters.py: one weight is gathered straight into its buffer of
+        ceil(numel / n) * n elements (_all_gather_sequential); several into one flat buffer
+        (_all_gather_dtype, the padded partitions times n), each weight copied out of it by
+        torch.cat at the first wait (AllGatherCoalescedHandle.wait), the flat freed once
+        every weight of the call has been waited for (the handle leaves
+        __inflight_param_registry). w2-z3-L8-h4096 step 2: 160 MiB flats (proj + fc1,
+        16.8M + 67.1M elements), 96 and 128 MiB buffers (qkv, fc2 alone). A prefetch takes at
+        most stage3_max_live_parameters less the elements gathered and not yet released
+        (__n_available_params: up by each gather, down by release_sub_module after each
+        module's forward unless its weights are kept, `kept`); here the releases are counted
+        at the module's end, the frees are the caller's (the end of its block). The backward
+        prefetches the same way along the trace's backward half (`backward_prefetcher`)."""
+
+        def __init__(self, modules: list[list[int]], kept: set[int], present: frozenset[int] = frozenset()) -> None:
+            self.modules = modules
+            self.kept = kept
+            self.present = present  # modules whose weights are gathered already (kept by the forward)
+            self.available = sum(x for mi in present for x in modules[mi] if x > small)
+            self.queue = [(mi, j) for mi, mod in enumerate(modules) if mi not in present
+                          for j, x in enumerate(mod) if x > small]
+            self.qp = 0
+            self.state: dict = {}  # (mi, j) -> [group]
+            self.buf: dict = {}
+
+        def gather(self, params: list) -> None:
+            sizes = [self.modules[mi][j] for mi, j in params]
+            group = {"params": params, "left": len(params), "flat": None, "copied": len(params) == 1}
+            self.available += sum(sizes)
+            if len(params) == 1:
+                self.buf[params[0]] = s.a(-(-sizes[0] // n) * n * w, ALLGATHER_STREAM)
+            else:
+                group["flat"] = s.a(sum(-(-x // n) for x in sizes) * n * w, ALLGATHER_STREAM)
+            for q in params:
+                self.state[q] = group
+
+        def fetch(self, mi: int) -> list[int]:
+            if mi > 0 and mi - 1 not in self.kept:
+                self.available -= sum(x for x in self.modules[mi - 1] if x > small)
+            mine = [(mi, j) for j, x in enumerate(self.modules[mi]) if x > small and mi not in self.present]
+            todo = [q for q in mine if q not in self.state]
+            if todo:
+                self.gather(todo)
+            while self.qp < len(self.queue) and self.queue[self.qp][0] <= mi:
+                self.qp += 1
+            for q in mine:
+                group = self.state[q]
+                if not group["copied"]:
+                    group["copied"] = True
+                    for r in group["params"]:
+                        self.buf[r] = s.a(self.modules[r[0]][r[1]] * w, ALLGATHER_STREAM)
+                group["left"] -= 1
+                if group["left"] == 0:
+                    s.f(group["flat"])
+            numel, batch = 0, []
+            most = min(zero.stage3_max_live_parameters - self.available, zero.stage3_prefetch_bucket_size)
+            while self.qp < len(self.queue) and numel < most:
+                q = self.queue[self.qp]
+                self.qp += 1
+                if q not in self.state:
+                    batch.append(q)
+                    numel += self.modules[q[0]][q[1]]
+            if batch:
+                self.gather(batch)
+            return [self.buf.pop(q) for q in mine]
+
+    def forward_prefetcher(keep_head: bool) -> tuple[Prefetcher, list[int]] | None:
+        """The forward's module sequence (embedding, each block's modules, final norm, head)
+        and the index of each block's first module."""
+        if block_modules is None:
+            return None
+        modules, starts, kept = [[V * h]], [], set()
+        for layer in range(model.layers):
+            starts.append(len(modules))
+            if layer in kept_layers:
+                kept.update(range(len(modules), len(modules) + len(block_modules)))
+            modules += [list(m) for m in block_modules]
+        modules += [[], [V * h]]
+        if keep_head:
+            kept.add(len(modules) - 1)
+        return Prefetcher(modules, kept), starts
+
+    def backward_prefetcher(gathered: dict[int, list[int]]) -> tuple[Prefetcher, dict[int, int]] | None:
+        """The backward's module sequence (the head, the final norm, the blocks last first:
+        each block's modules in reverse, or in forward order when checkpointed, the recompute
+        fetching them; the embedding), with the blocks still gathered from the forward and the
+        head present, and the index of each block's first module."""
+        if block_modules is None:
+            return None
+        modules, starts, present = [[V * h], []], {}, {0}
+        order = block_modules if ckpt else block_modules[::-1]
+        for layer in reversed(range(model.layers)):
+            starts[layer] = len(modules)
+            if layer in gathered:
+                present.update(range(len(modules), len(modules) + len(order)))
+            modules += [list(m) for m in order]
+        modules.append([V * h])
+        return Prefetcher(modules, set(), frozenset(present)), starts
 
     def norm_forward() -> tuple[list[int], int]:
         """A norm: (tensors its backward keeps, its output)."""
@@ -1064,14 +1195,19 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         recording = step_index == 0
         keep_head = head_kept and not recording
         # --- forward
-        emb_w = fetch([V * h])
+        pf = forward_prefetcher(keep_head) if not recording else None
+        emb_w = pf[0].fetch(0) if pf else fetch([V * h])
         x = s.a(T * h * w)  # embedding
         s.f(*emb_w)
         saved: list[dict] = []
         inputs = [x]
         gathered: dict[int, list[int]] = {}
         for layer in range(model.layers):
-            gathered[layer] = fetch(layer_sizes)
+            if pf:
+                first = pf[1][layer]
+                gathered[layer] = [b for mi in range(first, first + len(block_modules)) for b in pf[0].fetch(mi)]
+            else:
+                gathered[layer] = fetch(layer_sizes)
             if ckpt and hf_norm and swiglu and not moe:
                 sv, x = {}, hf_block_forward_checkpointed(x)
             else:
@@ -1088,7 +1224,11 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             s.f(inputs[-1])  # rebound to the final norm's output
             if not ckpt:
                 s.f(inputs[0])  # inputs_embeds, when the model's forward returns
-        head_w = fetch([V * h])
+        if pf:
+            pf[0].fetch(len(pf[0].modules) - 2)  # the final norm: a prefetch
+            head_w = pf[0].fetch(len(pf[0].modules) - 1)
+        else:
+            head_w = fetch([V * h])
         logits = s.a(T * V * w)
         if recording:
             s.f(*head_w)  # released after the head's forward, gathered again for its backward
@@ -1168,12 +1308,15 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             # to the host, both freed at once (z3-opt-param-cpu trace: 128, 512, 256 MiB per
             # fc weight; 1000 MiB for the embedding's norm). On the GPU the partition is
             # copied or added into grad_partitions_flat_buffer in place.
+            # Each is this GPU's partition of the reduced gradient (reduce_scatter_coalesced's
+            # output: ceil(numel / n) elements on rank 0), not the whole gradient.
             copies = []
             for size in in_bucket if not opt_on_gpu else ():
-                copies.append(s.a(size * w, REDUCE_STREAM))
+                part = -(-size // n)
+                copies.append(s.a(part * w, REDUCE_STREAM))
                 if boundary:
-                    s.f(s.a(min(size, NORM_PART_ELEMENTS) * 8, REDUCE_STREAM))
-                    s.f(s.a(size * 4, REDUCE_STREAM))
+                    s.f(s.a(min(part, NORM_PART_ELEMENTS) * 8, REDUCE_STREAM))
+                    s.f(s.a(part * 4, REDUCE_STREAM))
             s.f(*copies)
             s.f(staged)
             in_bucket.clear()
@@ -1270,9 +1413,17 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         if keep_head:
             s.f(*head_w)
         g = norm_backward(g, fin_kept, [], hook)
+        pb = backward_prefetcher(gathered) if pf else None
+        if pb:
+            pb[0].fetch(1)  # the final norm
         for i in reversed(range(model.layers)):
             sv = saved[i]
-            layer_w = gathered.pop(i) if i in gathered else fetch(layer_sizes)
+            if pb:
+                first = pb[1][i]
+                fetched = [b for mi in range(first, first + len(block_modules)) for b in pb[0].fetch(mi)]
+                layer_w = gathered.pop(i) if i in gathered else fetched
+            else:
+                layer_w = gathered.pop(i) if i in gathered else fetch(layer_sizes)
             if ckpt:
                 sv, _ = block_forward(inputs[i], keep=True, recompute=True)
             gin = block_backward(sv, g, hook)
@@ -1280,7 +1431,7 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             if ckpt:
                 s.f(inputs[i])
             g = gin
-        emb_w = fetch([V * h])
+        emb_w = pb[0].fetch(len(pb[0].modules) - 1) if pb else fetch([V * h])
         emb_grad = s.a(V * h * w)
         s.f(g)
         if tied:
