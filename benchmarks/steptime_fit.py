@@ -14,7 +14,8 @@ and under ZeRO-3 the longer of the kernels (the first three lines) and the host'
 fetches * STAGE3_FETCH_OVERHEAD_S + gradient hooks * STAGE3_GRAD_HOOK_S (steptime.pass_s: the
 hooks run ahead of the kernels). The optimizer step: bytes / (HBM * GPU_OPTIMIZER_HBM_EFFICIENCY)
 + tensors * STEP_OVERHEAD_PER_TENSOR_S (stage 3: STAGE3_STEP_OVERHEAD_PER_TENSOR_S) +
-STEP_BASE_OVERHEAD_S. Each is linear in 1/efficiency (and half-width/efficiency) and the
+STEP_BASE_OVERHEAD_S; ZeRO-0 (FP16_Optimizer): tensors * STAGE0_STEP_OVERHEAD_PER_TENSOR_S, no fixed
+part, fitted on the rows with phases only (STAGE0_OPT_TERMS). Each is linear in 1/efficiency (and half-width/efficiency) and the
 overheads once a ZeRO-3 pass's longer side is known, so non-negative least squares finds them:
 one residual per phase where verify timed forward, backward and optimizer apart (each over the
 row's measured step, so a phase counts by its share of the step), one per whole step elsewhere.

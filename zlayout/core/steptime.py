@@ -22,8 +22,9 @@ the values, the evidence, in-sample, leave-one-out and held-out errors), price i
   (they never wait on the compute stream), so a ZeRO-3 pass takes its launches plus the longer
   of its kernels and its hooks (`pass_s`).
 - The optimizer phase: the GPU optimizer's HBM passes over the rank's partition at the
-  (lower) rate its kernels reach, the engine's Python per parameter tensor (stages 0-2; stage 3:
-  its per-gradient norm kernels) and per step; offloaded, the CPU optimizer below.
+  (lower) rate its kernels reach, the engine's Python per parameter tensor (stages 1-2; stage 3:
+  its per-gradient norm kernels) and per step; ZeRO-0's FP16_Optimizer per parameter tensor (its
+  overflow check syncs on each), with no fixed part; offloaded, the CPU optimizer below.
 - Communication: each collective's bytes over the bus bandwidth of the link it crosses
   (intra- vs inter-node, the slower share paces the ring), plus a latency per ring step.
   What overlaps: stage 1-3 gradient reductions run in the backward hooks on a side stream
@@ -462,7 +463,7 @@ def optimizer_work(inp: PlanInput, layout: Layout) -> tuple[float, int]:
 def optimizer_kernels(inp: PlanInput, layout: Layout) -> int:
     """Kernels stage 3's step launches one tensor at a time, priced as any launch: its gradient norm
     runs per gradient (stage3.py, get_grad_norm_direct: g.double() and .norm(2), two kernels each).
-    Stages 0-2's per-tensor Python is STEP_OVERHEAD_PER_TENSOR_S's."""
+    Stages 1-2's per-tensor Python is STEP_OVERHEAD_PER_TENSOR_S's, ZeRO-0's STAGE0_STEP_OVERHEAD_PER_TENSOR_S's."""
     return 2 * parameter_tensors(inp) if layout.stage == 3 else 0
 
 
