@@ -14,7 +14,8 @@ and under ZeRO-3 the longer of the kernels (the first three lines) and the host'
 fetches * STAGE3_FETCH_OVERHEAD_S + gradient hooks * STAGE3_GRAD_HOOK_S (steptime.pass_s: the
 hooks run ahead of the kernels). The optimizer step: bytes / (HBM * GPU_OPTIMIZER_HBM_EFFICIENCY)
 + tensors * STEP_OVERHEAD_PER_TENSOR_S (stage 3: STAGE3_STEP_OVERHEAD_PER_TENSOR_S) +
-STEP_BASE_OVERHEAD_S. Each is linear in 1/efficiency (and half-width/efficiency) and the
+STEP_BASE_OVERHEAD_S; ZeRO-0 (FP16_Optimizer): tensors * STAGE0_STEP_OVERHEAD_PER_TENSOR_S, no fixed
+part, fitted on the rows with phases only (STAGE0_OPT_TERMS). Each is linear in 1/efficiency (and half-width/efficiency) and the
 overheads once a ZeRO-3 pass's longer side is known, so non-negative least squares finds them:
 one residual per phase where verify timed forward, backward and optimizer apart (each over the
 row's measured step, so a phase counts by its share of the step), one per whole step elsewhere.
@@ -42,7 +43,7 @@ from zlayout.core.steptime import (HBM_EFFICIENCY, STAGE3_GATHER_OVERHEAD_S, Gpu
                                    phase_kernel_s, stage3_hooks_s)
 
 PASS_TERMS = 7  # 1/E_gemm, h0/E_gemm, 1/E_unaligned, 1/E_attn, s/kernel, s/fetch, s/gradient hook
-OPT_TERMS = 3  # 1/E_opt, s/tensor, s
+OPT_TERMS = 4  # 1/E_opt, s/tensor, s (stages 1-3), s/tensor (stage 0: FP16_Optimizer)
 
 
 def is_gpu_resident(step: MeasuredStep) -> bool:
@@ -87,7 +88,10 @@ def _design(step: MeasuredStep, c: GpuStepConstants) -> tuple[np.ndarray, np.nda
         rows.append(x * accum)
     opt_bytes, tensors = optimizer_work(inp, layout)
     x = np.zeros(PASS_TERMS + OPT_TERMS)
-    x[PASS_TERMS:] = [opt_bytes / hbm, tensors, 1.0]
+    if layout.stage == 0 and layout.offload_optimizer == "gpu":
+        x[PASS_TERMS:] = [opt_bytes / hbm, 0.0, 0.0, tensors]
+    else:
+        x[PASS_TERMS:] = [opt_bytes / hbm, tensors, 1.0, 0.0]
     x[4] = optimizer_kernels(inp, layout)
     rows.append(x)
     fixed.append(0.0)
@@ -96,20 +100,22 @@ def _design(step: MeasuredStep, c: GpuStepConstants) -> tuple[np.ndarray, np.nda
 
 def constants_from_theta(theta: np.ndarray) -> GpuStepConstants:
     (inv_gemm, width_over_gemm, inv_unaligned, inv_attn, kernel_s, fetch_s, grad_hook_s,
-     inv_opt, tensor_s, base_s) = theta
+     inv_opt, tensor_s, base_s, stage0_tensor_s) = theta
     return GpuStepConstants(
         gemm_efficiency=1 / inv_gemm, gemm_half_width=width_over_gemm / inv_gemm,
         unaligned_head_efficiency=1 / inv_unaligned,
         attention_efficiency=1 / inv_attn, kernel_overhead_s=kernel_s, stage3_fetch_overhead_s=fetch_s,
         stage3_grad_hook_s=grad_hook_s, optimizer_hbm_efficiency=1 / inv_opt,
-        step_overhead_per_tensor_s=tensor_s, step_base_overhead_s=base_s)
+        step_overhead_per_tensor_s=tensor_s, step_base_overhead_s=base_s,
+        stage0_step_overhead_per_tensor_s=stage0_tensor_s)
 
 
 def theta_from_constants(c: GpuStepConstants) -> np.ndarray:
     return np.array([1 / c.gemm_efficiency, c.gemm_half_width / c.gemm_efficiency,
                      1 / c.unaligned_head_efficiency, 1 / c.attention_efficiency,
                      c.kernel_overhead_s, c.stage3_fetch_overhead_s, c.stage3_grad_hook_s,
-                     1 / c.optimizer_hbm_efficiency, c.step_overhead_per_tensor_s, c.step_base_overhead_s])
+                     1 / c.optimizer_hbm_efficiency, c.step_overhead_per_tensor_s, c.step_base_overhead_s,
+                     c.stage0_step_overhead_per_tensor_s])
 
 
 def nnls(a: np.ndarray, b: np.ndarray, iterations: int = 200) -> np.ndarray:
@@ -153,6 +159,12 @@ def loss(steps: list[MeasuredStep], c: GpuStepConstants) -> float:
 HOOK_STARTS_S = ((0.3e-3, 0.05e-3), (0.5e-3, 0.15e-3), (0.7e-3, 0.3e-3))
 
 
+# ZeRO-0's per-tensor optimizer constant is fitted on the rows that timed the optimizer phase apart; a
+# whole-step row holds it at the round's value (what a step leaves after its passes would otherwise
+# price the passes' misfit as the optimizer's: fitted on whole steps too it falls to 0.05 ms, which
+# the ZeRO-0 rows' own optimizer phases, 0.13-0.19 ms per tensor, contradict).
+STAGE0_OPT_TERMS = [PASS_TERMS + 3]
+
 HOOK_TERMS = [5, 6]  # theta's ZeRO-3 hook constants: s/fetch, s/gradient hook
 
 
@@ -171,9 +183,11 @@ def _solve(steps: list[MeasuredStep], c: GpuStepConstants, rounds: int,
                     b_rows.append((phases[i] - fixed[i]) * scale)
             else:
                 est = _predict(step, c)
-                linear = x.sum(axis=0) @ theta_from_constants(c) + fixed.sum()
+                whole = x.sum(axis=0)
+                whole[STAGE0_OPT_TERMS] = 0  # held at this round's value (STAGE0_OPT_TERMS)
+                linear = whole @ theta_from_constants(c) + fixed.sum()
                 other = est.step_time_s - linear  # exposed communication, which the fit holds fixed
-                a_rows.append(x.sum(axis=0) * scale)
+                a_rows.append(whole * scale)
                 b_rows.append((step.measured_step_s - fixed.sum() - other) * scale)
         a, b = np.array(a_rows), np.array(b_rows)
         previous = theta_from_constants(c)

@@ -11,7 +11,8 @@ from zlayout.core.comm import estimate_comm
 from zlayout.core.steptime import (CPU_OPTIMIZER_S_PER_PARAM_ONE_THREAD, GEMM_EFFICIENCY,
                                    HBM_EFFICIENCY, KERNEL_OVERHEAD_S, LOSS_BYTES_PER_LOGIT,
                                    STAGE3_FETCH_OVERHEAD_S, STAGE3_GRAD_HOOK_S, STEP_BASE_OVERHEAD_S,
-                                   STEP_OVERHEAD_PER_TENSOR_S, compute_flops_per_token,
+                                   STAGE0_STEP_OVERHEAD_PER_TENSOR_S, STEP_OVERHEAD_PER_TENSOR_S,
+                                   compute_flops_per_token,
                                    cpu_optimizer_s_per_param, estimate_step_time, matmul_params,
                                    micro_step_work, parameter_tensors, phase_kernel_s,
                                    stage3_hooked_modules, stage3_hooks_s)
@@ -98,8 +99,11 @@ def test_parts_add_up_and_exposed_comm_is_bounded(layout, gpus, nodes, accum):
     assert 0 <= est.comm_s <= est.comm_total_s + 1e-12
     # stage 3 steps flat sub-groups, not tensor by tensor, but launches its gradient norm per tensor
     tensors = 1 if layout.stage == 3 else parameter_tensors(inp)
-    overhead = (STEP_BASE_OVERHEAD_S + STEP_OVERHEAD_PER_TENSOR_S * tensors
-                + KERNEL_OVERHEAD_S * (2 * parameter_tensors(inp) if layout.stage == 3 else 0))
+    if layout.stage == 0 and layout.offload_optimizer == "gpu":  # FP16_Optimizer: per tensor, no fixed part
+        overhead = STAGE0_STEP_OVERHEAD_PER_TENSOR_S * tensors
+    else:
+        overhead = (STEP_BASE_OVERHEAD_S + STEP_OVERHEAD_PER_TENSOR_S * tensors
+                    + KERNEL_OVERHEAD_S * (2 * parameter_tensors(inp) if layout.stage == 3 else 0))
     assert est.step_overhead_s == pytest.approx(overhead)
     assert est.step_time_s == pytest.approx(est.compute_s + est.launch_overhead_s + overhead + est.gpu_optimizer_s
                                             + est.stage3_overhead_s + est.comm_s + est.offload_s)
@@ -289,3 +293,22 @@ def test_stage3_step_launches_its_gradient_norm_per_tensor():
     est = step(inp, Layout(stage=3))
     assert est.step_overhead_s == pytest.approx(STEP_BASE_OVERHEAD_S + STEP_OVERHEAD_PER_TENSOR_S
                                                 + 2 * parameter_tensors(inp) * KERNEL_OVERHEAD_S)
+
+
+def test_stage0_optimizer_is_fp16_optimizers_per_tensor_walk():
+    """ZeRO-0 steps through DeepSpeed's FP16_Optimizer, which checks, casts and copies back each
+    parameter tensor with a host sync per tensor (fused_optimizer.py step(), utils.has_overflow_serial):
+    its optimizer overhead is STAGE0_STEP_OVERHEAD_PER_TENSOR_S per tensor with no fixed part, and a
+    transformers layout with more (smaller) tensors pays more than stages 1-2's rate would price."""
+    per_tensor_s = STAGE0_STEP_OVERHEAD_PER_TENSOR_S
+    assert per_tensor_s > STEP_OVERHEAD_PER_TENSOR_S  # a sync and 14 launches per tensor vs bookkeeping
+    inp = make_input(gpus_per_node=1)
+    more = make_input(gpus_per_node=1, model=MODEL.model_copy(update={"layers": 2 * MODEL.layers}))
+    added = parameter_tensors(more) - parameter_tensors(inp)
+    assert added > 0
+    grown = step(more, Layout(stage=0)).step_overhead_s - step(inp, Layout(stage=0)).step_overhead_s
+    assert grown == pytest.approx(added * per_tensor_s)
+    assert step(inp, Layout(stage=0)).step_overhead_s == pytest.approx(parameter_tensors(inp) * per_tensor_s)
+    # stages 1-2 keep the ZeRO optimizer's fixed part and their own rate
+    assert step(inp, Layout(stage=2)).step_overhead_s == pytest.approx(
+        STEP_BASE_OVERHEAD_S + STEP_OVERHEAD_PER_TENSOR_S * parameter_tensors(inp))

@@ -22,8 +22,9 @@ the values, the evidence, in-sample, leave-one-out and held-out errors), price i
   (they never wait on the compute stream), so a ZeRO-3 pass takes its launches plus the longer
   of its kernels and its hooks (`pass_s`).
 - The optimizer phase: the GPU optimizer's HBM passes over the rank's partition at the
-  (lower) rate its kernels reach, the engine's Python per parameter tensor (stages 0-2; stage 3:
-  its per-gradient norm kernels) and per step; offloaded, the CPU optimizer below.
+  (lower) rate its kernels reach, the engine's Python per parameter tensor (stages 1-2; stage 3:
+  its per-gradient norm kernels) and per step; ZeRO-0's FP16_Optimizer per parameter tensor (its
+  overflow check syncs on each), with no fixed part; offloaded, the CPU optimizer below.
 - Communication: each collective's bytes over the bus bandwidth of the link it crosses
   (intra- vs inter-node, the slower share paces the ring), plus a latency per ring step.
   What overlaps: stage 1-3 gradient reductions run in the backward hooks on a side stream
@@ -56,17 +57,17 @@ from zlayout.spec import Layout, LinkSpec, PlanInput
 # the optimizer step, each priced from the work it does. The fitted constants (benchmarks/
 # steptime_fit.py fits them by least squares on the forward/backward/optimizer times verify
 # records, and on whole steps where a row has no phases; docs/tradeoffs.md lists the evidence):
-GEMM_EFFICIENCY = 0.703  # large GEMMs' achieved / peak bf16 FLOP/s (the asymptote in the hidden size)
+GEMM_EFFICIENCY = 0.730  # large GEMMs' achieved / peak bf16 FLOP/s (the asymptote in the hidden size)
 # A GEMM of hidden size h reaches GEMM_EFFICIENCY * h / (h + GEMM_HALF_WIDTH): the narrow GEMMs of a
 # small model fill fewer tiles per wave and spend more of their time in prologue and epilogue.
-GEMM_HALF_WIDTH = 154
+GEMM_HALF_WIDTH = 307
 # A vocabulary that is not a multiple of 8 leaves the logits' rows misaligned for 16-byte tensor-core
 # loads (GPT-2's 50257; nanoGPT pads it to 50304 for this): the head's three GEMMs and the loss's
 # passes run on slower kernels, the head's GEMMs at this achieved / peak.
-UNALIGNED_HEAD_EFFICIENCY = 0.128
-ATTENTION_EFFICIENCY = 0.546  # causal flash attention forward (SDPA): achieved / peak on its halved FLOPs
+UNALIGNED_HEAD_EFFICIENCY = 0.132
+ATTENTION_EFFICIENCY = 0.574  # causal flash attention forward (SDPA): achieved / peak on its halved FLOPs
 ATTENTION_BACKWARD_RATIO = 2.5  # flash attention's backward takes this many forwards' time (counted, not fitted)
-KERNEL_OVERHEAD_S = 2.85e-6  # host time per kernel launched (Python, the dispatcher, the launch itself)
+KERNEL_OVERHEAD_S = 1.92e-6  # host time per kernel launched (Python, the dispatcher, the launch itself)
 # ZeRO-3's hooks are host time that runs ahead of the GPU's kernels (see `pass_s`). Per module per
 # pass (forward, backward, the recompute's forward): the pre-forward hook's fetch_sub_module (trace
 # check, prefetch queue, the handles' waits), the post-forward hook's release_sub_module, and the two
@@ -74,13 +75,24 @@ KERNEL_OVERHEAD_S = 2.85e-6  # host time per kernel launched (Python, the dispat
 # releases the module again). Per parameter tensor, in the backward: the gradient hook
 # (reduce_partition_and_remove_grads: the copy into the reduction bucket on a side stream, the
 # bookkeeping) and its share of the epilogue's partition_grads.
-STAGE3_FETCH_OVERHEAD_S = 0.440e-3
-STAGE3_GRAD_HOOK_S = 0.396e-3
-GPU_OPTIMIZER_HBM_EFFICIENCY = 0.451  # the optimizer step's kernels (norm, clip, multi-tensor Adam, casts)
+STAGE3_FETCH_OVERHEAD_S = 0.443e-3
+STAGE3_GRAD_HOOK_S = 0.393e-3
+GPU_OPTIMIZER_HBM_EFFICIENCY = 0.440  # the optimizer step's kernels (norm, clip, multi-tensor Adam, casts)
 # Per optimizer step, DeepSpeed's engine runs Python around the optimizer's kernels: a fixed part,
 # and a part per parameter tensor (bookkeeping, per-tensor norms and copies).
-STEP_BASE_OVERHEAD_S = 4.89e-3
-STEP_OVERHEAD_PER_TENSOR_S = 0.099e-3
+STEP_BASE_OVERHEAD_S = 5.50e-3
+STEP_OVERHEAD_PER_TENSOR_S = 0.118e-3
+# ZeRO-0 (bf16 without ZeRO) steps through a different optimizer: DeepSpeed's FP16_Optimizer with FusedAdam
+# (runtime/fp16/fused_optimizer.py, step()), which walks the parameter tensors one at a time, three
+# times: the overflow check (CheckOverflow.has_overflow_serial, runtime/utils.py: per gradient
+# has_inf_or_nan's amax, amin, two isfinite, logical_and and logical_not, which the `if` then reads on
+# the host, a device->host copy and a wait per tensor), the flatten's fp32 cast of each gradient, and
+# the unflatten's copy back into each bf16 parameter: 14 kernels and a host sync per tensor (counted in
+# benchmarks/measurements/h200-2026-12-01f/profiles/p-z0-*.json: 4096 kernels and 295 device->host
+# copies for 290 tensors, 2751 and 199 for 194). Its fixed work (one flatten, one norm, FusedAdam's
+# multi-tensor launches on one flat buffer) is small beside stages 1-2's ZeRO optimizer's, whose
+# fixed part STEP_BASE_OVERHEAD_S is: the fit, given a fixed part of its own, puts it at zero.
+STAGE0_STEP_OVERHEAD_PER_TENSOR_S = 0.121e-3
 # Counted, not fitted: elementwise, norm, activation, rotary and loss kernels stream HBM at this share
 # of nominal; bytes per element are counted in `micro_step_work`.
 HBM_EFFICIENCY = 0.8
@@ -299,6 +311,7 @@ class GpuStepConstants:
     optimizer_hbm_efficiency: float = GPU_OPTIMIZER_HBM_EFFICIENCY
     step_overhead_per_tensor_s: float = STEP_OVERHEAD_PER_TENSOR_S
     step_base_overhead_s: float = STEP_BASE_OVERHEAD_S
+    stage0_step_overhead_per_tensor_s: float = STAGE0_STEP_OVERHEAD_PER_TENSOR_S
 
 
 SHIPPED = GpuStepConstants()
@@ -450,7 +463,7 @@ def optimizer_work(inp: PlanInput, layout: Layout) -> tuple[float, int]:
 def optimizer_kernels(inp: PlanInput, layout: Layout) -> int:
     """Kernels stage 3's step launches one tensor at a time, priced as any launch: its gradient norm
     runs per gradient (stage3.py, get_grad_norm_direct: g.double() and .norm(2), two kernels each).
-    Stages 0-2's per-tensor Python is STEP_OVERHEAD_PER_TENSOR_S's."""
+    Stages 1-2's per-tensor Python is STEP_OVERHEAD_PER_TENSOR_S's, ZeRO-0's STAGE0_STEP_OVERHEAD_PER_TENSOR_S's."""
     return 2 * parameter_tensors(inp) if layout.stage == 3 else 0
 
 
@@ -550,7 +563,11 @@ def estimate_step_time(inp: PlanInput, layout: Layout, comm: CommEstimate | None
     # The GPU optimizer step: memory-bound passes over the rank's partition, and Python per tensor
     opt_bytes, tensors = optimizer_work(inp, layout)
     gpu_optimizer_s = opt_bytes / (hw.gpu.hbm_gbps * c.optimizer_hbm_efficiency * 1e9) * cal.gpu_factor
-    step_overhead_s = (c.step_base_overhead_s + c.step_overhead_per_tensor_s * tensors
+    if layout.stage == 0 and layout.offload_optimizer == "gpu":  # FP16_Optimizer: per tensor, no fixed part
+        base_s, per_tensor_s = 0.0, c.stage0_step_overhead_per_tensor_s
+    else:
+        base_s, per_tensor_s = c.step_base_overhead_s, c.step_overhead_per_tensor_s
+    step_overhead_s = (base_s + per_tensor_s * tensors
                        + c.kernel_overhead_s * optimizer_kernels(inp, layout)) * cal.overhead_factor
 
     # What hides behind compute: two side streams, each serial (a bucket is reduced, then its
