@@ -1070,3 +1070,30 @@ async def test_app_opens_a_profile_with_a_presets_dir_and_still_refuses_plan_fla
     capsys.readouterr()
     assert main(["app", str(tmp_path / "profile"), "--layers", "4"]) == 2
     assert "give either a PROFILE or plan flags, not both" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("size", [COMPACT, WIDE])
+async def test_the_verify_dialog_runs_one_gpu_as_rank_0_of_a_multi_node_plan(size):
+    # `e`: zlayout verify --emulate from the app, for a plan no node here can run (48 GPUs on 6
+    # nodes): the dialog says so, the run gets emulate=True, and the result says it was emulated
+    result = ('{"status": "validated", "mode": "gpu", "emulated_world": 48, '
+              '"measured": {"gpu_peak_allocated_bytes": 100, "step_time_s": null}, '
+              '"predicted": {"gpu_peak_allocated_bytes": 101, "step_time_s": null}}')
+    verifier = FakeVerifier(["zlayout: running as rank 0 of 48 GPUs on 1 GPU", result])
+    app = make_app(verifier=verifier)
+    async with app.run_test(size=size) as pilot:
+        await settle(pilot)
+        await type_into(pilot, "gpus_per_node", "8")
+        await type_into(pilot, "nodes", "6")
+        screen = await open_verify_options(pilot)
+        hints = " ".join(str(w.render()) for w in screen.query(".dialog-hint"))
+        assert "e: one GPU here as rank 0 of 48" in " ".join(hints.split())
+        await pilot.press("e")
+        await pilot.pause()
+        run = app.screen
+        assert isinstance(run, VerifyScreen)
+        await wait_until(lambda: run.state == "finished", pilot)
+        assert verifier.emulate is True and verifier.cpu_processes is None
+        assert "rank 0 of 48 (emulated)" in str(run.query_one(".dialog-title").render())
+        log_text = "\n".join(run.query_one("#verify-log", Log).lines)
+        assert "emulated: rank 0 of 48 on one GPU" in log_text and "error +1.0%" in log_text

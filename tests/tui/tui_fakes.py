@@ -123,9 +123,10 @@ class FakeVerifier:
         self.calls: list[tuple[PlanInput, Layout]] = []
 
     def __call__(self, inp: PlanInput, layout: Layout, cancel: threading.Event,
-                 cpu_processes: int | None = None) -> Iterator[str]:
+                 cpu_processes: int | None = None, emulate: bool = False) -> Iterator[str]:
         self.calls.append((inp, layout))
         self.cpu_processes = cpu_processes
+        self.emulate = emulate
         self.started.set()
         try:
             yield from self.lines

@@ -170,7 +170,8 @@ class LayoutActionsMixin:
             if options.slurm_script:
                 self._write_slurm_script(plan, layout, options.slurm_script)
                 return
-            self.push_screen(VerifyScreen(plan.input, layout, verifier, cpu_processes=options.cpu_processes))
+            self.push_screen(VerifyScreen(plan.input, layout, verifier, cpu_processes=options.cpu_processes,
+                                          emulate=options.emulate))
 
         self.push_screen(VerifyOptionsScreen(plan.input, layout), chosen)
 

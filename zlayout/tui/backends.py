@@ -143,10 +143,11 @@ def verify_flags(inp: PlanInput, layout: Layout) -> list[str]:
 
 
 def cli_verifier(inp: PlanInput, layout: Layout, cancel: threading.Event,
-                 cpu_processes: int | None = None) -> Iterator[str]:
+                 cpu_processes: int | None = None, emulate: bool = False) -> Iterator[str]:
     """Run `zlayout verify` in its own process group and yield its output lines; on cancel
     (or when the caller closes this generator) the whole group is terminated. With
-    `cpu_processes`, a CPU check: `--cpu --processes N` (gloo, no GPU needed).
+    `cpu_processes`, a CPU check: `--cpu --processes N` (gloo, no GPU needed); with `emulate`,
+    rank 0 of the plan's GPUs on one GPU here (`--emulate`).
 
     The plan goes over as a temporary profile, so every input (DeepSpeed knobs, a GPU that
     is not a preset) reaches the run; the plan flags are the fallback."""
@@ -156,6 +157,8 @@ def cli_verifier(inp: PlanInput, layout: Layout, cancel: threading.Event,
         command = [*zlayout_argv(), "verify", *args, "--json"]
         if cpu_processes:
             command += ["--cpu", "--processes", str(cpu_processes)]
+        elif emulate:
+            command.append("--emulate")
         yield "$ zlayout verify " + " ".join(command[len(zlayout_argv()) + 1:])
         child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                  text=True, bufsize=1, start_new_session=True)

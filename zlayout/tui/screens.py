@@ -180,6 +180,7 @@ class VerifyOptions:
 
     cpu_processes: int | None = None
     slurm_script: str | None = None
+    emulate: bool = False  # rank 0 of the plan's GPUs on this node's one GPU (verify --emulate)
 
 
 class VerifyOptionsScreen(ModalScreen["VerifyOptions | None"]):
@@ -189,7 +190,8 @@ class VerifyOptionsScreen(ModalScreen["VerifyOptions | None"]):
     BINDINGS = [Binding("escape", "cancel", "Cancel", id="verify-options-cancel"),
                 Binding("g", "choose('gpus')", "GPUs", show=False),
                 Binding("c", "choose('cpu')", "CPU check", show=False),
-                Binding("s", "choose('slurm')", "SLURM script", show=False)]
+                Binding("s", "choose('slurm')", "SLURM script", show=False),
+                Binding("e", "choose('emulate')", "One GPU as rank 0", show=False)]
 
     def __init__(self, inp: PlanInput, layout: Layout) -> None:
         super().__init__()
@@ -226,6 +228,10 @@ class VerifyOptionsScreen(ModalScreen["VerifyOptions | None"]):
             yield Static(Text("CPU check: the layout's real DeepSpeed steps on CPU with gloo, "
                               "N processes (zlayout verify --cpu --processes N)", style="dim"),
                          classes="dialog-hint")
+            if hw.world > 1:
+                yield Static(Text(f"e: one GPU here as rank 0 of {hw.world}: the per-GPU memory of the "
+                                  "whole run, measured (zlayout verify --emulate)", style="dim"),
+                             classes="dialog-hint")
 
     def on_mount(self) -> None:
         self.query_one("#verify-options-error").display = False
@@ -241,6 +247,8 @@ class VerifyOptionsScreen(ModalScreen["VerifyOptions | None"]):
     def action_choose(self, how: str) -> None:
         if how == "gpus" and not self.multi_node:
             self.dismiss(VerifyOptions())
+        elif how == "emulate" and self._inp.hardware.world > 1:
+            self.dismiss(VerifyOptions(emulate=True))
         elif how == "slurm" and self.multi_node:
             path = self.query_one("#slurm-path", Input).value.strip()
             if not path:
@@ -279,10 +287,11 @@ class VerifyScreen(ModalScreen[None]):
             self.text = text
 
     def __init__(self, inp: PlanInput, layout: Layout, verifier: Verifier,
-                 cpu_processes: int | None = None) -> None:
+                 cpu_processes: int | None = None, emulate: bool = False) -> None:
         super().__init__()
         self._inp, self._layout, self._verifier = inp, layout, verifier
         self._cpu_processes = cpu_processes
+        self._emulate = emulate
         self._cancel = threading.Event()
         self.lines: list[str] = []
         self.state = "running"  # running, cancelling, finished, failed, cancelled
@@ -292,6 +301,7 @@ class VerifyScreen(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         hw = self._inp.hardware
         where = (f"CPU check, {self._cpu_processes} processes (gloo)" if self._cpu_processes
+                 else f"one GPU as rank 0 of {hw.world} (emulated)" if self._emulate
                  else f"{hw.world}× {hw.gpu.name}")
         with Vertical(id="verify", classes="dialog"):
             yield Label(Text.assemble(("Verify ", "bold"), (self._layout.label, "bold"), f" on {where}"),
@@ -311,6 +321,8 @@ class VerifyScreen(ModalScreen[None]):
         worker = get_current_worker()
         if self._cpu_processes:
             lines = self._verifier(self._inp, self._layout, self._cancel, cpu_processes=self._cpu_processes)
+        elif self._emulate:
+            lines = self._verifier(self._inp, self._layout, self._cancel, emulate=True)
         else:
             lines = self._verifier(self._inp, self._layout, self._cancel)
         try:
@@ -414,6 +426,9 @@ def _comparison_lines(result: dict[str, Any]) -> list[str]:
     lines = [f"── result: {result.get('status')} ──"]
     if result.get("cause"):
         lines.append(str(result["cause"]))
+    if result.get("emulated_world"):
+        lines.append(f"emulated: rank 0 of {result['emulated_world']} on one GPU: GPU memory as on the "
+                     "full run (NCCL's buffers left out); step time and host memory not compared")
     for key, want in predicted.items():
         got = measured.get(key)
         if isinstance(want, (int, float)) and isinstance(got, (int, float)) and got:
