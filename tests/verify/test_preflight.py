@@ -290,3 +290,15 @@ def test_the_cli_refuses_to_launch_a_cpu_run_the_machine_cannot_hold(tmp_path):
     fails = [x for x in output.splitlines() if x.startswith("preflight FAIL")]
     assert len(fails) == 1 and fails[0].startswith("preflight FAIL host ram:"), output
     assert "[rank" not in output and not (out / "spec.json").exists()
+
+
+def test_an_emulated_rank_holds_its_share_of_the_optimizer_states_not_the_models(monkeypatch):
+    # `verify --emulate` of Llama-3-405B's shape over 48 GPUs with the optimizer on the host:
+    # one process holds rank 0's partition (12 B x params / 48, ~95 GiB), not 12 B x 406e9
+    # (the CPU check's floor): the old check would refuse to start it on a 128 GiB node
+    monkeypatch.setattr(preflight, "host_available_bytes", lambda: int(120 * GiB))
+    plan = _llama405b_48_gpus()
+    (ram,) = [c for c in preflight.check_host(plan, OFFLOADED, 1, cpu=False, emulate=True) if c.name == "host ram"]
+    assert not ram.blocking and "rank 0's share" in ram.line()
+    (whole,) = [c for c in preflight.check_host(plan, OFFLOADED, 1, cpu=True) if c.name == "host ram"]
+    assert whole.blocking  # the same model's CPU check on this machine: its whole states

@@ -277,19 +277,25 @@ def host_floor_bytes(inp: PlanInput, layout: Layout, cpu: bool) -> int:
     return OPTIMIZER_STATE_BYTES_PER_PARAM * inp.model.params if in_ram else 0
 
 
-def check_host(inp: PlanInput, layout: Layout, processes: int, cpu: bool = False) -> list[Check]:
+def check_host(inp: PlanInput, layout: Layout, processes: int, cpu: bool = False,
+               emulate: bool = False) -> list[Check]:
     """Host RAM against what the run needs: FAIL (blocking) when even its floor (the optimizer
     states held in RAM, `host_floor_bytes`) exceeds what is available, so no rank is started
     to exhaust a shared node; WARN when only the prediction does (the run decides). In CPU
-    mode the ranks' device memory is host memory too and is added to the prediction."""
+    mode the ranks' device memory is host memory too and is added to the prediction.
+    `emulate`: one process as rank 0 of the plan's world holds one rank's share (ZeRO 1-3
+    partition the states over the world; a node's host figure is its GPUs' ranks)."""
     mem = estimate_memory(inp, layout)
     checks = []
     available = host_available_bytes()
-    predicted = mem.host_peak_bytes + (processes * mem.gpu_peak_allocated_bytes if cpu else 0)
+    node_host = mem.host_peak_bytes // max(1, inp.hardware.gpus_per_node) if emulate else mem.host_peak_bytes
+    predicted = node_host + (processes * mem.gpu_peak_allocated_bytes if cpu else 0)
     shown = (f"predicted host peak {predicted / GiB:.1f} GiB (with the ranks' device memory: "
              "host memory in CPU mode)" if cpu else
-             f"predicted host peak {mem.host_peak_bytes / GiB:.1f} GiB")
+             f"predicted host peak {node_host / GiB:.1f} GiB" + (" (rank 0's share)" if emulate else ""))
     floor = host_floor_bytes(inp, layout, cpu)
+    if emulate and layout.stage >= 1:
+        floor //= max(1, inp.hardware.world)
     if available is None:
         checks.append(Check("host ram", True, "/proc/meminfo unreadable; not checked"))
     elif floor > available:
@@ -350,7 +356,7 @@ def run_checks(inp: PlanInput, layout: Layout, options: VerifyOptions, processes
     take minutes and the run could not start anyway)."""
     smi_gpus = [] if options.cpu else query_gpus()
     gpu_checks = (check_gpus(inp, layout, processes, smi_gpus) if smi_gpus else [])
-    host_checks = check_host(inp, layout, processes, options.cpu)
+    host_checks = check_host(inp, layout, processes, options.cpu, options.emulate)
     dir_checks: list[Check] = []
     if "nvme" in (layout.offload_optimizer, layout.offload_param):
         mem = estimate_memory(inp, layout)
