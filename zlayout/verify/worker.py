@@ -178,7 +178,11 @@ def run(spec: dict[str, Any], out: Path, resume: bool) -> int:
         # rank 0 of emulate_world on torch's fake process group: DeepSpeed (which takes a process
         # group that is already there) shards, buckets and gathers as on the full world, and each
         # collective returns at once without moving data (losses are not the real run's)
-        from torch.testing._internal.distributed.fake_pg import FakeStore
+        try:
+            from torch.testing._internal.distributed.fake_pg import FakeStore
+        except ImportError as exc:  # torch's own module path, not a public API
+            raise RuntimeError(f"--emulate needs torch's fake process group, which torch "
+                               f"{torch.__version__} lacks ({exc}); verify on the real GPUs") from None
 
         os.environ.update(RANK="0", WORLD_SIZE=str(emulate_world))
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=emulate_world)
