@@ -752,9 +752,10 @@ def test_every_traced_layout_reserves_what_its_gpu_did():
 EMULATED = MEASUREMENTS / "h200-2026-12-01f" / "emulated"
 
 
-def _emulated(name: str):
+def _emulated(name: str, folder: Path = EMULATED):
+    """A trace of rank 0 of N (allocator_trace.py --emulate-world) and the layout it ran."""
     from zlayout.cli import build_parser, layout_from_args, plan_input_from_args
-    doc = json.loads((EMULATED / f"{name}.json").read_text())
+    doc = json.loads((folder / f"{name}.json").read_text())
     args = build_parser().parse_args(["verify", *doc["argv"].split()])
     return doc, plan_input_from_args(args).model_copy(update={"headroom_fraction": 0.0}), layout_from_args(args)
 
@@ -818,10 +819,7 @@ HELDOUT6 = MEASUREMENTS / "h200-2026-12-01f" / "heldout6"
 
 
 def _heldout6(name: str):
-    from zlayout.cli import build_parser, layout_from_args, plan_input_from_args
-    doc = json.loads((HELDOUT6 / f"{name}.json").read_text())
-    args = build_parser().parse_args(["verify", *doc["argv"].split()])
-    return doc, plan_input_from_args(args).model_copy(update={"headroom_fraction": 0.0}), layout_from_args(args)
+    return _emulated(name, HELDOUT6)
 
 
 def test_zero1_on_two_gpus_flattens_the_bucket_it_reduces_and_one_gpu_does_not():
