@@ -708,6 +708,10 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
                 self.gather(batch)
             return [self.buf.pop(q) for q in mine]
 
+        def fetch_block(self, first: int) -> list[int]:
+            """A block's modules, from module `first`, each fetched in turn: their buffers."""
+            return [b for mi in range(first, first + len(block_modules)) for b in self.fetch(mi)]
+
     def forward_prefetcher(keep_head: bool) -> tuple[Prefetcher, list[int]] | None:
         """The forward's module sequence (embedding, each block's modules, final norm, head)
         and the index of each block's first module."""
@@ -1204,8 +1208,7 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         gathered: dict[int, list[int]] = {}
         for layer in range(model.layers):
             if pf:
-                first = pf[1][layer]
-                gathered[layer] = [b for mi in range(first, first + len(block_modules)) for b in pf[0].fetch(mi)]
+                gathered[layer] = pf[0].fetch_block(pf[1][layer])
             else:
                 gathered[layer] = fetch(layer_sizes)
             if ckpt and hf_norm and swiglu and not moe:
@@ -1270,11 +1273,12 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         filled = 0
         in_bucket: list[int] = []
         grad_stream = REDUCE_STREAM if zero.overlap_comm else DEFAULT_STREAM
-        # stage 1/2 on more than one GPU (optimizer on the GPU or the host): elements in the IPG bucket
+        # stage 1/2 with the optimizer on the GPU, more than one GPU: elements in the IPG bucket
+        # (with the optimizer on the host, `in_bucket` holds them for offload_flush)
         pending = 0
-        flattens = n > 1 and stage in (1, 2)
+        flattens = n > 1 and stage in (1, 2) and opt_on_gpu
 
-        def reduce12(size: int) -> None:
+        def flatten_reduced(elements: int) -> None:
             """stage_1_and_2.py reduce_ipg_grads -> average_tensor (reduce_scatter) ->
             allreduce_and_scatter -> allreduce_bucket: the bucket's gradient slices flattened
             (torch.cat, `self.flatten`) into one tensor on the reduction stream, reduced and
@@ -1282,10 +1286,8 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             (emulated 2-GPU traces: a 922.2 MiB flat of the 483.5M elements that filled the
             bucket, w2-z1-L2-h4096). With the optimizer on the host the bucket is reduced the
             same way before its partition goes to the host (w2-z2-opt-L16-h3072: -4.0% -> 0.0%)."""
-            nonlocal pending
-            if size:
-                s.f(s.a(size * w, grad_stream))
-            pending = 0
+            if n > 1 and elements:
+                s.f(s.a(elements * w, grad_stream))
 
         def offload_flush() -> None:
             """stage_1_and_2.py reduce_ipg_grads with cpu_offload: for each gradient of the
@@ -1296,6 +1298,7 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             between boundaries async_accumulate_grad_in_cpu_via_gpu only uses the
             preallocated temp_grad_buffer_for_gpu_offload."""
             nonlocal filled
+            flatten_reduced(sum(in_bucket))
             if boundary:
                 for size in in_bucket:
                     s.f(s.a(size * 8, grad_stream))
@@ -1356,7 +1359,8 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
                 # each gradient that would overflow the bucket has the bucket reduced first
                 for size in [s.sizes[gr] // w for gr in weight_grads] + ([small] if small else []):
                     if pending + size > zero.reduce_bucket_size:
-                        reduce12(pending)
+                        flatten_reduced(pending)
+                        pending = 0
                     pending += size
             if stage == 3:
                 # copied into the IPG bucket (reduce_and_partition_stream); a gradient that
@@ -1441,8 +1445,7 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         for i in reversed(range(model.layers)):
             sv = saved[i]
             if pb:
-                first = pb[1][i]
-                fetched = [b for mi in range(first, first + len(block_modules)) for b in pb[0].fetch(mi)]
+                fetched = pb[0].fetch_block(pb[1][i])  # gathered from the forward: nothing new
                 layer_w = gathered.pop(i) if i in gathered else fetched
             else:
                 layer_w = gathered.pop(i) if i in gathered else fetch(layer_sizes)
@@ -1468,7 +1471,7 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         hook([emb_grad])
         s.f(*emb_w)
         if flattens and (stage == 2 or boundary):
-            reduce12(pending)  # the reduce epilogue's last, partly filled bucket
+            flatten_reduced(pending)  # the reduce epilogue's last, partly filled bucket
         if offload12 and (stage == 2 or boundary):
             offload_flush()  # the reduce epilogue's last bucket
         elif stage in (1, 2) and (stage == 2 or boundary) and partition is None:
