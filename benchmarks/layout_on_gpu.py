@@ -56,13 +56,12 @@ def start_distributed(emulate_world: int = 0) -> None:
     import deepspeed
     import torch
 
-    if emulate_world > 1:
-        import torch.distributed as dist
-        from torch.testing._internal.distributed.fake_pg import FakeStore
+    if emulate_world > 1:  # no torchrun: this process is the node's only rank
+        from zlayout.verify.worker import join_emulated_world
 
-        os.environ.update(LOCAL_RANK="0", RANK="0", WORLD_SIZE=str(emulate_world), LOCAL_WORLD_SIZE="1")
+        os.environ.update(LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
         torch.cuda.set_device(0)
-        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=emulate_world)
+        join_emulated_world(emulate_world)
     else:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     deepspeed.init_distributed(dist_backend="nccl")

@@ -50,6 +50,22 @@ def is_out_of_memory(exc: BaseException) -> bool:
         phrase in text for phrase in ("out of memory", "can't allocate memory"))
 
 
+def join_emulated_world(world: int) -> None:
+    """This process as rank 0 of `world` on torch's fake process group: DeepSpeed (which takes a
+    process group that is already there) shards, buckets and gathers as on the full world, and
+    each collective returns at once without moving data (losses are not the real run's)."""
+    import torch
+    import torch.distributed as dist
+
+    try:
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+    except ImportError as exc:  # torch's own module path, not a public API
+        raise RuntimeError(f"--emulate needs torch's fake process group, which torch "
+                           f"{torch.__version__} lacks ({exc}); verify on the real GPUs") from None
+    os.environ.update(RANK="0", WORLD_SIZE=str(world))
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+
+
 def batch(step: int, micro: int, rank: int, seed: int, shape: tuple[int, int], vocab: int):
     """Random tokens fixed by (seed, step, micro-step, rank): the same in a resumed run."""
     import torch
@@ -175,17 +191,7 @@ def run(spec: dict[str, Any], out: Path, resume: bool) -> int:
         device = torch.device("cuda", local_rank)
     emulate_world = int(spec.get("emulate_world") or 0)
     if emulate_world > 1:
-        # rank 0 of emulate_world on torch's fake process group: DeepSpeed (which takes a process
-        # group that is already there) shards, buckets and gathers as on the full world, and each
-        # collective returns at once without moving data (losses are not the real run's)
-        try:
-            from torch.testing._internal.distributed.fake_pg import FakeStore
-        except ImportError as exc:  # torch's own module path, not a public API
-            raise RuntimeError(f"--emulate needs torch's fake process group, which torch "
-                               f"{torch.__version__} lacks ({exc}); verify on the real GPUs") from None
-
-        os.environ.update(RANK="0", WORLD_SIZE=str(emulate_world))
-        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=emulate_world)
+        join_emulated_world(emulate_world)
     deepspeed.init_distributed(dist_backend="gloo" if cpu else "nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
 
