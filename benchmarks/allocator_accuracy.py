@@ -174,6 +174,11 @@ class HeldOut:
             self.second_signed_used.append((q["gpu_device_used_gib"] * GiB - used) / used * 100)
 
 
+def gib_cell(b: float | None) -> str:
+    """A table cell: bytes as GiB, or a dash where there is no figure."""
+    return f"{b / GiB:7.2f}" if b else "      -"
+
+
 CARD_SHARED_BYTES = 3 * GiB  # device used beyond reserved that no CUDA context + NCCL explains
 
 
@@ -205,9 +210,8 @@ def script_rows() -> tuple[list[float], int, int]:
         shared = used and used - resv > CARD_SHARED_BYTES
         if used and not shared:
             signed_used.append((est.gpu_device_used_bytes - used) / used * 100)
-        fmt = lambda b: f"{b / GiB:7.2f}" if b else "      -"  # noqa: E731
-        print(f"{m.label[:62]:62} {fmt(max(r['peak_gib']) * GiB)} {fmt(est.gpu_peak_allocated_bytes)} {fmt(resv)} "
-              f"{fmt(est.gpu_peak_reserved_bytes)} {fmt(used)} {fmt(est.gpu_device_used_bytes)}"
+        print(f"{m.label[:62]:62} {gib_cell(max(r['peak_gib']) * GiB)} {gib_cell(est.gpu_peak_allocated_bytes)} {gib_cell(resv)} "
+              f"{gib_cell(est.gpu_peak_reserved_bytes)} {gib_cell(used)} {gib_cell(est.gpu_device_used_bytes)}"
               f"{f'  (card used {(used - resv) / GiB:.2f} GiB beyond this reserve: not counted)' if shared else ''}")
     worst = max(resv_err)
     print(f"these rows: peak reserved {sum(resv_err) / len(resv_err):.1f}% mean, {worst:.1f}% max over "
@@ -258,9 +262,8 @@ def main() -> int:
             every_used.append((est.gpu_device_used_bytes - used) / used * 100)
         verdict_all += 1
         verdict_ok += est.fits_gpu == ran
-        fmt = lambda b: f"{b / GiB:7.2f}" if b else "      -"  # noqa: E731
-        print(f"{label[:62]:62} {fmt(alloc)} {fmt(est.gpu_peak_allocated_bytes)} {fmt(resv)} "
-              f"{fmt(est.gpu_peak_reserved_bytes)} {fmt(used)} {fmt(est.gpu_device_used_bytes)} {needs:>7} "
+        print(f"{label[:62]:62} {gib_cell(alloc)} {gib_cell(est.gpu_peak_allocated_bytes)} {gib_cell(resv)} "
+              f"{gib_cell(est.gpu_peak_reserved_bytes)} {gib_cell(used)} {gib_cell(est.gpu_device_used_bytes)} {needs:>7} "
               f"{'ran' if ran else 'OOM':>6} {'yes' if est.fits_gpu else 'no':>5}{'' if est.fits_gpu == ran else '  <- WRONG'}")
     print()
     # the layer sweep of shape A as issue 11 reported it (runs not kept as result objects)
