@@ -29,8 +29,6 @@ from zlayout.core.allocator_sim import (  # noqa: E402
     DEFAULT_STREAM, SMALL_SIZE, CachingAllocator, _Seq, allocation_sequence)
 
 MiB = 2**20
-PHASE_ORDER = ["built", "initialize", "step1.forward", "step1.backward", "step1.step",
-               "step2.forward", "step2.backward", "step2.step"]
 
 
 def mib(x: int) -> float:
@@ -61,8 +59,24 @@ def trace_phases(doc: dict) -> dict[str, dict]:
                 reserved += size
             elif action == SEG_FREE and size > 2 * MiB:  # empty_cache
                 reserved -= size
-        out[name] = {"reqs": reqs, "segs": segs, "reserved": reserved}
+        merged = out.setdefault(replay_phase(name, names), {"reqs": [], "segs": []})
+        base = len(merged["reqs"])
+        merged["reqs"] += reqs
+        merged["segs"] += [(size, base + i, req) for size, i, req in segs]
+        merged["reserved"] = reserved
     return out
+
+
+def replay_phase(name: str, names: list[str]) -> str:
+    """The replay's phase for a traced one. Under gradient accumulation the trace marks every
+    micro-step (stepN.mK.forward/backward/step); the replay marks only the last (the boundary),
+    so micro-steps 1..K-1 and the last forward are its stepN.forward."""
+    parts = name.split(".")
+    if len(parts) != 3:
+        return name
+    step, micro, phase = parts
+    last = max(int(n.split(".")[1][1:]) for n in names if n.startswith(step + ".m"))
+    return f"{step}.{phase}" if int(micro[1:]) == last else f"{step}.forward"
 
 
 def replay_phases(events: list[tuple], marks: list[tuple[str, int]]) -> dict[str, dict]:
@@ -117,8 +131,8 @@ def main() -> int:
     real, sim = trace_phases(doc), replay_phases(seq.events, seq.marks)
     print(f"{doc['name']}: {doc['argv']}")
     print(f"measured max reserved {doc['max_reserved_bytes'] / 2**30:.2f} GiB; replay {sim[seq.marks[-1][0]]['reserved'] / 2**30:.2f} GiB (large pools)")
-    for name in PHASE_ORDER:
-        if a.phase and name not in a.phase or name not in real:
+    for name in real:  # the trace's own phase order (stepN.mK.* under accumulation)
+        if a.phase and name not in a.phase:
             continue
         r, s = real[name], sim.get(name, {"reqs": [], "segs": [], "reserved": 0})
         print(f"\n== {name}: requests {len(r['reqs'])} real / {len(s['reqs'])} replay; "
