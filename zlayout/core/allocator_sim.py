@@ -1056,7 +1056,9 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             s.f(gxm)  # added into g in place
             return attention_backward(sv, g, hook)
         if swiglu:
-            ga, gb = s.a(T * f * w), s.a(T * f * w)  # mul: d(silu), d(up)
+            # silu(gate) * up: MulBackward0 makes up's gradient, then silu's (as transformers'
+            # MLP above; b7-z0-L6-h3072 trace: the second is freed by the silu's backward)
+            gb, ga = s.a(T * f * w), s.a(T * f * w)
             s.f(g1, *sv["act"])
             gs = s.a(T * f * w)  # silu backward
             s.f(ga)
