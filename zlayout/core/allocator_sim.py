@@ -70,6 +70,12 @@ from dataclasses import dataclass, field
 
 MiB = 2**20
 REPLAYED_MICRO_STEPS = 3  # first, a middle one, the boundary: see allocation_sequence
+# A biased Linear's backward (AddmmBackward0, zlayout's GPT with biases) takes a transient of
+# 132-136 MiB after the weight's gradient, freed before the node returns, whatever the shape
+# (seven H200 traces: 132.0 at hidden 2048 for 2048 to 8192 outputs and 8192 or 16384 tokens;
+# 132.5 and 135.0 at hidden 2560; 132.0 and 136.0 at hidden 4096). It never outlives the node,
+# so only its peak matters.
+BIAS_GRAD_TRANSIENT = 132 * MiB
 # torch's cuBLAS workspace (CublasHandlePool.cpp getChosenWorkspaceSize): 4096 x 8 KiB on
 # Hopper, 4096 x 2 KiB + 16 x 8 KiB elsewhere; one per (handle, stream), taken from the caching
 # allocator at a thread's first matmul and kept. Two threads multiply: the forward's and
@@ -505,6 +511,9 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
     T = t.micro_batch * t.seq
     swiglu = model.mlp == "swiglu"
     hf = t.impl == "hf"
+    qkv_biased = not hf and model._biased(model.qkv_bias)
+    out_biased = not hf and model.bias
+    mlp_biased = not hf and model.bias
     hf_norm = hf and model.norm == "rmsnorm"
     ckpt = t.checkpointing == "full"
     p = model.params
@@ -1005,14 +1014,27 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
     gqa = model.num_kv_heads != heads
     flash_bwd = t.micro_batch * seq_rounded * ((8 if gqa else 4) * model.q_size + 4 * heads)
 
-    def linear_backward(weight: int, d_input: int, hook) -> int:
-        """A Linear's backward (MmBackward): the weight's gradient, then the input's; the
-        weight's gradient goes at once to its AccumulateGrad node, whose hook (DeepSpeed's
-        reduce hook) runs before the next node (traces: 48 then 128 MiB at fc2, 96 then 48 at
-        fc1, the 48 freed into the reduce bucket before the activation gradients follow)."""
-        wgrad = s.a(weight * w)
-        gin = s.a(d_input)
-        hook([wgrad])
+    def linear_backward(weight: int, d_input: int, hook, biased: bool = False, dies: tuple = ()) -> int:
+        """A Linear's backward. Without a bias (MmBackward): the weight's gradient, then the
+        input's; the weight's gradient goes at once to its AccumulateGrad node, whose hook
+        (DeepSpeed's reduce hook) runs before the next node (traces: 48 then 128 MiB at fc2,
+        96 then 48 at fc1, the 48 freed into the reduce bucket before the activation gradients
+        follow), then `dies` is freed. With one (AddmmBackward0): the input's
+        gradient, then the weight's, the bias's transient, then `dies` (the incoming gradient and
+        the saved input, in that order) before the weight's hook (w2-z0-L6-h2560 trace: +160
+        +50 +132.5 -132.5 -160 at fc2; +40 +50 +135 -135, the 160 MiB incoming and the 40 MiB
+        norm output freed at fc1)."""
+        if biased:
+            gin = s.a(d_input)
+            wgrad = s.a(weight * w)
+            s.f(s.a(BIAS_GRAD_TRANSIENT))
+            s.f(*dies)
+            hook([wgrad])
+        else:
+            wgrad = s.a(weight * w)
+            gin = s.a(d_input)
+            hook([wgrad])
+            s.f(*dies)
         return gin
 
     def block_backward(sv: dict, g: int, hook) -> int:
@@ -1027,10 +1049,14 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             gxm = norm_backward(gn, sv["norm2"], sv["xm"], hook)
             s.f(gxm)  # added into g in place
             return attention_backward(sv, g, hook)
-        wg_fc2 = s.a(f * h * w)  # fc2: d(weight), then d(input)
-        g1 = s.a(T * f * w)
-        s.f(*(sv["prod"] or sv["act"][:0]))
-        hook([wg_fc2])
+        if mlp_biased:
+            # fc2 (its node frees its saved input, the activation's output, GELU's too)
+            g1 = linear_backward(f * h, T * f * w, hook, True, tuple(sv["prod"] or sv["act"]))
+        else:
+            wg_fc2 = s.a(f * h * w)  # fc2: d(weight), then d(input)
+            g1 = s.a(T * f * w)
+            s.f(*(sv["prod"] or sv["act"][:0]))
+            hook([wg_fc2])
         if hf and swiglu:
             # transformers' MLP (t-z1-hf-v256000 trace): MulBackward0 (up's gradient, then
             # act's; up and act freed with it); up_proj's MmBackward runs before the SiLU's
@@ -1067,17 +1093,16 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             s.f(gs, gb)
         else:
             gcat = s.a(T * f * w)  # gelu backward: its input (fc1's output) freed
-            s.f(g1, *sv["act"], *sv["fc1"])
-        gn = linear_backward((2 if swiglu else 1) * f * h, T * h * w, hook)  # fc1
-        s.f(gcat)
-        s.f(*sv["n2"])
+            s.f(g1, *([] if mlp_biased else sv["act"]), *sv["fc1"])
+        gn = linear_backward((2 if swiglu else 1) * f * h, T * h * w, hook, mlp_biased,
+                             (gcat, *sv["n2"]))  # fc1
         gxm = norm_backward(gn, sv["norm2"], sv["xm"], hook)
         s.f(gxm)  # added into g in place
         return attention_backward(sv, g, hook)
 
     def attention_backward(sv: dict, g: int, hook) -> int:
         """The attention half of a block's backward, from g (the residual's gradient)."""
-        gattn = linear_backward(h * h, T * h * w, hook)  # proj
+        gattn = linear_backward(h * h, T * h * w, hook, out_biased)  # proj
         # sdpa backward: dq, dk, dv, flash's workspace
         dq, dk, dv = s.a(T * h * w), s.a(T * kv * w), s.a(T * kv * w)
         s.f(s.a(flash_bwd))
@@ -1117,9 +1142,8 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         s.f(*sv["attn"], *sv["qkv"], gattn)
         gqkv = s.a(T * (h + 2 * kv) * w)  # split backward: cat
         s.f(dq, dk, dv)
-        gn = linear_backward(h * (h + 2 * kv), T * h * w, hook)
-        s.f(*sv["n1"])
-        s.f(gqkv)
+        gn = linear_backward(h * (h + 2 * kv), T * h * w, hook, qkv_biased,
+                             (gqkv, *sv["n1"]) if qkv_biased else (*sv["n1"], gqkv))
         gx = norm_backward(gn, sv["norm1"], sv["x"], hook)
         s.f(gx)  # added into g in place
         return g
