@@ -4,6 +4,7 @@
     python benchmarks/emulated_world.py compare DIR       # DIR: the traces allocator_trace.py wrote
     python benchmarks/emulated_world.py batch BATCH       # a held-out batch's lines, named
     python benchmarks/emulated_world.py heldout BATCH PREDICTIONS DIR
+    python benchmarks/emulated_world.py verify            # the `zlayout verify --emulate` runs
 
 Only one-GPU machines were lent for the allocator work, and the replay
 (zlayout/core/allocator_sim.py) had no trace of a multi-GPU ZeRO-3 run: its gathers were a
@@ -17,6 +18,9 @@ measured (4 and 8 GPUs): traces for the replay, with no real figure to compare.
 `batch`/`heldout`: a held-out batch of verify lines (benchmarks/batch-emulated-heldout6.txt),
 its replay predictions committed before it ran (benchmarks/allocator_predict.py), held against
 the emulated traces' peak reserved, for the committed predictions and for this model.
+`verify`: every `zlayout verify --emulate` result under benchmarks/measurements/, measured
+against this model's prediction as the product compares them (zlayout.verify.result.
+emulated_figures: NCCL's communicator and buffers left out of device used).
 """
 
 from __future__ import annotations
@@ -122,7 +126,37 @@ def heldout(batch: Path, predictions: Path, folder: Path) -> int:
     return 0
 
 
+def emulated_verify_runs() -> int:
+    from measurements import verify_results
+    from zlayout.verify.result import emulated_figures, predicted_figures
+
+    keys = ("gpu_peak_allocated_bytes", "gpu_peak_reserved_bytes", "gpu_device_used_bytes")
+    print(f"{'verify --emulate run':46} {'world':>5}" + "".join(f" {k[4:-6]:>22}" for k in keys))
+    errors: dict[str, list[float]] = {k: [] for k in keys}
+    for path, r in verify_results(emulated=True):
+        if r.get("status") != "validated":
+            continue
+        inp = PlanInput.model_validate(r["inputs"])
+        layout = Layout.model_validate({k: r["layout"][k] for k in ("stage", "offload_optimizer", "offload_param")})
+        _, predicted = emulated_figures(inp, r["measured"], predicted_figures(inp, layout))
+        cells = []
+        for k in keys:
+            measured = r["measured"][k]
+            e = (predicted[k] - measured) / measured * 100
+            errors[k].append(e)
+            cells.append(f"{measured / GiB:7.2f} {predicted[k] / GiB:7.2f} {e:+6.1f}%")
+        m = inp.model
+        print(f"{f'ZeRO-{layout.stage} L{m.layers} h{m.hidden} ({path.parent.name})':46} {inp.hardware.world:5d} "
+              + " ".join(cells))
+    for k, e in errors.items():
+        if e:
+            print(f"{k[4:-6]}: {sum(map(abs, e)) / len(e):.1f}% mean, {max(map(abs, e)):.1f}% max over {len(e)}")
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["verify"]:
+        return emulated_verify_runs()
     if argv[:1] == ["batch"] and len(argv) == 2:
         from zlayout.cli import build_parser, plan_input_from_args
 

@@ -280,7 +280,7 @@ def test_an_emulated_run_compares_gpu_memory_only_without_nccls_buffers():
     # rank 0 of 8 on one GPU (--emulate): its allocator's figures are the full run's, its device
     # use has no NCCL communicator (no peers), and its step has no communication: the step time,
     # throughput and host memory are not compared, and the result says it was emulated
-    from zlayout.core.memory import NCCL_BUFFER_BYTES
+    from zlayout.core.memory import NCCL_BUFFER_BYTES, NCCL_ONE_RANK_BYTES
 
     eight = tiny_input(gpus=8)
     planned = predicted_figures(eight, LAYOUT)
@@ -289,7 +289,8 @@ def test_an_emulated_run_compares_gpu_memory_only_without_nccls_buffers():
                           output_tail=[], expected_ranks=1, emulated=True)
     assert result["status"] == "validated" and result["emulated_world"] == 8
     assert result["measured"]["world"] == 8 and result["measured"]["emulated"] is True
-    assert result["predicted"]["gpu_device_used_bytes"] == planned["gpu_device_used_bytes"] - NCCL_BUFFER_BYTES
+    assert result["predicted"]["gpu_device_used_bytes"] == (planned["gpu_device_used_bytes"] - NCCL_BUFFER_BYTES
+                                                            - NCCL_ONE_RANK_BYTES)
     assert result["predicted"]["gpu_peak_reserved_bytes"] == planned["gpu_peak_reserved_bytes"]
     e = result["errors_pct"]
     assert e["gpu_peak_allocated_bytes"] == 0.0 and e["gpu_device_used_bytes"] is not None

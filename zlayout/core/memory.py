@@ -52,6 +52,11 @@ EXPANDABLE_SLACK_BYTES = int(0.39 * GiB)
 # NCCL's communicator buffers (outside PyTorch's allocator) once a process group has peers:
 # device-used minus reserved grows from 1.29 GiB (one GPU) to 1.77 GiB (two) on the H200s.
 NCCL_BUFFER_BYTES = int(0.48 * GiB)
+# A one-rank NCCL communicator, which DeepSpeed opens on one GPU too and which the one-GPU
+# device-used figure (`cuda_context_bytes`, 1.29 GiB on H200) includes: a run on a fake process
+# group (verify --emulate) opens none, and its device used minus reserved was 0.817 GiB on all
+# three emulated H200 runs (ranks 0 of 2, 8 and 64).
+NCCL_ONE_RANK_BYTES = int(0.47 * GiB)
 
 # Host memory of one rank besides what it builds, off the verify workers' ru_maxrss on the H200
 # runs (benchmarks/host_accuracy.py). The peak of a GPU-resident run is a transient while the

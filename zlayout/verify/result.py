@@ -273,15 +273,15 @@ EMULATION_UNMEASURED = ("host_peak_bytes", "step_time_s", "step_time_range_s", "
 def emulated_figures(inp: PlanInput, measured: dict[str, Any],
                      predicted: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Measured and predicted as an emulated run compares them: per-GPU figures for the plan's
-    world; NCCL's communicator buffers (outside the allocator) left out of the predicted device
-    use, since a fake process group opens no communicator; the figures it cannot measure None."""
-    from zlayout.core.memory import NCCL_BUFFER_BYTES
+    world; NCCL's communicator and its buffers (outside the allocator) left out of the predicted
+    device use, since a fake process group opens none; the figures it cannot measure None."""
+    from zlayout.core.memory import NCCL_BUFFER_BYTES, NCCL_ONE_RANK_BYTES
 
     measured = {**measured, "world": inp.hardware.world, "emulated": True,
                 **dict.fromkeys(EMULATION_UNMEASURED)}
     predicted = dict(predicted)
     if predicted.get("gpu_device_used_bytes") is not None:
-        predicted["gpu_device_used_bytes"] -= NCCL_BUFFER_BYTES
+        predicted["gpu_device_used_bytes"] -= NCCL_BUFFER_BYTES + NCCL_ONE_RANK_BYTES
     for key in ("host_peak_bytes", "step_time_s", "tokens_per_s", "tflops_per_gpu"):
         predicted[key] = None
     return measured, predicted
