@@ -17,7 +17,7 @@ worker's random batches. Writes $OUT/<name>.json (well under 16 MiB):
   `memory_stats` counters, and every segment (size, allocated bytes, its blocks' sizes with
   their state): which segments exist, what fragments them;
 * `trace`: the allocator's own event list (torch.cuda.memory._record_memory_history without
-  stacks), compacted to [action, address, size] rows with phase markers (`phase_marks`: index
+  stacks), compacted to [action, address, size(, stream)] rows with phase markers (`phase_marks`: index
   of the first event of each phase), so `zlayout/core/allocator_sim.py`'s request sequence can
   be compared request by request with what DeepSpeed really asked for;
 * the plan's predictions (allocated, reserved, device used) for the same layout.
@@ -122,7 +122,11 @@ def main() -> int:
             snapshot_phase(f"{name}.step")
     snap = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
+    # the CUDA stream of each event as a small number in order of first use (0: the first seen,
+    # the compute stream): a fourth field only where it is not that one
+    streams: dict[int, int] = {}
     trace = [[ACTIONS.get(e["action"], 9), e["addr"], e["size"]]
+             + ([n] if (n := streams.setdefault(e.get("stream", 0), len(streams))) else [])
              for tr in snap.get("device_traces", []) for e in tr][:MAX_TRACE_ROWS]
     # where the large requests come from: the first frames outside torch of each alloc >= 16 MiB
     big_allocs = []

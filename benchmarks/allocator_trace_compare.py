@@ -49,7 +49,7 @@ def trace_phases(doc: dict) -> dict[str, dict]:
         reqs: list[float] = []
         segs: list[tuple[float, int, float]] = []
         rows = trace[bounds[k]:bounds[k + 1]]
-        for j, (action, _addr, size) in enumerate(rows):
+        for j, (action, _addr, size, *_stream) in enumerate(rows):
             if action == ALLOC and size > SMALL_SIZE:
                 reqs.append(mib(size))
             elif action == SEG and size > 2 * MiB:
