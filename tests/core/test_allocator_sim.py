@@ -740,16 +740,57 @@ def test_measured_hf_rows_keep_the_step_segment_the_gpu_made():
 
 
 def test_every_traced_layout_reserves_what_its_gpu_did():
-    # the 16 H200 allocator traces: peak reserved within 64 MiB (ZeRO-3 with both offloads,
-    # z3-opt-param-cpu, is left out: 0.44 GiB over)
+    # the 20 H200 allocator traces: peak reserved within 64 MiB; ZeRO-3 with the optimizer on
+    # the host within 2%: its frees wait on host copies and vary run to run (z3-opt-param-cpu
+    # and s-z3-opt-param-cpu, one layout traced twice: 11.96 and 12.21 GiB)
     paths = sorted(MEASUREMENTS.glob("h200-2026-12-0*/traces/*.json"))
-    assert len(paths) == 16
+    assert len(paths) == 20
     for path in paths:
-        if path.stem == "z3-opt-param-cpu":
-            continue
         doc, inp, layout = _trace_at(path.parent.parent.name.removeprefix("h200-2026-12-"), path.stem)
         sim._CACHE.clear()
-        assert abs(sim.replayed_peak_reserved(inp, layout) - doc["max_reserved_bytes"]) < 64 * MiB, path.stem
+        error = abs(sim.replayed_peak_reserved(inp, layout) - doc["max_reserved_bytes"])
+        offloaded = layout.stage == 3 and layout.offload_optimizer != "gpu"
+        assert error < (0.02 * doc["max_reserved_bytes"] if offloaded else 64 * MiB), (path.stem, error / MiB)
+
+
+def _stream_reserved(events) -> dict[int, int]:
+    """Reserved bytes per stream's pool at the end of an event list."""
+    return {stream: pool.reserved for stream, pool in sim.replay(events, track_allocated=False).pools.items()}
+
+
+def _trace_stream_reserved(doc) -> dict[int, int]:
+    """The same from a trace that records each event's stream (allocator_trace.py's fourth
+    field, numbered by first use: 0 the compute stream, then ZeRO-3's all-gather stream, then
+    its reduce stream, as the replay numbers them), its own requests served per stream."""
+    a, done, seg_free = doc["actions"]["alloc"], doc["actions"]["free_completed"], doc["actions"]["segment_free"]
+    events, live = [], set()
+    for row in doc["trace"]:
+        if row[0] == a:
+            live.add(row[1])
+            events.append(("a", row[1], row[2], row[3] if len(row) > 3 else 0))
+        elif row[0] == done and row[1] in live:
+            live.discard(row[1])
+            events.append(("f", row[1], 0))
+        elif row[0] == seg_free and row[2] > 2 * MiB:
+            events.append(("e", None, 0))
+    return _stream_reserved(events)
+
+
+@pytest.mark.parametrize("name", ["s-z3-opt-param-cpu", "s-z3-opt-param-L16-h3072", "s-w2-z3-opt-L8-h4096",
+                                  "s-w2-z3-opt-param-L8-h4096"])
+def test_zero3_with_the_optimizer_on_the_host_fills_each_streams_pool_as_traced(name):
+    # the traces with streams (2026-12-02): the compute and reduce streams' pools as the H200's
+    # to 64 MiB, the all-gather stream's to one flat buffer (two GPUs: one 160 MiB segment more
+    # than traced; the 1-GPU pools within 110 MiB). Before: each gradient's bf16 copy was held
+    # to the bucket's end (reduce pool +1.06 GiB on one GPU), ZeRO-3's head made the weight's
+    # gradient first (a 500 MiB compute segment more on two GPUs), and one GPU with the weights
+    # on the host had no prefetch (all-gather pool -0.87 GiB): errors that offset each other
+    doc, inp, layout = _trace_at("02", name)
+    seq = sim._Seq()
+    sim.allocation_sequence(inp, layout, 2, seq)
+    replayed, traced = _stream_reserved(seq.events), _trace_stream_reserved(doc)
+    for stream, limit in ((sim.DEFAULT_STREAM, 64), (sim.REDUCE_STREAM, 64), (sim.ALLGATHER_STREAM, 200)):
+        assert abs(replayed[stream] - traced[stream]) < limit * MiB, (stream, replayed[stream] / MiB, traced[stream] / MiB)
 
 
 def test_swiglu_mul_backward_makes_the_up_gradient_first():

@@ -644,7 +644,7 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
     def fetch(sizes: list[int]) -> list[int]:
         return [s.a(x * w, ALLGATHER_STREAM) for x in sizes if x > small] if gather else []
 
-    block_modules = block_fetch_modules(model, t.impl) if gather and n > 1 else None
+    block_modules = block_fetch_modules(model, t.impl) if gather else None
 
     class Prefetcher:
         """ZeRO-3's gathers on n > 1 GPUs once the module trace is complete (steps after the
@@ -678,10 +678,14 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
 
         def gather(self, params: list) -> None:
             sizes = [self.modules[mi][j] for mi, j in params]
-            group = {"params": params, "left": len(params), "flat": None, "copied": len(params) == 1}
+            alone = len(params) == 1 or n == 1
+            group = {"params": params, "left": len(params), "flat": None, "copied": alone}
             self.available += sum(sizes)
-            if len(params) == 1:
-                self.buf[params[0]] = s.a(-(-sizes[0] // n) * n * w, ALLGATHER_STREAM)
+            if alone:
+                # one weight; or one GPU (weights on the host): NoGatherCoalescedHandle copies
+                # each partition to the GPU on its own, no flat buffer
+                for q, x in zip(params, sizes):
+                    self.buf[q] = s.a(-(-x // n) * n * w, ALLGATHER_STREAM)
             else:
                 group["flat"] = s.a(sum(-(-x // n) for x in sizes) * n * w, ALLGATHER_STREAM)
             for q in params:
@@ -1345,33 +1349,42 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
                 return
             alone = len(in_bucket) == 1 and in_bucket[0] % n == 0
             staged = None if alone else s.a(sum(in_bucket) * w, REDUCE_STREAM)
-            # with the optimizer on the host, partition_grads per gradient:
-            # grad_buffer.to(device) (a bf16 copy, kept in `buffers` until the bucket is
-            # done); at the boundary
-            # _offload_grad_partition_at_boundary takes its norm (_constant_buffered_norm2:
-            # .double() of parts of at most 250M elements) and casts it to fp32 for the copy
-            # to the host, both freed at once (z3-opt-param-cpu trace: 128, 512, 256 MiB per
-            # fc weight; 1000 MiB for the embedding's norm). On the GPU the partition is
-            # copied or added into grad_partitions_flat_buffer in place.
+            # with the optimizer on the host, partition_grads per gradient, in ds_id order (the
+            # bucket's parameters are sorted by it: the order they were made, the reverse of
+            # the hooks'): grad_buffer.to(device), a bf16 copy that the next gradient's
+            # narrow() of the host buffer replaces (`buffers` keeps the host views); at the
+            # boundary _offload_grad_partition_at_boundary takes its norm
+            # (_constant_buffered_norm2: .double() of parts of at most 250M elements) and casts
+            # it to fp32 for the copy to the host, both freed at once (z3-opt-param-cpu trace:
+            # +128 +512 -512 +256 -256 -128 per fc weight, the head's 250 last; the same on two
+            # GPUs, w2-z3-opt-L8-h4096). On the GPU the partition is copied or added into
+            # grad_partitions_flat_buffer in place.
             # Each is this GPU's partition of the reduced gradient (reduce_scatter_coalesced's
             # output: ceil(numel / n) elements on rank 0), not the whole gradient.
-            copies = []
-            for size in in_bucket if not opt_on_gpu else ():
+            for size in reversed(in_bucket) if not opt_on_gpu else ():
                 part = -(-size // n)
-                copies.append(s.a(part * w, REDUCE_STREAM))
+                copy = s.a(part * w, REDUCE_STREAM)
                 if boundary:
                     s.f(s.a(min(part, NORM_PART_ELEMENTS) * 8, REDUCE_STREAM))
                     s.f(s.a(part * 4, REDUCE_STREAM))
-            s.f(*copies)
+                s.f(copy)
             s.f(staged)
             in_bucket.clear()
             filled = 0
 
         if recording:
             head_w = fetch([V * h])
-        head_grad = s.a(V * h * w)
-        first_matmul("backward")
-        g = s.a(T * h * w)
+        if stage == 3:
+            # ZeRO-3's LinearFunctionForZeroStage3 backward: the input's gradient first (its
+            # matmul takes the thread's cuBLAS workspace), then the weight's (t-z3-L24-h2048
+            # trace: +32 +32 +125 MiB; stages 0-2, b7-z0-L6-h3072: +187.5 +32 +48)
+            g = s.a(T * h * w)
+            first_matmul("backward")
+            head_grad = s.a(V * h * w)
+        else:
+            head_grad = s.a(V * h * w)
+            first_matmul("backward")
+            g = s.a(T * h * w)
         s.f(g_bf, head_in)
         if not keep_head:
             s.f(*head_w)
