@@ -1216,6 +1216,8 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         return flat32
 
     grads: list[int] = []  # stage 0, and stage 1 between accumulation boundaries: per weight
+    # stage 1/2's IPG buckets (ipg_buffer), made by the first gradient hook of a backward
+    buckets: list[int] = []
 
     for step_index in range(steps * ga):
         boundary = step_index % ga == ga - 1
@@ -1299,7 +1301,6 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             g_full = s.a(T * V * w)
             s.f(g_bf)
             g_bf = g_full
-        buckets: list[int] = []
         filled = 0
         in_bucket: list[int] = []
         grad_stream = REDUCE_STREAM if zero.overlap_comm else DEFAULT_STREAM
@@ -1458,8 +1459,9 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
                         del grads[:len(weight_grads)]
                 return
             filled += sum(s.sizes[gr] for gr in weight_grads) // w
-            if partition is None and filled > zero.reduce_bucket_size:
-                # the first bucket reduced: grads_in_partition, made by copy_grads_in_partition
+            if partition is None and filled > zero.reduce_bucket_size and (stage == 2 or boundary):
+                # the first bucket reduced (stage 1 reduces at the boundary only:
+                # h8-z1-gas2-L6-h3584 trace): grads_in_partition, made by copy_grads_in_partition
                 # inside reduce_ipg_grads' `with stream(self.reduction_stream)` when
                 # overlap_comm is on: cached for that stream, never reused by the compute
                 # stream (z2-ckpt trace: a new 4576 MiB segment while a free 4576 and a free
@@ -1497,6 +1499,10 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             g = gin
         emb_w = pb[0].fetch(len(pb[0].modules) - 1) if pb else fetch([V * h])
         emb_grad = s.a(V * h * w)
+        # embedding_dense_backward's fp32 partial sums, a transient: (tokens + tokens /
+        # NROWS_PER_THREAD (10)) rows of the hidden size (traces: 105.6 MiB at 8192 tokens x
+        # 3072, b7-z0-L6-h3072; 61.6 MiB at 4096 x 3584, h8-z1-gas2-L6-h3584)
+        s.f(s.a((T + T // 10) * h * 4))
         s.f(g)
         if tied:
             # one weight used twice: autograd sums its two gradients in the AccumulateGrad
@@ -1518,7 +1524,13 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             # bucket: copy_grads_in_partition makes grads_in_partition then if no full bucket
             # did before (a model under reduce_bucket_size elements)
             partition = s.a(p_shard * w, REDUCE_STREAM if zero.overlap_comm else DEFAULT_STREAM)
-        s.f(*buckets)
+        if stage == 2 or boundary:
+            # released by the reduce epilogue (stage 2: every backward); stage 1 between
+            # boundaries runs no epilogue and keeps them to step()'s _release_ipg_buffers
+            # (h8-z1-gas2-L6-h3584 trace: made in the first micro-step, freed in the step;
+            # w2-z2-L6-h2560-gas4: made and freed in every micro-step)
+            s.f(*buckets)
+            buckets = []
         if stage == 0 and boundary:
             # engine.allreduce_gradients -> buffered_allreduce_fallback -> allreduce_no_retain:
             # the gradients in named_parameters order, flattened into buckets of just over

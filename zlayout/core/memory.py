@@ -583,7 +583,10 @@ def estimate_memory(inp: PlanInput, layout: Layout, replay: bool = True) -> Memo
     loss_request = FP32_BYTES * tokens * model.vocab
     phases = {
         # backward starts: the loss's fp32 tensors on top of every saved activation
-        "backward (loss)": (states + carried + live + activations + loss, loss_request),
+        # (stage 1 accumulating: the first micro-step's reduce buckets stay to step(); no
+        # reduce epilogue runs between boundaries)
+        "backward (loss)": (states + carried + live + activations + loss
+                            + ipg * (stage == 1 and t.grad_accum > 1), loss_request),
         # the head's gradient fires the first hook: stage 1/2 buckets appear
         "backward (head)": (states + carried + live + activations + ipg * (stage in (1, 2))
                             + head_grad + tokens * model.vocab * w, max(head_grad, tokens * model.vocab * w)),
