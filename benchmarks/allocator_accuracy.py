@@ -68,12 +68,17 @@ HELDOUT4_PREDICTIONS = MEASURED / "h200-2026-12-01e" / "heldout4-allocator-predi
 # the replay's traced fixes, committed before it ran: rows tagged 5.
 HELDOUT5 = MEASURED / "h200-2026-12-01e" / "heldout5-results.jsonl"
 HELDOUT5_PREDICTIONS = MEASURED / "h200-2026-12-01e" / "heldout5-allocator-predictions.jsonl"
+# The eighth (benchmarks/batch-h200-heldout8.txt, 7 shapes), predicted by main at 41fdcac after
+# the sixth session's first two traced fixes, committed before it ran: rows tagged 8.
+HELDOUT8 = MEASURED / "h200-2026-12-02" / "heldout8-results.jsonl"
+HELDOUT8_PREDICTIONS = MEASURED / "h200-2026-12-02" / "heldout8-allocator-predictions.jsonl"
 # The hold-outs reported by device used alone: (tag, results, predictions committed before the
 # run and the model that made them, a second committed set or None and its model).
 LATER_HELDOUTS = (
     ("3", HELDOUT3, HELDOUT3_PREDICTIONS, "main c00c30b", HELDOUT3_PREDICTIONS_ALLOC5, "replay on alloc5 1d42eff"),
     ("4", HELDOUT4, HELDOUT4_PREDICTIONS, "main 5609f6d", None, None),
     ("5", HELDOUT5, HELDOUT5_PREDICTIONS, "main 666d1ca", None, None),
+    ("8", HELDOUT8, HELDOUT8_PREDICTIONS, "main 41fdcac", None, None),
 )
 SHAPE_A = ("--stage 0 --hidden 3584 --heads 28 --kv-heads 4 --ffn 12544 --vocab 128256 --mlp swiglu "
            "--norm rmsnorm --no-bias --seq 4096 --micro-batch 1 --gpus-per-node 1 --gpu h200")
