@@ -61,7 +61,7 @@ def predictions(batch: Path = BATCH, section: str | None = None) -> list[dict]:
                     "params": inp.model.params, "predicted_step_s": round(est.step_time_s, 5),
                     "compute_s": round(est.compute_s, 5), "gpu_optimizer_s": round(est.gpu_optimizer_s, 5),
                     "step_overhead_s": round(est.step_overhead_s, 5),
-                    "stage3_overhead_s": round(est.stage3_overhead_s, 5),
+                    "host_overhead_s": round(est.host_overhead_s, 5),
                     "launch_overhead_s": round(est.launch_overhead_s, 5),
                     "predicted_forward_s": round(est.forward_s, 5), "predicted_backward_s": round(est.backward_s, 5),
                     "predicted_optimizer_s": round(est.optimizer_s, 5)})

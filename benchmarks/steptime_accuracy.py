@@ -19,6 +19,9 @@ Three figures, kept apart:
    live model and against the committed predictions. The live model has since been changed with
    that batch in view (ZeRO-3's hooks overlapping the kernels), so only the committed figures
    are a clean hold-out.
+Beside them, the host-floor rows (a hosts.toml entry's `host_floor_results`: layouts at 128 tokens
+a micro-step, each pass the host's time), the rows the host's constants were measured on
+(benchmarks/steptime_fit.py --host-floor): in-sample for those, in no fit of the step rows.
 Then leave-one-host-out through `zlayout calibrate`'s fit (the calibration factors only).
 
 Targets (docs/tradeoffs.md, DESIGN.md): held out, GPU-resident within 15% at worst,
@@ -76,8 +79,8 @@ def as_step(m: MeasuredLayout) -> MeasuredStep:
 class Row:
     """A measured step on a named host: a benchmark row or a verify result."""
 
-    def __init__(self, host: str, step: MeasuredStep, world: int, held_out: bool = False):
-        self.host, self.step, self.world, self.held_out = host, step, world, held_out
+    def __init__(self, host: str, step: MeasuredStep, world: int, held_out: bool = False, floor: bool = False):
+        self.host, self.step, self.world, self.held_out, self.floor = host, step, world, held_out, floor
         self.label, self.inp, self.layout, self.source = step.label, step.inp, step.layout, step.source
         self.steady_step_s = step.measured_step_s
         self.cpu_threads_per_rank = step.cpu_threads_per_rank or step.inp.hardware.cpu_threads_per_rank
@@ -92,11 +95,10 @@ def load_rows() -> list[Row]:
         if files:
             steps, _ = read_results(files, default_host_cores=desc["host_cores"])
             rows += [Row(host, s, s.inp.hardware.world) for s in steps]
-        held = [ROOT / "benchmarks" / "measurements" / f for f in desc.get("heldout_results", [])]
-        held = [f for f in held if f.exists()]
-        if held:
-            steps, _ = read_results(held, default_host_cores=desc["host_cores"])
-            rows += [Row(host, s, s.inp.hardware.world, held_out=True) for s in steps]
+        for key, flags in (("heldout_results", {"held_out": True}), ("host_floor_results", {"floor": True})):
+            files = [ROOT / "benchmarks" / "measurements" / f for f in desc.get(key, [])]
+            steps, _ = read_results([f for f in files if f.exists()], default_host_cores=desc["host_cores"])
+            rows += [Row(host, s, s.inp.hardware.world, **flags) for s in steps]
     return rows
 
 
@@ -198,17 +200,22 @@ def main() -> int:
     from steptime_fit import is_fitted, leave_one_out
 
     hosts = sorted({m.host for m in rows}, key=lambda h: (h not in FITTED_ON, h))
-    sections = [(h, False) for h in hosts] + [(h, True) for h in hosts if any(m.held_out and m.host == h for m in rows)]
-    rows = sorted(rows, key=lambda m: sections.index((m.host, m.held_out)))  # stable: file order within
+    # (host, held out, host floor): in-sample, the host floor, held out
+    sections = [(h, False, False) for h in hosts]
+    sections += [(h, False, True) for h in hosts if any(m.floor and m.host == h for m in rows)]
+    sections += [(h, True, False) for h in hosts if any(m.held_out and m.host == h for m in rows)]
+    rows = sorted(rows, key=lambda m: sections.index((m.host, m.held_out, m.floor)))  # stable: file order within
     committed = committed_predictions()
     errors = []
-    for host, held in sections:
-        fitted = host in FITTED_ON and not held
-        kind = "in-sample (the constants were fitted on these rows)" if fitted else "HELD OUT"
+    for host, held, floor in sections:
+        fitted = host in FITTED_ON and not held and not floor
+        kind = ("in-sample (the constants were fitted on these rows)" if fitted else
+                "HOST FLOOR (128 tokens a micro-step; in-sample for the host constants, measured on them)"
+                if floor else "HELD OUT")
         print(f"{host}: {HOSTS[host]['description']}\n  {kind}")
         print(f"  {'layout':<52} {'source':<24} {'meas s':>7} {'pred s':>7} {'err':>7}"
               + ("   committed pred, err" if held else ""))
-        for m in (m for m in rows if m.host == host and m.held_out == held):
+        for m in (m for m in rows if (m.host, m.held_out, m.floor) == (host, held, floor)):
             est = predict(m)
             err = (est.step_time_s - m.steady_step_s) / m.steady_step_s
             errors.append(err)
@@ -226,12 +233,12 @@ def main() -> int:
             if args.terms:
                 print(f"      compute {est.compute_s:.3f} (loss {est.loss_s:.3f})  launches {est.launch_overhead_s:.3f}  "
                       f"gpu-opt {est.gpu_optimizer_s:.3f}  step-overhead {est.step_overhead_s:.3f}  "
-                      f"z3-hooks {est.stage3_overhead_s:.3f}  comm {est.comm_s:.3f}/{est.comm_total_s:.3f}  "
+                      f"host {est.host_overhead_s:.3f}  comm {est.comm_s:.3f}/{est.comm_total_s:.3f}  "
                       f"cpu-opt {est.cpu_optimizer_s:.3f}  pcie {est.pcie_s:.3f}  nvme {est.nvme_s:.3f}  "
                       f"mfu {est.mfu:.0%}  threads {est.cpu_threads_per_rank}")
         print()
     print("Shipped constants:")
-    in_sample = [(m, e) for m, e in zip(rows, errors) if m.host in FITTED_ON and not m.held_out]
+    in_sample = [(m, e) for m, e in zip(rows, errors) if m.host in FITTED_ON and not m.held_out and not m.floor]
     for host in hosts:
         if host in FITTED_ON:
             pairs = [(m, e) for m, e in in_sample if m.host == host]
@@ -253,7 +260,13 @@ def main() -> int:
         for m in worst:
             print(f"      {m.label:<52} {by_step[id(m.step)]:+7.1%}")
 
-    held_out = [(m, e) for m, e in zip(rows, errors) if m.held_out or m.host not in FITTED_ON]
+    floor_pairs = [(m, e) for m, e in zip(rows, errors) if m.floor]
+    if floor_pairs:
+        print()
+        summary("(1b) host floor", [m for m, _ in floor_pairs], [e for _, e in floor_pairs], False)
+        print("  phases (host-floor rows):")
+        phase_errors([m for m, _ in floor_pairs])
+    held_out = [(m, e) for m, e in zip(rows, errors) if m.held_out or (m.host not in FITTED_ON and not m.floor)]
     print()
     if held_out:
         summary("(3) held out, this model", [m for m, _ in held_out], [e for _, e in held_out], True)
@@ -281,8 +294,8 @@ def main() -> int:
         print("\nLeave-one-host-out through `zlayout calibrate` (factors fitted on the other hosts' rows; the model's"
               "\nconstants themselves saw every in-sample row):")
         for host in hosts:
-            train = [m.step for m in rows if m.host != host and not m.held_out]
-            test = [m for m in rows if m.host == host]
+            train = [m.step for m in rows if m.host != host and not m.held_out and not m.floor]
+            test = [m for m in rows if m.host == host and not m.floor]
             fit = fit_calibration(train)
             cal = fit.calibration
             errs = [(predict(m, cal).step_time_s - m.steady_step_s) / m.steady_step_s for m in test]

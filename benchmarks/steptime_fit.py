@@ -1,28 +1,36 @@
 """Fit the GPU-resident step model's constants, phase by phase, on every measured row.
 
-    python benchmarks/steptime_fit.py            # fit on every GPU-resident row, print the constants
-    python benchmarks/steptime_fit.py --loo      # also leave-one-out: refit without each row, predict it
+    python benchmarks/steptime_fit.py              # fit on every GPU-resident row, print the constants
+    python benchmarks/steptime_fit.py --loo        # also leave-one-out: refit without each row, predict it
+    python benchmarks/steptime_fit.py --host-floor # the host's constants, from the host-floor rows
+    python benchmarks/steptime_fit.py --overlap-p  # the fit at each exponent of the smooth maximum
 
-The model (zlayout/core/steptime.py) prices a pass as
+The model (zlayout/core/steptime.py) prices a pass as a smooth maximum (steptime.pass_s, exponent
+OVERLAP_P) of its GPU side
 
     GEMM FLOPs / peak * (1 + GEMM_HALF_WIDTH / hidden) / GEMM_EFFICIENCY
     + attention forward-equivalent FLOPs / (peak * ATTENTION_EFFICIENCY)
     + elementwise bytes / (HBM * 0.8)                       (counted, not fitted)
     + kernels * KERNEL_OVERHEAD_S
 
-and under ZeRO-3 the longer of the kernels (the first three lines) and the host's hooks, ZeRO-3
-fetches * STAGE3_FETCH_OVERHEAD_S + gradient hooks * STAGE3_GRAD_HOOK_S (steptime.pass_s: the
-hooks run ahead of the kernels). The optimizer step: bytes / (HBM * GPU_OPTIMIZER_HBM_EFFICIENCY)
-+ tensors * STEP_OVERHEAD_PER_TENSOR_S (stage 3: STAGE3_STEP_OVERHEAD_PER_TENSOR_S) +
-STEP_BASE_OVERHEAD_S; ZeRO-0 (FP16_Optimizer): tensors * STAGE0_STEP_OVERHEAD_PER_TENSOR_S, no fixed
-part, fitted on the rows with phases only (STAGE0_OPT_TERMS). Each is linear in 1/efficiency (and half-width/efficiency) and the
-overheads once a ZeRO-3 pass's longer side is known, so non-negative least squares finds them:
-one residual per phase where verify timed forward, backward and optimizer apart (each over the
-row's measured step, so a phase counts by its share of the step), one per whole step elsewhere.
-Each round takes a ZeRO-3 pass's longer side, and the exposed communication (2-GPU rows), from
-the previous round's constants and solves the linear part again, until the sides stop changing.
-Offloaded rows are not fitted here (their CPU optimizer and PCIe constants have their own
-measurements); they are reported by benchmarks/steptime_accuracy.py.
+and its host side, the host floor (kernels * HOST_S_PER_KERNEL, a fixed part per forward, stages
+1-2's gradient hooks: measured on the host-floor rows, `--host-floor`, not fitted here) plus
+ZeRO-3's fetches * STAGE3_FETCH_OVERHEAD_S + gradient hooks * STAGE3_GRAD_HOOK_S. The smooth
+maximum is homogeneous, so a pass is w_gpu * GPU side + w_host * host side with weights that
+depend only on the sides' ratio (steptime.pass_weights). The optimizer step: bytes / (HBM *
+GPU_OPTIMIZER_HBM_EFFICIENCY) + tensors * STEP_OVERHEAD_PER_TENSOR_S + STEP_BASE_OVERHEAD_S (stage
+3: its per-gradient norm kernels at HOST_S_PER_KERNEL); ZeRO-0 (FP16_Optimizer): tensors *
+STAGE0_STEP_OVERHEAD_PER_TENSOR_S, no fixed part, fitted on the rows with phases only
+(STAGE0_OPT_TERMS). With the weights known each is linear in 1/efficiency (and
+half-width/efficiency) and the overheads, so non-negative least squares finds them: one residual
+per phase where verify timed forward, backward and optimizer apart (each over the row's measured
+step, so a phase counts by its share of the step), one per whole step elsewhere. Each round takes
+the weights, and the exposed communication (2-GPU rows), from the previous round's constants and
+solves the linear part again. OVERLAP_P is held through a fit; `--overlap-p` fits at each
+exponent of a grid and prints the fit's loss, the shipped one is the least. Offloaded rows are
+not fitted here (their CPU optimizer and PCIe constants have their own measurements), nor the
+host-floor rows (the host's constants are theirs); they are reported by
+benchmarks/steptime_accuracy.py.
 """
 
 from __future__ import annotations
@@ -38,9 +46,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from zlayout.core.calibrate import MeasuredStep  # noqa: E402
 from zlayout.core.comm import estimate_comm  # noqa: E402
-from zlayout.core.steptime import (HBM_EFFICIENCY, STAGE3_GATHER_OVERHEAD_S, GpuStepConstants,  # noqa: E402
-                                   estimate_step_time, micro_step_work, optimizer_kernels, optimizer_work,
-                                   phase_kernel_s, stage3_hooks_s)
+from zlayout.core.steptime import (HBM_EFFICIENCY, HOST_S_PER_KERNEL, STAGE3_GATHER_OVERHEAD_S,  # noqa: E402
+                                   GpuStepConstants, estimate_step_time, host_floor_s, host_pass_s,
+                                   micro_step_work, optimizer_kernels, optimizer_work, pass_weights,
+                                   phase_kernel_s)
 
 PASS_TERMS = 7  # 1/E_gemm, h0/E_gemm, 1/E_unaligned, 1/E_attn, s/kernel, s/fetch, s/gradient hook
 OPT_TERMS = 4  # 1/E_opt, s/tensor, s (stages 1-3), s/tensor (stage 0: FP16_Optimizer)
@@ -65,7 +74,9 @@ def _predict(step: MeasuredStep, c: GpuStepConstants | None = None):
 def _design(step: MeasuredStep, c: GpuStepConstants) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per phase (forward, backward, optimizer): the coefficients of theta, and the fixed seconds.
 
-    A ZeRO-3 pass counts its kernels or its hooks, whichever is longer under the constants `c`.
+    A pass is w_gpu * its GPU side + w_host * its host side, the weights (`pass_weights`) from the
+    constants `c`; the host's side is the host floor (HOST_* constants, from the host-floor rows:
+    fixed here) and ZeRO-3's hooks.
     """
     inp, layout = step.inp, step.layout
     hw, accum = inp.hardware, inp.training.grad_accum
@@ -75,16 +86,14 @@ def _design(step: MeasuredStep, c: GpuStepConstants) -> tuple[np.ndarray, np.nda
     rows, fixed = [], []
     for work in micro_step_work(inp, layout):
         x = np.zeros(PASS_TERMS + OPT_TERMS)
-        x[4] = work.kernels
-        hooks_longer = (work.stage3_fetches + work.stage3_grad_hooks > 0
-                        and stage3_hooks_s(inp, work, c) > phase_kernel_s(inp, work, c))
-        if hooks_longer:
-            x[5:7] = [work.stage3_fetches, work.stage3_grad_hooks]
-            fixed.append(accum * work.stage3_fetches * gather)
-        else:
-            x[:4] = [work.gemm_flops / peak, work.gemm_flops / peak / inp.model.hidden,
-                     work.unaligned_gemm_flops / peak, work.attention_flops / peak]
-            fixed.append(accum * (work.hbm_bytes / (hbm * HBM_EFFICIENCY) + work.fixed_s))
+        w_gpu, w_host = pass_weights(phase_kernel_s(inp, work, c) + work.kernels * c.kernel_overhead_s,
+                                     host_pass_s(inp, work, c), c.overlap_p)
+        x[:5] = w_gpu * np.array([work.gemm_flops / peak, work.gemm_flops / peak / inp.model.hidden,
+                                  work.unaligned_gemm_flops / peak, work.attention_flops / peak, work.kernels])
+        x[5:7] = w_host * np.array([work.stage3_fetches, work.stage3_grad_hooks])
+        # the host floor is measured apart (no fitted constant); ZeRO-3's gathers are not fitted either
+        fixed.append(accum * (w_gpu * (work.hbm_bytes / (hbm * HBM_EFFICIENCY) + work.fixed_s)
+                              + w_host * (host_floor_s(work) + work.stage3_fetches * gather)))
         rows.append(x * accum)
     opt_bytes, tensors = optimizer_work(inp, layout)
     x = np.zeros(PASS_TERMS + OPT_TERMS)
@@ -92,16 +101,17 @@ def _design(step: MeasuredStep, c: GpuStepConstants) -> tuple[np.ndarray, np.nda
         x[PASS_TERMS:] = [opt_bytes / hbm, 0.0, 0.0, tensors]
     else:
         x[PASS_TERMS:] = [opt_bytes / hbm, tensors, 1.0, 0.0]
-    x[4] = optimizer_kernels(inp, layout)
     rows.append(x)
-    fixed.append(0.0)
+    fixed.append(optimizer_kernels(inp, layout) * HOST_S_PER_KERNEL)
     return np.array(rows), np.array(fixed), np.array(step.phases_s) if step.phases_s else None
 
 
-def constants_from_theta(theta: np.ndarray) -> GpuStepConstants:
+def constants_from_theta(theta: np.ndarray, base: GpuStepConstants) -> GpuStepConstants:
+    """`base` with theta's constants (its overlap_p is not in theta: held)."""
     (inv_gemm, width_over_gemm, inv_unaligned, inv_attn, kernel_s, fetch_s, grad_hook_s,
      inv_opt, tensor_s, base_s, stage0_tensor_s) = theta
-    return GpuStepConstants(
+    return replace(
+        base,
         gemm_efficiency=1 / inv_gemm, gemm_half_width=width_over_gemm / inv_gemm,
         unaligned_head_efficiency=1 / inv_unaligned,
         attention_efficiency=1 / inv_attn, kernel_overhead_s=kernel_s, stage3_fetch_overhead_s=fetch_s,
@@ -166,6 +176,7 @@ HOOK_STARTS_S = ((0.3e-3, 0.05e-3), (0.5e-3, 0.15e-3), (0.7e-3, 0.3e-3))
 STAGE0_OPT_TERMS = [PASS_TERMS + 3]
 
 HOOK_TERMS = [5, 6]  # theta's ZeRO-3 hook constants: s/fetch, s/gradient hook
+OVERLAP_P_GRID = (2.0, 2.5, 3.0, 3.5, 4.0, 6.0, 8.0, float("inf"))  # `--overlap-p`; inf: the hard maximum
 
 
 def _solve(steps: list[MeasuredStep], c: GpuStepConstants, rounds: int,
@@ -200,12 +211,13 @@ def _solve(steps: list[MeasuredStep], c: GpuStepConstants, rounds: int,
         unseen = ~np.any(a != 0, axis=0)  # no pass on that side this round: keep the constant
         theta[unseen] = previous[unseen]
         theta = np.maximum(theta, 1e-12)  # an efficiency's inverse must stay finite
-        c = constants_from_theta(theta)
+        c = constants_from_theta(theta, c)
         best = min(best, (loss(steps, c), c), key=lambda pair: pair[0])
     return best
 
 
-def fit(steps: list[MeasuredStep], start: GpuStepConstants | None = None, rounds: int = 8) -> GpuStepConstants:
+def fit(steps: list[MeasuredStep], start: GpuStepConstants | None = None, rounds: int = 8,
+        overlap_p: float | None = None) -> GpuStepConstants:
     """The constants that bring the GPU-resident `steps` closest to their measurements.
 
     In two parts: the kernels', launches' and optimizer's constants on the rows without ZeRO-3
@@ -215,6 +227,8 @@ def fit(steps: list[MeasuredStep], start: GpuStepConstants | None = None, rounds
     """
     steps = [s for s in steps if is_fitted(s)]
     c = start or GpuStepConstants()
+    if overlap_p is not None:  # held through the fit (`--overlap-p` picks it by the fit's loss)
+        c = replace(c, overlap_p=overlap_p)
     plain = [s for s in steps if s.layout.stage != 3]
     if plain:
         c = _solve(plain, c, rounds)[1]
@@ -226,9 +240,31 @@ def fit(steps: list[MeasuredStep], start: GpuStepConstants | None = None, rounds
     return min((_solve(hooked, s, rounds, only=HOOK_TERMS) for s in starts), key=lambda pair: pair[0])[1]
 
 
+def host_floor(steps: list[MeasuredStep]) -> dict[str, float]:
+    """The host's constants from the host-floor rows (each pass the host's time; the GPU's kernels take
+    microseconds): least squares of the ten passes over a fixed forward part, a cost per kernel and
+    one per stages 1-2's gradient hook (a fixed backward part comes out below 1 ms, not kept); and
+    the ZeRO-0 optimizer's time per tensor the floor implies, its phase less the GPU optimizer's HBM
+    passes, over the tensors (not adopted: the fitted rows put it lower, docs/tradeoffs.md)."""
+    a, b, opt_a, opt_b = [], [], [], []
+    for step in steps:
+        fwd, bwd = micro_step_work(step.inp, step.layout)
+        a += [[1.0, fwd.host_kernels, fwd.grad_hooks], [0.0, bwd.host_kernels, bwd.grad_hooks]]
+        b += list(step.phases_s[:2])
+        if step.layout.stage == 0:
+            opt_bytes, tensors = optimizer_work(step.inp, step.layout)
+            gpu_s = opt_bytes / (step.inp.hardware.gpu.hbm_gbps * 1e9 * GpuStepConstants().optimizer_hbm_efficiency)
+            opt_a.append(tensors)
+            opt_b.append(step.phases_s[2] - gpu_s)
+    fixed_s, kernel_s, hook_s = np.linalg.lstsq(np.array(a), np.array(b), rcond=None)[0]
+    opt_a, opt_b = np.array(opt_a, dtype=float), np.array(opt_b)
+    return {"HOST_FORWARD_FIXED_S": fixed_s, "HOST_S_PER_KERNEL": kernel_s, "HOST_GRAD_HOOK_S": hook_s,
+            "ZeRO-0 optimizer per tensor (implied)": float(opt_a @ opt_b / (opt_a @ opt_a))}
+
+
 def load_steps(held_out: bool = False) -> list[MeasuredStep]:
     from steptime_accuracy import load_rows
-    return [r.step for r in load_rows() if r.held_out == held_out]
+    return [r.step for r in load_rows() if r.held_out == held_out and not r.floor]
 
 
 def relative_errors(steps: list[MeasuredStep], c: GpuStepConstants | None) -> list[float]:
@@ -253,8 +289,33 @@ def describe(c: GpuStepConstants) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--loo", action="store_true", help="leave-one-out cross-validation of the fit")
+    parser.add_argument("--host-floor", action="store_true",
+                        help="the host's constants from the host-floor rows, and each pass's error under them")
+    parser.add_argument("--overlap-p", action="store_true",
+                        help="the fit at each exponent of the smooth maximum (steptime.pass_s): its loss "
+                             "on the in-sample rows")
     args = parser.parse_args()
+    if args.host_floor:
+        from steptime_accuracy import load_rows
+        steps = [r.step for r in load_rows() if r.floor]
+        for name, value in host_floor(steps).items():
+            print(f"  {name:<38} {value:.4g}")
+        for step in steps:
+            est = _predict(step)
+            errs = [(p - m) / m for p, m in zip((est.forward_s, est.backward_s, est.optimizer_s), step.phases_s)]
+            print(f"  {step.label:<40} {step.inp.training.impl:<8} fwd {errs[0]:+6.1%}  bwd {errs[1]:+6.1%}  "
+                  f"opt {errs[2]:+6.1%}  (shipped constants)")
+        return 0
     steps = load_steps()
+    if args.overlap_p:
+        fitted = [s for s in steps if is_fitted(s)]
+        for p in OVERLAP_P_GRID:
+            c = fit(steps, overlap_p=p)
+            errs = np.abs(relative_errors(fitted, c))
+            print(f"  p {p:>4}  loss {loss(fitted, c):.4f}  in-sample mean |err| {errs.mean():.1%}  "
+                  f"max {errs.max():.1%}  (kernel {c.kernel_overhead_s:.2g} s, "
+                  f"GEMM half-width {c.gemm_half_width:.0f})")
+        return 0
     c = fit(steps)
     print(f"Fitted on {sum(is_fitted(s) for s in steps)} GPU-resident rows "
           f"({sum(s.phases_s is not None for s in steps if is_fitted(s))} with phases; "

@@ -82,22 +82,25 @@ def test_no_rows_is_an_error():
 
 
 def test_a_group_moves_the_step_by_what_it_does_not_hide():
-    """Without overlap a group's sensitivity is its seconds' share; a ZeRO-3 pass bound by its hooks
-    hides its kernels, so the GPU factor moves that row by less than its kernels' seconds."""
+    """A pass is a smooth maximum of its kernels and its host side (homogeneous: the groups'
+    sensitivities add up to the step), so the GPU factor moves a row by less than its kernels'
+    seconds, the more so where the host side is long; groups outside the passes move it by theirs.
+    A ZeRO-3 pass bound by its hooks hides most of its kernels."""
     from zlayout.core.calibrate import group_sensitivities
 
     rows = {r.label: r for r in real_rows()}
     stage0 = rows["ZeRO-0"]
     est = predict_step(stage0)
-    sens = group_sensitivities(stage0, est)
-    for g, seconds in group_parts_s(est).items():
-        assert sens[g] == pytest.approx(seconds / stage0.measured_step_s, rel=1e-6, abs=1e-9)
+    sens, parts = group_sensitivities(stage0, est), group_parts_s(est)
+    assert parts["gpu"] / stage0.measured_step_s * 0.9 < sens["gpu"] < parts["gpu"] / stage0.measured_step_s
+    assert sens["transfer"] == pytest.approx(parts["transfer"] / stage0.measured_step_s, rel=1e-6, abs=1e-9)
+    assert sum(sens.values()) == pytest.approx(est.step_time_s / stage0.measured_step_s, rel=1e-3)
     # the same ZeRO-3 run on a short sequence: its hooks outlast its kernels
     z3 = rows["ZeRO-3"]
     short = z3.inp.model_copy(update={"training": z3.inp.training.model_copy(update={"seq": 256, "micro_batch": 1})})
     row = MeasuredStep(z3.label, short, z3.layout, 0.1, z3.cpu_threads_per_rank)
     est = predict_step(row)
-    assert est.stage3_overhead_s > 0
+    assert est.host_overhead_s > 0
     sens, parts = group_sensitivities(row, est), group_parts_s(est)
     assert sens["gpu"] < parts["gpu"] / row.measured_step_s - 0.01
     assert sum(sens.values()) == pytest.approx(est.step_time_s / row.measured_step_s, rel=1e-3)

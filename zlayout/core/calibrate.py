@@ -86,7 +86,7 @@ def group_parts_s(est: StepTimeEstimate) -> dict[str, float]:
     """A step estimate's seconds per factor group (they add up to the step time)."""
     return {
         "gpu": est.compute_s + est.gpu_optimizer_s,
-        "overhead": est.step_overhead_s + est.stage3_overhead_s + est.launch_overhead_s,
+        "overhead": est.step_overhead_s + est.host_overhead_s + est.launch_overhead_s,
         "cpu_optimizer": est.cpu_optimizer_s,
         "transfer": est.comm_s + est.pcie_s + est.nvme_s,
     }
@@ -96,7 +96,8 @@ def group_sensitivities(row: MeasuredStep, shipped: StepTimeEstimate) -> dict[st
     """Per group, how much of the row's measured step its factor moves: d step / d factor over the
     measured step, at the shipped factors (a forward difference). Equal to the group's seconds
     (group_parts_s) over the measured step where nothing overlaps; less where part of it hides
-    behind another group (ZeRO-3's hooks behind the kernels, or the kernels behind the hooks)."""
+    behind another group (a pass's kernels and its host side, each partly behind the other:
+    steptime.pass_s)."""
     out = {}
     for g in GROUPS:
         nudged = _calibration({h: 1.0 + (_SENSITIVITY_STEP if h == g else 0.0) for h in GROUPS}, None)
