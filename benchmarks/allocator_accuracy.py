@@ -72,6 +72,10 @@ HELDOUT5_PREDICTIONS = MEASURED / "h200-2026-12-01e" / "heldout5-allocator-predi
 # the sixth session's first two traced fixes, committed before it ran: rows tagged 8.
 HELDOUT8 = MEASURED / "h200-2026-12-02" / "heldout8-results.jsonl"
 HELDOUT8_PREDICTIONS = MEASURED / "h200-2026-12-02" / "heldout8-allocator-predictions.jsonl"
+# The ninth (benchmarks/batch-h200-heldout9.txt, 8 shapes), predicted by main at d2a3b3f after
+# every traced fix of the sixth session, committed before it ran: rows tagged 9.
+HELDOUT9 = MEASURED / "h200-2026-12-02" / "heldout9-results.jsonl"
+HELDOUT9_PREDICTIONS = MEASURED / "h200-2026-12-02" / "heldout9-allocator-predictions.jsonl"
 # The hold-outs reported by device used alone: (tag, results, predictions committed before the
 # run and the model that made them, a second committed set or None and its model).
 LATER_HELDOUTS = (
@@ -79,6 +83,7 @@ LATER_HELDOUTS = (
     ("4", HELDOUT4, HELDOUT4_PREDICTIONS, "main 5609f6d", None, None),
     ("5", HELDOUT5, HELDOUT5_PREDICTIONS, "main 666d1ca", None, None),
     ("8", HELDOUT8, HELDOUT8_PREDICTIONS, "main 41fdcac", None, None),
+    ("9", HELDOUT9, HELDOUT9_PREDICTIONS, "main d2a3b3f", None, None),
 )
 SHAPE_A = ("--stage 0 --hidden 3584 --heads 28 --kv-heads 4 --ffn 12544 --vocab 128256 --mlp swiglu "
            "--norm rmsnorm --no-bias --seq 4096 --micro-batch 1 --gpus-per-node 1 --gpu h200")

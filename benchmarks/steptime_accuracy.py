@@ -62,10 +62,13 @@ PREDICTIONS_5 = ROOT / "benchmarks" / "measurements" / "h200-2026-12-01e" / "hel
 # batch 7 (benchmarks/batch-h200-heldout7.txt, three ZeRO-0 layouts): predicted by main at 47f1c5d
 # (the ZeRO-0 optimizer priced as FP16_Optimizer's per-tensor walk) before it ran
 PREDICTIONS_7 = ROOT / "benchmarks" / "measurements" / "h200-2026-12-01f" / "heldout7-steptime-predictions.jsonl"
+# batch 9 (benchmarks/batch-h200-heldout9.txt, eight layouts): predicted by main at d2a3b3f (the
+# host's side of a pass, from the host floor) before it ran
+PREDICTIONS_9 = ROOT / "benchmarks" / "measurements" / "h200-2026-12-02" / "heldout9-steptime-predictions.jsonl"
 # each batch's results file and the predictions committed for it (two batches may share a layout)
 COMMITTED = {"heldout2-results.jsonl": PREDICTIONS, "heldout3-results.jsonl": PREDICTIONS_3,
              "heldout4-results.jsonl": PREDICTIONS_4, "heldout5-results.jsonl": PREDICTIONS_5,
-             "heldout7-results.jsonl": PREDICTIONS_7}
+             "heldout7-results.jsonl": PREDICTIONS_7, "heldout9-results.jsonl": PREDICTIONS_9}
 TARGETS = {"GPU-resident": 0.15, "offloaded": 0.25}
 
 
