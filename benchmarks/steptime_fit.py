@@ -247,7 +247,8 @@ def host_floor(steps: list[MeasuredStep]) -> dict[str, float]:
     the ZeRO-0 optimizer's time per tensor the floor implies, its phase less the GPU optimizer's HBM
     passes, over the tensors (not adopted: the fitted rows put it lower, docs/tradeoffs.md)."""
     a, b, opt_a, opt_b = [], [], [], []
-    for step in steps:
+    # stages 0-2 only: ZeRO-3's floor rows (call 5) carry its hooks, priced apart and reported
+    for step in (s for s in steps if s.layout.stage < 3):
         fwd, bwd = micro_step_work(step.inp, step.layout)
         a += [[1.0, fwd.host_kernels, fwd.grad_hooks], [0.0, bwd.host_kernels, bwd.grad_hooks]]
         b += list(step.phases_s[:2])
