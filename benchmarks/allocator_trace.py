@@ -11,7 +11,7 @@
 The layout is given as `zlayout verify` arguments (after `--`), and is built exactly as the
 verify worker builds it: zlayout's DeepSpeed config (`zlayout.profile.ds_config`), the worker's
 model (`zlayout.verify.worker_model.builder`), ZeRO-3 under `deepspeed.zero.Init`, the
-worker's random batches. Writes $OUT/<name>.json (well under 16 MiB):
+worker's random batches. Writes $OUT/<name>.json.gz (well under 16 MiB):
 
 * `phases`: after initialize and after each forward / backward / step: allocated, reserved,
   `memory_stats` counters, and every segment (size, allocated bytes, its blocks' sizes with
@@ -28,6 +28,7 @@ Needs torch, DeepSpeed (and transformers for --impl hf) and the repository root 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import shlex
@@ -150,8 +151,8 @@ def main() -> int:
         "actions": ACTIONS, "phase_marks": marks, "phases": phases, "trace": trace,
         "big_allocs": big_allocs,
     }
-    path = out / f"{a.name}.json"
-    path.write_text(json.dumps(result, separators=(",", ":")))
+    path = out / f"{a.name}.json.gz"  # gzipped: the traces travel with the tree to the device (64 MiB)
+    path.write_bytes(gzip.compress(json.dumps(result, separators=(",", ":")).encode(), mtime=0))
     print(f"TRACE {a.name}: {path} {path.stat().st_size / 2**20:.1f} MiB, reserved "
           f"{result['max_reserved_bytes'] / GiB:.2f} GiB (predicted {est.gpu_peak_reserved_bytes / GiB:.2f}), "
           f"{len(trace)} events, {result['wall_s']} s")

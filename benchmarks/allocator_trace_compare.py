@@ -1,7 +1,7 @@
 """Line the allocator replay's request sequence up against a recorded allocator trace.
 
-    python benchmarks/allocator_trace_compare.py benchmarks/measurements/h200-2026-12-01b/traces/z0-L16-h2048.json
-    python benchmarks/allocator_trace_compare.py TRACE.json --phase step1.step --show 40
+    python benchmarks/allocator_trace_compare.py benchmarks/measurements/h200-2026-12-01b/traces/z0-L16-h2048.json.gz
+    python benchmarks/allocator_trace_compare.py TRACE.json.gz --phase step1.step --show 40
 
 The trace (benchmarks/allocator_trace.py) is replayed as recorded: its large requests
 (over 1 MiB, the pool `allocator_sim` replays) and the segments the real allocator made. The
@@ -24,7 +24,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from measurements import read_trace  # noqa: E402
 from zlayout.core.allocator_sim import (  # noqa: E402
     DEFAULT_STREAM, SMALL_SIZE, CachingAllocator, _Seq, allocation_sequence)
 
@@ -122,7 +124,7 @@ def main() -> int:
     ap.add_argument("--show", type=int, default=6, help="differing stretches shown per phase")
     ap.add_argument("--segments", type=int, default=12, help="segment creations shown per side and phase")
     a = ap.parse_args()
-    doc = json.loads(a.trace.read_text())
+    doc = read_trace(a.trace)
     inp, layout = layout_of(doc["argv"])
     seq = _Seq()
     if allocation_sequence(inp, layout, steps=2, _seq=seq) is None:

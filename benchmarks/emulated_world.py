@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from measurements import MeasuredLayout, load_measured  # noqa: E402
+from measurements import MeasuredLayout, load_measured, read_trace  # noqa: E402
 from zlayout.spec import GiB, Layout, PlanInput  # noqa: E402
 
 ON_GPU = ("none", "gpu")  # a Layout's offload fields: where the states stay
@@ -108,11 +108,11 @@ def heldout(batch: Path, predictions: Path, folder: Path) -> int:
         args = build_parser().parse_args(["verify", *shlex.split(line)])
         inp = plan_input_from_args(args).model_copy(update={"headroom_fraction": 0.0})
         layout = layout_from_args(args)
-        path = folder / f"{name}.json"
+        path = folder / f"{name}.json.gz"
         if not path.exists():
             print(f"{name} {layout.label:26} (no trace)")
             continue
-        resv = json.loads(path.read_text())["max_reserved_bytes"] / GiB
+        resv = read_trace(path)["max_reserved_bytes"] / GiB
         model = estimate_memory(inp, layout).gpu_peak_reserved_bytes / GiB
         p = committed[line]["gpu_peak_reserved_gib"]
         errs.append((p - resv) / resv * 100)
@@ -183,11 +183,11 @@ def main(argv: list[str]) -> int:
           f" {'resv':>7} {'emul':>7} {'err':>6} {'replay':>7} {'err':>6}")
     alloc_err, resv_err, replay_err = [], [], []
     for name, m in multi_gpu_rows().items():
-        path = folder / f"{name}.json"
+        path = folder / f"{name}.json.gz"
         if not path.exists():
             print(f"{name:44} (no trace)")
             continue
-        t = json.loads(path.read_text())
+        t = read_trace(path)
         alloc, resv = max(m.row["peak_gib"]), m.row["reserved_gib"]
         e_alloc, e_resv = t["max_allocated_bytes"] / GiB, t["max_reserved_bytes"] / GiB
         est = estimate_memory(m.inp.model_copy(update={"headroom_fraction": 0.0}), m.layout)

@@ -115,3 +115,10 @@ def load_measured(with_memory: bool = True) -> list[MeasuredLayout]:
                 inp, layout = row_to_input(row)
                 out.append(MeasuredLayout(path.name, row, inp, layout))
     return out
+
+
+def read_trace(path: Path) -> dict:
+    """An allocator trace (`benchmarks/allocator_trace.py`), kept gzipped: <name>.json.gz."""
+    import gzip
+
+    return json.loads(gzip.decompress(path.read_bytes()))

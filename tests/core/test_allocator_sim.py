@@ -113,14 +113,18 @@ def test_a_replay_too_long_to_plan_on_a_keystroke_falls_back_to_the_phase_rule()
 # --- the request model against the H200 allocator traces (benchmarks/allocator_trace.py) ----
 
 import json  # noqa: E402
+import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from measurements import read_trace  # noqa: E402  benchmarks/measurements.py: the traces' one reader
 
 TRACES = Path(__file__).resolve().parents[2] / "benchmarks" / "measurements" / "h200-2026-12-01b" / "traces"
 
 
 def _trace_layout(name: str):
     from zlayout.cli import build_parser, layout_from_args, plan_input_from_args
-    doc = json.loads((TRACES / f"{name}.json").read_text())
+    doc = read_trace(TRACES / f"{name}.json.gz")
     args = build_parser().parse_args(["verify", *doc["argv"].split()])
     return doc, plan_input_from_args(args), layout_from_args(args)
 
@@ -447,7 +451,7 @@ TRACES_C = TRACES.parent.parent / "h200-2026-12-01c" / "traces"
 
 def _trace_c(name: str):
     from zlayout.cli import build_parser, layout_from_args, plan_input_from_args
-    doc = json.loads((TRACES_C / f"{name}.json").read_text())
+    doc = read_trace(TRACES_C / f"{name}.json.gz")
     args = build_parser().parse_args(["verify", *doc["argv"].split()])
     return doc, plan_input_from_args(args).model_copy(update={"headroom_fraction": 0.0}), layout_from_args(args)
 
@@ -481,11 +485,11 @@ def test_the_final_norms_input_dies_with_its_backward():
     # two cuBLAS workspaces and the moments; the replay kept the last block's output (the final
     # norm's saved input, 48 MiB) for ever, which split a 3842 MiB segment so the step's fp32
     # gradients took a third one (30.29 GiB replayed, 28.52 measured)
-    for path in sorted(TRACES_C.glob("*.json")):  # every traced layout keeps what the replay keeps
-        doc, inp, layout = _trace_c(path.stem)
+    for path in sorted(TRACES_C.glob("*.json.gz")):  # every traced layout keeps what the replay keeps
+        doc, inp, layout = _trace_c(path.name.removesuffix(".json.gz"))
         seq = sim._Seq()
         sim.allocation_sequence(inp, layout, 2, seq)
-        assert _replay_kept_after_initialize(seq) == _trace_kept_after_initialize(doc), path.stem
+        assert _replay_kept_after_initialize(seq) == _trace_kept_after_initialize(doc), path.name.removesuffix(".json.gz")
     doc, inp, layout = _trace_c("t-z1-L6-h3072")
     _, replayed, measured = _replayed_beside_trace(doc, inp, layout, 2)
     _assert_every_phase_within(doc, replayed, measured)
@@ -563,7 +567,7 @@ MEASUREMENTS = TRACES.parent.parent
 
 def _trace_at(day: str, name: str):
     from zlayout.cli import build_parser, layout_from_args, plan_input_from_args
-    doc = json.loads((MEASUREMENTS / f"h200-2026-12-{day}" / "traces" / f"{name}.json").read_text())
+    doc = read_trace(MEASUREMENTS / f"h200-2026-12-{day}" / "traces" / f"{name}.json.gz")
     args = build_parser().parse_args(["verify", *doc["argv"].split()])
     return doc, plan_input_from_args(args).model_copy(update={"headroom_fraction": 0.0}), layout_from_args(args)
 
@@ -743,14 +747,14 @@ def test_every_traced_layout_reserves_what_its_gpu_did():
     # the 21 H200 allocator traces: peak reserved within 64 MiB; ZeRO-3 with the optimizer on
     # the host within 2%: its frees wait on host copies and vary run to run (z3-opt-param-cpu
     # and s-z3-opt-param-cpu, one layout traced twice: 11.96 and 12.21 GiB)
-    paths = sorted(MEASUREMENTS.glob("h200-2026-12-0*/traces/*.json"))
+    paths = sorted(MEASUREMENTS.glob("h200-2026-12-0*/traces/*.json.gz"))
     assert len(paths) == 21
     for path in paths:
-        doc, inp, layout = _trace_at(path.parent.parent.name.removeprefix("h200-2026-12-"), path.stem)
+        doc, inp, layout = _trace_at(path.parent.parent.name.removeprefix("h200-2026-12-"), path.name.removesuffix(".json.gz"))
         sim._CACHE.clear()
         error = abs(sim.replayed_peak_reserved(inp, layout) - doc["max_reserved_bytes"])
         offloaded = layout.stage == 3 and layout.offload_optimizer != "gpu"
-        assert error < (0.02 * doc["max_reserved_bytes"] if offloaded else 64 * MiB), (path.stem, error / MiB)
+        assert error < (0.02 * doc["max_reserved_bytes"] if offloaded else 64 * MiB), (path.name.removesuffix(".json.gz"), error / MiB)
 
 
 def _stream_reserved(events) -> dict[int, int]:
@@ -812,7 +816,7 @@ EMULATED = MEASUREMENTS / "h200-2026-12-01f" / "emulated"
 def _emulated(name: str, folder: Path = EMULATED):
     """A trace of rank 0 of N (allocator_trace.py --emulate-world) and the layout it ran."""
     from zlayout.cli import build_parser, layout_from_args, plan_input_from_args
-    doc = json.loads((folder / f"{name}.json").read_text())
+    doc = read_trace(folder / f"{name}.json.gz")
     args = build_parser().parse_args(["verify", *doc["argv"].split()])
     return doc, plan_input_from_args(args).model_copy(update={"headroom_fraction": 0.0}), layout_from_args(args)
 
@@ -864,10 +868,10 @@ def test_zero3_on_2_4_and_8_gpus_reserves_what_the_emulated_rank_0_reserved(name
 
 
 def test_zero3_on_n_gpus_never_under_reserves_an_emulated_trace_by_more_than_4_percent():
-    for path in sorted(EMULATED.glob("*z3*.json")):
-        doc, inp, layout = _emulated(path.stem)
+    for path in sorted(EMULATED.glob("*z3*.json.gz")):
+        doc, inp, layout = _emulated(path.name.removesuffix(".json.gz"))
         replayed = sim.replayed_peak_reserved(inp, layout)
-        assert replayed > 0.96 * doc["max_reserved_bytes"], (path.stem, replayed / GiB, doc["max_reserved_bytes"] / GiB)
+        assert replayed > 0.96 * doc["max_reserved_bytes"], (path.name.removesuffix(".json.gz"), replayed / GiB, doc["max_reserved_bytes"] / GiB)
 
 
 # --- ZeRO-1/2 (optimizer on the GPU) on more than one GPU: the reduce's flattened bucket ---
