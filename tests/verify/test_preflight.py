@@ -41,7 +41,7 @@ def test_no_gpu_blocks_and_points_to_cpu_mode():
 
 def test_little_free_memory_warns_with_both_numbers():
     inp = tiny_input()
-    need = estimate_memory(inp, Layout(stage=0)).gpu_device_used_bytes
+    need = estimate_memory(inp, Layout(stage=0)).gpu_needed_bytes  # what the run needs at the least
     checks = preflight.check_gpus(inp, Layout(stage=0), 1, gpus(1, free_gib=need / GiB / 2))
     memory = next(c for c in checks if c.name == "gpu memory")
     assert not memory.ok and not memory.blocking
