@@ -33,12 +33,14 @@ Pure arithmetic, no torch. Two parts:
   float64 norm, then flattens and casts one sub-group at a time. Weights are gathered only
   when they are not whole on the GPU (more than one GPU, or parameter offload): per block
   before its forward and again before its backward, those within `stage3_max_reuse_distance`
-  (the head and the last blocks) kept. On more than one GPU: each weight gathered and
-  released once at initialize (its gradient hook's registration), and from the second step
-  the coordinator's prefetch per module (`Prefetcher`: one all-gather call per
-  `stage3_prefetch_bucket_size` elements, a flat buffer with a copy per weight when the call
-  has several); checked against rank 0 of 2, 4 and 8 GPUs emulated on one H200
-  (benchmarks/measurements/h200-2026-12-01f/emulated).
+  (the head and the last blocks) kept. On more than one GPU each weight is gathered and
+  released once at initialize (its gradient hook's registration). From the second step the
+  coordinator prefetches per module (`Prefetcher`: one all-gather call per
+  `stage3_prefetch_bucket_size` elements; on more than one GPU a flat buffer with a copy per
+  weight when the call has several, on one GPU with the weights on the host one copy per
+  weight); checked against rank 0 of 2, 4 and 8 GPUs emulated on one H200
+  (benchmarks/measurements/h200-2026-12-01f/emulated) and one-GPU offload traces with streams
+  (h200-2026-12-02/traces/s-*).
 * Gradient accumulation: stage 0 and stage 1 keep each weight's `.grad` from the first
   micro-step to the boundary (stage 1 reduces only there); stage 2 reduces every micro-step.
 * Mixture of experts (`mixtral_replayed`: transformers' Mixtral, `--impl hf`, routed experts
@@ -511,9 +513,10 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
     T = t.micro_batch * t.seq
     swiglu = model.mlp == "swiglu"
     hf = t.impl == "hf"
+    # zlayout's GPT's Linears with a bias (worker_model.Block: qkv per qkv_bias; proj, fc1 and
+    # fc2 per bias); transformers' classes have their own backward below
     qkv_biased = not hf and model._biased(model.qkv_bias)
-    out_biased = not hf and model.bias
-    mlp_biased = not hf and model.bias
+    gpt_biased = not hf and model.bias
     hf_norm = hf and model.norm == "rmsnorm"
     ckpt = t.checkpointing == "full"
     p = model.params
@@ -647,8 +650,9 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
     block_modules = block_fetch_modules(model, t.impl) if gather else None
 
     class Prefetcher:
-        """ZeRO-3's gathers on n > 1 GPUs once the module trace is complete (steps after the
-        first), partitioned_param_coordinator.fetch_sub_module per module, in trace order:
+        """ZeRO-3's gathers (n > 1 GPUs, or one with the weights on the host) once the module
+        trace is complete (steps after the first), partitioned_param_coordinator.fetch_sub_module
+        per module, in trace order:
         wait for the module's weights, then prefetch: pop the trace's next weights until
         stage3_prefetch_bucket_size elements are not available, and all-gather them in one
         call (__all_gather_params_ -> all_gather_coalesced, on the allgather stream).
@@ -1053,7 +1057,7 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             gxm = norm_backward(gn, sv["norm2"], sv["xm"], hook)
             s.f(gxm)  # added into g in place
             return attention_backward(sv, g, hook)
-        if mlp_biased:
+        if gpt_biased:
             # fc2 (its node frees its saved input, the activation's output, GELU's too)
             g1 = linear_backward(f * h, T * f * w, hook, True, tuple(sv["prod"] or sv["act"]))
         else:
@@ -1097,8 +1101,8 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             s.f(gs, gb)
         else:
             gcat = s.a(T * f * w)  # gelu backward: its input (fc1's output) freed
-            s.f(g1, *([] if mlp_biased else sv["act"]), *sv["fc1"])
-        gn = linear_backward((2 if swiglu else 1) * f * h, T * h * w, hook, mlp_biased,
+            s.f(g1, *([] if gpt_biased else sv["act"]), *sv["fc1"])
+        gn = linear_backward((2 if swiglu else 1) * f * h, T * h * w, hook, gpt_biased,
                              (gcat, *sv["n2"]))  # fc1
         gxm = norm_backward(gn, sv["norm2"], sv["xm"], hook)
         s.f(gxm)  # added into g in place
@@ -1106,7 +1110,7 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
 
     def attention_backward(sv: dict, g: int, hook) -> int:
         """The attention half of a block's backward, from g (the residual's gradient)."""
-        gattn = linear_backward(h * h, T * h * w, hook, out_biased)  # proj
+        gattn = linear_backward(h * h, T * h * w, hook, gpt_biased)  # proj
         # sdpa backward: dq, dk, dv, flash's workspace
         dq, dk, dv = s.a(T * h * w), s.a(T * kv * w), s.a(T * kv * w)
         s.f(s.a(flash_bwd))
