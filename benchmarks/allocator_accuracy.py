@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from measurements import verify_results  # noqa: E402
+from measurements import result_input, verify_results  # noqa: E402
 from zlayout.core.memory import estimate_memory  # noqa: E402
 from zlayout.spec import GiB, Layout, PlanInput  # noqa: E402
 
@@ -240,8 +240,8 @@ def main() -> int:
                  **{results.name: (tag, later[tag]) for tag, results, *_ in LATER_HELDOUTS}}
     every_used: list[float] = []  # signed, every row that ran
     for r in verify_rows():
-        inp = zero_headroom(PlanInput.model_validate(r["inputs"]))
-        layout = Layout.model_validate({k: r["layout"][k] for k in ("stage", "offload_optimizer", "offload_param")})
+        inp, layout = result_input(r)
+        inp = zero_headroom(inp)
         est = estimate_memory(inp, layout)
         m = r["_measured"]
         ran = r["status"] in ("validated", "mismatch") or (

@@ -127,7 +127,7 @@ def heldout(batch: Path, predictions: Path, folder: Path) -> int:
 
 
 def emulated_verify_runs() -> int:
-    from measurements import verify_results
+    from measurements import result_input, verify_results
     from zlayout.verify.result import emulated_figures, predicted_figures
 
     keys = ("gpu_peak_allocated_bytes", "gpu_peak_reserved_bytes", "gpu_device_used_bytes")
@@ -136,8 +136,7 @@ def emulated_verify_runs() -> int:
     for path, r in verify_results(emulated=True):
         if r.get("status") != "validated":
             continue
-        inp = PlanInput.model_validate(r["inputs"])
-        layout = Layout.model_validate({k: r["layout"][k] for k in ("stage", "offload_optimizer", "offload_param")})
+        inp, layout = result_input(r)
         _, predicted = emulated_figures(inp, r["measured"], predicted_figures(inp, layout))
         cells = []
         for k in keys:

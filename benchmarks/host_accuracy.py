@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from measurements import verify_results  # noqa: E402
+from measurements import result_input, verify_results  # noqa: E402
 
 from zlayout.core.memory import FP32_BYTES, HOST_BASE_BYTES, estimate_memory, model_init  # noqa: E402
 from zlayout.spec import GiB, Layout, PlanInput  # noqa: E402
@@ -34,8 +34,7 @@ def rows() -> list[tuple[str, dict, PlanInput, Layout]]:
         m = r.get("measured") or {}
         if r.get("status") == "failed" or not m.get("host_peak_bytes") or not m.get("host_maxrss_bytes_per_rank"):
             continue
-        inp = PlanInput.model_validate(r["inputs"])
-        layout = Layout.model_validate({k: r["layout"][k] for k in ("stage", "offload_optimizer", "offload_param")})
+        inp, layout = result_input(r)
         out.append((str(path.relative_to(MEASURED)), m, inp, layout))
     return out
 

@@ -101,6 +101,13 @@ def verify_results(emulated: bool = False):
                 yield path, r
 
 
+def result_input(r: dict) -> tuple[PlanInput, Layout]:
+    """A verify result's plan input and layout (its "layout" also holds the label and the flags
+    the Layout model does not take)."""
+    layout = Layout.model_validate({k: r["layout"][k] for k in ("stage", "offload_optimizer", "offload_param")})
+    return PlanInput.model_validate(r["inputs"]), layout
+
+
 def load_measured(with_memory: bool = True) -> list[MeasuredLayout]:
     """Every measured row; `with_memory=False` adds those that measured step time only."""
     out = []

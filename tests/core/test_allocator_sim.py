@@ -117,7 +117,7 @@ import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from measurements import read_trace  # noqa: E402  benchmarks/measurements.py: the traces' one reader
+from measurements import read_trace, result_input  # noqa: E402  benchmarks/measurements.py: the traces' and results' one reader
 
 TRACES = Path(__file__).resolve().parents[2] / "benchmarks" / "measurements" / "h200-2026-12-01b" / "traces"
 
@@ -732,11 +732,11 @@ def test_measured_hf_rows_keep_the_step_segment_the_gpu_made():
             r = json.loads(line)
             if r.get("layout", {}).get("stage") != stage or r.get("status") != "validated":
                 continue
-            inp = PlanInput.model_validate(r["inputs"]).model_copy(update={"headroom_fraction": 0.0})
+            inp, layout = result_input(r)
+            inp = inp.model_copy(update={"headroom_fraction": 0.0})
             m = inp.model
-            if (inp.training.impl, m.layers, m.vocab, r["layout"]["offload_optimizer"]) != ("hf", layers, vocab, "gpu"):
+            if (inp.training.impl, m.layers, m.vocab, layout.offload_optimizer) != ("hf", layers, vocab, "gpu"):
                 continue
-            layout = Layout.model_validate({k: r["layout"][k] for k in ("stage", "offload_optimizer", "offload_param")})
             measured = r["measured"]["gpu_peak_reserved_bytes"]
             assert abs(replayed_bytes(inp, layout) - measured) < 0.1 * 2**30, (batch, replayed_bytes(inp, layout), measured)
             checked += 1

@@ -18,15 +18,14 @@ MEASURED = Path(__file__).resolve().parents[2] / "benchmarks" / "measurements"
 def verify_rows() -> list[tuple[str, PlanInput, Layout, int]]:
     """Every verify run that measured each rank's ru_maxrss (failed runs left out)."""
     sys.path.insert(0, str(MEASURED.parent))
-    from measurements import verify_results  # benchmarks/measurements.py: the results' one reader
+    from measurements import result_input, verify_results  # benchmarks/measurements.py: the results' one reader
 
     out = []
     for path, r in verify_results():
         m = r.get("measured") or {}
         if r.get("status") == "failed" or not m.get("host_maxrss_bytes_per_rank"):
             continue
-        inp = PlanInput.model_validate(r["inputs"])
-        layout = Layout.model_validate({k: r["layout"][k] for k in ("stage", "offload_optimizer", "offload_param")})
+        inp, layout = result_input(r)
         out.append((path.name, inp, layout, max(m["host_maxrss_bytes_per_rank"])))
     return out
 
