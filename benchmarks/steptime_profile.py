@@ -12,17 +12,25 @@ and copy intervals), the idle gaps (the host not keeping the GPU fed: Python hoo
 synchronisation), kernel and copy counts, the top kernels and host operators; and the plan's
 step-time prediction with its phases. This is what steptime_fit.py cannot see from verify's
 phase times alone: whether a phase is bound by the GPU or by the host.
+
+Before the profiled steps, `--timed-steps` steps run without the profiler (whose own per-operator
+cost would inflate the host's side) and record per phase: the host's issue time (when the call
+returned: everything queued, unless something in it waited on the GPU), the wall time (after the
+kernels finished) and the time Python's garbage collector ran. The profiled steps add the host's
+waits inside each phase (stream and event synchronisations, blocking copies).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import dataclasses
 import json
 import os
 import shlex
 import sys
 import time
+from statistics import median
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,6 +54,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--name", required=True)
     ap.add_argument("--steps", type=int, default=2, help="profiled steps, after two warm-up steps")
+    ap.add_argument("--timed-steps", type=int, default=6,
+                    help="unprofiled steps after the warm-up: host issue time, wall time, GC time per phase")
     ap.add_argument("layout", nargs=argparse.REMAINDER, help="-- then zlayout verify arguments")
     a = ap.parse_args()
     argv = [x for x in a.layout if x != "--"]
@@ -69,33 +79,60 @@ def main() -> int:
     device = torch.device("cuda", torch.cuda.current_device())
     accum = t.grad_accum
 
-    def one_step(step: int, walls: dict[str, float] | None) -> None:
+    gc_s = [0.0]  # time in Python's cyclic garbage collector (gc.callbacks), summed
+    gc_started = [0.0]
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            gc_started[0] = time.perf_counter()
+        else:
+            gc_s[0] += time.perf_counter() - gc_started[0]
+
+    gc.callbacks.append(on_gc)
+
+    def one_step(step: int, walls: dict[str, float] | None, timed: dict[str, list] | None = None) -> None:
+        # timed: per phase, (host issue s, wall s, gc s) of each micro-step: issue is when the call
+        # returned (the host had queued everything), wall when its kernels had finished
         for micro in range(accum):
             ids = batch(step, micro, 0, 0, (t.micro_batch, t.seq), m.vocab).to(device)
             for phase, run in (("forward", lambda: engine(ids)), ("backward", None)):
                 torch.cuda.synchronize()
+                gc0 = gc_s[0]
                 start = time.perf_counter()
                 with record_function(f"phase:{phase}"):  # the window ends after its kernels do
                     if phase == "forward":
                         loss = run()
                     else:
                         engine.backward(loss)
+                    issued = time.perf_counter()
                     torch.cuda.synchronize()
+                end = time.perf_counter()
                 if walls is not None:
-                    walls[phase] += time.perf_counter() - start
+                    walls[phase] += end - start
+                if timed is not None:
+                    timed[phase].append((issued - start, end - start, gc_s[0] - gc0))
             torch.cuda.synchronize()
+            gc0 = gc_s[0]
             start = time.perf_counter()
             with record_function("phase:step"):
                 engine.step()
+                issued = time.perf_counter()
                 torch.cuda.synchronize()
+            end = time.perf_counter()
             if walls is not None:
-                walls["step"] += time.perf_counter() - start
+                walls["step"] += end - start
+            if timed is not None:
+                timed["step"].append((issued - start, end - start, gc_s[0] - gc0))
 
     for step in range(2):
         one_step(step, None)
+    # unprofiled steps: the host's issue time against the wall time, without the profiler's own cost
+    timed: dict[str, list] = {phase: [] for phase in PHASES}
+    for step in range(2, 2 + a.timed_steps):
+        one_step(step, None, timed)
     walls = {phase: 0.0 for phase in PHASES}
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for step in range(2, 2 + a.steps):
+        for step in range(2 + a.timed_steps, 2 + a.timed_steps + a.steps):
             one_step(step, walls)
 
     events = prof.events()
@@ -128,7 +165,23 @@ def main() -> int:
             entry = top.setdefault(ev.name[:90], [0.0, 0])
             entry[0] += ev.time_range.elapsed_us()
             entry[1] += 1
+        syncs = [ev for ev in events if ev.device_type == torch.autograd.DeviceType.CPU
+                 and ev.name in ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize",
+                                 "cudaMemcpy", "cudaMemcpyAsync", "cudaStreamWaitEvent")
+                 and any(s <= ev.time_range.start < e for s, e in windows[phase])]
+        sync_calls: dict[str, list[float]] = {}
+        for ev in syncs:
+            entry = sync_calls.setdefault(ev.name, [0, 0.0])
+            entry[0] += 1
+            entry[1] += ev.time_range.elapsed_us()
+        rows = timed[phase]
         summary[phase] = {
+            # unprofiled: per step, host issue ms / wall ms / GC ms
+            "timed_issue_ms": [round(r[0] * 1e3, 2) for r in rows],
+            "timed_wall_ms": [round(r[1] * 1e3, 2) for r in rows],
+            "timed_gc_ms": [round(r[2] * 1e3, 2) for r in rows],
+            # profiled: the host's waits (the last cudaDeviceSynchronize is the window's own end)
+            "sync_calls": {k: [n // a.steps, round(us / 1e3 / a.steps, 3)] for k, (n, us) in sync_calls.items()},
             "wall_ms": round(wall_us / 1e3 / a.steps, 3),
             "wall_sync_ms": round(walls[phase] * 1e3 / a.steps, 3),
             "gpu_busy_ms": round(busy_us / 1e3 / a.steps, 3),
@@ -151,8 +204,9 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{a.name}.json"
     path.write_text(json.dumps(result, indent=1))
-    line = "  ".join(f"{p} {s['wall_sync_ms']:.1f} ms (gpu busy {s['gpu_busy_ms']:.1f}, {s['kernels']} kernels)"
-                     for p, s in summary.items())
+    line = "  ".join(f"{p} {s['wall_sync_ms']:.1f} ms (gpu busy {s['gpu_busy_ms']:.1f}, {s['kernels']} kernels; "
+                     f"unprofiled issue/wall/gc ms {median(s['timed_issue_ms'])}/{median(s['timed_wall_ms'])}/"
+                     f"{max(s['timed_gc_ms'] or [0])})" for p, s in summary.items())
     print(f"PROFILE {a.name}: {line}; predicted step {predicted.step_time_s * 1e3:.1f} ms")
     return 0
 
