@@ -50,6 +50,41 @@ def busy_time_us(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
+def host_counters() -> dict:
+    """What the host did, read from /proc: this process's threads' CPU ticks (by name), its
+    context switches, the machine's CPU time by kind (steal: a VM's vCPUs waiting for the host)."""
+    threads = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            name = (task / "comm").read_text().strip()
+        except OSError:
+            continue
+        threads[f"{name}:{task.name}"] = int(fields[11]) + int(fields[12])  # utime + stime
+    status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
+    cpu = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    return {"threads": threads, "wall": time.perf_counter(),
+            "voluntary": int(status["voluntary_ctxt_switches"]),
+            "involuntary": int(status["nonvoluntary_ctxt_switches"]), "cpu": [int(x) for x in cpu]}
+
+
+def host_usage(before: dict, after: dict) -> dict:
+    """CPU seconds per thread (the busiest 8), context switches, and the machine's busy, idle and
+    steal shares over the interval."""
+    tick = os.sysconf("SC_CLK_TCK")
+    per_thread = {k: (v - before["threads"].get(k, 0)) / tick for k, v in after["threads"].items()}
+    busiest = sorted(per_thread.items(), key=lambda kv: -kv[1])[:8]
+    cpu = [b - a for a, b in zip(before["cpu"], after["cpu"])]
+    total = max(1, sum(cpu))
+    # /proc/stat: user nice system idle iowait irq softirq steal ...
+    return {"wall_s": round(after["wall"] - before["wall"], 3),
+            "thread_cpu_s": [[k, round(v, 2)] for k, v in busiest], "threads": len(per_thread),
+            "voluntary_switches": after["voluntary"] - before["voluntary"],
+            "involuntary_switches": after["involuntary"] - before["involuntary"],
+            "machine_busy_share": round(1 - (cpu[3] + cpu[4]) / total, 3),
+            "machine_steal_share": round(cpu[7] / total, 4) if len(cpu) > 7 else None}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--name", required=True)
@@ -128,8 +163,10 @@ def main() -> int:
         one_step(step, None)
     # unprofiled steps: the host's issue time against the wall time, without the profiler's own cost
     timed: dict[str, list] = {phase: [] for phase in PHASES}
+    before = host_counters()
     for step in range(2, 2 + a.timed_steps):
         one_step(step, None, timed)
+    host = host_usage(before, host_counters())
     walls = {phase: 0.0 for phase in PHASES}
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for step in range(2 + a.timed_steps, 2 + a.timed_steps + a.steps):
@@ -196,6 +233,7 @@ def main() -> int:
         "name": a.name, "argv": shlex.join(argv), "torch": torch.__version__, "deepspeed": deepspeed.__version__,
         "gpu": torch.cuda.get_device_name(), "cores": os.cpu_count(), "profiled_steps": a.steps,
         "phases": summary,
+        "host_during_timed_steps": host,
         "host_ops_self_ms": [[ev.key[:90], round(ev.self_cpu_time_total / 1e3 / a.steps, 3), ev.count // a.steps]
                              for ev in host_ops],
         "predicted": {k: v for k, v in dataclasses.asdict(predicted).items() if isinstance(v, (int, float))},
@@ -208,6 +246,7 @@ def main() -> int:
                      f"unprofiled issue/wall/gc ms {median(s['timed_issue_ms'])}/{median(s['timed_wall_ms'])}/"
                      f"{max(s['timed_gc_ms'] or [0])})" for p, s in summary.items())
     print(f"PROFILE {a.name}: {line}; predicted step {predicted.step_time_s * 1e3:.1f} ms")
+    print(f"HOST {a.name}: {json.dumps(host)}")
     return 0
 
 
