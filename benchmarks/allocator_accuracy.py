@@ -76,6 +76,10 @@ HELDOUT8_PREDICTIONS = MEASURED / "h200-2026-12-02" / "heldout8-allocator-predic
 # every traced fix of the sixth session, committed before it ran: rows tagged 9.
 HELDOUT9 = MEASURED / "h200-2026-12-02" / "heldout9-results.jsonl"
 HELDOUT9_PREDICTIONS = MEASURED / "h200-2026-12-02" / "heldout9-allocator-predictions.jsonl"
+# The tenth (benchmarks/batch-h200-heldout10.txt, 6 shapes each run twice), predicted by main at
+# 23711b6, committed before it ran: rows tagged 10.
+HELDOUT10 = MEASURED / "h200-2026-12-02b" / "heldout10-results.jsonl"
+HELDOUT10_PREDICTIONS = MEASURED / "h200-2026-12-02b" / "heldout10-allocator-predictions.jsonl"
 # The hold-outs reported by device used alone: (tag, results, predictions committed before the
 # run and the model that made them, a second committed set or None and its model).
 LATER_HELDOUTS = (
@@ -84,6 +88,7 @@ LATER_HELDOUTS = (
     ("5", HELDOUT5, HELDOUT5_PREDICTIONS, "main 666d1ca", None, None),
     ("8", HELDOUT8, HELDOUT8_PREDICTIONS, "main 41fdcac", None, None),
     ("9", HELDOUT9, HELDOUT9_PREDICTIONS, "main d2a3b3f", None, None),
+    ("10", HELDOUT10, HELDOUT10_PREDICTIONS, "main 23711b6", None, None),
 )
 SHAPE_A = ("--stage 0 --hidden 3584 --heads 28 --kv-heads 4 --ffn 12544 --vocab 128256 --mlp swiglu "
            "--norm rmsnorm --no-bias --seq 4096 --micro-batch 1 --gpus-per-node 1 --gpu h200")

@@ -22,7 +22,10 @@ Three figures, kept apart:
 Beside them, the host-floor rows (a hosts.toml entry's `host_floor_results`: layouts at 128 tokens
 a micro-step, each pass the host's time), the rows the host's constants were measured on
 (benchmarks/steptime_fit.py --host-floor): in-sample for those, in no fit of the step rows.
-Then leave-one-host-out through `zlayout calibrate`'s fit (the calibration factors only).
+Then run to run: the layouts measured in several processes (batch 10 runs each twice; batch 9's
+ZeRO-3 miss was profiled five more times, benchmarks/steptime_profile.py), their spread and the
+error against the runs' median. Then leave-one-host-out through `zlayout calibrate`'s fit (the
+calibration factors only).
 
 Targets (docs/tradeoffs.md, DESIGN.md): held out, GPU-resident within 15% at worst,
 offloaded within 25%. The CPU optimizer's threads per rank: as the row records them, else
@@ -65,10 +68,17 @@ PREDICTIONS_7 = ROOT / "benchmarks" / "measurements" / "h200-2026-12-01f" / "hel
 # batch 9 (benchmarks/batch-h200-heldout9.txt, eight layouts): predicted by main at d2a3b3f (the
 # host's side of a pass, from the host floor) before it ran
 PREDICTIONS_9 = ROOT / "benchmarks" / "measurements" / "h200-2026-12-02" / "heldout9-steptime-predictions.jsonl"
+# batch 10 (benchmarks/batch-h200-heldout10.txt, six layouts each run twice in separate processes):
+# predicted by main at 23711b6 (no step-time change since batch 9) before it ran
+PREDICTIONS_10 = ROOT / "benchmarks" / "measurements" / "h200-2026-12-02b" / "heldout10-steptime-predictions.jsonl"
 # each batch's results file and the predictions committed for it (two batches may share a layout)
 COMMITTED = {"heldout2-results.jsonl": PREDICTIONS, "heldout3-results.jsonl": PREDICTIONS_3,
              "heldout4-results.jsonl": PREDICTIONS_4, "heldout5-results.jsonl": PREDICTIONS_5,
-             "heldout7-results.jsonl": PREDICTIONS_7, "heldout9-results.jsonl": PREDICTIONS_9}
+             "heldout7-results.jsonl": PREDICTIONS_7, "heldout9-results.jsonl": PREDICTIONS_9,
+             "heldout10-results.jsonl": PREDICTIONS_10}
+# the batch files of the held-out results whose layouts were also profiled (run_to_run)
+HELDOUT_BATCHES = {"heldout9-results.jsonl": "benchmarks/batch-h200-heldout9.txt",
+                   "heldout10-results.jsonl": "benchmarks/batch-h200-heldout10.txt"}
 TARGETS = {"GPU-resident": 0.15, "offloaded": 0.25}
 
 
@@ -169,6 +179,91 @@ def cpu_points(rows: list[Row]) -> None:
         print(json.dumps({"kind": "step-derived", "host": m.host, "host_cores": HOSTS[m.host]["host_cores"],
                           "threads": m.cpu_threads_per_rank, "s_per_param": round(per_param_s, 13),
                           "layout": m.label, "measured_step_s": round(m.steady_step_s, 4)}))
+
+
+# Profiles of one layout in separate processes (benchmarks/steptime_profile.py's unprofiled steps:
+# each phase's wall time, synchronised between phases as verify times them), beside its verify rows.
+PROFILES = ROOT / "benchmarks" / "measurements" / "h200-2026-12-02b" / "profiles"
+
+
+def _flags(argv: list[str]) -> dict[str, str]:
+    """A verify command line as {flag: value} (order-free; --steps is not the layout)."""
+    out, key = {}, None
+    for token in argv:
+        if token.startswith("--"):
+            key = token
+            out[key] = ""
+        elif key is not None:
+            out[key] = token
+    out.pop("--steps", None)
+    return out
+
+
+def profiled_steps() -> list[tuple[dict[str, str], float, str]]:
+    """(flags, step s, profile name) of each profile: the sum over phases of the median unprofiled wall time."""
+    import shlex
+    from statistics import median
+    out = []
+    for path in sorted(PROFILES.glob("*.json")):
+        d = json.loads(path.read_text())
+        walls = [d["phases"][p].get("timed_wall_ms") for p in ("forward", "backward", "step")]
+        if all(walls):
+            out.append((_flags(shlex.split(d["argv"])), sum(median(w) for w in walls) / 1e3, d["name"]))
+    return out
+
+
+def run_to_run(rows: list[Row]) -> None:
+    """One layout measured in several processes: the spread of its steady step, and the error
+    against the runs' median, beside the error against each run."""
+    from statistics import median
+    groups: dict[tuple, list[tuple[float, str]]] = {}
+    first: dict[tuple, Row] = {}
+    for m in rows:
+        if m.floor or m.world != 1:
+            continue
+        key = (m.label, m.inp.model_dump_json(), m.layout.key)
+        groups.setdefault(key, []).append((m.steady_step_s, m.source.split(":")[0]))
+        first.setdefault(key, m)
+    profiles = profiled_steps()
+    lines = []
+    for key, runs in groups.items():
+        label, match = key[0], first[key]
+        wanted = batch_flags(match)
+        runs = runs + [(step, f"profile {name}") for flags, step, name in profiles if wanted and flags == wanted]
+        if len(runs) < 2:
+            continue
+        pred = predict(match).step_time_s
+        steps = sorted(s for s, _ in runs)
+        mid = median(steps)
+        lines.append((label, len(runs), steps[0], steps[-1], mid, pred))
+    if not lines:
+        return
+    print("\nRun to run: layouts measured in several processes (verify rows, and profiles' unprofiled steps):")
+    print(f"  {'layout':<52} {'runs':>4} {'min s':>7} {'max s':>7} {'spread':>7} {'median':>7} {'pred s':>7} "
+          f"{'vs median':>9} {'vs runs':>15}")
+    for label, n, lo, hi, mid, pred in lines:
+        print(f"  {label:<52} {n:>4} {lo:7.3f} {hi:7.3f} {hi / lo - 1:+7.1%} {mid:7.3f} {pred:7.3f} "
+              f"{pred / mid - 1:+9.1%} {pred / hi - 1:+7.1%}..{pred / lo - 1:+.1%}")
+
+
+def batch_flags(m: Row) -> dict[str, str] | None:
+    """The verify flags of a held-out row, from its batch file's line (by the committed prediction's layout)."""
+    import shlex
+    results = m.source.split(":")[0]
+    batch = HELDOUT_BATCHES.get(results)
+    if batch is None:
+        return None
+    from zlayout.cli import build_parser
+    from zlayout.commands import verify as verify_cmd
+    build_parser()
+    for line in (ROOT / batch).read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        inp, layout, _, _ = verify_cmd._inputs(verify_cmd._VERIFY_PARSER.parse_args(shlex.split(line)))
+        if layout.key == m.layout.key and inp.model_dump_json() == m.inp.model_dump_json():
+            return _flags(shlex.split(line))
+    return None
 
 
 def phase_errors(rows: list[Row]) -> None:
@@ -292,6 +387,8 @@ def main() -> int:
         results = [f for desc in HOSTS.values() for f in desc.get("heldout_results", [])]
         print(f"  (3) held out: no rows yet (the step-time section of {HELDOUT_BATCH}, predictions committed in "
               f"{PREDICTIONS.relative_to(ROOT)}; its results go to benchmarks/measurements/{', '.join(results)})")
+
+    run_to_run(rows)
 
     if len(hosts) > 1:
         print("\nLeave-one-host-out through `zlayout calibrate` (factors fitted on the other hosts' rows; the model's"

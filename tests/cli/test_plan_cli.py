@@ -64,6 +64,46 @@ def test_readable_table_by_default(capsys):
     assert "ZeRO-3 opt→cpu param→cpu" in out and "Recommendation:" in out
 
 
+def _step_parts(out: str) -> tuple[float, list[float], bool]:
+    """The single-layout text's step time, its parts, and whether the host-bound note is there."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("Step time "))
+    total = float(lines[start].split()[2])
+    parts = []
+    for line in lines[start + 1:]:
+        if not line.startswith("  ") or line.startswith("  host-bound"):
+            break
+        parts.append(float(line[20:28]))
+    return total, parts, any(line.startswith("  host-bound:") for line in lines[start:])
+
+
+HOST_BOUND_Z3 = ["--impl", "hf", "--stage", "3", "--layers", "16", "--hidden", "2048", "--heads", "16",
+                 "--kv-heads", "8", "--ffn", "5632", "--vocab", "32000", "--mlp", "swiglu", "--norm", "rmsnorm",
+                 "--no-bias", "--seq", "4096", "--micro-batch", "2", "--gpus-per-node", "1", "--gpu", "h200"]
+
+
+def test_one_layout_prints_its_step_time_part_by_part_and_the_parts_add_up(capsys):
+    code, out, _ = run_plan(capsys, *REFERENCE_FLAGS, "--stage", "2", "--offload-optimizer", "cpu")
+    assert code == 0
+    total, parts, host_bound = _step_parts(out)
+    assert len(parts) >= 3 and abs(sum(parts) - total) <= 0.002 * len(parts)
+    assert "offload" in out and "CPU optimizer" in out and not host_bound
+    data = json.loads(run_plan(capsys, *REFERENCE_FLAGS, "--stage", "2", "--offload-optimizer", "cpu", "--json")[1])
+    assert abs(data["step_time_s"] - total) < 0.0005
+
+
+def test_a_host_bound_step_says_so_and_a_kernel_bound_one_does_not(capsys):
+    # batch 9's transformers ZeRO-3 layout on one GPU: 0.197-0.359 s over six processes
+    _, out, _ = run_plan(capsys, *HOST_BOUND_Z3)
+    total, parts, host_bound = _step_parts(out)
+    assert host_bound and abs(sum(parts) - total) <= 0.002 * len(parts)
+    # the same model at micro-batch 8 keeps the GPU busy: its host side hides behind the kernels
+    flags = [*HOST_BOUND_Z3[:-5], "8", *HOST_BOUND_Z3[-4:]]
+    assert flags[flags.index("--micro-batch") + 1] == "8"
+    _, out, _ = run_plan(capsys, *flags)
+    assert not _step_parts(out)[2]
+
+
 def test_presets_and_sizes_extend_the_contract(capsys):
     code, out, _ = run_plan(capsys, "--preset", "llama3-8b", "--gpus-per-node", "8", "--gpu", "h100",
                             "--stage", "3", "--json")

@@ -227,6 +227,12 @@ async def test_enter_on_a_row_shows_its_terms_and_ds_config():
             assert term.explanation.split()[0] in shown
         assert f'"stage": {layout.stage}' in app.screen.ds_config_json
         assert app.screen.query_one("#detail-ds-config", Static).region.height > 10
+        # the step time part by part, as `zlayout plan --stage N` prints it
+        from zlayout.core.steptime import step_time_parts
+        parts = step_time_parts(app.plan.for_layout(layout).time)
+        assert "Step time" in shown and len(parts) >= 2
+        for name, seconds, _ in parts:
+            assert name in shown and f"{seconds:.3f}" in shown
         await pilot.press("escape")
         assert not isinstance(app.screen, DetailScreen)
 

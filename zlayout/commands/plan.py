@@ -17,9 +17,19 @@ from zlayout.catalog import format_params
 from zlayout.cli import add_plan_arguments, layout_from_args, plan_input_from_args
 from zlayout.core.memory import MemoryEstimate
 from zlayout.core.plan import Plan, make_plan
+from zlayout.core.steptime import StepTimeEstimate, host_bound_note, step_time_parts
 from zlayout.core.serialize import layout_plan_dict, model_dict, recommendation_dict
 from zlayout.spec import GiB, Layout
 
+
+
+def step_time_lines(t: StepTimeEstimate) -> list[str]:
+    """The step time of one layout, part by part, and a note when the host's side sets it."""
+    lines = [f"Step time {t.step_time_s:.3f} s (forward {t.forward_s:.3f}, backward {t.backward_s:.3f}, "
+             f"optimizer {t.optimizer_s:.3f}):"]
+    lines += [f"  {name:18} {seconds:7.3f} s  {why}" for name, seconds, why in step_time_parts(t)]
+    note = host_bound_note(t)
+    return lines + ([f"  host-bound: {note}"] if note else [])
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("plan", help="memory per GPU/host/NVMe, fit and step time per layout",
@@ -121,6 +131,8 @@ def plan_table(plan: Plan, layout=None) -> str:
         lines += ["", f"Terms (peak in the {mem.peak_phase} phase):"]
         for term in mem.terms:
             lines.append(f"  {term.where:4} {term.name:30} {_gib(term.bytes)} GiB  {term.explanation}")
+    if layout is not None:
+        lines += ["", *step_time_lines(chosen[0].time)]
     if layout is not None and rec != layout:
         lines += ["", f"Note: {recommendation_note(plan, layout)}."]
     lines += ["", f"Recommendation: {plan.recommendation.reason}"]

@@ -43,6 +43,10 @@ the values, the evidence, in-sample, leave-one-out and held-out errors), price i
   the launchers zlayout writes set OMP_NUM_THREADS) on a measured scaling curve, and never
   faster than the node's host memory bandwidth shared by its GPUs allows; NVMe reads and
   writes at the node's NVMe bandwidth, not overlapped.
+- What the plan and the app show (`step_time_parts`): the step part by part, and a host-bound note
+  where the host's unhidden side is a quarter of the step or more: that side is the host's Python,
+  which runs at different speeds in different processes on one host (one layout: 0.197-0.359 s over
+  six runs), so such a figure is a median, not a bound.
 - A calibration (`PlanInput.calibration`, from `zlayout calibrate`) scales the four groups
   of parts: GPU kernels, Python overheads (the host's side of a pass, the per-step part), the CPU
   optimizer, exposed transfers.
@@ -227,6 +231,43 @@ class StepTimeEstimate:
     forward_s: float = 0.0  # the forward passes: a smooth maximum of the GPU's side and the host's
     backward_s: float = 0.0  # the same for the backward passes, recompute included
     optimizer_s: float = 0.0  # GPU optimizer, the per-step overhead, the CPU optimizer
+
+
+# A step whose unhidden host side is at least this share of it is host-bound: its time is the host's
+# Python (the kernels' issue, ZeRO-3's hooks), which varies from process to process on one host.
+# Measured on one H200 (16 cores): a transformers ZeRO-3 layout whose host side is 44% of its
+# predicted step took 0.197-0.359 s over six processes (docs/tradeoffs.md, "Run to run").
+HOST_BOUND_SHARE = 0.25
+
+
+def step_time_parts(t: StepTimeEstimate) -> list[tuple[str, float, str]]:
+    """A step's parts as the plan and the app show them, (name, seconds, why): they add up to the
+    step. Parts that take no time are left out, except the kernels."""
+    parts = [
+        ("GPU kernels", t.compute_s + t.launch_overhead_s,
+         f"GEMMs, attention, elementwise and loss kernels ({t.mfu:.0%} MFU)"),
+        ("host, not hidden", t.host_overhead_s,
+         "the host's Python, kernel issue and ZeRO-3's hooks beyond what the kernels cover"),
+        ("optimizer (GPU)", t.gpu_optimizer_s + t.step_overhead_s,
+         "the optimizer's kernels and the engine's Python per step"),
+        ("communication", t.comm_s, f"exposed, of {t.comm_total_s:.3f} s in all"),
+        ("offload", t.offload_s, ", ".join(
+            text for seconds, text in (
+                (t.cpu_optimizer_s, f"CPU optimizer {t.cpu_optimizer_s:.3f} s ({t.cpu_threads_per_rank} threads a rank)"),
+                (t.pcie_s, f"PCIe copies not hidden {t.pcie_s:.3f} s"),
+                (t.nvme_s, f"NVMe {t.nvme_s:.3f} s")) if seconds > 0)),
+    ]
+    return [part for part in parts if part[1] > 0 or part[0] == "GPU kernels"]
+
+
+def host_bound_note(t: StepTimeEstimate) -> str | None:
+    """Why a host-bound step's figure is less certain than a kernel-bound one's, or None."""
+    share = t.host_overhead_s / t.step_time_s if t.step_time_s > 0 else 0.0
+    if share < HOST_BOUND_SHARE:
+        return None
+    return (f"{share:.0%} of this step is the host's side, which varies from process to process (one "
+            "such layout: -28% to +31% of its prediction over six runs on one host); `zlayout calibrate` "
+            "fits your hosts' factor from verify results")
 
 
 def matmul_params(inp: PlanInput) -> int:

@@ -60,6 +60,7 @@ class DetailScreen(ModalScreen[None]):
                         classes="dialog-title")
             with VerticalScroll(id="detail-body"):
                 yield Static(self._terms_table(), id="detail-terms")
+                yield Static(self._step_time_table(), id="detail-step-time")
                 yield Label("[b]ds_config.json[/b]")
                 yield Static(Syntax(self.ds_config_json, "json",
                                     theme="ansi_dark", background_color="default",
@@ -78,6 +79,26 @@ class DetailScreen(ModalScreen[None]):
         table.add_column("Why", ratio=1, overflow="fold")
         for term in self._layout_plan.memory.terms:
             table.add_row(term.name, term.where, view.fmt_gib(term.bytes), term.explanation)
+        return table
+
+    def _step_time_table(self) -> Table:
+        """The step time part by part (`zlayout plan --stage N` prints the same), and the
+        host-bound note where the host's side sets it."""
+        from zlayout.core.steptime import host_bound_note, step_time_parts
+
+        t = self._layout_plan.time
+        table = Table(box=None, expand=True, pad_edge=False, header_style="bold",
+                      title=f"[b]Step time {view.fmt_seconds(t.step_time_s)}[/b] (forward "
+                            f"{view.fmt_seconds(t.forward_s)}, backward {view.fmt_seconds(t.backward_s)}, "
+                            f"optimizer {view.fmt_seconds(t.optimizer_s)})", title_justify="left")
+        table.add_column("Part", overflow="fold", min_width=12)
+        table.add_column("s", justify="right", no_wrap=True)
+        table.add_column("Why", ratio=1, overflow="fold")
+        for name, seconds, why in step_time_parts(t):
+            table.add_row(name, f"{seconds:.3f}", why)
+        note = host_bound_note(t)
+        if note:
+            table.add_row("[yellow]host-bound[/yellow]", "", note)
         return table
 
     def on_mount(self) -> None:
