@@ -80,6 +80,10 @@ HELDOUT9_PREDICTIONS = MEASURED / "h200-2026-12-02" / "heldout9-allocator-predic
 # 23711b6, committed before it ran: rows tagged 10.
 HELDOUT10 = MEASURED / "h200-2026-12-02b" / "heldout10-results.jsonl"
 HELDOUT10_PREDICTIONS = MEASURED / "h200-2026-12-02b" / "heldout10-allocator-predictions.jsonl"
+# The eleventh (benchmarks/batch-h200-heldout11.txt, 5 offloaded shapes), predicted by main at
+# 2e45549, committed before it ran: rows tagged 11.
+HELDOUT11 = MEASURED / "h200-2026-12-02b" / "heldout11-results.jsonl"
+HELDOUT11_PREDICTIONS = MEASURED / "h200-2026-12-02b" / "heldout11-allocator-predictions.jsonl"
 # The hold-outs reported by device used alone: (tag, results, predictions committed before the
 # run and the model that made them, a second committed set or None and its model).
 LATER_HELDOUTS = (
@@ -89,6 +93,7 @@ LATER_HELDOUTS = (
     ("8", HELDOUT8, HELDOUT8_PREDICTIONS, "main 41fdcac", None, None),
     ("9", HELDOUT9, HELDOUT9_PREDICTIONS, "main d2a3b3f", None, None),
     ("10", HELDOUT10, HELDOUT10_PREDICTIONS, "main 23711b6", None, None),
+    ("11", HELDOUT11, HELDOUT11_PREDICTIONS, "main 2e45549", None, None),
 )
 SHAPE_A = ("--stage 0 --hidden 3584 --heads 28 --kv-heads 4 --ffn 12544 --vocab 128256 --mlp swiglu "
            "--norm rmsnorm --no-bias --seq 4096 --micro-batch 1 --gpus-per-node 1 --gpu h200")

@@ -71,11 +71,13 @@ PREDICTIONS_9 = ROOT / "benchmarks" / "measurements" / "h200-2026-12-02" / "held
 # batch 10 (benchmarks/batch-h200-heldout10.txt, six layouts each run twice in separate processes):
 # predicted by main at 23711b6 (no step-time change since batch 9) before it ran
 PREDICTIONS_10 = ROOT / "benchmarks" / "measurements" / "h200-2026-12-02b" / "heldout10-steptime-predictions.jsonl"
+# batch 11 (benchmarks/batch-h200-heldout11.txt, five offloaded layouts): predicted by main at 2e45549
+PREDICTIONS_11 = ROOT / "benchmarks" / "measurements" / "h200-2026-12-02b" / "heldout11-steptime-predictions.jsonl"
 # each batch's results file and the predictions committed for it (two batches may share a layout)
 COMMITTED = {"heldout2-results.jsonl": PREDICTIONS, "heldout3-results.jsonl": PREDICTIONS_3,
              "heldout4-results.jsonl": PREDICTIONS_4, "heldout5-results.jsonl": PREDICTIONS_5,
              "heldout7-results.jsonl": PREDICTIONS_7, "heldout9-results.jsonl": PREDICTIONS_9,
-             "heldout10-results.jsonl": PREDICTIONS_10}
+             "heldout10-results.jsonl": PREDICTIONS_10, "heldout11-results.jsonl": PREDICTIONS_11}
 # the batch files of the held-out results whose layouts were also profiled (run_to_run)
 HELDOUT_BATCHES = {"heldout9-results.jsonl": "benchmarks/batch-h200-heldout9.txt",
                    "heldout10-results.jsonl": "benchmarks/batch-h200-heldout10.txt"}
