@@ -128,6 +128,8 @@ class Prediction(Section):
     compute_s: float | None = None
     comm_s: float | None = None
     offload_s: float | None = None
+    host_overhead_s: float | None = Field(
+        default=None, description="the host's side (Python, kernel issue, ZeRO-3's hooks) the kernels do not hide")
     tokens_per_s: float | None = None
     mfu: float | None = None
     intra_node_bytes: int | None = None

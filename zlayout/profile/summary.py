@@ -94,8 +94,8 @@ def format_profile(profile: Profile) -> str:
                f"NVMe per node: {gib(pred.nvme_bytes)} of {gib(pred.nvme_capacity_bytes)}")
     if pred.step_time_s is not None:
         parts = ", ".join(f"{label} {seconds(value)}" for label, value in
-                          (("compute", pred.compute_s), ("exposed comm", pred.comm_s),
-                           ("offload", pred.offload_s)) if value is not None)
+                          (("compute", pred.compute_s), ("host (not hidden)", pred.host_overhead_s),
+                           ("exposed comm", pred.comm_s), ("offload", pred.offload_s)) if value is not None)
         rate = f", {pred.tokens_per_s:,.0f} tokens/s" if pred.tokens_per_s else ""
         mfu = f", MFU {pred.mfu:.0%}" if pred.mfu is not None else ""
         out.append(f"  step time {seconds(pred.step_time_s)} ({parts}){rate}{mfu}")
