@@ -125,6 +125,17 @@ def test_the_steady_steps_spread_is_reported_with_the_prediction_inside_or_outsi
     assert "lies outside that range" in format_result(result)
 
 
+def test_a_host_bound_prediction_says_one_run_is_not_the_layout(inp):
+    # batch 9's transformers ZeRO-3 layout: 0.197 s in one process, 0.214-0.359 s in five others
+    reports = [report(0, GiB, step_s=[9.0, 5.0, 3.0, 1.0, 2.0], peak_allocated_bytes=[GiB] * 5)]
+    result = build_result(inp, LAYOUT, reports, cpu=False, returncode=0, output_tail=[], expected_ranks=1)
+    assert "host_overhead_s" in result["predicted"]
+    result["predicted"].update(step_time_s=2.5, host_overhead_s=1.1)
+    assert "host-bound (the host's Python sets 44% of the predicted step)" in format_result(result)
+    result["predicted"]["host_overhead_s"] = 0.2  # 8%: the kernels' step
+    assert "host-bound" not in format_result(result)
+
+
 def test_no_spread_line_for_a_cpu_run(inp):
     # a CPU run's steps against the GPU's predicted step time would read as a miss of the plan
     reports = [report(0, GiB, step_s=[9.0, 5.0, 3.0, 1.0, 2.0], peak_allocated_bytes=[GiB] * 5)]
