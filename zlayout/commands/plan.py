@@ -17,10 +17,9 @@ from zlayout.catalog import format_params
 from zlayout.cli import add_plan_arguments, layout_from_args, plan_input_from_args
 from zlayout.core.memory import MemoryEstimate
 from zlayout.core.plan import Plan, make_plan
-from zlayout.core.steptime import StepTimeEstimate, host_bound_note, step_time_parts
 from zlayout.core.serialize import layout_plan_dict, model_dict, recommendation_dict
+from zlayout.core.steptime import StepTimeEstimate, host_bound_note, step_time_parts
 from zlayout.spec import GiB, Layout
-
 
 
 def step_time_lines(t: StepTimeEstimate) -> list[str]:
@@ -30,6 +29,7 @@ def step_time_lines(t: StepTimeEstimate) -> list[str]:
     lines += [f"  {name:18} {seconds:7.3f} s  {why}" for name, seconds, why in step_time_parts(t)]
     note = host_bound_note(t)
     return lines + ([f"  host-bound: {note}"] if note else [])
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("plan", help="memory per GPU/host/NVMe, fit and step time per layout",

@@ -260,10 +260,20 @@ def step_time_parts(t: StepTimeEstimate) -> list[tuple[str, float, str]]:
     return [part for part in parts if part[1] > 0 or part[0] == "GPU kernels"]
 
 
+def host_bound_share(host_overhead_s: float | None, step_time_s: float | None) -> float | None:
+    """The share of a step its unhidden host side takes, when that makes the step host-bound
+    (HOST_BOUND_SHARE or more); None for a kernel-bound step or missing figures. The plan, a
+    profile's step-time alert and verify's report all decide host-bound here."""
+    if not host_overhead_s or not step_time_s or step_time_s <= 0:
+        return None
+    share = host_overhead_s / step_time_s
+    return share if share >= HOST_BOUND_SHARE else None
+
+
 def host_bound_note(t: StepTimeEstimate) -> str | None:
     """Why a host-bound step's figure is less certain than a kernel-bound one's, or None."""
-    share = t.host_overhead_s / t.step_time_s if t.step_time_s > 0 else 0.0
-    if share < HOST_BOUND_SHARE:
+    share = host_bound_share(t.host_overhead_s, t.step_time_s)
+    if share is None:
         return None
     return (f"{share:.0%} of this step is the host's side, which varies from process to process (one "
             "such layout: -28% to +31% of its prediction over six runs on one host); `zlayout calibrate` "

@@ -6,7 +6,7 @@ so the person paged at 3 a.m. knows what crossing it means and what to look at.
 
 from __future__ import annotations
 
-from zlayout.core.steptime import HOST_BOUND_SHARE
+from zlayout.core.steptime import host_bound_share
 from zlayout.profile.schema import (MEASURED_STATUSES, Alerts, Basis, DiskSpaceAlert, GpuHealthAlert,
                                     GpuMemoryAlert, HostMemoryAlert, LossSpikeAlert, Prediction, StepTimeAlert,
                                     Verification)
@@ -78,18 +78,17 @@ def derive_alerts(inp: PlanInput, prediction: Prediction, verification: Verifica
     step_basis, step_s = pick("step_time_s", prediction.step_time_s)
     step = None
     if step_s:
-        host_bound = (prediction.host_overhead_s is not None and bool(prediction.step_time_s)
-                      and prediction.host_overhead_s >= HOST_BOUND_SHARE * prediction.step_time_s)
-        factor = HOST_BOUND_STEP_TIME_FACTOR if host_bound else STEP_TIME_FACTOR
+        host_share = host_bound_share(prediction.host_overhead_s, prediction.step_time_s)
+        factor = STEP_TIME_FACTOR if host_share is None else HOST_BOUND_STEP_TIME_FACTOR
         step = StepTimeAlert(
             basis=step_basis, step_time_s=float(step_s),
             warn_above_s=round(float(step_s) * factor, 6), factor=factor,
             why=(f"{factor}x the {step_basis} step time of {float(step_s):.3g} s: "
                  "a throttled or failing GPU, a slow link, a straggler node, "
                  "or host memory swapping under offload"
-                 + ("; wide because the step is host-bound (the host's Python sets "
-                    f"{prediction.host_overhead_s / prediction.step_time_s:.0%} of it), and such steps "
-                    "vary up to 1.8x from one process to the next on a healthy host" if host_bound else "")),
+                 + ("" if host_share is None else "; wide because the step is host-bound (the host's "
+                    f"Python sets {host_share:.0%} of it), and such steps vary up to 1.8x from one "
+                    "process to the next on a healthy host")),
         )
 
     loss = LossSpikeAlert(

@@ -23,7 +23,7 @@ import re
 from typing import Any, Iterable
 
 from zlayout.core.plan import plan_layout
-from zlayout.core.steptime import HOST_BOUND_SHARE, steady_step_s, steady_steps
+from zlayout.core.steptime import host_bound_share, steady_step_s, steady_steps
 from zlayout.spec import GiB, Layout, PlanInput, offload_flag
 
 TOLERANCE_FRACTION = 0.10
@@ -181,8 +181,9 @@ def step_time_spread_line(result: dict[str, Any]) -> str | None:
     if (hi - lo) / median > UNEVEN_STEPS_FRACTION and n < STEADY_STEPS_WANTED:
         line += f" (steps this uneven need more of them: --steps {STEADY_STEPS_WANTED + 2})"
     host = predicted.get("host_overhead_s")
-    if isinstance(host, (int, float)) and want > 0 and host >= HOST_BOUND_SHARE * want:
-        line += (f"; host-bound (the host's Python sets {host / want:.0%} of the predicted step): such "
+    share = host_bound_share(host, want) if isinstance(host, (int, float)) else None
+    if share is not None:
+        line += (f"; host-bound (the host's Python sets {share:.0%} of the predicted step): such "
                  "steps vary up to 1.8x from one process to the next on one host, so one run's median "
                  "is not the layout's: run it again before reading the error as the plan's")
     return line
