@@ -78,9 +78,6 @@ COMMITTED = {"heldout2-results.jsonl": PREDICTIONS, "heldout3-results.jsonl": PR
              "heldout4-results.jsonl": PREDICTIONS_4, "heldout5-results.jsonl": PREDICTIONS_5,
              "heldout7-results.jsonl": PREDICTIONS_7, "heldout9-results.jsonl": PREDICTIONS_9,
              "heldout10-results.jsonl": PREDICTIONS_10, "heldout11-results.jsonl": PREDICTIONS_11}
-# the batch files of the held-out results whose layouts were also profiled (run_to_run)
-HELDOUT_BATCHES = {"heldout9-results.jsonl": "benchmarks/batch-h200-heldout9.txt",
-                   "heldout10-results.jsonl": "benchmarks/batch-h200-heldout10.txt"}
 TARGETS = {"GPU-resident": 0.15, "offloaded": 0.25}
 
 
@@ -117,14 +114,21 @@ def load_rows() -> list[Row]:
     return rows
 
 
+def verify_inputs(flags: str):
+    """The plan input and layout a `zlayout verify` command line gives (as the verify command reads it)."""
+    import shlex
+    from zlayout.cli import build_parser
+    from zlayout.commands import verify as verify_cmd
+    if verify_cmd._VERIFY_PARSER is None:
+        build_parser()
+    inp, layout, _, _ = verify_cmd._inputs(verify_cmd._VERIFY_PARSER.parse_args(shlex.split(flags)))
+    return inp, layout
+
+
 def committed_predictions() -> dict[tuple[str, str], float]:
     """The held-out batches' predictions as committed before they ran, by (results file, layout
     label): the same layout in two batches keeps each batch's own prediction."""
     from zlayout.profile.calibration import _label  # the label read_results gives a row
-    from zlayout.cli import build_parser
-    from zlayout.commands import verify as verify_cmd
-    import shlex
-    build_parser()
     out = {}
     for results, f in COMMITTED.items():
         if not f.exists():
@@ -132,7 +136,7 @@ def committed_predictions() -> dict[tuple[str, str], float]:
         for line in f.read_text().splitlines():
             if line.strip():
                 p = json.loads(line)
-                inp, layout, _, _ = verify_cmd._inputs(verify_cmd._VERIFY_PARSER.parse_args(shlex.split(p["flags"])))
+                inp, layout = verify_inputs(p["flags"])
                 label = _label(inp, layout) + (f" ({inp.training.impl})" if inp.training.impl != "zlayout" else "")
                 out[(results, label)] = p["predicted_step_s"]
     return out
@@ -188,29 +192,17 @@ def cpu_points(rows: list[Row]) -> None:
 PROFILES = ROOT / "benchmarks" / "measurements" / "h200-2026-12-02b" / "profiles"
 
 
-def _flags(argv: list[str]) -> dict[str, str]:
-    """A verify command line as {flag: value} (order-free; --steps is not the layout)."""
-    out, key = {}, None
-    for token in argv:
-        if token.startswith("--"):
-            key = token
-            out[key] = ""
-        elif key is not None:
-            out[key] = token
-    out.pop("--steps", None)
-    return out
-
-
-def profiled_steps() -> list[tuple[dict[str, str], float, str]]:
-    """(flags, step s, profile name) of each profile: the sum over phases of the median unprofiled wall time."""
-    import shlex
+def profiled_steps() -> list[tuple[tuple[str, str], float]]:
+    """((plan input, layout key), step s) of each profile: the sum over phases of the median
+    unprofiled wall time, keyed as `run_to_run` keys the verify rows."""
     from statistics import median
     out = []
     for path in sorted(PROFILES.glob("*.json")):
         d = json.loads(path.read_text())
         walls = [d["phases"][p].get("timed_wall_ms") for p in ("forward", "backward", "step")]
         if all(walls):
-            out.append((_flags(shlex.split(d["argv"])), sum(median(w) for w in walls) / 1e3, d["name"]))
+            inp, layout = verify_inputs(d["argv"])
+            out.append(((inp.model_dump_json(), layout.key), sum(median(w) for w in walls) / 1e3))
     return out
 
 
@@ -218,26 +210,24 @@ def run_to_run(rows: list[Row]) -> None:
     """One layout measured in several processes: the spread of its steady step, and the error
     against the runs' median, beside the error against each run."""
     from statistics import median
-    groups: dict[tuple, list[tuple[float, str]]] = {}
-    first: dict[tuple, Row] = {}
+    runs: dict[tuple[str, str], list[float]] = {}
+    first: dict[tuple[str, str], Row] = {}
     for m in rows:
         if m.floor or m.world != 1:
             continue
-        key = (m.label, m.inp.model_dump_json(), m.layout.key)
-        groups.setdefault(key, []).append((m.steady_step_s, m.source.split(":")[0]))
+        key = (m.inp.model_dump_json(), m.layout.key)
+        runs.setdefault(key, []).append(m.steady_step_s)
         first.setdefault(key, m)
-    profiles = profiled_steps()
+    for key, step in profiled_steps():
+        if key in runs:
+            runs[key].append(step)
     lines = []
-    for key, runs in groups.items():
-        label, match = key[0], first[key]
-        wanted = batch_flags(match)
-        runs = runs + [(step, f"profile {name}") for flags, step, name in profiles if wanted and flags == wanted]
-        if len(runs) < 2:
+    for key, steps in runs.items():
+        if len(steps) < 2:
             continue
-        pred = predict(match).step_time_s
-        steps = sorted(s for s, _ in runs)
-        mid = median(steps)
-        lines.append((label, len(runs), steps[0], steps[-1], mid, pred))
+        steps = sorted(steps)
+        lines.append((first[key].label, len(steps), steps[0], steps[-1], median(steps),
+                      predict(first[key]).step_time_s))
     if not lines:
         return
     print("\nRun to run: layouts measured in several processes (verify rows, and profiles' unprofiled steps):")
@@ -246,26 +236,6 @@ def run_to_run(rows: list[Row]) -> None:
     for label, n, lo, hi, mid, pred in lines:
         print(f"  {label:<52} {n:>4} {lo:7.3f} {hi:7.3f} {hi / lo - 1:+7.1%} {mid:7.3f} {pred:7.3f} "
               f"{pred / mid - 1:+9.1%} {pred / hi - 1:+7.1%}..{pred / lo - 1:+.1%}")
-
-
-def batch_flags(m: Row) -> dict[str, str] | None:
-    """The verify flags of a held-out row, from its batch file's line (by the committed prediction's layout)."""
-    import shlex
-    results = m.source.split(":")[0]
-    batch = HELDOUT_BATCHES.get(results)
-    if batch is None:
-        return None
-    from zlayout.cli import build_parser
-    from zlayout.commands import verify as verify_cmd
-    build_parser()
-    for line in (ROOT / batch).read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        inp, layout, _, _ = verify_cmd._inputs(verify_cmd._VERIFY_PARSER.parse_args(shlex.split(line)))
-        if layout.key == m.layout.key and inp.model_dump_json() == m.inp.model_dump_json():
-            return _flags(shlex.split(line))
-    return None
 
 
 def phase_errors(rows: list[Row]) -> None:

@@ -23,15 +23,15 @@ waits inside each phase (stream and event synchronisations, blocking copies).
 from __future__ import annotations
 
 import argparse
-import gc
 import dataclasses
+import gc
 import json
 import os
 import shlex
 import sys
 import time
-from statistics import median
 from pathlib import Path
+from statistics import median
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
