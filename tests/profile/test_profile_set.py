@@ -255,6 +255,21 @@ def test_show_flags_a_prediction_the_inputs_no_longer_give(exported, capsys):
     assert data["stale_prediction"]["now"]["gpu_peak_allocated_bytes"] > stored  # ... and what it should say
 
 
+def test_an_edited_host_side_is_stale_and_an_older_export_without_it_is_not(exported, capsys):
+    # host_overhead_s decides a host-bound step's wider alert: a stored one is checked; a profile
+    # exported before zlayout stored it is not stale for lacking it
+    path = exported / "profile.toml"
+    text = path.read_text()
+    line = re.search(r"^host_overhead_s = .*\n", text, re.M)
+    assert line
+    path.write_text(text.replace(line.group(0), "host_overhead_s = 1.5\n", 1))
+    out = run(capsys, "show", str(exported))[1]
+    assert out.startswith("STALE PREDICTION") and "host_overhead_s" in out
+    path.write_text(text.replace(line.group(0), "", 1))
+    assert load_profile(exported).prediction.host_overhead_s is None
+    assert "STALE" not in run(capsys, "show", str(exported))[1]
+
+
 def test_diff_reports_the_effect_of_a_hand_edit(tmp_path, capsys):
     a, b = tmp_path / "a", tmp_path / "b"
     assert run(capsys, *STAGE2, "--out", str(a))[0] == 0
