@@ -63,12 +63,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("step", choices=("preflight", "exec"))
     parser.add_argument("--spec", required=True, type=Path)
     parser.add_argument("--processes", type=int, default=1)
-    parser.add_argument("command", nargs=argparse.REMAINDER)
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    split = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:split])
+    command = argv[split + 1:]
     spec = json.loads(args.spec.read_text())
     if args.step == "preflight":
         return node_preflight(spec)
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("exec needs a command after --")
     env = worker_env(options_from_spec(spec), args.processes)

@@ -425,8 +425,9 @@ HOPELESS_PENDING = {
                           "(sinfo -o '%P %l' lists each partition's limit)",
     "PartitionNodeLimit": "the job asks for more nodes than the partition allows: verify on "
                           "fewer nodes (--nodes) or pick another --partition",
-    "PartitionConfig": "the partition cannot run the job as asked (GPUs, CPUs or memory): check "
-                       "--partition, --cpus-per-task and --mem against `sinfo`",
+    "PartitionConfig": "the partition cannot run the job as asked (its time limit, nodes, GPUs, "
+                       "CPUs or memory): check --time-limit, --partition, --cpus-per-task and "
+                       "--mem against `sinfo -o '%P %l %D %c %m %G'`",
     "AccountNotAllowed": "the account may not use this partition: pick another --account or "
                          "--partition",
     "InvalidAccount": "the account is not valid: check --account (`sacctmgr show assoc`)",
