@@ -44,7 +44,7 @@ def node_preflight(spec: dict[str, Any]) -> int:
     layout = Layout.model_validate(spec["layout"])
     options = options_from_spec(spec)
     processes = inp.hardware.gpus_per_node
-    host = socket.gethostname()
+    host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()  # SLURM's name for the node
 
     def say(line: str) -> None:
         print(f"zlayout: {host}: {line}", flush=True)

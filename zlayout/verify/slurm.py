@@ -246,8 +246,9 @@ def batch_script(job: Job, partition: str | None = None, account: str | None = N
         'echo "zlayout: verification on $SLURM_NNODES nodes, rendezvous $MASTER_ADDR:$MASTER_PORT"',
         f"{srun} bash -c {q(_node_step(job, 'result', resume=False))}"]
     if job.options.restart_drill:
-        lines += ['echo "zlayout: restart drill: every rank stopped; resuming from the checkpoint"',
-                  f"export MASTER_PORT=$({python} -c {q(FREE_PORT)})",
+        lines += [f"export MASTER_PORT=$({python} -c {q(FREE_PORT)})",
+                  'echo "zlayout: restart drill: every rank stopped; resuming from the checkpoint, '
+                  'rendezvous $MASTER_ADDR:$MASTER_PORT"',
                   f"{srun} bash -c {q(_node_step(job, 'resume', resume=True))}"]
     lines.append('echo "zlayout: job finished"')
     return "\n".join(lines) + "\n"
