@@ -216,7 +216,7 @@ def batch_script(job: Job, partition: str | None = None, account: str | None = N
         f"# `zlayout verify --submit` or: python -m zlayout.verify.slurm {q(str(job.out_dir))}",
         "set -euo pipefail",
         "# the script's own exit status, for a verdict when SLURM's controller cannot answer",
-        f"trap 'echo $? > {exit_file}' EXIT",
+        f"trap {q(f'echo $? > {exit_file}')} EXIT",
         f"cd {q(str(Path.cwd()))}",
         "# PYTHONSAFEPATH (Python's -P): a zlayout/ folder in this directory must not shadow zlayout",
         "export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1 PYTHONWARNINGS=${PYTHONWARNINGS:-ignore::FutureWarning}",
