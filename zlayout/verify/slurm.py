@@ -578,7 +578,7 @@ def submit_and_follow(job: Job, script: Path, on_line: Callable[[str], None],
                 and time.monotonic() - started > timeout_s):
             where = (f"still PENDING ({last.reason})" if last and last.state == "PENDING"
                      else "not finished")
-            stopped = (f"SLURM job {job_id} {where} after the {timeout_s:.0f} s --timeout, which "
+            stopped = (f"SLURM job {job_id} {where} after the {timeout_s:g} s --timeout, which "
                        "covers pending too: cancelled; raise --timeout or pick a less busy --partition")
             on_line(f"zlayout: {stopped}; scancel {job_id}")
             scancel(job_id)
