@@ -273,6 +273,10 @@ def add_plan_arguments(parser: argparse.ArgumentParser, with_layout: bool = True
                             "zero.Init for ZeRO-3), fp32-cpu, bf16-gpu, zero-init, meta")
     train.add_argument("--allocator", choices=("default", "expandable"), default="default",
                        help="PyTorch's CUDA allocator: default segments or expandable_segments:True")
+    train.add_argument("--loop", choices=("deepspeed", "trainer"), default="deepspeed",
+                       help="training loop: deepspeed (outputs = engine(...); engine.backward(outputs.loss): "
+                            "the bf16 logits live until the next forward) or trainer (HF Trainer: dropped "
+                            "once the loss is taken)")
 
     hw = parser.add_argument_group("hardware")
     hw.add_argument("--gpu", default="h200", help="GPU preset (h100, h200, a100-80gb, ...)")
@@ -429,7 +433,7 @@ def plan_input_from_args(args: argparse.Namespace) -> PlanInput:
                                 grad_accum=args.grad_accum, precision=args.precision,
                                 checkpointing=args.checkpointing,
                                 impl=args.impl or ("hf" if args.hf_config else "zlayout"), init=args.init,
-                                allocator=args.allocator)
+                                allocator=args.allocator, loop=args.loop)
         knobs = {
             "reduce_bucket_size": args.reduce_bucket_size,
             "allgather_bucket_size": args.allgather_bucket_size,

@@ -69,7 +69,7 @@ def plan_json(plan: Plan, layout=None) -> dict:
     base = {"params": plan.input.model.params, "model": model_dict(plan),
             "world": plan.input.hardware.world, "gpu": plan.input.hardware.gpu.name,
             "host_cores": plan.input.hardware.node_host_cores,
-            "calibration": plan.input.calibration.source,
+            "calibration": plan.input.calibration.source, "loop": plan.input.training.loop,
             "recommendation": recommendation_dict(plan)}
     if layout is not None:
         return {**base, **_layout_json(plan.for_layout(layout)),
@@ -110,7 +110,8 @@ def plan_table(plan: Plan, layout=None) -> str:
         + ")",
         f"{hw.nodes} x {hw.gpus_per_node} {hw.gpu.name} ({hw.gpu.memory_bytes / GiB:.0f} GiB), "
         f"seq {t.seq}, micro-batch {t.micro_batch}, accumulation {t.grad_accum}, {t.precision}, "
-        f"checkpointing {t.checkpointing}",
+        f"checkpointing {t.checkpointing}, loop {t.loop}"
+        + (" (outputs held to the next forward)" if t.loop == "deepspeed" else " (outputs dropped after the loss)"),
         "",
     ]
     chosen = [plan.for_layout(layout)] if layout is not None else list(plan.layouts)

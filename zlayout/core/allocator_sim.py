@@ -1219,6 +1219,9 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             s.a(4 * size)
         return flat32
 
+    # --loop deepspeed: the bf16 logits the training loop's `outputs` holds (held_outputs_bytes)
+    keeps_outputs = t.loop == "deepspeed"
+    held_logits = None
     grads: list[int] = []  # stage 0, and stage 1 between accumulation boundaries: per weight
     # stage 1/2's IPG buckets (ipg_buffer), made by the first gradient hook of a backward
     buckets: list[int] = []
@@ -1278,7 +1281,7 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             sliced = None
             f32 = s.a(T * V * 4)
             logp = s.a(T * V * 4)
-            s.f(f32, logits)
+            s.f(f32, *([] if keeps_outputs else [logits]))
             L = T
         else:
             # worker_model: cross_entropy(logits[:, :-1].flatten(0, 1).float(), ...): the
@@ -1291,7 +1294,12 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             f32 = s.a(L * V * 4)
             s.f(sliced)
             logp = s.a(L * V * 4)
-            s.f(f32, logits)
+            s.f(f32, *([] if keeps_outputs else [logits]))
+        if keeps_outputs:
+            # --loop deepspeed: `outputs = engine(...)` rebinds the loop's outputs once this
+            # forward returns: the previous micro-step's logits die now, these live on
+            s.f(held_logits)
+            held_logits = logits
         if boundary:
             s.mark(f"step{step_index // ga + 1}.forward")
         # --- backward: the loss, its three fp32 tokens x vocab tensors

@@ -295,6 +295,18 @@ def loss_peak_bytes(model: ModelSpec, training: TrainingSpec) -> int:
     return 3 * FP32_BYTES * tokens_per_micro_batch(training) * model.vocab
 
 
+def held_outputs_bytes(model: ModelSpec, training: TrainingSpec) -> int:
+    """The model's outputs the training loop keeps (`--loop deepspeed`): `outputs =
+    engine(...); engine.backward(outputs.loss); engine.step()` holds the bf16 logits (tokens x
+    vocab) through backward and the step, until the next forward's outputs replace them.
+    Measured on six Llama/Qwen2-class H200 layouts (issue 27): 1.0-10.2% above the
+    trainer-loop plan, exactly tokens x vocab x 2 bytes. `--loop trainer` (HF Trainer's
+    compute_loss, the verify worker's wrapper) drops them once the loss is taken: 0."""
+    if training.loop != "deepspeed":
+        return 0
+    return tokens_per_micro_batch(training) * model.vocab * weight_bytes_per_param(training)
+
+
 # ------------------------------------------------------------------ DeepSpeed's buffers
 
 
@@ -562,6 +574,9 @@ def estimate_memory(inp: PlanInput, layout: Layout, replay: bool = True) -> Memo
                   "inputs of the final norm and of the output head")
     loss = add("gpu", "loss_logits", loss_peak_bytes(model, t), "activations",
                "fp32 log-softmax and its gradients over tokens x vocab when backward starts")
+    held = add("gpu", "loop_held_logits", held_outputs_bytes(model, t), "activations",
+               "the training loop keeps the model's outputs (bf16 logits, tokens x vocab) until the "
+               "next forward replaces them (--loop deepspeed; --loop trainer drops them)")
     misc = add("gpu", "misc", MISC_GPU_BYTES, "overhead", "loss, norms, flags, small NCCL buffers")
 
     # --- phases -----------------------------------------------------------------------
@@ -621,6 +636,10 @@ def estimate_memory(inp: PlanInput, layout: Layout, replay: bool = True) -> Memo
         # the last MoE block's backward: its expert gradients built while most activations live
         phases["backward (experts)"] = (states + carried + live + activations + recompute
                                         + ipg * (stage in (1, 2)) + expert_grads, gate_up_numel * w)
+    if held:
+        # alive in every phase of a training step from the second on (the model build excepted)
+        phases = {name: (allocated + held * (name != "model build"), request)
+                  for name, (allocated, request) in phases.items()}
     peak_phase = max(phases, key=lambda name: phases[name][0])
     peak = int(phases[peak_phase][0]) + misc
     context = add("gpu", "cuda_context", hw.gpu.cuda_context_bytes, "overhead",
