@@ -59,9 +59,8 @@ def choice_by_meaning(word: str, choices: Sequence[object]) -> tuple[bool, list[
     stage = _STAGE_WORD.match(key)
     if stage and stage.group(1) in names:  # --stage zero3 / z3 / ZeRO-3
         return True, [stage.group(1)]
-    if key in CHOICE_SYNONYMS:
-        target = CHOICE_SYNONYMS[key]
-        return True, [target] if target in names else []
+    if CHOICE_SYNONYMS.get(key) in names:  # another flag's synonym is left to spelling
+        return True, [CHOICE_SYNONYMS[key]]
     if key in TRUTHY or key in FALSY:
         if "none" not in names:
             return True, []
