@@ -81,6 +81,12 @@ def _unrepresentable_number(value: Any, loc: tuple[Any, ...]) -> tuple[tuple[Any
 
 def loads_profile(text: str, source: str = PROFILE_FILE) -> Profile:
     """Parse and validate profile text; raises ProfileError naming the line and field."""
+    return loads_profile_document(text, source)[0]
+
+
+def loads_profile_document(text: str, source: str = PROFILE_FILE) -> tuple[Profile, dict[str, Any]]:
+    """The validated profile and the parsed table it came from (which still holds the derived
+    [summary] the Profile drops, for `zlayout.profile.integrity` to compare)."""
     try:
         data = tomlsafe.loads(text, source)
     except tomlsafe.TomlLimitError as exc:
@@ -115,7 +121,7 @@ def loads_profile(text: str, source: str = PROFILE_FILE) -> Profile:
     try:
         # strict: a number written as a string (hidden = "4096"), a boolean as 0 or "false",
         # a float where an integer belongs is an error naming the key, not a silent conversion
-        return Profile.model_validate(data, strict=True)
+        return Profile.model_validate(data, strict=True), data
     except ValidationError as exc:
         raise ProfileError(f"{source}: {describe_validation_error(exc, text, data)}") from None
     except RecursionError:
@@ -229,6 +235,11 @@ def resolve_profile_path(path: str | os.PathLike[str]) -> Path:
 
 def load_profile(path: str | os.PathLike[str]) -> Profile:
     """Read and validate a profile (file or its directory); raises ProfileError."""
+    return load_profile_document(path)[0]
+
+
+def load_profile_document(path: str | os.PathLike[str]) -> tuple[Profile, dict[str, Any]]:
+    """load_profile, and the parsed table as the file holds it (loads_profile_document)."""
     p = resolve_profile_path(path)
     try:
         with open(p, "rb") as handle:
@@ -242,7 +253,7 @@ def load_profile(path: str | os.PathLike[str]) -> Profile:
                            "restore it from version control") from None
     except OSError as exc:
         raise ProfileError(f"{p}: cannot read: {exc.strerror or exc}") from None
-    return loads_profile(text, source=str(p))
+    return loads_profile_document(text, source=str(p))
 
 
 def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
