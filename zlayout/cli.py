@@ -24,7 +24,7 @@ from zlayout.spec import (BOUNDS, GiB, HardwareSpec, Layout, ModelSpec, PlanInpu
 from zlayout.suggest import did_you_mean, did_you_mean_choice, did_you_mean_flag
 
 SUBCOMMANDS = ("plan", "breakeven", "presets", "export", "show", "check", "diff", "verify", "calibrate",
-               "serve", "app")
+               "serve", "app", "learn")
 
 OFFLOAD_CHOICES = ("none", "cpu", "nvme")
 
@@ -413,7 +413,13 @@ def _model_from_args(args: argparse.Namespace):
         data = base.model_dump()
         if any(data.get(key) != value for key, value in given.items()):
             data.update(given, name="custom", family=None)
-        return ModelSpec.model_validate(data)
+            return ModelSpec.model_validate(data)
+        if args.hf_config and base.card is None:
+            _note(args, f"no model card for {args.hf_config}: its activations come from zlayout's hand "
+                        f"model of {base.hf_model_type}; `zlayout learn --hf-config {args.hf_config}` "
+                        "learns them from the transformers class")
+        # the card (kept out of model_dump) stays with the model it was learned from
+        return ModelSpec.model_validate(data).model_copy(update={"card": base.card})
     if args.params is not None:
         try:
             size = catalog.parse_size(args.params)

@@ -233,6 +233,9 @@ class ModelSpec(Frozen):
     # where the architecture was read from (`--hf-config`)
     hf_model_type: str | None = Field(default=None, description="config.json's model_type")
     hf_config: str | None = Field(default=None, description="the config.json it was read from")
+    # the model card learned from the transformers class (`zlayout learn`; zlayout.core.card):
+    # with `impl = "hf"` the planner takes its activations; kept out of profiles and JSON
+    card: Any = Field(default=None, exclude=True, repr=False)
 
     @field_validator("dense_layers", mode="before")
     @classmethod
