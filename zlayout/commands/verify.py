@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
@@ -303,6 +304,8 @@ def run_command(args: argparse.Namespace) -> int:
         return _preflight_only(inp, layout, options, args.json)
     if args.update_profile and profile is None:
         raise UsageError("--update-profile needs a PROFILE")
+    if args.update_profile:
+        _check_profile_writable(profile_path)  # before the GPU time, not after
 
     from zlayout.verify.options import LaunchError
     from zlayout.verify.runner import run_verification
@@ -356,17 +359,32 @@ def _preflight_only(inp: PlanInput, layout: Layout, options: Any, as_json: bool)
     return 1 if blocking else 0
 
 
+def _check_profile_writable(path: Path | None) -> None:
+    directory = (path if path is not None else Path("profile.toml")).parent
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise UsageError(f"--update-profile: cannot write into {directory} (permission denied): make it "
+                         "writable, or verify a copy of the profile (cp -r)")
+
+
 def _update_profile(profile: Any, path: Path | None, result: dict[str, Any]) -> None:
-    from zlayout.profile.build import attach_verification
-    from zlayout.profile.store import save_profile
+    from zlayout.profile.build import attach_verification, never_started
+    from zlayout.profile.store import ProfileError, save_profile
 
     record = dict(result)
     record["message"] = result.get("cause")
     record["environment"] = {**result.get("environment", {}),
                              "gpu_count": result.get("measured", {}).get("world")}
-    updated = attach_verification(profile, record)
-    written = save_profile(updated, path if path is not None else Path("profile.toml"))
-    print(f"zlayout: verification written to {written}", file=sys.stderr)
+    where = f" (the run's result is in {result['result_path']})" if result.get("result_path") else ""
+    try:
+        updated = attach_verification(profile, record)
+        written = save_profile(updated, path if path is not None else Path("profile.toml"))
+    except (ProfileError, ValueError) as exc:
+        raise UsageError(f"--update-profile: {' '.join(str(exc).split())}{where}") from None
+    if never_started(record):
+        print(f"zlayout: the run never started: {written} keeps its last verification "
+              f"({profile.verification.status}); the attempt is in its change log", file=sys.stderr)
+    else:
+        print(f"zlayout: verification written to {written}", file=sys.stderr)
 
 
 def _multi_node(args: argparse.Namespace, inp: PlanInput, layout: Layout, options: Any,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shlex
 import shutil
 import subprocess
 from dataclasses import asdict, dataclass
@@ -36,7 +37,14 @@ PROBE_MODULE = "zlayout.verify.probe"
 PROBE_MARKER = "ZLAYOUT_PROBE "
 VERSIONS_TIMEOUT_S = 180.0
 OP_BUILD_TIMEOUT_S = 1200.0  # a cold CPU Adam build took 115-123 s on an H200 node
-INSTALL_FIX = "install them: pip install 'zlayout[verify]' (torch, deepspeed==0.19.8)"
+
+
+def install_fix(python: str) -> str:
+    """How to install torch and DeepSpeed into the ranks' Python, as zlayout was installed
+    (`pip install -e` from a checkout: 'zlayout[verify]' is not on PyPI for a clone)."""
+    from zlayout.install import pip_install_command
+
+    return f"install them: {pip_install_command('verify', python)} (torch, deepspeed==0.19.8)"
 
 
 def gpus_from_torch(facts: dict[str, Any]) -> list[GpuInfo]:
@@ -133,10 +141,10 @@ def check_versions(python: str, cpu: bool, ops: list[str] | None = None,
                      "~/.cache/torch_extensions/*/<op>/lock (or $TORCH_EXTENSIONS_DIR's) and "
                      "rerun"), {}
     if failure:
-        return Check("torch+deepspeed", False, failure, INSTALL_FIX), {}
+        return Check("torch+deepspeed", False, failure, install_fix(python)), {}
     ok = facts.get("deepspeed") == "0.19.8"
     detail = f"torch {facts['torch']} (CUDA {facts.get('cuda')}), deepspeed {facts['deepspeed']}"
-    fix = "" if ok else "the memory model follows DeepSpeed 0.19.8: pip install deepspeed==0.19.8"
+    fix = "" if ok else f"the memory model follows DeepSpeed 0.19.8: {shlex.quote(python)} -m pip install deepspeed==0.19.8"
     return Check("torch+deepspeed", True, detail, fix) if ok else \
         Check("torch+deepspeed", False, detail, fix, blocking=False), facts
 
@@ -181,12 +189,12 @@ def op_failure_fix(op: dict[str, Any], facts: dict[str, Any], cpu: bool, python:
     tools = facts.get("toolchain") or {}
     torch_cuda, nvcc_cuda = facts.get("cuda"), tools.get("nvcc_cuda")
     prebuilt = ("or install DeepSpeed with its ops prebuilt: "
-                "DS_BUILD_OPS=1 pip install deepspeed==0.19.8")
+                f"DS_BUILD_OPS=1 {shlex.quote(python)} -m pip install deepspeed==0.19.8")
     if not tools.get("ninja", True):
-        return f"install ninja for the ranks' Python: {python} -m pip install ninja"
+        return f"install ninja for the ranks' Python: {shlex.quote(python)} -m pip install ninja"
     if not cpu and torch_cuda is None:
         return (f"torch {facts.get('torch')} is a CPU build: install a CUDA one, e.g. "
-                "pip install torch --index-url https://download.pytorch.org/whl/cu128")
+                f"{shlex.quote(python)} -m pip install torch --index-url https://download.pytorch.org/whl/cu128")
     if not cpu and nvcc_cuda is None:
         return (f"no nvcc (CUDA_HOME={tools.get('cuda_home')}): load the CUDA {torch_cuda} "
                 f"toolkit torch was built with (module load cuda/{torch_cuda}, or export "
