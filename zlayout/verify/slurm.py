@@ -46,8 +46,7 @@ JOB_RECORD = "job.json"  # the submitted job's id, for re-collection
 # A chosen-free port on the node the batch script runs on (SLURM runs it on the allocation's
 # first node, where the rendezvous meets): each job and each step its own, never 29500 for
 # all (two jobs on one node joined each other's store).
-FREE_PORT = ("import socket; s = socket.socket(); s.bind(('', 0)); "
-             "print(s.getsockname()[1])")
+FREE_PORT = 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])'
 HOST_MEMORY_MARGIN = 1.2  # --mem over the plan's host peak: the plan's error, page cache, srun
 
 
