@@ -155,6 +155,27 @@ def count_with_unit(text: str, bound_field: str | None = None) -> int:
     return number
 
 
+# flags in GiB that also take a unit: '2T' / '2TiB' is 2,048 GiB, '3.84TB' (decimal, as drives
+# are sold) is 3,576.3 GiB
+GIB_FLAGS = ("--host-ram-gib", "--nvme-gib")
+_GIB_PER_UNIT = {"g": 1.0, "gi": 1.0, "gib": 1.0, "t": 1024.0, "ti": 1024.0, "tib": 1024.0,
+                 "gb": 1e9 / 2**30, "tb": 1e12 / 2**30}
+_GIB_RE = re.compile(r"(.*?)\s*(gib|gi|gb|g|tib|ti|tb|t)", re.I)
+
+
+def gib_amount(text: str, bound_field: str | None = None) -> float:
+    """A size in GiB: a number (512), or with a unit: 512G or 512GiB, 2T or 2TiB (binary, the
+    flag's unit), 3.84TB or 960GB (decimal bytes, converted)."""
+    match = _GIB_RE.fullmatch(text.strip())
+    if match is None:
+        return finite_float(text, bound_field)
+    try:
+        return finite_float(match.group(1), bound_field) * _GIB_PER_UNIT[match.group(2).lower()]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{quoted(text)} is not a size"
+                                         f"{_expected(bound_field, 'a size')[:-1]}, e.g. 512, 2T or 3.84TB)") from None
+
+
 def fraction(text: str, bound_field: str | None = None) -> float:
     """A fraction flag's value (--headroom 0.05); a percentage written with its sign, '5%',
     reads as 0.05. A bare 5 is left to the spec's range, which asks "did you mean 0.05 (5%)?"."""
@@ -237,6 +258,8 @@ def _polish(parser: argparse.ArgumentParser) -> None:
             action.type = _choice(tuple(action.choices))
         elif action.type is float and any(o in ELEMENT_COUNT_FLAGS for o in action.option_strings):
             action.type = _typed(element_count, action)
+        elif action.type is float and any(o in GIB_FLAGS for o in action.option_strings):
+            action.type = _typed(gib_amount, action)
         elif action.type is float and any(o in FRACTION_FLAGS for o in action.option_strings):
             action.type = _typed(fraction, action)
         elif action.type is float:
@@ -318,8 +341,10 @@ def add_plan_arguments(parser: argparse.ArgumentParser, with_layout: bool = True
                     help="intra-node link preset (default: the GPU's; `zlayout presets links`)")
     hw.add_argument("--inter-link", default="ib-ndr",
                     help="inter-node link preset (default ib-ndr; `zlayout presets links`)")
-    hw.add_argument("--host-ram-gib", type=float, default=None, help="host RAM per node (default 2048)")
-    hw.add_argument("--nvme-gib", type=float, default=0.0, help="NVMe capacity per node")
+    hw.add_argument("--host-ram-gib", type=float, default=None,
+                    help="host RAM per node, GiB (default 2048; 2T = 2048, 1.5TB = 1397 GiB)")
+    hw.add_argument("--nvme-gib", type=float, default=0.0,
+                    help="NVMe capacity per node, GiB (default 0; 3.84TB = 3576 GiB)")
     hw.add_argument("--nvme-gbps", type=float, default=6.0, help="NVMe bandwidth per node, GB/s")
     hw.add_argument("--host-cores", type=int, default=None,
                     help="CPU cores per node shared by its ranks (default: the GPU preset's per GPU x GPUs)")

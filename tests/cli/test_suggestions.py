@@ -188,3 +188,20 @@ def test_the_full_a100_names_still_plan_their_own_memory(capsys):
     small = plan_json(capsys, *ARCH, "--gpu", "a100-40gb", "--stage", "1")
     large = plan_json(capsys, *ARCH, "--gpu", "A100_80GB", "--stage", "1")
     assert (small["gpu"], large["gpu"]) == ("a100-40gb", "a100-80gb")
+
+
+@pytest.mark.parametrize(("typed", "gib"), [
+    ("512", 512), ("512G", 512), ("512GiB", 512), ("2T", 2048), ("2tib", 2048),
+    ("3.84TB", 3.84e12 / 2**30), ("960GB", 960e9 / 2**30),
+])
+def test_host_ram_and_nvme_sizes_take_a_unit(typed, gib):
+    from zlayout.cli import build_parser, plan_input_from_args
+
+    args = build_parser().parse_args(["plan", *ARCH, "--host-ram-gib", typed, "--nvme-gib", typed])
+    hardware = plan_input_from_args(args).hardware
+    assert hardware.host_ram_bytes == int(gib * 2**30) and hardware.nvme_bytes == int(gib * 2**30)
+
+
+def test_a_size_with_a_unit_it_cannot_read_says_what_to_type(capsys):
+    assert error(capsys, "plan", *ARCH, "--nvme-gib", "1xT") == (
+        "--nvme-gib: '1xT' is not a size (expected a size from 0 GiB to 1,048,576 GiB, e.g. 512, 2T or 3.84TB)")
