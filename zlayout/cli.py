@@ -66,12 +66,40 @@ class ZlayoutParser(argparse.ArgumentParser):
     """
 
     def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
-        parsed, extras = super().parse_known_args(args, namespace)
+        try:
+            parsed, extras = super().parse_known_args(args, namespace)
+        except UsageError as exc:
+            # `zlayout show --presets`: the missing PROFILE was reported before the unknown
+            # flag, whose meaning is the better answer
+            if self._subparsers is not None and str(exc).startswith("the following arguments are required"):
+                self._unknown_flag_first(list(sys.argv[1:] if args is None else args))
+            raise
+        return self._check_extras(parsed, extras)
+
+    def _subcommand(self, command: object) -> argparse.ArgumentParser | None:
+        return next((a.choices.get(command) for a in self._actions
+                     if isinstance(a, argparse._SubParsersAction)), None)
+
+    def _unknown_flag_first(self, args: list[str]) -> None:
+        """Raise the unknown-flag error for the first flag the subcommand lacks that has a
+        suggestion by meaning; return when there is none."""
+        sub = self._subcommand(args[0]) if args else None
+        if sub is None:
+            return
+        flags = [o for action in sub._actions for o in action.option_strings]
+        for arg in args[1:]:
+            if arg == "--":
+                return
+            if arg.startswith("--") and arg.split("=", 1)[0] not in flags:
+                hint = did_you_mean_flag(arg, flags)
+                if hint:
+                    raise UsageError(f"unrecognized arguments: {arg}{hint}",
+                                     hint=f"`{sub.prog} --help` lists every flag")
+
+    def _check_extras(self, parsed, extras):
         if extras and self._subparsers is not None:
             # Unknown flags surface at the top parser: suggest from the subcommand's own flags.
-            command = getattr(parsed, "command", None)
-            sub = next((a.choices.get(command) for a in self._actions
-                        if isinstance(a, argparse._SubParsersAction)), None)
+            sub = self._subcommand(getattr(parsed, "command", None))
             if sub is not None:
                 flags = [o for action in sub._actions for o in action.option_strings]
                 raise UsageError(f"unrecognized arguments: {' '.join(extras)}"

@@ -121,3 +121,11 @@ def test_every_flag_of_every_subcommand_has_help_text():
             if not action.help or action.help == argparse.SUPPRESS or not action.help.strip():
                 missing.append(f"{name} {'/'.join(action.option_strings)}")
     assert missing == []
+
+
+def test_the_old_show_presets_points_at_the_presets_command(capsys):
+    """`zlayout show --presets` (what plan --help used to name) said only that PROFILE is missing."""
+    code, out, err = run(capsys, "show", "--presets")
+    assert code == 2 and out == ""
+    assert err.splitlines()[0] == ("zlayout: error: unrecognized arguments: --presets "
+                                   "(did you mean `zlayout presets [gpus|models|links|profiles]`?)")
