@@ -24,7 +24,7 @@ from zlayout.spec import (BOUNDS, GiB, HardwareSpec, Layout, ModelSpec, PlanInpu
 from zlayout.suggest import did_you_mean, did_you_mean_choice, did_you_mean_flag
 
 SUBCOMMANDS = ("plan", "breakeven", "presets", "export", "show", "check", "diff", "verify", "calibrate",
-               "serve", "app")
+               "serve", "app", "learn")
 
 OFFLOAD_CHOICES = ("none", "cpu", "nvme")
 
@@ -355,6 +355,10 @@ def add_plan_arguments(parser: argparse.ArgumentParser, with_layout: bool = True
                             "zero.Init for ZeRO-3), fp32-cpu, bf16-gpu, zero-init, meta")
     train.add_argument("--allocator", choices=("default", "expandable"), default="default",
                        help="PyTorch's CUDA allocator: default segments or expandable_segments:True")
+    train.add_argument("--loop", choices=("deepspeed", "trainer"), default="deepspeed",
+                       help="training loop: deepspeed (outputs = engine(...); engine.backward(outputs.loss): "
+                            "the bf16 logits live until the next forward) or trainer (HF Trainer: dropped "
+                            "once the loss is taken)")
 
     hw = parser.add_argument_group("hardware")
     hw.add_argument("--gpu", default="h200",
@@ -462,7 +466,13 @@ def _model_from_args(args: argparse.Namespace):
         data = base.model_dump()
         if any(data.get(key) != value for key, value in given.items()):
             data.update(given, name="custom", family=None)
-        return ModelSpec.model_validate(data)
+            return ModelSpec.model_validate(data)
+        if args.hf_config and base.card is None:
+            _note(args, f"no model card for {args.hf_config}: its activations come from zlayout's hand "
+                        f"model of {base.hf_model_type}; `zlayout learn --hf-config {args.hf_config}` "
+                        "learns them from the transformers class")
+        # the card (kept out of model_dump) stays with the model it was learned from
+        return ModelSpec.model_validate(data).model_copy(update={"card": base.card})
     if args.params is not None:
         try:
             size = catalog.parse_size(args.params)
@@ -534,7 +544,7 @@ def plan_input_from_args(args: argparse.Namespace) -> PlanInput:
                                 grad_accum=args.grad_accum, precision=args.precision,
                                 checkpointing=args.checkpointing,
                                 impl=args.impl or ("hf" if args.hf_config else "zlayout"), init=args.init,
-                                allocator=args.allocator)
+                                allocator=args.allocator, loop=args.loop)
         knobs = {
             "reduce_bucket_size": args.reduce_bucket_size,
             "allgather_bucket_size": args.allgather_bucket_size,
@@ -584,7 +594,9 @@ def format_validation_error(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line, or with `only` (a subcommand's name) that subcommand alone:
+    `zlayout plan` then imports neither the profile writer nor the app (about 40 ms)."""
     parser = ZlayoutParser(
         prog="zlayout",
         description="Plan DeepSpeed ZeRO layouts: memory per GPU/host/NVMe, step time, "
@@ -594,7 +606,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser.add_argument("--version", action="version", version=f"zlayout {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in SUBCOMMANDS:
+    for name in (only,) if only in SUBCOMMANDS else SUBCOMMANDS:
         try:
             module = importlib.import_module(f"zlayout.commands.{name}")
         except ModuleNotFoundError as exc:
@@ -624,8 +636,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             from zlayout.tui.app import run_app
 
             return run_app()
-        parser = build_parser()
-        args = parser.parse_args(argv)
+        words = list(sys.argv[1:] if argv is None else argv)
+        parser = build_parser(only=words[0] if words else None)
+        args = parser.parse_args(words)
         if args.command is None:
             from zlayout.tui.app import run_app
 

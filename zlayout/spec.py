@@ -30,6 +30,12 @@ Implementation = Literal["zlayout", "hf"]
 # PyTorch's CUDA caching allocator: the default (fixed segments) or expandable segments
 # (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True).
 AllocatorKind = Literal["default", "expandable"]
+# The training loop around the engine: "deepspeed" keeps the model's outputs (the bf16 logits,
+# tokens x vocab) until the next forward rebinds them, as DeepSpeed's examples write it
+# (`outputs = engine(...); engine.backward(outputs.loss); engine.step()`); "trainer" drops them
+# once the loss is taken, as HF Trainer's compute_loss does (what profiles verified before this
+# field existed ran).
+TrainingLoop = Literal["deepspeed", "trainer"]
 # How the training script builds the model before deepspeed.initialize: "auto" is what the
 # verify worker does (fp32 on the host; under deepspeed.zero.Init for ZeRO-3).
 ModelInit = Literal["auto", "fp32-cpu", "bf16-gpu", "zero-init", "meta"]
@@ -227,6 +233,9 @@ class ModelSpec(Frozen):
     # where the architecture was read from (`--hf-config`)
     hf_model_type: str | None = Field(default=None, description="config.json's model_type")
     hf_config: str | None = Field(default=None, description="the config.json it was read from")
+    # the model card learned from the transformers class (`zlayout learn`; zlayout.core.card):
+    # with `impl = "hf"` the planner takes its activations; kept out of profiles and JSON
+    card: Any = Field(default=None, exclude=True, repr=False)
 
     @field_validator("dense_layers", mode="before")
     @classmethod
@@ -548,6 +557,7 @@ class TrainingSpec(Frozen):
     impl: Implementation = "zlayout"
     allocator: AllocatorKind = "default"
     init: ModelInit = "auto"
+    loop: TrainingLoop = "deepspeed"
 
 
 class ZeroKnobs(Frozen):
@@ -617,6 +627,21 @@ class Layout(Frozen):
     def key(self) -> str:
         """A stable short id, e.g. 'z3-opt_cpu-param_cpu'."""
         return f"z{self.stage}-opt_{self.offload_optimizer}-param_{self.offload_param}"
+
+
+# What ran where a stored record (a verify result, an exported profile) names no loop: the
+# verify worker's wrapper returned only the loss until `training.loop` existed.
+LOOP_OF_UNMARKED_RECORDS: TrainingLoop = "trainer"
+
+
+def recorded_inputs(inputs: dict) -> dict:
+    """A stored record's plan inputs (the dict a result or profile keeps), with the training
+    loop it ran filled in where it predates the `loop` field (LOOP_OF_UNMARKED_RECORDS). New
+    plans default to "deepspeed"; a record that says nothing ran the trainer-like loop."""
+    training = inputs.get("training")
+    if not isinstance(training, dict) or "loop" in training:
+        return inputs
+    return {**inputs, "training": {**training, "loop": LOOP_OF_UNMARKED_RECORDS}}
 
 
 def offload_flag(device: Device) -> str:

@@ -29,6 +29,7 @@ from typing import Any, Callable
 from zlayout.catalog import format_params
 from zlayout.core.memory import estimate_memory
 from zlayout.spec import GiB, Layout, PlanInput
+from zlayout.verify import oplocks
 from zlayout.verify.environment import worker_env, worker_env_notes
 from zlayout.verify.options import VerifyOptions, checkpoint_bytes
 
@@ -228,6 +229,18 @@ def check_ops(ops: list[str], facts: dict[str, Any], cpu: bool, python: str) -> 
     return checks
 
 
+def check_op_locks(env: dict[str, str]) -> list[Check]:
+    """Op-build locks an interrupted build left (oplocks): removed, with a note; one that
+    cannot be removed blocks, since every build of its op would wait on it forever."""
+    checks = []
+    for note in oplocks.remove_stale_locks(env):
+        removed = note.startswith("removed")
+        checks.append(Check("op-build lock", False, note,
+                            "nothing to do (removed)" if removed else
+                            "remove the lock file by hand and rerun", blocking=not removed))
+    return checks
+
+
 def check_gpus(inp: PlanInput, layout: Layout, processes: int,
                gpus: list[GpuInfo]) -> list[Check]:
     mem = estimate_memory(inp, layout)
@@ -362,6 +375,7 @@ def run_checks(inp: PlanInput, layout: Layout, options: VerifyOptions, processes
 
     The cheap checks come first: when one of them blocks, the ops are not built (a build can
     take minutes and the run could not start anyway)."""
+    lock_checks = check_op_locks(worker_env(options, processes))
     smi_gpus = [] if options.cpu else query_gpus()
     gpu_checks = (check_gpus(inp, layout, processes, smi_gpus) if smi_gpus else [])
     host_checks = check_host(inp, layout, processes, options.cpu, options.emulate)
@@ -386,7 +400,7 @@ def run_checks(inp: PlanInput, layout: Layout, options: VerifyOptions, processes
                 "the first time on a node: 1-2 min each)")
     version_check, facts = check_versions(options.python, options.cpu, build,
                                           worker_env(options, processes))
-    checks: list[Check] = []
+    checks: list[Check] = list(lock_checks)
     if options.cpu:
         checks.append(Check("gpus", True, "skipped: CPU mode (--cpu) runs on gloo, no GPU needed"))
     else:
