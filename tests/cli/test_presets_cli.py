@@ -52,7 +52,12 @@ def test_links_and_profiles_carry_their_figures(capsys):
     assert next(line for line in links.splitlines() if line.startswith("nvlink4 ")).split()[1:4] == ["450", "0.8", "3"]
     _, profiles, _ = run(capsys, "presets", "profiles")
     row = next(line for line in profiles.splitlines() if line.startswith("llama3-8b-8xh100 "))
-    assert "ZeRO-1" in row and "8x h100" in row and "63.5 of 79.6" in row and row.split()[-2:] == ["yes", "no"]
+    summary = tomllib.loads((ROOT / "presets" / "profiles" / "llama3-8b-8xh100" / "profile.toml").read_text())["summary"]
+    assert summary["layout"] in row and summary["hardware"] in row
+    assert f"{summary['gpu_device_used_gib']:.1f} of {summary['gpu_capacity_gib']:.1f}" in row
+    assert f"{summary['step_time_s']:.2f}" in row.split()
+    verified = "no" if summary["verdict"].startswith("unverified") else "yes"
+    assert row.split()[-2:] == ["yes" if summary["fits"] else "no", verified]
 
 
 def test_json_holds_every_preset_of_every_kind_in_plain_units(capsys):
