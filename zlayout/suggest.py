@@ -39,6 +39,8 @@ CHOICE_SYNONYMS: dict[str, str] = {
     "caching": "default",
     # --init
     "zero.init": "zero-init", "zeroinit": "zero-init",
+    # --loop
+    "hf-trainer": "trainer", "huggingface-trainer": "trainer", "ds": "deepspeed", "engine": "deepspeed",
     # --offload-optimizer / --offload-param ('gpu' is where nothing is offloaded)
     "gpu": "none", "device": "none", "host": "cpu", "ram": "cpu", "ssd": "nvme", "disk": "nvme",
 }

@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -185,12 +187,21 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(data, allow_nan=False))
         return 0
-    blocks = ["\n".join(_text(kind, data[kind], dirs)) for kind in kinds]
+    blocks = ["\n".join(_fit(line) for line in _text(kind, data[kind], dirs)) for kind in kinds]
     print("\n\n".join(blocks))
     if len(kinds) > 1:
         print(f"\nPreset directories, first match wins: {', '.join(_dirs_shown(dirs))} "
               "(docs/presets.md: adding your own)")
     return 0
+
+
+def _fit(line: str) -> str:
+    """A line cut to the terminal's width (the description, last, goes first); whole when
+    the output is not a terminal, for scripts and pagers."""
+    if not sys.stdout.isatty():
+        return line
+    width = shutil.get_terminal_size().columns
+    return line if len(line) <= width else line[:width - 1] + "…"
 
 
 def _dirs_shown(dirs: tuple[str, ...]) -> list[str]:
