@@ -40,8 +40,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         from zlayout.learn.learner import LearnError, learn
     except ImportError as exc:
+        from zlayout.install import pip_install_command  # a clone's hint is its own -e install
+
         raise UsageError(f"zlayout learn needs torch and transformers ({exc.name} is missing): "
-                         "pip install 'zlayout[learn]'") from None
+                         f"{pip_install_command('learn')}") from None
     key = cards.config_key(config)
     folder = Path(args.out).expanduser() if args.out else cards.cache_dir()
     try:  # refused before the tracing, by the rule the write applies
