@@ -134,3 +134,12 @@ def test_the_old_show_presets_points_at_the_presets_command(capsys):
     assert code == 2 and out == ""
     assert err.splitlines()[0] == ("zlayout: error: unrecognized arguments: --presets "
                                    "(did you mean `zlayout presets [gpus|models|links|profiles]`?)")
+
+
+def test_a_description_cannot_write_escape_sequences_to_the_terminal(tmp_path, capsys):
+    (tmp_path / "links").mkdir()
+    (tmp_path / "links" / "odd.toml").write_text(
+        'description = "x\\u001b[2J\\nnext line"\nbandwidth_gbps = 10.0\n')
+    code, out, _ = run(capsys, "presets", "links", "--presets-dir", str(tmp_path))
+    row = next(line for line in out.splitlines() if line.startswith("odd "))
+    assert code == 0 and "\x1b" not in out and row.endswith("x\\x1b[2J\\nnext line")
