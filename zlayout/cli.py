@@ -58,6 +58,22 @@ def one_line(text: str) -> str:
                   lambda m: repr(m.group())[1:-1], text.strip())
 
 
+def _flag_hints(extras: Sequence[str], flags: Sequence[str]) -> str:
+    """' (did you mean --seq?)' for one unknown flag; for several, each named, those with the
+    same answer together: ' (--num-gpus: did you mean --gpus-per-node?; --mbs: did you mean
+    --micro-batch?)'."""
+    unknown = [arg for arg in extras if arg.startswith("-")] or list(extras[:1])
+    grouped: dict[str, list[str]] = {}
+    for arg in unknown:
+        hint = did_you_mean_flag(arg, flags).strip()
+        if hint:
+            grouped.setdefault(hint, []).append(arg.split("=", 1)[0])
+    if len(unknown) == 1:
+        return f" {next(iter(grouped))}" if grouped else ""
+    return (" (" + "; ".join(f"{', '.join(args)}: {hint[1:-1]}" for hint, args in grouped.items()) + ")"
+            if grouped else "")
+
+
 class ZlayoutParser(argparse.ArgumentParser):
     """argparse with zlayout's error format: one line and a hint, never the usage block.
 
@@ -102,8 +118,7 @@ class ZlayoutParser(argparse.ArgumentParser):
             sub = self._subcommand(getattr(parsed, "command", None))
             if sub is not None:
                 flags = [o for action in sub._actions for o in action.option_strings]
-                raise UsageError(f"unrecognized arguments: {' '.join(extras)}"
-                                 f"{did_you_mean_flag(extras[0], flags)}",
+                raise UsageError(f"unrecognized arguments: {' '.join(extras)}{_flag_hints(extras, flags)}",
                                  hint=f"`{sub.prog} --help` lists every flag")
         return parsed, extras
 
@@ -127,9 +142,8 @@ class ZlayoutParser(argparse.ArgumentParser):
             return f"{flag}: {value} is not {word}" + (f" (e.g. {flag} {example})" if example else "")
         unknown = re.match(r"unrecognized arguments: (.*)$", message, re.S)
         if unknown:
-            first = unknown.group(1).split()[0] if unknown.group(1).split() else ""
             flags = [o for action in self._actions for o in action.option_strings]
-            return f"unrecognized arguments: {unknown.group(1)}{did_you_mean_flag(first, flags)}"
+            return f"unrecognized arguments: {unknown.group(1)}{_flag_hints(unknown.group(1).split(), flags)}"
         return message.removeprefix("argument ")
 
 

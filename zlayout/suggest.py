@@ -93,13 +93,15 @@ def did_you_mean(word: str, options: Sequence[str]) -> str:
     return f" (did you mean {close[0]}?)" if close else ""
 
 
-_NO_PARALLELISM = ("zlayout plans ZeRO data parallelism only: tensor, pipeline, sequence and expert "
-                   "parallelism are not modelled; drop {flag}")
+_NO_PARALLELISM = ("zlayout plans ZeRO data parallelism only: tensor, pipeline, sequence and "
+                   "expert parallelism are not modelled")
 _GLOBAL_BATCH = ("zlayout takes the per-GPU batch: give --micro-batch and --grad-accum (the global "
                  "batch is micro-batch x grad-accum x GPUs)")
 
+_SENTENCES = (_NO_PARALLELISM, _GLOBAL_BATCH)
+
 # Flags of neighbouring tools (normalised: lower case, '_' as '-') -> what zlayout calls them:
-# a flag (with a value when the flag alone carries it, `--bf16`) or a sentence with {flag}.
+# a flag (with a value when the flag alone carries it, `--bf16`) or one of _SENTENCES.
 NEIGHBOUR_FLAGS: dict[str, str] = {}
 for _names, _target in (
     # torchrun, the deepspeed launcher, Lightning: GPUs per node
@@ -168,8 +170,8 @@ def did_you_mean_flag(typed: str, flags: Sequence[str]) -> str:
         return f" (did you mean {key}?)"  # --micro_batch, --Seq
     target = NEIGHBOUR_FLAGS.get(key)
     if target is not None:
-        if "{flag}" in target:
-            return f" ({target.format(flag=flag)})"
+        if target in _SENTENCES:  # what to do instead, not a flag
+            return f" ({target})"
         named = _flags_in(target)
         if key == "--presets" and "--presets-dir" in flags:
             return f" (did you mean --presets-dir DIR, or {target} to list them?)"
