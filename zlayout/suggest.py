@@ -148,7 +148,11 @@ for _names, _target in (
     (("--model", "--model-name", "--model-name-or-path", "--model-id"), "--preset or --hf-config"),
     (("--config", "--config-name", "--model-config", "--config-path"), "--hf-config"),
     (("--gpu-type", "--accelerator", "--gpu-model", "--device-type"), "--gpu"),
-    (("--overlap-comm",), "--no-overlap-comm (overlap is on by default)"),
+    (("--no-checkpointing", "--no-gradient-checkpointing", "--no-activation-checkpointing"),
+     "--checkpointing none"),
+    (("--no-offload", "--no-cpu-offload"), "--offload-optimizer none"),
+    (("--tie-word-embeddings", "--tied-embeddings", "--tie-weights", "--share-embeddings"),
+     "--tie-embeddings"),
     (("--world-size", "--gpus", "--num-gpus-total"), "--gpus-per-node and --nodes"),
     (("--headroom-fraction", "--margin", "--memory-margin"), "--headroom"),
     (("--presets", "--list-presets", "--list"), "`zlayout presets [gpus|models|links|profiles]`"),
@@ -181,4 +185,9 @@ def did_you_mean_flag(typed: str, flags: Sequence[str]) -> str:
             return f" (did you mean {target}?)"
         if not any(name in flags for name in named):
             return ""  # the meaning is known and this command has no such flag: no guess by spelling
+    # --bias next to --no-bias is the opposite of what was typed: say what the default is
+    if key.startswith("--") and f"--no-{key[2:]}" in flags:
+        return f" ({key[2:]} is the default; --no-{key[2:]} turns it off)"
+    if key.startswith("--no-") and f"--{key[5:]}" in flags:
+        return f" (--{key[5:]} is off unless given: leave it out)"
     return did_you_mean(flag, flags)

@@ -215,3 +215,15 @@ def test_host_ram_and_nvme_sizes_take_a_unit(typed, gib):
 def test_a_size_with_a_unit_it_cannot_read_says_what_to_type(capsys):
     assert error(capsys, "plan", *ARCH, "--nvme-gib", "1xT") == (
         "--nvme-gib: '1xT' is not a size (expected a size from 0 GiB to 1,048,576 GiB, e.g. 512, 2T or 3.84TB)")
+
+
+@pytest.mark.parametrize(("typed", "answer"), [
+    ("--bias", "(bias is the default; --no-bias turns it off)"),
+    ("--overlap-comm", "(overlap-comm is the default; --no-overlap-comm turns it off)"),
+    ("--no-checkpointing", "(did you mean --checkpointing none?)"),
+    ("--tie_word_embeddings", "(did you mean --tie-embeddings?)"),
+    ("--no-tie-embeddings", "(--tie-embeddings is off unless given: leave it out)"),
+])
+def test_a_flag_is_never_answered_with_its_opposite(capsys, typed, answer):
+    """Spelling put --bias next to --no-bias and --no-checkpointing next to --checkpointing."""
+    assert error(capsys, "plan", *ARCH, typed).endswith(answer)
