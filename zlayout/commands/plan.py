@@ -19,6 +19,7 @@ from zlayout.core.memory import MemoryEstimate
 from zlayout.core.plan import Plan, make_plan
 from zlayout.core.serialize import layout_plan_dict, model_dict, recommendation_dict
 from zlayout.core.steptime import StepTimeEstimate, host_bound_note, step_time_parts
+from zlayout.replaycache import lasting
 from zlayout.spec import GiB, Layout
 
 
@@ -41,8 +42,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     layout = layout_from_args(args)
     inp = plan_input_from_args(args)
-    # Every layout is evaluated (cheaply, without break-even) so the recommendation is real.
-    plan = make_plan(inp, with_breakeven=False)
+    # Every layout is evaluated (cheaply, without break-even) so the recommendation is real;
+    # the allocator replays of an earlier plan with the same inputs are kept (replaycache).
+    with lasting():
+        plan = make_plan(inp, with_breakeven=False)
     if args.json:
         # allow_nan=False: Infinity/NaN is not JSON; the spec's bounds keep every figure finite
         print(json.dumps(plan_json(plan, layout), indent=None, allow_nan=False))

@@ -1675,6 +1675,9 @@ def _key(inp, layout) -> tuple:
 
 
 _CACHE: dict[tuple, int | None] = {}
+# A memo that outlives the process, lent by a command (zlayout/replaycache.py keeps one in the
+# user's cache folder); the core reads and writes no file itself.
+lasting_memo = None
 
 
 def replayed_peak_reserved(inp, layout, steps: int = 2) -> int | None:
@@ -1685,8 +1688,11 @@ def replayed_peak_reserved(inp, layout, steps: int = 2) -> int | None:
     asks for the same layout many times."""
     key = _key(inp, layout)
     if key not in _CACHE:
-        seq = _Seq(live=True)
-        _CACHE[key] = None if allocation_sequence(inp, layout, steps, seq) is None else seq.reserved
+        def replay() -> int | None:
+            seq = _Seq(live=True)
+            return None if allocation_sequence(inp, layout, steps, seq) is None else seq.reserved
+
+        _CACHE[key] = replay() if lasting_memo is None else lasting_memo.recall((key, steps), replay)
         if len(_CACHE) > 4096:
             _CACHE.pop(next(iter(_CACHE)))
     return _CACHE[key]

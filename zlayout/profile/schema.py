@@ -26,6 +26,9 @@ SPEC_TO_FILE_SUFFIX = {"_gbps": "_gb_per_s", "_flops": "_flop_per_s"}
 # (alerts then follow the measurement); cpu-ok: ran end to end on CPU only, nothing measured on GPU.
 Status = Literal["validated", "unverified", "failed", "does-not-fit", "mismatch", "cpu-ok"]
 MEASURED_STATUSES = ("validated", "mismatch")  # a complete run whose figures alerts may follow
+# validated vs mismatch: zlayout.verify.result.TOLERANCE_FRACTION (verify imports this layer, not
+# the other way; tests/profile check the two agree)
+VALIDATED_TOLERANCE_FRACTION = 0.10
 Basis = Literal["measured", "predicted"]
 Where = Literal["gpu", "host", "nvme"]
 
