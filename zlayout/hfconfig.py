@@ -332,6 +332,10 @@ def model_from_config(config: Mapping[str, Any], *, where: str = CONFIG_FILE, na
     model_type = config.get("model_type")
     if model_type is None:
         raise HfConfigError(f"{where}: no 'model_type' key (is this a transformers config.json?)")
+    if model_type not in READERS and config.get("auto_map"):
+        raise HfConfigError(f"{where}: model_type {model_type!r} is built by the model's own code (auto_map), "
+                            "which zlayout does not run; enter the architecture with --layers --hidden "
+                            "--heads --vocab")
     if model_type not in READERS:
         raise HfConfigError(f"{where}: model_type {model_type!r} is not supported; supported: "
                             f"{', '.join(SUPPORTED_MODEL_TYPES)} (or enter the architecture with "
