@@ -40,7 +40,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     out.add_argument("--checkpoint-dir", default=None,
                      help="where the job saves checkpoints (`zlayout check` tests the latest is readable)")
     out.add_argument("--nvme-path", default=None, help="NVMe offload directory on every node (default /local_nvme)")
+    out.add_argument("--alert-labels", default=None, metavar="NAME=VALUE,...",
+                     help="Prometheus labels of the job's targets (e.g. job=llama3-pretrain): every rule in "
+                          "alerts.yml selects them, so no rule fires for another job's GPUs")
     parser.set_defaults(func=run)
+
+
+def parse_alert_labels(text: str) -> dict[str, str]:
+    """`job=llama,cluster=a` -> {"job": "llama", "cluster": "a"}; the names and values are
+    checked where the profile is built (RunSettings)."""
+    labels: dict[str, str] = {}
+    for part in text.split(","):
+        name, sep, value = part.partition("=")
+        if not sep or not name.strip():
+            raise UsageError(f"--alert-labels {text!r}: {part.strip()!r} is not NAME=VALUE; write e.g. "
+                             "--alert-labels job=llama3-pretrain,cluster=a")
+        if name.strip() in labels:
+            raise UsageError(f"--alert-labels {text!r}: {name.strip()} is given twice; give each label once")
+        labels[name.strip()] = value.strip()
+    return labels
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
     given = {key: value for key, value in (("train_script", args.train_script),
                                            ("checkpoint_dir", args.checkpoint_dir),
                                            ("nvme_path", args.nvme_path)) if value is not None}
+    if args.alert_labels is not None:
+        given["alert_labels"] = parse_alert_labels(args.alert_labels)
     try:
         result = export_profile(inp, layout, args.out, replace=args.force, name=args.name, why=args.why,
                                 run_settings=given, presets_dirs=tuple(args.presets_dir))

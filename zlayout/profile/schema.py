@@ -47,6 +47,7 @@ def utc_now() -> datetime:
     return datetime.now(timezone.utc).replace(microsecond=0)
 
 
+PROMETHEUS_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 MAX_PATH_CHARS = 4096
 MAX_NAME_CHARS = 200
 MAX_COMPONENT_BYTES = 255  # NAME_MAX on Linux file systems
@@ -85,6 +86,21 @@ class RunSettings(Section):
     nvme_path: str = Field(default=DEFAULT_NVME_PATH, description="NVMe offload directory on every node")
     checkpoint_dir: str | None = Field(default=None, description="where the job saves DeepSpeed checkpoints")
     master_port: int = Field(default=29500, gt=0, lt=65536)
+    alert_labels: dict[str, str] = Field(
+        default={}, description="Prometheus label matchers that scope alerts.yml to this job (name -> value)")
+
+    @field_validator("alert_labels")
+    @classmethod
+    def _label_matchers(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, text in value.items():
+            if not PROMETHEUS_LABEL.fullmatch(name) or name.startswith("__"):
+                raise ValueError(f"alert label {ascii(name)} is not a Prometheus label name: letters, digits and _, "
+                                 "not starting with a digit or __ (e.g. job=llama3-pretrain)")
+            one_line_text(text, f"alert label {name}'s value")
+            if not text:
+                raise ValueError(f"alert label {name} has an empty value: an empty matcher selects series "
+                                 "without the label; give the job's value")
+        return value
 
     @field_validator("train_script", "nvme_path", "checkpoint_dir")
     @classmethod
@@ -202,11 +218,16 @@ class GpuMemoryAlert(Section):
     peak_allocated_bytes: int
     warn_allocated_above_bytes: int = Field(description="torch.cuda.max_memory_allocated() per GPU")
     device_used_bytes: int
-    warn_device_used_above_bytes: int = Field(description="nvidia-smi / DCGM framebuffer used per GPU")
+    warn_device_used_above_bytes: int | None = Field(
+        default=None, description="nvidia-smi / DCGM framebuffer used per GPU; absent when the plan's caching "
+                                  "allocator fills the card (then the framebuffer says nothing: allocated does)")
     capacity_bytes: int
     margin_fraction: float
     critical_free_below_bytes: int | None = Field(
         default=None, description="framebuffer free per GPU below the plan's headroom (DCGM_FI_DEV_FB_FREE)")
+    critical_allocated_above_bytes: int | None = Field(
+        default=None, description="nearly full when the allocator fills the card: allocated per GPU above half "
+                                  "the way from the peak to the capacity (the training script's gauge)")
     why: str
 
     @field_validator("margin_fraction")
