@@ -13,7 +13,7 @@ from zlayout.profile.integrity import CheckedProfile, open_checked
 from zlayout.profile.launch import launch_scripts
 from zlayout.profile.runbook import EXTRA_FILES
 from zlayout.profile.summary import format_profile
-from zlayout.profile.store import DS_CONFIG_FILE
+from zlayout.profile.store import DS_CONFIG_FILE, HF_CONFIG_FILE
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -96,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
     if checked.path.name != PROFILE_FILE and not profile.manifest:
         print(f"A profile file on its own ({checked.path.name}): no ds_config.json, launch scripts or runbook")
         return 0
-    expected = [DS_CONFIG_FILE, *launch_scripts(profile), *EXTRA_FILES]
+    expected = [DS_CONFIG_FILE, *launch_scripts(profile), *EXTRA_FILES,
+                *([HF_CONFIG_FILE] if profile.hf_config_json is not None else [])]
     missing = [name for name in expected if not (directory / name).is_file()]
     print(f"Files in {directory}: " + ", ".join(expected)
           + (f" (MISSING: {', '.join(missing)}; re-export to restore them)" if missing else "")

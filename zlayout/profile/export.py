@@ -10,6 +10,7 @@ directory, a single profile file.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from datetime import datetime
@@ -23,8 +24,8 @@ from zlayout.profile.build import build_profile
 from zlayout.profile.launch import launch_scripts
 from zlayout.profile.runbook import EXTRA_FILES
 from zlayout.profile.schema import Profile, RunSettings, path_text
-from zlayout.profile.store import (DS_CONFIG_FILE, PROFILE_FILE, ProfileError, load_profile, save_profile,
-                                   save_profile_dir)
+from zlayout.profile.store import (DS_CONFIG_FILE, HF_CONFIG_FILE, PROFILE_FILE, ProfileError, load_profile,
+                                   save_profile, save_profile_dir)
 from zlayout.spec import Layout, PlanInput
 
 
@@ -50,7 +51,36 @@ class ExportTarget:
 def _set_names(profile: Profile | None = None) -> tuple[str, ...]:
     scripts = tuple(launch_scripts(profile)) if profile is not None else (
         "launch_deepspeed.sh", "launch_torchrun.sh", "launch_slurm.sbatch")
-    return (DS_CONFIG_FILE, *scripts, *EXTRA_FILES)
+    return (DS_CONFIG_FILE, *scripts, *EXTRA_FILES, HF_CONFIG_FILE)
+
+
+MAX_HF_CONFIG_BYTES = 256 * 1024  # a config.json is a few kB; the copy lives inside profile.toml
+
+
+def _hf_config_copy(inp: PlanInput) -> tuple[PlanInput, str | None]:
+    """With --hf-config, the config.json's text to keep inside the profile, and the inputs naming
+    that copy (hf_config.json beside profile.toml) instead of a path of the exporting machine."""
+    source = inp.model.hf_config
+    if source is None or source == HF_CONFIG_FILE:
+        return inp, None
+    from zlayout.hfconfig import config_path
+
+    try:
+        path = config_path(source)
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_HF_CONFIG_BYTES + 1)
+        if len(data) > MAX_HF_CONFIG_BYTES:
+            raise ProfileError(f"--hf-config {source}: over {MAX_HF_CONFIG_BYTES:,} bytes, too big to keep in the "
+                               "profile: give the model's config.json")
+        text = data.decode("utf-8")
+        json.loads(text)
+    except (OSError, ValueError, RecursionError) as exc:
+        if isinstance(exc, ProfileError):
+            raise
+        raise ProfileError(f"--hf-config {source}: cannot keep a copy in the profile: "
+                           f"{getattr(exc, 'strerror', None) or ' '.join(str(exc).split())[:120]}") from None
+    model = inp.model.model_copy(update={"hf_config": HF_CONFIG_FILE})
+    return inp.model_copy(update={"model": model}), text
 
 
 NOT_OURS = ("Not replacing a profile zlayout cannot read, nor a file that is not a profile: "
@@ -156,10 +186,15 @@ def export_profile(inp: PlanInput, layout: Layout, path: str | os.PathLike[str],
         raise ProfileExists(f"{target.profile_file} already exists (profile {target.previous.name}): "
                             "add --force to replace it (its change log is kept) or choose another --out")
     base = target.previous.run if target.previous is not None else RunSettings()
+    inp, hf_config_json = _hf_config_copy(inp)
+    if hf_config_json is None and inp.model.hf_config == HF_CONFIG_FILE and target.previous is not None:
+        hf_config_json = target.previous.hf_config_json  # re-exported from the profile's own copy
     try:
         run = RunSettings.model_validate({**base.model_dump(), **dict(run_settings or {})})
         profile = build_profile(inp, layout, name=name, why=why, previous=target.previous, run=run, now=now,
                                 presets_dirs=presets_dirs)
+        if hf_config_json is not None:
+            profile = profile.model_copy(update={"hf_config_json": hf_config_json})
     except ValidationError as exc:
         raise ProfileError(_one_line(exc)) from None
     guard = _unchanged_since_inspected(target)

@@ -21,8 +21,8 @@ from typing import Any
 from zlayout.profile.launch import DEEPSPEED_SCRIPT, SLURM_SCRIPT, TORCHRUN_SCRIPT
 from zlayout.profile.schema import (MEASURED_STATUSES, VALIDATED_TOLERANCE_FRACTION, Prediction, Profile,
                                     Verification)
-from zlayout.profile.store import (DS_CONFIG_FILE, PROFILE_FILE, ProfileError, ds_config_text, set_files,
-                                   sha256_digest)
+from zlayout.profile.store import (DS_CONFIG_FILE, HF_CONFIG_FILE, PROFILE_FILE, ProfileError, ds_config_text,
+                                   set_files, sha256_digest)
 
 MAX_SET_FILE_BYTES = 16 * 2**20  # ds_config.json and the scripts are a few kB
 REEXPORT = "re-export the profile with `zlayout export ... --force` (its change log is kept) or restore the file"
@@ -114,6 +114,12 @@ def check_set(profile: Profile, profile_path: Path) -> list[str]:
                                    f"in {DS_CONFIG_FILE} as exported; the files disagree: {REEXPORT}")
             raise ProfileError(f"{config_path}: changed after export (a hand edit, or an interrupted export): "
                                f"{_describe(differences)}; DeepSpeed would run another configuration: {REEXPORT}")
+    copy = profile.hf_config_json
+    listed_copy = profile.manifest.get(HF_CONFIG_FILE)
+    if (copy is None) != (listed_copy is None) or (
+            copy is not None and sha256_digest(copy.encode("utf-8")) != listed_copy):
+        raise ProfileError(f"{directory / PROFILE_FILE}: edited after export: hf_config_json is not the "
+                           f"{HF_CONFIG_FILE} its manifest lists: {REEXPORT}")
     for name, digest in profile.manifest.items():
         if name == DS_CONFIG_FILE:
             continue  # compared by content above: reformatting it is harmless

@@ -427,6 +427,9 @@ class Profile(Section):
     restart_drill: RestartDrill | None = None
     limits: Limits | None = None
     changelog: list[ChangeEntry] = Field(min_length=1)
+    hf_config_json: str | None = Field(
+        default=None, description="the model's config.json as exported with --hf-config (written beside profile.toml "
+                                  "as hf_config.json, hashed in the manifest); inputs.model.hf_config names that copy")
     manifest: dict[str, str] = Field(
         default={}, description="file name -> 'sha256:HEX' of every file written with this profile.toml "
                                 "(ds_config.json, launch scripts); empty for a profile.toml on its own")
