@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 from zlayout.profile.ds_config import DEFAULT_NVME_PATH, ds_config
-from zlayout.spec import Bound, GiB, Layout, PlanInput
+from zlayout.spec import Bound, GiB, Layout, PlanInput, recorded_inputs
 
 SCHEMA_VERSION = 2
 
@@ -447,7 +447,8 @@ class Profile(Section):
             version = data.get("schema_version")
         inputs = data.get("inputs")
         if isinstance(inputs, dict):
-            inputs = inputs_from_file(inputs)
+            # a profile exported before `training.loop` existed was verified with the loss-only loop
+            inputs = recorded_inputs(inputs_from_file(inputs))
         if inputs is not None:
             data["inputs"] = without_custom_family(inputs)
         return data

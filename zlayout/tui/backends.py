@@ -103,7 +103,7 @@ def default_plan_input() -> PlanInput:
                             inter_link=catalog.load_link("ib-ndr"),
                             host_ram_bytes=2048 * GiB)
     return PlanInput(model=catalog.load_model("llama3-8b"), hardware=hardware,
-                     training=TrainingSpec(seq=4096, micro_batch=1))
+                     training=TrainingSpec(seq=2048, micro_batch=1))  # `zlayout plan`'s defaults
 
 
 # ------------------------------------------------------------------------ verification

@@ -27,6 +27,12 @@ GiB = 1 << 30
 
 def main() -> None:
     name, model_type, seq, mb, overrides = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), json.loads(sys.argv[5])
+    # verify's own correction of the environment (the node's TORCH_CUDA_ARCH_LIST=9.0a breaks
+    # DeepSpeed 0.19.8's op loader), as the verify worker applies it
+    from zlayout.verify.environment import corrected_env
+    env, _ = corrected_env(dict(os.environ))
+    os.environ.clear()
+    os.environ.update(env)
     torch.cuda.set_device(0)
     deepspeed.init_distributed(dist_backend="nccl")
     cfg = AutoConfig.for_model(model_type, **overrides)
