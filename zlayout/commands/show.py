@@ -63,9 +63,10 @@ def open_checked_profile(name: str) -> CheckedProfile:
 def open_profile(name: str) -> tuple[Profile, Path]:
     """Load PROFILE as stored (its set checked); returns it and the file it was read from, which is
     where `verify --update-profile` saves it (DIR/profile.toml: the whole set; NAME.toml: that file
-    alone, never a profile.toml beside it)."""
+    alone, never a profile.toml beside it). Hand edits of ds_config.json's team keys (lr, the
+    scheduler) are adopted, with a change-log entry, so saving it keeps them."""
     checked = open_checked_profile(name)
-    return checked.profile, checked.path
+    return checked.with_hand_edits(), checked.path
 
 
 def run(args: argparse.Namespace) -> int:
@@ -92,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if checked.stale is not None:
         print(checked.stale.line())
+    if checked.hand_edits_line() is not None:
+        print(checked.hand_edits_line())
     print(format_profile(profile))
     if checked.path.name != PROFILE_FILE and not profile.manifest:
         print(f"A profile file on its own ({checked.path.name}): no ds_config.json, launch scripts or runbook")

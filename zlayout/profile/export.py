@@ -146,6 +146,42 @@ class ExportResult:
     profile: Profile
     target: ExportTarget
     written: tuple[Path, ...]
+    ds_config_notes: tuple[str, ...] = ()  # what zlayout set over the team's ds_config, what it kept
+
+
+def _team_config(inp: PlanInput, layout: Layout, run: RunSettings, target: ExportTarget,
+                 team_config: Mapping[str, Any] | None) -> tuple[dict[str, Any] | None, list[str]]:
+    """The team's ds_config keys for the new profile and what to tell them: from --ds-config when
+    given; else the replaced profile's, with hand edits of ds_config.json's team keys kept."""
+    from zlayout.profile.ds_config import ds_config
+    from zlayout.profile.team_config import (OWNED_KEYS, TeamConfigError, describe_edits, import_team_config, split,
+                                             team_edits)
+
+    ours = ds_config(inp, layout, nvme_path=run.nvme_path)
+    if team_config is not None:
+        try:
+            team, replaced = import_team_config(team_config, ours)
+        except TeamConfigError as exc:
+            raise ProfileError(f"--ds-config: {exc}") from None
+        kept = ", ".join(team) or "nothing"
+        notes = [f"ds_config.json: kept yours: {kept}; zlayout set "
+                 f"{', '.join(k for k in ours if k in OWNED_KEYS)} (the plan's ZeRO, batch and precision)"]
+        notes += [f"ds_config.json: zlayout replaced {note}" for note in replaced]
+        return team, notes
+    if target.previous is None:
+        return None, []
+    team = target.previous.ds_config_team
+    config_file = target.path / DS_CONFIG_FILE
+    if target.single_file or not config_file.is_file():
+        return team, []
+    try:
+        on_disk = split(json.loads(config_file.read_text(encoding="utf-8")))[1]
+        edits = team_edits(split(target.previous.ds_config())[1], on_disk)
+    except (OSError, ValueError, RecursionError, AttributeError) as exc:
+        return team, [f"ds_config.json: its hand edits are not kept ({' '.join(str(exc).split())[:160]})"]
+    if not edits:
+        return team, []
+    return on_disk, [f"ds_config.json: kept your hand edits: {describe_edits(edits)}"]
 
 
 def _one_line(exc: ValidationError) -> str:
@@ -171,12 +207,15 @@ def _unchanged_since_inspected(target: ExportTarget):
 def export_profile(inp: PlanInput, layout: Layout, path: str | os.PathLike[str], *, replace: bool = False,
                    name: str | None = None, why: str | None = None,
                    run_settings: Mapping[str, Any] | None = None, now: datetime | None = None,
-                   presets_dirs: tuple[str, ...] = ()) -> ExportResult:
+                   presets_dirs: tuple[str, ...] = (), team_config: Mapping[str, Any] | None = None) -> ExportResult:
     """Build the profile for `layout` and write it to `path` under the rules above.
 
     `run_settings` (train_script, checkpoint_dir, nvme_path, master_port) override the replaced
     profile's; they are validated here, with every other value the scripts print, before any
-    file is touched. Raises ProfileExists (a profile is there, `replace` is False) or ProfileError.
+    file is touched. `team_config` is the team's own ds_config.json (--ds-config): its optimizer,
+    scheduler and other keys are kept, zlayout's ZeRO, batch and precision keys set over them, and a
+    key that changes memory the plan does not price is refused. Raises ProfileExists (a profile is
+    there, `replace` is False) or ProfileError.
     """
     if why is not None and len(why) > MAX_WHY_CHARS:
         raise ProfileError(f"--why is {len(why):,} characters long; the change log keeps at most "
@@ -191,10 +230,14 @@ def export_profile(inp: PlanInput, layout: Layout, path: str | os.PathLike[str],
         hf_config_json = target.previous.hf_config_json  # re-exported from the profile's own copy
     try:
         run = RunSettings.model_validate({**base.model_dump(), **dict(run_settings or {})})
+        team, notes = _team_config(inp, layout, run, target, team_config)
+        kept_edits = [n.split(": ", 1)[1] for n in notes if n.startswith("ds_config.json: kept your hand edits")]
+        if kept_edits and why is None:
+            why = f"re-exported, keeping ds_config.json's hand edits ({kept_edits[0].removeprefix('kept your hand edits: ')})"
         profile = build_profile(inp, layout, name=name, why=why, previous=target.previous, run=run, now=now,
                                 presets_dirs=presets_dirs)
-        if hf_config_json is not None:
-            profile = profile.model_copy(update={"hf_config_json": hf_config_json})
+        profile = profile.model_copy(update={"hf_config_json": hf_config_json, "ds_config_team": team})
+        Profile.model_validate(profile.model_dump())  # the team keys pass the profile's own checks
     except ValidationError as exc:
         raise ProfileError(_one_line(exc)) from None
     guard = _unchanged_since_inspected(target)
@@ -202,4 +245,5 @@ def export_profile(inp: PlanInput, layout: Layout, path: str | os.PathLike[str],
         written: tuple[Path, ...] = (save_profile(profile, target.profile_file, guard=guard),)
     else:
         written = tuple(save_profile_dir(profile, target.path, guard=guard))
-    return ExportResult(profile=load_profile(target.profile_file), target=target, written=written)
+    return ExportResult(profile=load_profile(target.profile_file), target=target, written=written,
+                        ds_config_notes=tuple(notes))

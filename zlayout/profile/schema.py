@@ -427,6 +427,9 @@ class Profile(Section):
     restart_drill: RestartDrill | None = None
     limits: Limits | None = None
     changelog: list[ChangeEntry] = Field(min_length=1)
+    ds_config_team: dict[str, Any] | None = Field(
+        default=None, description="the team's keys of ds_config.json (optimizer, scheduler, monitors: from "
+                                  "--ds-config or hand edits zlayout accepted); absent: zlayout's AdamW")
     hf_config_json: str | None = Field(
         default=None, description="the model's config.json as exported with --hf-config (written beside profile.toml "
                                   "as hf_config.json, hashed in the manifest); inputs.model.hf_config names that copy")
@@ -531,6 +534,13 @@ class Profile(Section):
             if not isinstance(number, int) or isinstance(number, bool) or number <= 0:
                 raise ValueError(f"{what} must be a positive integer")
         RunSettings.model_validate(self.run.model_dump())
+        if self.ds_config_team is not None:
+            from zlayout.profile.team_config import check_team
+
+            try:
+                check_team(self.ds_config_team)
+            except ValueError as exc:
+                raise ValueError(f"ds_config_team.{exc}") from None
         return self
 
     def plan_input(self) -> PlanInput:
@@ -538,7 +548,7 @@ class Profile(Section):
 
     def ds_config(self) -> dict[str, Any]:
         """The DeepSpeed config this profile runs with (what ds_config.json holds)."""
-        return ds_config(self.inputs, self.layout, nvme_path=self.run.nvme_path)
+        return ds_config(self.inputs, self.layout, nvme_path=self.run.nvme_path, team=self.ds_config_team)
 
     @property
     def world(self) -> int:
