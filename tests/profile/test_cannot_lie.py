@@ -140,3 +140,31 @@ def test_hf_config_travels_as_a_hashed_copy_never_a_path(tmp_path, capsys):
     # the copy edited: refused like any file of the set
     (out / "hf_config.json").write_text(json.dumps({**config, "num_hidden_layers": 80}))
     _refused(capsys, out, "hf_config.json")
+
+
+# ---------------------------------------------------------------- host RAM says where it came from
+
+def test_host_ram_says_whether_it_was_given_or_assumed(tmp_path, capsys):
+    assumed, given = tmp_path / "assumed", tmp_path / "given"
+    argv = TINY[:-2]  # without --host-ram-gib 64
+    code, _, err = run(capsys, *argv, "--out", str(assumed))
+    assert code == 0 and "no --host-ram-gib" in err
+    assert run(capsys, *TINY, "--out", str(given))[0] == 0
+    assert load_profile(assumed).host_ram_source == "assumed" and load_profile(given).host_ram_source == "given"
+    runbook = (assumed / "RUNBOOK.md").read_text()
+    assert "2,048.0 GiB (assumed: zlayout's default, not given at export with --host-ram-gib)" in runbook
+    assert "2,048.0 GiB per node" not in runbook.replace("(assumed", "")  # never the bare default
+    assert "64.0 GiB (given at export)" in (given / "RUNBOOK.md").read_text()
+    assert "(assumed: zlayout's default" in run(capsys, "show", str(assumed))[1]
+
+
+def test_check_compares_the_nodes_ram_with_the_profiles(profile_8b):
+    from zlayout.profile.check import check_host
+
+    peak = profile_8b.alerts.host_memory.peak_bytes
+    node = {"MemAvailable": peak * 2, "MemTotal": peak * 3}  # enough for the run, far below 2 TiB
+    item = check_host(profile_8b, node)
+    assert item.verdict == "warn" and "assumed (not given at export)" in item.detail
+    assert f"--host-ram-gib {peak * 3 / 2**30:.0f}" in item.detail
+    roomy = {"MemAvailable": peak * 2, "MemTotal": profile_8b.inputs.hardware.host_ram_bytes}
+    assert check_host(profile_8b, roomy).verdict == "pass"

@@ -108,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
     team = read_team_config(args.ds_config) if args.ds_config is not None else None
     try:
         result = export_profile(inp, layout, args.out, replace=args.force, name=args.name, why=args.why,
-                                run_settings=given, presets_dirs=tuple(args.presets_dir), team_config=team)
+                                run_settings=given, presets_dirs=tuple(args.presets_dir), team_config=team,
+                                host_ram_given=args.host_ram_gib is not None)
     except (ProfileError, PresetFileError) as exc:  # the profile's limits read the family's presets
         raise UsageError(str(exc)) from None
     profile, out, written = result.profile, result.target.path, result.written
@@ -126,6 +127,10 @@ def run(args: argparse.Namespace) -> int:
         for note in result.ds_config_notes:
             print(f"  {note}")
         print(f"  next: zlayout show {shlex.quote(str(out))}   zlayout check {shlex.quote(str(out))}")
+    if args.host_ram_gib is None:
+        print(f"zlayout: warning: no --host-ram-gib: the host figures assume {pred.host_capacity_bytes / GiB:,.0f} "
+              "GiB per node (zlayout's default), and the profile says so; give the nodes' RAM, or let "
+              "`zlayout check` compare it on a node", file=sys.stderr)
     if not pred.fits:
         print(f"zlayout: warning: {layout.label} is predicted NOT to fit "
               f"(GPU {'ok' if pred.fits_gpu else 'over'}, host {'ok' if pred.fits_host else 'over'}, "

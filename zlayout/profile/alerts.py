@@ -90,7 +90,7 @@ def derive_alerts(inp: PlanInput, prediction: Prediction, verification: Verifica
         basis=host_basis, peak_bytes=host_peak,
         warn_above_bytes=min(int(host_peak * (1 + HOST_MEMORY_MARGIN)), int(host_cap * HOST_MEMORY_CEILING)),
         capacity_bytes=host_cap, margin_fraction=HOST_MEMORY_MARGIN,
-        why=(f"the {host_basis} host peak is {_gib(host_peak)} per node of {_gib(host_cap)}; "
+        why=(f"the {host_basis} host peak of the job's processes is {_gib(host_peak)} per node; "
              "offload buffers are fixed, so growth means dataloader workers or a leak, "
              "and the kernel's OOM killer ends the job without a Python traceback"),
     )

@@ -26,7 +26,7 @@ from zlayout.profile.runbook import EXTRA_FILES
 from zlayout.profile.schema import Profile, RunSettings, path_text
 from zlayout.profile.store import (DS_CONFIG_FILE, HF_CONFIG_FILE, PROFILE_FILE, ProfileError, load_profile,
                                    save_profile, save_profile_dir)
-from zlayout.spec import Layout, PlanInput
+from zlayout.spec import HardwareSpec, Layout, PlanInput
 
 
 MAX_WHY_CHARS = 2000  # one change-log reason; with the profile's ~1 kB per entry, hundreds of exports fit
@@ -207,7 +207,8 @@ def _unchanged_since_inspected(target: ExportTarget):
 def export_profile(inp: PlanInput, layout: Layout, path: str | os.PathLike[str], *, replace: bool = False,
                    name: str | None = None, why: str | None = None,
                    run_settings: Mapping[str, Any] | None = None, now: datetime | None = None,
-                   presets_dirs: tuple[str, ...] = (), team_config: Mapping[str, Any] | None = None) -> ExportResult:
+                   presets_dirs: tuple[str, ...] = (), team_config: Mapping[str, Any] | None = None,
+                   host_ram_given: bool | None = None) -> ExportResult:
     """Build the profile for `layout` and write it to `path` under the rules above.
 
     `run_settings` (train_script, checkpoint_dir, nvme_path, master_port) override the replaced
@@ -215,7 +216,8 @@ def export_profile(inp: PlanInput, layout: Layout, path: str | os.PathLike[str],
     file is touched. `team_config` is the team's own ds_config.json (--ds-config): its optimizer,
     scheduler and other keys are kept, zlayout's ZeRO, batch and precision keys set over them, and a
     key that changes memory the plan does not price is refused. Raises ProfileExists (a profile is
-    there, `replace` is False) or ProfileError.
+    there, `replace` is False) or ProfileError. `host_ram_given`: whether the host RAM is the user's
+    (--host-ram-gib) or zlayout's default; None: given when it is not the default.
     """
     if why is not None and len(why) > MAX_WHY_CHARS:
         raise ProfileError(f"--why is {len(why):,} characters long; the change log keeps at most "
@@ -236,7 +238,10 @@ def export_profile(inp: PlanInput, layout: Layout, path: str | os.PathLike[str],
             why = f"re-exported, keeping ds_config.json's hand edits ({kept_edits[0].removeprefix('kept your hand edits: ')})"
         profile = build_profile(inp, layout, name=name, why=why, previous=target.previous, run=run, now=now,
                                 presets_dirs=presets_dirs)
-        profile = profile.model_copy(update={"hf_config_json": hf_config_json, "ds_config_team": team})
+        if host_ram_given is None:
+            host_ram_given = inp.hardware.host_ram_bytes != HardwareSpec.model_fields["host_ram_bytes"].default
+        profile = profile.model_copy(update={"hf_config_json": hf_config_json, "ds_config_team": team,
+                                             "host_ram_source": "given" if host_ram_given else "assumed"})
         Profile.model_validate(profile.model_dump())  # the team keys pass the profile's own checks
     except ValidationError as exc:
         raise ProfileError(_one_line(exc)) from None

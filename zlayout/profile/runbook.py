@@ -18,7 +18,7 @@ from zlayout.profile.memory_svg import memory_svg
 from zlayout.profile.prometheus import (ALLOCATED_METRIC, LOSS_METRIC, PROCESS_GROUP, STEP_TIME_METRIC, alerts_yaml,
                                         mib, rules)
 from zlayout.profile.schema import Profile, inputs_to_file
-from zlayout.profile.summary import figure, free_gpu_memory_needed, gib, seconds
+from zlayout.profile.summary import figure, free_gpu_memory_needed, gib, host_ram_text, seconds
 from zlayout.spec import Layout, offload_flag
 
 RUNBOOK_FILE = "RUNBOOK.md"
@@ -85,7 +85,7 @@ def _summary(p: Profile) -> list[str]:
     rows: list[tuple[object, ...]] = [
         ("Model", s.model),
         ("Hardware", f"{s.hardware}, {hw.intra_link.name} within a node{inter}; "
-                     f"host RAM {gib(hw.host_ram_bytes)} per node"),
+                     f"host RAM {host_ram_text(p)} per node"),
         ("Training", f"sequence {t.seq}, micro-batch {t.micro_batch}, gradient accumulation {t.grad_accum}, "
                      f"global batch {t.micro_batch * t.grad_accum * hw.world} sequences, {t.precision}, "
                      f"activation checkpointing {t.checkpointing}"),
@@ -96,7 +96,7 @@ def _summary(p: Profile) -> list[str]:
         (f"GPU memory, peak allocated ({s.basis})", f"{gib(s.gpu_peak_allocated_bytes)} of "
                                                     f"{gib(s.gpu_capacity_bytes)} per GPU"),
         (f"GPU memory in use, nvidia-smi ({s.basis})", f"{gib(s.gpu_device_used_bytes)} per GPU"),
-        (f"Host memory, peak ({s.basis})", f"{gib(s.host_peak_bytes)} of {gib(s.host_capacity_bytes)} per node"),
+        (f"Host memory, peak ({s.basis})", f"{gib(s.host_peak_bytes)} per node, of {host_ram_text(p)}"),
     ]
     if s.nvme_bytes:
         rows.append(("NVMe", f"{gib(s.nvme_bytes)} per node"))
@@ -142,7 +142,7 @@ def _what_lives_where(p: Profile) -> list[str]:
     out.append(f"Peak per GPU: {gib(pred.gpu_peak_allocated_bytes)} allocated, {gib(pred.gpu_peak_reserved_bytes)} "
                f"reserved by PyTorch, {gib(pred.gpu_device_used_bytes)} in use as nvidia-smi shows it, of "
                f"{gib(pred.gpu_capacity_bytes)}; {gib(pred.gpu_headroom_bytes)} to spare. Host peak "
-               f"{gib(pred.host_peak_bytes)} of {gib(pred.host_capacity_bytes)} per node"
+               f"{gib(pred.host_peak_bytes)} per node, of {host_ram_text(p)}"
                + (f"; NVMe {gib(pred.nvme_bytes)} of {gib(pred.nvme_capacity_bytes)} per node." if pred.nvme_bytes
                   else "."))
     return out
@@ -422,7 +422,7 @@ def _on_call(p: Profile) -> list[str]:
          "against fragmentation; resume from the last checkpoint (Restart procedure)"),
         ("Host out of memory with offload",
          f"the job ends without a Python traceback: `dmesg -T | grep -i -e oom -e 'killed process'`; `free -g`; "
-         f"the plan's host peak is {gib(a.host_memory.peak_bytes)} per node of {gib(hw.host_ram_bytes)}"
+         f"the plan's host peak is {gib(a.host_memory.peak_bytes)} per node, of {host_ram_text(p)}"
          + ("" if offload else " (this layout offloads nothing: the peak is the model built on the host)"),
          "fewer dataloader workers per rank; other jobs off the node; optimizer state to NVMe "
          "(`--stage 3 --offload-optimizer nvme`); nodes with more RAM; re-export and verify"),

@@ -33,6 +33,10 @@ Basis = Literal["measured", "predicted"]
 Where = Literal["gpu", "host", "nvme"]
 
 
+HOST_RAM_SOURCE_TEXT = {"given": "given at export",
+                        "assumed": "assumed: zlayout's default, not given at export with --host-ram-gib"}
+
+
 class Section(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -351,6 +355,7 @@ class Summary(Section):
     host_peak_bytes: int
     host_capacity_gib: float
     host_capacity_bytes: int
+    host_capacity_source: str | None = Field(default=None, description="given at export, or assumed (a default)")
     nvme_gib: float
     nvme_bytes: int
     checkpoint_gib: float | None = None
@@ -427,6 +432,9 @@ class Profile(Section):
     restart_drill: RestartDrill | None = None
     limits: Limits | None = None
     changelog: list[ChangeEntry] = Field(min_length=1)
+    host_ram_source: Literal["given", "assumed"] = Field(
+        default="assumed", description="given: --host-ram-gib at export; assumed: zlayout's default host RAM "
+                                       "(2 TiB per node), not the nodes' (also every profile exported before this key)")
     ds_config_team: dict[str, Any] | None = Field(
         default=None, description="the team's keys of ds_config.json (optimizer, scheduler, monitors: from "
                                   "--ds-config or hand edits zlayout accepted); absent: zlayout's AdamW")
@@ -497,6 +505,7 @@ class Profile(Section):
             gpu_capacity_gib=round_gib(pred.gpu_capacity_bytes), gpu_capacity_bytes=pred.gpu_capacity_bytes,
             host_peak_gib=round_gib(alerts.host_memory.peak_bytes), host_peak_bytes=alerts.host_memory.peak_bytes,
             host_capacity_gib=round_gib(hw.host_ram_bytes), host_capacity_bytes=hw.host_ram_bytes,
+            host_capacity_source=HOST_RAM_SOURCE_TEXT[self.host_ram_source],
             nvme_gib=round_gib(pred.nvme_bytes), nvme_bytes=pred.nvme_bytes,
             checkpoint_gib=None if pred.checkpoint_bytes is None else round_gib(pred.checkpoint_bytes),
             checkpoint_bytes=pred.checkpoint_bytes,
