@@ -352,10 +352,13 @@ def model_from_config(config: Mapping[str, Any], *, where: str = CONFIG_FILE, na
 
 
 def _config_name(config: Mapping[str, Any]) -> str | None:
-    """`_name_or_path`'s last part ("meta-llama/Meta-Llama-3-8B" -> "Meta-Llama-3-8B")."""
+    """`_name_or_path`'s last part ("meta-llama/Meta-Llama-3-8B" -> "Meta-Llama-3-8B"), as printable
+    text on one line: a downloaded config.json is not trusted to keep escape codes and newlines
+    out of a terminal, a launch script's comment or a log (each is replaced by a space)."""
     value = config.get("_name_or_path")
     if isinstance(value, str) and value.strip():
-        return value.strip().rstrip("/").split("/")[-1] or None
+        last = value.strip().rstrip("/").split("/")[-1]
+        return " ".join("".join(c if c.isprintable() else " " for c in last).split())[:100] or None
     return None
 
 
