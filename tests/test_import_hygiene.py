@@ -46,6 +46,19 @@ def test_a_whole_plan_run_stays_free_of_torch_and_deepspeed():
     assert "torch" not in loaded and "deepspeed" not in loaded
 
 
+def test_a_plan_imports_neither_the_profile_writer_nor_the_app():
+    """`zlayout plan` registers its own flags only: the profile package (runbook, schema,
+    launch scripts) and the Textual app are for the commands that use them."""
+    code = ("from zlayout.cli import main\n"
+            "import contextlib, io\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    assert main(['plan', '--preset', 'llama3-8b', '--gpus-per-node', '8']) == 0\n")
+    loaded = modules_after_import("zlayout", code)
+    assert "zlayout.core.plan" in loaded  # it did plan
+    assert not {m for m in loaded if m.startswith(("zlayout.profile", "zlayout.tui", "zlayout.verify",
+                                                   "textual", "tomli_w"))}
+
+
 def test_planning_from_a_config_json_stays_free_of_transformers():
     config = Path(__file__).resolve().parent / "hf" / "configs" / "published" / "Mixtral-8x7B-v0.1.json"
     code = ("from zlayout.cli import main\n"

@@ -281,6 +281,29 @@ def _config_name(config: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _cache_repo_name(path: Path) -> str | None:
+    """'ORG/NAME' for a config.json in the Hugging Face cache's layout,
+    `.../models--ORG--NAME/snapshots/HASH/config.json` (a symlink into `../../blobs/`: its
+    target is named by a hash, so the path is read as given, never resolved); else None."""
+    parts = Path(os.path.abspath(path)).parts
+    if len(parts) < 4 or parts[-3] != "snapshots" or not parts[-4].startswith("models--"):
+        return None
+    repo = parts[-4][len("models--"):].split("--")
+    return "/".join(repo) if all(repo) else None
+
+
+def model_name(path: Path, config: Any) -> str | None:
+    """The name a config.json's model goes by: the Hugging Face cache's ORG/NAME, else
+    `_name_or_path`'s last part, else the folder holding config.json (the file's stem for
+    another name). The path is made absolute without following links."""
+    cached = _cache_repo_name(path)
+    if cached:
+        return cached
+    named = _config_name(config) if isinstance(config, Mapping) else None
+    absolute = Path(os.path.abspath(path))
+    return named or (absolute.parent.name if absolute.name == CONFIG_FILE else absolute.stem) or None
+
+
 def config_path(path: str | os.PathLike[str]) -> Path:
     """The config.json a path means: the file itself, or DIR/config.json."""
     p = Path(path).expanduser()
@@ -294,13 +317,9 @@ def config_path(path: str | os.PathLike[str]) -> Path:
     return p
 
 
-def load(path: str | os.PathLike[str]) -> ModelSpec:
-    """Read a model's config.json (or a directory holding one) into a `ModelSpec`.
-
-    The name is `_name_or_path`'s last part, else the folder's name; the spec records the
-    file (`hf_config`) and its `model_type`. Raises `HfConfigError` (a ValueError) with one
-    line naming the file and what is wrong.
-    """
+def read_config(path: str | os.PathLike[str]) -> tuple[Any, Path]:
+    """The parsed config.json a path means (the file, or DIR/config.json) and its path;
+    HfConfigError (one line naming the file) when it is not one."""
     p = config_path(path)
     try:
         with open(p, "rb") as handle:
@@ -321,9 +340,40 @@ def load(path: str | os.PathLike[str]) -> ModelSpec:
         raise HfConfigError(f"{exc}: not a model's config.json") from None
     except json.JSONDecodeError as exc:
         raise HfConfigError(f"{p}: not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}") from None
-    folder = p.resolve().parent.name if p.name == CONFIG_FILE else p.stem
-    name = _config_name(config) if isinstance(config, Mapping) else None
-    return model_from_config(config, where=str(p), name=name or folder or None, source=str(p.resolve()))
+    return config, p
+
+
+def load(path: str | os.PathLike[str], cards: bool = True) -> ModelSpec:
+    """Read a model's config.json (or a directory holding one) into a `ModelSpec`.
+
+    The name is `model_name`'s (ORG/NAME in the Hugging Face cache, else `_name_or_path`'s
+    last part, else the folder's name); the spec records the file as given, made absolute
+    (`hf_config`), and its `model_type`, and carries the config's model card when one was
+    learned (`cards`: look it up). Raises `HfConfigError` (a ValueError) with one line naming
+    the file and what is wrong.
+    """
+    config, p = read_config(path)
+    # the path as given, made absolute: resolving a cache's symlink recorded blobs/HASH
+    model = model_from_config(config, where=str(p), name=model_name(p, config), source=os.path.abspath(p))
+    return with_card(model, config, str(p)) if cards else model
+
+
+def with_card(model: ModelSpec, config: Mapping[str, Any], where: str) -> ModelSpec:
+    """`model` with the model card learned from this config (`zlayout learn`; the cache,
+    then presets/cards/), when there is one. A card whose parameter count is not the model's
+    is not this model's (HfConfigError: the two must agree, exactly)."""
+    from zlayout import cards as card_store
+
+    try:
+        card = card_store.find_card(config)
+    except card_store.CardError as exc:
+        raise HfConfigError(f"{where}: {exc}") from None
+    if card is None:
+        return model
+    if card.params != model.params:
+        raise HfConfigError(f"{where}: its model card ({card.source}) counts {card.params:,} parameters, "
+                            f"the config reads as {model.params:,}; learn it again with zlayout learn --force")
+    return model.model_copy(update={"card": card})
 
 
 # --------------------------------------------------------------------------- spec -> config.json

@@ -28,7 +28,9 @@ def test_batch_script_is_valid_bash_with_srun_and_rendezvous(tmp_path):
     assert check.returncode == 0, check.stderr
     assert "#SBATCH --nodes=2" in script and "#SBATCH --gpus-per-node=8" in script
     assert "#SBATCH --partition=gpu" in script and "#SBATCH --account=proj" in script
-    assert script.count("srun ") == 1 and "--resume" not in script
+    # the node preflight, then the ranks
+    assert script.count("srun ") == 2 and "--resume" not in script
+    assert script.index("zlayout.verify.node preflight") < script.index("torch.distributed.run")
     assert "--rdzv_backend c10d" in script and "scontrol show hostnames" in script
     assert "--nproc_per_node 8" in script and "-m zlayout.verify.worker" in script
     spec = json.loads(job.spec_path.read_text())
@@ -40,7 +42,7 @@ def test_restart_drill_adds_a_resumed_second_step(tmp_path):
     job = slurm.prepare_job(two_node_input(), Layout(stage=1),
                             VerifyOptions(out_dir=tmp_path, restart_drill=True, steps=4))
     script = slurm.batch_script(job)
-    assert script.count("srun ") == 2 and "--resume" in script
+    assert script.count("srun ") == 3 and "--resume" in script
     path = tmp_path / "s.sh"
     path.write_text(script)
     assert subprocess.run(["bash", "-n", str(path)]).returncode == 0

@@ -19,6 +19,7 @@ from zlayout.core.memory import MemoryEstimate
 from zlayout.core.plan import Plan, make_plan
 from zlayout.core.serialize import layout_plan_dict, model_dict, recommendation_dict
 from zlayout.core.steptime import StepTimeEstimate, host_bound_note, step_time_parts
+from zlayout.replaycache import lasting
 from zlayout.spec import GiB, Layout
 
 
@@ -41,8 +42,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     layout = layout_from_args(args)
     inp = plan_input_from_args(args)
-    # Every layout is evaluated (cheaply, without break-even) so the recommendation is real.
-    plan = make_plan(inp, with_breakeven=False)
+    # Every layout is evaluated (cheaply, without break-even) so the recommendation is real;
+    # the allocator replays of an earlier plan with the same inputs are kept (replaycache).
+    with lasting():
+        plan = make_plan(inp, with_breakeven=False)
     if args.json:
         # allow_nan=False: Infinity/NaN is not JSON; the spec's bounds keep every figure finite
         print(json.dumps(plan_json(plan, layout), indent=None, allow_nan=False))
@@ -69,7 +72,7 @@ def plan_json(plan: Plan, layout=None) -> dict:
     base = {"params": plan.input.model.params, "model": model_dict(plan),
             "world": plan.input.hardware.world, "gpu": plan.input.hardware.gpu.name,
             "host_cores": plan.input.hardware.node_host_cores,
-            "calibration": plan.input.calibration.source,
+            "calibration": plan.input.calibration.source, "loop": plan.input.training.loop,
             "recommendation": recommendation_dict(plan)}
     if layout is not None:
         return {**base, **_layout_json(plan.for_layout(layout)),
@@ -110,7 +113,8 @@ def plan_table(plan: Plan, layout=None) -> str:
         + ")",
         f"{hw.nodes} x {hw.gpus_per_node} {hw.gpu.name} ({hw.gpu.memory_bytes / GiB:.0f} GiB), "
         f"seq {t.seq}, micro-batch {t.micro_batch}, accumulation {t.grad_accum}, {t.precision}, "
-        f"checkpointing {t.checkpointing}",
+        f"checkpointing {t.checkpointing}, loop {t.loop}"
+        + (" (outputs held to the next forward)" if t.loop == "deepspeed" else " (outputs dropped after the loss)"),
         "",
     ]
     chosen = [plan.for_layout(layout)] if layout is not None else list(plan.layouts)

@@ -1219,6 +1219,9 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             s.a(4 * size)
         return flat32
 
+    # --loop deepspeed: the bf16 logits the training loop's `outputs` holds (held_outputs_bytes)
+    keeps_outputs = t.loop == "deepspeed"
+    held_logits = None
     grads: list[int] = []  # stage 0, and stage 1 between accumulation boundaries: per weight
     # stage 1/2's IPG buckets (ipg_buffer), made by the first gradient hook of a backward
     buckets: list[int] = []
@@ -1278,7 +1281,7 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             sliced = None
             f32 = s.a(T * V * 4)
             logp = s.a(T * V * 4)
-            s.f(f32, logits)
+            s.f(f32, *([] if keeps_outputs else [logits]))
             L = T
         else:
             # worker_model: cross_entropy(logits[:, :-1].flatten(0, 1).float(), ...): the
@@ -1291,7 +1294,12 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             f32 = s.a(L * V * 4)
             s.f(sliced)
             logp = s.a(L * V * 4)
-            s.f(f32, logits)
+            s.f(f32, *([] if keeps_outputs else [logits]))
+        if keeps_outputs:
+            # --loop deepspeed: `outputs = engine(...)` rebinds the loop's outputs once this
+            # forward returns: the previous micro-step's logits die now, these live on
+            s.f(held_logits)
+            held_logits = logits
         if boundary:
             s.mark(f"step{step_index // ga + 1}.forward")
         # --- backward: the loss, its three fp32 tokens x vocab tensors
@@ -1615,6 +1623,9 @@ def _key(inp, layout) -> tuple:
 
 
 _CACHE: dict[tuple, int | None] = {}
+# A memo that outlives the process, lent by a command (zlayout/replaycache.py keeps one in the
+# user's cache folder); the core reads and writes no file itself.
+lasting_memo = None
 
 
 def replayed_peak_reserved(inp, layout, steps: int = 2) -> int | None:
@@ -1625,8 +1636,11 @@ def replayed_peak_reserved(inp, layout, steps: int = 2) -> int | None:
     asks for the same layout many times."""
     key = _key(inp, layout)
     if key not in _CACHE:
-        seq = _Seq(live=True)
-        _CACHE[key] = None if allocation_sequence(inp, layout, steps, seq) is None else seq.reserved
+        def replay() -> int | None:
+            seq = _Seq(live=True)
+            return None if allocation_sequence(inp, layout, steps, seq) is None else seq.reserved
+
+        _CACHE[key] = replay() if lasting_memo is None else lasting_memo.recall((key, steps), replay)
         if len(_CACHE) > 4096:
             _CACHE.pop(next(iter(_CACHE)))
     return _CACHE[key]

@@ -207,6 +207,10 @@ def moe_dispatch_bytes(model: ModelSpec, training: TrainingSpec) -> int:
     """Token dispatch of one MoE block's forward: the one-hot expert mask transformers builds
     (tokens x top_k x (experts + 1), int64) and the block's zeroed output (tokens x hidden).
     Transient: freed when the block's forward ends (with checkpointing: its recompute)."""
+    card = card_of(model, training)
+    if card is not None:  # the card's largest forward transient of a block, MoE dispatch or not
+        return card.largest_forward_transient(training.micro_batch, training.seq,
+                                              training.checkpointing == "full") if model.is_moe else 0
     if not model.is_moe:
         return 0
     tokens = tokens_per_micro_batch(training)
@@ -218,11 +222,21 @@ def moe_expert_gradient_bytes(model: ModelSpec, training: TrainingSpec) -> int:
     expert; autograd's index backward makes a full-size gradient for each expert used and
     accumulates them: while a MoE block runs backward, both fused tensors' accumulating
     gradients and one fresh full-size gradient are alive (not yet measured on a GPU)."""
+    card = card_of(model, training)
+    if card is not None:  # the card's block backward transient (checkpointing: with its recompute)
+        return card.largest_block_transient(training.micro_batch, training.seq,
+                                            training.checkpointing == "full") if model.is_moe else 0
     if not model.is_moe:
         return 0
     gate_up = model.experts * (2 if model.mlp == "swiglu" else 1) * model.expert_ffn_size * model.hidden
     down = model.experts * model.expert_ffn_size * model.hidden
     return (gate_up + down + gate_up) * weight_bytes_per_param(training)
+
+
+def card_of(model: ModelSpec, training: TrainingSpec):
+    """The model card the activation terms come from: a card learned from the transformers
+    class (`zlayout learn`) prices the transformers implementation, so only with impl "hf"."""
+    return model.card if model.card is not None and training.impl == "hf" else None
 
 
 def layer_activation_bytes(model: ModelSpec, training: TrainingSpec, moe: bool = False) -> int:
@@ -263,6 +277,9 @@ def hf_norm_extra_bytes_per_token(model: ModelSpec, training: TrainingSpec) -> i
 
 def saved_activation_bytes(model: ModelSpec, training: TrainingSpec) -> int:
     """Activations alive at the end of the forward pass, every block."""
+    card = card_of(model, training)
+    if card is not None:
+        return card.saved_bytes(training.micro_batch, training.seq, training.checkpointing == "full")
     if training.checkpointing == "full":
         # Non-reentrant checkpointing keeps only each block's input.
         return model.layers * tokens_per_micro_batch(training) * model.hidden * weight_bytes_per_param(training)
@@ -275,13 +292,20 @@ def recompute_bytes(model: ModelSpec, training: TrainingSpec) -> int:
     block's with its token dispatch)."""
     if training.checkpointing != "full":
         return 0
+    card = card_of(model, training)
+    if card is not None:  # the largest of a block's recompute and backward, from the card
+        return card.largest_block_transient(training.micro_batch, training.seq, True)
     if model.is_moe:
         return layer_activation_bytes(model, training, moe=True) + moe_dispatch_bytes(model, training)
     return layer_activation_bytes(model, training)
 
 
 def head_input_bytes(model: ModelSpec, training: TrainingSpec) -> int:
-    """The final norm's input and the output head's input, kept for backward."""
+    """The final norm's input and the output head's input, kept for backward (from a card:
+    what the final norm, the head and the loss keep, the outputs dropped)."""
+    card = card_of(model, training)
+    if card is not None:
+        return card.head_saved_bytes(training.micro_batch, training.seq, training.checkpointing == "full")
     return tokens_per_micro_batch(training) * (
         2 * model.hidden * weight_bytes_per_param(training) + hf_norm_extra_bytes_per_token(model, training))
 
@@ -291,8 +315,23 @@ def loss_peak_bytes(model: ModelSpec, training: TrainingSpec) -> int:
     tensors are alive at once: the saved log-softmax, the gradient nll_loss hands back, and
     log-softmax's input gradient. (Forward holds less: the bf16 logits, their fp32 cast and the
     log-softmax.) This is often the largest single activation term of a model with a big
-    vocabulary."""
+    vocabulary. From a card: the most the loss's and the head's backward hold."""
+    card = card_of(model, training)
+    if card is not None:
+        return card.head_backward_peak_bytes(training.micro_batch, training.seq, training.checkpointing == "full")
     return 3 * FP32_BYTES * tokens_per_micro_batch(training) * model.vocab
+
+
+def held_outputs_bytes(model: ModelSpec, training: TrainingSpec) -> int:
+    """The model's outputs the training loop keeps (`--loop deepspeed`): `outputs =
+    engine(...); engine.backward(outputs.loss); engine.step()` holds the bf16 logits (tokens x
+    vocab) through backward and the step, until the next forward's outputs replace them.
+    Measured on six Llama/Qwen2-class H200 layouts (issue 27): 1.0-10.2% above the
+    trainer-loop plan, exactly tokens x vocab x 2 bytes. `--loop trainer` (HF Trainer's
+    compute_loss, the verify worker's wrapper) drops them once the loss is taken: 0."""
+    if training.loop != "deepspeed":
+        return 0
+    return tokens_per_micro_batch(training) * model.vocab * weight_bytes_per_param(training)
 
 
 # ------------------------------------------------------------------ DeepSpeed's buffers
@@ -562,6 +601,9 @@ def estimate_memory(inp: PlanInput, layout: Layout, replay: bool = True) -> Memo
                   "inputs of the final norm and of the output head")
     loss = add("gpu", "loss_logits", loss_peak_bytes(model, t), "activations",
                "fp32 log-softmax and its gradients over tokens x vocab when backward starts")
+    held = add("gpu", "loop_held_logits", held_outputs_bytes(model, t), "activations",
+               "the training loop keeps the model's outputs (bf16 logits, tokens x vocab) until the "
+               "next forward replaces them (--loop deepspeed; --loop trainer drops them)")
     misc = add("gpu", "misc", MISC_GPU_BYTES, "overhead", "loss, norms, flags, small NCCL buffers")
 
     # --- phases -----------------------------------------------------------------------
@@ -621,6 +663,10 @@ def estimate_memory(inp: PlanInput, layout: Layout, replay: bool = True) -> Memo
         # the last MoE block's backward: its expert gradients built while most activations live
         phases["backward (experts)"] = (states + carried + live + activations + recompute
                                         + ipg * (stage in (1, 2)) + expert_grads, gate_up_numel * w)
+    if held:
+        # alive in every phase of a training step from the second on (the model build excepted)
+        phases = {name: (allocated + held * (name != "model build"), request)
+                  for name, (allocated, request) in phases.items()}
     peak_phase = max(phases, key=lambda name: phases[name][0])
     peak = int(phases[peak_phase][0]) + misc
     context = add("gpu", "cuda_context", hw.gpu.cuda_context_bytes, "overhead",

@@ -122,6 +122,22 @@ def _one_line(exc: ValidationError) -> str:
     return "; ".join(" ".join(str(e["msg"]).removeprefix("Value error, ").split()) for e in exc.errors())
 
 
+def _unchanged_since_inspected(target: ExportTarget):
+    """A check run with the target's directory locked: the profile there is still the one this
+    export decided to replace (or still none). Another export that wrote meanwhile wins; this one
+    refuses instead of silently replacing it."""
+    def guard(profile_file: Path) -> None:
+        try:
+            now = load_profile(profile_file) if profile_file.exists() else None
+            changed = now != target.previous
+        except ProfileError:
+            changed = True
+        if changed:
+            raise ProfileExists(f"{profile_file} was written by another export while this one ran: not replacing "
+                                "it; look at it (`zlayout show`), then re-run with --force to replace it")
+    return guard
+
+
 def export_profile(inp: PlanInput, layout: Layout, path: str | os.PathLike[str], *, replace: bool = False,
                    name: str | None = None, why: str | None = None,
                    run_settings: Mapping[str, Any] | None = None, now: datetime | None = None,
@@ -146,8 +162,9 @@ def export_profile(inp: PlanInput, layout: Layout, path: str | os.PathLike[str],
                                 presets_dirs=presets_dirs)
     except ValidationError as exc:
         raise ProfileError(_one_line(exc)) from None
+    guard = _unchanged_since_inspected(target)
     if target.single_file:
-        written: tuple[Path, ...] = (save_profile(profile, target.profile_file),)
+        written: tuple[Path, ...] = (save_profile(profile, target.profile_file, guard=guard),)
     else:
-        written = tuple(save_profile_dir(profile, target.path))
+        written = tuple(save_profile_dir(profile, target.path, guard=guard))
     return ExportResult(profile=load_profile(target.profile_file), target=target, written=written)

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 from zlayout.profile.ds_config import DEFAULT_NVME_PATH, ds_config
-from zlayout.spec import Bound, GiB, Layout, PlanInput
+from zlayout.spec import Bound, GiB, Layout, PlanInput, recorded_inputs
 
 SCHEMA_VERSION = 2
 
@@ -26,6 +26,9 @@ SPEC_TO_FILE_SUFFIX = {"_gbps": "_gb_per_s", "_flops": "_flop_per_s"}
 # (alerts then follow the measurement); cpu-ok: ran end to end on CPU only, nothing measured on GPU.
 Status = Literal["validated", "unverified", "failed", "does-not-fit", "mismatch", "cpu-ok"]
 MEASURED_STATUSES = ("validated", "mismatch")  # a complete run whose figures alerts may follow
+# validated vs mismatch: zlayout.verify.result.TOLERANCE_FRACTION (verify imports this layer, not
+# the other way; tests/profile check the two agree)
+VALIDATED_TOLERANCE_FRACTION = 0.10
 Basis = Literal["measured", "predicted"]
 Where = Literal["gpu", "host", "nvme"]
 
@@ -420,7 +423,8 @@ class Profile(Section):
             version = data.get("schema_version")
         inputs = data.get("inputs")
         if isinstance(inputs, dict):
-            inputs = inputs_from_file(inputs)
+            # a profile exported before `training.loop` existed was verified with the loss-only loop
+            inputs = recorded_inputs(inputs_from_file(inputs))
         if inputs is not None:
             data["inputs"] = without_custom_family(inputs)
         return data

@@ -22,7 +22,7 @@ import shutil
 import tempfile
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import tomli_w
 from pydantic import ValidationError
@@ -81,6 +81,12 @@ def _unrepresentable_number(value: Any, loc: tuple[Any, ...]) -> tuple[tuple[Any
 
 def loads_profile(text: str, source: str = PROFILE_FILE) -> Profile:
     """Parse and validate profile text; raises ProfileError naming the line and field."""
+    return loads_profile_document(text, source)[0]
+
+
+def loads_profile_document(text: str, source: str = PROFILE_FILE) -> tuple[Profile, dict[str, Any]]:
+    """The validated profile and the parsed table it came from (which still holds the derived
+    [summary] the Profile drops, for `zlayout.profile.integrity` to compare)."""
     try:
         data = tomlsafe.loads(text, source)
     except tomlsafe.TomlLimitError as exc:
@@ -115,7 +121,7 @@ def loads_profile(text: str, source: str = PROFILE_FILE) -> Profile:
     try:
         # strict: a number written as a string (hidden = "4096"), a boolean as 0 or "false",
         # a float where an integer belongs is an error naming the key, not a silent conversion
-        return Profile.model_validate(data, strict=True)
+        return Profile.model_validate(data, strict=True), data
     except ValidationError as exc:
         raise ProfileError(f"{source}: {describe_validation_error(exc, text, data)}") from None
     except RecursionError:
@@ -229,6 +235,11 @@ def resolve_profile_path(path: str | os.PathLike[str]) -> Path:
 
 def load_profile(path: str | os.PathLike[str]) -> Profile:
     """Read and validate a profile (file or its directory); raises ProfileError."""
+    return load_profile_document(path)[0]
+
+
+def load_profile_document(path: str | os.PathLike[str]) -> tuple[Profile, dict[str, Any]]:
+    """load_profile, and the parsed table as the file holds it (loads_profile_document)."""
     p = resolve_profile_path(path)
     try:
         with open(p, "rb") as handle:
@@ -242,7 +253,7 @@ def load_profile(path: str | os.PathLike[str]) -> Profile:
                            "restore it from version control") from None
     except OSError as exc:
         raise ProfileError(f"{p}: cannot read: {exc.strerror or exc}") from None
-    return loads_profile(text, source=str(p))
+    return loads_profile_document(text, source=str(p))
 
 
 def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
@@ -315,7 +326,8 @@ def clean_temporaries(directory: Path) -> list[str]:
     return removed
 
 
-def save_profile(profile: Profile, path: str | os.PathLike[str]) -> Path:
+def save_profile(profile: Profile, path: str | os.PathLike[str],
+                 guard: Callable[[Path], None] | None = None) -> Path:
     """Write the profile (a directory means DIR/profile.toml). Returns the profile file's path.
 
     A file named profile.toml is part of a set: the whole set is rewritten as one
@@ -329,10 +341,12 @@ def save_profile(profile: Profile, path: str | os.PathLike[str]) -> Path:
             p.mkdir(parents=True, exist_ok=True)
             p = p / PROFILE_FILE
         if p.name == PROFILE_FILE:
-            return save_profile_dir(profile, p.parent)[-1]
+            return save_profile_dir(profile, p.parent, guard=guard)[-1]
         data = readable_profile_bytes(profile, p, manifest={})
         p.parent.mkdir(parents=True, exist_ok=True)
         with _locked(p.parent):
+            if guard is not None:
+                guard(p)
             clean_temporaries(p.parent)
             atomic_write(p, data)
     except OSError as exc:
@@ -381,14 +395,18 @@ def with_manifest(profile: Profile, files: dict[str, bytes]) -> Profile:
     return profile.model_copy(update={"manifest": {name: sha256_digest(data) for name, data in files.items()}})
 
 
-def save_profile_dir(profile: Profile, directory: str | os.PathLike[str]) -> list[Path]:
+def save_profile_dir(profile: Profile, directory: str | os.PathLike[str],
+                     guard: Callable[[Path], None] | None = None) -> list[Path]:
     """Write profile.toml, ds_config.json and the launch scripts into `directory`, as one set.
 
     All files go into a temporary directory inside `directory` and are fsynced there, then
     renamed into place with profile.toml last; its manifest holds the others' checksums. A crash
     before the renames leaves the old set; during them, a set whose manifest disagrees (refused
     on load); after, the new set. Overwrites without asking: callers decide whether replacing is
-    allowed (`zlayout.profile.export`). Returns the paths written, profile.toml last.
+    allowed (`zlayout.profile.export`), and pass `guard`, called with the profile.toml's path once
+    the directory is locked, to refuse (raise) when what is there is no longer what they decided on:
+    two exports into one new directory both find it empty, and the second must not replace the
+    first. Returns the paths written, profile.toml last.
     """
     d = Path(directory)
     files = set_files(profile)
@@ -396,6 +414,8 @@ def save_profile_dir(profile: Profile, directory: str | os.PathLike[str]) -> lis
     try:
         d.mkdir(parents=True, exist_ok=True)
         with _locked(d):
+            if guard is not None:
+                guard(d / PROFILE_FILE)
             clean_temporaries(d)
             tmp = Path(tempfile.mkdtemp(dir=d, prefix=TEMP_PREFIX))
             try:

@@ -1,0 +1,99 @@
+"""`zlayout plan` keeps the allocator replay's answers in the user's cache folder: a second plan
+with the same inputs replays nothing and prints the same; a file that is not the cache's own
+is neither trusted nor replaced; other planner code starts an empty cache."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+
+import pytest
+
+from zlayout.cli import main
+from zlayout.core import allocator_sim
+from zlayout.replaycache import cache_file
+
+PLAN = ["plan", "--preset", "llama3-8b", "--gpu", "h200", "--gpus-per-node", "8", "--json"]
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(allocator_sim, "_CACHE", {})  # no answer from an earlier test in this process
+
+
+def plan_output() -> dict:
+    allocator_sim._CACHE.clear()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(PLAN) == 0
+    return json.loads(out.getvalue())
+
+
+def replays_forbidden(monkeypatch):
+    def no_replay(*args, **kwargs):
+        raise AssertionError("the allocator was replayed")
+
+    monkeypatch.setattr(allocator_sim, "allocation_sequence", no_replay)
+
+
+def test_a_second_plan_takes_every_replay_from_the_cache(monkeypatch):
+    first = plan_output()
+    kept = json.loads(cache_file().read_text())
+    replayed = [v for v in kept["entries"].values() if v is not None]  # None: a layout not replayed
+    assert kept["format"] == 1 and len(replayed) >= 6 and all(v > 2**30 for v in replayed)
+    replays_forbidden(monkeypatch)
+    assert plan_output() == first
+    assert allocator_sim.lasting_memo is None  # lent for the command only
+
+
+def test_the_cache_answers_what_it_holds(monkeypatch):
+    # Proof that the figures come from the file: an answer edited in it reaches the plan.
+    first = plan_output()
+    kept = json.loads(cache_file().read_text())
+    kept["entries"] = {key: value and value + 2**30 for key, value in kept["entries"].items()}
+    cache_file().write_text(json.dumps(kept))
+    replays_forbidden(monkeypatch)
+    edited = plan_output()
+    grown = [after["gpu_peak_reserved_bytes"] - before["gpu_peak_reserved_bytes"]
+             for before, after in zip(first["layouts"], edited["layouts"])]
+    assert 2**30 in grown  # a layout that fits reserves what the edited replay said
+
+
+def test_answers_kept_by_other_planner_code_are_dropped():
+    first = plan_output()
+    kept = json.loads(cache_file().read_text())
+    stale = {**kept, "code": "0" * 64,
+             "entries": {key: value and value + 2**40 for key, value in kept["entries"].items()}}
+    cache_file().write_text(json.dumps(stale))
+    assert plan_output() == first
+    assert json.loads(cache_file().read_text())["code"] == kept["code"]
+
+
+@pytest.mark.parametrize("text", ["not json", "[]", '{"format": 1, "code": "x", "entries": {"k": 1}}',
+                                  '{"format": 1, "code": "x", "entries": {"' + "a" * 64 + '": -5}}',
+                                  '{"format": 1, "code": "x", "entries": {"' + "a" * 64 + '": "5"}}',
+                                  '{"format": 2, "code": "x", "entries": {}}'])
+def test_a_file_that_is_not_the_caches_own_is_neither_used_nor_replaced(text):
+    expected = plan_output()
+    cache_file().write_text(text)
+    assert plan_output() == expected
+    assert cache_file().read_text() == text
+
+
+def test_a_symbolic_link_in_its_place_is_left_alone(tmp_path):
+    target = tmp_path / "elsewhere.json"
+    target.write_text("{}")
+    cache_file().parent.mkdir(parents=True)
+    cache_file().symlink_to(target)
+    plan_output()
+    assert cache_file().is_symlink() and target.read_text() == "{}"
+
+
+def test_an_unwritable_cache_folder_does_not_fail_the_plan(tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))  # its zlayout/ cannot be made
+    assert plan_output()["layouts"]
+    assert blocker.read_text() == ""

@@ -1,0 +1,165 @@
+"""The allocator replay's answers kept between commands, in the user's cache folder.
+
+`zlayout plan` replays PyTorch's caching allocator for each of its 13 layouts
+(`zlayout.core.allocator_sim`): 15 ms for a small model, about 0.3 s for llama3-70b, every time
+the same for the same inputs. A replay's answer depends only on the inputs its key holds and on
+the planner's code, so the answers are kept in `$XDG_CACHE_HOME/zlayout/replay.json` (default
+`~/.cache/zlayout/`) under a digest of the key, next to a digest of the planner's source files
+(`zlayout/core/**.py`, `zlayout/spec.py`): any change to that code starts an empty cache.
+
+The core itself reads and writes no file: `lasting()` lends it a memo for one command. The
+file is read whole and trusted only when it is this module's own format with well-formed
+entries; one that is not (unreadable, foreign, a symbolic link) is neither used nor replaced.
+It is written atomically (a temporary file renamed over it), and a cache that cannot be read
+or written never changes a plan or fails a command: the replay simply runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Callable, Iterator
+
+CACHE_FILE_NAME = "replay.json"
+FORMAT = 1
+MAX_ENTRIES = 4096  # about 100 bytes each: the file stays under half a MiB
+MAX_FILE_BYTES = 1 << 20
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def cache_file() -> Path:
+    """$XDG_CACHE_HOME/zlayout/replay.json, as `zlayout verify` places its default output."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "zlayout" / CACHE_FILE_NAME
+
+
+def code_digest() -> str | None:
+    """A digest of the source files a replay's answer depends on; None when they cannot be read."""
+    package = Path(__file__).resolve().parent
+    files = sorted((package / "core").rglob("*.py")) + [package / "spec.py"]
+    digest = hashlib.sha256()
+    try:
+        for path in files:
+            digest.update(path.relative_to(package).as_posix().encode() + b"\0")
+            digest.update(path.read_bytes() + b"\0")
+    except OSError:
+        return None
+    return digest.hexdigest()
+
+
+def _entries_of(text: str, code: str) -> dict[str, int | None] | None:
+    """The entries of a cache file's text when it is this module's format, for this code
+    ({} when it was made by other code); None when it is not a cache file of ours."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if not (isinstance(data, dict) and data.get("format") == FORMAT and isinstance(data.get("code"), str)
+            and isinstance(data.get("entries"), dict)):
+        return None
+    entries = data["entries"]
+    for key, value in entries.items():
+        well_formed = value is None or (type(value) is int and value >= 0)
+        if not (_DIGEST.fullmatch(key) and well_formed):
+            return None
+    return entries if data["code"] == code else {}
+
+
+class LastingMemo:
+    """Replay answers by a digest of their key: what the file held, and what this command added."""
+
+    def __init__(self, path: Path, code: str, entries: dict[str, int | None]) -> None:
+        self.path = path
+        self.code = code
+        self.entries = entries
+        self.added = 0
+
+    def recall(self, key: object, replay: Callable[[], int | None]) -> int | None:
+        """The kept answer for `key` (a tuple of strings and numbers: its repr is stable), or
+        `replay()`'s, kept."""
+        digest = hashlib.sha256(repr(key).encode()).hexdigest()
+        if digest in self.entries:
+            return self.entries[digest]
+        value = replay()
+        self.entries[digest] = value
+        self.added += 1
+        return value
+
+    def save(self) -> None:
+        """Write the file atomically when this command added answers; never raises."""
+        if not self.added:
+            return
+        entries = dict(list(self.entries.items())[-MAX_ENTRIES:])  # the newest
+        text = json.dumps({"format": FORMAT, "code": self.code, "entries": entries},
+                          separators=(",", ":"))
+        try:
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd, temporary = tempfile.mkstemp(prefix=".replay-", suffix=".tmp", dir=self.path.parent)
+        except OSError:
+            return
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                out.write(text)
+            if _readable_as_ours(self.path):  # still ours (or still absent) just before the rename
+                os.replace(temporary, self.path)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+
+
+def _readable_as_ours(path: Path) -> bool:
+    """True when `path` is absent or holds a cache file of this module's format."""
+    if path.is_symlink():
+        return False
+    try:
+        if path.stat().st_size > MAX_FILE_BYTES:
+            return False
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return True
+    except (OSError, UnicodeDecodeError):
+        return False
+    return _entries_of(text, "") is not None
+
+
+def open_memo(path: Path | None = None) -> LastingMemo | None:
+    """The memo the file at `path` (default: `cache_file()`) holds, or an empty one where there is
+    none yet; None where the file is not one of ours or the planner's code cannot be read."""
+    path = cache_file() if path is None else path
+    code = code_digest()
+    if code is None or path.is_symlink():
+        return None
+    try:
+        if path.stat().st_size > MAX_FILE_BYTES:
+            return None
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return LastingMemo(path, code, {})
+    except (OSError, UnicodeDecodeError):
+        return None
+    entries = _entries_of(text, code)
+    return None if entries is None else LastingMemo(path, code, entries)
+
+
+@contextlib.contextmanager
+def lasting(path: Path | None = None) -> Iterator[LastingMemo | None]:
+    """Lend the allocator replay the kept answers for the duration of one command, then save
+    the new ones. Without a usable cache file the replay runs as it would."""
+    from zlayout.core import allocator_sim
+
+    memo = open_memo(path)
+    previous = allocator_sim.lasting_memo
+    allocator_sim.lasting_memo = memo
+    try:
+        yield memo
+    finally:
+        allocator_sim.lasting_memo = previous
+    if memo is not None:
+        memo.save()
