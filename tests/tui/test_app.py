@@ -832,8 +832,9 @@ async def test_size_needs_a_unit_and_bounds_speak_in_field_labels():
         assert app.plan is good
 
 
-async def test_allocator_model_code_and_host_cores_are_inputs_of_the_plan():
-    """The allocator and the model's code (zlayout's GPT or the transformers class) change
+async def test_allocator_model_code_loop_and_host_cores_are_inputs_of_the_plan():
+    """The allocator, the model's code (zlayout's GPT or the transformers class) and the
+    training loop (deepspeed keeps the logits until the next forward, trainer drops them) change
     what fits; host cores change offloaded step time: each is a field that reaches the plan."""
     from textual.widgets import Select
 
@@ -842,11 +843,14 @@ async def test_allocator_model_code_and_host_cores_are_inputs_of_the_plan():
         await settle(pilot)
         await type_into(pilot, "host_cores", "24", keys=True)
         assert app.plan.input.hardware.host_cores == 24
-        for field, value in (("allocator", "expandable"), ("impl", "hf")):
+        default_loop = app.plan.for_layout(app.plan.recommendation.layout).memory.gpu_peak_allocated_bytes
+        for field, value in (("allocator", "expandable"), ("impl", "hf"), ("loop", "trainer")):
             app.query_one(f"#{field}", Select).value = value
             await settle(pilot)
         t = app.plan.input.training
-        assert (t.allocator, t.impl) == ("expandable", "hf")
+        assert (t.allocator, t.impl, t.loop) == ("expandable", "hf", "trainer")
+        # the trainer loop drops the logits the deepspeed loop holds: less at the peak
+        assert app.plan.for_layout(app.plan.recommendation.layout).memory.gpu_peak_allocated_bytes != default_loop
         assert app.plan == make_plan(app.plan.input)
         await type_into(pilot, "host_cores", "", keys=True)
         assert app.plan.input.hardware.host_cores is None  # empty: the GPU preset's cores

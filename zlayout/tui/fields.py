@@ -36,7 +36,7 @@ FIELD_LABELS: dict[str, str] = {
     "inter_link": "Inter link", "host_ram_gib": "Host RAM GiB", "nvme_gib": "NVMe GiB",
     "seq": "Sequence", "micro_batch": "Micro-batch", "grad_accum": "Grad accum",
     "precision": "Precision", "checkpointing": "Checkpoint", "host_cores": "Host cores",
-    "impl": "Model code", "allocator": "Allocator",
+    "impl": "Model code", "allocator": "Allocator", "loop": "Loop",
 }
 # Internal spellings that reach messages (spec field names, CLI flags) -> the label.
 _INTERNAL_NAMES = {
