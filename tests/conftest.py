@@ -85,11 +85,15 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under xdist (--dist loadgroup), every test that uses one of this suite's session- or
-    module-scoped fixtures runs on one worker: the SLURM cluster, a server or a DeepSpeed run
-    that several tests check is then made once per run, not once per worker."""
+    """Under xdist (--dist loadgroup): the slow tests go first, and every test that uses one of
+    this suite's session- or module-scoped fixtures runs on one worker, so that the SLURM
+    cluster, a server or a DeepSpeed run several tests check is made once per run, not once per
+    worker."""
     if not config.pluginmanager.hasplugin("xdist"):
         return
+    # The long ones (real DeepSpeed engines) first, so that no worker is left with one of them
+    # at the end while the other idles; the order within each part is kept.
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     for item in items:
         info = getattr(item, "_fixtureinfo", None)
         if info is None:
