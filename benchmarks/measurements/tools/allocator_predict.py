@@ -1,6 +1,6 @@
 """zlayout's memory predictions for every line of a verify batch, one JSON object per line.
 
-    python benchmarks/allocator_predict.py benchmarks/batch-h200-heldout-allocator.txt \
+    python benchmarks/measurements/tools/allocator_predict.py benchmarks/measurements/h200-2026-12-01b/batch-h200-heldout-allocator.txt \
         > benchmarks/measurements/h200-2026-12-01b/heldout-allocator-predictions.jsonl
 
 Written before the batch runs, and committed with it, so the batch is a true hold-out for the
@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]  # the repository (this is benchmarks/measurements/tools/)
 sys.path.insert(0, str(ROOT))
 
 from zlayout.cli import build_parser, layout_from_args, plan_input_from_args  # noqa: E402

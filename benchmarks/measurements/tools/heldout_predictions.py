@@ -1,8 +1,8 @@
 """The step-time model's predictions for a held-out batch, written before the batch runs.
 
-    python benchmarks/heldout_predictions.py            # (re)write the predictions file
-    python benchmarks/heldout_predictions.py --check    # the model still predicts what was committed
-    python benchmarks/heldout_predictions.py --batch benchmarks/batch-h200-heldout2.txt \
+    python benchmarks/measurements/tools/heldout_predictions.py            # (re)write the predictions file
+    python benchmarks/measurements/tools/heldout_predictions.py --check    # the model still predicts what was committed
+    python benchmarks/measurements/tools/heldout_predictions.py --batch benchmarks/measurements/h200-2026-12-01b/batch-h200-heldout2.txt \
         --section "step time" --out benchmarks/measurements/h200-2026-12-01b/heldout2-steptime-predictions.jsonl
 
 `--section NAME`: only the lines under the comment `# NAME`, up to the next comment line (a batch
@@ -22,8 +22,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-BATCH = ROOT / "benchmarks" / "batch-h200-heldout-steptime.txt"
+ROOT = Path(__file__).resolve().parents[3]  # the repository (this is benchmarks/measurements/tools/)
+BATCH = ROOT / "benchmarks" / "measurements" / "h200-2026-12-01b" / "batch-h200-heldout-steptime.txt"
 PREDICTIONS = ROOT / "benchmarks" / "measurements" / "h200-2026-12-01b" / "heldout-steptime-predictions.jsonl"
 
 

@@ -1,7 +1,7 @@
 """Time one transformers MoE block (Mixtral's: router + experts) against a dense SwiGLU MLP of the
 same active FLOPs, forward and backward, on one GPU (issue 13: MoE rows' step time).
 
-    python benchmarks/moe_block_bench.py > moe-block.jsonl
+    python benchmarks/measurements/tools/moe_block_bench.py > moe-block.jsonl
 
 The dense MLP's intermediate width is top_k x the expert's, so both do the same GEMM FLOPs per
 token; the ratio of their times is what the experts' grouped GEMMs, the routing (sort, gather,

@@ -7,7 +7,7 @@ of benchmarks/measurements/h200-2026-11-29.jsonl plus per-phase peaks (forward, 
 so the memory model can be checked term by term, not only at the peak. This is a measurement
 script for the accuracy benchmark; the product's verification worker is zlayout/verify/worker.py.
 
-    torchrun --nproc_per_node 2 benchmarks/measure.py --stage 3 --offload-opt cpu ...
+    torchrun --nproc_per_node 2 benchmarks/measurements/tools/measure.py --stage 3 --offload-opt cpu ...
 """
 import argparse
 import json

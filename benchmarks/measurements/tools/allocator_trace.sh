@@ -1,5 +1,5 @@
 #!/bin/bash
-# Allocator traces of the layouts the replay misses most (benchmarks/allocator_trace.py), on one
+# Allocator traces of the layouts the replay misses most (benchmarks/measurements/tools/allocator_trace.py), on one
 # H200, from the repo root with torch + DeepSpeed importable (as h200-2026-12-01-run.sh sets up:
 # PYTHONPATH=/tmp/site:$PWD). About 3 minutes. Writes $OUT/<name>.json, each well under 16 MiB.
 # Bring them back to benchmarks/measurements/h200-2026-12-01b/traces/.
@@ -7,7 +7,7 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 
 OUT=${OUT:-/tmp/allocator-trace}; export OUT; mkdir -p "$OUT"
 H200="--gpus-per-node 1 --gpu h200"
 run() { name=$1; shift
-  timeout -s TERM 75 torchrun --standalone --nproc_per_node 1 benchmarks/allocator_trace.py --name "$name" -- "$@" $H200 \
+  timeout -s TERM 75 torchrun --standalone --nproc_per_node 1 benchmarks/measurements/tools/allocator_trace.py --name "$name" -- "$@" $H200 \
     > "$OUT/$name.log" 2>&1; echo "$name rc=$? $(grep -h '^TRACE' "$OUT/$name.log")"; }
 # ZeRO-3, optimizer and weights on the CPU: reserved 12.33 GiB measured, 8.83 modelled (fetch buffers?)
 run z3-opt-param-cpu --stage 3 --offload-optimizer cpu --offload-param cpu --layers 8 --hidden 4096 --heads 32 --ffn 16384 --vocab 32000 --mlp gelu --norm layernorm --seq 2048 --micro-batch 2

@@ -1,8 +1,8 @@
 """DeepSpeedCPUAdam's step time per parameter at 1, 2, 4, 8, ... threads, and the curve fitted to it.
 
-    python benchmarks/cpu_adam_scaling.py --host h200-16core              # measure, print, append rows
-    python benchmarks/cpu_adam_scaling.py --threads 1,2 --params 50e6     # a small machine
-    python benchmarks/cpu_adam_scaling.py --fit                           # fit the curve per host
+    python benchmarks/measurements/tools/cpu_adam_scaling.py --host h200-16core              # measure, print, append rows
+    python benchmarks/measurements/tools/cpu_adam_scaling.py --threads 1,2 --params 50e6     # a small machine
+    python benchmarks/measurements/tools/cpu_adam_scaling.py --fit                           # fit the curve per host
 
 One process measures every thread count (torch and DeepSpeed are imported and the cpu_adam op
 loaded once: a process per count spent most of a minute on imports): torch.set_num_threads
@@ -35,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-DATA = Path(__file__).resolve().parent / "measurements" / "cpu-adam-scaling.jsonl"
+DATA = Path(__file__).resolve().parents[1] / "cpu-adam-scaling.jsonl"
 TENSORS = 4  # a few parameter tensors, as DeepSpeed's sub-groups hand CPU Adam several
 
 

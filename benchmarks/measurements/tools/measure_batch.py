@@ -4,7 +4,7 @@ Each line of the batch file is `WORLD  measure.py flags...` (`#` starts a commen
 world 1 go two at a time on separate GPUs when the machine has two; wider runs take every GPU.
 Each result line is appended to OUT as soon as it arrives, so a run cut short keeps what it had.
 
-    python benchmarks/measure_batch.py batch.txt $OUT/measure.jsonl --gpus 2 --timeout 150
+    python benchmarks/measurements/tools/measure_batch.py batch.txt $OUT/measure.jsonl --gpus 2 --timeout 150
 """
 import argparse
 import json

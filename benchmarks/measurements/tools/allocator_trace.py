@@ -1,11 +1,11 @@
 """Trace PyTorch's caching allocator through a few DeepSpeed steps of one layout (one GPU).
 
-    OUT=/tmp/out torchrun --nproc_per_node 1 benchmarks/allocator_trace.py \
+    OUT=/tmp/out torchrun --nproc_per_node 1 benchmarks/measurements/tools/allocator_trace.py \
         --name z3-param-cpu -- --stage 3 --offload-optimizer cpu --offload-param cpu \
         --layers 8 --hidden 4096 --heads 32 --vocab 32000 --seq 2048 --micro-batch 2 --gpus-per-node 1 --gpu h200
 
     # rank 0 of a 2-GPU run, on one GPU (torch's fake process group; no torchrun):
-    OUT=/tmp/out python benchmarks/allocator_trace.py --name z3-w2 --emulate-world 2 -- --stage 3 \
+    OUT=/tmp/out python benchmarks/measurements/tools/allocator_trace.py --name z3-w2 --emulate-world 2 -- --stage 3 \
         --layers 8 --hidden 4096 --heads 32 --vocab 32000 --seq 2048 --micro-batch 2 --gpus-per-node 2 --gpu h200
 
 The layout is given as `zlayout verify` arguments (after `--`), and is built exactly as the
@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]  # the repository (this is benchmarks/measurements/tools/)
 sys.path.insert(0, str(ROOT))
 
 ACTIONS = {"alloc": 0, "free_requested": 1, "free_completed": 2, "segment_alloc": 3, "segment_free": 4,

@@ -1,6 +1,6 @@
 """Where one layout's step time goes on the GPU and on the host (one GPU, torch.profiler).
 
-    OUT=/tmp/out torchrun --nproc_per_node 1 benchmarks/steptime_profile.py \
+    OUT=/tmp/out torchrun --nproc_per_node 1 benchmarks/measurements/tools/steptime_profile.py \
         --name z3-L16 -- --stage 3 --layers 16 --hidden 2048 --heads 16 --vocab 32768 \
         --seq 2048 --micro-batch 8 --gpus-per-node 1 --gpu h200
 
@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from statistics import median
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]  # the repository (this is benchmarks/measurements/tools/)
 sys.path.insert(0, str(ROOT))
 
 PHASES = ("forward", "backward", "step")

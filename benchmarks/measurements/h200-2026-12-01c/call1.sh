@@ -1,12 +1,12 @@
 #!/bin/bash
 # Diagnostics for the step-time and allocator models on one H200 (16 cores), written 2026-12-01
 # when this session had no device time left (not yet run): one call, about 9 minutes.
-# 1. torch.profiler of the step-time model's worst layouts (benchmarks/steptime_profile.py), one at a
+# 1. torch.profiler of the step-time model's worst layouts (benchmarks/measurements/tools/steptime_profile.py), one at a
 #    time: is each phase bound by the GPU or by the host (ZeRO-3's hooks, launches)? (issue 13)
-# 2. allocator traces (benchmarks/allocator_trace.py) of the device-used rows the replay misses most,
+# 2. allocator traces (benchmarks/measurements/tools/allocator_trace.py) of the device-used rows the replay misses most,
 #    two at a time (each trace's own reserved and segments are per process; its device_used_bytes
 #    is not, with two processes on the card) (issue 11).
-source benchmarks/h200_node_setup.sh diagnostics
+source benchmarks/measurements/tools/h200_node_setup.sh diagnostics
 P=/tmp/profiles; T=/tmp/traces; mkdir -p $P $T
 s=$SECONDS
 python3 -c "from zlayout.verify.environment import corrected_env as c; import os; os.environ.update(c(dict(os.environ))[0]); from deepspeed.ops.op_builder import FusedAdamBuilder as B; B().load()" > "$OUT/build-fused.log" 2>&1 &
@@ -15,11 +15,11 @@ wait; echo "op builds: $((SECONDS - s)) s"
 H="--gpus-per-node 1 --gpu h200 --host-cores 16"
 prof() { name=$1; shift; left=$(( 560 - SECONDS )); [ $left -gt 50 ] || { echo "$name: no time left"; return; }
   OUT=$P timeout -s TERM $(( left < 100 ? left : 100 )) torchrun --standalone --nproc_per_node 1 --master_port $((29500 + RANDOM % 500)) \
-    benchmarks/steptime_profile.py --name "$name" -- "$@" $H > "$P/$name.log" 2>&1
+    benchmarks/measurements/tools/steptime_profile.py --name "$name" -- "$@" $H > "$P/$name.log" 2>&1
   echo "$name rc=$? $(grep -h '^PROFILE' "$P/$name.log")"; }
 trace() { name=$1; shift; left=$(( 560 - SECONDS )); [ $left -gt 50 ] || { echo "$name: no time left"; return; }
   OUT=$T timeout -s TERM $(( left < 100 ? left : 100 )) torchrun --standalone --nproc_per_node 1 --master_port $((30100 + RANDOM % 500)) \
-    benchmarks/allocator_trace.py --name "$name" -- "$@" $H > "$T/$name.log" 2>&1
+    benchmarks/measurements/tools/allocator_trace.py --name "$name" -- "$@" $H > "$T/$name.log" 2>&1
   echo "$name rc=$? $(grep -h '^TRACE' "$T/$name.log")"; }
 prof p-z3-hf-L10 --impl hf --stage 3 --layers 10 --hidden 2048 --heads 16 --kv-heads 4 --ffn 8192 --vocab 64000 --mlp swiglu --norm rmsnorm --no-bias --seq 2048 --micro-batch 2
 prof p-z3-hf-L16-ckpt --impl hf --stage 3 --checkpointing full --layers 16 --hidden 1536 --heads 12 --kv-heads 4 --ffn 4096 --vocab 50000 --mlp swiglu --norm rmsnorm --no-bias --seq 4096 --micro-batch 2

@@ -1,10 +1,10 @@
 """Multi-GPU layouts' allocator on one GPU: rank 0 of N on torch's fake process group.
 
-    python benchmarks/emulated_world.py lines [--extra]   # name and verify arguments per layout
-    python benchmarks/emulated_world.py compare DIR       # DIR: the traces allocator_trace.py wrote
-    python benchmarks/emulated_world.py batch BATCH       # a held-out batch's lines, named
-    python benchmarks/emulated_world.py heldout BATCH PREDICTIONS DIR
-    python benchmarks/emulated_world.py verify            # the `zlayout verify --emulate` runs
+    python benchmarks/measurements/tools/emulated_world.py lines [--extra]   # name and verify arguments per layout
+    python benchmarks/measurements/tools/emulated_world.py compare DIR       # DIR: the traces allocator_trace.py wrote
+    python benchmarks/measurements/tools/emulated_world.py batch BATCH       # a held-out batch's lines, named
+    python benchmarks/measurements/tools/emulated_world.py heldout BATCH PREDICTIONS DIR
+    python benchmarks/measurements/tools/emulated_world.py verify            # the `zlayout verify --emulate` runs
 
 Only one-GPU machines were lent for the allocator work, and the replay
 (zlayout/core/allocator_sim.py) had no trace of a multi-GPU ZeRO-3 run: its gathers were a
@@ -15,8 +15,8 @@ assumption: `lines` lists the layouts measured on two real H200s (benchmarks/mea
 2-GPU host h200-32core), `compare` holds each emulated peak allocated and peak reserved against
 the real one, and against the replay's prediction. `--extra` adds layouts no real multi-GPU host
 measured (4 and 8 GPUs): traces for the replay, with no real figure to compare.
-`batch`/`heldout`: a held-out batch of verify lines (benchmarks/batch-emulated-heldout6.txt),
-its replay predictions committed before it ran (benchmarks/allocator_predict.py), held against
+`batch`/`heldout`: a held-out batch of verify lines (benchmarks/measurements/h200-2026-12-01f/batch-emulated-heldout6.txt),
+its replay predictions committed before it ran (benchmarks/measurements/tools/allocator_predict.py), held against
 the emulated traces' peak reserved, for the committed predictions and for this model.
 `verify`: every `zlayout verify --emulate` result under benchmarks/measurements/, measured
 against this model's prediction as the product compares them (zlayout.verify.result.
@@ -30,9 +30,10 @@ import shlex
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]  # the repository (this is benchmarks/measurements/tools/)
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # measurements.py: the measured rows
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # layout_on_gpu.py
 
 from measurements import MeasuredLayout, load_measured, read_trace  # noqa: E402
 from zlayout.spec import GiB, Layout, PlanInput  # noqa: E402
