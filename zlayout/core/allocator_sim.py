@@ -497,7 +497,9 @@ def parameter_tensor_sizes(model, impl: str) -> tuple[int, ...]:
     break-even runs hundreds of estimates a keystroke."""
     from zlayout.core.memory import layer_tensor_sizes
 
-    if model.is_moe and not mixtral_shaped(model):
+    if model.card is not None and impl == "hf":  # a learned card lists the class's tensors exactly
+        return model.card.parameter_numels
+    if (model.is_moe and not mixtral_shaped(model)) or model.qk_norm != "none":
         blocks = (layer_tensor_sizes(model, moe=False) * model.dense_layer_count
                   + layer_tensor_sizes(model, moe=True) * model.moe_layer_count)
     else:
@@ -506,6 +508,8 @@ def parameter_tensor_sizes(model, impl: str) -> tuple[int, ...]:
     tensors.append(model.final_norm_params())
     if not model.tie_embeddings:
         tensors.append(model.vocab * model.hidden)
+    if model.head_bias:
+        tensors.append(model.vocab)
     return tuple(tensors)
 
 

@@ -400,6 +400,8 @@ def layer_tensor_sizes(model: ModelSpec, moe: bool | None = None) -> list[int]:
                   a.kv_lora_rank * model.heads * (a.qk_nope_head_dim + a.v_head_dim), model.attn_out_size * h]
     else:
         sizes = [h * (q + 2 * kv), model.attn_out_size * h]
+    if model.qk_norm != "none":
+        sizes += [model.head_dim] * 2 if model.qk_norm == "head" else [q, kv]
     sizes += norm * model.norms_per_layer
     if model.bias if model.qkv_bias is None else model.qkv_bias:
         sizes.append(q + 2 * kv)

@@ -150,7 +150,7 @@ TOP_KERNELS = {"zlayout": (8, 12), "hf": (24, 24)}
 # from_config gets; no Python loop over the experts, no host sync): router, top-k, sort by expert,
 # gather, histogram and offsets, two grouped GEMMs, SwiGLU, the routing weights, the per-token sum.
 # Measured on one H200 against a dense SwiGLU MLP of the same active FLOPs, five shapes from 4 to 64
-# experts (benchmarks/moe_block_bench.py, measurements/h200-2026-12-01e/moe-block.jsonl):
+# experts (benchmarks/measurements/tools/moe_block_bench.py, measurements/h200-2026-12-01e/moe-block.jsonl):
 # - kernels: 49 forward and 86-87 backward whatever the experts (the profiler's count);
 # - forward: the dense MLP's time (grouped GEMMs as fast as dense ones) plus routing work, 0.91 ms
 #   per block and 44 bytes of HBM per routed element (tokens x top-k x hidden): in-sample within
@@ -167,7 +167,7 @@ CPU_OPTIMIZER_BYTES_PER_PARAM = 42  # clip r/w 8 + Adam r 16 w 12 + fp32->bf16 c
 # scales with threads: t threads take (1 + c(t-1)) / t of one thread's time (Amdahl-like: the
 # threads contend for the memory bus, so it saturates near 1/c times one thread's speed).
 # Source: benchmarks/measurements/cpu-adam-scaling.jsonl, rows "h200-32core" (fitted there by
-# `python benchmarks/cpu_adam_scaling.py --fit`): the 2-GPU torchrun rows (1 thread per rank)
+# `python benchmarks/measurements/tools/cpu_adam_scaling.py --fit`): the 2-GPU torchrun rows (1 thread per rank)
 # and the 1-GPU rows (32 threads) of the 32-core H200 host; the 16-core host was held out.
 CPU_OPTIMIZER_S_PER_PARAM_ONE_THREAD = 2.670e-9
 CPU_THREAD_CONTENTION = 0.115
