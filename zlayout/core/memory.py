@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from zlayout.core.fit import flush_cost_s
+from zlayout.core.tensors import (  # noqa: F401 (read from here by tests and benchmarks)
+    layer_tensor_sizes, parameter_tensor_sizes, stage3_live_param_elements, stage3_sub_groups)
 from zlayout.spec import GiB, Layout, ModelSpec, PlanInput, TrainingSpec, ZeroKnobs
 
 Where = Literal["gpu", "host", "nvme"]
@@ -172,7 +174,6 @@ class MemoryEstimate:
 
     def gpu_terms(self) -> tuple[MemoryTerm, ...]:
         return tuple(t for t in self.terms if t.where == "gpu")
-
 
 
 # --------------------------------------------------------------------------- sizes
@@ -367,18 +368,6 @@ def ipg_bucket_bytes(zero: ZeroKnobs, stage: int, training: TrainingSpec) -> int
     return 0
 
 
-def stage3_live_param_elements(model: ModelSpec, zero: ZeroKnobs, world: int, param_offload: bool) -> int:
-    """Full (gathered) weights ZeRO-3 keeps on the GPU between the forward and the backward:
-    those whose next use is within `stage3_max_reuse_distance` elements stay gathered (the
-    last blocks and the head), capped by `stage3_max_live_parameters`. On one GPU with the
-    weights on the GPU a 'gather' is a view of the partition and costs nothing."""
-    if world == 1 and not param_offload:
-        return 0
-    # (The largest module and the prefetch bucket are not extra: measured on H200, adding
-    # them over-predicted one-GPU parameter offload by exactly their size, 0.33-0.79 GiB.)
-    return min(zero.stage3_max_reuse_distance, zero.stage3_max_live_parameters, model.params)
-
-
 def persistent_small_param_elements(model: ModelSpec, zero: ZeroKnobs) -> int:
     """ZeRO-3 keeps tensors under `stage3_param_persistence_threshold` elements (norm weights,
     biases, small routers) whole on every GPU instead of gathering them."""
@@ -392,42 +381,6 @@ def persistent_small_param_elements(model: ModelSpec, zero: ZeroKnobs) -> int:
     if model.final_norm_params() < threshold:
         total += model.final_norm_params()
     return total
-
-
-def layer_tensor_sizes(model: ModelSpec, moe: bool | None = None) -> list[int]:
-    """Element counts of one block's parameter tensors, as the reference GPT lays them out
-    (MLA's projections and a MoE block's router, fused experts and shared experts as
-    transformers lays them out). `moe`: which block of a MoE model (default: a MoE block)."""
-    moe = model.is_moe if moe is None else moe
-    h, kv, f, q = model.hidden, model.kv_size, model.ffn_size, model.q_size
-    norm = [h, h] if model.norm == "layernorm" else [h]
-    if model.mla:
-        a = model.mla
-        sizes = [h * q] if a.q_lora_rank is None else [h * a.q_lora_rank, a.q_lora_rank, a.q_lora_rank * q]
-        sizes += [h * (a.kv_lora_rank + a.qk_rope_head_dim), a.kv_lora_rank,
-                  a.kv_lora_rank * model.heads * (a.qk_nope_head_dim + a.v_head_dim), model.attn_out_size * h]
-    else:
-        sizes = [h * (q + 2 * kv), model.attn_out_size * h]
-    if model.qk_norm != "none":
-        sizes += [model.head_dim] * 2 if model.qk_norm == "head" else [q, kv]
-    sizes += norm * model.norms_per_layer
-    if model.bias if model.qkv_bias is None else model.qkv_bias:
-        sizes.append(q + 2 * kv)
-    if model.bias if model.out_bias is None else model.out_bias:
-        sizes.append(h)
-    gate_up = 2 if model.mlp == "swiglu" else 1
-    if moe:
-        ef, sf = model.expert_ffn_size, model.shared_expert_ffn_size * model.shared_experts
-        sizes += [model.experts * h, model.experts * gate_up * ef * h, model.experts * ef * h]
-        if sf:
-            sizes += [gate_up * sf * h, sf * h]
-        if model.shared_expert_gate:
-            sizes.append(h)
-        return sizes
-    sizes += [gate_up * f * h, f * h]
-    if model.bias if model.mlp_bias is None else model.mlp_bias:
-        sizes += [gate_up * f, h]
-    return sizes
 
 
 def layers_before_first_reduce(model: ModelSpec, zero: ZeroKnobs) -> int:
@@ -480,8 +433,6 @@ def _host_cast_excess(model: ModelSpec, impl: str, w: int) -> int:
     """The most the tensor-by-tensor cast to `w` bytes holds above the fp32 model: a tensor's
     copy while the fp32 tensors cast before it are freed (host_init_transients). Memoized: it
     walks every tensor (1137 for Llama-3-405B), on each of break-even's estimates."""
-    from zlayout.core.allocator_sim import parameter_tensor_sizes
-
     cast, done = 0, 0
     if w < FP32_BYTES:
         for numel in parameter_tensor_sizes(model, impl):
@@ -521,8 +472,6 @@ def estimate_memory(inp: PlanInput, layout: Layout, replay: bool = True) -> Memo
     # gradient buffers and the NVMe swap buffers are sized by them
     sub_groups: list[int] = []
     if stage == 3:
-        from zlayout.core.allocator_sim import parameter_tensor_sizes, stage3_sub_groups
-
         sub_groups = [part for part, _ in stage3_sub_groups(parameter_tensor_sizes(model, training.impl), n,
                                                              zero.sub_group_size)]
     init = model_init(training.init, stage)
