@@ -230,10 +230,11 @@ def trace_step(model: nn.Module, blocks: nn.ModuleList, tokens: int, checkpointi
             # DeepSpeed takes each gradient into its buckets as it is made: none accumulates here
             handles.append(parameter.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None)))
 
+    # as the verify worker: non-reentrant checkpointing of every block
     if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     else:
-        model.gradient_checkpointing_disable()
+        model.activation_checkpointing_disable()
     model.train()
     ids = torch.zeros(1, tokens, dtype=torch.long, device=next(model.parameters()).device)
     ledger.exclude([*model.parameters(), *model.buffers(), ids])
