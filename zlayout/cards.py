@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Mapping
@@ -86,12 +87,36 @@ def find_card(config: Mapping[str, Any]) -> ModelCard | None:
     return None
 
 
+def _number(x: float) -> str:
+    """A coefficient as short as it is exact: most are whole bytes per token."""
+    return str(int(round(x))) if abs(x - round(x)) < 1e-6 else repr(float(x))
+
+
+PHASES = ("forward", "backward", "checkpointed_forward", "checkpointed_backward", "recompute")
+
+
+def _compact(value: Any) -> Any:
+    """Each phase's requests ([q, a, c] lists, hundreds a phase) as one string "q a c, q a c,
+    ...": TOML arrays of arrays parse ten times slower, and the planner reads a card every plan."""
+    if isinstance(value, dict):
+        return {k: (", ".join(" ".join(_number(x) for x in r) for r in v) if k in PHASES and isinstance(v, list)
+                    else _compact(v)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_compact(v) for v in value]
+    return value
+
+
 def dumps_card(card: Mapping[str, Any], key: str, config_name: str) -> str:
     import tomli_w
 
-    header = (f"{HEADER} ({config_name}), written by `zlayout learn`: requests as [q, a, c],\n"
+    header = (f"{HEADER} ({config_name}), written by `zlayout learn`: each request \"q a c\" is\n"
               "# q*T^2 + a*T + c bytes for one sequence of T tokens (+ allocate, - free), in order\n")
-    return header + tomli_w.dumps({"key": key, **card})
+    text = tomli_w.dumps({"key": key, **_compact(card)})
+    # the request strings as TOML literal strings: no escapes to scan for, they parse 5x faster
+    return header + _NUMBER_STRING.sub(lambda m: f"{m.group(1)}'{m.group(2)}'", text)
+
+
+_NUMBER_STRING = re.compile(r'^((?:\w+) = )"([-0-9., e+]*)"$', re.MULTILINE)
 
 
 def check_card_target(folder: Path, key: str, *, replace: bool) -> Path:
