@@ -8,6 +8,7 @@ the cards shipped in presets/cards/. No torch: the planner reads cards through h
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -77,14 +78,38 @@ def read_card(path: Path, key: str | None = None) -> ModelCard:
     return card_from_dict(parsed, key or path.stem, source=str(path))
 
 
-def find_card(config: Mapping[str, Any]) -> ModelCard | None:
-    """The card of this config, from the cache or the shipped cards, or None."""
-    key = config_key(config)
+@functools.lru_cache(maxsize=64)
+def _read_once(path: str, key: str, mtime_ns: int, size: int) -> ModelCard:
+    """A card file read once per version of it: a plan validates its model more than once."""
+    return read_card(Path(path), key)
+
+
+def _card_file(key: str) -> ModelCard | None:
     for folder in card_dirs():
         path = folder / f"{key}.toml"
-        if path.is_file():
-            return read_card(path, key)
+        try:
+            status = path.stat()
+        except OSError:
+            continue
+        return _read_once(str(path), key, status.st_mtime_ns, status.st_size)
     return None
+
+
+def find_card(config: Mapping[str, Any]) -> ModelCard | None:
+    """The card of this config, from the cache or the shipped cards, or None."""
+    return _card_file(config_key(config))
+
+
+def card_by_key(key: str) -> ModelCard:
+    """The card a profile or a JSON model names by its key; ValueError (one line) when no
+    cards folder holds it."""
+    if not re.fullmatch(r"[0-9a-f]{16}", key):
+        raise ValueError(f"card {key!r} is not a model card's key (16 hex digits)")
+    card = _card_file(key)
+    if card is None:
+        raise ValueError(f"model card {key} is in neither {cache_dir()} nor {SHIPPED_CARDS_DIR}: "
+                         "learn it again with zlayout learn --hf-config CONFIG")
+    return card
 
 
 def _number(x: float) -> str:
