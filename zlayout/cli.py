@@ -486,8 +486,7 @@ def _model_from_args(args: argparse.Namespace):
             _note(args, f"no model card for {args.hf_config}: its activations come from zlayout's hand "
                         f"model of {base.hf_model_type}; `zlayout learn --hf-config {args.hf_config}` "
                         "learns them from the transformers class")
-        # the card (kept out of model_dump) stays with the model it was learned from
-        return ModelSpec.model_validate(data).model_copy(update={"card": base.card})
+        return ModelSpec.model_validate(data)
     if args.params is not None:
         try:
             size = catalog.parse_size(args.params)
