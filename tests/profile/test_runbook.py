@@ -107,7 +107,7 @@ def test_ready_profile_runbook_has_every_section_and_the_profiles_figures(name):
     summary = body["## Summary"]
     assert re.search(rf"\| GPU memory, peak allocated \(predicted\) \| {re.escape(f'{s.gpu_peak_allocated_gib:,.1f}')} GiB "
                      rf"of {re.escape(f'{s.gpu_capacity_gib:,.1f}')} GiB per GPU \|", summary)
-    assert f"{s.host_peak_gib:,.1f} GiB of {s.host_capacity_gib:,.1f} GiB per node" in summary
+    assert f"{s.host_peak_gib:,.1f} GiB per node, of {s.host_capacity_gib:,.1f} GiB (assumed" in summary
     assert f"| Step time (predicted) | {s.step_time_s:.3g} s" in summary
     assert "**UNVERIFIED**" in summary
     for term in profile.prediction.terms:
