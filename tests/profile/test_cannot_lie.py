@@ -55,6 +55,8 @@ def _refused(capsys, directory: Path, key: str) -> None:
     (r"^warn_above_s = .*", "warn_above_s = 99.0", "alerts.step_time.warn_above_s"),
     (r"^gpu_peak_allocated_gib = .*", "gpu_peak_allocated_gib = 1.0", "summary.gpu_peak_allocated_gib"),
     (r"^fits = true", "fits = false", "summary.fits"),
+    (r"^max_micro_batch = (\d+)", "max_micro_batch = 7", "limits.max_micro_batch"),
+    (r"(\[limits\]\nscaling = \"depth\"\nmax_params = )\d+", r"\g<1>1000000000000", "limits.max_params"),
 ])
 def test_a_hand_edited_threshold_or_summary_figure_is_refused_naming_the_key(exported, capsys, pattern,
                                                                            replacement, key):
