@@ -147,13 +147,20 @@ def test_the_columns_add_up_to_what_the_device_uses():
                                                if t.category == "activations")
 
 
-def test_bars_never_exceed_their_width_and_mark_the_capacity():
+def test_bars_are_on_the_cards_scale_and_mark_what_overflows():
+    """A ZeRO-0 layout many times the card no longer shrinks the layouts that fit to a cell:
+    the card's capacity is the last cell, a bar past it stops there, marked overflowing."""
     plan = make_plan(fixed_input().model_copy(update={"model": fixed_input().model.model_copy(
         update={"layers": 96})}))
+    capacity = plan.layouts[0].memory.gpu_capacity_bytes
+    assert any(lp.memory.gpu_device_used_bytes > 3 * capacity for lp in plan.layouts)
     for width in (10, 40, 97):
-        for bar in view.bar_segments(plan, width):
-            assert sum(cells for _, cells in bar.cells) <= width
-            assert 0 <= bar.capacity_cell < width
+        for bar, lp in zip(view.bar_segments(plan, width), plan.layouts):
+            length = sum(cells for _, cells in bar.cells)
+            assert length < width and bar.capacity_cell == width - 1
+            assert bar.overflow == (lp.memory.gpu_device_used_bytes > capacity)
+            if not bar.overflow:  # its share of the card, to a cell
+                assert abs(length - lp.memory.gpu_device_used_bytes / capacity * (width - 1)) <= 1
 
 
 def test_compare_rows_give_signed_percent_changes():

@@ -94,6 +94,24 @@ class Body(Horizontal):
         self.app.terminal_resized()
 
 
+class LowerViews(VerticalScroll):
+    """The chart, break-even and what-if. Below 120 columns they had the 3-9 lines the table
+    leaves (break-even took ~30 presses of ↓ in a 4-line window, what-if rows scrolled
+    away from their header): while they have the focus there, the table and the status line
+    make way, and escape or shift+tab brings the table back."""
+
+    BINDINGS = [Binding("shift+tab", "back_to_table", "Back to the table", show=False)]
+
+    def on_focus(self) -> None:
+        self.screen.set_class(self.app.size.width < COMPACT_WIDTH, "views-focused")
+
+    def on_blur(self) -> None:
+        self.screen.remove_class("views-focused")
+
+    def action_back_to_table(self) -> None:
+        self.app.action_focus_table()
+
+
 class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
     """Design a DeepSpeed ZeRO layout interactively."""
 
@@ -165,7 +183,7 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
             with Vertical(id="main"):
                 yield StatusLine(id="recommendation")
                 yield LayoutTable(id="layouts")
-                with VerticalScroll(id="views"):
+                with LowerViews(id="views"):
                     yield MemoryBars(id="bars")
                     with Horizontal(id="lower"):
                         yield BreakEvenPanel(id="breakeven")
@@ -318,7 +336,9 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
         self.push_screen(DetailScreen(self.plan.for_layout(layout), ds_config(self.plan.input, layout)))
 
     def action_focus_table(self) -> None:
-        self.query_one(LayoutTable).focus()
+        # now, not on the views' blur: a hidden table cannot take the focus
+        self.screen.remove_class("views-focused")
+        self.screen.set_focus(self.query_one(LayoutTable))
 
     def action_toggle_inputs(self) -> None:
         self._inputs_toggled = True
