@@ -53,14 +53,18 @@ def test_any_valid_input_round_trips_through_the_form(layers, seq, gpus, nodes, 
 
 @pytest.mark.parametrize("field, text, reason", [
     ("layers", "eight", "whole number"),
-    ("layers", "0", "greater than 0"),
+    ("layers", "0", "must be from 1 to 1,000 (got 0)"),
     ("hidden", "4096.5", "whole number"),
-    ("kv_heads", "5", "multiple of kv-heads"),
-    ("heads", "33", "divisible by heads"),
+    ("kv_heads", "5", "multiple of KV heads (5); type 4"),
+    ("heads", "33", "divisible by Heads (33); type 32"),
+    ("hidden", "4097", "Hidden (4097) must be divisible by Heads (32); type 4096"),  # was under Heads
     ("seq", "", "whole number"),
     ("host_ram_gib", "lots", "number of GiB"),
-    ("nvme_gib", "-1", "0 or more"),
-    ("gpus_per_node", "-8", "greater than 0"),
+    ("nvme_gib", "-1", "must be from 0 GiB to 1,048,576 GiB (got -1 GiB)"),
+    # below the range in the range's words: -100 said "0 or more" where 0 said "from 1 GiB"
+    ("host_ram_gib", "-100", "must be from 1 GiB to 1,048,576 GiB (got -100 GiB)"),
+    ("host_ram_gib", "0", "must be from 1 GiB to 1,048,576 GiB (got 0 GiB)"),
+    ("gpus_per_node", "-8", "must be from 1 to 128 (got -8)"),
     # what the command line refuses the app refuses too: other scripts' digits, infinities
     # ('inf' GiB crashed the plan: no integer of bytes)
     ("layers", "١٢", "whole number"),
@@ -79,6 +83,18 @@ def test_every_bad_field_is_reported_at_once():
     with pytest.raises(FormInvalid) as caught:
         build(values_with(layers="x", seq="y", nodes="0"))
     assert set(caught.value.errors) == {"layers", "seq", "nodes"}
+
+
+@pytest.mark.parametrize("bad", [dict(hidden="4097", vocab="0"), dict(hidden="4097", layers="x"),
+                                 dict(gpus_per_node="x", nodes="100000"), dict(seq="x", micro_batch="99999")],
+                         ids=["model-check-and-range", "model-check-and-typo", "hardware", "training"])
+def test_a_field_that_does_not_parse_hides_no_other_error(bad):
+    """Two invalid fields were counted as one: a field that did not parse skipped the checks of
+    the spec (Hidden's divisibility, Nodes' range) for its whole section."""
+    with pytest.raises(FormInvalid) as caught:
+        build(values_with(**bad))
+    assert set(caught.value.errors) == set(bad)
+    assert not any("--" in reason for reason in caught.value.errors.values())  # no CLI flag in the panel
 
 
 def test_an_unknown_gpu_is_reported_on_the_gpu_field():

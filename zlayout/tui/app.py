@@ -388,6 +388,8 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
             "table": self.query_one(LayoutTable).cell_texts(),
             "subtitle": self.sub_title,
             "status": self.query_one(StatusLine).text,
+            "screen": type(self.screen).__name__,
+            "notifications": [notification.message for notification in self._notifications],
         }
         tmp = f"{path}.tmp"
         with open(tmp, "w") as out:
@@ -395,14 +397,16 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
         os.replace(tmp, path)
 
 
-def run_app(initial: PlanInput | None = None, presets_dirs: Sequence[str] = ()) -> int:
-    """The full-screen app; without a terminal on stdin and stdout, one line and exit 2.
+def run_app(initial: PlanInput | None = None, presets_dirs: Sequence[str] = (),
+            script_command: str = "zlayout plan --preset llama3-8b --json") -> int:
+    """The full-screen app; without a terminal on stdin and stdout, one line and exit 2 that
+    names `script_command`, the command printing these same inputs' plan for a script.
     `presets_dirs`: `--presets-dir`'s folders (preset lists, break-even, export)."""
     # textual-serve (`zlayout serve`) runs the app on pipes with its web driver: that is a screen
     served = bool(os.environ.get("TEXTUAL_DRIVER"))
     if not served and not (sys.stdin.isatty() and sys.stdout.isatty()):
         print("zlayout: error: the app needs a terminal (stdin and stdout are not one); "
-              "for output a script can read, run: zlayout plan --preset llama3-8b --json",
+              f"for output a script can read, run: {script_command}",
               file=sys.stderr)
         return 2
     ZLayoutApp(initial=initial, presets_dirs=presets_dirs).run()

@@ -6,6 +6,7 @@ here means it is tested without an app, and the app cannot drift from the core's
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -432,6 +433,45 @@ def plan_summary(plan: Plan, width: int = 200) -> str:
     )
     room = width - HEADER_SPARE_COLUMNS
     return next((form for form in forms if len(form) <= room), forms[-1])
+
+
+_FIGURE_AND_UNIT = re.compile(r"(\d) (?=(?:s/step|GiB|GB|ms|s|tok/s)\b)")
+
+
+def wrap_keeping_figures(text: str, width: int) -> list[str]:
+    """`text` wrapped at spaces into lines of at most `width` cells, never between a figure
+    and its unit (Rich's wrap left "at 0.43" at a line's end and "s/step" on the next)."""
+    from rich.cells import cell_len
+
+    glued = _FIGURE_AND_UNIT.sub("\\1\x00", text)
+    lines: list[str] = []
+    for paragraph in glued.split("\n"):
+        line = ""
+        for word in paragraph.split(" "):
+            if line and cell_len(line) + 1 + cell_len(word) > width:
+                lines.append(line)
+                line = word
+            else:
+                line = f"{line} {word}" if line else word
+            while cell_len(line) > width > 0:  # a word longer than the line: folded, as Rich does
+                lines.append(line[:width])
+                line = line[width:]
+        lines.append(line)
+    return [line.replace("\x00", " ") for line in lines]
+
+
+def path_lines(path: str, width: int) -> str:
+    """A path broken after its slashes into lines of at most `width` cells (a toast wrapped
+    'profiles/llama3-8b-z3-opt_c' / 'pu-param_gpu' mid-name)."""
+    parts = re.findall(r"[^/]*/|[^/]+$", path) or [path]
+    lines, line = [], ""
+    for part in parts:
+        if line and len(line) + len(part) > width:
+            lines.append(line)
+            line = ""
+        line += part
+    lines.append(line)
+    return "\n".join(lines)
 
 
 def recommendation_text(plan: Plan) -> str:

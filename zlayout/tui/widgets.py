@@ -506,8 +506,11 @@ class ComparePanel(PlanPanel):
     def draw(self) -> Text:
         plan, pinned = self.plan, self.pinned
         if pinned is None or plan is None:
-            return Text("Nothing pinned: ctrl+t pins this plan, then change any input.",
-                        style="dim italic")
+            # wrapped here: the panel draws its table one line per row (nowrap), which cut
+            # this sentence at 160x48 ("then chan…")
+            width = self.content_region.width or self.size.width or 80
+            return Text("\n".join(view.wrap_keeping_figures(
+                "Nothing pinned: ctrl+t pins this plan, then change any input.", width)), style="dim italic")
         out = Text(no_wrap=True, overflow="ellipsis")
         changes = view.input_changes(pinned, plan)
         # the changed inputs are wrapped at the panel's width, never cut (the table below is
@@ -796,7 +799,7 @@ class StatusLine(Widget):
         # A relayout of the whole screen only when the wrapped text changes height: the text
         # changes with nearly every plan (its figures), its line count rarely.
         width = self.content_region.width
-        lines = len(Text(text).wrap(self.app.console, width)) if width else -1
+        lines = len(view.wrap_keeping_figures(text, width)) if width else -1
         if lines != self._lines or lines < 0:
             self._lines = lines
             self.refresh(layout=True)
@@ -806,4 +809,5 @@ class StatusLine(Widget):
         self.watch_text(self.text)
 
     def render(self) -> Text:
-        return Text(self.text)
+        width = self.content_region.width
+        return Text("\n".join(view.wrap_keeping_figures(self.text, width)) if width else self.text)
