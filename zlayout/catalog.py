@@ -57,7 +57,8 @@ _SPEC_TYPES: dict[str, type[BaseModel]] = {"gpus": GpuSpec, "links": LinkSpec, "
 
 # Names people type for the same thing; kept small on purpose (normalization does the rest).
 ALIASES: Mapping[str, str] = {
-    "h100-sxm": "h100", "h100-sxm5": "h100", "h100-80gb": "h100",
+    "h100-sxm": "h100", "h100-sxm5": "h100", "h100-80gb": "h100", "h100-80gb-hbm3": "h100",
+    "h100-sxm5-80gb": "h100",
     "h200-sxm": "h200", "h200-141gb": "h200",
     "a100-sxm4-80gb": "a100-80gb", "a100-sxm4-40gb": "a100-40gb", "a100-80g": "a100-80gb",
     "a100-40g": "a100-40gb", "a100-80": "a100-80gb", "a100-40": "a100-40gb",
@@ -145,14 +146,20 @@ def _normalize(name: str) -> str:
     return re.sub(r"[\s_]+", "-", name.strip().lower())
 
 
+# nvidia-smi and rocm-smi name cards with the vendor first: "NVIDIA A100-SXM4-80GB"
+_VENDOR_PREFIX = re.compile(r"^(?:nvidia|amd)-(?:instinct-)?")
+
+
 def _name_candidates(name: str) -> list[str]:
-    """The spellings tried for a name: as typed, aliased, and with 'llama-3' joined to 'llama3'."""
-    normalized = _normalize(name)
-    joined = re.sub(r"(?<=[a-z])-(?=\d)", "", normalized)  # llama-3-8b -> llama3-8b
+    """The spellings tried for a name: as typed, aliased, with 'llama-3' joined to 'llama3',
+    then the same without a vendor's name in front ('NVIDIA A100-SXM4-80GB')."""
     out: list[str] = []
-    for candidate in (normalized, ALIASES.get(normalized), joined, ALIASES.get(joined)):
-        if candidate and candidate not in out:
-            out.append(candidate)
+    typed = _normalize(name)
+    for normalized in (typed, _VENDOR_PREFIX.sub("", typed)):
+        joined = re.sub(r"(?<=[a-z])-(?=\d)", "", normalized)  # llama-3-8b -> llama3-8b
+        for candidate in (normalized, ALIASES.get(normalized), joined, ALIASES.get(joined)):
+            if candidate and candidate not in out:
+                out.append(candidate)
     return out
 
 

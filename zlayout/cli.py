@@ -18,6 +18,7 @@ from typing import NoReturn, Sequence
 
 from pydantic import ValidationError
 
+import zlayout._pydantic_plugins  # noqa: F401  (before zlayout.spec builds its models: see there)
 from zlayout.messages import exception_text, parse_count_with_unit, parse_whole_number, quoted
 from zlayout.spec import (BOUNDS, GiB, HardwareSpec, Layout, ModelSpec, PlanInput, TrainingSpec,
                           ZeroKnobs)
@@ -58,6 +59,22 @@ def one_line(text: str) -> str:
                   lambda m: repr(m.group())[1:-1], text.strip())
 
 
+def _flag_hints(extras: Sequence[str], flags: Sequence[str]) -> str:
+    """' (did you mean --seq?)' for one unknown flag; for several, each named, those with the
+    same answer together: ' (--num-gpus: did you mean --gpus-per-node?; --mbs: did you mean
+    --micro-batch?)'."""
+    unknown = [arg for arg in extras if arg.startswith("-")] or list(extras[:1])
+    grouped: dict[str, list[str]] = {}
+    for arg in unknown:
+        hint = did_you_mean_flag(arg, flags).strip()
+        if hint:
+            grouped.setdefault(hint, []).append(arg.split("=", 1)[0])
+    if len(unknown) == 1:
+        return f" {next(iter(grouped))}" if grouped else ""
+    return (" (" + "; ".join(f"{', '.join(args)}: {hint[1:-1]}" for hint, args in grouped.items()) + ")"
+            if grouped else "")
+
+
 class ZlayoutParser(argparse.ArgumentParser):
     """argparse with zlayout's error format: one line and a hint, never the usage block.
 
@@ -66,16 +83,43 @@ class ZlayoutParser(argparse.ArgumentParser):
     """
 
     def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
-        parsed, extras = super().parse_known_args(args, namespace)
+        try:
+            parsed, extras = super().parse_known_args(args, namespace)
+        except UsageError as exc:
+            # `zlayout show --presets`: the missing PROFILE was reported before the unknown
+            # flag, whose meaning is the better answer
+            if self._subparsers is not None and str(exc).startswith("the following arguments are required"):
+                self._unknown_flag_first(list(sys.argv[1:] if args is None else args))
+            raise
+        return self._check_extras(parsed, extras)
+
+    def _subcommand(self, command: object) -> argparse.ArgumentParser | None:
+        return next((a.choices.get(command) for a in self._actions
+                     if isinstance(a, argparse._SubParsersAction)), None)
+
+    def _unknown_flag_first(self, args: list[str]) -> None:
+        """Raise the unknown-flag error for the first flag the subcommand lacks that has a
+        suggestion by meaning; return when there is none."""
+        sub = self._subcommand(args[0]) if args else None
+        if sub is None:
+            return
+        flags = [o for action in sub._actions for o in action.option_strings]
+        for arg in args[1:]:
+            if arg == "--":
+                return
+            if arg.startswith("--") and arg.split("=", 1)[0] not in flags:
+                hint = did_you_mean_flag(arg, flags)
+                if hint:
+                    raise UsageError(f"unrecognized arguments: {arg}{hint}",
+                                     hint=f"`{sub.prog} --help` lists every flag")
+
+    def _check_extras(self, parsed, extras):
         if extras and self._subparsers is not None:
             # Unknown flags surface at the top parser: suggest from the subcommand's own flags.
-            command = getattr(parsed, "command", None)
-            sub = next((a.choices.get(command) for a in self._actions
-                        if isinstance(a, argparse._SubParsersAction)), None)
+            sub = self._subcommand(getattr(parsed, "command", None))
             if sub is not None:
                 flags = [o for action in sub._actions for o in action.option_strings]
-                raise UsageError(f"unrecognized arguments: {' '.join(extras)}"
-                                 f"{did_you_mean_flag(extras[0], flags)}",
+                raise UsageError(f"unrecognized arguments: {' '.join(extras)}{_flag_hints(extras, flags)}",
                                  hint=f"`{sub.prog} --help` lists every flag")
         return parsed, extras
 
@@ -99,9 +143,8 @@ class ZlayoutParser(argparse.ArgumentParser):
             return f"{flag}: {value} is not {word}" + (f" (e.g. {flag} {example})" if example else "")
         unknown = re.match(r"unrecognized arguments: (.*)$", message, re.S)
         if unknown:
-            first = unknown.group(1).split()[0] if unknown.group(1).split() else ""
             flags = [o for action in self._actions for o in action.option_strings]
-            return f"unrecognized arguments: {unknown.group(1)}{did_you_mean_flag(first, flags)}"
+            return f"unrecognized arguments: {unknown.group(1)}{_flag_hints(unknown.group(1).split(), flags)}"
         return message.removeprefix("argument ")
 
 
@@ -153,6 +196,27 @@ def count_with_unit(text: str, bound_field: str | None = None) -> int:
                                          f"{_expected(bound_field, 'a whole number')[:-1]}, "
                                          "or with k = 1,024, e.g. 4k)")
     return number
+
+
+# flags in GiB that also take a unit: '2T' / '2TiB' is 2,048 GiB, '3.84TB' (decimal, as drives
+# are sold) is 3,576.3 GiB
+GIB_FLAGS = ("--host-ram-gib", "--nvme-gib")
+_GIB_PER_UNIT = {"g": 1.0, "gi": 1.0, "gib": 1.0, "t": 1024.0, "ti": 1024.0, "tib": 1024.0,
+                 "gb": 1e9 / 2**30, "tb": 1e12 / 2**30}
+_GIB_RE = re.compile(r"(.*?)\s*(gib|gi|gb|g|tib|ti|tb|t)", re.I)
+
+
+def gib_amount(text: str, bound_field: str | None = None) -> float:
+    """A size in GiB: a number (512), or with a unit: 512G or 512GiB, 2T or 2TiB (binary, the
+    flag's unit), 3.84TB or 960GB (decimal bytes, converted)."""
+    match = _GIB_RE.fullmatch(text.strip())
+    if match is None:
+        return finite_float(text, bound_field)
+    try:
+        return finite_float(match.group(1), bound_field) * _GIB_PER_UNIT[match.group(2).lower()]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{quoted(text)} is not a size"
+                                         f"{_expected(bound_field, 'a size')[:-1]}, e.g. 512, 2T or 3.84TB)") from None
 
 
 def fraction(text: str, bound_field: str | None = None) -> float:
@@ -237,6 +301,8 @@ def _polish(parser: argparse.ArgumentParser) -> None:
             action.type = _choice(tuple(action.choices))
         elif action.type is float and any(o in ELEMENT_COUNT_FLAGS for o in action.option_strings):
             action.type = _typed(element_count, action)
+        elif action.type is float and any(o in GIB_FLAGS for o in action.option_strings):
+            action.type = _typed(gib_amount, action)
         elif action.type is float and any(o in FRACTION_FLAGS for o in action.option_strings):
             action.type = _typed(fraction, action)
         elif action.type is float:
@@ -322,8 +388,10 @@ def add_plan_arguments(parser: argparse.ArgumentParser, with_layout: bool = True
                     help="intra-node link preset (default: the GPU's; `zlayout presets links`)")
     hw.add_argument("--inter-link", default="ib-ndr",
                     help="inter-node link preset (default ib-ndr; `zlayout presets links`)")
-    hw.add_argument("--host-ram-gib", type=float, default=None, help="host RAM per node (default 2048)")
-    hw.add_argument("--nvme-gib", type=float, default=0.0, help="NVMe capacity per node")
+    hw.add_argument("--host-ram-gib", type=float, default=None,
+                    help="host RAM per node, GiB (default 2048; 2T = 2048, 1.5TB = 1397 GiB)")
+    hw.add_argument("--nvme-gib", type=float, default=0.0,
+                    help="NVMe capacity per node, GiB (default 0; 3.84TB = 3576 GiB)")
     hw.add_argument("--nvme-gbps", type=float, default=6.0, help="NVMe bandwidth per node, GB/s")
     hw.add_argument("--host-cores", type=int, default=None,
                     help="CPU cores per node shared by its ranks (default: the GPU preset's per GPU x GPUs)")

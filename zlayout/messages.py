@@ -42,6 +42,12 @@ def parse_count_with_unit(text: str) -> int | None:
     return scaled // divisor if scaled % divisor == 0 else None
 
 
+def printable(text: object) -> str:
+    """`text` with every character a terminal would act on (escape sequences, line breaks,
+    tabs) written as its escape, for text read from files shown in a table."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+
+
 def quoted(value: object, limit: int = MAX_SHOWN_CHARS) -> str:
     """`value` as Python quotes it (balanced quotes, escapes visible); a long one is cut
     and says so: 'xxxx'... (60 characters)."""

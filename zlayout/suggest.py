@@ -39,6 +39,8 @@ CHOICE_SYNONYMS: dict[str, str] = {
     "caching": "default",
     # --init
     "zero.init": "zero-init", "zeroinit": "zero-init",
+    # --loop
+    "hf-trainer": "trainer", "huggingface-trainer": "trainer", "ds": "deepspeed", "engine": "deepspeed",
     # --offload-optimizer / --offload-param ('gpu' is where nothing is offloaded)
     "gpu": "none", "device": "none", "host": "cpu", "ram": "cpu", "ssd": "nvme", "disk": "nvme",
 }
@@ -91,13 +93,15 @@ def did_you_mean(word: str, options: Sequence[str]) -> str:
     return f" (did you mean {close[0]}?)" if close else ""
 
 
-_NO_PARALLELISM = ("zlayout plans ZeRO data parallelism only: tensor, pipeline, sequence and expert "
-                   "parallelism are not modelled; drop {flag}")
+_NO_PARALLELISM = ("zlayout plans ZeRO data parallelism only: tensor, pipeline, sequence and "
+                   "expert parallelism are not modelled")
 _GLOBAL_BATCH = ("zlayout takes the per-GPU batch: give --micro-batch and --grad-accum (the global "
                  "batch is micro-batch x grad-accum x GPUs)")
 
+_SENTENCES = (_NO_PARALLELISM, _GLOBAL_BATCH)
+
 # Flags of neighbouring tools (normalised: lower case, '_' as '-') -> what zlayout calls them:
-# a flag (with a value when the flag alone carries it, `--bf16`) or a sentence with {flag}.
+# a flag (with a value when the flag alone carries it, `--bf16`) or one of _SENTENCES.
 NEIGHBOUR_FLAGS: dict[str, str] = {}
 for _names, _target in (
     # torchrun, the deepspeed launcher, Lightning: GPUs per node
@@ -144,7 +148,11 @@ for _names, _target in (
     (("--model", "--model-name", "--model-name-or-path", "--model-id"), "--preset or --hf-config"),
     (("--config", "--config-name", "--model-config", "--config-path"), "--hf-config"),
     (("--gpu-type", "--accelerator", "--gpu-model", "--device-type"), "--gpu"),
-    (("--overlap-comm",), "--no-overlap-comm (overlap is on by default)"),
+    (("--no-checkpointing", "--no-gradient-checkpointing", "--no-activation-checkpointing"),
+     "--checkpointing none"),
+    (("--no-offload", "--no-cpu-offload"), "--offload-optimizer none"),
+    (("--tie-word-embeddings", "--tied-embeddings", "--tie-weights", "--share-embeddings"),
+     "--tie-embeddings"),
     (("--world-size", "--gpus", "--num-gpus-total"), "--gpus-per-node and --nodes"),
     (("--headroom-fraction", "--margin", "--memory-margin"), "--headroom"),
     (("--presets", "--list-presets", "--list"), "`zlayout presets [gpus|models|links|profiles]`"),
@@ -166,8 +174,8 @@ def did_you_mean_flag(typed: str, flags: Sequence[str]) -> str:
         return f" (did you mean {key}?)"  # --micro_batch, --Seq
     target = NEIGHBOUR_FLAGS.get(key)
     if target is not None:
-        if "{flag}" in target:
-            return f" ({target.format(flag=flag)})"
+        if target in _SENTENCES:  # what to do instead, not a flag
+            return f" ({target})"
         named = _flags_in(target)
         if key == "--presets" and "--presets-dir" in flags:
             return f" (did you mean --presets-dir DIR, or {target} to list them?)"
@@ -177,4 +185,9 @@ def did_you_mean_flag(typed: str, flags: Sequence[str]) -> str:
             return f" (did you mean {target}?)"
         if not any(name in flags for name in named):
             return ""  # the meaning is known and this command has no such flag: no guess by spelling
+    # --bias next to --no-bias is the opposite of what was typed: say what the default is
+    if key.startswith("--") and f"--no-{key[2:]}" in flags:
+        return f" ({key[2:]} is the default; --no-{key[2:]} turns it off)"
+    if key.startswith("--no-") and f"--{key[5:]}" in flags:
+        return f" (--{key[5:]} is off unless given: leave it out)"
     return did_you_mean(flag, flags)

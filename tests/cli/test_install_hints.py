@@ -41,3 +41,20 @@ def test_verify_preflight_without_torch_names_the_checkout_and_the_ranks_python(
     assert check.fix == (f"install them: {fake_python} -m pip install -e '{ROOT}[verify]' "
                          "(torch, deepspeed==0.19.8)")
     assert "'zlayout[verify]'" not in check.fix
+
+
+def test_every_extra_a_hint_names_exists():
+    """learn's hint named 'zlayout[learn]', an extra pyproject.toml did not have (pip installs
+    nothing for it and only warns)."""
+    import re
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    named = set()
+    for source in (ROOT / "zlayout").rglob("*.py"):
+        text = source.read_text()
+        named |= set(re.findall(r"pip_install_command\(['\"]([a-z,]+)['\"]", text))
+        named |= set(re.findall(r"zlayout\[([a-z,]+)\]", text))
+    assert {"verify", "learn"} <= named
+    for extra in named:
+        assert set(extra.split(",")) <= set(extras), extra

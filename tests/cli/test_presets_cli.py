@@ -52,7 +52,12 @@ def test_links_and_profiles_carry_their_figures(capsys):
     assert next(line for line in links.splitlines() if line.startswith("nvlink4 ")).split()[1:4] == ["450", "0.8", "3"]
     _, profiles, _ = run(capsys, "presets", "profiles")
     row = next(line for line in profiles.splitlines() if line.startswith("llama3-8b-8xh100 "))
-    assert "ZeRO-1" in row and "8x h100" in row and "67.4 of 79.6" in row and row.split()[-2:] == ["yes", "no"]
+    summary = tomllib.loads((ROOT / "presets" / "profiles" / "llama3-8b-8xh100" / "profile.toml").read_text())["summary"]
+    assert summary["layout"] in row and summary["hardware"] in row
+    assert f"{summary['gpu_device_used_gib']:.1f} of {summary['gpu_capacity_gib']:.1f}" in row
+    assert f"{summary['step_time_s']:.2f}" in row.split()
+    verified = "no" if summary["verdict"].startswith("unverified") else "yes"
+    assert row.split()[-2:] == ["yes" if summary["fits"] else "no", verified]
 
 
 def test_json_holds_every_preset_of_every_kind_in_plain_units(capsys):
@@ -121,3 +126,20 @@ def test_every_flag_of_every_subcommand_has_help_text():
             if not action.help or action.help == argparse.SUPPRESS or not action.help.strip():
                 missing.append(f"{name} {'/'.join(action.option_strings)}")
     assert missing == []
+
+
+def test_the_old_show_presets_points_at_the_presets_command(capsys):
+    """`zlayout show --presets` (what plan --help used to name) said only that PROFILE is missing."""
+    code, out, err = run(capsys, "show", "--presets")
+    assert code == 2 and out == ""
+    assert err.splitlines()[0] == ("zlayout: error: unrecognized arguments: --presets "
+                                   "(did you mean `zlayout presets [gpus|models|links|profiles]`?)")
+
+
+def test_a_description_cannot_write_escape_sequences_to_the_terminal(tmp_path, capsys):
+    (tmp_path / "links").mkdir()
+    (tmp_path / "links" / "odd.toml").write_text(
+        'description = "x\\u001b[2J\\nnext line"\nbandwidth_gbps = 10.0\n')
+    code, out, _ = run(capsys, "presets", "links", "--presets-dir", str(tmp_path))
+    row = next(line for line in out.splitlines() if line.startswith("odd "))
+    assert code == 0 and "\x1b" not in out and row.endswith("x\\x1b[2J\\nnext line")

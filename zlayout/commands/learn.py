@@ -40,8 +40,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         from zlayout.learn.learner import LearnError, learn
     except ImportError as exc:
+        from zlayout.install import pip_install_command  # a clone's hint is its own -e install
+
         raise UsageError(f"zlayout learn needs torch and transformers ({exc.name} is missing): "
-                         "pip install 'zlayout[learn]'") from None
+                         f"{pip_install_command('learn')}") from None
     key = cards.config_key(config)
     folder = Path(args.out).expanduser() if args.out else cards.cache_dir()
     try:  # refused before the tracing, by the rule the write applies
@@ -56,9 +58,11 @@ def run(args: argparse.Namespace) -> int:
         written = cards.write_card(folder, key, cards.dumps_card(card, key, path.name), replace=args.force)
     except OutFileError as exc:
         raise UsageError(str(exc)) from None
-    kinds = len(card["blocks"])
+    kinds = len(set(card["layers"]["kinds"]))
+    fitted = " / ".join(", ".join(map(str, r["tokens_fitted"])) for r in card["regimes"])
+    checked = " / ".join(str(r["tokens_checked"]) for r in card["regimes"])
     print(f"{written}: {card['model_type']} ({card['attention']} attention), {card['parameters']['count']:,} "
           f"parameters in {len(card['parameters']['names'])} tensors, {card['layers']['count']} blocks of "
-          f"{kinds} kind{'s' if kinds > 1 else ''}; fitted at {', '.join(map(str, card['tokens_fitted']))} tokens, "
-          f"{card['fit_error']:.2%} off at {card['tokens_checked']}; learned in {card['learned_in_s']:.1f} s")
+          f"{kinds} kind{'s' if kinds > 1 else ''}; fitted at {fitted} tokens, {card['fit_error']:.2%} off "
+          f"at {checked}; learned in {card['learned_in_s']:.1f} s")
     return 0

@@ -14,11 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
 from zlayout.cli import UsageError, _check_presets_dirs
-from zlayout.messages import quoted
+from zlayout.messages import printable, quoted
 
 KIND_WORDS = {"gpus": "gpus", "gpu": "gpus", "models": "models", "model": "models",
               "links": "links", "link": "links", "profiles": "profiles", "profile": "profiles"}
@@ -107,6 +109,7 @@ def presets_json(kinds: tuple[str, ...], dirs: tuple[str, ...] = ()) -> dict[str
 
 
 def _table(header: tuple[str, ...], rows: list[tuple[str, ...]], right: set[int]) -> list[str]:
+    rows = [tuple(printable(cell) for cell in row) for row in rows]  # a file's text: no escapes acted on
     widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
 
     def line(cells) -> str:
@@ -162,7 +165,7 @@ def _text(kind: str, rows: list[dict[str, Any]], dirs: tuple[str, ...]) -> list[
                           _number(r.get("step_time_s"), 2), {True: "yes", False: "no"}.get(r.get("fits"), "?"),
                           "no" if str(r.get("verdict", "")).startswith("unverified") else "yes")
                          for r in good], {4, 6})
-    lines += [f"{r['name']}: cannot be read: {r['error']}" for r in rows if "error" in r]
+    lines += [printable(f"{r['name']}: cannot be read: {r['error']}") for r in rows if "error" in r]
     if not rows:
         lines.append("(none)")
     return [line for line in lines if line != ""]
@@ -185,12 +188,22 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(data, allow_nan=False))
         return 0
-    blocks = ["\n".join(_text(kind, data[kind], dirs)) for kind in kinds]
+    blocks = ["\n".join(_fit(line) for line in _text(kind, data[kind], dirs)) for kind in kinds]
     print("\n\n".join(blocks))
     if len(kinds) > 1:
         print(f"\nPreset directories, first match wins: {', '.join(_dirs_shown(dirs))} "
               "(docs/presets.md: adding your own)")
     return 0
+
+
+def _fit(line: str) -> str:
+    """A line cut to the terminal's width (the description, last, goes first); whole when
+    the output is not a terminal, for scripts and pagers."""
+    line = printable(line)  # names and lists from files too (the table's cells already are)
+    if not sys.stdout.isatty():
+        return line
+    width = shutil.get_terminal_size().columns
+    return line if len(line) <= width else line[:width - 1] + "…"
 
 
 def _dirs_shown(dirs: tuple[str, ...]) -> list[str]:
