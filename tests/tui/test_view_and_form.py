@@ -134,14 +134,17 @@ def test_changing_the_architecture_makes_the_model_custom_and_keeps_the_rest():
 def test_headroom_colours_follow_the_thresholds():
     plan = stub_planner(fixed_input())
     memory = plan.layouts[0].memory
+    # red is "does not fit" only: a layout that fits with the card full (its cache flushed,
+    # core/fit.py's fits-flushing) is yellow, 'full'
     for free_fraction, level in ((0.5, "ok"), (0.21, "ok"), (0.199, "tight"), (0.06, "tight"),
-                                 (0.051, "tight"), (0.049, "over"), (0.0, "over")):
+                                 (0.051, "tight"), (0.049, "tight"), (0.0, "tight")):
         capacity = memory.gpu_capacity_bytes
         used = int(capacity * (1 - free_fraction))
         moved = type(memory)(**{**{f: getattr(memory, f) for f in memory.__dataclass_fields__},
                                 "gpu_device_used_bytes": used, "gpu_needed_bytes": used,
                                 "gpu_usable_bytes": capacity})
         assert view.headroom_level(moved) == level, free_fraction
+        assert view.headroom_text(moved) == ("full" if free_fraction == 0 else f"{free_fraction * 100:.0f}%")
 
 
 def test_a_layout_that_does_not_fit_is_red_and_says_so():

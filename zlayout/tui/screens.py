@@ -54,11 +54,10 @@ class DetailScreen(ModalScreen[None]):
         lp = self._layout_plan
         mem = lp.memory
         with Vertical(id="detail", classes="dialog"):
-            gpu = view.gpu_figures(mem)  # the table's and the status line's figures
-            yield Label(Text.assemble((lp.layout.label, "bold"),
-                                      f"  needs {gpu.needed} of {gpu.capacity} GiB ({gpu.free} free): "
-                                      f"peak {gpu.peak} GiB allocated, {gpu.used} GiB on the device, "
-                                      f"peak during {mem.peak_phase}"),
+            gpu = view.gpu_figures(mem)  # the table's figures; the sentence is the core's (fit.py)
+            yield Label(Text.assemble((lp.layout.label, "bold"), f"  {mem.gpu_fit.summary()}; "
+                                      f"needs {gpu.needed} GiB, peak {gpu.peak} GiB allocated "
+                                      f"during {mem.peak_phase}"),
                         classes="dialog-title")
             with VerticalScroll(id="detail-body"):
                 yield Static(self._terms_table(), id="detail-terms")

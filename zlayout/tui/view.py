@@ -26,8 +26,7 @@ MEMORY_COLUMNS: tuple[tuple[str, str], ...] = (
     ("overhead", "Other"),
 )
 
-HEADROOM_OK_FRACTION = 0.20  # green above this
-HEADROOM_TIGHT_FRACTION = 0.05  # yellow between this and the one above, red below
+HEADROOM_OK_FRACTION = 0.20  # green at or above this share of the card free at the peak; yellow below
 
 
 def column_of(term: MemoryTerm) -> str:
@@ -61,24 +60,26 @@ def gpu_bytes_by_column(memory: MemoryEstimate) -> dict[str, int]:
 
 
 def headroom_level(memory: MemoryEstimate) -> str:
-    """'ok' (green), 'tight' (yellow) or 'over' (red: under 5% free, or it does not fit)."""
+    """'ok' (green), 'tight' (yellow: under 20% of the card free, or full with the allocator
+    flushing its cache) or 'over' (red: it does not fit)."""
     if not memory.fits:
         return "over"
-    fraction = memory.gpu_headroom_fraction
-    if fraction > HEADROOM_OK_FRACTION:
-        return "ok"
-    if fraction >= HEADROOM_TIGHT_FRACTION:
+    fit = memory.gpu_fit
+    if fit.state == "fits-flushing" or memory.gpu_headroom_fraction < HEADROOM_OK_FRACTION:
         return "tight"
-    return "over"
+    return "ok"
 
 
 def headroom_text(memory: MemoryEstimate) -> str:
-    """Free GPU memory as a percentage when it fits; when the GPU is short, by how many GiB
-    the memory the run needs (what decides "fits") is over what is usable ('✗ +1830 GiB': an exact figure, never a cut percentage)."""
+    """The core's headroom (core/fit.py: the card less device used at the peak) as a percentage
+    when it fits, 'full' when the cache fills the card and the allocator flushes it; when the
+    GPU is short, by how many GiB what the step needs is over what is usable ('✗ +1830 GiB':
+    an exact figure, never a cut percentage)."""
+    fit = memory.gpu_fit
     if memory.fits:
-        return f"{memory.gpu_headroom_fraction * 100:.0f}%"
+        return "full" if fit.state == "fits-flushing" else f"{memory.gpu_headroom_fraction * 100:.0f}%"
     if not memory.fits_gpu:
-        return f"✗ +{fmt_gib(memory.gpu_needed_bytes - memory.gpu_usable_bytes)} GiB"
+        return f"✗ +{fmt_gib(fit.short_by_bytes)} GiB"
     return "✗ host" if not memory.fits_host else "✗ nvme"
 
 
