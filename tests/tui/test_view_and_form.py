@@ -230,3 +230,20 @@ def test_an_edited_preset_architecture_is_custom_and_of_no_family():
     assert model_from_form(values, base) == base
     edited = model_from_form({**values, "layers": "48"}, base)
     assert (edited.name, edited.family, edited.layers) == ("custom", None, 48)
+
+
+@pytest.mark.parametrize("width", range(24, 90))
+def test_the_status_line_never_wraps_between_a_figure_and_its_unit(width):
+    """Rich's wrap left "at 0.43" at a line's end and "s/step" on the next; the status line's
+    lines are also never wider than the line (a zero-width glue made them one cell too wide)."""
+    from rich.cells import cell_len
+
+    text = ("★ ZeRO-1: fits; 60% of the card free at the peak (device used 55.5 of 140.4 GiB per GPU) "
+            "at 0.27 s/step (38% MFU); runner-up ZeRO-2 is as fast (0.27 s/step), a tie within 3%, "
+            "so a lower stage wins.")
+    lines = view.wrap_keeping_figures(text, width)
+    assert " ".join(lines) == text
+    assert all(cell_len(line) <= width for line in lines)
+    for line, following in zip(lines, lines[1:]):
+        assert not (line.split(" ")[-1].replace(".", "").isdigit()
+                    and following.split(" ")[0] in ("s/step", "GiB")), (line, following)

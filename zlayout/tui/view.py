@@ -444,7 +444,7 @@ def wrap_keeping_figures(text: str, width: int) -> list[str]:
     and its unit (Rich's wrap left "at 0.43" at a line's end and "s/step" on the next)."""
     from rich.cells import cell_len
 
-    glued = _FIGURE_AND_UNIT.sub("\\1\x00", text)
+    glued = _FIGURE_AND_UNIT.sub("\\1\u00a0", text)  # one cell, and no space to split at
     lines: list[str] = []
     for paragraph in glued.split("\n"):
         line = ""
@@ -458,7 +458,7 @@ def wrap_keeping_figures(text: str, width: int) -> list[str]:
                 lines.append(line[:width])
                 line = line[width:]
         lines.append(line)
-    return [line.replace("\x00", " ") for line in lines]
+    return [line.replace("\u00a0", " ") for line in lines]
 
 
 def path_lines(path: str, width: int) -> str:
