@@ -84,6 +84,7 @@ def pytest_configure(config: pytest.Config) -> None:
                           str(Path(tempfile.gettempdir()) / f"zlayout-tests-torch-extensions-{os.getuid()}"))
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups in each worker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under xdist (--dist loadgroup): the slow tests go first, and every test that uses one of
     this suite's session- or module-scoped fixtures runs on one worker, so that the SLURM
