@@ -291,7 +291,7 @@ def main() -> int:
     for line in (MEASURED / "h200-2026-12-01" / "boundary-issue11.jsonl").read_text().splitlines():
         b = json.loads(line)
         args = build_parser().parse_args(["plan", *SHAPE_A.split(), "--layers", str(b["layers"]),
-                                          "--allocator", b["allocator"]])
+                                          "--allocator", b["allocator"], "--loop", "trainer"])
         est = estimate_memory(zero_headroom(plan_input_from_args(args)), Layout(stage=0))
         ran = b["result"] == "ran"
         verdict_all += 1

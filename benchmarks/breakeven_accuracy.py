@@ -31,7 +31,8 @@ def main() -> int:
     print(f"{'sweep':44} {'allocator':10} {'ran':>4} {'OOM':>4} {'zlayout':>8}  verdict")
     for sweep in sweeps:
         args = build_parser().parse_args(["plan", *sweep["flags"].split(), "--layers", "1",
-                                          "--allocator", sweep["allocator"], "--headroom", "0"])
+                                          "--allocator", sweep["allocator"], "--headroom", "0",
+                                          "--loop", "trainer"])  # the sweeps ran the loss-only wrapper
         inp = plan_input_from_args(args)
         layout = Layout(stage=args.stage, offload_optimizer=args.offload_optimizer,
                         offload_param=args.offload_param)

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from zlayout import catalog
 from zlayout.core.steptime import steady_step_s
-from zlayout.spec import GiB, HardwareSpec, Layout, ModelSpec, PlanInput, TrainingSpec
+from zlayout.spec import (LOOP_OF_UNMARKED_RECORDS, GiB, HardwareSpec, Layout, ModelSpec, PlanInput, TrainingSpec,
+                          recorded_inputs)
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = [ROOT / "benchmarks" / "measurements"]
@@ -80,7 +81,8 @@ def row_to_input(row: dict) -> tuple[PlanInput, Layout]:
                             intra_link=catalog.load_link("nvlink4"), host_cores=host["host_cores"],
                             host_mem_gbps=host.get("host_mem_gbps", 500.0))
     training = TrainingSpec(seq=row["seq"], micro_batch=row["mbs"], grad_accum=row.get("gas", 1),
-                            checkpointing="full" if row.get("ckpt") else "none")
+                            checkpointing="full" if row.get("ckpt") else "none",
+                            loop=LOOP_OF_UNMARKED_RECORDS)  # every row ran the loss-only wrapper
     layout = Layout(stage=row["stage"], offload_optimizer=row.get("offload_opt", "none"),
                     offload_param=row.get("offload_param", "none"))
     return PlanInput(model=model, hardware=hardware, training=training), layout
@@ -105,7 +107,7 @@ def result_input(r: dict) -> tuple[PlanInput, Layout]:
     """A verify result's plan input and layout (its "layout" also holds the label and the flags
     the Layout model does not take)."""
     layout = Layout.model_validate({k: r["layout"][k] for k in ("stage", "offload_optimizer", "offload_param")})
-    return PlanInput.model_validate(r["inputs"]), layout
+    return PlanInput.model_validate(recorded_inputs(r["inputs"])), layout
 
 
 def load_measured(with_memory: bool = True) -> list[MeasuredLayout]:

@@ -57,13 +57,22 @@ _SPEC_TYPES: dict[str, type[BaseModel]] = {"gpus": GpuSpec, "links": LinkSpec, "
 
 # Names people type for the same thing; kept small on purpose (normalization does the rest).
 ALIASES: Mapping[str, str] = {
-    "h100-sxm": "h100", "h100-sxm5": "h100", "h100-80gb": "h100",
+    "h100-sxm": "h100", "h100-sxm5": "h100", "h100-80gb": "h100", "h100-80gb-hbm3": "h100",
+    "h100-sxm5-80gb": "h100",
     "h200-sxm": "h200", "h200-141gb": "h200",
-    "a100": "a100-80gb", "a100-sxm4-80gb": "a100-80gb", "a100-sxm4-40gb": "a100-40gb",
+    "a100-sxm4-80gb": "a100-80gb", "a100-sxm4-40gb": "a100-40gb", "a100-80g": "a100-80gb",
+    "a100-40g": "a100-40gb", "a100-80": "a100-80gb", "a100-40": "a100-40gb",
     "mi300": "mi300x", "b200-sxm": "b200",
     "infiniband-ndr": "ib-ndr", "infiniband-hdr": "ib-hdr",
     "llama3.1-8b": "llama3-8b", "llama3.1-70b": "llama3-70b", "llama3.1-405b": "llama3-405b",
     "gpt3": "gpt3-175b",
+}
+
+# Names of more than one card: a question, never a silent pick (`a100` meaning the 80 GB card
+# planned a 40 GB A100 with twice its memory).
+AMBIGUOUS: Mapping[str, tuple[str, ...]] = {
+    "a100": ("a100-40gb", "a100-80gb"), "a100-sxm4": ("a100-40gb", "a100-80gb"),
+    "a100-sxm": ("a100-40gb", "a100-80gb"), "a100-pcie": ("a100-40gb", "a100-80gb"),
 }
 
 
@@ -137,14 +146,20 @@ def _normalize(name: str) -> str:
     return re.sub(r"[\s_]+", "-", name.strip().lower())
 
 
+# nvidia-smi and rocm-smi name cards with the vendor first: "NVIDIA A100-SXM4-80GB"
+_VENDOR_PREFIX = re.compile(r"^(?:nvidia|amd)-(?:instinct-)?")
+
+
 def _name_candidates(name: str) -> list[str]:
-    """The spellings tried for a name: as typed, aliased, and with 'llama-3' joined to 'llama3'."""
-    normalized = _normalize(name)
-    joined = re.sub(r"(?<=[a-z])-(?=\d)", "", normalized)  # llama-3-8b -> llama3-8b
+    """The spellings tried for a name: as typed, aliased, with 'llama-3' joined to 'llama3',
+    then the same without a vendor's name in front ('NVIDIA A100-SXM4-80GB')."""
     out: list[str] = []
-    for candidate in (normalized, ALIASES.get(normalized), joined, ALIASES.get(joined)):
-        if candidate and candidate not in out:
-            out.append(candidate)
+    typed = _normalize(name)
+    for normalized in (typed, _VENDOR_PREFIX.sub("", typed)):
+        joined = re.sub(r"(?<=[a-z])-(?=\d)", "", normalized)  # llama-3-8b -> llama3-8b
+        for candidate in (normalized, ALIASES.get(normalized), joined, ALIASES.get(joined)):
+            if candidate and candidate not in out:
+                out.append(candidate)
     return out
 
 
@@ -154,10 +169,27 @@ def preset_path(kind: str, name: str, extra_dirs: Iterable[str | os.PathLike[str
     for candidate in _name_candidates(name):
         if candidate in index:
             return index[candidate]
+    for candidate in _name_candidates(name):
+        meant = [option for option in AMBIGUOUS.get(candidate, ()) if option in index]
+        if len(meant) > 1:
+            raise UnknownPresetError(f"{_KIND_LABELS[kind]} {_shown(name)} is more than one card: "
+                                     f"{_ambiguous_choices(kind, meant, extra_dirs)}? give its full name")
     available = ", ".join(sorted(index)) or "(none)"
     aliases = [alias for alias, target in ALIASES.items() if target in index]
     raise UnknownPresetError(f"unknown {_KIND_LABELS[kind]} {_shown(name)}"
                              f"{_did_you_mean(name, list(index) + aliases)}; available: {available}")
+
+
+def _ambiguous_choices(kind: str, names: list[str], extra_dirs: Iterable[str | os.PathLike[str]]) -> str:
+    """'a100-40gb (40 GiB) or a100-80gb (80 GiB)': the cards a name could be, by memory."""
+    shown = []
+    for option in names:
+        try:
+            memory = getattr(_load(kind, option, extra_dirs), "memory_bytes", None)
+        except (PresetFileError, KeyError, ValueError):
+            memory = None
+        shown.append(f"{option} ({memory / 2**30:.0f} GiB)" if memory else option)
+    return ", ".join(shown[:-1]) + " or " + shown[-1]
 
 
 def _shown(name: str) -> str:

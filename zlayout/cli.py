@@ -8,7 +8,6 @@ is a one-line message on stderr and exit code 2, never a traceback.
 from __future__ import annotations
 
 import argparse
-import difflib
 import errno
 import importlib
 import math
@@ -20,12 +19,13 @@ from typing import NoReturn, Sequence
 from pydantic import ValidationError
 
 import zlayout._pydantic_plugins  # noqa: F401  (before zlayout.spec builds its models: see there)
-from zlayout.messages import exception_text, parse_whole_number, quoted
+from zlayout.messages import exception_text, parse_count_with_unit, parse_whole_number, quoted
 from zlayout.spec import (BOUNDS, GiB, HardwareSpec, Layout, ModelSpec, PlanInput, TrainingSpec,
                           ZeroKnobs)
+from zlayout.suggest import did_you_mean, did_you_mean_choice, did_you_mean_flag
 
-SUBCOMMANDS = ("plan", "breakeven", "export", "show", "check", "diff", "verify", "calibrate", "serve",
-               "app")
+SUBCOMMANDS = ("plan", "breakeven", "presets", "export", "show", "check", "diff", "verify", "calibrate",
+               "serve", "app", "learn")
 
 OFFLOAD_CHOICES = ("none", "cpu", "nvme")
 
@@ -59,17 +59,20 @@ def one_line(text: str) -> str:
                   lambda m: repr(m.group())[1:-1], text.strip())
 
 
-def did_you_mean(word: str, options: Sequence[str]) -> str:
-    """' (did you mean X?)' for the closest option, or ''. A flag that begins one or two
-    flags names them (`--gpus`: --gpus-per-node): flags are not abbreviated (allow_abbrev
-    off), so a shortened flag is an error with the full names, never a guess."""
-    word = str(word)
-    if word.startswith("--") and len(word) > 2:
-        longer = [str(o) for o in options if str(o).startswith(word) and str(o) != word]
-        if 0 < len(longer) <= 2:
-            return f" (did you mean {' or '.join(longer)}?)"
-    close = difflib.get_close_matches(word.lower(), [str(o) for o in options], n=1, cutoff=0.6)
-    return f" (did you mean {close[0]}?)" if close else ""
+def _flag_hints(extras: Sequence[str], flags: Sequence[str]) -> str:
+    """' (did you mean --seq?)' for one unknown flag; for several, each named, those with the
+    same answer together: ' (--num-gpus: did you mean --gpus-per-node?; --mbs: did you mean
+    --micro-batch?)'."""
+    unknown = [arg for arg in extras if arg.startswith("-")] or list(extras[:1])
+    grouped: dict[str, list[str]] = {}
+    for arg in unknown:
+        hint = did_you_mean_flag(arg, flags).strip()
+        if hint:
+            grouped.setdefault(hint, []).append(arg.split("=", 1)[0])
+    if len(unknown) == 1:
+        return f" {next(iter(grouped))}" if grouped else ""
+    return (" (" + "; ".join(f"{', '.join(args)}: {hint[1:-1]}" for hint, args in grouped.items()) + ")"
+            if grouped else "")
 
 
 class ZlayoutParser(argparse.ArgumentParser):
@@ -80,16 +83,43 @@ class ZlayoutParser(argparse.ArgumentParser):
     """
 
     def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
-        parsed, extras = super().parse_known_args(args, namespace)
+        try:
+            parsed, extras = super().parse_known_args(args, namespace)
+        except UsageError as exc:
+            # `zlayout show --presets`: the missing PROFILE was reported before the unknown
+            # flag, whose meaning is the better answer
+            if self._subparsers is not None and str(exc).startswith("the following arguments are required"):
+                self._unknown_flag_first(list(sys.argv[1:] if args is None else args))
+            raise
+        return self._check_extras(parsed, extras)
+
+    def _subcommand(self, command: object) -> argparse.ArgumentParser | None:
+        return next((a.choices.get(command) for a in self._actions
+                     if isinstance(a, argparse._SubParsersAction)), None)
+
+    def _unknown_flag_first(self, args: list[str]) -> None:
+        """Raise the unknown-flag error for the first flag the subcommand lacks that has a
+        suggestion by meaning; return when there is none."""
+        sub = self._subcommand(args[0]) if args else None
+        if sub is None:
+            return
+        flags = [o for action in sub._actions for o in action.option_strings]
+        for arg in args[1:]:
+            if arg == "--":
+                return
+            if arg.startswith("--") and arg.split("=", 1)[0] not in flags:
+                hint = did_you_mean_flag(arg, flags)
+                if hint:
+                    raise UsageError(f"unrecognized arguments: {arg}{hint}",
+                                     hint=f"`{sub.prog} --help` lists every flag")
+
+    def _check_extras(self, parsed, extras):
         if extras and self._subparsers is not None:
             # Unknown flags surface at the top parser: suggest from the subcommand's own flags.
-            command = getattr(parsed, "command", None)
-            sub = next((a.choices.get(command) for a in self._actions
-                        if isinstance(a, argparse._SubParsersAction)), None)
+            sub = self._subcommand(getattr(parsed, "command", None))
             if sub is not None:
                 flags = [o for action in sub._actions for o in action.option_strings]
-                raise UsageError(f"unrecognized arguments: {' '.join(extras)}"
-                                 f"{did_you_mean(extras[0].split('=')[0], flags)}",
+                raise UsageError(f"unrecognized arguments: {' '.join(extras)}{_flag_hints(extras, flags)}",
                                  hint=f"`{sub.prog} --help` lists every flag")
         return parsed, extras
 
@@ -104,7 +134,7 @@ class ZlayoutParser(argparse.ArgumentParser):
             if flag == "COMMAND":
                 return f"unknown command {value!r}{did_you_mean(value, names)}; commands: {', '.join(names)}"
             return (f"{flag}: {value!r} is not one of {', '.join(names)}"
-                    f"{did_you_mean(value, names)}")
+                    f"{did_you_mean_choice(value, names)}")
         typed = re.match(r"argument (\S+?): invalid (int|float|\w+) value: (.*)$", message, re.S)
         if typed:
             flag, kind, value = typed.groups()
@@ -113,9 +143,8 @@ class ZlayoutParser(argparse.ArgumentParser):
             return f"{flag}: {value} is not {word}" + (f" (e.g. {flag} {example})" if example else "")
         unknown = re.match(r"unrecognized arguments: (.*)$", message, re.S)
         if unknown:
-            first = unknown.group(1).split()[0] if unknown.group(1).split() else ""
             flags = [o for action in self._actions for o in action.option_strings]
-            return f"unrecognized arguments: {unknown.group(1)}{did_you_mean(first, flags)}"
+            return f"unrecognized arguments: {unknown.group(1)}{_flag_hints(unknown.group(1).split(), flags)}"
         return message.removeprefix("argument ")
 
 
@@ -154,6 +183,42 @@ def whole_number(text: str, bound_field: str | None = None) -> int:
     return number
 
 
+# flags counting tokens or widths: '4k' is 4,096 (messages.parse_count_with_unit)
+UNIT_FLAGS = ("--seq", "--hidden", "--ffn", "--vocab", "--expert-ffn")
+
+
+def count_with_unit(text: str, bound_field: str | None = None) -> int:
+    """A token or width count: a whole number, or with k or M (binary: --seq 4k is 4,096,
+    --seq 32K is 32,768, --ffn 14k is 14,336, --seq 1M is 1,048,576)."""
+    number = parse_count_with_unit(text)
+    if number is None:
+        raise argparse.ArgumentTypeError(f"{quoted(text)} is not a whole number"
+                                         f"{_expected(bound_field, 'a whole number')[:-1]}, "
+                                         "or with k = 1,024, e.g. 4k)")
+    return number
+
+
+# flags in GiB that also take a unit: '2T' / '2TiB' is 2,048 GiB, '3.84TB' (decimal, as drives
+# are sold) is 3,576.3 GiB
+GIB_FLAGS = ("--host-ram-gib", "--nvme-gib")
+_GIB_PER_UNIT = {"g": 1.0, "gi": 1.0, "gib": 1.0, "t": 1024.0, "ti": 1024.0, "tib": 1024.0,
+                 "gb": 1e9 / 2**30, "tb": 1e12 / 2**30}
+_GIB_RE = re.compile(r"(.*?)\s*(gib|gi|gb|g|tib|ti|tb|t)", re.I)
+
+
+def gib_amount(text: str, bound_field: str | None = None) -> float:
+    """A size in GiB: a number (512), or with a unit: 512G or 512GiB, 2T or 2TiB (binary, the
+    flag's unit), 3.84TB or 960GB (decimal bytes, converted)."""
+    match = _GIB_RE.fullmatch(text.strip())
+    if match is None:
+        return finite_float(text, bound_field)
+    try:
+        return finite_float(match.group(1), bound_field) * _GIB_PER_UNIT[match.group(2).lower()]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{quoted(text)} is not a size"
+                                         f"{_expected(bound_field, 'a size')[:-1]}, e.g. 512, 2T or 3.84TB)") from None
+
+
 def fraction(text: str, bound_field: str | None = None) -> float:
     """A fraction flag's value (--headroom 0.05); a percentage written with its sign, '5%',
     reads as 0.05. A bare 5 is left to the spec's range, which asks "did you mean 0.05 (5%)?"."""
@@ -183,8 +248,16 @@ def element_count(text: str, bound_field: str | None = None) -> int:
     return int(value)
 
 
-def _lower(text: str) -> str:
-    return text.lower()
+def _choice(choices: Sequence[str]):
+    """A choice flag's type: case-insensitive, and a refusal that quotes the value as typed
+    (argparse's own check sees it lower-cased) with a suggestion by meaning."""
+    def choice(text: str) -> str:
+        if text.lower() in choices:
+            return text.lower()
+        raise argparse.ArgumentTypeError(f"{quoted(text)} is not one of {', '.join(choices)}"
+                                         f"{did_you_mean_choice(text, choices)}")
+
+    return choice
 
 
 def _bound_field(action: argparse.Action) -> str | None:
@@ -204,9 +277,10 @@ def _typed(parse, action: argparse.Action):
         try:
             return parse(text, field)
         except argparse.ArgumentTypeError as exc:
-            if choices:  # --stage: the choices are what to type
+            if choices:  # --stage: the choices are what to type (zero3 and z3 mean 3)
                 raise argparse.ArgumentTypeError(
-                    f"{quoted(text)} is not one of {', '.join(map(str, choices))}") from None
+                    f"{quoted(text)} is not one of {', '.join(map(str, choices))}"
+                    f"{did_you_mean_choice(text, choices)}") from None
             raise exc
 
     typed.__name__ = parse.__name__  # argparse names the type in its own messages
@@ -224,36 +298,51 @@ def _polish(parser: argparse.ArgumentParser) -> None:
             for sub in action.choices.values():
                 _polish(sub)
         elif action.type is None and action.choices and all(isinstance(c, str) for c in action.choices):
-            action.type = _lower
+            action.type = _choice(tuple(action.choices))
         elif action.type is float and any(o in ELEMENT_COUNT_FLAGS for o in action.option_strings):
             action.type = _typed(element_count, action)
+        elif action.type is float and any(o in GIB_FLAGS for o in action.option_strings):
+            action.type = _typed(gib_amount, action)
         elif action.type is float and any(o in FRACTION_FLAGS for o in action.option_strings):
             action.type = _typed(fraction, action)
         elif action.type is float:
             action.type = _typed(finite_float, action)
+        elif action.type is int and any(o in UNIT_FLAGS for o in action.option_strings):
+            action.type = _typed(count_with_unit, action)
         elif action.type is int:
             action.type = _typed(whole_number, action)
+
+
+def _knob_default(field: str) -> str:
+    """DeepSpeed's default of a sizing knob as its docs write it: 5e8."""
+    value = ZeroKnobs.model_fields[field].default
+    return f"{value:.0e}".replace("e+0", "e").replace("e+", "e")
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser, with_layout: bool = True) -> None:
     """The flags every planning command shares (README.md, "The command line")."""
     model = parser.add_argument_group("model (an architecture, --preset NAME, --params SIZE or --hf-config PATH)")
-    model.add_argument("--preset", help="model preset name, e.g. llama3-8b (see `zlayout show --presets`)")
+    model.add_argument("--preset", help="model preset name, e.g. llama3-8b (`zlayout presets models` lists them)")
     model.add_argument("--hf-config", metavar="PATH",
                        help="a Hugging Face model's config.json (or its directory); read without transformers")
     model.add_argument("--params", help="model size with a unit (350M, 70B, 1.5T or 13e9), "
                                          "mapped onto --family's shape")
-    model.add_argument("--family", default=None, help="model family for --params (default llama3)")
+    model.add_argument("--family", default=None, help="model family for --params (default llama3; "
+                                                        "`zlayout presets models` shows each family)")
     model.add_argument("--layers", type=int, help=f"transformer blocks ({BOUNDS['layers'].describe()})")
-    model.add_argument("--hidden", type=int, help=f"hidden size ({BOUNDS['hidden'].describe()})")
+    model.add_argument("--hidden", type=int, help=f"hidden size ({BOUNDS['hidden'].describe()}; 4k = 4096)")
     model.add_argument("--heads", type=int, help="attention heads (divide --hidden)")
     model.add_argument("--kv-heads", type=int, help="key/value heads for GQA (divide --heads)")
-    model.add_argument("--ffn", type=int, help="MLP inner size (default 4*hidden)")
-    model.add_argument("--vocab", type=int, help=f"vocabulary ({BOUNDS['vocab'].describe()})")
-    model.add_argument("--mlp", choices=("gelu", "swiglu"))
-    model.add_argument("--norm", choices=("layernorm", "rmsnorm"))
+    model.add_argument("--ffn", type=int, help="MLP inner size (default 4*hidden; 14k = 14336)")
+    model.add_argument("--vocab", type=int, help=f"vocabulary ({BOUNDS['vocab'].describe()}; "
+                                                 "k = 1024: 32k = 32768)")
+    model.add_argument("--mlp", choices=("gelu", "swiglu"),
+                       help="MLP kind: gelu (two matrices, GPT) or swiglu (gated, three: Llama); default gelu")
+    model.add_argument("--norm", choices=("layernorm", "rmsnorm"),
+                       help="norm kind: layernorm (weight and bias) or rmsnorm (weight); default layernorm")
     model.add_argument("--no-bias", action="store_true", help="no biases in linear layers")
-    model.add_argument("--tie-embeddings", action="store_true")
+    model.add_argument("--tie-embeddings", action="store_true",
+                       help="the output head shares the input embedding's weights")
     model.add_argument("--qkv-bias", action="store_true", help="biases on q/k/v only (Qwen2)")
     model.add_argument("--experts", type=int, help="mixture of experts: routed experts per block")
     model.add_argument("--top-k", type=int, help="mixture of experts: experts each token goes through")
@@ -261,11 +350,18 @@ def add_plan_arguments(parser: argparse.ArgumentParser, with_layout: bool = True
 
     train = parser.add_argument_group("training")
     train.add_argument("--seq", type=int, default=None,
-                       help=f"sequence length (default 2048; {BOUNDS['seq'].describe()})")
-    train.add_argument("--micro-batch", type=int, default=1)
-    train.add_argument("--grad-accum", type=int, default=1)
-    train.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default="bf16")
-    train.add_argument("--checkpointing", choices=("none", "full"), default="none")
+                       help=f"sequence length in tokens (default 2048; {BOUNDS['seq'].describe()}; "
+                            "k = 1024: 4k = 4096, 32K = 32768)")
+    train.add_argument("--micro-batch", type=int, default=1,
+                       help=f"sequences per GPU per forward pass (default 1; {BOUNDS['micro_batch'].describe()})")
+    train.add_argument("--grad-accum", type=int, default=1,
+                       help="micro-batches accumulated per optimizer step (default 1; "
+                            f"{BOUNDS['grad_accum'].describe()})")
+    train.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default="bf16",
+                       help="training precision: bf16, fp16 or fp32 (default bf16)")
+    train.add_argument("--checkpointing", choices=("none", "full"), default="none",
+                       help="activation checkpointing: full recomputes each block in the backward "
+                            "(default none)")
     train.add_argument("--impl", choices=("zlayout", "hf"), default=None,
                        help="training code: zlayout's GPT or the Hugging Face model class "
                             "(transformers, sdpa; default hf with --hf-config, else zlayout)")
@@ -274,15 +370,28 @@ def add_plan_arguments(parser: argparse.ArgumentParser, with_layout: bool = True
                             "zero.Init for ZeRO-3), fp32-cpu, bf16-gpu, zero-init, meta")
     train.add_argument("--allocator", choices=("default", "expandable"), default="default",
                        help="PyTorch's CUDA allocator: default segments or expandable_segments:True")
+    train.add_argument("--loop", choices=("deepspeed", "trainer"), default="deepspeed",
+                       help="training loop: deepspeed (outputs = engine(...); engine.backward(outputs.loss): "
+                            "the bf16 logits live until the next forward) or trainer (HF Trainer: dropped "
+                            "once the loss is taken)")
 
     hw = parser.add_argument_group("hardware")
-    hw.add_argument("--gpu", default="h200", help="GPU preset (h100, h200, a100-80gb, ...)")
-    hw.add_argument("--gpus-per-node", type=int, default=8)
-    hw.add_argument("--nodes", type=int, default=1)
-    hw.add_argument("--intra-link", default=None, help="intra-node link preset (default: the GPU's)")
-    hw.add_argument("--inter-link", default="ib-ndr", help="inter-node link preset")
-    hw.add_argument("--host-ram-gib", type=float, default=None, help="host RAM per node (default 2048)")
-    hw.add_argument("--nvme-gib", type=float, default=0.0, help="NVMe capacity per node")
+    hw.add_argument("--gpu", default="h200",
+                    help="GPU preset: h100, h200, a100-40gb, a100-80gb, ... (default h200; "
+                         "`zlayout presets gpus` lists them with their memory)")
+    hw.add_argument("--gpus-per-node", type=int, default=8,
+                    help=f"GPUs per node, as torchrun's --nproc_per_node (default 8; "
+                         f"{BOUNDS['gpus_per_node'].describe()})")
+    hw.add_argument("--nodes", type=int, default=1,
+                    help=f"nodes (default 1; {BOUNDS['nodes'].describe()}); more than one needs --inter-link")
+    hw.add_argument("--intra-link", default=None,
+                    help="intra-node link preset (default: the GPU's; `zlayout presets links`)")
+    hw.add_argument("--inter-link", default="ib-ndr",
+                    help="inter-node link preset (default ib-ndr; `zlayout presets links`)")
+    hw.add_argument("--host-ram-gib", type=float, default=None,
+                    help="host RAM per node, GiB (default 2048; 2T = 2048, 1.5TB = 1397 GiB)")
+    hw.add_argument("--nvme-gib", type=float, default=0.0,
+                    help="NVMe capacity per node, GiB (default 0; 3.84TB = 3576 GiB)")
     hw.add_argument("--nvme-gbps", type=float, default=6.0, help="NVMe bandwidth per node, GB/s")
     hw.add_argument("--host-cores", type=int, default=None,
                     help="CPU cores per node shared by its ranks (default: the GPU preset's per GPU x GPUs)")
@@ -290,21 +399,35 @@ def add_plan_arguments(parser: argparse.ArgumentParser, with_layout: bool = True
                     help="step-time calibration from `zlayout calibrate` (default: the shipped model)")
 
     ds = parser.add_argument_group("DeepSpeed knobs (default: DeepSpeed 0.19.8's)")
-    ds.add_argument("--reduce-bucket-size", type=float)
-    ds.add_argument("--allgather-bucket-size", type=float)
-    ds.add_argument("--prefetch-bucket-size", type=float)
-    ds.add_argument("--max-live-parameters", type=float)
-    ds.add_argument("--persistence-threshold", type=float)
-    ds.add_argument("--no-overlap-comm", action="store_true")
+    ds.add_argument("--reduce-bucket-size", type=float,
+                    help=f"gradient reduce bucket, elements (reduce_bucket_size; default {_knob_default('reduce_bucket_size')})")
+    ds.add_argument("--allgather-bucket-size", type=float,
+                    help=f"stage 1-2 parameter all-gather bucket, elements (allgather_bucket_size; default {_knob_default('allgather_bucket_size')})")
+    ds.add_argument("--prefetch-bucket-size", type=float,
+                    help=f"stage 3 prefetch, elements (stage3_prefetch_bucket_size; default {_knob_default('stage3_prefetch_bucket_size')})")
+    ds.add_argument("--max-live-parameters", type=float,
+                    help="stage 3 gathered parameters kept at once, elements "
+                         f"(stage3_max_live_parameters; default {_knob_default('stage3_max_live_parameters')})")
+    ds.add_argument("--persistence-threshold", type=float,
+                    help="stage 3 parameters this small stay gathered, elements "
+                         f"(stage3_param_persistence_threshold; default {_knob_default('stage3_param_persistence_threshold')})")
+    ds.add_argument("--no-overlap-comm", action="store_true",
+                    help="overlap_comm false: communication does not overlap the backward "
+                         "(DeepSpeed's default true)")
     ds.add_argument("--headroom", type=float, default=0.05,
                     help="fraction of GPU memory kept free when judging 'fits' "
                          "(default 0.05, i.e. 5%%; '5%%' reads as 0.05)")
 
     if with_layout:
         lay = parser.add_argument_group("layout (without --stage: every layout)")
-        lay.add_argument("--stage", type=int, choices=(0, 1, 2, 3))
-        lay.add_argument("--offload-optimizer", choices=OFFLOAD_CHOICES, default="none")
-        lay.add_argument("--offload-param", choices=OFFLOAD_CHOICES, default="none")
+        lay.add_argument("--stage", type=int, choices=(0, 1, 2, 3),
+                         help="ZeRO stage: 0 (plain data parallel), 1 (optimizer states sharded), "
+                              "2 (+ gradients), 3 (+ parameters)")
+        lay.add_argument("--offload-optimizer", choices=OFFLOAD_CHOICES, default="none",
+                         help="optimizer states and step on the host (cpu, stage 1-3) or NVMe "
+                              "(nvme, stage 3); default none")
+        lay.add_argument("--offload-param", choices=OFFLOAD_CHOICES, default="none",
+                         help="parameters on the host (cpu) or NVMe (nvme); stage 3 only; default none")
     parser.add_argument("--presets-dir", action="append", default=[],
                         help="extra directory of preset TOML files (repeatable)")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
@@ -358,7 +481,13 @@ def _model_from_args(args: argparse.Namespace):
         data = base.model_dump()
         if any(data.get(key) != value for key, value in given.items()):
             data.update(given, name="custom", family=None)
-        return ModelSpec.model_validate(data)
+            return ModelSpec.model_validate(data)
+        if args.hf_config and base.card is None:
+            _note(args, f"no model card for {args.hf_config}: its activations come from zlayout's hand "
+                        f"model of {base.hf_model_type}; `zlayout learn --hf-config {args.hf_config}` "
+                        "learns them from the transformers class")
+        # the card (kept out of model_dump) stays with the model it was learned from
+        return ModelSpec.model_validate(data).model_copy(update={"card": base.card})
     if args.params is not None:
         try:
             size = catalog.parse_size(args.params)
@@ -430,7 +559,7 @@ def plan_input_from_args(args: argparse.Namespace) -> PlanInput:
                                 grad_accum=args.grad_accum, precision=args.precision,
                                 checkpointing=args.checkpointing,
                                 impl=args.impl or ("hf" if args.hf_config else "zlayout"), init=args.init,
-                                allocator=args.allocator)
+                                allocator=args.allocator, loop=args.loop)
         knobs = {
             "reduce_bucket_size": args.reduce_bucket_size,
             "allgather_bucket_size": args.allgather_bucket_size,

@@ -32,11 +32,15 @@ def source_checkout() -> Path | None:
     return root if is_ours else None
 
 
-def pip_install_command(extra: str | None = None) -> str:
-    """e.g. `/venv/bin/python -m pip install -e '/src/zlayout[verify]'` or `... 'zlayout[verify]'`."""
+def pip_install_command(extra: str | None = None, python: str | None = None) -> str:
+    """The pip command that installs `extra` into `python` (default: this interpreter), as
+    zlayout was installed: from a source checkout (editable or on PYTHONPATH)
+    `/venv/bin/python -m pip install -e '/src/zlayout[verify]'` (the checkout's path, so it
+    works from any directory), from a package `/venv/bin/python -m pip install 'zlayout[verify]'`.
+    Every hint that names an install comes from here (the verify preflight's, serve's)."""
     suffix = f"[{extra}]" if extra else ""
     root = source_checkout()
-    python = shlex.quote(sys.executable)
+    python = shlex.quote(python or sys.executable)
     if root is not None:
         return f"{python} -m pip install -e {shlex.quote(f'{root}{suffix}')}"
     return f"{python} -m pip install {shlex.quote(f'zlayout{suffix}')}"

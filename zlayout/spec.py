@@ -30,6 +30,12 @@ Implementation = Literal["zlayout", "hf"]
 # PyTorch's CUDA caching allocator: the default (fixed segments) or expandable segments
 # (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True).
 AllocatorKind = Literal["default", "expandable"]
+# The training loop around the engine: "deepspeed" keeps the model's outputs (the bf16 logits,
+# tokens x vocab) until the next forward rebinds them, as DeepSpeed's examples write it
+# (`outputs = engine(...); engine.backward(outputs.loss); engine.step()`); "trainer" drops them
+# once the loss is taken, as HF Trainer's compute_loss does (what profiles verified before this
+# field existed ran).
+TrainingLoop = Literal["deepspeed", "trainer"]
 # How the training script builds the model before deepspeed.initialize: "auto" is what the
 # verify worker does (fp32 on the host; under deepspeed.zero.Init for ZeRO-3).
 ModelInit = Literal["auto", "fp32-cpu", "bf16-gpu", "zero-init", "meta"]
@@ -70,9 +76,12 @@ class Bound:
 
     def percent_hint(self, value: float) -> str:
         """'; a fraction: did you mean 0.05 (5%)?' when `value` reads as a percentage of a
-        fraction-valued range, else ''."""
+        fraction-valued range, else ''. A value below 1 is a fraction already (0.95 is 95%,
+        never "did you mean 0.0095?"): it only says what it amounts to."""
         if not self.fraction or value <= self.high:
             return ""
+        if value < 1:
+            return f"; it is a fraction: {value:.6g} is {value * 100:.6g}%"
         as_fraction = value / 100
         low_ok = as_fraction > self.low if self.low_open else as_fraction >= self.low
         if not (low_ok and as_fraction <= self.high):
@@ -211,6 +220,10 @@ class ModelSpec(Frozen):
     position_embeddings: int = Field(default=0,
                                      description="learned absolute positions (GPT-2: 1024); 0 with rotary")
     mla: MlaSpec | None = Field(default=None, description="multi-head latent attention (DeepSeek-V2/V3)")
+    qk_norm: Literal["none", "head", "full"] = Field(
+        default="none", description="norms on the queries and keys: per head (Qwen3, Gemma 3: head_dim "
+                                    "weights each) or over their whole width (OLMo 2, Cohere)")
+    head_bias: bool = Field(default=False, description="a bias on the output head (Phi-3.5-MoE)")
     # mixture of experts
     experts: int = Field(default=0, description="routed experts per MoE block; 0: a dense model")
     top_k: int | None = Field(default=None, description="experts each token is routed to")
@@ -224,6 +237,9 @@ class ModelSpec(Frozen):
     # where the architecture was read from (`--hf-config`)
     hf_model_type: str | None = Field(default=None, description="config.json's model_type")
     hf_config: str | None = Field(default=None, description="the config.json it was read from")
+    # the model card learned from the transformers class (`zlayout learn`; zlayout.core.card):
+    # with `impl = "hf"` the planner takes its activations; kept out of profiles and JSON
+    card: Any = Field(default=None, exclude=True, repr=False)
 
     @field_validator("dense_layers", mode="before")
     @classmethod
@@ -246,13 +262,14 @@ class ModelSpec(Frozen):
     @model_validator(mode="after")
     def _shape_is_consistent(self) -> "ModelSpec":
         if self.head_size is None and self.mla is None and self.hidden % self.heads:
+            flag, value = _likeliest_shape_fix(self.hidden, self.heads)
             raise ValueError(
-                f"hidden ({self.hidden}) must be divisible by heads ({self.heads}); "
-                f"try --heads {_nearest_divisor(self.hidden, self.heads)}"
+                f"hidden ({self.hidden}) must be divisible by heads ({self.heads}); try --{flag} {value}"
             )
         if self.heads % self.num_kv_heads:
             raise ValueError(
-                f"heads ({self.heads}) must be a multiple of kv-heads ({self.num_kv_heads})"
+                f"heads ({self.heads}) must be a multiple of kv-heads ({self.num_kv_heads}); "
+                f"try --kv-heads {_nearest_divisor(self.heads, self.num_kv_heads)}"
             )
         if self.experts:
             if self.top_k is None:
@@ -354,7 +371,13 @@ class ModelSpec(Frozen):
             return query + kv_part + out * h + self._biased(self.out_bias) * h
         params = h * (q + 2 * kv) + out * h
         params += (q + 2 * kv) * self._biased(self.qkv_bias) + h * self._biased(self.out_bias)
-        return params
+        return params + self.qk_norm_params()
+
+    def qk_norm_params(self) -> int:
+        """The query and key norms' weights: one head's width each, or the whole width."""
+        if self.qk_norm == "head":
+            return 2 * self.head_dim
+        return self.q_size + self.kv_size if self.qk_norm == "full" else 0
 
     def mlp_params(self, ffn: int | None = None, with_bias: bool | None = None) -> int:
         """One MLP: gate+up+down (SwiGLU and other gated MLPs) or up+down, biases per mlp_bias."""
@@ -397,7 +420,7 @@ class ModelSpec(Frozen):
         return self.position_embeddings * self.hidden
 
     def head_params(self) -> int:
-        return 0 if self.tie_embeddings else self.vocab * self.hidden
+        return (0 if self.tie_embeddings else self.vocab * self.hidden) + (self.vocab if self.head_bias else 0)
 
     def final_norm_params(self) -> int:
         return self.norm_params()
@@ -433,6 +456,7 @@ class ModelSpec(Frozen):
 
 
 EXTENSION_FIELDS = ("head_size", "out_bias", "mlp_bias", "norms_per_layer", "position_embeddings", "mla",
+                    "qk_norm", "head_bias",
                     "experts", "top_k", "expert_ffn", "shared_experts", "shared_expert_ffn",
                     "shared_expert_gate", "dense_layers", "hf_model_type", "hf_config")
 
@@ -444,6 +468,36 @@ def _nearest_divisor(n: int, near: int) -> int:
         if n % d == 0:
             divisors.update((d, n // d))
     return min(divisors, key=lambda d: (abs(d - near), d))
+
+
+# per-head widths of published models (GPT-2 64, Falcon 64, Phi-3 96, Llama 128, Gemma 256)
+COMMON_HEAD_DIMS = frozenset({32, 48, 64, 80, 96, 112, 128, 160, 192, 256})
+
+
+def _shape_plausibility(hidden: int, heads: int) -> int:
+    """How much (hidden, heads) looks like a published model: a common head width, a hidden
+    size in steps of 128, a head count in steps of 8 or a power of two."""
+    score = 0
+    if hidden % heads == 0 and hidden // heads in COMMON_HEAD_DIMS:
+        score += 2
+    if hidden % 128 == 0:
+        score += 1
+    if heads % 8 == 0 or heads & (heads - 1) == 0:
+        score += 1
+    return score
+
+
+def _likeliest_shape_fix(hidden: int, heads: int) -> tuple[str, int]:
+    """('hidden', 4096) or ('heads', 35): which of the two numbers was likelier mistyped, and
+    the nearest value that divides. `--hidden 4095 --heads 32` is a typo in hidden (4096 has
+    head width 128), not 35 heads of 117; on a tie, heads (the smaller number to retype)."""
+    below = hidden - hidden % heads
+    multiples = [m for m in (below, below + heads) if 1 <= m <= BOUNDS["hidden"].high]
+    new_hidden = min(multiples, key=lambda m: (abs(m - hidden), m)) if multiples else hidden
+    new_heads = _nearest_divisor(hidden, heads)
+    if new_hidden != hidden and _shape_plausibility(new_hidden, heads) > _shape_plausibility(hidden, new_heads):
+        return "hidden", new_hidden
+    return "heads", new_heads
 
 
 class GpuSpec(Frozen):
@@ -514,6 +568,7 @@ class TrainingSpec(Frozen):
     impl: Implementation = "zlayout"
     allocator: AllocatorKind = "default"
     init: ModelInit = "auto"
+    loop: TrainingLoop = "deepspeed"
 
 
 class ZeroKnobs(Frozen):
@@ -583,6 +638,21 @@ class Layout(Frozen):
     def key(self) -> str:
         """A stable short id, e.g. 'z3-opt_cpu-param_cpu'."""
         return f"z{self.stage}-opt_{self.offload_optimizer}-param_{self.offload_param}"
+
+
+# What ran where a stored record (a verify result, an exported profile) names no loop: the
+# verify worker's wrapper returned only the loss until `training.loop` existed.
+LOOP_OF_UNMARKED_RECORDS: TrainingLoop = "trainer"
+
+
+def recorded_inputs(inputs: dict) -> dict:
+    """A stored record's plan inputs (the dict a result or profile keeps), with the training
+    loop it ran filled in where it predates the `loop` field (LOOP_OF_UNMARKED_RECORDS). New
+    plans default to "deepspeed"; a record that says nothing ran the trainer-like loop."""
+    training = inputs.get("training")
+    if not isinstance(training, dict) or "loop" in training:
+        return inputs
+    return {**inputs, "training": {**training, "loop": LOOP_OF_UNMARKED_RECORDS}}
 
 
 def offload_flag(device: Device) -> str:

@@ -58,6 +58,19 @@ def _origin(url: str) -> str | None:
     return f"{parts.scheme}://{parts.netloc}".lower() if parts.scheme and parts.netloc else None
 
 
+def _loopback_host(host_and_port: str) -> bool:
+    """'localhost:8000', '127.0.0.1:8000', '[::1]:8000': a loopback name, with or without a port."""
+    host = host_and_port.rsplit(":", 1)[0] if not host_and_port.endswith("]") else host_and_port
+    if host_and_port.count(":") > 1 and not host_and_port.startswith("["):
+        host = host_and_port  # a bare IPv6 address has no port
+    return is_loopback(host)
+
+
+def _port_of(host_and_port: str) -> int | None:
+    tail = host_and_port.rsplit(":", 1)[-1] if not host_and_port.endswith("]") else ""
+    return int(tail) if tail.isdigit() else None
+
+
 class TokenServer(Server):
     """textual_serve.Server whose page, websocket and downloads need the token."""
 
@@ -84,7 +97,13 @@ class TokenServer(Server):
         if origin is None:
             return True  # not a browser's cross-site request; the token still decides
         allowed = {f"{request.scheme}://{request.host}".lower(), _origin(self.public_url)}
-        return origin.lower() in allowed
+        if origin.lower() in allowed:
+            return True
+        # the loopback names the server prints (localhost, 127.0.0.1, [::1]) are one machine:
+        # a page opened as localhost:8000 whose websocket reaches 127.0.0.1:8000 is this page
+        parts = urlsplit(origin)
+        return (_loopback_host(request.host) and parts.hostname is not None and is_loopback(parts.hostname)
+                and parts.port == _port_of(request.host))
 
     def _refuse(self, request: web.Request) -> web.Response | None:
         if not self._origin_ok(request):
@@ -134,7 +153,11 @@ class TokenServer(Server):
         refused = self._refuse(request)
         if refused is not None:
             return refused
-        base = self.public_url
+        # a page opened through a loopback name reaches its websocket by that same name (it was
+        # refused, 403, when the page said localhost and the websocket 127.0.0.1); behind a
+        # proxy or a tunnel --public-url is what the browser uses
+        base = (f"{request.scheme}://{request.host}" if _loopback_host(request.host)
+                and _loopback_host(urlsplit(self.public_url).netloc) else self.public_url)
         static_url = base + str(request.app.router["static"].url_for(filename="/")).rstrip("/") + "/"
         ws_path = str(request.app.router["websocket"].url_for(token=self.token))
         ws_url = ("wss:" if base.startswith("https") else "ws:") + (base + ws_path).split(":", 1)[1]

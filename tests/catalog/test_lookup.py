@@ -32,7 +32,8 @@ def write(path, text):
     ("h100-sxm", "gpus", "h100"),
     ("H100_SXM5", "gpus", "h100"),
     (" h200 ", "gpus", "h200"),
-    ("a100", "gpus", "a100-80gb"),
+    ("a100-80", "gpus", "a100-80gb"),
+    ("A100_SXM4_40GB", "gpus", "a100-40gb"),
     ("llama-3-8b", "models", "llama3-8b"),
     ("Llama-3.1-70B", "models", "llama3-70b"),
     ("qwen-2.5-7b", "models", "qwen2.5-7b"),
@@ -200,3 +201,28 @@ def test_a_broken_model_file_is_named_when_scaling_a_family(tmp_path):
     with pytest.raises(ValueError, match=str(path)):
         catalog.model_for_size(13e9, "llama3", [tmp_path])
     assert catalog.model_for_size(13e9, "llama3").family == "llama3"  # the built-ins alone are fine
+
+
+@pytest.mark.parametrize(("typed", "canonical"), [
+    ("NVIDIA A100-SXM4-80GB", "a100-80gb"), ("NVIDIA A100-SXM4-40GB", "a100-40gb"),
+    ("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H200", "h200"), ("AMD Instinct MI300X", "mi300x"),
+])
+def test_the_names_nvidia_smi_and_rocm_smi_print_find_their_card(typed, canonical):
+    assert catalog.load_gpu(typed).name == canonical
+
+
+def test_a_preset_of_your_own_named_with_a_vendor_keeps_its_name(tmp_path):
+    write(tmp_path / "gpus" / "nvidia-lab.toml", MY_GPU)
+    assert catalog.load_gpu("nvidia-lab", [tmp_path]).name == "nvidia-lab"
+
+
+@pytest.mark.parametrize("typed", ["a100", "A100", "a100-sxm4", "NVIDIA A100"])
+def test_a_name_of_two_cards_is_a_question_not_a_pick(typed):
+    with pytest.raises(ValueError, match=r"is more than one card: a100-40gb \(40 GiB\) or a100-80gb \(80 GiB\)\? "
+                                         r"give its full name$"):
+        catalog.load_gpu(typed)
+
+
+def test_your_own_a100_preset_is_used_as_named(tmp_path):
+    write(tmp_path / "gpus" / "a100.toml", MY_GPU)
+    assert catalog.load_gpu("a100", [tmp_path]).memory_bytes == 24 * 2**30

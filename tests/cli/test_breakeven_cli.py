@@ -82,10 +82,10 @@ def test_table_lists_every_layout(capsys):
     assert "largest model" in out and "max micro-batch" in out
 
 
-def test_stage_flag_is_not_accepted(capsys):
-    assert main(["breakeven", *REFERENCE_FLAGS, "--stage", "2"]) == 2
+def test_offload_flags_are_not_accepted_and_say_so_in_one_line(capsys):
+    assert main(["breakeven", *REFERENCE_FLAGS, "--offload-optimizer", "cpu"]) == 2
     err = capsys.readouterr().err.splitlines()
-    assert err[0] == "zlayout: error: unrecognized arguments: --stage 2 (did you mean --seq?)"
+    assert err[0].startswith("zlayout: error: unrecognized arguments: --offload-optimizer cpu")
     assert err[1:] == ["zlayout: hint: `zlayout breakeven --help` lists every flag"]
 
 
@@ -179,3 +179,30 @@ def test_export_refuses_a_broken_family_preset_before_writing(capsys, tmp_path, 
     assert main(["export", "--preset", "llama3-8b", "--stage", "3", "--out", str(out)]) == 2
     assert "llama3-mine.toml: invalid model preset: hidden" in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_stage_narrows_the_layouts_and_keeps_their_answers(capsys, stage):
+    every = run_json(capsys, *REFERENCE_FLAGS)
+    narrowed = run_json(capsys, *REFERENCE_FLAGS, "--stage", str(stage))
+    assert narrowed["stage"] == stage and every["stage"] is None
+    assert narrowed["layouts"] == [row for row in every["layouts"] if row["stage"] == stage]
+    assert len(narrowed["layouts"]) == {0: 1, 1: 2, 2: 2, 3: 8}[stage]
+    for crossover in narrowed["crossovers"]:
+        assert crossover["stops_fitting"]["stage"] == stage
+        assert crossover["takes_over"] is None or crossover["takes_over"]["stage"] == stage
+
+
+def test_a_narrowed_table_does_not_say_nothing_else_fits_when_another_stage_does(capsys):
+    flags = ["--preset", "llama3-8b", "--gpu", "h200", "--gpus-per-node", "8"]
+    assert main(["breakeven", *flags, "--stage", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "ZeRO-1 layouts only" in out.splitlines()[1]
+    assert "nothing else fits" not in out and "stops fitting; no other ZeRO-1 layout fits" in out
+    assert "ZeRO-3" not in out and "--nvme-gib" not in out  # no NVMe layout among stage 1's
+
+
+def test_stage_outside_zero_is_one_line(capsys):
+    assert main(["breakeven", *REFERENCE_FLAGS, "--stage", "zero3"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "zlayout: error: --stage: 'zero3' is not one of 0, 1, 2, 3 (did you mean 3?)"

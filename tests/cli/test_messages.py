@@ -49,7 +49,8 @@ def test_exception_text_unwraps_key_errors_and_keeps_every_other_quote():
 
 @pytest.mark.parametrize(("flags", "message"), [
     (["--layers", "32x"], "--layers: '32x' is not a whole number (expected a whole number from 1 to 1,000)"),
-    (["--hidden", "'32"], "--hidden: \"'32\" is not a whole number (expected a whole number from 1 to 262,144)"),
+    (["--hidden", "'32"], "--hidden: \"'32\" is not a whole number (expected a whole number from 1 to 262,144, "
+                              "or with k = 1,024, e.g. 4k)"),
     (["--nodes", "1.5"], "--nodes: '1.5' is not a whole number (expected a whole number from 1 to 65,536)"),
     (["--micro-batch", "-"], "--micro-batch: '-' is not a whole number (expected a whole number from 1 to 4,096)"),
     (["--headroom", "abc"], "--headroom: 'abc' is not a number (expected a number from 0 to 0.9)"),

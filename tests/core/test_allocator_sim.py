@@ -125,7 +125,7 @@ TRACES = Path(__file__).resolve().parents[2] / "benchmarks" / "measurements" / "
 def _trace_layout(name: str):
     from zlayout.cli import build_parser, layout_from_args, plan_input_from_args
     doc = read_trace(TRACES / f"{name}.json.gz")
-    args = build_parser().parse_args(["verify", *doc["argv"].split()])
+    args = build_parser().parse_args(["verify", *doc["argv"].split(), "--loop", "trainer"])
     return doc, plan_input_from_args(args), layout_from_args(args)
 
 
@@ -452,7 +452,7 @@ TRACES_C = TRACES.parent.parent / "h200-2026-12-01c" / "traces"
 def _trace_c(name: str):
     from zlayout.cli import build_parser, layout_from_args, plan_input_from_args
     doc = read_trace(TRACES_C / f"{name}.json.gz")
-    args = build_parser().parse_args(["verify", *doc["argv"].split()])
+    args = build_parser().parse_args(["verify", *doc["argv"].split(), "--loop", "trainer"])
     return doc, plan_input_from_args(args).model_copy(update={"headroom_fraction": 0.0}), layout_from_args(args)
 
 
@@ -568,7 +568,7 @@ MEASUREMENTS = TRACES.parent.parent
 def _trace_at(day: str, name: str):
     from zlayout.cli import build_parser, layout_from_args, plan_input_from_args
     doc = read_trace(MEASUREMENTS / f"h200-2026-12-{day}" / "traces" / f"{name}.json.gz")
-    args = build_parser().parse_args(["verify", *doc["argv"].split()])
+    args = build_parser().parse_args(["verify", *doc["argv"].split(), "--loop", "trainer"])
     return doc, plan_input_from_args(args).model_copy(update={"headroom_fraction": 0.0}), layout_from_args(args)
 
 
@@ -817,7 +817,7 @@ def _emulated(name: str, folder: Path = EMULATED):
     """A trace of rank 0 of N (allocator_trace.py --emulate-world) and the layout it ran."""
     from zlayout.cli import build_parser, layout_from_args, plan_input_from_args
     doc = read_trace(folder / f"{name}.json.gz")
-    args = build_parser().parse_args(["verify", *doc["argv"].split()])
+    args = build_parser().parse_args(["verify", *doc["argv"].split(), "--loop", "trainer"])
     return doc, plan_input_from_args(args).model_copy(update={"headroom_fraction": 0.0}), layout_from_args(args)
 
 
@@ -957,3 +957,26 @@ def test_stage1_accumulating_keeps_its_reduce_buckets_to_the_step_and_partitions
                if json.loads(line)["inputs"]["training"]["grad_accum"] == 2)
     measured = row["measured"]["gpu_peak_allocated_bytes"]
     assert abs(estimate_memory(inp, layout).gpu_peak_allocated_bytes - measured) < 0.002 * measured
+
+
+@pytest.mark.parametrize("impl", ["zlayout", "hf"])
+def test_the_deepspeed_loop_frees_the_logits_only_once_the_next_forward_returns(impl):
+    # the training loop's `outputs` keeps the bf16 logits (tokens x vocab) through backward and
+    # the step; `trainer` frees them with the loss's fp32 copy at the end of forward
+    logits = 2 * 1024 * 32000 * 2
+    for loop, alive_through_backward in (("deepspeed", True), ("trainer", False)):
+        seq = sim._Seq()
+        events = sim.allocation_sequence(_input(impl=impl, loop=loop), Layout(stage=2), 2, seq)
+        marks = dict(seq.marks)
+        first = next(e[1] for e in events if e[0] == "a" and e[2] == logits)
+        freed_at = next(i for i, e in enumerate(events) if e[0] == "f" and e[1] == first)
+        assert (freed_at > marks["step1.step"]) == alive_through_backward, loop
+        if alive_through_backward:
+            second_forward = events[marks["step1.step"]:marks["step2.forward"]]
+            assert any(e[0] == "a" and e[2] == logits for e in second_forward[:freed_at - marks["step1.step"]])
+    # the replayed peak allocated is the logits higher, to a small block (the peak's moment can
+    # move: zlayout's GPT's loss is over b x (s-1) tokens, its logits over b x s); reserved
+    # may not be higher: the cache can hold them
+    held, dropped = (sim.replay(sim.allocation_sequence(_input(impl=impl, loop=loop), Layout(stage=2), 2)).peak_allocated
+                     for loop in ("deepspeed", "trainer"))
+    assert 0 <= held - dropped - logits <= 2 * MiB

@@ -213,3 +213,34 @@ def test_offloading_never_raises_gpu_bytes_beyond_deepspeeds_staging_buffer(mode
         assert offloaded <= resident + allowance, layout.key
         if layout.offload_param == "gpu" and 12 * model.params // inp.hardware.world >= allowance:
             assert offloaded <= resident, layout.key
+
+
+@pytest.mark.parametrize("impl", ["zlayout", "hf"])
+@pytest.mark.parametrize("layout", [Layout(stage=0), Layout(stage=2, offload_optimizer="cpu"),
+                                    Layout(stage=3, offload_optimizer="cpu", offload_param="cpu")])
+def test_the_deepspeed_loop_holds_the_bf16_logits_on_top_of_the_trainer_plan(impl, layout):
+    # issue 27: `outputs = engine(...); engine.backward(outputs.loss)` measured exactly
+    # tokens x vocab x 2 bytes above the plan of the loop that drops them (HF Trainer's)
+    kept = estimate_memory(reference_input(impl=impl, loop="deepspeed"), layout)
+    dropped = estimate_memory(reference_input(impl=impl, loop="trainer"), layout)
+    logits = 2 * 2048 * 32000 * 2  # micro-batch x seq x vocab x bf16
+    assert kept.gpu_peak_allocated_bytes - dropped.gpu_peak_allocated_bytes == logits
+    assert term(kept, "loop_held_logits") == logits
+    assert "loop_held_logits" not in {t.name for t in dropped.terms}
+    assert kept.after_init_bytes == dropped.after_init_bytes  # nothing is held before the first forward
+
+
+def test_the_loop_defaults_to_deepspeeds_examples():
+    assert TrainingSpec(seq=2048).loop == "deepspeed"
+    with pytest.raises(ValueError):
+        TrainingSpec(seq=2048, loop="keras")
+
+
+def test_a_record_without_a_loop_ran_the_trainer_loop_and_a_marked_one_keeps_its_own():
+    from zlayout.spec import recorded_inputs
+
+    inputs = reference_input().model_dump(mode="json")
+    del inputs["training"]["loop"]
+    assert PlanInput.model_validate(recorded_inputs(inputs)).training.loop == "trainer"
+    inputs["training"]["loop"] = "deepspeed"
+    assert PlanInput.model_validate(recorded_inputs(inputs)).training.loop == "deepspeed"

@@ -6,6 +6,8 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+import pytest
+
 from zlayout.cli import main
 from zlayout.profile import load_profile, save_profile
 MAX_WHY_CHARS = 2000  # the --why limit docs/profiles.md gives
@@ -120,3 +122,37 @@ def test_symlink_loops_and_broken_links_are_named(tmp_path, capsys):
         assert "no such file" not in err.lower() and "no profile at" not in err and "is a file" not in err
         assert len(err.strip().splitlines()) == 1
     assert not (tmp_path / "nowhere.toml").exists()
+
+
+# ---------------------------------------------------------------- two exports at once
+
+def test_an_export_that_finds_the_directory_written_meanwhile_refuses(tmp_path, make_input):
+    from zlayout.profile import load_profile
+    from zlayout.profile.build import build_profile
+    from zlayout.profile.export import ProfileExists, _unchanged_since_inspected, export_profile, inspect_target
+    from zlayout.profile.store import save_profile_dir
+    from zlayout.spec import Layout
+
+    out = tmp_path / "new"
+    late = inspect_target(out)  # both exports inspect the new directory before either writes
+    first = export_profile(make_input(), Layout(stage=2), out, name="first")
+    with pytest.raises(ProfileExists, match="written by another export"):
+        save_profile_dir(build_profile(make_input(), Layout(stage=3), name="second"), out,
+                         guard=_unchanged_since_inspected(late))
+    assert load_profile(out).name == "first" == first.profile.name
+
+
+def test_two_export_processes_into_one_new_directory_one_wins(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "new"
+    argv = [sys.executable, "-m", "zlayout", "export", "--layers", "2", "--hidden", "128", "--heads", "4",
+            "--vocab", "1000", "--seq", "64", "--gpu", "h200", "--out", str(out)]
+    runs = [subprocess.Popen([*argv, "--stage", str(stage), "--name", f"s{stage}"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True) for stage in (2, 3)]
+    done = [(r.wait(timeout=120), r.stderr.read()) for r in runs]
+    codes = sorted(code for code, _ in done)
+    assert codes == [0, 2], done
+    loser = next(err for code, err in done if code == 2)
+    assert "already exists" in loser or "written by another export" in loser

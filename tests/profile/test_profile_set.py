@@ -15,7 +15,8 @@ import pytest
 
 from zlayout.cli import main
 from zlayout.core.plan import make_plan
-from zlayout.profile import load_profile
+from zlayout.profile import load_profile, save_profile_dir
+from zlayout.profile.alerts import derive_alerts
 from zlayout.profile.store import TEMP_PREFIX
 from zlayout.spec import Layout
 
@@ -282,14 +283,13 @@ def test_diff_reports_the_effect_of_a_hand_edit(tmp_path, capsys):
 
 
 def test_a_prediction_from_another_planner_says_so(exported, capsys):
-    path = exported / "profile.toml"
-    text = path.read_text()
-    stored = load_profile(exported).prediction.gpu_peak_allocated_bytes
-    text = text.replace('planner = "zlayout ', 'planner = "zlayout 0.0.1-', 1)
-    head, prediction = text.split("\n[prediction]\n", 1)  # not [summary]'s copy (derived on load)
-    prediction = prediction.replace(f"gpu_peak_allocated_bytes = {stored}\n",
-                                    f"gpu_peak_allocated_bytes = {stored // 2}\n", 1)
-    path.write_text(head + "\n[prediction]\n" + prediction)
+    # as another zlayout would have written it: its own prediction, and the alerts that prediction gives
+    profile = load_profile(exported)
+    halved = profile.prediction.model_copy(update={
+        "planner": "zlayout 0.0.1-old", "gpu_peak_allocated_bytes": profile.prediction.gpu_peak_allocated_bytes // 2})
+    older = profile.model_copy(update={"prediction": halved, "alerts": derive_alerts(
+        profile.inputs, halved, profile.verification, checkpoint_dir=profile.run.checkpoint_dir)})
+    save_profile_dir(older, exported)
     code, out, _ = run(capsys, "show", str(exported))
     assert code == 0 and "STALE PREDICTION (made by zlayout 0.0.1-" in out
 

@@ -4,6 +4,7 @@ measured alerts and a change-log entry, and survives the trip through the file."
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -151,3 +152,55 @@ def test_a_host_bound_step_gets_a_wider_step_time_alert(make_input, tiny_model, 
     assert big.host_overhead_s is not None and big.host_overhead_s < 0.25 * big.step_time_s
     assert profile_8b.alerts.step_time.factor == STEP_TIME_FACTOR
     assert "host-bound" not in profile_8b.alerts.step_time.why
+
+
+# ---------------------------------------------------------------- verify --update-profile
+
+def _cli(capsys, *argv: str) -> tuple[int, str, str]:
+    from zlayout.cli import main
+
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+TINY_EXPORT = ["export", "--layers", "2", "--hidden", "128", "--heads", "4", "--vocab", "1000", "--seq", "64",
+               "--gpus-per-node", "2", "--gpu", "h200", "--stage", "2"]
+
+
+def test_a_run_that_never_started_keeps_the_last_real_result(tmp_path, capsys, make_verify_result):
+    from zlayout.profile import load_profile, save_profile_dir
+
+    out = tmp_path / "p"
+    assert _cli(capsys, *TINY_EXPORT, "--out", str(out))[0] == 0
+    profile = load_profile(out)
+    validated = attach_verification(profile, make_verify_result(profile))
+    save_profile_dir(validated, out)
+    # a preflight that fails (no torch under /bin/false): no rank ever starts. A process of its
+    # own: verify's progress printer keeps the stderr it started with
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "zlayout", "verify", str(out), "--cpu", "--processes", "1",
+                           "--python", "/bin/false", "--update-profile", "--out", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "the run never started" in done.stderr, done.stderr
+    kept = load_profile(out)
+    assert kept.verification == validated.verification
+    assert kept.verification.status == "validated" and kept.verification.measured
+    assert kept.changelog[-1].why.startswith("verification did not start (preflight:")
+    assert _cli(capsys, "show", str(out))[1].splitlines()[2].startswith("Status: VALIDATED")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only directory")
+def test_an_unwritable_profile_directory_is_one_line_before_the_run(tmp_path, capsys):
+    out = tmp_path / "p"
+    assert _cli(capsys, *TINY_EXPORT, "--out", str(out))[0] == 0
+    out.chmod(0o555)
+    try:
+        code, _, err = _cli(capsys, "verify", str(out), "--cpu", "--processes", "1", "--update-profile",
+                            "--out", str(tmp_path / "run"))
+    finally:
+        out.chmod(0o755)
+    assert code == 2 and err.count("\n") == 1 and "cannot write into" in err
+    assert not (tmp_path / "run").exists()  # refused before any run

@@ -1,10 +1,16 @@
-"""A real single-node SLURM (munge, slurmctld, slurmd) under a temporary directory.
+"""A real SLURM (munge, slurmctld, one slurmd per node) under a temporary directory.
 
 Everything it writes (munge key and socket, slurm.conf, state and spool, logs) lives in that
-directory; no system file is touched, so it runs beside a site's own SLURM. The node carries
-two fake `gpu` GRES (links to /dev/null) so that scripts requesting GPUs, like a profile's
-launch_slurm.sbatch, are accepted as they are. Daemons run in the foreground as children of
-the test process and are stopped by their PIDs.
+directory; no system file is touched, so it runs beside a site's own SLURM. Two nodes run on
+this one machine, each its own slurmd with its own NodeName and port: the host's name and
+`localhost`, two names that both resolve here (torchrun's rendezvous meets on the first node's
+name). Partitions: `debug` (the default: the first node only, the single-node suite), `two`
+(both nodes: multi-node jobs), `short` (MaxTime 1 minute: a job asking more pends with
+PartitionTimeLimit) and `closed` (State=DOWN: a job pends with PartitionDown, which an
+administrator may clear). Each node carries two fake `gpu` GRES (links to /dev/null) so that
+scripts requesting GPUs, like a profile's launch_slurm.sbatch, are accepted as they are.
+Daemons run in the foreground and are stopped by their PIDs (recorded in `pids`, so that a
+test process other than the one that started them can stop them).
 """
 
 from __future__ import annotations
@@ -51,13 +57,47 @@ def _node_name() -> str:
         return "localhost"
 
 
+def _stop_pid(pid: int, proc: subprocess.Popen | None) -> None:
+    """SIGTERM, then SIGKILL after STOP_GRACE_S; `proc` when this process started it (reaped)."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + STOP_GRACE_S
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            return
+        if proc is None:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return
+        time.sleep(0.1)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    if proc is not None:
+        proc.wait()
+
+
 @dataclass
 class SlurmCluster:
     root: Path
     node: str = field(default_factory=_node_name)
     cpus: int = field(default_factory=lambda: len(os.sched_getaffinity(0)))  # never more than slurmd finds
+    second: str | None = field(default_factory=lambda: None)
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    pids: dict[str, int] = field(default_factory=dict)
     log_files: list = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.second is None and self.node != "localhost":
+            self.second = "localhost"
+
+    @property
+    def nodes(self) -> list[str]:
+        return [self.node] + ([self.second] if self.second else [])
 
     @property
     def conf(self) -> Path:
@@ -96,17 +136,24 @@ JobCompType=jobcomp/none
 MailProg=/bin/true
 ReturnToService=2
 StateSaveLocation={r}/state
-SlurmdSpoolDir={r}/spool
 SlurmctldPidFile={r}/slurmctld.pid
-SlurmdPidFile={r}/slurmd.pid
+SlurmdPidFile={r}/slurmd-%n.pid
+SlurmdSpoolDir={r}/spool/%n
 SlurmctldLogFile={r}/slurmctld.log
-SlurmdLogFile={r}/slurmd.log
+SlurmdLogFile={r}/slurmd-%n.log
 GresTypes=gpu
-NodeName={self.node} NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory={memory_mib} Gres=gpu:{FAKE_GPUS} State=UNKNOWN
+""" + "".join(
+            f"NodeName={name} NodeAddr=127.0.0.1 Port={_free_port()} CPUs={self.cpus} "
+            f"RealMemory={memory_mib} Gres=gpu:{FAKE_GPUS} State=UNKNOWN\n" for name in self.nodes) + f"""\
 PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
+PartitionName=two Nodes={",".join(self.nodes)} MaxTime=INFINITE State=UP
+PartitionName=short Nodes={self.node} MaxTime=1 State=UP
+PartitionName=closed Nodes={self.node} MaxTime=INFINITE State=DOWN
 """)
-        (r / "gres.conf").write_text(
-            f"AutoDetect=off\nNodeName={self.node} Name=gpu File={r}/dev/gpu[0-{FAKE_GPUS - 1}]\n")
+        for name in self.nodes:
+            (r / "spool" / name).mkdir(parents=True, exist_ok=True)
+        (r / "gres.conf").write_text("AutoDetect=off\n" + "".join(
+            f"NodeName={name} Name=gpu File={r}/dev/gpu[0-{FAKE_GPUS - 1}]\n" for name in self.nodes))
 
     def _spawn(self, name: str, command: list[str]) -> None:
         log = (self.root / f"{name}.out").open("w")
@@ -114,6 +161,7 @@ PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
         self.procs[name] = subprocess.Popen([program(command[0]) or command[0], *command[1:]],
                                             stdout=log, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, env=self.env())
+        self.pids[name] = self.procs[name].pid
 
     def start(self) -> None:
         self.write_config()
@@ -126,13 +174,15 @@ PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
                                f"--seed-file={r}/munged.seed", f"--log-file={r}/munged.log"])
         self._wait_for(lambda: (r / "munge.sock").exists(), "munged's socket")
         self._spawn("slurmctld", ["slurmctld", "-D", "-i"])
-        self._spawn("slurmd", ["slurmd", "-D", "-N", self.node])
-        self._wait_for(self._node_idle, f"node {self.node} idle in sinfo")
+        for name in self.nodes:
+            self._spawn(f"slurmd-{name}", ["slurmd", "-D", "-N", name])
+        self._wait_for(self._node_idle, f"nodes {', '.join(self.nodes)} idle in sinfo")
 
     def _node_idle(self) -> bool:
         proc = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True,
                               env=self.env())
-        return proc.returncode == 0 and proc.stdout.strip() == "idle"
+        states = proc.stdout.split()  # one line per node and partition
+        return proc.returncode == 0 and bool(states) and set(states) == {"idle"}
 
     def _wait_for(self, ready, what: str) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -153,17 +203,14 @@ PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
         return "\n".join(parts)
 
     def stop(self) -> None:
-        """slurmd, slurmctld, munged in that order, each by its PID: SIGTERM, then SIGKILL."""
-        for name in ("slurmd", "slurmctld", "munged"):
-            proc = self.procs.pop(name, None)
-            if proc is None or proc.poll() is not None:
+        """The slurmds, slurmctld, munged in that order, each by its PID: SIGTERM, then SIGKILL."""
+        order = [n for n in self.pids if n.startswith("slurmd")] + ["slurmctld", "munged"]
+        for name in order:
+            pid = self.pids.pop(name, None)
+            if pid is None:
                 continue
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            proc = self.procs.pop(name, None)
+            _stop_pid(pid, proc)
         for log in self.log_files:
             log.close()
 

@@ -1,4 +1,5 @@
-"""The real-SLURM suite: a session-wide single-node cluster (see cluster.py).
+"""The real-SLURM suite: a session-wide two-node cluster on this machine (see cluster.py),
+shared by pytest-xdist's workers.
 
 Skipped, with the reason, only where SLURM is not installed (.ci/run installs slurm-wlm and
 munge with apt-get) or the tests do not run as root (slurmd must). ZLAYOUT_REQUIRE_SLURM=1
@@ -7,9 +8,12 @@ munge with apt-get) or the tests do not run as root (slurmd must). ZLAYOUT_REQUI
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -27,25 +31,82 @@ def _unavailable() -> str | None:
     return None
 
 
+@contextmanager
+def _locked(path: Path):
+    with path.open("a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _shared_dir(tmp_path_factory) -> Path:
+    """A directory every pytest-xdist worker of this run sees (one process: its own)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(scope="session")
-def slurm_cluster():
+def slurm_cluster(tmp_path_factory):
+    """One cluster per test run: under pytest-xdist the first worker to need it starts it
+    (under a file lock), the others use it, and the last one done stops it by its PIDs."""
     reason = _unavailable()
     if reason:
         if os.environ.get("ZLAYOUT_REQUIRE_SLURM") == "1":
             pytest.fail(f"ZLAYOUT_REQUIRE_SLURM=1 but {reason}")
         pytest.skip(reason)
-    # Not pytest's tmp_path: slurmd's spool and munge's socket want a short path.
-    root = Path(tempfile.mkdtemp(prefix="zlayout-slurm-"))
-    cluster = SlurmCluster(root)
+    shared = _shared_dir(tmp_path_factory)
+    lock, state_file = shared / "slurm-cluster.lock", shared / "slurm-cluster.json"
+    with _locked(lock):
+        state = json.loads(state_file.read_text()) if state_file.exists() else None
+        if state is None:
+            # Not pytest's tmp_path: slurmd's spool and munge's socket want a short path.
+            cluster = SlurmCluster(Path(tempfile.mkdtemp(prefix="zlayout-slurm-")))
+            try:
+                cluster.start()
+            except BaseException:
+                cluster.stop()
+                shutil.rmtree(cluster.root, ignore_errors=True)
+                raise
+            state = {"root": str(cluster.root), "node": cluster.node, "second": cluster.second,
+                     "cpus": cluster.cpus, "pids": cluster.pids, "users": 0}
+        else:
+            cluster = SlurmCluster(Path(state["root"]), node=state["node"], cpus=state["cpus"],
+                                   second=state["second"], pids=dict(state["pids"]))
+        state["users"] += 1
+        state_file.write_text(json.dumps(state))
     previous = os.environ.get("SLURM_CONF")
     os.environ["SLURM_CONF"] = str(cluster.conf)  # sbatch/scontrol in zlayout find the cluster
     try:
-        cluster.start()
         yield cluster
     finally:
-        cluster.stop()
-        shutil.rmtree(root, ignore_errors=True)
         if previous is None:
             os.environ.pop("SLURM_CONF", None)
         else:
             os.environ["SLURM_CONF"] = previous
+        with _locked(lock):
+            state = json.loads(state_file.read_text())
+            state["users"] -= 1
+            if state["users"] == 0:
+                cluster.pids = dict(state["pids"])
+                cluster.stop()
+                shutil.rmtree(cluster.root, ignore_errors=True)
+                state_file.unlink()
+            else:
+                state_file.write_text(json.dumps(state))
+
+
+@pytest.fixture(autouse=True)
+def _cache_in_tmp(tmp_path, monkeypatch):
+    """A verification without --out writes to $XDG_CACHE_HOME/zlayout/verify: the test's own
+    temporary directory, never ~/.cache. torch's op cache (built DeepSpeed ops, which also
+    follows XDG_CACHE_HOME) stays where it is, named by TORCH_EXTENSIONS_DIR: a rebuild per
+    test would take minutes."""
+    import os
+    from pathlib import Path
+
+    if not os.environ.get("TORCH_EXTENSIONS_DIR"):
+        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(cache / "torch_extensions"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))

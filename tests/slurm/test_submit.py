@@ -17,9 +17,9 @@ TINY = ["--layers", "2", "--hidden", "64", "--heads", "4", "--vocab", "128", "--
         "--micro-batch", "2", "--gpus-per-node", "2"]
 
 
-def zlayout(*args: str, timeout_s: float = 300) -> subprocess.CompletedProcess:
-    # sbatch passes the environment on: a free rendezvous port instead of the default 29500
-    env = {**os.environ, "PYTHONPATH": str(REPO), "MASTER_PORT": str(_free_port())}
+def zlayout(*args: str, timeout_s: float = 300,
+            extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), **(extra_env or {})}
     return subprocess.run([sys.executable, "-m", "zlayout", *args], capture_output=True,
                           text=True, env=env, timeout=timeout_s, cwd=REPO)
 

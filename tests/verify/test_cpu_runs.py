@@ -255,7 +255,7 @@ def test_command_line_writes_a_slurm_script_for_several_nodes(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "sbatch " in proc.stderr
     text = script.read_text()
-    assert "#SBATCH --nodes=2" in text and text.count("srun ") == 2
+    assert "#SBATCH --nodes=2" in text and text.count("srun ") == 3  # node preflight, run, drill
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     assert (tmp_path / "job" / "spec.json").exists()
 

@@ -6,6 +6,8 @@ a custom architecture grows in depth at fixed width) that fits GPU memory with t
 `{"params": N, "family": ..., "scaling": "family"|"depth", "layouts": [{"stage": 0-3,
 "offload_optimizer": "none|cpu|nvme", "offload_param": ..., "max_params": N,
 "max_micro_batch": N, "limited_by": "gpu|host|nvme|range", ...}, ...], "crossovers": [...]}`.
+`--stage N` narrows both to that ZeRO stage's layouts (crossovers then name only those), and
+the object carries `"stage": N` (null for every layout).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "largest micro-batch for the current model, and the sizes at which layouts "
                     "stop fitting and which one takes over.")
     add_plan_arguments(parser, with_layout=False)
+    parser.add_argument("--stage", type=int, choices=(0, 1, 2, 3), default=None,
+                        help="only this ZeRO stage's layouts (each offload choice); default every layout")
     parser.set_defaults(func=run)
 
 
@@ -47,14 +51,24 @@ def layout_breakeven_dict(inp: PlanInput, layout: Layout, be: BreakEven) -> dict
     return out
 
 
-def crossover_dict(c: Crossover) -> dict[str, Any]:
+def crossover_dict(c: Crossover, stage: int | None = None) -> dict[str, Any]:
+    text = c.describe()
+    if stage is not None and c.takes_over is None:
+        # among one stage's layouts: another stage may still fit (ZeRO-3 beyond ZeRO-1)
+        text = text.replace("nothing else fits", f"no other ZeRO-{stage} layout fits")
     return {"params": c.params, "stops_fitting": layout_dict(c.stops_fitting),
             "takes_over": None if c.takes_over is None else layout_dict(c.takes_over),
-            "text": c.describe()}
+            "text": text}
 
 
-def breakeven_json(inp: PlanInput, presets_dirs: tuple[str, ...] = ()) -> dict[str, Any]:
-    layouts = all_layouts()
+def stage_layouts(stage: int | None = None) -> tuple[Layout, ...]:
+    """Every layout, or those of one ZeRO stage."""
+    return tuple(layout for layout in all_layouts() if stage is None or layout.stage == stage)
+
+
+def breakeven_json(inp: PlanInput, presets_dirs: tuple[str, ...] = (),
+                   stage: int | None = None) -> dict[str, Any]:
+    layouts = stage_layouts(stage)
     evens = [(layout, break_even(inp, layout, presets_dirs)) for layout in layouts]
     return {
         "params": inp.model.params,
@@ -63,23 +77,25 @@ def breakeven_json(inp: PlanInput, presets_dirs: tuple[str, ...] = ()) -> dict[s
         "scaling": evens[0][1].scaling if evens else None,
         "world": inp.hardware.world,
         "headroom_fraction": inp.headroom_fraction,
+        "stage": stage,
         "layouts": [layout_breakeven_dict(inp, layout, be) for layout, be in evens],
-        "crossovers": [crossover_dict(c) for c in crossovers(inp, layouts, presets_dirs)],
+        "crossovers": [crossover_dict(c, stage) for c in crossovers(inp, layouts, presets_dirs)],
     }
 
 
 _LIMIT_WORDS = {"gpu": "GPU memory", "host": "host RAM", "nvme": "NVMe", "range": "(end of range)"}
 
 
-def breakeven_table(inp: PlanInput, presets_dirs: tuple[str, ...] = ()) -> str:
+def breakeven_table(inp: PlanInput, presets_dirs: tuple[str, ...] = (), stage: int | None = None) -> str:
     m, hw = inp.model, inp.hardware
-    data = breakeven_json(inp, presets_dirs)
+    data = breakeven_json(inp, presets_dirs, stage)
     scaled = (f"the {m.family} family's shapes" if data["scaling"] == "family"
               else f"{m.name} deeper or shallower at hidden {m.hidden}")
     lines = [
         f"{m.name}: {format_params(m.params)} params now; sizes along {scaled}",
         f"{hw.nodes} x {hw.gpus_per_node} {hw.gpu.name}, seq {inp.training.seq}, "
-        f"micro-batch {inp.training.micro_batch}, headroom {inp.headroom_fraction:.0%}",
+        f"micro-batch {inp.training.micro_batch}, headroom {inp.headroom_fraction:.0%}"
+        + (f"; ZeRO-{stage} layouts only" if stage is not None else ""),
         "",
         f"  {'layout':26} {'largest model':>14} {'layers x hidden':>16} {'runs out of':>13} {'max micro-batch':>16}",
     ]
@@ -93,7 +109,8 @@ def breakeven_table(inp: PlanInput, presets_dirs: tuple[str, ...] = ()) -> str:
         lines.append(f"{mark} {row['label']:26} {size:>14} {shape:>16} "
                      f"{_LIMIT_WORDS.get(row['limited_by'], row['limited_by']):>13} {micro:>16}")
     lines.append("* fits the current model")
-    if hw.nvme_bytes == 0:
+    if hw.nvme_bytes == 0 and any(row["offload_optimizer"] == "nvme" or row["offload_param"] == "nvme"
+                                  for row in data["layouts"]):
         lines.append("The NVMe layouts need NVMe: give its size per node with --nvme-gib N.")
     if data["crossovers"]:
         lines += ["", "Crossovers:"]
@@ -105,7 +122,8 @@ def run(args: argparse.Namespace) -> int:
     inp = plan_input_from_args(args)
     dirs = tuple(args.presets_dir)
     try:  # a broken model preset is refused, as `plan --preset` and `--params` refuse it
-        out = json.dumps(breakeven_json(inp, dirs)) if args.json else breakeven_table(inp, dirs)
+        out = (json.dumps(breakeven_json(inp, dirs, args.stage)) if args.json
+               else breakeven_table(inp, dirs, args.stage))
     except PresetFileError as exc:
         raise UsageError(str(exc)) from None
     print(out)

@@ -68,6 +68,11 @@ def network_name() -> str:
     return socket.gethostname()
 
 
+def url_host(host: str) -> str:
+    """A host as a URL names it: an IPv6 address in brackets ([::1]), anything else as is."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
 def is_loopback_name(host: str) -> bool:
     from zlayout.webserver import is_loopback
 
@@ -100,7 +105,9 @@ def run(args: argparse.Namespace) -> int:
     if not host.strip() or any(not c.isprintable() or c.isspace() for c in host):
         raise UsageError(f"--host {host!r} is not an address: e.g. --host 127.0.0.1")
     if public_url is None and host in ALL_INTERFACES:
-        public_url = f"http://{network_name()}:{args.port}"  # a browser cannot open 0.0.0.0
+        public_url = f"http://{url_host(network_name())}:{args.port}"  # a browser cannot open 0.0.0.0
+    elif public_url is None:
+        public_url = f"http://{url_host(host)}:{args.port}"  # `--host ::1` printed http://::1:8000
     if not is_loopback(host):
         print(f"zlayout: warning: listening on {host}: every machine that can reach it can ask for the "
               "page; only the token keeps them out. Prefer the default (127.0.0.1) and an SSH tunnel.",

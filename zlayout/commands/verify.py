@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
@@ -65,7 +66,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--nvme-path", default=None, help="NVMe offload directory (NVMe layouts)")
     run.add_argument("--python", default=sys.executable,
                      help="Python that has torch and deepspeed (default this one)")
-    run.add_argument("--timeout", type=float, default=None, help="kill the run after this many seconds")
+    run.add_argument("--timeout", type=float, default=None,
+                     help="end the run after this many seconds (default 3600; with --submit it "
+                          "covers the whole SLURM job, pending included, and cancels it)")
     run.add_argument("--no-preflight", action="store_true", help="skip the preflight checks")
     run.add_argument("--preflight-only", action="store_true",
                      help="run the checks (and build the DeepSpeed ops) and stop; writes nothing")
@@ -88,6 +91,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     multi.add_argument("--partition", default=None, help="SLURM partition")
     multi.add_argument("--account", default=None, help="SLURM account")
     multi.add_argument("--time-limit", default="00:30:00", help="SLURM time limit (default 00:30:00)")
+    multi.add_argument("--cpus-per-task", type=int, default=None, metavar="N",
+                       help="with --slurm: ask for N CPUs on each node instead of the whole node "
+                            "(the default, #SBATCH --exclusive: step time and the CPU optimizer "
+                            "measured as the run will see them)")
+    multi.add_argument("--mem", default=None, metavar="SIZE",
+                       help="with --slurm: host memory per node, e.g. 256G (default: the plan's "
+                            "host peak per node plus 20%%)")
     multi.add_argument("--hostfile", type=Path, default=None,
                        help="print the `deepspeed --hostfile` command for clusters without SLURM")
     parser.set_defaults(func=run_command)
@@ -121,8 +131,10 @@ def _options(args: argparse.Namespace, profile: Any, inp: PlanInput) -> "VerifyO
     kwargs: dict[str, Any] = dict(
         steps=args.steps, restart_drill=args.restart_drill, save_at_step=args.save_at,
         cpu=args.cpu, processes=args.processes, out_dir=args.out,
-        checkpoint_dir=args.checkpoint_dir, python=args.python, timeout_s=args.timeout,
+        checkpoint_dir=args.checkpoint_dir, python=args.python,
         run_preflight=not args.no_preflight, emulate=args.emulate)
+    if args.timeout is not None:
+        kwargs["timeout_s"] = args.timeout
     if args.nvme_path:
         kwargs["nvme_path"] = args.nvme_path
     elif profile is not None:
@@ -130,13 +142,16 @@ def _options(args: argparse.Namespace, profile: Any, inp: PlanInput) -> "VerifyO
     if profile is not None:
         kwargs["ds_config"] = profile.ds_config()
     options = VerifyOptions(**kwargs)
+    # With --slurm/--hostfile the processes run on the job's nodes, not here: this machine's
+    # cores and GPUs say nothing about them (the job's own preflight checks them).
+    on_this_node = not (getattr(args, "slurm", None) or getattr(args, "hostfile", None))
     gpus_visible = None
-    if not options.cpu and options.processes is not None:
+    if not options.cpu and options.processes is not None and on_this_node:
         from zlayout.verify.preflight import query_gpus
 
         gpus_visible = len(query_gpus()) or None  # none visible: preflight says what to do
     try:
-        check_request(inp, options, gpus_visible)
+        check_request(inp, options, gpus_visible, on_this_node=on_this_node)
     except LaunchError as exc:
         raise UsageError(str(exc)) from None
     return options
@@ -261,11 +276,25 @@ def run_command(args: argparse.Namespace) -> int:
     options = _options(args, profile, inp)
     if args.submit and not args.slurm:
         raise UsageError("--submit needs --slurm SCRIPT")
+    for flag, value in (("--cpus-per-task", args.cpus_per_task), ("--mem", args.mem),
+                        ("--partition", args.partition), ("--account", args.account)):
+        if value is not None and not args.slurm:
+            raise UsageError(f"{flag} is what a SLURM job asks for: add --slurm FILE, or leave "
+                             f"out {flag}")
     if options.emulate and (args.slurm or args.hostfile):
         raise UsageError("--emulate runs here, as one process on one GPU: leave out "
                          f"--{'slurm' if args.slurm else 'hostfile'}")
     if args.slurm or args.hostfile:
-        return _multi_node(args, inp, layout, options)
+        if args.preflight_only:
+            raise UsageError("--preflight-only checks this node; a --slurm job runs the same "
+                             "preflight on every node as its first step: drop --preflight-only "
+                             "(or run it on a compute node without --slurm)")
+        if args.update_profile and profile is None:
+            raise UsageError("--update-profile needs a PROFILE")
+        if args.update_profile and not (args.slurm and args.submit):
+            raise UsageError("--update-profile writes the job's result into PROFILE: add --slurm "
+                             "FILE --submit, so that zlayout follows the job to its result")
+        return _multi_node(args, inp, layout, options, profile, profile_path)
     if inp.hardware.nodes > 1 and not options.cpu and options.processes is None and not options.emulate:
         raise UsageError(f"the plan spans {inp.hardware.nodes} nodes: write a SLURM script with "
                          "--slurm verify.sbatch (add --submit to run it), verify one node "
@@ -275,6 +304,8 @@ def run_command(args: argparse.Namespace) -> int:
         return _preflight_only(inp, layout, options, args.json)
     if args.update_profile and profile is None:
         raise UsageError("--update-profile needs a PROFILE")
+    if args.update_profile:
+        _check_profile_writable(profile_path)  # before the GPU time, not after
 
     from zlayout.verify.options import LaunchError
     from zlayout.verify.runner import run_verification
@@ -306,8 +337,15 @@ def _preflight_only(inp: PlanInput, layout: Layout, options: Any, as_json: bool)
     from zlayout.verify import preflight
     from zlayout.verify.options import input_for_run, resolved_dirs, world_for
 
+    from zlayout.verify.options import LaunchError
+    from zlayout.verify.runner import claim_dirs
+
     processes = world_for(inp, options)
     out_dir, checkpoint_dir, _ = resolved_dirs(layout, options)
+    try:  # refused as a run would refuse them, and nothing written
+        claim_dirs(out_dir, checkpoint_dir, options.restart_drill, write=False)
+    except LaunchError as exc:
+        raise UsageError(str(exc)) from None
     options = replace(options, out_dir=out_dir, checkpoint_dir=checkpoint_dir)
     progress = None if as_json else (lambda line: print(line, file=sys.stderr, flush=True))
     checks = preflight.run_checks(input_for_run(inp, processes, options.emulate), layout, options, processes,
@@ -321,31 +359,57 @@ def _preflight_only(inp: PlanInput, layout: Layout, options: Any, as_json: bool)
     return 1 if blocking else 0
 
 
+def _check_profile_writable(path: Path | None) -> None:
+    directory = (path if path is not None else Path("profile.toml")).parent
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise UsageError(f"--update-profile: cannot write into {directory} (permission denied): make it "
+                         "writable, or verify a copy of the profile (cp -r)")
+
+
 def _update_profile(profile: Any, path: Path | None, result: dict[str, Any]) -> None:
-    from zlayout.profile.build import attach_verification
-    from zlayout.profile.store import save_profile
+    from zlayout.profile.build import attach_verification, never_started
+    from zlayout.profile.store import ProfileError, save_profile
 
     record = dict(result)
     record["message"] = result.get("cause")
     record["environment"] = {**result.get("environment", {}),
                              "gpu_count": result.get("measured", {}).get("world")}
-    updated = attach_verification(profile, record)
-    written = save_profile(updated, path if path is not None else Path("profile.toml"))
-    print(f"zlayout: verification written to {written}", file=sys.stderr)
+    where = f" (the run's result is in {result['result_path']})" if result.get("result_path") else ""
+    try:
+        updated = attach_verification(profile, record)
+        written = save_profile(updated, path if path is not None else Path("profile.toml"))
+    except (ProfileError, ValueError) as exc:
+        raise UsageError(f"--update-profile: {' '.join(str(exc).split())}{where}") from None
+    if never_started(record):
+        print(f"zlayout: the run never started: {written} keeps its last verification "
+              f"({profile.verification.status}); the attempt is in its change log", file=sys.stderr)
+    else:
+        print(f"zlayout: verification written to {written}", file=sys.stderr)
 
 
-def _multi_node(args: argparse.Namespace, inp: PlanInput, layout: Layout, options: Any) -> int:
-    from zlayout.verify import slurm
+def _multi_node(args: argparse.Namespace, inp: PlanInput, layout: Layout, options: Any,
+                profile: Any = None, profile_path: Path | None = None) -> int:
+    from zlayout.verify import guard, slurm
+    from zlayout.verify.options import LaunchError
 
     if options.cpu and args.hostfile:
         raise UsageError("--hostfile runs on GPU nodes: drop --cpu (CPU mode works with --slurm)")
-    job = slurm.prepare_job(inp, layout, options)
-    if args.hostfile:
-        print(slurm.deepspeed_hostfile_command(job, args.hostfile))
-        if not args.slurm:
-            return 0
-    script = slurm.batch_script(job, partition=args.partition, account=args.account,
-                                time_limit=args.time_limit)
+    # Everything that reaches the script is checked before anything is written.
+    try:
+        if args.slurm:
+            guard.check_script_path(args.slurm)
+        processes = options.processes or inp.hardware.gpus_per_node
+        resources = slurm.Resources(args.partition, args.account, args.time_limit,
+                                    args.cpus_per_task, args.mem).checked(options.cpu, processes)
+        job = slurm.prepare_job(inp, layout, options)
+        command = slurm.deepspeed_hostfile_command(job, args.hostfile) if args.hostfile else None
+        script = slurm.batch_script(job, resources=resources) if args.slurm else None
+    except LaunchError as exc:
+        raise UsageError(str(exc)) from None
+    if command is not None:
+        print(command)
+    if script is None:
+        return 0
     try:
         args.slurm.write_text(script)
         args.slurm.chmod(0o755)
@@ -363,12 +427,14 @@ def _multi_node(args: argparse.Namespace, inp: PlanInput, layout: Layout, option
                 for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     try:
         result = slurm.submit_and_follow(job, args.slurm, on_line=ProgressPrinter(options.steps),
-                                         cancel=cancel)
+                                         cancel=cancel, timeout_s=options.timeout_s)
     except slurm.SubmitError as exc:
         raise UsageError(str(exc)) from None
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    if args.update_profile:
+        _update_profile(profile, profile_path, result)
     print(json.dumps(result, default=str) if args.json else format_result(result))
     return 0 if result["status"] in OK_STATUSES else 1
 
@@ -398,8 +464,15 @@ def _run_batch(args: argparse.Namespace) -> int:
             runs.append(BatchRun(flags, inp, layout, _options(one, None, inp)))
         except (UsageError, SystemExit) as exc:
             runs.append(BatchRun(flags, error=str(exc)))
+    from zlayout.verify.guard import claim_dir
+    from zlayout.verify.options import LaunchError
+
     base = (args.out or default_out_dir(Layout(stage=0)).with_name(
         f"batch-{time.strftime('%Y%m%d-%H%M%S')}")).resolve()
+    try:  # the runs' directories go inside; results.jsonl and reference.jsonl are appended to
+        base = claim_dir("--out", base, names=("results.jsonl", "reference.jsonl"))
+    except LaunchError as exc:
+        raise UsageError(str(exc)) from None
     cancel = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: cancel.set())

@@ -22,6 +22,7 @@ import functools
 from dataclasses import dataclass
 from typing import Literal
 
+from zlayout.core.fit import flush_cost_s
 from zlayout.spec import GiB, Layout, ModelSpec, PlanInput, TrainingSpec, ZeroKnobs
 
 Where = Literal["gpu", "host", "nvme"]
@@ -106,18 +107,28 @@ class MemoryEstimate:
     peak_phase: str  # "forward", "backward" or "optimizer step"
     after_init_bytes: int  # torch.cuda.memory_allocated() right after deepspeed.initialize
 
+    gpu_flushes_per_step: int = 0  # cudaMalloc retries a step (the cache freed): core.fit
+    gpu_flush_cost_s: float = 0.0  # what they add to the step
+
+    @property
+    def gpu_fit(self):
+        """The one fit rule and headroom (core.fit.GpuFit): every surface reads these."""
+        from zlayout.core.fit import gpu_fit
+
+        return gpu_fit(self)
+
     @property
     def gpu_headroom_bytes(self) -> int:
-        """Capacity left over the least memory the run needs (negative: what is missing)."""
-        return self.gpu_capacity_bytes - self.gpu_needed_bytes
+        """The card's memory minus device used at the peak (0 when the cache fills the card)."""
+        return self.gpu_fit.headroom_bytes
 
     @property
     def gpu_headroom_fraction(self) -> float:
-        return self.gpu_headroom_bytes / self.gpu_capacity_bytes
+        return self.gpu_fit.headroom_fraction
 
     @property
     def fits_gpu(self) -> bool:
-        return self.gpu_needed_bytes <= self.gpu_usable_bytes
+        return self.gpu_fit.fits
 
     @property
     def fits_host(self) -> bool:
@@ -136,8 +147,7 @@ class MemoryEstimate:
         """What the first resource that does not fit needs against what there is (the
         figures the verdict compares)."""
         if not self.fits_gpu:
-            return (f"needs {self.gpu_needed_bytes / GiB:.1f} GiB per GPU; "
-                    f"{self.gpu_usable_bytes / GiB:.1f} GiB is usable")
+            return self.gpu_fit.summary().removeprefix("does not fit: ")
         if not self.fits_host:
             return (f"needs {self.host_peak_bytes / GiB:.0f} GiB of host RAM per node; "
                     f"the node has {self.host_capacity_bytes / GiB:.0f} GiB")
@@ -207,6 +217,10 @@ def moe_dispatch_bytes(model: ModelSpec, training: TrainingSpec) -> int:
     """Token dispatch of one MoE block's forward: the one-hot expert mask transformers builds
     (tokens x top_k x (experts + 1), int64) and the block's zeroed output (tokens x hidden).
     Transient: freed when the block's forward ends (with checkpointing: its recompute)."""
+    card = card_of(model, training)
+    if card is not None:  # the card's largest forward transient of a block, MoE dispatch or not
+        return card.largest_forward_transient(training.micro_batch, training.seq,
+                                              training.checkpointing == "full") if model.is_moe else 0
     if not model.is_moe:
         return 0
     tokens = tokens_per_micro_batch(training)
@@ -218,11 +232,21 @@ def moe_expert_gradient_bytes(model: ModelSpec, training: TrainingSpec) -> int:
     expert; autograd's index backward makes a full-size gradient for each expert used and
     accumulates them: while a MoE block runs backward, both fused tensors' accumulating
     gradients and one fresh full-size gradient are alive (not yet measured on a GPU)."""
+    card = card_of(model, training)
+    if card is not None:  # the card's block backward transient (checkpointing: with its recompute)
+        return card.largest_block_transient(training.micro_batch, training.seq,
+                                            training.checkpointing == "full") if model.is_moe else 0
     if not model.is_moe:
         return 0
     gate_up = model.experts * (2 if model.mlp == "swiglu" else 1) * model.expert_ffn_size * model.hidden
     down = model.experts * model.expert_ffn_size * model.hidden
     return (gate_up + down + gate_up) * weight_bytes_per_param(training)
+
+
+def card_of(model: ModelSpec, training: TrainingSpec):
+    """The model card the activation terms come from: a card learned from the transformers
+    class (`zlayout learn`) prices the transformers implementation, so only with impl "hf"."""
+    return model.card if model.card is not None and training.impl == "hf" else None
 
 
 def layer_activation_bytes(model: ModelSpec, training: TrainingSpec, moe: bool = False) -> int:
@@ -263,6 +287,9 @@ def hf_norm_extra_bytes_per_token(model: ModelSpec, training: TrainingSpec) -> i
 
 def saved_activation_bytes(model: ModelSpec, training: TrainingSpec) -> int:
     """Activations alive at the end of the forward pass, every block."""
+    card = card_of(model, training)
+    if card is not None:
+        return card.saved_bytes(training.micro_batch, training.seq, training.checkpointing == "full")
     if training.checkpointing == "full":
         # Non-reentrant checkpointing keeps only each block's input.
         return model.layers * tokens_per_micro_batch(training) * model.hidden * weight_bytes_per_param(training)
@@ -275,13 +302,20 @@ def recompute_bytes(model: ModelSpec, training: TrainingSpec) -> int:
     block's with its token dispatch)."""
     if training.checkpointing != "full":
         return 0
+    card = card_of(model, training)
+    if card is not None:  # the largest of a block's recompute and backward, from the card
+        return card.largest_block_transient(training.micro_batch, training.seq, True)
     if model.is_moe:
         return layer_activation_bytes(model, training, moe=True) + moe_dispatch_bytes(model, training)
     return layer_activation_bytes(model, training)
 
 
 def head_input_bytes(model: ModelSpec, training: TrainingSpec) -> int:
-    """The final norm's input and the output head's input, kept for backward."""
+    """The final norm's input and the output head's input, kept for backward (from a card:
+    what the final norm, the head and the loss keep, the outputs dropped)."""
+    card = card_of(model, training)
+    if card is not None:
+        return card.head_saved_bytes(training.micro_batch, training.seq, training.checkpointing == "full")
     return tokens_per_micro_batch(training) * (
         2 * model.hidden * weight_bytes_per_param(training) + hf_norm_extra_bytes_per_token(model, training))
 
@@ -291,8 +325,23 @@ def loss_peak_bytes(model: ModelSpec, training: TrainingSpec) -> int:
     tensors are alive at once: the saved log-softmax, the gradient nll_loss hands back, and
     log-softmax's input gradient. (Forward holds less: the bf16 logits, their fp32 cast and the
     log-softmax.) This is often the largest single activation term of a model with a big
-    vocabulary."""
+    vocabulary. From a card: the most the loss's and the head's backward hold."""
+    card = card_of(model, training)
+    if card is not None:
+        return card.head_backward_peak_bytes(training.micro_batch, training.seq, training.checkpointing == "full")
     return 3 * FP32_BYTES * tokens_per_micro_batch(training) * model.vocab
+
+
+def held_outputs_bytes(model: ModelSpec, training: TrainingSpec) -> int:
+    """The model's outputs the training loop keeps (`--loop deepspeed`): `outputs =
+    engine(...); engine.backward(outputs.loss); engine.step()` holds the bf16 logits (tokens x
+    vocab) through backward and the step, until the next forward's outputs replace them.
+    Measured on six Llama/Qwen2-class H200 layouts (issue 27): 1.0-10.2% above the
+    trainer-loop plan, exactly tokens x vocab x 2 bytes. `--loop trainer` (HF Trainer's
+    compute_loss, the verify worker's wrapper) drops them once the loss is taken: 0."""
+    if training.loop != "deepspeed":
+        return 0
+    return tokens_per_micro_batch(training) * model.vocab * weight_bytes_per_param(training)
 
 
 # ------------------------------------------------------------------ DeepSpeed's buffers
@@ -351,6 +400,8 @@ def layer_tensor_sizes(model: ModelSpec, moe: bool | None = None) -> list[int]:
                   a.kv_lora_rank * model.heads * (a.qk_nope_head_dim + a.v_head_dim), model.attn_out_size * h]
     else:
         sizes = [h * (q + 2 * kv), model.attn_out_size * h]
+    if model.qk_norm != "none":
+        sizes += [model.head_dim] * 2 if model.qk_norm == "head" else [q, kv]
     sizes += norm * model.norms_per_layer
     if model.bias if model.qkv_bias is None else model.qkv_bias:
         sizes.append(q + 2 * kv)
@@ -562,6 +613,9 @@ def estimate_memory(inp: PlanInput, layout: Layout, replay: bool = True) -> Memo
                   "inputs of the final norm and of the output head")
     loss = add("gpu", "loss_logits", loss_peak_bytes(model, t), "activations",
                "fp32 log-softmax and its gradients over tokens x vocab when backward starts")
+    held = add("gpu", "loop_held_logits", held_outputs_bytes(model, t), "activations",
+               "the training loop keeps the model's outputs (bf16 logits, tokens x vocab) until the "
+               "next forward replaces them (--loop deepspeed; --loop trainer drops them)")
     misc = add("gpu", "misc", MISC_GPU_BYTES, "overhead", "loss, norms, flags, small NCCL buffers")
 
     # --- phases -----------------------------------------------------------------------
@@ -621,6 +675,10 @@ def estimate_memory(inp: PlanInput, layout: Layout, replay: bool = True) -> Memo
         # the last MoE block's backward: its expert gradients built while most activations live
         phases["backward (experts)"] = (states + carried + live + activations + recompute
                                         + ipg * (stage in (1, 2)) + expert_grads, gate_up_numel * w)
+    if held:
+        # alive in every phase of a training step from the second on (the model build excepted)
+        phases = {name: (allocated + held * (name != "model build"), request)
+                  for name, (allocated, request) in phases.items()}
     peak_phase = max(phases, key=lambda name: phases[name][0])
     peak = int(phases[peak_phase][0]) + misc
     context = add("gpu", "cuda_context", hw.gpu.cuda_context_bytes, "overhead",
@@ -628,11 +686,15 @@ def estimate_memory(inp: PlanInput, layout: Layout, replay: bool = True) -> Memo
     context += add("gpu", "nccl_buffers", NCCL_BUFFER_BYTES if n > 1 else 0, "overhead",
                    "NCCL communicator buffers, outside PyTorch's allocator")
     allocator = caching_allocator(phases, misc, t.allocator)
-    replayed = None
-    if replay and allocator.needed_bytes + context < hw.gpu.memory_bytes:
-        # only a layout that fits is replayed: one that does not reserves the whole card
-        replayed = replayed_reserved_bytes(inp, layout)
-        allocator = caching_allocator(phases, misc, t.allocator, replayed)
+    replayed, flushes = None, None
+    usable = int(hw.gpu.memory_bytes * (1 - inp.headroom_fraction))
+    if replay and t.allocator == "default" and peak + context < hw.gpu.memory_bytes:
+        # only a layout whose allocated peak fits the card is replayed, on the card
+        from zlayout.core.allocator_sim import replay_at_capacity
+
+        flushes = replay_at_capacity(inp, layout, hw.gpu.memory_bytes - context - SMALL_POOL_BYTES)
+        if flushes is not None:
+            replayed, allocator = allocator_on_the_card(flushes, phases, misc, peak, usable - context)
     # On a card that cannot hold every cached segment the allocator frees them and retries:
     # what it reserves then is bounded by the card, never below what the peak needs.
     reserved = max(peak if replayed else allocator.needed_bytes,
@@ -678,14 +740,17 @@ def estimate_memory(inp: PlanInput, layout: Layout, replay: bool = True) -> Memo
     host_peak = host_rank * ranks
 
     cap = hw.gpu.memory_bytes
+    retries = flushes.retries_per_step if flushes is not None and replayed else 0
     return MemoryEstimate(
         layout=layout, terms=tuple(gpu + host + nvme),
         gpu_peak_allocated_bytes=peak, gpu_peak_reserved_bytes=reserved,
         gpu_device_used_bytes=reserved + context, gpu_needed_bytes=allocator.needed_bytes + context,
         host_peak_bytes=host_peak, nvme_bytes=sum(term.bytes for term in nvme),
         gpu_capacity_bytes=cap, host_capacity_bytes=hw.host_ram_bytes, nvme_capacity_bytes=hw.nvme_bytes,
-        gpu_usable_bytes=int(cap * (1 - inp.headroom_fraction)),
+        gpu_usable_bytes=usable,
         peak_phase=peak_phase, after_init_bytes=after_init,
+        gpu_flushes_per_step=retries,
+        gpu_flush_cost_s=flush_cost_s(retries, flushes.freed_per_step) if retries else 0.0,
     )
 
 
@@ -711,6 +776,32 @@ def replayed_reserved_bytes(inp: PlanInput, layout: Layout) -> int | None:
 
     peak = replayed_peak_reserved(inp, layout)
     return None if peak is None else peak + SMALL_POOL_BYTES
+
+
+def allocator_on_the_card(at_card, phases: dict[str, tuple[int, int]], misc: int, peak: int,
+                          usable: int) -> tuple[int | None, AllocatorEstimate]:
+    """The default allocator's figures from its replay on the card (`allocator_sim.replay_at_capacity`,
+    which frees the cache and retries where cudaMalloc fails, as PyTorch does): (peak reserved,
+    or None where the replay ran out of memory; the estimate). What the step needs: where a
+    retry was made, what the tightest one needed (reserved after freeing the cache + its
+    segment), at least the allocated peak; where none was, the per-phase rule's figure, or the
+    replay's peak reserved where that is less (the run never pressed the card). `usable`: the
+    card less the headroom and the context, which the verdict compares."""
+    rule = caching_allocator(phases, misc, "default")
+    if at_card.out_of_memory:
+        return None, AllocatorEstimate(max(rule.needed_bytes, at_card.needed + SMALL_POOL_BYTES), rule.reserved_bytes,
+                                       "caching allocator on the card: a request no freed cache makes room for")
+    replayed = at_card.peak_reserved + SMALL_POOL_BYTES
+    estimate = caching_allocator(phases, misc, "default", replayed)
+    if at_card.retries:
+        needed = max(at_card.needed + SMALL_POOL_BYTES, peak)
+        why = (f"caching allocator, replayed over two steps on the card: it fills the card and frees its "
+               f"cache about {at_card.retries_per_step} time{'s' if at_card.retries_per_step != 1 else ''} "
+               f"a step (cudaMalloc retries); segments split by smaller tensors stay reserved")
+        return replayed, AllocatorEstimate(needed, estimate.reserved_bytes, why)
+    if rule.needed_bytes > usable:
+        return replayed, AllocatorEstimate(min(rule.needed_bytes, replayed), estimate.reserved_bytes, estimate.explanation)
+    return replayed, estimate
 
 
 def caching_allocator(phases: dict[str, tuple[int, int]], misc: int, kind: str,

@@ -208,6 +208,28 @@ def _check_same_run(profile: Profile, result: Mapping[str, Any]) -> int | None:
     return ran_inputs.hardware.world
 
 
+def never_started(result: Mapping[str, Any]) -> bool:
+    """A run that measured nothing because no rank ever reported (a failed preflight, a launcher
+    that could not start): it says nothing about the layout."""
+    return (result.get("status") == "failed" and not _numbers(result.get("measured"))
+            and not result.get("ranks"))
+
+
+def _kept_after_a_run_that_never_started(profile: Profile, result: Mapping[str, Any],
+                                         now: datetime | None) -> Profile:
+    """The profile with its last real verification kept, and the attempt in the change log."""
+    cause = " ".join(str(result.get("cause") or result.get("message") or "no rank started").split())[:200]
+    gpu, host, step = _figures(profile)
+    basis = "measured" if profile.alerts.gpu_memory.basis == "measured" else "predicted"
+    entry = ChangeEntry(
+        when=now or utc_now(), why=f"verification did not start ({cause}); kept the last result: "
+                                   f"{profile.verification.status}", basis=basis,
+        layout_before=profile.layout.label, layout_after=profile.layout.label,
+        gpu_peak_bytes_before=gpu, gpu_peak_bytes_after=gpu, host_peak_bytes_before=host,
+        host_peak_bytes_after=host, step_time_s_before=step, step_time_s_after=step)
+    return profile.model_copy(update={"changelog": [*profile.changelog, entry]})
+
+
 def attach_verification(profile: Profile, result: Mapping[str, Any],
                         now: datetime | None = None) -> Profile:
     """Fold a verification run's result (zlayout.verify's result dict) into the profile.
@@ -218,13 +240,16 @@ def attach_verification(profile: Profile, result: Mapping[str, Any],
     per-step lists dropped), `restart_drill` {resumed_ok, resume_s, ...}, `environment`
     {gpus (list or text), driver, cuda, torch, deepspeed}, and when present `layout`/`inputs`
     (which must be the profile's) and `when`. Fills [verification] and [restart_drill],
-    recomputes [alerts] from the measurement and appends a change-log entry.
+    recomputes [alerts] from the measurement and appends a change-log entry. A run that never
+    started (`never_started`: a failed preflight) keeps the last verification and only logs the attempt.
     Raises ValueError naming what is wrong.
     """
     status = result.get("status")
     if status == "cancelled":
         raise ValueError("the verification run was cancelled: it verified nothing; run it to the end")
     ran_world = _check_same_run(profile, result)
+    if never_started(result):
+        return _kept_after_a_run_that_never_started(profile, result, now)
     env = dict(result.get("environment") or {})
     measured_block = result.get("measured") or {}
     measured = _numbers(measured_block)

@@ -22,7 +22,7 @@ import shutil
 import tempfile
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import tomli_w
 from pydantic import ValidationError
@@ -36,6 +36,7 @@ from zlayout.profile.schema import SCHEMA_VERSION, SPEC_TO_FILE_SUFFIX, Profile
 
 PROFILE_FILE = "profile.toml"
 DS_CONFIG_FILE = "ds_config.json"
+HF_CONFIG_FILE = "hf_config.json"  # the copy of --hf-config's config.json (not config.json: a model folder has one)
 
 
 TEMP_PREFIX = ".zlayout-tmp-"  # the set being written; removed by the next write if a crash left it
@@ -81,6 +82,12 @@ def _unrepresentable_number(value: Any, loc: tuple[Any, ...]) -> tuple[tuple[Any
 
 def loads_profile(text: str, source: str = PROFILE_FILE) -> Profile:
     """Parse and validate profile text; raises ProfileError naming the line and field."""
+    return loads_profile_document(text, source)[0]
+
+
+def loads_profile_document(text: str, source: str = PROFILE_FILE) -> tuple[Profile, dict[str, Any]]:
+    """The validated profile and the parsed table it came from (which still holds the derived
+    [summary] the Profile drops, for `zlayout.profile.integrity` to compare)."""
     try:
         data = tomlsafe.loads(text, source)
     except tomlsafe.TomlLimitError as exc:
@@ -115,7 +122,7 @@ def loads_profile(text: str, source: str = PROFILE_FILE) -> Profile:
     try:
         # strict: a number written as a string (hidden = "4096"), a boolean as 0 or "false",
         # a float where an integer belongs is an error naming the key, not a silent conversion
-        return Profile.model_validate(data, strict=True)
+        return Profile.model_validate(data, strict=True), data
     except ValidationError as exc:
         raise ProfileError(f"{source}: {describe_validation_error(exc, text, data)}") from None
     except RecursionError:
@@ -229,6 +236,11 @@ def resolve_profile_path(path: str | os.PathLike[str]) -> Path:
 
 def load_profile(path: str | os.PathLike[str]) -> Profile:
     """Read and validate a profile (file or its directory); raises ProfileError."""
+    return load_profile_document(path)[0]
+
+
+def load_profile_document(path: str | os.PathLike[str]) -> tuple[Profile, dict[str, Any]]:
+    """load_profile, and the parsed table as the file holds it (loads_profile_document)."""
     p = resolve_profile_path(path)
     try:
         with open(p, "rb") as handle:
@@ -242,7 +254,7 @@ def load_profile(path: str | os.PathLike[str]) -> Profile:
                            "restore it from version control") from None
     except OSError as exc:
         raise ProfileError(f"{p}: cannot read: {exc.strerror or exc}") from None
-    return loads_profile(text, source=str(p))
+    return loads_profile_document(text, source=str(p))
 
 
 def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
@@ -297,7 +309,7 @@ def _is_temporary(name: str) -> bool:
     if name.startswith(TEMP_PREFIX):
         return True
     return name.endswith(".tmp") and any(name.startswith(f".{own}.") for own in (
-        PROFILE_FILE, DS_CONFIG_FILE, DEEPSPEED_SCRIPT, TORCHRUN_SCRIPT, SLURM_SCRIPT, *EXTRA_FILES))
+        PROFILE_FILE, DS_CONFIG_FILE, DEEPSPEED_SCRIPT, TORCHRUN_SCRIPT, SLURM_SCRIPT, HF_CONFIG_FILE, *EXTRA_FILES))
 
 
 def clean_temporaries(directory: Path) -> list[str]:
@@ -315,7 +327,8 @@ def clean_temporaries(directory: Path) -> list[str]:
     return removed
 
 
-def save_profile(profile: Profile, path: str | os.PathLike[str]) -> Path:
+def save_profile(profile: Profile, path: str | os.PathLike[str],
+                 guard: Callable[[Path], None] | None = None) -> Path:
     """Write the profile (a directory means DIR/profile.toml). Returns the profile file's path.
 
     A file named profile.toml is part of a set: the whole set is rewritten as one
@@ -329,10 +342,12 @@ def save_profile(profile: Profile, path: str | os.PathLike[str]) -> Path:
             p.mkdir(parents=True, exist_ok=True)
             p = p / PROFILE_FILE
         if p.name == PROFILE_FILE:
-            return save_profile_dir(profile, p.parent)[-1]
+            return save_profile_dir(profile, p.parent, guard=guard)[-1]
         data = readable_profile_bytes(profile, p, manifest={})
         p.parent.mkdir(parents=True, exist_ok=True)
         with _locked(p.parent):
+            if guard is not None:
+                guard(p)
             clean_temporaries(p.parent)
             atomic_write(p, data)
     except OSError as exc:
@@ -373,6 +388,8 @@ def set_files(profile: Profile) -> dict[str, bytes]:
     files = {DS_CONFIG_FILE: ds_config_text(profile).encode("utf-8")}
     files.update({name: text.encode("utf-8") for name, text in launch_scripts(profile).items()})
     files.update({name: text.encode("utf-8") for name, text in extra_files(profile).items()})
+    if profile.hf_config_json is not None:
+        files[HF_CONFIG_FILE] = profile.hf_config_json.encode("utf-8")
     return files
 
 
@@ -381,14 +398,18 @@ def with_manifest(profile: Profile, files: dict[str, bytes]) -> Profile:
     return profile.model_copy(update={"manifest": {name: sha256_digest(data) for name, data in files.items()}})
 
 
-def save_profile_dir(profile: Profile, directory: str | os.PathLike[str]) -> list[Path]:
+def save_profile_dir(profile: Profile, directory: str | os.PathLike[str],
+                     guard: Callable[[Path], None] | None = None) -> list[Path]:
     """Write profile.toml, ds_config.json and the launch scripts into `directory`, as one set.
 
     All files go into a temporary directory inside `directory` and are fsynced there, then
     renamed into place with profile.toml last; its manifest holds the others' checksums. A crash
     before the renames leaves the old set; during them, a set whose manifest disagrees (refused
     on load); after, the new set. Overwrites without asking: callers decide whether replacing is
-    allowed (`zlayout.profile.export`). Returns the paths written, profile.toml last.
+    allowed (`zlayout.profile.export`), and pass `guard`, called with the profile.toml's path once
+    the directory is locked, to refuse (raise) when what is there is no longer what they decided on:
+    two exports into one new directory both find it empty, and the second must not replace the
+    first. Returns the paths written, profile.toml last.
     """
     d = Path(directory)
     files = set_files(profile)
@@ -396,6 +417,8 @@ def save_profile_dir(profile: Profile, directory: str | os.PathLike[str]) -> lis
     try:
         d.mkdir(parents=True, exist_ok=True)
         with _locked(d):
+            if guard is not None:
+                guard(d / PROFILE_FILE)
             clean_temporaries(d)
             tmp = Path(tempfile.mkdtemp(dir=d, prefix=TEMP_PREFIX))
             try:

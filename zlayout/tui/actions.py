@@ -94,7 +94,9 @@ class LayoutActionsMixin:
             else:
                 self._save(io, plan, layout, path)
 
-        self.push_screen(PathScreen(f"Export {layout.label} as a profile", initial,
+        from zlayout.tui.view import action_title
+
+        self.push_screen(PathScreen(action_title(plan, layout, "Export"), initial,
                                     "a directory (profile.toml + ds_config.json + launch scripts) or a .toml file",
                                     check), chosen)
 
@@ -173,7 +175,10 @@ class LayoutActionsMixin:
             self.push_screen(VerifyScreen(plan.input, layout, verifier, cpu_processes=options.cpu_processes,
                                           emulate=options.emulate))
 
-        self.push_screen(VerifyOptionsScreen(plan.input, layout), chosen)
+        from zlayout.tui.view import action_title
+
+        self.push_screen(VerifyOptionsScreen(plan.input, layout, action_title(plan, layout, "Verify")),
+                         chosen)
 
     def _write_slurm_script(self, plan: Plan, layout: Layout, path: str) -> None:
         """`zlayout verify --slurm PATH` for this plan, in a worker (it takes a second)."""

@@ -148,6 +148,9 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
         self._inputs_toggled = False  # the user chose: resizing no longer shows/hides the panel
         self._crossovers: tuple[Any, ...] = ()
         self._follow_star = True  # the table cursor follows ★ until the user moves it
+        # the layout export and verify act on: ★, unless the user picked another on purpose
+        # (enter on its row, or a suggestion applied); moving the cursor to read a row is no pick
+        self._picked_key: str | None = None
         self._fix_layout: Layout | None = None
         self._init_editing()
         if os.environ.get(STATE_DUMP_ENV):
@@ -283,22 +286,32 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
         return True
 
     def selected_layout(self) -> Layout | None:
-        """The layout under the table cursor (else the recommended one)."""
+        """The layout export and verify act on: the one picked on purpose (enter on its row,
+        or a suggestion applied) while the plan still has it, else ★; with no ★ (nothing
+        fits), the row under the cursor (the does-not-fit question follows)."""
         if self.plan is None:
             return None
-        key = self.query_one(LayoutTable).selected_key
-        for lp in self.plan.layouts:
-            if lp.layout.key == key:
-                return lp.layout
-        return self.plan.recommendation.layout
+        layouts = {lp.layout.key: lp.layout for lp in self.plan.layouts}
+        if self._picked_key in layouts:
+            return layouts[self._picked_key]
+        if self.plan.recommendation.layout is not None:
+            return self.plan.recommendation.layout
+        return layouts.get(self.query_one(LayoutTable).selected_key or "")
 
     @on(DataTable.RowSelected, "#layouts")
     def _row_selected(self, event: DataTable.RowSelected) -> None:
+        rec = self.plan.recommendation.layout if self.plan is not None else None
+        key = event.row_key.value
+        # enter on ★ drops an earlier pick: ★ again
+        self._picked_key = None if rec is not None and key == rec.key else key
         self.action_detail()
 
     def action_detail(self) -> None:
-        layout = self.selected_layout()
-        if layout is None or self.plan is None:
+        if self.plan is None:
+            return
+        key = self.query_one(LayoutTable).selected_key
+        layout = next((lp.layout for lp in self.plan.layouts if lp.layout.key == key), None)
+        if layout is None:
             return
         from zlayout.profile.ds_config import ds_config
 
@@ -336,6 +349,7 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
         fix = self.plan.recommendation.fixes[index]
         self._follow_star = False
         self._fix_layout = fix.layout
+        self._picked_key = fix.layout.key  # chosen from the palette: what export then writes
         self.load_input(fix.input)
         self.notify(f"Applied: {fix.text}", title="Suggestion", markup=False)
 

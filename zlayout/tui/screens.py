@@ -117,7 +117,7 @@ class PathScreen(ModalScreen[str | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog small-dialog"):
-            yield Label(f"[b]{self._title}[/b]", classes="dialog-title")
+            yield Label(Text(self._title, style="bold"), classes="dialog-title")
             yield FieldInput(value=self._initial, id="path-input")
             yield Static("", id="path-error", classes="field-error")
             yield Label(f"[dim]{self._hint} · enter: OK · escape: cancel[/dim]", classes="dialog-hint")
@@ -214,9 +214,10 @@ class VerifyOptionsScreen(ModalScreen["VerifyOptions | None"]):
                 Binding("s", "choose('slurm')", "SLURM script", show=False),
                 Binding("e", "choose('emulate')", "One GPU as rank 0", show=False)]
 
-    def __init__(self, inp: PlanInput, layout: Layout) -> None:
+    def __init__(self, inp: PlanInput, layout: Layout, title: str | None = None) -> None:
         super().__init__()
         self._inp, self._layout = inp, layout
+        self._title = title or f"Verify {layout.label}"  # view.action_title: the layout, its cost against ★
         self.multi_node = inp.hardware.nodes > 1
 
     def compose(self) -> ComposeResult:
@@ -225,8 +226,7 @@ class VerifyOptionsScreen(ModalScreen["VerifyOptions | None"]):
         hw = self._inp.hardware
         where = f"{hw.world}× {hw.gpu.name}" + (f" ({hw.nodes} nodes)" if self.multi_node else "")
         with Vertical(classes="dialog small-dialog", id="verify-options"):
-            yield Label(Text.assemble(("Verify ", "bold"), (self._layout.label, "bold"), f" ({where})"),
-                        classes="dialog-title")
+            yield Label(Text.assemble((self._title, "bold"), f" on {where}"), classes="dialog-title")
             if self.multi_node:
                 yield Static(Text("A multi-node run starts from a scheduler: write the SLURM script "
                                   "(then sbatch it), or check the layout on CPU here."), classes="dialog-text")

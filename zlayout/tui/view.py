@@ -414,3 +414,19 @@ def recommendation_text(plan: Plan) -> str:
     if rec.reason.startswith(rec.layout.label):
         return f"★ {rec.reason}"
     return f"★ {rec.layout.label}: {rec.reason}"
+
+
+def action_title(plan: Plan, layout: Layout, verb: str) -> str:
+    """The first line of the export and verify dialogs: the layout acted on and, when it is
+    not ★, what it costs against ★ (a pick made minutes ago must not be exported unread)."""
+    rec = plan.recommendation.layout
+    lp = plan.for_layout(layout)
+    step = fmt_seconds(lp.time.step_time_s)
+    if rec is None:
+        return f"{verb} {layout.label} ({step}/step; no layout fits)"
+    if layout == rec:
+        return f"{verb} ★ {layout.label} ({step}/step, the recommended layout)"
+    star = plan.for_layout(rec).time.step_time_s
+    change = fmt_percent_change(lp.time.step_time_s, star)
+    return (f"{verb} {layout.label}, not ★: {step}/step, {change} against ★ {rec.label} "
+            f"({fmt_seconds(star)}/step)")

@@ -62,6 +62,8 @@ def run_spec(inp: PlanInput, layout: Layout, options: VerifyOptions, checkpoint_
         "emulate_world": inp.hardware.world if options.emulate else None,
         "seed": options.seed,
         "checkpoint_dir": str(checkpoint_dir.resolve()),
+        "out_dir": str(options.out_dir) if options.out_dir else None,
+        "nvme_path": options.nvme_path,
     }
 
 

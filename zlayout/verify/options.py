@@ -16,6 +16,11 @@ from zlayout.profile.ds_config import DEFAULT_NVME_PATH
 from zlayout.spec import Layout, PlanInput
 
 
+# A verification that has not ended in an hour is stuck (a few steps of a layout take minutes
+# at most; the op builds have their own limit in preflight): ended, not left hanging.
+DEFAULT_TIMEOUT_S = 3600.0
+
+
 @dataclass(frozen=True)
 class VerifyOptions:
     """How to run a verification (the layout and the sizes come from the PlanInput)."""
@@ -30,7 +35,7 @@ class VerifyOptions:
     nvme_path: str = DEFAULT_NVME_PATH
     python: str = field(default_factory=lambda: sys.executable)
     seed: int = 1234
-    timeout_s: float | None = None
+    timeout_s: float | None = DEFAULT_TIMEOUT_S  # per launch here; the whole job with SLURM
     run_preflight: bool = True
     extra_env: dict[str, str] = field(default_factory=dict)
     ds_config: dict[str, Any] | None = None  # default: zlayout's ds_config(inp, layout)
@@ -82,11 +87,16 @@ def default_cpu_processes(inp: PlanInput) -> int:
     return max(1, min(inp.hardware.world, DEFAULT_CPU_PROCESSES, cpu_processes_limit()))
 
 
-def check_request(inp: PlanInput, options: VerifyOptions, gpus_visible: int | None = None) -> None:
+def check_request(inp: PlanInput, options: VerifyOptions, gpus_visible: int | None = None,
+                  on_this_node: bool = True) -> None:
     """Refuse what cannot run, with what to type instead (LaunchError, one line).
 
     `gpus_visible` is what nvidia-smi lists in GPU mode (None: unknown, and preflight says
-    so when the run starts)."""
+    so when the run starts). `on_this_node` False (SLURM): the processes run on the job's
+    nodes, whose cores and GPUs are not this machine's; the job's preflight checks them."""
+    if options.timeout_s is not None and options.timeout_s <= 0:
+        raise LaunchError(f"--timeout {options.timeout_s:g}: give seconds above 0 (default "
+                          f"{DEFAULT_TIMEOUT_S:.0f})")
     if options.steps < 1:
         raise LaunchError("--steps must be at least 1")
     if options.restart_drill:
@@ -113,6 +123,8 @@ def check_request(inp: PlanInput, options: VerifyOptions, gpus_visible: int | No
     processes = world_for(inp, options)
     if processes < 1:
         raise LaunchError("--processes must be at least 1")
+    if not on_this_node:
+        return
     if options.cpu:
         cores = cpu_processes_limit()
         if processes > cores:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shlex
 import shutil
 import subprocess
 from dataclasses import asdict, dataclass
@@ -28,6 +29,7 @@ from typing import Any, Callable
 from zlayout.catalog import format_params
 from zlayout.core.memory import estimate_memory
 from zlayout.spec import GiB, Layout, PlanInput
+from zlayout.verify import oplocks
 from zlayout.verify.environment import worker_env, worker_env_notes
 from zlayout.verify.options import VerifyOptions, checkpoint_bytes
 
@@ -35,7 +37,14 @@ PROBE_MODULE = "zlayout.verify.probe"
 PROBE_MARKER = "ZLAYOUT_PROBE "
 VERSIONS_TIMEOUT_S = 180.0
 OP_BUILD_TIMEOUT_S = 1200.0  # a cold CPU Adam build took 115-123 s on an H200 node
-INSTALL_FIX = "install them: pip install 'zlayout[verify]' (torch, deepspeed==0.19.8)"
+
+
+def install_fix(python: str) -> str:
+    """How to install torch and DeepSpeed into the ranks' Python, as zlayout was installed
+    (`pip install -e` from a checkout: 'zlayout[verify]' is not on PyPI for a clone)."""
+    from zlayout.install import pip_install_command
+
+    return f"install them: {pip_install_command('verify', python)} (torch, deepspeed==0.19.8)"
 
 
 def gpus_from_torch(facts: dict[str, Any]) -> list[GpuInfo]:
@@ -132,10 +141,10 @@ def check_versions(python: str, cpu: bool, ops: list[str] | None = None,
                      "~/.cache/torch_extensions/*/<op>/lock (or $TORCH_EXTENSIONS_DIR's) and "
                      "rerun"), {}
     if failure:
-        return Check("torch+deepspeed", False, failure, INSTALL_FIX), {}
+        return Check("torch+deepspeed", False, failure, install_fix(python)), {}
     ok = facts.get("deepspeed") == "0.19.8"
     detail = f"torch {facts['torch']} (CUDA {facts.get('cuda')}), deepspeed {facts['deepspeed']}"
-    fix = "" if ok else "the memory model follows DeepSpeed 0.19.8: pip install deepspeed==0.19.8"
+    fix = "" if ok else f"the memory model follows DeepSpeed 0.19.8: {shlex.quote(python)} -m pip install deepspeed==0.19.8"
     return Check("torch+deepspeed", True, detail, fix) if ok else \
         Check("torch+deepspeed", False, detail, fix, blocking=False), facts
 
@@ -180,12 +189,12 @@ def op_failure_fix(op: dict[str, Any], facts: dict[str, Any], cpu: bool, python:
     tools = facts.get("toolchain") or {}
     torch_cuda, nvcc_cuda = facts.get("cuda"), tools.get("nvcc_cuda")
     prebuilt = ("or install DeepSpeed with its ops prebuilt: "
-                "DS_BUILD_OPS=1 pip install deepspeed==0.19.8")
+                f"DS_BUILD_OPS=1 {shlex.quote(python)} -m pip install deepspeed==0.19.8")
     if not tools.get("ninja", True):
-        return f"install ninja for the ranks' Python: {python} -m pip install ninja"
+        return f"install ninja for the ranks' Python: {shlex.quote(python)} -m pip install ninja"
     if not cpu and torch_cuda is None:
         return (f"torch {facts.get('torch')} is a CPU build: install a CUDA one, e.g. "
-                "pip install torch --index-url https://download.pytorch.org/whl/cu128")
+                f"{shlex.quote(python)} -m pip install torch --index-url https://download.pytorch.org/whl/cu128")
     if not cpu and nvcc_cuda is None:
         return (f"no nvcc (CUDA_HOME={tools.get('cuda_home')}): load the CUDA {torch_cuda} "
                 f"toolkit torch was built with (module load cuda/{torch_cuda}, or export "
@@ -217,6 +226,18 @@ def check_ops(ops: list[str], facts: dict[str, Any], cpu: bool, python: str) -> 
             checks.append(Check(f"op {op['name']}", False,
                                 f"cannot be built ({op['load_s']:.1f} s): {op.get('error', '')[:300]}",
                                 op_failure_fix(op, facts, cpu, python), seconds=op["load_s"]))
+    return checks
+
+
+def check_op_locks(env: dict[str, str]) -> list[Check]:
+    """Op-build locks an interrupted build left (oplocks): removed, with a note; one that
+    cannot be removed blocks, since every build of its op would wait on it forever."""
+    checks = []
+    for note in oplocks.remove_stale_locks(env):
+        removed = note.startswith("removed")
+        checks.append(Check("op-build lock", False, note,
+                            "nothing to do (removed)" if removed else
+                            "remove the lock file by hand and rerun", blocking=not removed))
     return checks
 
 
@@ -354,6 +375,7 @@ def run_checks(inp: PlanInput, layout: Layout, options: VerifyOptions, processes
 
     The cheap checks come first: when one of them blocks, the ops are not built (a build can
     take minutes and the run could not start anyway)."""
+    lock_checks = check_op_locks(worker_env(options, processes))
     smi_gpus = [] if options.cpu else query_gpus()
     gpu_checks = (check_gpus(inp, layout, processes, smi_gpus) if smi_gpus else [])
     host_checks = check_host(inp, layout, processes, options.cpu, options.emulate)
@@ -378,7 +400,7 @@ def run_checks(inp: PlanInput, layout: Layout, options: VerifyOptions, processes
                 "the first time on a node: 1-2 min each)")
     version_check, facts = check_versions(options.python, options.cpu, build,
                                           worker_env(options, processes))
-    checks: list[Check] = []
+    checks: list[Check] = list(lock_checks)
     if options.cpu:
         checks.append(Check("gpus", True, "skipped: CPU mode (--cpu) runs on gloo, no GPU needed"))
     else:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from zlayout.spec import GiB, Layout, PlanInput
-from zlayout.verify import preflight
+from zlayout.verify import guard, oplocks, preflight
 from zlayout.verify.environment import worker_env, worker_env_notes
 from zlayout.verify.launcher import (LaunchOutcome, launch_command, read_reports, run_spec,
                                      stream_process)
@@ -71,6 +71,17 @@ def completed_at_shutdown(outcome: LaunchOutcome, reports: list[dict[str, Any]],
             and all(r.get("status") == "ok" for r in reports))
 
 
+def claim_dirs(out_dir: Path, checkpoint_dir: Path, restart_drill: bool,
+               write: bool = True) -> tuple[Path, Path]:
+    """The output directory (and the drill's checkpoint directory) refused where they hold
+    files zlayout did not write, then marked as zlayout's (guard.claim_dir). A checkpoint
+    directory must be empty or zlayout's: the drill would rewrite a training run's `latest`."""
+    out_dir = guard.claim_dir("--out", out_dir, write=write)
+    if restart_drill:
+        checkpoint_dir = guard.claim_dir("--checkpoint-dir", checkpoint_dir, names=(), write=write)
+    return out_dir, checkpoint_dir
+
+
 def run_verification(inp: PlanInput, layout: Layout, options: VerifyOptions | None = None,
                      on_line: Callable[[str], None] = lambda line: None,
                      cancel: threading.Event | None = None) -> dict[str, Any]:
@@ -84,6 +95,7 @@ def run_verification(inp: PlanInput, layout: Layout, options: VerifyOptions | No
     processes = world_for(inp, options)
     run_inp = input_for_run(inp, processes, options.emulate)
     out_dir, checkpoint_dir, default_out = resolved_dirs(layout, options)
+    out_dir, checkpoint_dir = claim_dirs(out_dir, checkpoint_dir, options.restart_drill)
     options = replace(options, out_dir=out_dir, checkpoint_dir=checkpoint_dir)
     announce(run_inp, layout, options, default_out, on_line)
     started = time.time()
@@ -91,6 +103,9 @@ def run_verification(inp: PlanInput, layout: Layout, options: VerifyOptions | No
 
     extra: dict[str, Any] = {"out_dir": str(out_dir), "planned_world": inp.hardware.world,
                              "steps": options.steps, "phase_s": phase_s, "warnings": []}
+    if not options.run_preflight:  # preflight removes them otherwise (a check of its own)
+        for note in oplocks.remove_stale_locks(worker_env(options, processes)):
+            on_line(f"zlayout: note: {note}")
     if options.run_preflight:
         checks = preflight.run_checks(run_inp, layout, options, processes, on_line=on_line)
         phase_s["op build"] = sum(c.seconds or 0.0 for c in checks)

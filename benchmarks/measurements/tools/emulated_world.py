@@ -106,7 +106,7 @@ def heldout(batch: Path, predictions: Path, folder: Path) -> int:
     print(f"{'layout (rank 0 of N on one GPU)':34} {'N':>3} {'trace':>7} {'commit':>7} {'err':>6} {'model':>7} {'err':>6}")
     errs, model_errs = [], []
     for name, line in batch_lines(batch):
-        args = build_parser().parse_args(["verify", *shlex.split(line)])
+        args = build_parser().parse_args(["verify", *shlex.split(line), "--loop", "trainer"])  # traced: loss-only wrapper
         inp = plan_input_from_args(args).model_copy(update={"headroom_fraction": 0.0})
         layout = layout_from_args(args)
         path = folder / f"{name}.json.gz"

@@ -1,0 +1,68 @@
+"""`zlayout learn --hf-config PATH`: learn a model card from the transformers class.
+
+Builds the class on the meta device (no GPU, no weights, nothing downloaded), traces a few
+blocks' forward and backward at several token counts and writes the card the planner then
+uses for this config (`zlayout plan --hf-config PATH`). Needs torch and transformers
+(`pip install 'zlayout[learn]'`); they are imported only when the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from zlayout.cli import UsageError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("learn", help="learn a model card (activations, requests, op work) from "
+                                          "the transformers class of a config.json",
+                            description=__doc__.splitlines()[0])
+    parser.add_argument("--hf-config", required=True, metavar="PATH",
+                        help="the model's config.json, or the directory holding it")
+    parser.add_argument("--out", metavar="DIR",
+                        help="folder to write KEY.toml into (default: $ZLAYOUT_CARDS_DIR, else "
+                             "~/.cache/zlayout/cards, where plan looks)")
+    parser.add_argument("--force", action="store_true", help="learn again over this config's card")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from zlayout import cards, hfconfig
+    from zlayout.outfile import OutFileError
+
+    try:
+        config, path = hfconfig.read_config(args.hf_config)
+    except hfconfig.HfConfigError as exc:
+        raise UsageError(str(exc)) from None
+    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
+        raise UsageError(f"{path}: no 'model_type' key (is this a transformers config.json?)")
+    try:
+        from zlayout.learn.learner import LearnError, learn
+    except ImportError as exc:
+        from zlayout.install import pip_install_command  # a clone's hint is its own -e install
+
+        raise UsageError(f"zlayout learn needs torch and transformers ({exc.name} is missing): "
+                         f"{pip_install_command('learn')}") from None
+    key = cards.config_key(config)
+    folder = Path(args.out).expanduser() if args.out else cards.cache_dir()
+    try:  # refused before the tracing, by the rule the write applies
+        cards.check_card_target(folder, key, replace=args.force)
+    except OutFileError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        card = learn(config)
+    except LearnError as exc:
+        raise UsageError(f"{path}: {exc}") from None
+    try:
+        written = cards.write_card(folder, key, cards.dumps_card(card, key, path.name), replace=args.force)
+    except OutFileError as exc:
+        raise UsageError(str(exc)) from None
+    kinds = len(set(card["layers"]["kinds"]))
+    fitted = " / ".join(", ".join(map(str, r["tokens_fitted"])) for r in card["regimes"])
+    checked = " / ".join(str(r["tokens_checked"]) for r in card["regimes"])
+    print(f"{written}: {card['model_type']} ({card['attention']} attention), {card['parameters']['count']:,} "
+          f"parameters in {len(card['parameters']['names'])} tensors, {card['layers']['count']} blocks of "
+          f"{kinds} kind{'s' if kinds > 1 else ''}; fitted at {fitted} tokens, {card['fit_error']:.2%} off "
+          f"at {checked}; learned in {card['learned_in_s']:.1f} s")
+    return 0

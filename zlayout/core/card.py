@@ -1,0 +1,187 @@
+"""A model card as the planner reads it: data in, bytes out, no torch and no I/O.
+
+A card (written by `zlayout learn`, read from TOML by `zlayout.cards`) records, for each kind
+of block and for the head and loss, the requests each phase makes of the allocator in order:
++bytes for an allocation, -bytes for a free, each a function of one sequence's token count
+`q*T^2 + a*T + c` (q is not 0 only where something grows with T^2: eager attention's
+probabilities, attention's FLOPs). At micro-batch `b` a request is `b*(q*T^2 + a*T) + c`: what
+grows with tokens grows with the batch, a weight's gradient does not.
+
+From the requests: what a phase leaves allocated (their sum) and the most it holds at once
+above what it started with (the largest running sum).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+Poly = tuple[float, float, float]
+
+
+class CardError(ValueError):
+    """A card that is not one this planner reads: one line naming what is wrong."""
+
+
+def bytes_at(poly: Poly, micro_batch: int, seq: int) -> float:
+    q, a, c = poly
+    return micro_batch * (q * seq * seq + a * seq) + c
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    """One phase's requests, in order."""
+
+    requests: tuple[Poly, ...]
+
+    def net_and_peak(self, micro_batch: int, seq: int) -> tuple[int, int]:
+        live = peak = 0.0
+        for poly in self.requests:
+            live += bytes_at(poly, micro_batch, seq)
+            peak = max(peak, live)
+        return int(round(live)), int(round(peak))
+
+    def sizes(self, micro_batch: int, seq: int) -> list[int]:
+        """The requests' sizes (positive: allocate, negative: free), for an allocator replay."""
+        return [int(round(bytes_at(poly, micro_batch, seq))) for poly in self.requests]
+
+
+@dataclass(frozen=True, slots=True)
+class BlockCard:
+    kind: int
+    forward: Phase
+    backward: Phase
+    checkpointed_forward: Phase
+    checkpointed_backward: Phase
+
+
+@dataclass(frozen=True, slots=True)
+class Regime:
+    """The requests for sequences up to `max_tokens` (None: any length). A model with a
+    sliding window takes another path past the window (a mask it builds only then)."""
+
+    max_tokens: int | None
+    blocks: tuple[BlockCard, ...]
+    head_forward: Phase
+    head_backward: Phase
+    head_checkpointed_forward: Phase
+    head_checkpointed_backward: Phase
+
+    def block(self, kind: int) -> BlockCard:
+        return next(b for b in self.blocks if b.kind == kind)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCard:
+    key: str
+    model_type: str
+    attention: str
+    params: int
+    parameter_numels: tuple[int, ...]  # in parameters() order: what DeepSpeed flattens
+    layer_kinds: tuple[int, ...]
+    regimes: tuple[Regime, ...]  # by max_tokens, the unbounded one last
+    source: str = ""
+
+    def regime(self, seq: int) -> Regime:
+        return next(r for r in self.regimes if r.max_tokens is None or seq <= r.max_tokens)
+
+    # ---------------------------------------------------------- the planner's terms
+
+    def saved_bytes(self, micro_batch: int, seq: int, checkpointing: bool) -> int:
+        """Every block's saved activations at the end of the forward pass."""
+        regime = self.regime(seq)
+        total = 0
+        for kind in self.layer_kinds:
+            block = regime.block(kind)
+            phase = block.checkpointed_forward if checkpointing else block.forward
+            total += phase.net_and_peak(micro_batch, seq)[0]
+        return total
+
+    def largest_block_transient(self, micro_batch: int, seq: int, checkpointing: bool) -> int:
+        """The most a block's backward holds above what it started with (with checkpointing:
+        its recompute and backward), over the kinds of block."""
+        return max((b.checkpointed_backward if checkpointing else b.backward).net_and_peak(micro_batch, seq)[1]
+                   for b in self.regime(seq).blocks)
+
+    def largest_forward_transient(self, micro_batch: int, seq: int, checkpointing: bool) -> int:
+        """The most a block's forward holds above what it keeps."""
+        worst = 0
+        for b in self.regime(seq).blocks:
+            net, peak = (b.checkpointed_forward if checkpointing else b.forward).net_and_peak(micro_batch, seq)
+            worst = max(worst, peak - net)
+        return worst
+
+    def head_saved_bytes(self, micro_batch: int, seq: int, checkpointing: bool) -> int:
+        """What the final norm, the head and the loss keep at the end of the forward pass
+        (the model's outputs dropped, the loss kept)."""
+        regime = self.regime(seq)
+        phase = regime.head_checkpointed_forward if checkpointing else regime.head_forward
+        return phase.net_and_peak(micro_batch, seq)[0]
+
+    def head_backward_peak_bytes(self, micro_batch: int, seq: int, checkpointing: bool) -> int:
+        """The most the loss's and head's backward hold above what the forward left."""
+        regime = self.regime(seq)
+        phase = regime.head_checkpointed_backward if checkpointing else regime.head_backward
+        return phase.net_and_peak(micro_batch, seq)[1]
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def _phase(data: Any, where: str) -> Phase:
+    if not isinstance(data, list) or not all(
+            isinstance(r, list) and len(r) == 3 and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                        for x in r) for r in data):
+        raise CardError(f"{where}: a phase is a list of [q, a, c] requests")
+    return Phase(tuple(tuple(float(x) for x in r) for r in data))
+
+
+def _get(data: Mapping[str, Any], key: str, kind: type, where: str) -> Any:
+    value = data.get(key)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise CardError(f"{where}: {key!r} is missing or not a {kind.__name__}")
+    return value
+
+
+def card_from_dict(data: Mapping[str, Any], key: str, source: str = "") -> ModelCard:
+    """The card a parsed TOML holds (`zlayout learn`'s format 1); CardError names what is wrong."""
+    where = source or key
+    if data.get("format") != 1:
+        raise CardError(f"{where}: card format {data.get('format')!r}, this zlayout reads format 1")
+    params = _get(data, "parameters", dict, where)
+    shapes = _get(params, "shapes", list, where)
+    numels = []
+    for shape in shapes:
+        n = 1
+        for dim in shape:
+            n *= int(dim)
+        numels.append(n)
+    count = _get(params, "count", int, where)
+    if sum(numels) != count:
+        raise CardError(f"{where}: the parameter shapes add up to {sum(numels):,}, not the count {count:,}")
+    layers = _get(data, "layers", dict, where)
+    kinds = tuple(int(k) for k in _get(layers, "kinds", list, where))
+    regimes = []
+    for r, regime in enumerate(_get(data, "regimes", list, where)):
+        at = f"{where} regimes[{r}]"
+        blocks = []
+        for i, block in enumerate(_get(regime, "blocks", list, at)):
+            blocks.append(BlockCard(kind=_get(block, "kind", int, f"{at}.blocks[{i}]"),
+                                    **{name: _phase(block.get(name), f"{at}.blocks[{i}].{name}") for name in (
+                                        "forward", "backward", "checkpointed_forward", "checkpointed_backward")}))
+        missing = set(kinds) - {b.kind for b in blocks}
+        if missing:
+            raise CardError(f"{at}: layer kinds {sorted(missing)} have no block entry")
+        head = _get(regime, "head", dict, at)
+        max_tokens = regime.get("max_tokens")
+        if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)):
+            raise CardError(f"{at}: max_tokens must be a whole number")
+        regimes.append(Regime(max_tokens=max_tokens, blocks=tuple(blocks), **{
+            f"head_{name}": _phase(head.get(name), f"{at}.head.{name}")
+            for name in ("forward", "backward", "checkpointed_forward", "checkpointed_backward")}))
+    if not regimes or regimes[-1].max_tokens is not None:
+        raise CardError(f"{where}: the last regime must hold any sequence length (no max_tokens)")
+    return ModelCard(
+        key=key, model_type=str(data.get("model_type")), attention=str(data.get("attention")),
+        params=count, parameter_numels=tuple(numels), layer_kinds=kinds, regimes=tuple(regimes),
+        source=source)

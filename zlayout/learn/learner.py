@@ -1,0 +1,454 @@
+"""Build a config.json's transformers class on the meta device and learn its card.
+
+`learn(config)` returns the card as a dict (`zlayout.cards.write_card` writes it). Only a few
+blocks run: one of each kind of block the model has (blocks whose parameter shapes differ:
+a MoE model's dense first blocks and its expert blocks), and two of the most common kind, so
+that the block measured has a block before it, as every block but the first has in training.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import Counter
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+from zlayout.learn.trace import StorageLedger, Window, fused_attention
+
+# Token counts traced (one sequence): three fix a quadratic term (attention's FLOPs; eager
+# attention keeps tokens x tokens probabilities); the check count is traced too and compared.
+FIT_TOKENS = (1024, 2048, 4096)
+CHECK_TOKENS = 3072
+# A fit that misses the checked count by more than this is refused (the card would mislead).
+MAX_FIT_ERROR = 0.01
+
+
+class LearnError(ValueError):
+    """A config the learner cannot build or trace: one line saying why."""
+
+
+# --------------------------------------------------------------------------- building
+
+
+def build_model(config: Mapping[str, Any]) -> tuple[nn.Module, str]:
+    """The model transformers' auto class builds from `config` on the meta device, and its
+    attention implementation (transformers picks sdpa where the class supports it, eager
+    otherwise: Gemma-2's softcapping is eager). Causal LMs first, then image-text-to-text
+    (LLaVA, Qwen2.5-VL: the whole model, vision tower included)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    config = dict(config)
+    model_type = config.pop("model_type", None)
+    if not isinstance(model_type, str):
+        raise LearnError("the config has no 'model_type' (is this a transformers config.json?)")
+    if config.get("auto_map"):
+        raise LearnError(f"model_type {model_type!r} is built by the model's own remote code (auto_map), "
+                         "which zlayout does not run; plan it with --layers --hidden --heads --vocab")
+    for key in ("_name_or_path", "transformers_version", "architectures"):
+        config.pop(key, None)
+    try:
+        hf_config = AutoConfig.for_model(model_type, **config)
+    except (ValueError, KeyError) as exc:
+        raise LearnError(f"transformers cannot read model_type {model_type!r}: {str(exc).splitlines()[0]}") from None
+    errors = []
+    for auto in (AutoModelForCausalLM, AutoModelForImageTextToText):
+        try:
+            with torch.device("meta"):
+                model = auto.from_config(hf_config)
+        except ValueError as exc:
+            errors.append(str(exc).splitlines()[0])
+            continue
+        return model, model.config._attn_implementation
+    raise LearnError(f"transformers has no causal-LM or image-text-to-text class for model_type "
+                     f"{model_type!r} ({errors[0][:120]})")
+
+
+def block_list(model: nn.Module) -> nn.ModuleList:
+    """The repeated blocks of the language model: the ModuleList holding the most parameters
+    (a multimodal model's vision tower has blocks too, fewer parameters)."""
+    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m)]
+    if not lists:
+        raise LearnError(f"{type(model).__name__} has no list of blocks to trace")
+    return max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))
+
+
+def block_kinds(blocks: nn.ModuleList) -> list[int]:
+    """Each block's kind: blocks with the same parameter names and shapes are one kind."""
+    signatures: dict[tuple, int] = {}
+    kinds = []
+    for block in blocks:
+        signature = tuple((name, tuple(p.shape)) for name, p in block.named_parameters())
+        kinds.append(signatures.setdefault(signature, len(signatures)))
+    return kinds
+
+
+def traced_blocks(kinds: list[int]) -> list[int]:
+    """Blocks to run: the first of each kind, the second of the most common one (measured
+    after another block, as most blocks run), and the block after the last of those (a
+    block's forward is measured up to the next block's start, when its input is freed)."""
+    common = Counter(kinds).most_common(1)[0][0]
+    chosen = sorted({kinds.index(k) for k in set(kinds)}
+                    | set([i for i, k in enumerate(kinds) if k == common][:2]))
+    if chosen[-1] + 1 < len(kinds):
+        chosen.append(chosen[-1] + 1)
+    return chosen
+
+
+def _owner_config(model: nn.Module, blocks: nn.ModuleList):
+    for module in model.modules():
+        if any(child is blocks for child in module.children()):
+            return getattr(module, "config", model.config)
+    return model.config
+
+
+@contextlib.contextmanager
+def _truncated(model: nn.Module, blocks: nn.ModuleList, keep: list[int]):
+    """The model with only the `keep` blocks (config counts and per-block lists cut to match)."""
+    owner = next(m for m in model.modules() if any(c is blocks for c in m.children()))
+    attr = next(name for name, c in owner.named_children() if c is blocks)
+    config = _owner_config(model, blocks)
+    saved = {}
+    for key in ("num_hidden_layers", "layer_types"):
+        if key in getattr(config, "__dict__", {}):
+            saved[key] = getattr(config, key)
+    setattr(owner, attr, nn.ModuleList([blocks[i] for i in keep]))
+    if "num_hidden_layers" in saved:
+        config.num_hidden_layers = len(keep)
+    if isinstance(saved.get("layer_types"), list):
+        config.layer_types = [saved["layer_types"][i] for i in keep]
+    try:
+        yield getattr(owner, attr)
+    finally:
+        setattr(owner, attr, blocks)
+        for key, value in saved.items():
+            setattr(config, key, value)
+
+
+@contextlib.contextmanager
+def _patched(ledger: StorageLedger):
+    """The two things the meta device cannot run as CUDA does: the fused attention kernels
+    (priced by `fused_attention`), and transformers' packed-sequence check, which reads a
+    value (`.item()`); one unpadded sequence per row is not packed, so it answers None as a
+    real run's check does."""
+    import transformers.masking_utils as masking
+
+    original_sdpa = torch.nn.functional.scaled_dot_product_attention
+    original_packed = masking.find_packed_sequence_indices
+    torch.nn.functional.scaled_dot_product_attention = fused_attention(ledger)
+    masking.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        torch.nn.functional.scaled_dot_product_attention = original_sdpa
+        masking.find_packed_sequence_indices = original_packed
+
+
+def _first_tensor(values) -> torch.Tensor | None:
+    if isinstance(values, torch.Tensor):
+        return values
+    if isinstance(values, (tuple, list)):
+        for value in values:
+            found = _first_tensor(value)
+            if found is not None:
+                return found
+    if isinstance(values, dict):
+        return _first_tensor(list(values.values()))
+    return None
+
+
+# --------------------------------------------------------------------------- one step
+
+
+def trace_step(model: nn.Module, blocks: nn.ModuleList, tokens: int, checkpointing: bool) -> dict[str, Any]:
+    """One forward and backward of one sequence of `tokens`, its windows and op work."""
+    ledger = StorageLedger()
+    state = {"backward": False, "head_backward": None, "head_forward": None}
+    forward_windows: dict[int, Window] = {}
+    backward_windows: dict[int, Window] = {}
+    recompute_windows: dict[int, Window] = {}
+    handles = []
+
+    def opener(index: int):
+        def open_backward(grad):
+            if state["head_backward"] is not None:
+                ledger.close_window(state["head_backward"])
+                state["head_backward"] = None
+            backward_windows[index] = ledger.open_window("backward", index)
+        return open_backward
+
+    def closer(index: int):
+        def close_backward(grad):
+            if index in backward_windows:
+                ledger.close_window(backward_windows[index])
+            if index in recompute_windows:  # checkpoint's recompute stopped early
+                ledger.close_window(recompute_windows[index])
+        return close_backward
+
+    for index, block in enumerate(blocks):
+        def pre(module, args, kwargs, index=index):
+            phase = "recompute" if state["backward"] else "forward"
+            if phase == "forward" and index - 1 in forward_windows:
+                # the previous block's window ends here: its input (the hidden state before
+                # it) is freed once it has returned, and the window must see that free
+                ledger.close_window(forward_windows.pop(index - 1))
+            forward_windows[index] = ledger.open_window(phase, index)
+            hidden = _first_tensor(args) if args else _first_tensor(kwargs.get("hidden_states"))
+            if phase == "forward" and hidden is not None and hidden.requires_grad:
+                hidden.register_hook(closer(index))
+
+        def post(module, args, kwargs, output, index=index):
+            window = forward_windows[index]
+            if window.phase != "forward" or index == len(blocks) - 1:
+                ledger.close_window(forward_windows.pop(index))
+            out = _first_tensor(output)
+            if window.phase == "forward" and out is not None and out.requires_grad:
+                out.register_hook(opener(index))
+            if window.phase == "forward" and index == len(blocks) - 1:
+                state["head_forward"] = ledger.open_window("head_forward", -1)
+
+        handles.append(block.register_forward_pre_hook(pre, with_kwargs=True))
+        handles.append(block.register_forward_hook(post, with_kwargs=True))
+        # transformers checkpoints a block's forward inside its hooks: its recompute is seen
+        # from its sub-modules, from the first one called to the last one registered (or to
+        # the block's input gradient, when the recompute stops once it has what backward needs)
+        children = list(block.children())
+
+        def child_pre(module, args, index=index):
+            if state["backward"] and index not in recompute_windows:
+                recompute_windows[index] = ledger.open_window("recompute", index)
+
+        def child_post(module, args, output, index=index):
+            if index in recompute_windows:
+                ledger.close_window(recompute_windows[index])
+
+        for child in children:
+            handles.append(child.register_forward_pre_hook(child_pre))
+        if children:
+            handles.append(children[-1].register_forward_hook(child_post))
+    for parameter in model.parameters():
+        if parameter.requires_grad:
+            # DeepSpeed takes each gradient into its buckets as it is made: none accumulates here
+            handles.append(parameter.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None)))
+
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_disable()
+    model.train()
+    ids = torch.zeros(1, tokens, dtype=torch.long, device="meta")
+    ledger.exclude([*model.parameters(), *model.buffers(), ids])
+    try:
+        with _patched(ledger), ledger, torch.autograd.graph.saved_tensors_hooks(
+                lambda t: (ledger.saved(t), t)[1], lambda t: t):
+            outputs = model(input_ids=ids, labels=ids, use_cache=False)
+            loss = outputs.loss
+            del outputs  # dropped as HF Trainer's compute_loss does; the loss alone is kept
+            ledger.close_window(state["head_forward"])
+            head_window = ledger.open_window("head_backward", -1)
+            state["head_backward"], state["backward"] = head_window, True
+            loss.backward()
+            del loss
+            if state["head_backward"] is not None:
+                ledger.close_window(head_window)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return {"windows": ledger.closed,
+            "flops": ledger.op_flops, "bytes": ledger.op_bytes, "calls": ledger.op_calls}
+
+
+def measure(step: dict[str, Any], blocks_traced: int) -> dict[str, Any]:
+    """Per traced block and for the head: the requests of each phase (+bytes allocated,
+    -bytes freed, in order) and the work of each op (FLOPs, bytes moved)."""
+    windows = step["windows"]
+
+    def one(phase: str, index: int) -> Window | None:
+        found = [w for w in windows if w.phase == phase and w.block == index]
+        return found[0] if found else None
+
+    blocks = {}
+    block_flops: Counter = Counter()
+    block_moved: Counter = Counter()
+    for index in range(blocks_traced):
+        fwd, bwd, rec = one("forward", index), one("backward", index), one("recompute", index)
+        if fwd is None or bwd is None:
+            raise LearnError(f"block {index} ran no {'forward' if fwd is None else 'backward'} "
+                             "the hooks could see")
+        for window in (fwd, bwd, rec):
+            if window is not None and window.phase != "recompute":
+                block_flops.update(window.flops)
+                block_moved.update(window.moved)
+        blocks[index] = {
+            "forward": fwd.events, "backward": bwd.events, "recompute": rec.events if rec else [],
+            "saved_by_dtype": dict(fwd.saved_by_dtype),
+            "flops": dict(fwd.flops + bwd.flops), "moved": dict(fwd.moved + bwd.moved),
+        }
+    head_forward, head_backward = one("head_forward", -1), one("head_backward", -1)
+    head = {"forward": head_forward.events, "backward": head_backward.events,
+            # the embedding, the final norm, the head and the loss: the step's work outside the blocks
+            "flops": {op: n - block_flops[op] for op, n in step["flops"].items() if n - block_flops[op]},
+            "moved": {op: n - block_moved[op] for op, n in step["bytes"].items() if n - block_moved[op]}}
+    return {"blocks": blocks, "head": head}
+
+
+# --------------------------------------------------------------------------- fitting
+
+
+def fit(points: list[tuple[int, float]]) -> list[float]:
+    """[q, a, c] with q*T^2 + a*T + c through the points (two: q = 0; three: exact)."""
+    if len(points) == 2:
+        (t1, y1), (t2, y2) = points
+        a = (y2 - y1) / (t2 - t1)
+        return [0.0, a, y1 - a * t1]
+    (t1, y1), (t2, y2), (t3, y3) = points
+    d1, d2 = (y2 - y1) / (t2 - t1), (y3 - y2) / (t3 - t2)
+    q = (d2 - d1) / (t3 - t1)
+    a = d1 - q * (t1 + t2)
+    return [q, a, y1 - q * t1 * t1 - a * t1]
+
+
+def evaluate(poly: list[float], tokens: int) -> float:
+    q, a, c = poly
+    return q * tokens * tokens + a * tokens + c
+
+
+def net_and_peak(events: list[float]) -> tuple[float, float]:
+    """What a phase leaves allocated (the sum of its requests) and the most it holds at once
+    above what it started with."""
+    live = peak = 0.0
+    for event in events:
+        live += event
+        peak = max(peak, live)
+    return live, peak
+
+
+def _fit_terms(samples: list[tuple[int, Any]], check: tuple[int, Any], errors: list) -> Any:
+    """Fit every number in a nested structure of measurements. A list of requests is fitted
+    request by request and checked by what it leaves and its peak; one whose length differs
+    between token counts (the code took another path) cannot be fitted: LearnError."""
+    first = samples[0][1]
+    if isinstance(first, dict):
+        keys = set().union(*(s[1].keys() for s in samples))
+        return {k: _fit_terms([(t, v.get(k, 0)) for t, v in samples], (check[0], check[1].get(k, 0)), errors)
+                for k in sorted(keys)}
+    if isinstance(first, list):
+        if len({len(v) for _, v in samples} | {len(check[1])}) != 1:
+            raise LearnError("the blocks' requests differ in number between token counts "
+                             f"({sorted({len(v) for _, v in samples})}): not a card this learner can fit")
+        polys = [fit([(t, v[i]) for t, v in samples]) for i in range(len(first))]
+        predicted = net_and_peak([evaluate(poly, check[0]) for poly in polys])
+        for guess, measured in zip(predicted, net_and_peak(check[1])):
+            errors.append((abs(guess - measured), abs(measured)))
+        return polys
+    poly = fit([(t, float(v)) for t, v in samples])
+    errors.append((abs(evaluate(poly, check[0]) - check[1]), abs(check[1])))
+    return poly
+
+
+class _PathChanged(LearnError):
+    """The code took another path between token counts (a sliding window's mask)."""
+
+
+def sliding_window(config: Mapping[str, Any]) -> int | None:
+    """The attention window a config sets (its text model's for a multimodal one), if any."""
+    for source in (config, config.get("text_config") or {}):
+        window = source.get("sliding_window")
+        if isinstance(window, int) and not isinstance(window, bool) and window > 0 \
+                and source.get("use_sliding_window", True) is not False:
+            return window
+    return None
+
+
+def regimes_to_trace(config: Mapping[str, Any]) -> list[tuple[int | None, tuple[int, ...], int]]:
+    """(the longest sequence a regime holds, the token counts fitted, the count checked):
+    one regime; with a sliding window, one up to the window and one past it."""
+    window = sliding_window(config)
+    if window is None or window >= 2 * max(FIT_TOKENS):
+        return [(None, FIT_TOKENS, CHECK_TOKENS)]
+    # transformers builds the window's mask once a sequence is as long as the window
+    return [(window - 1, (window // 4, window // 2, 3 * window // 4), window - 1),
+            (None, (window, 2 * window, 4 * window), 3 * window)]
+
+
+def _learn_regime(model, blocks, keep, fit_tokens, check_tokens) -> tuple[dict, float]:
+    runs: dict[bool, list[tuple[int, dict]]] = {False: [], True: []}
+    with _truncated(model, blocks, keep) as traced:
+        for checkpointing in (False, True):
+            for tokens in (*fit_tokens, check_tokens):
+                step = trace_step(model, traced, tokens, checkpointing)
+                runs[checkpointing].append((tokens, measure(step, len(keep))))
+    errors: list[tuple[float, float]] = []
+    fitted = {ck: _fit_terms(runs[ck][:-1], runs[ck][-1], errors) for ck in (False, True)}
+    # the large terms decide the check: a few-byte term off by a few bytes is not a miss
+    scale = max(measured for _, measured in errors)
+    worst = max(missed / max(measured, 0.01 * scale) for missed, measured in errors)
+    if worst > MAX_FIT_ERROR:
+        raise LearnError(f"the fit misses the {check_tokens}-token trace by {worst:.1%}: the model's memory "
+                         "is not a function of the token count the card can hold")
+    return fitted, worst
+
+
+def learn(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The model card of `config` (a parsed config.json), as a dict."""
+    import transformers
+
+    started = time.perf_counter()
+    model, attention = build_model(config)
+    parameters = [(name, list(p.shape), str(p.dtype).removeprefix("torch."))
+                  for name, p in model.named_parameters()]
+    blocks = block_list(model)
+    kinds = block_kinds(blocks)
+    keep = traced_blocks(kinds)
+    model.bfloat16()  # DeepSpeed trains the bf16 copy
+
+    def ops(flops: dict, moved: dict) -> dict:
+        return {op: {"flops": flops[op], "bytes": moved.get(op, [0.0, 0.0, 0.0])} for op in sorted(flops)}
+
+    regimes, worst = [], 0.0
+    for max_tokens, fit_tokens, check_tokens in regimes_to_trace(config):
+        fitted, error = _learn_regime(model, blocks, keep, fit_tokens, check_tokens)
+        worst = max(worst, error)
+        kind_blocks = []
+        for kind in sorted(set(kinds)):
+            # the last traced block of this kind with a traced block after it (the most common
+            # kind's has one before it too)
+            measured = [i for i, block in enumerate(keep) if kinds[block] == kind]
+            index = max([i for i in measured if i < len(keep) - 1] or measured)
+            plain, checkpointed = fitted[False]["blocks"][index], fitted[True]["blocks"][index]
+            kind_blocks.append({
+                "kind": kind, "traced_block": keep[index],
+                "forward": plain["forward"], "backward": plain["backward"],
+                "checkpointed_forward": checkpointed["forward"], "checkpointed_backward": checkpointed["backward"],
+                "recompute": checkpointed["recompute"],
+                "saved_by_dtype": plain["saved_by_dtype"],
+                "ops": ops(plain["flops"], plain["moved"]),
+                "recompute_ops": ops(checkpointed["flops"], checkpointed["moved"]),
+            })
+        head, checkpointed_head = fitted[False]["head"], fitted[True]["head"]
+        regime = {"tokens_fitted": list(fit_tokens), "tokens_checked": check_tokens, "fit_error": round(error, 6),
+                  "blocks": kind_blocks,
+                  "head": {"forward": head["forward"], "backward": head["backward"],
+                           "checkpointed_forward": checkpointed_head["forward"],
+                           "checkpointed_backward": checkpointed_head["backward"],
+                           "ops": ops(head["flops"], head["moved"])}}
+        if max_tokens is not None:
+            regime = {"max_tokens": max_tokens, **regime}
+        regimes.append(regime)
+    return {
+        "format": 1,
+        "model_type": config.get("model_type"),
+        "attention": attention,
+        "dtype": "bfloat16",
+        "transformers": transformers.__version__,
+        "torch": torch.__version__.split("+")[0],
+        "fit_error": round(worst, 6),
+        "learned_in_s": round(time.perf_counter() - started, 2),
+        "parameters": {"count": sum(p.numel() for p in model.parameters()),
+                       "names": [n for n, _, _ in parameters], "shapes": [s for _, s, _ in parameters],
+                       "dtypes": [d for _, _, d in parameters]},
+        "layers": {"count": len(kinds), "kinds": kinds},
+        "regimes": regimes,
+    }

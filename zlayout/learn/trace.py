@@ -1,0 +1,198 @@
+"""Record what a model's forward and backward ask of the allocator, on the meta device.
+
+`StorageLedger` is a TorchDispatchMode: every op's outputs are looked at, and each storage
+seen for the first time is an allocation of its `nbytes`; a weakref finalizer on the storage
+is its free (storages keep their Python object while C++ holds them, so the finalizer runs
+when the storage really dies). Nothing has data on the meta device, so the bytes are what a
+CUDA run of the same code requests, op by op, before the caching allocator's rounding.
+
+Phases are windows opened and closed by hooks on the traced blocks and their hidden states:
+a block's forward runs from its forward pre-hook to the next block's (its input is freed only
+once it has returned; the last block's to its forward hook), its recompute (checkpointing) from
+its first sub-module's call in backward, its backward from the gradient of its output to the
+gradient of its input.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import flop_registry
+
+
+@dataclass
+class Window:
+    """One phase of one block: the live bytes when it opened and closed, its peak, and the
+    requests made inside it (`events`: +n for an allocation, -n for a free, in order)."""
+
+    phase: str
+    block: int
+    start: int
+    peak: int
+    end: int | None = None
+    events: list[int] = field(default_factory=list)
+    saved_by_dtype: Counter = field(default_factory=Counter)
+    saved_storages: set = field(default_factory=set)
+    flops: Counter = field(default_factory=Counter)
+    moved: Counter = field(default_factory=Counter)
+
+
+class StorageLedger(TorchDispatchMode):
+    """Live bytes, their peak, per-window requests, and each op's FLOPs and bytes moved."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live: dict[int, int] = {}
+        self.current = 0
+        self.peak = 0
+        self.open: list[Window] = []
+        self.closed: list[Window] = []
+        self.op_flops: Counter = Counter()
+        self.op_bytes: Counter = Counter()
+        self.op_calls: Counter = Counter()
+        self.allocated_by_dtype: Counter = Counter()
+        self.external: set[int] = set()
+
+    def exclude(self, tensors) -> None:
+        """Storages made outside the step (weights, buffers, the input): a view of one (a
+        transposed weight) is not an allocation."""
+        self.external.update(t.untyped_storage()._cdata for t in tensors)
+
+    # --------------------------------------------------------------- storages
+
+    def _see(self, tensor: torch.Tensor) -> None:
+        storage = tensor.untyped_storage()
+        key = storage._cdata
+        if key in self.live or key in self.external:
+            return
+        nbytes = storage.nbytes()
+        self.live[key] = nbytes
+        self.current += nbytes
+        self.peak = max(self.peak, self.current)
+        self.allocated_by_dtype[str(tensor.dtype).removeprefix("torch.")] += nbytes
+        for window in self.open:
+            window.peak = max(window.peak, self.current)
+            window.events.append(nbytes)
+        weakref.finalize(storage, self._free, key, nbytes)
+
+    def _free(self, key: int, nbytes: int) -> None:
+        if self.live.pop(key, None) is None:
+            return
+        self.current -= nbytes
+        for window in self.open:
+            window.events.append(-nbytes)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        for tensor in outputs:
+            self._see(tensor)
+        self.count(func, args, kwargs, out, outputs)
+        return out
+
+    def count(self, func, args, kwargs, out, outputs) -> None:
+        name = func._overloadpacket.__name__
+        packet = func._overloadpacket
+        flops = int(flop_registry[packet](*args, **kwargs, out_val=out)) if packet in flop_registry else 0
+        inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        self.add_work(name, flops, sum(t.numel() * t.element_size() for t in inputs + outputs))
+
+    def add_work(self, name: str, flops: int, nbytes: int) -> None:
+        """Work of an op priced by hand (the attention kernel the meta device cannot run)."""
+        self.op_flops[name] += int(flops)
+        self.op_bytes[name] += int(nbytes)
+        self.op_calls[name] += 1
+        for window in self.open:
+            window.flops[name] += int(flops)
+            window.moved[name] += int(nbytes)
+
+    # --------------------------------------------------------------- windows
+
+    def open_window(self, phase: str, block: int) -> Window:
+        window = Window(phase, block, start=self.current, peak=self.current)
+        self.open.append(window)
+        return window
+
+    def close_window(self, window: Window) -> None:
+        if window in self.open:
+            self.open.remove(window)
+            window.end = self.current
+            self.closed.append(window)
+
+    def saved(self, tensor: torch.Tensor) -> None:
+        """A tensor autograd saves for backward, counted once per storage per open window."""
+        storage = tensor.untyped_storage()
+        for window in self.open:
+            if window.phase in ("forward", "recompute") and storage._cdata not in window.saved_storages:
+                window.saved_storages.add(storage._cdata)
+                window.saved_by_dtype[str(tensor.dtype).removeprefix("torch.")] += storage.nbytes()
+
+
+# --------------------------------------------------------------------- attention
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+class _FusedAttention(torch.autograd.Function):
+    """scaled_dot_product_attention as the CUDA kernels run it, on the meta device.
+
+    On meta, sdpa falls back to the math path, which saves the (tokens x tokens) probabilities;
+    the fused kernels do not. From PyTorch's source (aten/src/ATen/native/transformers/cuda):
+    flash attention (`_scaled_dot_product_flash_attention`, no mask) returns the output in
+    (batch, seq, heads, dim) memory (so transformers' transpose + contiguous copies nothing)
+    and a float32 logsumexp (batch, heads, seq), and saves q, k, v, out and logsumexp; its
+    backward (flash_api.cpp mha_bwd) allocates dq, dk, dv, a float32 softmax_d (batch, heads,
+    seq rounded to 128) and a float32 dq accumulator (batch, seq rounded to 128, heads, dim
+    rounded to 32). With a mask the memory-efficient kernel runs instead: logsumexp with the
+    sequence rounded to 32, and a float32 delta (batch, heads, seq) in backward."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, ledger, masked, causal):
+        batch, heads, seq, _ = query.shape
+        dim_v = value.shape[-1]
+        out = torch.empty(batch, seq, heads, dim_v, dtype=query.dtype, device=query.device).transpose(1, 2)
+        lse_seq = _round_up(seq, 32) if masked else seq
+        lse = torch.empty(batch, heads, lse_seq, dtype=torch.float32, device=query.device)
+        ctx.save_for_backward(query, key, value, out, lse)
+        ctx.ledger, ctx.masked, ctx.causal = ledger, masked, causal
+        flops = 4 * batch * heads * seq * key.shape[2] * query.shape[-1] // (2 if causal else 1)
+        ledger.add_work("attention_forward", flops, sum(t.numel() * t.element_size()
+                                                        for t in (query, key, value, out, lse)))
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        query, key, value, out, lse = ctx.saved_tensors
+        batch, heads, seq, dim = query.shape
+        if ctx.masked:
+            workspace = [torch.empty(batch, heads, seq, dtype=torch.float32, device=query.device)]
+        else:
+            seq_r = _round_up(seq, 128)
+            workspace = [torch.empty(batch, heads, seq_r, dtype=torch.float32, device=query.device),
+                         torch.empty(batch, seq_r, heads, _round_up(dim, 32), dtype=torch.float32,
+                                     device=query.device)]
+        grads = (torch.empty_like(query), torch.empty_like(key), torch.empty_like(value))
+        del workspace
+        flops = 10 * batch * heads * seq * key.shape[2] * dim // (2 if ctx.causal else 1)
+        ctx.ledger.add_work("attention_backward", flops, sum(t.numel() * t.element_size()
+                                                             for t in (query, key, value, out, grad_out, *grads)))
+        return (*grads, None, None, None)
+
+
+def fused_attention(ledger: StorageLedger):
+    """A stand-in for `torch.nn.functional.scaled_dot_product_attention` that prices the CUDA
+    kernels' memory (see `_FusedAttention`)."""
+
+    def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        # grouped k/v heads (enable_gqa) are expanded inside the kernels; gradients come back at k/v's size
+        return _FusedAttention.apply(query, key, value, ledger, attn_mask is not None, bool(is_causal))
+
+    return sdpa
