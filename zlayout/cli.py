@@ -18,7 +18,7 @@ from typing import NoReturn, Sequence
 
 from pydantic import ValidationError
 
-from zlayout.messages import exception_text, parse_count_with_unit, parse_whole_number, quoted
+from zlayout.messages import exception_text, parse_count_with_unit, parse_whole_number, printable, quoted
 from zlayout.spec import (BOUNDS, GiB, HardwareSpec, Layout, ModelSpec, PlanInput, TrainingSpec,
                           ZeroKnobs)
 from zlayout.suggest import did_you_mean, did_you_mean_choice, did_you_mean_flag
@@ -53,9 +53,10 @@ class UsageError(Exception):
 
 
 def one_line(text: str) -> str:
-    """`text` with every line break escaped: a message is one line whatever the user typed."""
-    return re.sub(r"[\r\n\v\f\x1c-\x1e\x85\u2028\u2029]",
-                  lambda m: repr(m.group())[1:-1], text.strip())
+    """`text` with every line break and every other character a terminal acts on (escape
+    sequences, bells, tabs) escaped: a message is one line that prints as written whatever the
+    user typed or a file held (a path, a folder's name, a preset's name)."""
+    return printable(text.strip())
 
 
 def _flag_hints(extras: Sequence[str], flags: Sequence[str]) -> str:

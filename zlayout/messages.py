@@ -48,6 +48,12 @@ def printable(text: object) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
 
 
+def printable_name(text: str) -> str:
+    """A name read from a file or a folder (a config.json's `_name_or_path`, the folder holding
+    it) as one line of printable text: each character a terminal would act on becomes a space."""
+    return " ".join("".join(c if c.isprintable() else " " for c in text).split())
+
+
 def quoted(value: object, limit: int = MAX_SHOWN_CHARS) -> str:
     """`value` as Python quotes it (balanced quotes, escapes visible); a long one is cut
     and says so: 'xxxx'... (60 characters)."""
