@@ -1,0 +1,35 @@
+"""A layout flag on a command that compares every layout (breakeven, the app) says what the
+command does instead, never a flag of another meaning found by spelling."""
+
+from __future__ import annotations
+
+import pytest
+
+from zlayout.cli import main
+
+
+@pytest.mark.parametrize(("argv", "hint"), [
+    # by spelling these read 'did you mean --params?' (the model's size) and nothing at all
+    (("breakeven", "--preset", "llama3-8b", "--offload-param", "cpu"),
+     "--offload-param cpu (this command compares every offload choice of each stage: --stage N narrows it to one stage)"),
+    (("breakeven", "--preset", "llama3-8b", "--offload-optimizer", "nvme"),
+     "--offload-optimizer nvme (this command compares every offload choice of each stage"),
+    (("breakeven", "--preset", "llama3-8b", "--cpu-offload"),
+     "--cpu-offload (this command compares every offload choice of each stage"),
+    # the app: 'did you mean --seq?' (its PROFILE argument takes the 3)
+    (("app", "--preset", "llama3-8b", "--stage", "3"),
+     "--stage (this command compares every layout: it takes no --stage or offload flags)"),
+    (("app", "--preset", "llama3-8b", "--zero_stage", "3"),
+     "--zero_stage (this command compares every layout: it takes no --stage or offload flags)"),
+])
+def test_a_layout_flag_where_every_layout_is_compared_says_so(capsys, argv, hint):
+    assert main(list(argv)) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and f"zlayout: error: unrecognized arguments: {hint}" in err.splitlines()[0]
+
+
+def test_commands_that_take_the_layout_keep_their_suggestions(capsys):
+    assert main(["plan", "--preset", "llama3-8b", "--zero_stage", "3"]) == 2
+    assert "(did you mean --stage?)" in capsys.readouterr().err
+    assert main(["export", "--preset", "llama3-8b", "--offload-params", "cpu", "--out", "x"]) == 2
+    assert "(did you mean --offload-param?)" in capsys.readouterr().err
