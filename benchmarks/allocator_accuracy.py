@@ -3,7 +3,7 @@
     python benchmarks/allocator_accuracy.py
 
 For every verify result in benchmarks/measurements/ (result objects, one per line), every row
-the measurement scripts recorded before verify kept result objects (benchmarks/measure.py and
+the measurement scripts recorded before verify kept result objects (benchmarks/measurements/tools/measure.py and
 the first probe, on one and two H200s: `script_rows`), and the
 layer sweeps of Llama-3-8B's shape (shape A: ZeRO-0, seq 4096, micro-batch 1; the rows of
 issue 11 and of 2026-12-01): predicted vs measured peak allocated, peak reserved and device
@@ -21,7 +21,7 @@ is held out from them; shape B's 17 layers and its expandable 18/19 were predict
 Peak reserved of ZeRO 0-2 (the optimizer on the GPU or, stage 1/2, the CPU) and ZeRO-3 comes from replaying the allocator
 (zlayout/core/allocator_sim.py, no fitted constant but the 20 MiB small pool); its request
 order was written while looking at every row here, so these rows are not a hold-out for it.
-The hold-out is benchmarks/batch-h200-heldout-allocator.txt (rows tagged h, from
+The hold-out is benchmarks/measurements/h200-2026-12-01b/batch-h200-heldout-allocator.txt (rows tagged h, from
 h200-2026-12-01b/heldout-allocator-results.jsonl), predicted in h200-2026-12-01b/heldout-allocator-predictions.jsonl
 before it ran: reported against both the current model and those committed predictions.
 """
@@ -43,16 +43,16 @@ from zlayout.spec import GiB, Layout, PlanInput  # noqa: E402
 
 MEASURED = ROOT / "benchmarks" / "measurements"
 # The batch written for the allocator replay and predicted before it ran
-# (benchmarks/batch-h200-heldout-allocator.txt): results the lead drops here are the hold-out.
+# (benchmarks/measurements/h200-2026-12-01b/batch-h200-heldout-allocator.txt): results the lead drops here are the hold-out.
 HELDOUT = MEASURED / "h200-2026-12-01b" / "heldout-allocator-results.jsonl"
 HELDOUT_PREDICTIONS = MEASURED / "h200-2026-12-01b" / "heldout-allocator-predictions.jsonl"
-# The second hold-out (benchmarks/batch-h200-heldout2.txt, `# allocator` and `# step time`
+# The second hold-out (benchmarks/measurements/h200-2026-12-01b/batch-h200-heldout2.txt, `# allocator` and `# step time`
 # lines), predicted after the replay learnt ZeRO-3 and gradient accumulation
 # (heldout2-allocator-predictions.jsonl, committed before it ran): rows tagged H. Every row
 # of the results file counts, step-time lines too (their memory is as held out).
 HELDOUT2 = MEASURED / "h200-2026-12-01b" / "heldout2-results.jsonl"
 HELDOUT2_PREDICTIONS = MEASURED / "h200-2026-12-01b" / "heldout2-allocator-predictions.jsonl"
-# The third (benchmarks/batch-h200-heldout3.txt, 13 shapes no earlier row had), predicted by
+# The third (benchmarks/measurements/h200-2026-12-01c/batch-h200-heldout3.txt, 13 shapes no earlier row had), predicted by
 # main at c00c30b and by the replay then in progress (branch alloc5 at 1d42eff), both
 # committed before it ran: rows tagged 3. The ZeRO-3 sub-group fix came after it, from its
 # one under-predicted row and that row's trace (so "this model" is not a clean hold-out for
@@ -60,27 +60,27 @@ HELDOUT2_PREDICTIONS = MEASURED / "h200-2026-12-01b" / "heldout2-allocator-predi
 HELDOUT3 = MEASURED / "h200-2026-12-01c" / "heldout3-results.jsonl"
 HELDOUT3_PREDICTIONS = MEASURED / "h200-2026-12-01c" / "heldout3-allocator-predictions.jsonl"
 HELDOUT3_PREDICTIONS_ALLOC5 = MEASURED / "h200-2026-12-01c" / "heldout3-allocator-predictions-alloc5-1d42eff.jsonl"
-# The fourth (benchmarks/batch-h200-heldout4.txt, 12 shapes), predicted by main at 5609f6d and
+# The fourth (benchmarks/measurements/h200-2026-12-01e/batch-h200-heldout4.txt, 12 shapes), predicted by main at 5609f6d and
 # committed before it ran: rows tagged 4.
 HELDOUT4 = MEASURED / "h200-2026-12-01e" / "heldout4-results.jsonl"
 HELDOUT4_PREDICTIONS = MEASURED / "h200-2026-12-01e" / "heldout4-allocator-predictions.jsonl"
-# The fifth (benchmarks/batch-h200-heldout5.txt, 5 shapes), predicted by main at 666d1ca after
+# The fifth (benchmarks/measurements/h200-2026-12-01e/batch-h200-heldout5.txt, 5 shapes), predicted by main at 666d1ca after
 # the replay's traced fixes, committed before it ran: rows tagged 5.
 HELDOUT5 = MEASURED / "h200-2026-12-01e" / "heldout5-results.jsonl"
 HELDOUT5_PREDICTIONS = MEASURED / "h200-2026-12-01e" / "heldout5-allocator-predictions.jsonl"
-# The eighth (benchmarks/batch-h200-heldout8.txt, 7 shapes), predicted by main at 41fdcac after
+# The eighth (benchmarks/measurements/h200-2026-12-02/batch-h200-heldout8.txt, 7 shapes), predicted by main at 41fdcac after
 # the sixth session's first two traced fixes, committed before it ran: rows tagged 8.
 HELDOUT8 = MEASURED / "h200-2026-12-02" / "heldout8-results.jsonl"
 HELDOUT8_PREDICTIONS = MEASURED / "h200-2026-12-02" / "heldout8-allocator-predictions.jsonl"
-# The ninth (benchmarks/batch-h200-heldout9.txt, 8 shapes), predicted by main at d2a3b3f after
+# The ninth (benchmarks/measurements/h200-2026-12-02/batch-h200-heldout9.txt, 8 shapes), predicted by main at d2a3b3f after
 # every traced fix of the sixth session, committed before it ran: rows tagged 9.
 HELDOUT9 = MEASURED / "h200-2026-12-02" / "heldout9-results.jsonl"
 HELDOUT9_PREDICTIONS = MEASURED / "h200-2026-12-02" / "heldout9-allocator-predictions.jsonl"
-# The tenth (benchmarks/batch-h200-heldout10.txt, 6 shapes each run twice), predicted by main at
+# The tenth (benchmarks/measurements/h200-2026-12-02b/batch-h200-heldout10.txt, 6 shapes each run twice), predicted by main at
 # 23711b6, committed before it ran: rows tagged 10.
 HELDOUT10 = MEASURED / "h200-2026-12-02b" / "heldout10-results.jsonl"
 HELDOUT10_PREDICTIONS = MEASURED / "h200-2026-12-02b" / "heldout10-allocator-predictions.jsonl"
-# The eleventh (benchmarks/batch-h200-heldout11.txt, 5 offloaded shapes), predicted by main at
+# The eleventh (benchmarks/measurements/h200-2026-12-02b/batch-h200-heldout11.txt, 5 offloaded shapes), predicted by main at
 # 2e45549, committed before it ran: rows tagged 11.
 HELDOUT11 = MEASURED / "h200-2026-12-02b" / "heldout11-results.jsonl"
 HELDOUT11_PREDICTIONS = MEASURED / "h200-2026-12-02b" / "heldout11-allocator-predictions.jsonl"
@@ -204,7 +204,7 @@ CARD_SHARED_BYTES = 3 * GiB  # device used beyond reserved that no CUDA context 
 
 def script_rows() -> tuple[list[float], int, int]:
     """The rows measured by the scripts before `zlayout verify` kept result objects
-    (benchmarks/measure.py: h200-measure-a/b.jsonl; the first probe: h200-2026-11-29.jsonl), on one
+    (benchmarks/measurements/tools/measure.py: h200-measure-a/b.jsonl; the first probe: h200-2026-11-29.jsonl), on one
     and two H200s; verify-h200-2026-11-30-raw.jsonl repeats verify results counted above. Prints
     each row's peak reserved and device used against the plan; returns the signed device-used
     errors (rows that recorded it) and the fit verdict (each ran): right, of."""

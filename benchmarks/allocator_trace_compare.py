@@ -3,7 +3,7 @@
     python benchmarks/allocator_trace_compare.py benchmarks/measurements/h200-2026-12-01b/traces/z0-L16-h2048.json.gz
     python benchmarks/allocator_trace_compare.py TRACE.json.gz --phase step1.step --show 40
 
-The trace (benchmarks/allocator_trace.py) is replayed as recorded: its large requests
+The trace (benchmarks/measurements/tools/allocator_trace.py) is replayed as recorded: its large requests
 (over 1 MiB, the pool `allocator_sim` replays) and the segments the real allocator made. The
 same layout (the trace's argv, as `zlayout verify` reads it) is written by
 `allocator_sim.allocation_sequence` and served by `allocator_sim.CachingAllocator`, one per

@@ -127,7 +127,7 @@ def load_measured(with_memory: bool = True) -> list[MeasuredLayout]:
 
 
 def read_trace(path: Path) -> dict:
-    """An allocator trace (`benchmarks/allocator_trace.py`), kept gzipped: <name>.json.gz."""
+    """An allocator trace (`benchmarks/measurements/tools/allocator_trace.py`), kept gzipped: <name>.json.gz."""
     import gzip
 
     return json.loads(gzip.decompress(path.read_bytes()))

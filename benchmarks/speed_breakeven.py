@@ -51,7 +51,7 @@ def count_memory_evaluations(inp: PlanInput) -> int:
 
     breakeven.estimate_memory = counting
     try:
-        break_even.cache_clear()
+        breakeven.clear_caches()
         all_break_even(inp)
     finally:
         breakeven.estimate_memory = original
@@ -68,8 +68,7 @@ def main() -> None:
         cold, keystroke, warm, plan, cross = [], [], [], [], []
         for i in range(REPEATS):
             inp = make_input(model, 2048 + 64 * i)
-            break_even.cache_clear()
-            breakeven.clear_caches()
+            breakeven.clear_caches()  # break_even's own memo too
             cold.append(timed_ms(lambda: all_break_even(inp)))
             warm.append(timed_ms(lambda: all_break_even(inp)))
             moved = make_input(model, 4096 + 64 * i)  # the user typed a new sequence length

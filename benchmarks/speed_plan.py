@@ -1,16 +1,24 @@
-"""How fast the planner answers: `zlayout plan --json` wall time, and every layout in-process.
+"""How fast the planner answers: `zlayout plan` wall time against a bare Python start, and every
+layout in-process.
 
-    python benchmarks/speed_plan.py
+    python benchmarks/speed_plan.py [--runs 9]
 
-Targets (the project's design): `zlayout plan --json` well under 0.5 s on a 2-core login node; every
-layout evaluated in-process under 5 ms; torch and deepspeed never imported on that path.
+Targets (the project's design): `zlayout plan` under 0.25 s, and at most 3x a bare
+`python -c "import pydantic"` started on the same machine in the same minute (runs alternate
+plan, baseline, plan, ...; the ratio is taken pair by pair, so a machine whose speed drifts
+still gives a fair ratio); every layout evaluated in-process under 5 ms; torch and deepspeed
+never imported on that path. "cached": the allocator replays kept by an earlier plan with the
+same inputs ($XDG_CACHE_HOME/zlayout/replay.json); "first": an empty cache folder each run.
 """
 
 from __future__ import annotations
 
+import argparse
+import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 from zlayout import catalog
@@ -20,15 +28,33 @@ from zlayout.spec import HardwareSpec, PlanInput, TrainingSpec, all_layouts
 
 CONTRACT = ["plan", "--layers", "8", "--hidden", "4096", "--heads", "32", "--vocab", "32000", "--seq", "2048",
             "--micro-batch", "2", "--gpus-per-node", "2", "--gpu", "h200", "--stage", "3", "--json"]
+EVERY_LAYOUT = [a for a in CONTRACT if a not in ("--stage", "3")]
+LARGE = ["plan", "--preset", "llama3-70b", "--gpu", "h100", "--gpus-per-node", "8", "--nodes", "8",
+         "--checkpointing", "full", "--json"]
+BASELINE = [sys.executable, "-c", "import pydantic"]
 
 
-def wall(cmd: list[str], runs: int = 7) -> list[float]:
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        subprocess.run(cmd, check=True, capture_output=True)
-        times.append(time.perf_counter() - t0)
-    return times
+def wall_s(cmd: list[str], env: dict[str, str] | None = None) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, capture_output=True, env=env)
+    return time.perf_counter() - t0
+
+
+def paired(args: list[str], runs: int, cached: bool) -> tuple[float, float, float, float]:
+    """(plan median s, plan max s, baseline median s, median of the pair-by-pair ratios), after
+    one pair not counted."""
+    cmd = [sys.executable, "-m", "zlayout", *args]
+    plans, baselines, ratios = [], [], []
+    with tempfile.TemporaryDirectory() as kept:
+        for index in range(runs + 1):
+            cache = kept if cached else tempfile.mkdtemp(dir=kept)
+            plan = wall_s(cmd, {**os.environ, "XDG_CACHE_HOME": cache})
+            baseline = wall_s(BASELINE)
+            if index:
+                plans.append(plan)
+                baselines.append(baseline)
+                ratios.append(plan / baseline)
+    return statistics.median(plans), max(plans), statistics.median(baselines), statistics.median(ratios)
 
 
 def per_call(fn, runs: int = 200) -> float:
@@ -40,16 +66,25 @@ def per_call(fn, runs: int = 200) -> float:
 
 
 def main() -> None:
-    times = wall([sys.executable, "-m", "zlayout", *CONTRACT])
-    print(f"zlayout plan --json (one layout), wall: median {statistics.median(times) * 1e3:.0f} ms, "
-          f"max {max(times) * 1e3:.0f} ms over {len(times)} runs")
-    times = wall([sys.executable, "-m", "zlayout", *[a for a in CONTRACT if a not in ("--stage", "3")]])
-    print(f"zlayout plan --json (every layout), wall: median {statistics.median(times) * 1e3:.0f} ms")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=9, help="timed pairs per command (default 9)")
+    runs = parser.parse_args().runs
+    if sys.flags.dont_write_bytecode:
+        print("note: PYTHONDONTWRITEBYTECODE is set: modules without a cached .pyc are compiled on "
+              "every start (python -m compileall zlayout once makes the figures an install's)")
+    print(f"{'command (wall, median of ' + str(runs) + ')':52} {'plan':>7} {'max':>7} {'python+pydantic':>15} {'ratio':>6}")
+    for label, args in (("zlayout plan --json, one layout (the contract)", CONTRACT),
+                        ("zlayout plan --json, every layout", EVERY_LAYOUT),
+                        ("zlayout plan --preset llama3-70b, 8x8 H100", LARGE)):
+        for cached in (True, False):
+            plan, worst, baseline, ratio = paired(args, runs, cached)
+            name = f"{label}, {'cached' if cached else 'first'}"
+            print(f"{name:52} {plan * 1e3:5.0f}ms {worst * 1e3:5.0f}ms {baseline * 1e3:13.0f}ms {ratio:5.2f}x")
     code = ("import sys, io, contextlib\nfrom zlayout.cli import main\n"
             "with contextlib.redirect_stdout(io.StringIO()):\n    main(%r)\n"
-            "print([m for m in ('torch', 'deepspeed') if m in sys.modules])" % CONTRACT)
+            "print([m for m in ('torch', 'deepspeed', 'zlayout.profile', 'textual') if m in sys.modules])" % CONTRACT)
     heavy = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
-    print(f"torch/deepspeed in sys.modules after a plan: {heavy}")
+    print(f"torch/deepspeed/zlayout.profile/textual in sys.modules after a plan: {heavy}")
 
     inp = PlanInput(model=catalog.load_model("llama3-70b"),
                     hardware=HardwareSpec(gpu=catalog.load_gpu("h100"), gpus_per_node=8, nodes=8,

@@ -15,7 +15,7 @@ Three figures, kept apart:
 2. Leave-one-out: the same fit run again without each GPU-resident row, that row predicted by the
    constants it did not see. The estimate of the error on a layout the fit has not seen.
 3. Held out: the rows of a hosts.toml entry's `heldout_results` (a batch chosen after the fit, its
-   predictions committed before it ran: benchmarks/heldout_predictions.py), scored against the
+   predictions committed before it ran: benchmarks/measurements/tools/heldout_predictions.py), scored against the
    live model and against the committed predictions. The live model has since been changed with
    that batch in view (ZeRO-3's hooks overlapping the kernels), so only the committed figures
    are a clean hold-out.
@@ -23,7 +23,7 @@ Beside them, the host-floor rows (a hosts.toml entry's `host_floor_results`: lay
 a micro-step, each pass the host's time), the rows the host's constants were measured on
 (benchmarks/steptime_fit.py --host-floor): in-sample for those, in no fit of the step rows.
 Then run to run: the layouts measured in several processes (batch 10 runs each twice; batch 9's
-ZeRO-3 miss was profiled five more times, benchmarks/steptime_profile.py), their spread and the
+ZeRO-3 miss was profiled five more times, benchmarks/measurements/tools/steptime_profile.py), their spread and the
 error against the runs' median. Then leave-one-host-out through `zlayout calibrate`'s fit (the
 calibration factors only).
 
@@ -54,24 +54,24 @@ from zlayout.spec import StepTimeCalibration  # noqa: E402
 
 FITTED_ON = ("h200-32core", "h200-16core")
 PREDICTIONS = ROOT / "benchmarks" / "measurements" / "h200-2026-12-01b" / "heldout2-steptime-predictions.jsonl"
-HELDOUT_BATCH = "benchmarks/batch-h200-heldout2.txt"
-# batch 3 (benchmarks/batch-h200-heldout3.txt): predicted by main at c00c30b before it ran, no
+HELDOUT_BATCH = "benchmarks/measurements/h200-2026-12-01b/batch-h200-heldout2.txt"
+# batch 3 (benchmarks/measurements/h200-2026-12-01c/batch-h200-heldout3.txt): predicted by main at c00c30b before it ran, no
 # step-time change since
 PREDICTIONS_3 = ROOT / "benchmarks" / "measurements" / "h200-2026-12-01c" / "heldout3-steptime-predictions.jsonl"
-# batch 4 (benchmarks/batch-h200-heldout4.txt): predicted by main at 5609f6d before it ran
+# batch 4 (benchmarks/measurements/h200-2026-12-01e/batch-h200-heldout4.txt): predicted by main at 5609f6d before it ran
 PREDICTIONS_4 = ROOT / "benchmarks" / "measurements" / "h200-2026-12-01e" / "heldout4-steptime-predictions.jsonl"
-# batch 5 (benchmarks/batch-h200-heldout5.txt): predicted by main at 666d1ca before it ran
+# batch 5 (benchmarks/measurements/h200-2026-12-01e/batch-h200-heldout5.txt): predicted by main at 666d1ca before it ran
 PREDICTIONS_5 = ROOT / "benchmarks" / "measurements" / "h200-2026-12-01e" / "heldout5-steptime-predictions.jsonl"
-# batch 7 (benchmarks/batch-h200-heldout7.txt, three ZeRO-0 layouts): predicted by main at 47f1c5d
+# batch 7 (benchmarks/measurements/h200-2026-12-01f/batch-h200-heldout7.txt, three ZeRO-0 layouts): predicted by main at 47f1c5d
 # (the ZeRO-0 optimizer priced as FP16_Optimizer's per-tensor walk) before it ran
 PREDICTIONS_7 = ROOT / "benchmarks" / "measurements" / "h200-2026-12-01f" / "heldout7-steptime-predictions.jsonl"
-# batch 9 (benchmarks/batch-h200-heldout9.txt, eight layouts): predicted by main at d2a3b3f (the
+# batch 9 (benchmarks/measurements/h200-2026-12-02/batch-h200-heldout9.txt, eight layouts): predicted by main at d2a3b3f (the
 # host's side of a pass, from the host floor) before it ran
 PREDICTIONS_9 = ROOT / "benchmarks" / "measurements" / "h200-2026-12-02" / "heldout9-steptime-predictions.jsonl"
-# batch 10 (benchmarks/batch-h200-heldout10.txt, six layouts each run twice in separate processes):
+# batch 10 (benchmarks/measurements/h200-2026-12-02b/batch-h200-heldout10.txt, six layouts each run twice in separate processes):
 # predicted by main at 23711b6 (no step-time change since batch 9) before it ran
 PREDICTIONS_10 = ROOT / "benchmarks" / "measurements" / "h200-2026-12-02b" / "heldout10-steptime-predictions.jsonl"
-# batch 11 (benchmarks/batch-h200-heldout11.txt, five offloaded layouts): predicted by main at 2e45549
+# batch 11 (benchmarks/measurements/h200-2026-12-02b/batch-h200-heldout11.txt, five offloaded layouts): predicted by main at 2e45549
 PREDICTIONS_11 = ROOT / "benchmarks" / "measurements" / "h200-2026-12-02b" / "heldout11-steptime-predictions.jsonl"
 # each batch's results file and the predictions committed for it (two batches may share a layout)
 COMMITTED = {"heldout2-results.jsonl": PREDICTIONS, "heldout3-results.jsonl": PREDICTIONS_3,
@@ -187,7 +187,7 @@ def cpu_points(rows: list[Row]) -> None:
                           "layout": m.label, "measured_step_s": round(m.steady_step_s, 4)}))
 
 
-# Profiles of one layout in separate processes (benchmarks/steptime_profile.py's unprofiled steps:
+# Profiles of one layout in separate processes (benchmarks/measurements/tools/steptime_profile.py's unprofiled steps:
 # each phase's wall time, synchronised between phases as verify times them), beside its verify rows.
 PROFILES = ROOT / "benchmarks" / "measurements" / "h200-2026-12-02b" / "profiles"
 

@@ -84,6 +84,29 @@ def pytest_configure(config: pytest.Config) -> None:
                           str(Path(tempfile.gettempdir()) / f"zlayout-tests-torch-extensions-{os.getuid()}"))
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under xdist (--dist loadgroup): the slow tests go first, and every test that uses one of
+    this suite's session- or module-scoped fixtures runs on one worker, so that the SLURM
+    cluster, a server or a DeepSpeed run several tests check is made once per run, not once per
+    worker."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    # The long ones (real DeepSpeed engines) first, so that no worker is left with one of them
+    # at the end while the other idles; the order within each part is kept.
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        shared = sorted(f"{definition.baseid}::{name}"
+                        for name, definitions in info.name2fixturedefs.items()
+                        for definition in definitions[-1:]
+                        if definition.scope in ("session", "module", "package")
+                        and definition.baseid.startswith("tests"))  # the suite's, not a plugin's
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(shared[0]))
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     stashed = session.config.stash.get(_real_home_key, None)
     if stashed is None:  # an xdist worker: the controller checks once for the whole run

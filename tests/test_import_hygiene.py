@@ -49,7 +49,8 @@ def test_a_whole_plan_run_stays_free_of_torch_and_deepspeed():
 def test_a_plan_imports_neither_the_profile_writer_nor_the_app():
     """`zlayout plan` registers its own flags only: the profile package (runbook, schema,
     launch scripts) and the Textual app are for the commands that use them."""
-    code = ("from zlayout.cli import main\n"
+    code = ("import os\nos.environ.pop('PYDANTIC_DISABLE_PLUGINS', None)\n"
+            "from zlayout.cli import main\n"
             "import contextlib, io\n"
             "with contextlib.redirect_stdout(io.StringIO()):\n"
             "    assert main(['plan', '--preset', 'llama3-8b', '--gpus-per-node', '8']) == 0\n")
@@ -57,6 +58,9 @@ def test_a_plan_imports_neither_the_profile_writer_nor_the_app():
     assert "zlayout.core.plan" in loaded  # it did plan
     assert not {m for m in loaded if m.startswith(("zlayout.profile", "zlayout.tui", "zlayout.verify",
                                                    "textual", "tomli_w"))}
+    # nor pydantic's plugin discovery (zlayout/_pydantic_plugins.py): importlib.metadata and
+    # a read of every installed package's metadata
+    assert "importlib.metadata" not in loaded
 
 
 def test_planning_from_a_config_json_stays_free_of_transformers():

@@ -18,6 +18,7 @@ from typing import NoReturn, Sequence
 
 from pydantic import ValidationError
 
+import zlayout._pydantic_plugins  # noqa: F401  (before zlayout.spec builds its models: see there)
 from zlayout.messages import exception_text, parse_count_with_unit, parse_whole_number, printable, quoted
 from zlayout.spec import (BOUNDS, GiB, HardwareSpec, Layout, ModelSpec, PlanInput, TrainingSpec,
                           ZeroKnobs)

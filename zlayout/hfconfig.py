@@ -6,9 +6,11 @@ the same parameter count as `AutoModelForCausalLM.from_config(config)` builds (t
 needs that a file leaves out take transformers' default for that model type; the keys that
 fix the shape (layers, hidden, heads, vocab, MLP sizes, expert counts) must be present.
 
-Supported model types, dense: llama, mistral, qwen2, gemma, gemma2, phi3, gpt2, gpt_neox,
-falcon; mixture of experts: mixtral, qwen2_moe, deepseek_v2, deepseek_v3 (shared experts,
-dense first blocks and latent attention as the file says).
+Supported model types, dense: llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3,
+olmo2, cohere, starcoder2, gpt2, gpt_bigcode, gpt_neox, falcon; mixture of experts: mixtral,
+phimoe, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3 (shared experts, dense first blocks and
+latent attention as the file says). Other types (Mamba, multimodal LLaVA or Qwen2.5-VL) are
+planned through a model card (`zlayout learn`), which counts every tensor the class builds.
 """
 
 from __future__ import annotations
@@ -241,7 +243,79 @@ def _deepseek_v3(r: _Reader) -> dict[str, Any]:
                      q_lora_default=1536, v_head_default=128)
 
 
+def _qwen3(r: _Reader) -> dict[str, Any]:
+    # Qwen2's block without q/k/v biases, with an RMSNorm per head on the queries and keys
+    spec = _llama_like(r, kv_default=32, head_dim_default=128, tie_default=False, mlp_bias=None)
+    return {**spec, "qk_norm": "head"}
+
+
+def _qwen3_moe(r: _Reader) -> dict[str, Any]:
+    spec = _llama_like(r, kv_default=4, head_dim_default=None, tie_default=False, mlp_bias=None)
+    spec["qk_norm"] = "head"
+    experts = r.int("num_experts", minimum=0, default=128)
+    if experts == 0:
+        return spec
+    step = r.int("decoder_sparse_step", default=1)
+    mlp_only = set(r.int_list("mlp_only_layers", default=[]))
+    spec.update(experts=experts, top_k=r.int("num_experts_per_tok", default=8),
+                expert_ffn=r.int("moe_intermediate_size", default=768),
+                # as Qwen2-MoE: block i is sparse unless MLP-only or (i + 1) % step
+                dense_layers=tuple(i for i in range(spec["layers"]) if i in mlp_only or (i + 1) % step))
+    return spec
+
+
+def _olmo2(r: _Reader) -> dict[str, Any]:
+    # norms after attention and after the MLP (two a block), RMSNorm over the whole q and k
+    spec = _llama_like(r, kv_default=None, head_dim_default=None, tie_default=False, mlp_bias=None)
+    return {**spec, "qk_norm": "full"}
+
+
+def _gemma3_text(r: _Reader) -> dict[str, Any]:
+    # Gemma 2's four norms a block, plus an RMSNorm per head on the queries and keys
+    spec = _llama_like(r, kv_default=4, head_dim_default=256, tie_default=True, mlp_bias=None, norms=4)
+    return {**spec, "qk_norm": "head"}
+
+
+def _cohere(r: _Reader) -> dict[str, Any]:
+    # attention and MLP in parallel behind one norm; Cohere's LayerNorm has a weight and no
+    # bias (an RMSNorm's parameters); use_qk_norm adds norms over the whole q and k widths
+    spec = _llama_like(r, kv_default=None, head_dim_default=None, tie_default=True, mlp_bias=None, norms=1)
+    if r.bool("use_qk_norm", default=False):
+        spec["qk_norm"] = "full"
+    return spec
+
+
+def _starcoder2(r: _Reader) -> dict[str, Any]:
+    # LayerNorm, a plain GELU MLP, grouped-query attention, biases everywhere when use_bias
+    bias = r.bool("use_bias", default=True)
+    return dict(layers=r.int("num_hidden_layers"), hidden=r.int("hidden_size"),
+                heads=r.int("num_attention_heads"), kv_heads=r.int("num_key_value_heads", default=2),
+                ffn=r.int("intermediate_size"), vocab=r.int("vocab_size"), mlp="gelu", norm="layernorm",
+                bias=bias, tie_embeddings=r.bool("tie_word_embeddings", default=True))
+
+
+def _gpt_bigcode(r: _Reader) -> dict[str, Any]:
+    # GPT-2 with one shared key/value head (multi_query, the default)
+    spec = _gpt2(r)
+    if r.bool("multi_query", default=True):
+        spec["kv_heads"] = 1
+    return spec
+
+
+def _phimoe(r: _Reader) -> dict[str, Any]:
+    # Mixtral's experts behind LayerNorms (weight and bias); biases on attention and the head
+    # as the file says
+    spec = _llama_like(r, kv_default=8, head_dim_default=None, tie_default=False,
+                       attention_bias=False, mlp_bias=None)
+    spec.update(norm="layernorm", experts=r.int("num_local_experts", default=16),
+                top_k=r.int("num_experts_per_tok", default=2),
+                head_bias=r.bool("lm_head_bias", default=False))
+    return spec
+
+
 READERS: Mapping[str, Callable[[_Reader], dict[str, Any]]] = {
+    "qwen3": _qwen3, "qwen3_moe": _qwen3_moe, "olmo2": _olmo2, "gemma3_text": _gemma3_text,
+    "cohere": _cohere, "starcoder2": _starcoder2, "gpt_bigcode": _gpt_bigcode, "phimoe": _phimoe,
     "llama": _llama, "mistral": _mistral, "qwen2": _qwen2, "gemma": _gemma, "gemma2": _gemma2,
     "phi3": _phi3, "gpt2": _gpt2, "gpt_neox": _gpt_neox, "falcon": _falcon,
     "mixtral": _mixtral, "qwen2_moe": _qwen2_moe, "deepseek_v2": _deepseek_v2, "deepseek_v3": _deepseek_v3,
@@ -258,6 +332,10 @@ def model_from_config(config: Mapping[str, Any], *, where: str = CONFIG_FILE, na
     model_type = config.get("model_type")
     if model_type is None:
         raise HfConfigError(f"{where}: no 'model_type' key (is this a transformers config.json?)")
+    if model_type not in READERS and config.get("auto_map"):
+        raise HfConfigError(f"{where}: model_type {model_type!r} is built by the model's own code (auto_map), "
+                            "which zlayout does not run; enter the architecture with --layers --hidden "
+                            "--heads --vocab")
     if model_type not in READERS:
         raise HfConfigError(f"{where}: model_type {model_type!r} is not supported; supported: "
                             f"{', '.join(SUPPORTED_MODEL_TYPES)} (or enter the architecture with "
@@ -274,10 +352,13 @@ def model_from_config(config: Mapping[str, Any], *, where: str = CONFIG_FILE, na
 
 
 def _config_name(config: Mapping[str, Any]) -> str | None:
-    """`_name_or_path`'s last part ("meta-llama/Meta-Llama-3-8B" -> "Meta-Llama-3-8B")."""
+    """`_name_or_path`'s last part ("meta-llama/Meta-Llama-3-8B" -> "Meta-Llama-3-8B"), as printable
+    text on one line: a downloaded config.json is not trusted to keep escape codes and newlines
+    out of a terminal, a launch script's comment or a log (each is replaced by a space)."""
     value = config.get("_name_or_path")
     if isinstance(value, str) and value.strip():
-        return value.strip().rstrip("/").split("/")[-1] or None
+        last = value.strip().rstrip("/").split("/")[-1]
+        return " ".join("".join(c if c.isprintable() else " " for c in last).split())[:100] or None
     return None
 
 
@@ -397,8 +478,23 @@ def to_hf_config(model: ModelSpec) -> dict[str, Any]:
     llama_like = {"hidden_size": m.hidden, "num_hidden_layers": m.layers, "num_attention_heads": m.heads,
                   "num_key_value_heads": m.num_kv_heads, "intermediate_size": m.ffn_size,
                   "head_dim": m.head_dim}
-    if model_type in ("llama", "mistral", "qwen2", "gemma", "gemma2", "phi3"):
+    if model_type in ("llama", "mistral", "qwen2", "gemma", "gemma2", "phi3", "qwen3", "olmo2", "gemma3_text"):
         config = {**base, **llama_like, "attention_bias": qkv_bias, "mlp_bias": mlp_bias}
+    elif model_type == "cohere":
+        config = {**base, **llama_like, "attention_bias": qkv_bias, "use_qk_norm": m.qk_norm == "full"}
+    elif model_type == "starcoder2":
+        config = {**base, "hidden_size": m.hidden, "num_hidden_layers": m.layers, "num_attention_heads": m.heads,
+                  "num_key_value_heads": m.num_kv_heads, "intermediate_size": m.ffn_size, "use_bias": m.bias}
+    elif model_type == "gpt_bigcode":
+        config = {**base, "n_embd": m.hidden, "n_layer": m.layers, "n_head": m.heads, "n_inner": m.ffn_size,
+                  "n_positions": m.position_embeddings, "multi_query": m.num_kv_heads == 1}
+    elif model_type == "phimoe":
+        config = {**base, **llama_like, "intermediate_size": m.expert_ffn_size, "attention_bias": qkv_bias,
+                  "num_local_experts": m.experts, "num_experts_per_tok": m.top_k, "lm_head_bias": m.head_bias}
+    elif model_type == "qwen3_moe":
+        config = {**base, **llama_like, "attention_bias": qkv_bias, "num_experts": m.experts,
+                  "num_experts_per_tok": m.top_k, "moe_intermediate_size": m.expert_ffn_size,
+                  "decoder_sparse_step": 1, "mlp_only_layers": list(m.dense_layers)}
     elif model_type == "gpt2":
         config = {**base, "n_embd": m.hidden, "n_layer": m.layers, "n_head": m.heads, "n_inner": m.ffn_size,
                   "n_positions": m.position_embeddings}

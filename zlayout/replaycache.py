@@ -114,19 +114,32 @@ class LastingMemo:
                 os.unlink(temporary)
 
 
-def _readable_as_ours(path: Path) -> bool:
-    """True when `path` is absent or holds a cache file of this module's format."""
+class _Absent:
+    """No cache file yet."""
+
+
+ABSENT = _Absent()
+
+
+def _cache_text(path: Path) -> str | _Absent | None:
+    """The cache file's text, ABSENT where there is none yet, None where it is not one to read
+    (a symbolic link, over MAX_FILE_BYTES, unreadable)."""
     if path.is_symlink():
-        return False
+        return None
     try:
         if path.stat().st_size > MAX_FILE_BYTES:
-            return False
-        text = path.read_text(encoding="utf-8")
+            return None
+        return path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        return True
+        return ABSENT
     except (OSError, UnicodeDecodeError):
-        return False
-    return _entries_of(text, "") is not None
+        return None
+
+
+def _readable_as_ours(path: Path) -> bool:
+    """True when `path` is absent or holds a cache file of this module's format."""
+    text = _cache_text(path)
+    return text is ABSENT or (isinstance(text, str) and _entries_of(text, "") is not None)
 
 
 def open_memo(path: Path | None = None) -> LastingMemo | None:
@@ -134,17 +147,10 @@ def open_memo(path: Path | None = None) -> LastingMemo | None:
     none yet; None where the file is not one of ours or the planner's code cannot be read."""
     path = cache_file() if path is None else path
     code = code_digest()
-    if code is None or path.is_symlink():
+    text = _cache_text(path)
+    if code is None or text is None:
         return None
-    try:
-        if path.stat().st_size > MAX_FILE_BYTES:
-            return None
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return LastingMemo(path, code, {})
-    except (OSError, UnicodeDecodeError):
-        return None
-    entries = _entries_of(text, code)
+    entries = {} if text is ABSENT else _entries_of(text, code)
     return None if entries is None else LastingMemo(path, code, entries)
 
 

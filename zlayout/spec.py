@@ -222,6 +222,10 @@ class ModelSpec(Frozen):
     position_embeddings: int = Field(default=0,
                                      description="learned absolute positions (GPT-2: 1024); 0 with rotary")
     mla: MlaSpec | None = Field(default=None, description="multi-head latent attention (DeepSeek-V2/V3)")
+    qk_norm: Literal["none", "head", "full"] = Field(
+        default="none", description="norms on the queries and keys: per head (Qwen3, Gemma 3: head_dim "
+                                    "weights each) or over their whole width (OLMo 2, Cohere)")
+    head_bias: bool = Field(default=False, description="a bias on the output head (Phi-3.5-MoE)")
     # mixture of experts
     experts: int = Field(default=0, description="routed experts per MoE block; 0: a dense model")
     top_k: int | None = Field(default=None, description="experts each token is routed to")
@@ -376,7 +380,13 @@ class ModelSpec(Frozen):
             return query + kv_part + out * h + self._biased(self.out_bias) * h
         params = h * (q + 2 * kv) + out * h
         params += (q + 2 * kv) * self._biased(self.qkv_bias) + h * self._biased(self.out_bias)
-        return params
+        return params + self.qk_norm_params()
+
+    def qk_norm_params(self) -> int:
+        """The query and key norms' weights: one head's width each, or the whole width."""
+        if self.qk_norm == "head":
+            return 2 * self.head_dim
+        return self.q_size + self.kv_size if self.qk_norm == "full" else 0
 
     def mlp_params(self, ffn: int | None = None, with_bias: bool | None = None) -> int:
         """One MLP: gate+up+down (SwiGLU and other gated MLPs) or up+down, biases per mlp_bias."""
@@ -419,7 +429,7 @@ class ModelSpec(Frozen):
         return self.position_embeddings * self.hidden
 
     def head_params(self) -> int:
-        return 0 if self.tie_embeddings else self.vocab * self.hidden
+        return (0 if self.tie_embeddings else self.vocab * self.hidden) + (self.vocab if self.head_bias else 0)
 
     def final_norm_params(self) -> int:
         return self.norm_params()
@@ -455,6 +465,7 @@ class ModelSpec(Frozen):
 
 
 EXTENSION_FIELDS = ("head_size", "out_bias", "mlp_bias", "norms_per_layer", "position_embeddings", "mla",
+                    "qk_norm", "head_bias",
                     "experts", "top_k", "expert_ffn", "shared_experts", "shared_expert_ffn",
                     "shared_expert_gate", "dense_layers", "hf_model_type", "hf_config")
 

@@ -16,9 +16,9 @@ for run in cold warm; do
 done
 timeout -s TERM $(( ${DEADLINE:-330} + 70 )) python3 -m zlayout verify --batch $M-batch3.txt --out /tmp/b3 \
   --deadline ${DEADLINE:-330} > "$OUT/batch3.log" 2>&1
-[ -f benchmarks/batch-h200-steptime.txt ] && timeout -s TERM 150 python3 -m zlayout verify \
-  --batch benchmarks/batch-h200-steptime.txt --out /tmp/st --deadline 90 > "$OUT/steptime.log" 2>&1
+[ -f benchmarks/measurements/batch-h200-steptime.txt ] && timeout -s TERM 150 python3 -m zlayout verify \
+  --batch benchmarks/measurements/batch-h200-steptime.txt --out /tmp/st --deadline 90 > "$OUT/steptime.log" 2>&1
 cat /tmp/b3/results.jsonl /tmp/st/results.jsonl > "$OUT/call3-results.jsonl" 2>/dev/null
-[ -f benchmarks/cpu_adam_scaling.py ] && timeout 100 python3 benchmarks/cpu_adam_scaling.py --host h200-16core > "$OUT/cpu-adam.txt" 2>&1
+[ -f benchmarks/measurements/tools/cpu_adam_scaling.py ] && timeout 100 python3 benchmarks/measurements/tools/cpu_adam_scaling.py --host h200-16core > "$OUT/cpu-adam.txt" 2>&1
 tar czf "$OUT/call3-ranks.tgz" --exclude=checkpoint -C /tmp b3 st ttv-cold ttv-warm 2>/dev/null
 echo "finished at ${SECONDS}s"; grep -h "^verify \|^  GPU peak alloc\|^  GPU device\|^  step time\|phase\|arch" "$OUT"/*.log | head -60

@@ -36,7 +36,7 @@ def test_the_plan_header_names_the_cached_model_org_slash_name(tmp_path, capsys)
         assert model["name"] == "meta-llama/Llama-3.2-1B"
 
 
-def test_the_exported_profile_is_named_and_records_the_snapshot_path(tmp_path, capsys):
+def test_the_exported_profile_is_named_by_the_cache_repo_and_carries_the_config(tmp_path, capsys):
     snapshot = cached_snapshot(tmp_path)
     out = tmp_path / "profile"
     assert main(["export", "--hf-config", str(snapshot), "--stage", "2", "--gpus-per-node", "8",
@@ -45,7 +45,9 @@ def test_the_exported_profile_is_named_and_records_the_snapshot_path(tmp_path, c
     profile = tomllib.loads((out / "profile.toml").read_text())
     assert profile["name"] == "meta-llama/Llama-3.2-1B-8xh100-z2-opt_gpu-param_gpu"
     assert profile["inputs"]["model"]["name"] == "meta-llama/Llama-3.2-1B"
-    assert profile["inputs"]["model"]["hf_config"] == str(snapshot / "config.json")
+    # the config travels inside the profile (a copy beside profile.toml), never as a path
+    assert profile["inputs"]["model"]["hf_config"] == "hf_config.json"
+    assert json.loads((out / "hf_config.json").read_text()) == json.loads((snapshot / "config.json").read_text())
     assert main(["check", str(out), "--json"]) in (0, 1)  # the set reads back (unverified: 1)
     assert "blobs" not in (out / "profile.toml").read_text()
 

@@ -110,7 +110,7 @@ def test_a_replay_too_long_to_plan_on_a_keystroke_falls_back_to_the_phase_rule()
     assert est.gpu_peak_reserved_bytes >= est.gpu_peak_allocated_bytes  # the per-phase rule answered
 
 
-# --- the request model against the H200 allocator traces (benchmarks/allocator_trace.py) ----
+# --- the request model against the H200 allocator traces (benchmarks/measurements/tools/allocator_trace.py) ----
 
 import json  # noqa: E402
 import sys  # noqa: E402

@@ -35,9 +35,8 @@ def test_recommends_the_fastest_fitting_layout(preset, gpus):
     fitting = [lp for lp in plan.layouts if lp.memory.fits]
     fastest = min(lp.time.step_time_s for lp in fitting)
     assert chosen.time.step_time_s <= fastest * 1.03
-    # the sentence carries the chosen layout's real headroom
-    assert rec.reason.startswith(rec.layout.label + ":")
-    assert f"{chosen.memory.gpu_headroom_fraction:.0%} headroom" in rec.reason
+    # the sentence carries the fit rule's own words for the chosen layout (core.fit)
+    assert rec.reason.startswith(rec.layout.label + ": " + chosen.memory.gpu_fit.summary())
     assert rec.suggestions == ()
     if rec.runner_up is not None:
         assert plan.for_layout(rec.runner_up).memory.fits
@@ -179,6 +178,6 @@ def test_nothing_fits_names_the_closest_layout_with_the_figures_the_verdict_comp
     assert f"the closest, {closest.layout.label}, {closest.memory.shortfall}." in reason
     assert gpu_bound, "a 70B model on one GPU"
     mem = gpu_bound[0].memory
-    needed = re.search(r"needs ([\d.]+) GiB per GPU; ([\d.]+) GiB is usable", mem.shortfall)
+    needed = re.search(r"needs ([\d.]+) GiB per GPU, ([\d.]+) of [\d.]+ GiB is usable", mem.shortfall)
     assert needed and float(needed.group(1)) == round(mem.gpu_needed_bytes / GiB, 1)
     assert float(needed.group(2)) == round(mem.gpu_usable_bytes / GiB, 1)

@@ -85,3 +85,25 @@ def test_hand_entered_models_build_with_their_count(fields):
     model = ModelSpec(name="hand", layers=3, hidden=64, heads=4, vocab=256, **fields)
     built = build_from_dict(hfconfig.to_hf_config(model))
     assert sum(p.numel() for p in built.parameters()) == model.params
+
+
+# the model types users bring that the planner must count exactly (issue 27 named the last eight)
+REQUIRED_TYPES = {"llama", "mistral", "qwen2", "gemma", "gemma2", "phi3", "gpt2", "gpt_neox", "mixtral",
+                  "qwen2_moe", "deepseek_v2", "qwen3", "qwen3_moe", "gemma3_text", "olmo2", "phimoe",
+                  "starcoder2", "cohere", "gpt_bigcode"}
+
+
+def test_the_published_configs_cover_the_model_types_users_bring():
+    types = [json.loads(p.read_text())["model_type"] for p in PUBLISHED_CONFIGS]
+    assert len(types) >= 40 and len(set(types)) >= 15
+    assert REQUIRED_TYPES <= set(types)
+
+
+def test_a_config_built_by_its_own_remote_code_is_one_line(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "internlm2", "auto_map": {"AutoModelForCausalLM": "x.Model"},
+                                "hidden_size": 64, "num_hidden_layers": 2}))
+    with pytest.raises(hfconfig.HfConfigError) as raised:
+        hfconfig.load(path)
+    message = str(raised.value)
+    assert "\n" not in message and "'internlm2'" in message and "own code" in message

@@ -116,3 +116,55 @@ def test_an_input_edit_stays_a_stale_prediction_with_its_alerts_recomputed(expor
     assert current.alerts.host_memory.peak_bytes == current.prediction.host_peak_bytes
     assert current.alerts.gpu_memory.peak_allocated_bytes == current.prediction.gpu_peak_allocated_bytes
     assert current.alerts.gpu_memory.peak_allocated_bytes > stored.alerts.gpu_memory.peak_allocated_bytes
+
+
+# ---------------------------------------------------------------- --hf-config travels with the profile
+
+def test_hf_config_travels_as_a_hashed_copy_never_a_path(tmp_path, capsys):
+    model = tmp_path / "models" / "mine"
+    model.mkdir(parents=True)
+    config = {"model_type": "llama", "_name_or_path": "org/mine", "hidden_size": 256, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 512, "vocab_size": 1000}
+    import json
+
+    (model / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "p"
+    assert run(capsys, "export", "--hf-config", str(model), "--seq", "64", "--gpu", "h200", "--stage", "2",
+               "--out", str(out))[0] == 0
+    text = (out / "profile.toml").read_text()
+    assert str(tmp_path) not in text and 'hf_config = "hf_config.json"' in text
+    assert (out / "hf_config.json").read_bytes() == (model / "config.json").read_bytes()
+    assert "hf_config.json" in load_profile(out).manifest
+    code, out_text, _ = run(capsys, "show", str(out))
+    assert code == 0 and "hf_config.json" in out_text.splitlines()[-1]
+    # the copy edited: refused like any file of the set
+    (out / "hf_config.json").write_text(json.dumps({**config, "num_hidden_layers": 80}))
+    _refused(capsys, out, "hf_config.json")
+
+
+# ---------------------------------------------------------------- host RAM says where it came from
+
+def test_host_ram_says_whether_it_was_given_or_assumed(tmp_path, capsys):
+    assumed, given = tmp_path / "assumed", tmp_path / "given"
+    argv = TINY[:-2]  # without --host-ram-gib 64
+    code, _, err = run(capsys, *argv, "--out", str(assumed))
+    assert code == 0 and "no --host-ram-gib" in err
+    assert run(capsys, *TINY, "--out", str(given))[0] == 0
+    assert load_profile(assumed).host_ram_source == "assumed" and load_profile(given).host_ram_source == "given"
+    runbook = (assumed / "RUNBOOK.md").read_text()
+    assert "2,048.0 GiB (assumed: zlayout's default, not given at export with --host-ram-gib)" in runbook
+    assert "2,048.0 GiB per node" not in runbook.replace("(assumed", "")  # never the bare default
+    assert "64.0 GiB (given at export)" in (given / "RUNBOOK.md").read_text()
+    assert "(assumed: zlayout's default" in run(capsys, "show", str(assumed))[1]
+
+
+def test_check_compares_the_nodes_ram_with_the_profiles(profile_8b):
+    from zlayout.profile.check import check_host
+
+    peak = profile_8b.alerts.host_memory.peak_bytes
+    node = {"MemAvailable": peak * 2, "MemTotal": peak * 3}  # enough for the run, far below 2 TiB
+    item = check_host(profile_8b, node)
+    assert item.verdict == "warn" and "assumed (not given at export)" in item.detail
+    assert f"--host-ram-gib {peak * 3 / 2**30:.0f}" in item.detail
+    roomy = {"MemAvailable": peak * 2, "MemTotal": profile_8b.inputs.hardware.host_ram_bytes}
+    assert check_host(profile_8b, roomy).verdict == "pass"

@@ -26,6 +26,8 @@ FIXTURES = Path(__file__).parent / "fixtures"
 DCGM_AND_NODE_METRICS = {"DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_GPU_UTIL",
                          "DCGM_FI_DEV_XID_ERRORS", "node_memory_MemAvailable_bytes",
                          "node_memory_MemTotal_bytes", "node_filesystem_avail_bytes"}
+TRAINING_AND_PROCESS_METRICS = {"namedprocess_namegroup_memory_bytes", "zlayout_step_time_seconds",
+                                "zlayout_gpu_max_memory_allocated_bytes", "zlayout_train_loss"}
 
 
 def sections(text: str) -> dict[str, str]:
@@ -209,30 +211,42 @@ def test_a_toml_of_another_name_gets_no_pack(profile_8b, tmp_path):
 
 
 def test_alerts_yml_is_prometheus_rules_with_the_profiles_thresholds(full_profile):
-    rules_file = yaml.safe_load(alerts_yaml(full_profile))
+    scoped = full_profile.model_copy(update={"run": full_profile.run.model_copy(
+        update={"alert_labels": {"job": "llama", "cluster": "a"}})})
+    rules_file = yaml.safe_load(alerts_yaml(scoped))
     [group] = rules_file["groups"]
     rules = {rule["alert"]: rule for rule in group["rules"]}
-    assert set(rules) == {"ZlayoutGpuMemoryHigh", "ZlayoutGpuMemoryFull", "ZlayoutHostMemoryHigh",
-                          "ZlayoutGpuIdle", "ZlayoutGpuXid", "ZlayoutCheckpointSpaceLow"}
+    assert set(rules) == {"ZlayoutGpuMemoryHigh", "ZlayoutGpuMemoryFull", "ZlayoutGpuAllocatedHigh",
+                          "ZlayoutHostMemoryHigh", "ZlayoutStepTimeHigh", "ZlayoutLossSpike", "ZlayoutGpuIdle",
+                          "ZlayoutGpuXid", "ZlayoutCheckpointSpaceLow"}
     a = full_profile.alerts
+    job = '{job="llama",cluster="a"}'
     assert rules["ZlayoutGpuMemoryHigh"]["expr"] == \
-        f"DCGM_FI_DEV_FB_USED > {round(a.gpu_memory.warn_device_used_above_bytes / MiB)}"
+        f"DCGM_FI_DEV_FB_USED{job} > {round(a.gpu_memory.warn_device_used_above_bytes / MiB)}"
     assert rules["ZlayoutGpuMemoryFull"]["expr"] == \
-        f"DCGM_FI_DEV_FB_FREE < {round(a.gpu_memory.critical_free_below_bytes / MiB)}"
+        f"DCGM_FI_DEV_FB_FREE{job} < {round(a.gpu_memory.critical_free_below_bytes / MiB)}"
     assert a.gpu_memory.critical_free_below_bytes == \
         full_profile.prediction.gpu_capacity_bytes - full_profile.prediction.gpu_usable_bytes
-    assert rules["ZlayoutHostMemoryHigh"]["expr"] == \
-        f"node_memory_MemTotal_bytes - node_memory_MemAvailable_bytes > {a.host_memory.warn_above_bytes}"
+    # the job's own processes (the process exporter's group), not the node's memory
+    assert rules["ZlayoutHostMemoryHigh"]["expr"] == (
+        'sum by (instance, job, cluster) (namedprocess_namegroup_memory_bytes{groupname="zlayout-training",'
+        'memtype="resident",'
+        f'job="llama",cluster="a"}}) > {a.host_memory.warn_above_bytes}')
+    assert rules["ZlayoutStepTimeHigh"]["expr"] == f"zlayout_step_time_seconds{job} > {a.step_time.warn_above_s}"
     assert rules["ZlayoutCheckpointSpaceLow"]["expr"] == (
-        f'node_filesystem_avail_bytes{{mountpoint="{full_profile.run.checkpoint_dir}"}} < '
+        f'node_filesystem_avail_bytes{{mountpoint="{full_profile.run.checkpoint_dir}",job="llama",cluster="a"}} < '
         f"{2 * full_profile.prediction.checkpoint_bytes}")
     for rule in rules.values():
-        metrics = set(re.findall(r"\b(?:DCGM_FI_DEV_\w+|node_\w+)", rule["expr"]))
-        assert metrics and metrics <= DCGM_AND_NODE_METRICS, rule["expr"]
+        metrics = set(re.findall(r"\b(?:DCGM_FI_DEV_\w+|node_\w+|namedprocess_\w+|zlayout_\w+)", rule["expr"]))
+        assert metrics and metrics <= DCGM_AND_NODE_METRICS | TRAINING_AND_PROCESS_METRICS, rule["expr"]
+        assert all(job[1:-1] in selector for selector in re.findall(r"\{[^}]*\}", rule["expr"])), rule["expr"]
         assert rule["labels"]["severity"] in ("warning", "critical")
         assert rule["labels"]["profile"] == full_profile.name
         assert re.fullmatch(r"\d+m", rule["for"])
         assert rule["annotations"]["summary"] and rule["annotations"]["description"]
+    # unscoped, the idle rule would fire for every idle GPU of the fleet: left out, and said so
+    unscoped = alerts_yaml(full_profile)
+    assert "UNSCOPED" in unscoped and "ZlayoutGpuIdle" not in unscoped
 
 
 def test_alerts_yml_survives_odd_names(profile_8b):

@@ -176,10 +176,15 @@ def test_a_run_that_never_started_keeps_the_last_real_result(tmp_path, capsys, m
     profile = load_profile(out)
     validated = attach_verification(profile, make_verify_result(profile))
     save_profile_dir(validated, out)
-    # a preflight that fails (no torch under /bin/false): no rank ever starts
-    code, _, err = _cli(capsys, "verify", str(out), "--cpu", "--processes", "1", "--python", "/bin/false",
-                        "--update-profile", "--out", str(tmp_path / "run"))
-    assert code == 1 and "the run never started" in err
+    # a preflight that fails (no torch under /bin/false): no rank ever starts. A process of its
+    # own: verify's progress printer keeps the stderr it started with
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "zlayout", "verify", str(out), "--cpu", "--processes", "1",
+                           "--python", "/bin/false", "--update-profile", "--out", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "the run never started" in done.stderr, done.stderr
     kept = load_profile(out)
     assert kept.verification == validated.verification
     assert kept.verification.status == "validated" and kept.verification.measured

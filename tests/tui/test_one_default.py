@@ -36,3 +36,27 @@ def test_a_flag_given_to_the_app_is_the_plan_commands_flag(monkeypatch):
     opened = app_input(monkeypatch, ["app", *flags])
     assert opened == plan_input(flags)
     assert opened.training.seq == 8192 and opened.hardware.nodes == 4
+
+
+@pytest.mark.parametrize("flags", [
+    ["--preset", "llama3-70b", "--gpu", "h100", "--nodes", "4", "--seq", "8192"],
+    ["--preset", "mixtral-8x7b", "--impl", "hf", "--allocator", "expandable", "--loop", "trainer",
+     "--host-cores", "96", "--checkpointing", "full", "--precision", "fp16", "--headroom", "0.1",
+     "--reduce-bucket-size", "2e8", "--no-overlap-comm", "--nvme-gib", "3500", "--init", "meta"],
+    ["--layers", "4", "--hidden", "256", "--heads", "4", "--vocab", "1000", "--no-bias", "--qkv-bias",
+     "--tie-embeddings", "--kv-heads", "2", "--ffn", "700", "--inter-link", "roce-200g"],
+], ids=["70b-4-nodes", "moe-every-knob", "architecture"])
+def test_the_verify_flags_the_app_writes_are_the_plan_it_shows(flags):
+    """The SLURM script the app writes runs `zlayout verify` with these flags, later and
+    elsewhere: read back by the CLI's parser they must give the very input on screen (model
+    code, allocator, loop and host cores were left out: the job verified another plan)."""
+    from zlayout.spec import Layout
+    from zlayout.tui.backends import verify_flags
+
+    shown = plan_input(flags)
+    layout = Layout(stage=3, offload_optimizer="cpu", offload_param="cpu")
+    args = cli.build_parser().parse_args(["verify", *verify_flags(shown, layout)])
+    read_back = cli.plan_input_from_args(args)
+    assert read_back.model.model_copy(update={"name": shown.model.name, "family": shown.model.family}) == shown.model
+    assert read_back.model_copy(update={"model": shown.model}) == shown
+    assert cli.layout_from_args(args) == layout

@@ -141,3 +141,92 @@ def test_showing_and_hiding_the_inputs_in_one_burst_leaves_the_focus_on_the_tabl
         app.write(keys("\x02\x02"))
         assert app.settled()["focused"] == "layouts"
         app.close()
+
+
+# -- bursts through the selects: opening, searching, choosing and leaving in one write ------
+
+def to_hardware_gpu(app) -> None:
+    """From Layers: back to the tab bar, right to Hardware, into its first field (GPU)."""
+    app.focus("layers")
+    app.write(keys("shift+tab", "shift+tab", "shift+tab", "right", "tab"))
+    assert app.settled()["focused"] == "gpu"
+
+
+@pytest.mark.parametrize("size", [(160, 48), (100, 30), (80, 24)], ids=["160x48", "100x30", "80x24"])
+def test_a_burst_that_opens_searches_and_leaves_the_gpu_select(terminal_app, size):
+    """The issue's burst, one write at 0 ms: `enter h 1 0 0 enter tab 4` on GPU left the list
+    open on h200 and GPUs/node at 8 (the list took the focus only after the burst's keys)."""
+    app = terminal_app(["app", "--preset", "llama3-70b", "--gpu", "h200", "--gpus-per-node", "8"], size)
+    if size[0] < 120:
+        app.write(keys("\x02"))  # ctrl+b: the inputs (hidden at first below 120 columns)
+    to_hardware_gpu(app)
+    app.write(keys("\r", "h100", "\r", "tab", "4"))
+    state = app.settled(until=lambda s: s["values"]["gpus_per_node"] == "4")
+    assert state["focused"] == "gpus_per_node"
+    assert (state["values"]["gpu"], state["values"]["intra_link"]) == ("h100", "nvlink4")
+    hardware = PlanInput.model_validate(state["plan_input"]).hardware
+    assert (hardware.gpu.name, hardware.gpus_per_node) == ("h100", 4)
+    assert_plan_is_the_fields_plan(state)
+
+
+def test_one_burst_through_every_select_of_hardware_and_training(terminal_app):
+    """Each select opened (enter, or a letter on a closed one), searched (a typo taken back
+    with backspace; a search taken back whole keeps the value), chosen, and left with tab, all
+    in one write; then the focus walks on into a number field and types. (No escape inside a
+    burst: a terminal's ESC followed at once by another byte is that key with alt.)"""
+    app = terminal_app(["app", "--preset", "llama3-8b", "--gpu", "h200", "--gpus-per-node", "8"], (160, 48))
+    to_hardware_gpu(app)
+    app.write(keys(
+        "\r", "a", "1", "0", "0", "-", "8", "\r",        # GPU: a100-80gb (its link: nvlink3)
+        "tab", "tab",                                     # GPUs/node, Nodes
+        "tab", "\r", "p", "c", "x", "backspace", "i", "e", "5", "\r",  # Intra link: pcie5
+        "tab", "r", "o", "backspace", "backspace", "\r",  # Inter link: opened by a letter, search undone
+        "tab", "end", "backspace", "backspace", "backspace", "backspace", "1024",  # Host RAM GiB
+    ))
+    state = app.settled(until=lambda s: s["values"]["host_ram_gib"] == "1024")
+    values = state["values"]
+    assert (values["gpu"], values["intra_link"], values["inter_link"]) == ("a100-80gb", "pcie5", "ib-ndr")
+    assert state["focused"] == "host_ram_gib"
+    assert_plan_is_the_fields_plan(state)
+    # Training: from the tab bar, every select in one write, then the sequence length
+    app.write(keys(*["shift+tab"] * 6, "right", "tab",       # the tab bar, Training, Sequence
+                   "tab", "tab", "tab",                         # Precision
+                   "\r", "f", "p", "1", "\r",                   # fp16
+                   "tab", "f", "u", "\r",                       # Checkpoint: full (a letter opens it)
+                   "tab", "\r", "t", "r", "a", "\r",            # Model code: transformers
+                   "tab", "\r", "e", "x", "\r",                 # Allocator: expandable
+                   *["shift+tab"] * 6,                          # back to Sequence
+                   "end", "backspace", "backspace", "backspace", "backspace", "8192"))
+    state = app.settled(until=lambda s: s["values"]["seq"] == "8192")
+    values = state["values"]
+    assert (values["precision"], values["checkpointing"], values["impl"], values["allocator"]) == \
+        ("fp16", "full", "hf", "expandable")
+    assert state["focused"] == "seq"
+    training = PlanInput.model_validate(state["plan_input"]).training
+    assert (training.seq, training.precision, training.checkpointing, training.impl, training.allocator) == \
+        (8192, "fp16", "full", "hf", "expandable")
+    assert_plan_is_the_fields_plan(state)
+
+
+def test_one_burst_through_the_model_selects(terminal_app):
+    """Preset searched and chosen, then MLP and Norm changed by letters on the closed selects,
+    in one write, and the focus goes on to Biases (a space ticks it)."""
+    app = terminal_app(["app", "--preset", "llama3-8b", "--gpu", "h200", "--gpus-per-node", "8"], (160, 48))
+    app.focus("size")
+    app.write(keys("shift+tab", "\r", *"qwen2.5-7b", "\r",  # Preset: qwen2.5-7b (qwen2.5-7 is 72b first)
+                   "tab", "tab", "tab", "tab", "tab", "tab", "tab", "tab",  # Size .. Vocab, MLP
+                   "g", "\r",                                              # MLP: gelu
+                   "tab", "l", "a", "\r",                                  # Norm: layernorm
+                   "tab", " "))                                            # Biases ticked
+    state = app.settled(until=lambda s: s["focused"] == "bias")
+    values = state["values"]
+    assert (values["mlp"], values["norm"], values["bias"]) == ("gelu", "layernorm", True)
+    # editing the architecture made the model custom: the preset's own fields stay
+    from zlayout import catalog
+
+    qwen = catalog.load_model("qwen2.5-7b")
+    assert (values["layers"], values["hidden"], values["vocab"]) == (str(qwen.layers), str(qwen.hidden),
+                                                                     str(qwen.vocab))
+    model = PlanInput.model_validate(state["plan_input"]).model
+    assert (model.mlp, model.norm, model.bias, model.hidden) == ("gelu", "layernorm", True, qwen.hidden)
+    assert_plan_is_the_fields_plan(state)

@@ -255,7 +255,7 @@ def test_command_line_writes_a_slurm_script_for_several_nodes(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "sbatch " in proc.stderr
     text = script.read_text()
-    assert "#SBATCH --nodes=2" in text and text.count("srun ") == 2
+    assert "#SBATCH --nodes=2" in text and text.count("srun ") == 3  # node preflight, run, drill
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     assert (tmp_path / "job" / "spec.json").exists()
 
@@ -280,10 +280,11 @@ def test_deepspeed_launcher_command_runs_the_worker_and_collects(tmp_path):
     # A port free now, not a fixed one another run on this machine may hold.
     command = command.replace(f"--hostfile {hostfile} ", "").replace(
         "--master_port 29500", f"--master_port {free_port()}")
-    # Its own op cache (kept between runs): a build made under DeepSpeed's launcher makes
-    # torchrun's ranks rebuild theirs, and the other way round.
+    # Its own op cache (kept between runs, beside the suite's: tests/conftest.py): a build made
+    # under DeepSpeed's launcher makes torchrun's ranks rebuild theirs, and the other way round.
+    op_cache = os.environ.get("TORCH_EXTENSIONS_DIR") or str(Path.home() / ".cache" / "torch_extensions")
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": "",
-           "TORCH_EXTENSIONS_DIR": str(Path.home() / ".cache" / "torch_extensions_deepspeed_launcher"),
+           "TORCH_EXTENSIONS_DIR": f"{op_cache}_deepspeed_launcher",
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     proc = subprocess.run(command, shell=True, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

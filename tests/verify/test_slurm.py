@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import subprocess
 
+import pytest
+
 from zlayout.spec import Layout
 from zlayout.verify import slurm
 from zlayout.verify.launcher import VerifyOptions
@@ -67,3 +69,71 @@ def test_collect_result_reads_the_ranks_reports(tmp_path):
     result = slurm.collect_result(job.out_dir)
     assert result["status"] == "does-not-fit" and "rank 9" in result["cause"]
     assert (tmp_path / "result.json").exists()
+
+
+def test_the_job_asks_for_the_whole_node_and_the_plans_memory_by_default(tmp_path):
+    job = slurm.prepare_job(two_node_input(), Layout(stage=3), VerifyOptions(out_dir=tmp_path / "j"))
+    script = slurm.batch_script(job)
+    assert "#SBATCH --exclusive" in script and "--whole" in script
+    assert f"#SBATCH --mem={slurm.job_memory_mib(job)}M" in script
+    assert "29500" not in script and "MASTER_PORT=$(" in script
+    from zlayout.core.memory import estimate_memory
+
+    host_peak = estimate_memory(job.inp, job.layout).host_peak_bytes
+    assert slurm.job_memory_mib(job) * 2**20 >= host_peak * slurm.HOST_MEMORY_MARGIN
+
+
+def test_cpus_and_memory_flags_change_the_request(tmp_path):
+    job = slurm.prepare_job(two_node_input(), Layout(stage=3), VerifyOptions(
+        out_dir=tmp_path / "j", cpu=True, processes=2))
+    script = slurm.batch_script(job, resources=slurm.Resources(cpus_per_task=8, mem="64g"))
+    assert "#SBATCH --cpus-per-task=8" in script and "--exclusive" not in script
+    assert "srun --kill-on-bad-exit=1 --ntasks-per-node=1 --cpus-per-task=8" in script
+    assert "#SBATCH --mem=64G" in script and "--gpus-per-node" not in script
+
+
+def zlayout_verify(capsys, *flags):
+    from zlayout.cli import main
+
+    code = main(["verify", "--layers", "2", "--hidden", "64", "--heads", "4", "--vocab", "128",
+                 "--seq", "32", "--gpus-per-node", "2", "--stage", "2", *flags])
+    return code, capsys.readouterr().err
+
+
+def test_processes_with_slurm_are_the_job_nodes_not_this_machines(capsys, tmp_path):
+    """--processes 64 --cpu: this machine has fewer cores, the job's nodes may not."""
+    script = tmp_path / "v.sbatch"
+    code, err = zlayout_verify(capsys, "--cpu", "--processes", "64", "--out", str(tmp_path / "j"),
+                               "--slurm", str(script))
+    assert code == 0, err
+    assert "--nproc_per_node 64" in script.read_text()
+
+
+@pytest.mark.parametrize("flags, wanted", [
+    (["--preflight-only"], "a --slurm job runs the same preflight on every node"),
+    (["--update-profile"], "--update-profile needs a PROFILE"),
+    (["--cpus-per-task", "4", "--no-slurm"], "--cpus-per-task is what a SLURM job asks for"),
+    (["--mem", "8G", "--no-slurm"], "--mem is what a SLURM job asks for"),
+    (["--timeout", "0"], "--timeout 0: give seconds above 0"),
+])
+def test_flags_mean_with_slurm_what_they_mean_without_or_are_refused(capsys, tmp_path, flags, wanted):
+    slurm_flags = [] if "--no-slurm" in flags else ["--slurm", str(tmp_path / "v.sbatch")]
+    flags = [f for f in flags if f != "--no-slurm"]
+    code, err = zlayout_verify(capsys, "--cpu", "--processes", "2", "--out", str(tmp_path / "j"),
+                               *flags, *slurm_flags)
+    errors = [line for line in err.splitlines() if line.startswith("zlayout: error:")]
+    assert code == 2 and len(errors) == 1 and wanted in errors[0], err
+    assert not (tmp_path / "v.sbatch").exists()
+
+
+def test_update_profile_with_slurm_needs_submit(capsys, tmp_path):
+    from zlayout.cli import main
+
+    profile = tmp_path / "profile"
+    assert main(["export", "--layers", "2", "--hidden", "64", "--heads", "4", "--vocab", "128",
+                 "--seq", "32", "--gpus-per-node", "2", "--stage", "2", "--out", str(profile)]) == 0
+    capsys.readouterr()
+    code = main(["verify", str(profile), "--cpu", "--update-profile", "--out", str(tmp_path / "j"),
+                 "--slurm", str(tmp_path / "v.sbatch")])
+    err = capsys.readouterr().err
+    assert code == 2 and "add --slurm FILE --submit" in err and not (tmp_path / "v.sbatch").exists()

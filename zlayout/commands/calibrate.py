@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from zlayout import __version__
     from zlayout.core.calibrate import fit_calibration
-    from zlayout.profile.calibration import (CalibrationError, calibration_document, read_results,
+    from zlayout.profile.calibration import (CalibrationError, absurd_fit, calibration_document, read_results,
                                              write_calibration)
 
     if args.host_cores is not None and not 0 < args.host_cores <= 65536:
@@ -49,6 +49,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"no complete GPU verification in {' '.join(args.results)}{why}: give the "
                          "result.json or results.jsonl of `zlayout verify` runs on GPUs")
     fit = fit_calibration(rows, source=None)
+    absurd = absurd_fit(fit)
+    if absurd is not None:
+        raise UsageError(f"not writing {args.out}: {absurd}: check that the results' times are seconds of "
+                         "complete GPU runs on this cluster")
     check_calibration_out(args.out, args.force)  # again: the results may have taken a while
     try:
         path = write_calibration(args.out, fit, __version__)

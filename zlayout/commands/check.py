@@ -36,11 +36,14 @@ def run(args: argparse.Namespace) -> int:
     failed = [item for item in items if item.verdict == "fail"]
     if args.json:
         print(json.dumps({"profile": profile.name, "ok": not failed, "checks": [asdict(i) for i in items],
-                          "stale_prediction": checked.stale.line() if checked.stale else None}))
+                          "stale_prediction": checked.stale.line() if checked.stale else None,
+                          "hand_edits": checked.hand_edits_line()}))
     else:
         print(f"Checking {profile.name} ({profile.description}) on this machine")
         if checked.stale is not None:
             print(f"  [warn] {checked.stale.line()}")
+        if checked.hand_edits_line() is not None:
+            print(f"  [ok  ] {checked.hand_edits_line()}")
         for item in items:
             print(f"  [{_MARKS[item.verdict]}] {item.name}: {item.detail}")
         print(f"{len(failed)} check(s) failed: do not launch yet" if failed else "ready to launch")

@@ -49,7 +49,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("give --json or --markdown, not both")
     checked_a, checked_b = open_checked_profile(args.a), open_checked_profile(args.b)
     # predictions recomputed from the inputs: a hand-edited input shows its effect
-    a, b = checked_a.current, checked_b.current
+    # ds_config.json's team keys as the files hold them (hand edits accepted on load)
+    a, b = (c.current.model_copy(update={"ds_config_team": c.with_hand_edits().ds_config_team}) if c.hand_edits
+            else c.current for c in (checked_a, checked_b))
     if args.markdown:
         from zlayout.profile.runbook import diff_markdown
 
@@ -60,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({
             "stale_prediction": stale,
+            "hand_edits": {side: c.hand_edits_line() for side, c in (("A", checked_a), ("B", checked_b))
+                           if c.hand_edits},
             "changes": [asdict(c) for c in d.changes],
             "effects": [asdict(e) | {"delta": e.delta, "delta_fraction": e.delta_fraction} for e in d.effects],
             "term_changes": [asdict(e) | {"delta": e.delta} for e in d.term_changes],
@@ -70,6 +74,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"B: {b.name} ({b.layout.label}, {d.status_after})")
     for side, line in stale.items():
         print(f"{side}: {line}")
+    for side, c in (("A", checked_a), ("B", checked_b)):
+        if c.hand_edits_line() is not None:
+            print(f"{side}: {c.hand_edits_line()}")
     if not d.changes:
         print("Configuration: identical (inputs, layout and run settings)")
     else:

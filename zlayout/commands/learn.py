@@ -58,9 +58,11 @@ def run(args: argparse.Namespace) -> int:
         written = cards.write_card(folder, key, cards.dumps_card(card, key, path.name), replace=args.force)
     except OutFileError as exc:
         raise UsageError(str(exc)) from None
-    kinds = len(card["blocks"])
+    kinds = len(set(card["layers"]["kinds"]))
+    fitted = " / ".join(", ".join(map(str, r["tokens_fitted"])) for r in card["regimes"])
+    checked = " / ".join(str(r["tokens_checked"]) for r in card["regimes"])
     print(f"{written}: {card['model_type']} ({card['attention']} attention), {card['parameters']['count']:,} "
           f"parameters in {len(card['parameters']['names'])} tensors, {card['layers']['count']} blocks of "
-          f"{kinds} kind{'s' if kinds > 1 else ''}; fitted at {', '.join(map(str, card['tokens_fitted']))} tokens, "
-          f"{card['fit_error']:.2%} off at {card['tokens_checked']}; learned in {card['learned_in_s']:.1f} s")
+          f"{kinds} kind{'s' if kinds > 1 else ''}; fitted at {fitted} tokens, {card['fit_error']:.2%} off "
+          f"at {checked}; learned in {card['learned_in_s']:.1f} s")
     return 0

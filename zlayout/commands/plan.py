@@ -118,7 +118,7 @@ def plan_table(plan: Plan, layout=None) -> str:
         "",
     ]
     chosen = [plan.for_layout(layout)] if layout is not None else list(plan.layouts)
-    header = f"{'layout (GiB)':26} {'GPU alloc':>9} {'reserved':>9} {'device':>9} {'GPU free':>9} " \
+    header = f"{'layout (GiB)':26} {'GPU alloc':>9} {'reserved':>9} {'device':>9} {'card free':>9} " \
              f"{'host/node':>10} {'NVMe':>8} {'step s':>7}  fits (+ GiB missing)"
     lines += [header, "-" * len(header)]
     rec = plan.recommendation.layout
@@ -130,8 +130,11 @@ def plan_table(plan: Plan, layout=None) -> str:
             f"{_gib(mem.gpu_device_used_bytes):>9} {_gib(mem.gpu_headroom_bytes):>9} "
             f"{_gib(mem.host_peak_bytes):>10} {_gib(mem.nvme_bytes):>8} {lp.time.step_time_s:7.3f}  "
             f"{fits_text(mem)}{mark}")
+    lines.append("card free: the card's memory less device used at the peak (0: the cache fills "
+                 "the card); fits: what the step needs against the card less --headroom")
     if layout is not None:
         mem = chosen[0].memory
+        lines += ["", f"GPU: {mem.gpu_fit.summary()}."]
         lines += ["", f"Terms (peak in the {mem.peak_phase} phase):"]
         for term in mem.terms:
             lines.append(f"  {term.where:4} {term.name:30} {_gib(term.bytes)} GiB  {term.explanation}")

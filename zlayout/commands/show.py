@@ -13,7 +13,7 @@ from zlayout.profile.integrity import CheckedProfile, open_checked
 from zlayout.profile.launch import launch_scripts
 from zlayout.profile.runbook import EXTRA_FILES
 from zlayout.profile.summary import format_profile
-from zlayout.profile.store import DS_CONFIG_FILE
+from zlayout.profile.store import DS_CONFIG_FILE, HF_CONFIG_FILE
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -63,9 +63,10 @@ def open_checked_profile(name: str) -> CheckedProfile:
 def open_profile(name: str) -> tuple[Profile, Path]:
     """Load PROFILE as stored (its set checked); returns it and the file it was read from, which is
     where `verify --update-profile` saves it (DIR/profile.toml: the whole set; NAME.toml: that file
-    alone, never a profile.toml beside it)."""
+    alone, never a profile.toml beside it). Hand edits of ds_config.json's team keys (lr, the
+    scheduler) are adopted, with a change-log entry, so saving it keeps them."""
     checked = open_checked_profile(name)
-    return checked.profile, checked.path
+    return checked.with_hand_edits(), checked.path
 
 
 def run(args: argparse.Namespace) -> int:
@@ -92,11 +93,14 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if checked.stale is not None:
         print(checked.stale.line())
+    if checked.hand_edits_line() is not None:
+        print(checked.hand_edits_line())
     print(format_profile(profile))
     if checked.path.name != PROFILE_FILE and not profile.manifest:
         print(f"A profile file on its own ({checked.path.name}): no ds_config.json, launch scripts or runbook")
         return 0
-    expected = [DS_CONFIG_FILE, *launch_scripts(profile), *EXTRA_FILES]
+    expected = [DS_CONFIG_FILE, *launch_scripts(profile), *EXTRA_FILES,
+                *([HF_CONFIG_FILE] if profile.hf_config_json is not None else [])]
     missing = [name for name in expected if not (directory / name).is_file()]
     print(f"Files in {directory}: " + ", ".join(expected)
           + (f" (MISSING: {', '.join(missing)}; re-export to restore them)" if missing else "")

@@ -154,6 +154,7 @@ class CachingAllocator:
     allocated: int = 0
     peak_reserved: int = 0
     peak_allocated: int = 0
+    device: "Device | None" = None  # the card the pools share (replay_at_capacity), or unbounded
 
     def _add_free(self, block: _Block) -> None:
         block.free = True
@@ -180,6 +181,8 @@ class CachingAllocator:
             block.free = False
         else:
             seg_size = allocation_size(size)
+            if self.device is not None:
+                self.device.reserve(seg_size)  # may free the cache and retry, or raise OutOfMemory
             block = _Block(len(self.segment_sizes), 0, seg_size)
             block.free = False
             self.segment_sizes.append(seg_size)
@@ -223,17 +226,61 @@ class CachingAllocator:
             block = prev
         self._add_free(block)
 
-    def empty_cache(self) -> None:
+    def empty_cache(self) -> int:
         """torch.cuda.empty_cache (`release_cached_blocks`): every segment with no block in use
-        is returned to the device (`segment_sizes` keeps what was ever made)."""
+        is returned to the device (`segment_sizes` keeps what was ever made). Returns the bytes
+        returned."""
+        freed = 0
         for key in [k for k, b in self.free_blocks.items() if b.prev is None and b.next is None]:
             block = self.free_blocks.pop(key)
             del self.free_index[bisect_left(self.free_index, key)]
             self.reserved -= block.size
+            freed += block.size
+        return freed
 
     @property
     def segments(self) -> list[int]:
         return self.segment_sizes
+
+
+class OutOfMemory(Exception):
+    """A segment the card cannot hold even after the cache was freed: the run's out-of-memory."""
+
+    def __init__(self, reserved: int, request: int) -> None:
+        super().__init__(f"{reserved} bytes reserved after freeing the cache, {request} more asked for")
+        self.reserved, self.request = reserved, request
+
+
+@dataclass
+class Device:
+    """The card the pools of one replay share, as c10/cuda/CUDACachingAllocator.cpp's malloc
+    meets its limit (torch 2.11, DeviceCachingAllocator::malloc): no cached block holds the
+    request and cudaMalloc of a new segment fails -> release_available_cached_blocks (a no-op
+    unless max_split_size_mb is set: it returns false at once) -> release_cached_blocks (after
+    synchronizing the device, every cached segment no tensor uses, in every stream's pool, is
+    cudaFree'd) -> alloc_block(isRetry=true), which counts `num_alloc_retries`; only a retry
+    that still fails is an out-of-memory error. garbage_collection_threshold acts only under a
+    per-process memory fraction (set_fraction), which zlayout's launchers do not set.
+    `capacity`: what cudaMalloc can hand the large pools (the card less the CUDA context, NCCL
+    and the small pool)."""
+
+    capacity: int
+    pools: list[CachingAllocator] = field(default_factory=list)
+    retries: int = 0
+    freed: int = 0  # bytes the retries gave back to the driver
+    peak: int = 0  # the most the pools reserved at once
+    needed: int = 0  # the most a retry needed: reserved after the cache was freed + its segment
+
+    def reserve(self, seg_size: int) -> None:
+        total = sum(pool.reserved for pool in self.pools)
+        if total + seg_size > self.capacity:
+            self.freed += sum(pool.empty_cache() for pool in self.pools)
+            self.retries += 1
+            total = sum(pool.reserved for pool in self.pools)
+            self.needed = max(self.needed, total + seg_size)
+            if total + seg_size > self.capacity:
+                raise OutOfMemory(total, seg_size)
+        self.peak = max(self.peak, total + seg_size)
 
 
 @dataclass
@@ -308,7 +355,8 @@ class _Seq:
     with `live=True` served at once by one `CachingAllocator` per stream, with no event list
     (`replayed_peak_reserved`: the same replay, without building and re-reading the list)."""
 
-    def __init__(self, live: bool = False) -> None:
+    def __init__(self, live: bool = False, device: Device | None = None) -> None:
+        self.device = device  # live only: the card the pools share (replay_at_capacity)
         self.events: list[tuple[str, object, int]] = []
         self.sizes: list[int] = [0]
         self.live = live
@@ -330,7 +378,9 @@ class _Seq:
         if self.live:
             pool = self.pools.get(stream)
             if pool is None:
-                pool = self.pools[stream] = CachingAllocator()
+                pool = self.pools[stream] = CachingAllocator(device=self.device)
+                if self.device is not None:
+                    self.device.pools.append(pool)
             self.blocks.append((pool, pool.malloc(size)))
         else:
             self.events.append(("a", name, size) if stream == DEFAULT_STREAM else ("a", name, size, stream))
@@ -358,6 +408,8 @@ class _Seq:
     def reserved(self) -> int:
         """Peak reserved bytes so far (live): the pools' segments, or what they held before an
         empty_cache returned some, whichever was more."""
+        if self.device is not None:
+            return max(self.released_peak, self.device.peak)
         return max(self.released_peak, sum(pool.reserved for pool in self.pools.values()))
 
 
@@ -442,7 +494,9 @@ def parameter_tensor_sizes(model, impl: str) -> tuple[int, ...]:
     break-even runs hundreds of estimates a keystroke."""
     from zlayout.core.memory import layer_tensor_sizes
 
-    if model.is_moe and not mixtral_shaped(model):
+    if model.card is not None and impl == "hf":  # a learned card lists the class's tensors exactly
+        return model.card.parameter_numels
+    if (model.is_moe and not mixtral_shaped(model)) or model.qk_norm != "none":
         blocks = (layer_tensor_sizes(model, moe=False) * model.dense_layer_count
                   + layer_tensor_sizes(model, moe=True) * model.moe_layer_count)
     else:
@@ -451,6 +505,8 @@ def parameter_tensor_sizes(model, impl: str) -> tuple[int, ...]:
     tensors.append(model.final_norm_params())
     if not model.tie_embeddings:
         tensors.append(model.vocab * model.hidden)
+    if model.head_bias:
+        tensors.append(model.vocab)
     return tuple(tensors)
 
 
@@ -1644,3 +1700,49 @@ def replayed_peak_reserved(inp, layout, steps: int = 2) -> int | None:
         if len(_CACHE) > 4096:
             _CACHE.pop(next(iter(_CACHE)))
     return _CACHE[key]
+
+
+@dataclass(frozen=True)
+class CapacityReplay:
+    """Training steps replayed where cudaMalloc has only `capacity` bytes (Device)."""
+
+    out_of_memory: bool
+    peak_reserved: int  # never above the capacity
+    needed: int  # the most a retry needed (0: none retried); past the capacity when out of memory
+    retries: int  # over the replayed steps (initialize included)
+    freed: int  # bytes those retries gave back
+    steps: int
+
+    @property
+    def retries_per_step(self) -> int:
+        """About how many times a step frees the cache: the replayed retries spread over its
+        steps, rounded up (one retry in two steps is one a step: the first step's moments and
+        cache growth make most of them)."""
+        return -(-self.retries // self.steps)
+
+    @property
+    def freed_per_step(self) -> int:
+        return self.freed // max(1, self.retries) * self.retries_per_step
+
+
+_CAPACITY_CACHE: dict[tuple, CapacityReplay | None] = {}
+
+
+def replay_at_capacity(inp, layout, capacity: int, steps: int = 2) -> CapacityReplay | None:
+    """The default allocator's replay where cudaMalloc has only `capacity` bytes for the large
+    pools (Device): whether the steps run, peak reserved, and the retries they make. None
+    where the layout is not replayed. Memoised."""
+    key = (_key(inp, layout), capacity, steps)
+    if key in _CAPACITY_CACHE:
+        return _CAPACITY_CACHE[key]
+    device = Device(capacity)
+    seq = _Seq(live=True, device=device)
+    try:
+        result = None if allocation_sequence(inp, layout, steps, seq) is None else CapacityReplay(
+            False, seq.reserved, device.needed, device.retries, device.freed, steps)
+    except OutOfMemory as oom:
+        result = CapacityReplay(True, device.peak, oom.reserved + oom.request, device.retries, device.freed, steps)
+    _CAPACITY_CACHE[key] = result
+    if len(_CAPACITY_CACHE) > 1024:
+        _CAPACITY_CACHE.pop(next(iter(_CAPACITY_CACHE)))
+    return result

@@ -147,8 +147,8 @@ def _load_log(est: MemoryEstimate) -> float:
     return math.log(max(max(ratios), 1e-12))
 
 
-def _largest_fitting(inp: PlanInput, layout: Layout, candidate,
-                     grid: float | None) -> tuple[ModelSpec | None, ModelSpec | None, str]:
+def _largest_fitting(inp: PlanInput, layout: Layout, candidate, grid: float | None,
+                     replay: bool = False) -> tuple[ModelSpec | None, ModelSpec | None, str]:
     """(largest fitting model, smallest non-fitting model, what that one runs out of).
 
     `candidate(x)` is the model of the series nearest params = exp(x), non-decreasing in x.
@@ -158,10 +158,11 @@ def _largest_fitting(inp: PlanInput, layout: Layout, candidate,
     The bracket [lo fits, hi does not] in log(params) shrinks by regula falsi on the log of
     the memory load (nearly linear in log params for large models), Illinois-modified so
     both ends move, kept a step inside the bracket so it closes; steps whose model is one
-    already judged cost no evaluation.
+    already judged cost no evaluation. `replay`: judge with the default allocator's replay on
+    the card (tenths of a second a model) rather than the per-phase rule alone.
     """
     def judge(model: ModelSpec) -> MemoryEstimate:
-        return estimate_memory(_with_model(inp, model), layout, replay=False)
+        return estimate_memory(_with_model(inp, model), layout, replay=replay)
 
     def snap(x: float) -> float:
         return round(x / grid) * grid if grid else x
@@ -216,6 +217,23 @@ def _largest_fitting(inp: PlanInput, layout: Layout, candidate,
     return lo_model, hi_model, hi_binding
 
 
+MAX_CARD_STEPS = 16  # micro-batches the replay on the card may move the rule's answer by, each way
+
+
+def _on_the_card(inp: PlanInput, layout: Layout, candidate, grid: float | None, largest: ModelSpec | None,
+                 smallest_failing: ModelSpec | None, limited_by: str):
+    """The boundary the per-phase rule found, checked with the default allocator's replay on
+    the card (memory.estimate_memory with the replay: PyTorch frees its cache and retries
+    before it runs out of memory); where the replay disagrees at either side, the search runs
+    again judging every candidate that way. Layouts the replay does not cover keep the rule's."""
+    def fits(model: ModelSpec | None) -> bool | None:
+        return None if model is None else estimate_memory(_with_model(inp, model), layout).fits
+
+    if fits(largest) in (True, None) and fits(smallest_failing) in (False, None):
+        return largest, smallest_failing, limited_by
+    return _largest_fitting(inp, layout, candidate, grid, replay=True)
+
+
 def _fitting_shape_above(hi: float, hi_model: ModelSpec, candidate, judge, grid: float):
     """A shape up to PROBE_WINDOW above `hi_model` that fits after all, or None.
 
@@ -240,11 +258,32 @@ def _fitting_shape_above(hi: float, hi_model: ModelSpec, candidate, judge, grid:
 
 
 def largest_micro_batch(inp: PlanInput, layout: Layout) -> int:
-    """The largest micro-batch that fits the current model (0 when even 1 does not).
+    """The largest micro-batch that fits the current model (0 when even 1 does not): the
+    per-phase rule's answer, moved where the default allocator's replay on the card says
+    otherwise (as `_on_the_card` moves the largest model)."""
+    best = _largest_micro_batch_by_rule(inp, layout)
+    if inp.training.allocator != "default":
+        return best
 
-    Memory grows almost linearly with the micro-batch, so two evaluations predict the
-    answer; a gallop from the prediction and a bisection make it exact.
-    """
+    def fits(micro_batch: int) -> bool:
+        training = inp.training.model_copy(update={"micro_batch": micro_batch})
+        return estimate_memory(inp.model_copy(update={"training": training}), layout).fits
+
+    for _ in range(MAX_CARD_STEPS):
+        if best < 1 or fits(best):
+            break
+        best -= 1
+    for _ in range(MAX_CARD_STEPS):
+        if best >= MAX_MICRO_BATCH or not fits(best + 1):
+            break
+        best += 1
+    return best
+
+
+def _largest_micro_batch_by_rule(inp: PlanInput, layout: Layout) -> int:
+    """largest_micro_batch by the per-phase rule alone (no replay). Memory grows almost
+    linearly with the micro-batch, so two evaluations predict the answer; a gallop from the
+    prediction and a bisection make it exact."""
     def fits(micro_batch: int) -> bool:
         training = inp.training.model_copy(update={"micro_batch": micro_batch})
         return estimate_memory(inp.model_copy(update={"training": training}), layout, replay=False).fits
@@ -308,6 +347,9 @@ def _break_even(inp: PlanInput, layout: Layout, presets_dirs: tuple[str, ...]) -
             return scaled_model(model, math.exp(log_params), presets_dirs)
     grid = FAMILY_GRID if rule == "family" else None
     largest, smallest_failing, limited_by = _largest_fitting(inp, layout, candidate, grid)
+    if inp.training.allocator == "default":
+        largest, smallest_failing, limited_by = _on_the_card(inp, layout, candidate, grid, largest,
+                                                             smallest_failing, limited_by)
     return BreakEven(
         max_params=largest.params if largest else 0,
         max_micro_batch=largest_micro_batch(inp, layout),

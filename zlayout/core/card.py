@@ -56,6 +56,22 @@ class BlockCard:
 
 
 @dataclass(frozen=True, slots=True)
+class Regime:
+    """The requests for sequences up to `max_tokens` (None: any length). A model with a
+    sliding window takes another path past the window (a mask it builds only then)."""
+
+    max_tokens: int | None
+    blocks: tuple[BlockCard, ...]
+    head_forward: Phase
+    head_backward: Phase
+    head_checkpointed_forward: Phase
+    head_checkpointed_backward: Phase
+
+    def block(self, kind: int) -> BlockCard:
+        return next(b for b in self.blocks if b.kind == kind)
+
+
+@dataclass(frozen=True, slots=True)
 class ModelCard:
     key: str
     model_type: str
@@ -63,23 +79,20 @@ class ModelCard:
     params: int
     parameter_numels: tuple[int, ...]  # in parameters() order: what DeepSpeed flattens
     layer_kinds: tuple[int, ...]
-    blocks: tuple[BlockCard, ...]
-    head_forward: Phase
-    head_backward: Phase
-    head_checkpointed_forward: Phase
-    head_checkpointed_backward: Phase
+    regimes: tuple[Regime, ...]  # by max_tokens, the unbounded one last
     source: str = ""
 
-    def block(self, kind: int) -> BlockCard:
-        return next(b for b in self.blocks if b.kind == kind)
+    def regime(self, seq: int) -> Regime:
+        return next(r for r in self.regimes if r.max_tokens is None or seq <= r.max_tokens)
 
     # ---------------------------------------------------------- the planner's terms
 
     def saved_bytes(self, micro_batch: int, seq: int, checkpointing: bool) -> int:
         """Every block's saved activations at the end of the forward pass."""
+        regime = self.regime(seq)
         total = 0
         for kind in self.layer_kinds:
-            block = self.block(kind)
+            block = regime.block(kind)
             phase = block.checkpointed_forward if checkpointing else block.forward
             total += phase.net_and_peak(micro_batch, seq)[0]
         return total
@@ -88,12 +101,12 @@ class ModelCard:
         """The most a block's backward holds above what it started with (with checkpointing:
         its recompute and backward), over the kinds of block."""
         return max((b.checkpointed_backward if checkpointing else b.backward).net_and_peak(micro_batch, seq)[1]
-                   for b in self.blocks)
+                   for b in self.regime(seq).blocks)
 
     def largest_forward_transient(self, micro_batch: int, seq: int, checkpointing: bool) -> int:
         """The most a block's forward holds above what it keeps."""
         worst = 0
-        for b in self.blocks:
+        for b in self.regime(seq).blocks:
             net, peak = (b.checkpointed_forward if checkpointing else b.forward).net_and_peak(micro_batch, seq)
             worst = max(worst, peak - net)
         return worst
@@ -101,12 +114,14 @@ class ModelCard:
     def head_saved_bytes(self, micro_batch: int, seq: int, checkpointing: bool) -> int:
         """What the final norm, the head and the loss keep at the end of the forward pass
         (the model's outputs dropped, the loss kept)."""
-        phase = self.head_checkpointed_forward if checkpointing else self.head_forward
+        regime = self.regime(seq)
+        phase = regime.head_checkpointed_forward if checkpointing else regime.head_forward
         return phase.net_and_peak(micro_batch, seq)[0]
 
     def head_backward_peak_bytes(self, micro_batch: int, seq: int, checkpointing: bool) -> int:
         """The most the loss's and head's backward hold above what the forward left."""
-        phase = self.head_checkpointed_backward if checkpointing else self.head_backward
+        regime = self.regime(seq)
+        phase = regime.head_checkpointed_backward if checkpointing else regime.head_backward
         return phase.net_and_peak(micro_batch, seq)[1]
 
 
@@ -146,20 +161,27 @@ def card_from_dict(data: Mapping[str, Any], key: str, source: str = "") -> Model
         raise CardError(f"{where}: the parameter shapes add up to {sum(numels):,}, not the count {count:,}")
     layers = _get(data, "layers", dict, where)
     kinds = tuple(int(k) for k in _get(layers, "kinds", list, where))
-    blocks = []
-    for i, block in enumerate(_get(data, "blocks", list, where)):
-        at = f"{where} blocks[{i}]"
-        blocks.append(BlockCard(kind=_get(block, "kind", int, at),
-                                **{name: _phase(block.get(name), f"{at}.{name}") for name in (
-                                    "forward", "backward", "checkpointed_forward", "checkpointed_backward")}))
-    if set(kinds) - {b.kind for b in blocks}:
-        raise CardError(f"{where}: layer kinds {sorted(set(kinds) - {b.kind for b in blocks})} have no block entry")
-    head = _get(data, "head", dict, where)
+    regimes = []
+    for r, regime in enumerate(_get(data, "regimes", list, where)):
+        at = f"{where} regimes[{r}]"
+        blocks = []
+        for i, block in enumerate(_get(regime, "blocks", list, at)):
+            blocks.append(BlockCard(kind=_get(block, "kind", int, f"{at}.blocks[{i}]"),
+                                    **{name: _phase(block.get(name), f"{at}.blocks[{i}].{name}") for name in (
+                                        "forward", "backward", "checkpointed_forward", "checkpointed_backward")}))
+        missing = set(kinds) - {b.kind for b in blocks}
+        if missing:
+            raise CardError(f"{at}: layer kinds {sorted(missing)} have no block entry")
+        head = _get(regime, "head", dict, at)
+        max_tokens = regime.get("max_tokens")
+        if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)):
+            raise CardError(f"{at}: max_tokens must be a whole number")
+        regimes.append(Regime(max_tokens=max_tokens, blocks=tuple(blocks), **{
+            f"head_{name}": _phase(head.get(name), f"{at}.head.{name}")
+            for name in ("forward", "backward", "checkpointed_forward", "checkpointed_backward")}))
+    if not regimes or regimes[-1].max_tokens is not None:
+        raise CardError(f"{where}: the last regime must hold any sequence length (no max_tokens)")
     return ModelCard(
         key=key, model_type=str(data.get("model_type")), attention=str(data.get("attention")),
-        params=count, parameter_numels=tuple(numels), layer_kinds=kinds, blocks=tuple(blocks),
-        head_forward=_phase(head.get("forward"), f"{where} head.forward"),
-        head_backward=_phase(head.get("backward"), f"{where} head.backward"),
-        head_checkpointed_forward=_phase(head.get("checkpointed_forward"), f"{where} head.checkpointed_forward"),
-        head_checkpointed_backward=_phase(head.get("checkpointed_backward"), f"{where} head.checkpointed_backward"),
+        params=count, parameter_numels=tuple(numels), layer_kinds=kinds, regimes=tuple(regimes),
         source=source)

@@ -22,6 +22,7 @@ import functools
 from dataclasses import dataclass
 from typing import Literal
 
+from zlayout.core.fit import flush_cost_s
 from zlayout.spec import GiB, Layout, ModelSpec, PlanInput, TrainingSpec, ZeroKnobs
 
 Where = Literal["gpu", "host", "nvme"]
@@ -106,18 +107,28 @@ class MemoryEstimate:
     peak_phase: str  # "forward", "backward" or "optimizer step"
     after_init_bytes: int  # torch.cuda.memory_allocated() right after deepspeed.initialize
 
+    gpu_flushes_per_step: int = 0  # cudaMalloc retries a step (the cache freed): core.fit
+    gpu_flush_cost_s: float = 0.0  # what they add to the step
+
+    @property
+    def gpu_fit(self):
+        """The one fit rule and headroom (core.fit.GpuFit): every surface reads these."""
+        from zlayout.core.fit import gpu_fit
+
+        return gpu_fit(self)
+
     @property
     def gpu_headroom_bytes(self) -> int:
-        """Capacity left over the least memory the run needs (negative: what is missing)."""
-        return self.gpu_capacity_bytes - self.gpu_needed_bytes
+        """The card's memory minus device used at the peak (0 when the cache fills the card)."""
+        return self.gpu_fit.headroom_bytes
 
     @property
     def gpu_headroom_fraction(self) -> float:
-        return self.gpu_headroom_bytes / self.gpu_capacity_bytes
+        return self.gpu_fit.headroom_fraction
 
     @property
     def fits_gpu(self) -> bool:
-        return self.gpu_needed_bytes <= self.gpu_usable_bytes
+        return self.gpu_fit.fits
 
     @property
     def fits_host(self) -> bool:
@@ -136,8 +147,7 @@ class MemoryEstimate:
         """What the first resource that does not fit needs against what there is (the
         figures the verdict compares)."""
         if not self.fits_gpu:
-            return (f"needs {self.gpu_needed_bytes / GiB:.1f} GiB per GPU; "
-                    f"{self.gpu_usable_bytes / GiB:.1f} GiB is usable")
+            return self.gpu_fit.summary().removeprefix("does not fit: ")
         if not self.fits_host:
             return (f"needs {self.host_peak_bytes / GiB:.0f} GiB of host RAM per node; "
                     f"the node has {self.host_capacity_bytes / GiB:.0f} GiB")
@@ -390,6 +400,8 @@ def layer_tensor_sizes(model: ModelSpec, moe: bool | None = None) -> list[int]:
                   a.kv_lora_rank * model.heads * (a.qk_nope_head_dim + a.v_head_dim), model.attn_out_size * h]
     else:
         sizes = [h * (q + 2 * kv), model.attn_out_size * h]
+    if model.qk_norm != "none":
+        sizes += [model.head_dim] * 2 if model.qk_norm == "head" else [q, kv]
     sizes += norm * model.norms_per_layer
     if model.bias if model.qkv_bias is None else model.qkv_bias:
         sizes.append(q + 2 * kv)
@@ -674,11 +686,15 @@ def estimate_memory(inp: PlanInput, layout: Layout, replay: bool = True) -> Memo
     context += add("gpu", "nccl_buffers", NCCL_BUFFER_BYTES if n > 1 else 0, "overhead",
                    "NCCL communicator buffers, outside PyTorch's allocator")
     allocator = caching_allocator(phases, misc, t.allocator)
-    replayed = None
-    if replay and allocator.needed_bytes + context < hw.gpu.memory_bytes:
-        # only a layout that fits is replayed: one that does not reserves the whole card
-        replayed = replayed_reserved_bytes(inp, layout)
-        allocator = caching_allocator(phases, misc, t.allocator, replayed)
+    replayed, flushes = None, None
+    usable = int(hw.gpu.memory_bytes * (1 - inp.headroom_fraction))
+    if replay and t.allocator == "default" and peak + context < hw.gpu.memory_bytes:
+        # only a layout whose allocated peak fits the card is replayed, on the card
+        from zlayout.core.allocator_sim import replay_at_capacity
+
+        flushes = replay_at_capacity(inp, layout, hw.gpu.memory_bytes - context - SMALL_POOL_BYTES)
+        if flushes is not None:
+            replayed, allocator = allocator_on_the_card(flushes, phases, misc, peak, usable - context)
     # On a card that cannot hold every cached segment the allocator frees them and retries:
     # what it reserves then is bounded by the card, never below what the peak needs.
     reserved = max(peak if replayed else allocator.needed_bytes,
@@ -724,14 +740,17 @@ def estimate_memory(inp: PlanInput, layout: Layout, replay: bool = True) -> Memo
     host_peak = host_rank * ranks
 
     cap = hw.gpu.memory_bytes
+    retries = flushes.retries_per_step if flushes is not None and replayed else 0
     return MemoryEstimate(
         layout=layout, terms=tuple(gpu + host + nvme),
         gpu_peak_allocated_bytes=peak, gpu_peak_reserved_bytes=reserved,
         gpu_device_used_bytes=reserved + context, gpu_needed_bytes=allocator.needed_bytes + context,
         host_peak_bytes=host_peak, nvme_bytes=sum(term.bytes for term in nvme),
         gpu_capacity_bytes=cap, host_capacity_bytes=hw.host_ram_bytes, nvme_capacity_bytes=hw.nvme_bytes,
-        gpu_usable_bytes=int(cap * (1 - inp.headroom_fraction)),
+        gpu_usable_bytes=usable,
         peak_phase=peak_phase, after_init_bytes=after_init,
+        gpu_flushes_per_step=retries,
+        gpu_flush_cost_s=flush_cost_s(retries, flushes.freed_per_step) if retries else 0.0,
     )
 
 
@@ -757,6 +776,32 @@ def replayed_reserved_bytes(inp: PlanInput, layout: Layout) -> int | None:
 
     peak = replayed_peak_reserved(inp, layout)
     return None if peak is None else peak + SMALL_POOL_BYTES
+
+
+def allocator_on_the_card(at_card, phases: dict[str, tuple[int, int]], misc: int, peak: int,
+                          usable: int) -> tuple[int | None, AllocatorEstimate]:
+    """The default allocator's figures from its replay on the card (`allocator_sim.replay_at_capacity`,
+    which frees the cache and retries where cudaMalloc fails, as PyTorch does): (peak reserved,
+    or None where the replay ran out of memory; the estimate). What the step needs: where a
+    retry was made, what the tightest one needed (reserved after freeing the cache + its
+    segment), at least the allocated peak; where none was, the per-phase rule's figure, or the
+    replay's peak reserved where that is less (the run never pressed the card). `usable`: the
+    card less the headroom and the context, which the verdict compares."""
+    rule = caching_allocator(phases, misc, "default")
+    if at_card.out_of_memory:
+        return None, AllocatorEstimate(max(rule.needed_bytes, at_card.needed + SMALL_POOL_BYTES), rule.reserved_bytes,
+                                       "caching allocator on the card: a request no freed cache makes room for")
+    replayed = at_card.peak_reserved + SMALL_POOL_BYTES
+    estimate = caching_allocator(phases, misc, "default", replayed)
+    if at_card.retries:
+        needed = max(at_card.needed + SMALL_POOL_BYTES, peak)
+        why = (f"caching allocator, replayed over two steps on the card: it fills the card and frees its "
+               f"cache about {at_card.retries_per_step} time{'s' if at_card.retries_per_step != 1 else ''} "
+               f"a step (cudaMalloc retries); segments split by smaller tensors stay reserved")
+        return replayed, AllocatorEstimate(needed, estimate.reserved_bytes, why)
+    if rule.needed_bytes > usable:
+        return replayed, AllocatorEstimate(min(rule.needed_bytes, replayed), estimate.reserved_bytes, estimate.explanation)
+    return replayed, estimate
 
 
 def caching_allocator(phases: dict[str, tuple[int, int]], misc: int, kind: str,

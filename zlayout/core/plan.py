@@ -38,7 +38,7 @@ def plan_layout(inp: PlanInput, layout: Layout, with_breakeven: bool = True,
         layout=layout,
         memory=memory,
         comm=comm,
-        time=estimate_step_time(inp, layout, comm),
+        time=estimate_step_time(inp, layout, comm, allocator_flush_s=memory.gpu_fit.flush_cost_s),
         breakeven=break_even(inp, layout, presets_dirs) if with_breakeven else None,
     )
 

@@ -82,9 +82,7 @@ def _why(best: LayoutPlan, ranked: list[LayoutPlan], fastest: LayoutPlan) -> str
 
     `ranked` are the other fitting layouts, best first (so ranked[0] is the runner-up)."""
     mem, t = best.memory, best.time
-    head = (f"{best.layout.label}: fits with {mem.gpu_headroom_fraction:.0%} headroom "
-            f"(needs {mem.gpu_needed_bytes / GiB:.1f} of {mem.gpu_capacity_bytes / GiB:.1f} GiB per GPU) "
-            f"at {t.step_time_s:.2f} s/step "
+    head = (f"{best.layout.label}: {mem.gpu_fit.summary()} at {t.step_time_s:.2f} s/step "
             f"({t.mfu:.0%} MFU)")
     if not ranked:
         return f"{head}, the only layout that does."
@@ -176,8 +174,7 @@ def _fix(inp: PlanInput, layouts: tuple[Layout, ...], flags: str, change: str) -
     if found is None:
         return None
     layout, mem, step_s = found
-    text = (f"{change}: {layout.label} fits with {mem.gpu_headroom_fraction:.0%} "
-            f"headroom at {step_s:.2f} s/step ({flags})")
+    text = f"{change}: {layout.label} {mem.gpu_fit.summary()} at {step_s:.2f} s/step ({flags})"
     return Fix(text, flags, inp, layout, step_s, change)
 
 
@@ -314,7 +311,6 @@ def suggest_fixes(inp: PlanInput, layouts: tuple[Layout, ...] | None = None) -> 
         change = ", ".join(changes + [fix.change])
         all_flags = " ".join(flags + [fix.flags])
         mem = estimate_memory(fix.input, fix.layout, replay=False)
-        text = (f"{change}: {fix.layout.label} fits with {mem.gpu_headroom_fraction:.0%} "
-                f"headroom at {fix.step_time_s:.2f} s/step ({all_flags})")
+        text = f"{change}: {fix.layout.label} {mem.gpu_fit.summary()} at {fix.step_time_s:.2f} s/step ({all_flags})"
         combined.append(Fix(text, all_flags, fix.input, fix.layout, fix.step_time_s, change))
     return tuple(combined)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from zlayout.core.fit import GpuFit
 from zlayout.core.memory import MemoryEstimate
 from zlayout.core.plan import LayoutPlan, Plan
 from zlayout.spec import Layout, offload_flag
@@ -19,6 +20,25 @@ def layout_dict(layout: Layout) -> dict[str, Any]:
         "offload_optimizer": offload_flag(layout.offload_optimizer),
         "offload_param": offload_flag(layout.offload_param),
         "label": layout.label,
+    }
+
+
+def fit_dict(fit: GpuFit) -> dict[str, Any]:
+    """core.fit's verdict and figures, each on what it measures (its module docstring)."""
+    return {
+        "state": fit.state,
+        "summary": fit.summary(),
+        "needed_bytes": fit.needed_bytes,
+        "usable_bytes": fit.usable_bytes,
+        "device_used_bytes": fit.device_used_bytes,
+        "headroom_bytes": fit.headroom_bytes,
+        "headroom_fraction": round(fit.headroom_fraction, 4),
+        "headroom_measures": "the card's memory minus device used at the peak",
+        "margin_bytes": fit.margin_bytes,
+        "flushes_per_step": fit.flushes_per_step,
+        "flush_cost_s": round(fit.flush_cost_s, 4),
+        "alert_thresholds": [{"name": a.name, "bytes": a.bytes, "watches": a.watches}
+                             for a in fit.alert_thresholds()],
     }
 
 
@@ -38,6 +58,7 @@ def memory_dict(memory: MemoryEstimate) -> dict[str, Any]:
         "nvme_capacity_bytes": memory.nvme_capacity_bytes,
         "fits": memory.fits,
         "fits_gpu": memory.fits_gpu,
+        "gpu_fit": fit_dict(memory.gpu_fit),
         "fits_host": memory.fits_host,
         "fits_nvme": memory.fits_nvme,
         "terms": [

@@ -150,7 +150,7 @@ TOP_KERNELS = {"zlayout": (8, 12), "hf": (24, 24)}
 # from_config gets; no Python loop over the experts, no host sync): router, top-k, sort by expert,
 # gather, histogram and offsets, two grouped GEMMs, SwiGLU, the routing weights, the per-token sum.
 # Measured on one H200 against a dense SwiGLU MLP of the same active FLOPs, five shapes from 4 to 64
-# experts (benchmarks/moe_block_bench.py, measurements/h200-2026-12-01e/moe-block.jsonl):
+# experts (benchmarks/measurements/tools/moe_block_bench.py, measurements/h200-2026-12-01e/moe-block.jsonl):
 # - kernels: 49 forward and 86-87 backward whatever the experts (the profiler's count);
 # - forward: the dense MLP's time (grouped GEMMs as fast as dense ones) plus routing work, 0.91 ms
 #   per block and 44 bytes of HBM per routed element (tokens x top-k x hidden): in-sample within
@@ -167,7 +167,7 @@ CPU_OPTIMIZER_BYTES_PER_PARAM = 42  # clip r/w 8 + Adam r 16 w 12 + fp32->bf16 c
 # scales with threads: t threads take (1 + c(t-1)) / t of one thread's time (Amdahl-like: the
 # threads contend for the memory bus, so it saturates near 1/c times one thread's speed).
 # Source: benchmarks/measurements/cpu-adam-scaling.jsonl, rows "h200-32core" (fitted there by
-# `python benchmarks/cpu_adam_scaling.py --fit`): the 2-GPU torchrun rows (1 thread per rank)
+# `python benchmarks/measurements/tools/cpu_adam_scaling.py --fit`): the 2-GPU torchrun rows (1 thread per rank)
 # and the 1-GPU rows (32 threads) of the 32-core H200 host; the 16-core host was held out.
 CPU_OPTIMIZER_S_PER_PARAM_ONE_THREAD = 2.670e-9
 CPU_THREAD_CONTENTION = 0.115
@@ -231,6 +231,7 @@ class StepTimeEstimate:
     forward_s: float = 0.0  # the forward passes: a smooth maximum of the GPU's side and the host's
     backward_s: float = 0.0  # the same for the backward passes, recompute included
     optimizer_s: float = 0.0  # GPU optimizer, the per-step overhead, the CPU optimizer
+    allocator_flush_s: float = 0.0  # the caching allocator freeing its cache and retrying (core.fit)
 
 
 # A step whose unhidden host side is at least this share of it is host-bound: its time is the host's
@@ -251,6 +252,8 @@ def step_time_parts(t: StepTimeEstimate) -> list[tuple[str, float, str]]:
         ("optimizer (GPU)", t.gpu_optimizer_s + t.step_overhead_s,
          "the optimizer's kernels and the engine's Python per step"),
         ("communication", t.comm_s, f"exposed, of {t.comm_total_s:.3f} s in all"),
+        ("allocator flushes", t.allocator_flush_s,
+         "the card is full: the caching allocator synchronizes, frees its cache and retries cudaMalloc"),
         ("offload", t.offload_s, ", ".join(
             text for seconds, text in (
                 (t.cpu_optimizer_s, f"CPU optimizer {t.cpu_optimizer_s:.3f} s ({t.cpu_threads_per_rank} threads a rank)"),
@@ -660,12 +663,19 @@ def parameter_tensors(inp: PlanInput) -> int:
 
 def estimate_step_time(inp: PlanInput, layout: Layout, comm: CommEstimate | None = None,
                        cpu_threads_per_rank: int | None = None,
-                       constants: GpuStepConstants | None = None) -> StepTimeEstimate:
+                       constants: GpuStepConstants | None = None,
+                       allocator_flush_s: float | None = None) -> StepTimeEstimate:
     """Wall time of one optimizer step (all micro-steps) and what it buys.
 
     `cpu_threads_per_rank`: the threads each rank's CPU optimizer runs with (None: host cores /
     ranks per node, what the launchers zlayout writes set OMP_NUM_THREADS to).
+    `allocator_flush_s`: what the caching allocator's retries add to a step where the card is
+    full (None: from the layout's memory estimate, `core.fit`).
     """
+    if allocator_flush_s is None:
+        from zlayout.core.memory import estimate_memory
+
+        allocator_flush_s = estimate_memory(inp, layout).gpu_fit.flush_cost_s
     if comm is None:
         comm = estimate_comm(inp, layout)
     m, t, hw = inp.model, inp.training, inp.hardware
@@ -750,7 +760,7 @@ def estimate_step_time(inp: PlanInput, layout: Layout, comm: CommEstimate | None
     offload_s = cpu_optimizer_s + pcie_exposed_s + nvme_s
 
     step_s = (compute_s + launch_overhead_s + step_overhead_s + gpu_optimizer_s + host_overhead_s
-              + exposed_comm_s + offload_s)
+              + exposed_comm_s + offload_s + allocator_flush_s)
     tokens = tokens_per_micro * accum * n
     model_flops = 6 * m.active_params * tokens  # MoE: the parameters a token goes through
     return StepTimeEstimate(
@@ -775,4 +785,5 @@ def estimate_step_time(inp: PlanInput, layout: Layout, comm: CommEstimate | None
         forward_s=micro_forward_s * accum,
         backward_s=micro_backward_s * accum,
         optimizer_s=gpu_optimizer_s + step_overhead_s + cpu_optimizer_s,
+        allocator_flush_s=allocator_flush_s,
     )

@@ -86,11 +86,14 @@ def block_kinds(blocks: nn.ModuleList) -> list[int]:
 
 
 def traced_blocks(kinds: list[int]) -> list[int]:
-    """Blocks to run: the first of each kind, and the second of the most common one (its
-    measured block then follows another block, as in training)."""
+    """Blocks to run: the first of each kind, the second of the most common one (measured
+    after another block, as most blocks run), and the block after the last of those (a
+    block's forward is measured up to the next block's start, when its input is freed)."""
     common = Counter(kinds).most_common(1)[0][0]
     chosen = sorted({kinds.index(k) for k in set(kinds)}
                     | set([i for i, k in enumerate(kinds) if k == common][:2]))
+    if chosen[-1] + 1 < len(kinds):
+        chosen.append(chosen[-1] + 1)
     return chosen
 
 
@@ -187,14 +190,19 @@ def trace_step(model: nn.Module, blocks: nn.ModuleList, tokens: int, checkpointi
     for index, block in enumerate(blocks):
         def pre(module, args, kwargs, index=index):
             phase = "recompute" if state["backward"] else "forward"
+            if phase == "forward" and index - 1 in forward_windows:
+                # the previous block's window ends here: its input (the hidden state before
+                # it) is freed once it has returned, and the window must see that free
+                ledger.close_window(forward_windows.pop(index - 1))
             forward_windows[index] = ledger.open_window(phase, index)
             hidden = _first_tensor(args) if args else _first_tensor(kwargs.get("hidden_states"))
             if phase == "forward" and hidden is not None and hidden.requires_grad:
                 hidden.register_hook(closer(index))
 
         def post(module, args, kwargs, output, index=index):
-            window = forward_windows.pop(index)
-            ledger.close_window(window)
+            window = forward_windows[index]
+            if window.phase != "forward" or index == len(blocks) - 1:
+                ledger.close_window(forward_windows.pop(index))
             out = _first_tensor(output)
             if window.phase == "forward" and out is not None and out.requires_grad:
                 out.register_hook(opener(index))
@@ -340,6 +348,49 @@ def _fit_terms(samples: list[tuple[int, Any]], check: tuple[int, Any], errors: l
     return poly
 
 
+class _PathChanged(LearnError):
+    """The code took another path between token counts (a sliding window's mask)."""
+
+
+def sliding_window(config: Mapping[str, Any]) -> int | None:
+    """The attention window a config sets (its text model's for a multimodal one), if any."""
+    for source in (config, config.get("text_config") or {}):
+        window = source.get("sliding_window")
+        if isinstance(window, int) and not isinstance(window, bool) and window > 0 \
+                and source.get("use_sliding_window", True) is not False:
+            return window
+    return None
+
+
+def regimes_to_trace(config: Mapping[str, Any]) -> list[tuple[int | None, tuple[int, ...], int]]:
+    """(the longest sequence a regime holds, the token counts fitted, the count checked):
+    one regime; with a sliding window, one up to the window and one past it."""
+    window = sliding_window(config)
+    if window is None or window >= 2 * max(FIT_TOKENS):
+        return [(None, FIT_TOKENS, CHECK_TOKENS)]
+    # transformers builds the window's mask once a sequence is as long as the window
+    return [(window - 1, (window // 4, window // 2, 3 * window // 4), window - 1),
+            (None, (window, 2 * window, 4 * window), 3 * window)]
+
+
+def _learn_regime(model, blocks, keep, fit_tokens, check_tokens) -> tuple[dict, float]:
+    runs: dict[bool, list[tuple[int, dict]]] = {False: [], True: []}
+    with _truncated(model, blocks, keep) as traced:
+        for checkpointing in (False, True):
+            for tokens in (*fit_tokens, check_tokens):
+                step = trace_step(model, traced, tokens, checkpointing)
+                runs[checkpointing].append((tokens, measure(step, len(keep))))
+    errors: list[tuple[float, float]] = []
+    fitted = {ck: _fit_terms(runs[ck][:-1], runs[ck][-1], errors) for ck in (False, True)}
+    # the large terms decide the check: a few-byte term off by a few bytes is not a miss
+    scale = max(measured for _, measured in errors)
+    worst = max(missed / max(measured, 0.01 * scale) for missed, measured in errors)
+    if worst > MAX_FIT_ERROR:
+        raise LearnError(f"the fit misses the {check_tokens}-token trace by {worst:.1%}: the model's memory "
+                         "is not a function of the token count the card can hold")
+    return fitted, worst
+
+
 def learn(config: Mapping[str, Any]) -> dict[str, Any]:
     """The model card of `config` (a parsed config.json), as a dict."""
     import transformers
@@ -352,39 +403,40 @@ def learn(config: Mapping[str, Any]) -> dict[str, Any]:
     kinds = block_kinds(blocks)
     keep = traced_blocks(kinds)
     model.bfloat16()  # DeepSpeed trains the bf16 copy
-    runs: dict[bool, list[tuple[int, dict]]] = {False: [], True: []}
-    with _truncated(model, blocks, keep) as traced:
-        for checkpointing in (False, True):
-            for tokens in (*FIT_TOKENS, CHECK_TOKENS):
-                step = trace_step(model, traced, tokens, checkpointing)
-                runs[checkpointing].append((tokens, measure(step, len(keep))))
-    errors: list[tuple[float, float]] = []
-    fitted = {ck: _fit_terms(runs[ck][:-1], runs[ck][-1], errors) for ck in (False, True)}
-    # the large terms decide the check: a few-byte term off by a few bytes is not a miss
-    scale = max(measured for _, measured in errors)
-    worst = max(missed / max(measured, 0.01 * scale) for missed, measured in errors)
-    if worst > MAX_FIT_ERROR:
-        raise LearnError(f"the fit misses the {CHECK_TOKENS}-token trace by {worst:.1%}: the model's memory "
-                         "is not a function of the token count the card can hold")
 
     def ops(flops: dict, moved: dict) -> dict:
         return {op: {"flops": flops[op], "bytes": moved.get(op, [0.0, 0.0, 0.0])} for op in sorted(flops)}
 
-    kind_blocks = []
-    for kind in sorted(set(kinds)):
-        # the last traced block of this kind: the most common kind's has a block before it
-        index = max(i for i, block in enumerate(keep) if kinds[block] == kind)
-        plain, checkpointed = fitted[False]["blocks"][index], fitted[True]["blocks"][index]
-        kind_blocks.append({
-            "kind": kind, "traced_block": keep[index],
-            "forward": plain["forward"], "backward": plain["backward"],
-            "checkpointed_forward": checkpointed["forward"], "checkpointed_backward": checkpointed["backward"],
-            "recompute": checkpointed["recompute"],
-            "saved_by_dtype": plain["saved_by_dtype"],
-            "ops": ops(plain["flops"], plain["moved"]),
-            "recompute_ops": ops(checkpointed["flops"], checkpointed["moved"]),
-        })
-    head, checkpointed_head = fitted[False]["head"], fitted[True]["head"]
+    regimes, worst = [], 0.0
+    for max_tokens, fit_tokens, check_tokens in regimes_to_trace(config):
+        fitted, error = _learn_regime(model, blocks, keep, fit_tokens, check_tokens)
+        worst = max(worst, error)
+        kind_blocks = []
+        for kind in sorted(set(kinds)):
+            # the last traced block of this kind with a traced block after it (the most common
+            # kind's has one before it too)
+            measured = [i for i, block in enumerate(keep) if kinds[block] == kind]
+            index = max([i for i in measured if i < len(keep) - 1] or measured)
+            plain, checkpointed = fitted[False]["blocks"][index], fitted[True]["blocks"][index]
+            kind_blocks.append({
+                "kind": kind, "traced_block": keep[index],
+                "forward": plain["forward"], "backward": plain["backward"],
+                "checkpointed_forward": checkpointed["forward"], "checkpointed_backward": checkpointed["backward"],
+                "recompute": checkpointed["recompute"],
+                "saved_by_dtype": plain["saved_by_dtype"],
+                "ops": ops(plain["flops"], plain["moved"]),
+                "recompute_ops": ops(checkpointed["flops"], checkpointed["moved"]),
+            })
+        head, checkpointed_head = fitted[False]["head"], fitted[True]["head"]
+        regime = {"tokens_fitted": list(fit_tokens), "tokens_checked": check_tokens, "fit_error": round(error, 6),
+                  "blocks": kind_blocks,
+                  "head": {"forward": head["forward"], "backward": head["backward"],
+                           "checkpointed_forward": checkpointed_head["forward"],
+                           "checkpointed_backward": checkpointed_head["backward"],
+                           "ops": ops(head["flops"], head["moved"])}}
+        if max_tokens is not None:
+            regime = {"max_tokens": max_tokens, **regime}
+        regimes.append(regime)
     return {
         "format": 1,
         "model_type": config.get("model_type"),
@@ -392,17 +444,11 @@ def learn(config: Mapping[str, Any]) -> dict[str, Any]:
         "dtype": "bfloat16",
         "transformers": transformers.__version__,
         "torch": torch.__version__.split("+")[0],
-        "tokens_fitted": list(FIT_TOKENS),
-        "tokens_checked": CHECK_TOKENS,
         "fit_error": round(worst, 6),
         "learned_in_s": round(time.perf_counter() - started, 2),
         "parameters": {"count": sum(p.numel() for p in model.parameters()),
                        "names": [n for n, _, _ in parameters], "shapes": [s for _, s, _ in parameters],
                        "dtypes": [d for _, _, d in parameters]},
         "layers": {"count": len(kinds), "kinds": kinds},
-        "blocks": kind_blocks,
-        "head": {"forward": head["forward"], "backward": head["backward"],
-                 "checkpointed_forward": checkpointed_head["forward"],
-                 "checkpointed_backward": checkpointed_head["backward"],
-                 "ops": ops(head["flops"], head["moved"])},
+        "regimes": regimes,
     }

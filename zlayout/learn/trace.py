@@ -6,10 +6,11 @@ is its free (storages keep their Python object while C++ holds them, so the fina
 when the storage really dies). Nothing has data on the meta device, so the bytes are what a
 CUDA run of the same code requests, op by op, before the caching allocator's rounding.
 
-Phases are windows opened and closed by hooks on the traced blocks' hidden states:
-a block's forward runs from its forward pre-hook to its forward hook (a second forward while
-backward runs is its recompute, with checkpointing), its backward from the gradient of its
-output to the gradient of its input.
+Phases are windows opened and closed by hooks on the traced blocks and their hidden states:
+a block's forward runs from its forward pre-hook to the next block's (its input is freed only
+once it has returned; the last block's to its forward hook), its recompute (checkpointing) from
+its first sub-module's call in backward, its backward from the gradient of its output to the
+gradient of its input.
 """
 
 from __future__ import annotations

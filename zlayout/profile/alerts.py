@@ -32,6 +32,28 @@ def _gib(n: float) -> str:
     return f"{n / GiB:.1f} GiB"
 
 
+def warn_below_the_card(value: int, capacity: int) -> int:
+    """A warning above `value` that a GPU can reach: GPU_MEMORY_MARGIN above it, but never past a
+    third of the way to the card's capacity (issue 28: `FB_USED > 81559` on an 80 GB card, the
+    threshold clamped at the capacity, could never fire; the nearly-full rules sit half way). A plan
+    over the card warns just below it."""
+    if value >= capacity:
+        return capacity - capacity // 100
+    return min(int(value * (1 + GPU_MEMORY_MARGIN)), value + (capacity - value) // 3)
+
+
+def nearly_full_free_bytes(device_used: int, usable: int, capacity: int) -> int | None:
+    """The free framebuffer below which a GPU is nearly full: the plan's headroom; or, when the
+    plan's device use already reaches into the headroom (the caching allocator keeps what it
+    reserved), half of what the plan leaves free, so a healthy run stays clear of it and a
+    growing one still trips it. None for a plan over the card (nothing left to watch)."""
+    if device_used >= capacity:
+        return None
+    if device_used <= usable:
+        return capacity - usable
+    return max(1, (capacity - device_used) // 2)
+
+
 def derive_alerts(inp: PlanInput, prediction: Prediction, verification: Verification,
                   checkpoint_dir: str | None = None) -> Alerts:
     """Thresholds from a complete run's measurement when there is one, else from the prediction."""
@@ -47,20 +69,18 @@ def derive_alerts(inp: PlanInput, prediction: Prediction, verification: Verifica
     used_basis, used = pick("gpu_device_used_bytes", prediction.gpu_device_used_bytes)
     capacity = prediction.gpu_capacity_bytes
     peak, used = int(peak), int(used)
-    warn_alloc = min(int(peak * (1 + GPU_MEMORY_MARGIN)), capacity)
-    warn_used = min(int(used * (1 + GPU_MEMORY_MARGIN)), capacity)
+    fills_the_card = used >= capacity and peak < capacity  # fits: the allocator keeps all it reserved
     gpu = GpuMemoryAlert(
         basis=gpu_basis if gpu_basis == used_basis else "measured",
-        peak_allocated_bytes=peak, warn_allocated_above_bytes=warn_alloc,
-        device_used_bytes=used, warn_device_used_above_bytes=warn_used,
+        peak_allocated_bytes=peak, warn_allocated_above_bytes=warn_below_the_card(peak, capacity),
+        device_used_bytes=used,
+        warn_device_used_above_bytes=None if fills_the_card else warn_below_the_card(used, capacity),
         capacity_bytes=capacity, margin_fraction=GPU_MEMORY_MARGIN,
-        # below the plan's headroom, unless the caching allocator is predicted to reach into it
-        # on a healthy run (it grows into free memory): then the rule would fire from step 1
-        critical_free_below_bytes=(capacity - prediction.gpu_usable_bytes
-                                   if prediction.gpu_device_used_bytes <= prediction.gpu_usable_bytes else None),
+        critical_free_below_bytes=nearly_full_free_bytes(used, prediction.gpu_usable_bytes, capacity),
+        critical_allocated_above_bytes=peak + (capacity - peak) // 2 if fills_the_card else None,
         why=(f"the {gpu_basis} peak is {_gib(peak)} of {_gib(capacity)}; "
-             f"{GPU_MEMORY_MARGIN:.0%} above it something grew (sequence length, batch, a leak) "
-             f"and the next step may run out of memory"),
+             f"{GPU_MEMORY_MARGIN:.0%} above it (or a third of the way to the card's capacity, whichever is lower) "
+             "something grew (sequence length, batch, a leak) and the next step may run out of memory"),
     )
 
     host_basis, host_peak = pick("host_peak_bytes", prediction.host_peak_bytes)
@@ -70,7 +90,7 @@ def derive_alerts(inp: PlanInput, prediction: Prediction, verification: Verifica
         basis=host_basis, peak_bytes=host_peak,
         warn_above_bytes=min(int(host_peak * (1 + HOST_MEMORY_MARGIN)), int(host_cap * HOST_MEMORY_CEILING)),
         capacity_bytes=host_cap, margin_fraction=HOST_MEMORY_MARGIN,
-        why=(f"the {host_basis} host peak is {_gib(host_peak)} per node of {_gib(host_cap)}; "
+        why=(f"the {host_basis} host peak of the job's processes is {_gib(host_peak)} per node; "
              "offload buffers are fixed, so growth means dataloader workers or a leak, "
              "and the kernel's OOM killer ends the job without a Python traceback"),
     )

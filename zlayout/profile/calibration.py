@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from zlayout.core.calibrate import GROUPS, CalibrationFit, MeasuredStep
 from zlayout.core.steptime import steady_step_s
+from zlayout import tomlsafe
 from zlayout.messages import type_error_text
 from zlayout.spec import Layout, PlanInput, StepTimeCalibration
 
@@ -34,8 +35,18 @@ class CalibrationError(ValueError):
     """A results or calibration file zlayout cannot use; the message says what to give instead."""
 
 
+# A step of a real GPU run takes between these (a tiny model's step is milliseconds; a stage-3
+# NVMe step of a large model minutes): outside, the figure is in other units or corrupt.
+PLAUSIBLE_STEP_S = (1e-4, 3600.0)
+# A fit whose rows stay this far off after fitting (mean |error|), or that pins a factor at its
+# limit (core.calibrate.FACTOR_MIN/MAX), describes the results' units, not the cluster.
+ABSURD_MEAN_ERROR = 0.5
+
+
 def _result_dicts(path: Path) -> list[tuple[str, Any]]:
-    """(where, parsed object) for a result.json, each line of a results.jsonl, or a folder's files."""
+    """(where, parsed object) for a result.json, each line of a results.jsonl, or a folder's files.
+    A line of a results.jsonl that is not JSON is ("file:N", CalibrationError): reported by number,
+    the other lines still read."""
     if path.is_dir():
         found = sorted(path.glob("result.json")) + sorted(path.glob("results.jsonl"))
         found = found or sorted(path.glob("*/result.json"))
@@ -46,10 +57,17 @@ def _result_dicts(path: Path) -> list[tuple[str, Any]]:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise CalibrationError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    if path.suffix == ".jsonl":
+        out: list[tuple[str, Any]] = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                out.append((f"{path.name}:{n}", json.loads(line)))
+            except (json.JSONDecodeError, RecursionError) as exc:
+                out.append((f"{path.name}:{n}", CalibrationError(f"not JSON ({' '.join(str(exc).split())[:80]})")))
+        return out
     try:
-        if path.suffix == ".jsonl":
-            return [(f"{path.name}:{n}", json.loads(line))
-                    for n, line in enumerate(text.splitlines(), 1) if line.strip()]
         return [(path.name, json.loads(text))]
     except (json.JSONDecodeError, RecursionError) as exc:
         raise CalibrationError(f"{path}: not JSON ({exc}); give zlayout verify's result.json "
@@ -62,6 +80,36 @@ def _int_or_none(value: Any) -> int | None:
     except (TypeError, ValueError):
         return None
     return number if number > 0 else None
+
+
+def _time(value: Any) -> bool:
+    """A time in seconds as a real run records it: a number (not a boolean), finite, in range."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and PLAUSIBLE_STEP_S[0] <= value <= PLAUSIBLE_STEP_S[1])
+
+
+def bad_times(measured: dict[str, Any]) -> str | None:
+    """What is wrong with a result's step and phase times (None: nothing): every figure a fit reads
+    must be a plausible time in seconds; true, a string, nan or a time in microseconds is not."""
+    for key in ("step_time_s", "step_times_s", "forward_times_s", "backward_times_s", "optimizer_times_s"):
+        if key not in measured or measured[key] is None:
+            continue
+        values = measured[key] if key.endswith("times_s") else [measured[key]]
+        if not isinstance(values, list) or not values:
+            return f"measured.{key} is {_shown(values)}, not a list of times in seconds"
+        bad = next((v for v in values if not _time(v)), _OK)
+        if bad is not _OK:
+            return (f"measured.{key} holds {_shown(bad)}, not a time in seconds from "
+                    f"{PLAUSIBLE_STEP_S[0]:g} to {PLAUSIBLE_STEP_S[1]:g}")
+    return None
+
+
+_OK = object()
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, float) or math.isfinite(value) else str(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def measured_step_s(measured: dict[str, Any]) -> float | None:
@@ -118,11 +166,18 @@ def read_results(paths: Iterable[str | os.PathLike[str]],
     skipped: list[str] = []
     for raw in paths:
         for where, result in _result_dicts(Path(raw)):
+            if isinstance(result, CalibrationError):
+                skipped.append(f"{where}: {result}")
+                continue
             if not isinstance(result, dict) or "inputs" not in result or "layout" not in result:
                 skipped.append(f"{where}: not a zlayout verify result")
                 continue
             status, mode = result.get("status"), result.get("mode")
             measured = result.get("measured") if isinstance(result.get("measured"), dict) else {}
+            problem = bad_times(measured) if status in USABLE_STATUSES and mode == "gpu" else None
+            if problem is not None:
+                skipped.append(f"{where}: {problem}")
+                continue
             step_s = measured_step_s(measured)
             if result.get("emulated_world"):
                 skipped.append(f"{where}: emulated (rank 0 of {result['emulated_world']} on one GPU): "
@@ -152,6 +207,26 @@ def read_results(paths: Iterable[str | os.PathLike[str]],
                                      source=where, phases_s=measured_phases_s(measured),
                                      alloc_retries=measured.get("alloc_retries")))
     return rows, skipped
+
+
+def absurd_fit(fit: CalibrationFit) -> str | None:
+    """Why a fit must not be written (None: it may): rows still far off after fitting, or a factor
+    pinned at its limit, say the results are in other units or the model does not describe them;
+    a calibration from them would make every plan that much off."""
+    from zlayout.core.calibrate import FACTOR_MAX, FACTOR_MIN
+
+    cal = fit.calibration
+    pinned = [g for g in fit.fitted_groups
+              if math.isclose(getattr(cal, f"{g}_factor"), FACTOR_MIN) or
+              math.isclose(getattr(cal, f"{g}_factor"), FACTOR_MAX)]
+    mean_after, max_after = fit.after
+    if pinned:
+        factor = getattr(cal, f"{pinned[0]}_factor")
+        return (f"the {pinned[0]} factor ends at its limit ({factor:g}; the fit keeps factors within "
+                f"{FACTOR_MIN:g}-{FACTOR_MAX:g}) with the rows {mean_after:.0%} off on average after fitting")
+    if mean_after > ABSURD_MEAN_ERROR:
+        return f"the rows are still {mean_after:.0%} off on average after fitting (at most {max_after:.0%})"
+    return None
 
 
 def calibration_document(fit: CalibrationFit, version: str) -> dict[str, Any]:
@@ -200,10 +275,19 @@ def load_calibration(path: str | os.PathLike[str]) -> StepTimeCalibration:
     """The factors of a calibration file, with `source` naming the file and its content hash."""
     p = Path(path)
     try:
-        data = p.read_bytes()
-        doc = tomllib.loads(data.decode("utf-8"))
+        if p.exists() and not p.is_file():  # /dev/zero, a FIFO or a directory would be read without end, or fail oddly
+            raise CalibrationError(f"--calibration {p} is not a file: give the TOML `zlayout calibrate` wrote")
+        with open(p, "rb") as handle:
+            data = handle.read(tomlsafe.MAX_TOML_BYTES + 1)
+        if len(data) > tomlsafe.MAX_TOML_BYTES:
+            raise CalibrationError(f"--calibration {p} is over {tomlsafe.MAX_TOML_BYTES:,} bytes: not a zlayout "
+                                   "calibration")
+        # the profiles' limits: a 25,000-part dotted key took tomllib 8.4 s and 3.7 GB
+        doc = tomlsafe.loads(data.decode("utf-8"), f"--calibration {p}")
     except OSError as exc:
         raise CalibrationError(f"cannot read --calibration {p}: {exc.strerror}") from None
+    except tomlsafe.TomlLimitError as exc:
+        raise CalibrationError(f"{exc}: not a zlayout calibration") from None
     except (UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError) as exc:
         raise CalibrationError(f"--calibration {p} is not a calibration TOML ({exc}); "
                                "write one with `zlayout calibrate RESULTS... --out FILE`") from None

@@ -20,7 +20,8 @@ from zlayout.profile.summary import free_gpu_memory_needed, gib
 
 Verdict = Literal["pass", "fail", "warn", "skip"]
 MiB = 2**20
-GPU_MEMORY_TOLERANCE = 0.03  # nvidia-smi's memory.total differs a little between SKUs and drivers
+GPU_MEMORY_TOLERANCE = 0.03
+HOST_RAM_TOLERANCE = 0.05  # MemTotal is a little below the DIMMs' size (kernel, firmware reservations)  # nvidia-smi's memory.total differs a little between SKUs and drivers
 NVIDIA_SMI_QUERY = ["--query-gpu=name,memory.total,memory.free,driver_version", "--format=csv,noheader"]
 
 
@@ -160,6 +161,13 @@ def check_host(profile: Profile, meminfo: dict[str, int] | None = None) -> Check
         return CheckItem("host memory", "fail",
                          f"{gib(available)} available of {gib(info.get('MemTotal', 0))}, the run needs {gib(need)} "
                          f"per node: {_host_advice(profile)}")
+    planned, total = profile.inputs.hardware.host_ram_bytes, info.get("MemTotal")
+    if total is not None and total < planned * (1 - HOST_RAM_TOLERANCE):
+        source = "assumed (not given at export)" if profile.host_ram_source == "assumed" else "given at export"
+        return CheckItem("host memory", "warn",
+                         f"{gib(available)} available, the run needs {gib(need)} per node; this node has "
+                         f"{gib(total)} in all where the profile's host RAM is {gib(planned)}, {source}: re-export "
+                         f"with --host-ram-gib {total / 2**30:.0f} so the host figures and alerts are this node's")
     return CheckItem("host memory", "pass", f"{gib(available)} available, the run needs {gib(need)} per node")
 
 

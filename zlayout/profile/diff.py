@@ -64,10 +64,14 @@ _FIGURES = ("gpu_peak_allocated_bytes", "gpu_peak_reserved_bytes", "gpu_device_u
 
 def diff_profiles(a: Profile, b: Profile) -> ProfileDiff:
     """A -> B: configuration changes, then their effect on the predicted (and measured) figures."""
-    flat_a = _flatten({"inputs": a.inputs.model_dump(mode="json"), "layout": a.layout.model_dump(mode="json"),
-                       "run": a.run.model_dump(mode="json")}, "")
-    flat_b = _flatten({"inputs": b.inputs.model_dump(mode="json"), "layout": b.layout.model_dump(mode="json"),
-                       "run": b.run.model_dump(mode="json")}, "")
+    from zlayout.profile.team_config import split
+
+    def settings(p: Profile) -> dict[str, Any]:
+        # ds_config: the team's keys (optimizer, scheduler): a change there moves no figure, but it is a change
+        return {"inputs": p.inputs.model_dump(mode="json"), "layout": p.layout.model_dump(mode="json"),
+                "run": p.run.model_dump(mode="json"), "ds_config": split(p.ds_config())[1]}
+
+    flat_a, flat_b = _flatten(settings(a), ""), _flatten(settings(b), "")
     changes = tuple(Change(key, flat_a.get(key), flat_b.get(key))
                     for key in sorted(set(flat_a) | set(flat_b), key=lambda k: (k.split(".")[0] != "layout", k))
                     if flat_a.get(key) != flat_b.get(key))

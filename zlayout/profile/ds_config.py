@@ -8,7 +8,7 @@ documents what the memory model assumed.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 from zlayout.spec import Layout, PlanInput
 
@@ -16,7 +16,10 @@ DEFAULT_NVME_PATH = "/local_nvme"
 
 
 def ds_config(inp: PlanInput, layout: Layout, nvme_path: str = DEFAULT_NVME_PATH,
-              lr: float = 1e-4) -> dict[str, Any]:
+              lr: float = 1e-4, team: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """zlayout's keys (ZeRO, batch, precision, clipping: zlayout.profile.team_config.OWNED_KEYS) and,
+    with `team`, the team's own keys (their optimizer, scheduler, monitors) instead of zlayout's
+    AdamW at `lr`."""
     t, z = inp.training, inp.zero
     zero: dict[str, Any] = {
         "stage": layout.stage,
@@ -51,6 +54,10 @@ def ds_config(inp: PlanInput, layout: Layout, nvme_path: str = DEFAULT_NVME_PATH
         config["bf16"] = {"enabled": True}
     elif t.precision == "fp16":
         config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
+    if team is not None:
+        for key in ("optimizer", "steps_per_print", "wall_clock_breakdown"):
+            config.pop(key)
+        config.update(team)
     return config
 
 

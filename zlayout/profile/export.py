@@ -10,6 +10,7 @@ directory, a single profile file.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from datetime import datetime
@@ -23,9 +24,9 @@ from zlayout.profile.build import build_profile
 from zlayout.profile.launch import launch_scripts
 from zlayout.profile.runbook import EXTRA_FILES
 from zlayout.profile.schema import Profile, RunSettings, path_text
-from zlayout.profile.store import (DS_CONFIG_FILE, PROFILE_FILE, ProfileError, load_profile, save_profile,
-                                   save_profile_dir)
-from zlayout.spec import Layout, PlanInput
+from zlayout.profile.store import (DS_CONFIG_FILE, HF_CONFIG_FILE, PROFILE_FILE, ProfileError, load_profile,
+                                   save_profile, save_profile_dir)
+from zlayout.spec import HardwareSpec, Layout, PlanInput
 
 
 MAX_WHY_CHARS = 2000  # one change-log reason; with the profile's ~1 kB per entry, hundreds of exports fit
@@ -50,7 +51,36 @@ class ExportTarget:
 def _set_names(profile: Profile | None = None) -> tuple[str, ...]:
     scripts = tuple(launch_scripts(profile)) if profile is not None else (
         "launch_deepspeed.sh", "launch_torchrun.sh", "launch_slurm.sbatch")
-    return (DS_CONFIG_FILE, *scripts, *EXTRA_FILES)
+    return (DS_CONFIG_FILE, *scripts, *EXTRA_FILES, HF_CONFIG_FILE)
+
+
+MAX_HF_CONFIG_BYTES = 256 * 1024  # a config.json is a few kB; the copy lives inside profile.toml
+
+
+def _hf_config_copy(inp: PlanInput) -> tuple[PlanInput, str | None]:
+    """With --hf-config, the config.json's text to keep inside the profile, and the inputs naming
+    that copy (hf_config.json beside profile.toml) instead of a path of the exporting machine."""
+    source = inp.model.hf_config
+    if source is None or source == HF_CONFIG_FILE:
+        return inp, None
+    from zlayout.hfconfig import config_path
+
+    try:
+        path = config_path(source)
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_HF_CONFIG_BYTES + 1)
+        if len(data) > MAX_HF_CONFIG_BYTES:
+            raise ProfileError(f"--hf-config {source}: over {MAX_HF_CONFIG_BYTES:,} bytes, too big to keep in the "
+                               "profile: give the model's config.json")
+        text = data.decode("utf-8")
+        json.loads(text)
+    except (OSError, ValueError, RecursionError) as exc:
+        if isinstance(exc, ProfileError):
+            raise
+        raise ProfileError(f"--hf-config {source}: cannot keep a copy in the profile: "
+                           f"{getattr(exc, 'strerror', None) or ' '.join(str(exc).split())[:120]}") from None
+    model = inp.model.model_copy(update={"hf_config": HF_CONFIG_FILE})
+    return inp.model_copy(update={"model": model}), text
 
 
 NOT_OURS = ("Not replacing a profile zlayout cannot read, nor a file that is not a profile: "
@@ -116,6 +146,42 @@ class ExportResult:
     profile: Profile
     target: ExportTarget
     written: tuple[Path, ...]
+    ds_config_notes: tuple[str, ...] = ()  # what zlayout set over the team's ds_config, what it kept
+
+
+def _team_config(inp: PlanInput, layout: Layout, run: RunSettings, target: ExportTarget,
+                 team_config: Mapping[str, Any] | None) -> tuple[dict[str, Any] | None, list[str]]:
+    """The team's ds_config keys for the new profile and what to tell them: from --ds-config when
+    given; else the replaced profile's, with hand edits of ds_config.json's team keys kept."""
+    from zlayout.profile.ds_config import ds_config
+    from zlayout.profile.team_config import (OWNED_KEYS, TeamConfigError, describe_edits, import_team_config, split,
+                                             team_edits)
+
+    ours = ds_config(inp, layout, nvme_path=run.nvme_path)
+    if team_config is not None:
+        try:
+            team, replaced = import_team_config(team_config, ours)
+        except TeamConfigError as exc:
+            raise ProfileError(f"--ds-config: {exc}") from None
+        kept = ", ".join(team) or "nothing"
+        notes = [f"ds_config.json: kept yours: {kept}; zlayout set "
+                 f"{', '.join(k for k in ours if k in OWNED_KEYS)} (the plan's ZeRO, batch and precision)"]
+        notes += [f"ds_config.json: zlayout replaced {note}" for note in replaced]
+        return team, notes
+    if target.previous is None:
+        return None, []
+    team = target.previous.ds_config_team
+    config_file = target.path / DS_CONFIG_FILE
+    if target.single_file or not config_file.is_file():
+        return team, []
+    try:
+        on_disk = split(json.loads(config_file.read_text(encoding="utf-8")))[1]
+        edits = team_edits(split(target.previous.ds_config())[1], on_disk)
+    except (OSError, ValueError, RecursionError, AttributeError) as exc:
+        return team, [f"ds_config.json: its hand edits are not kept ({' '.join(str(exc).split())[:160]})"]
+    if not edits:
+        return team, []
+    return on_disk, [f"ds_config.json: kept your hand edits: {describe_edits(edits)}"]
 
 
 def _one_line(exc: ValidationError) -> str:
@@ -141,12 +207,17 @@ def _unchanged_since_inspected(target: ExportTarget):
 def export_profile(inp: PlanInput, layout: Layout, path: str | os.PathLike[str], *, replace: bool = False,
                    name: str | None = None, why: str | None = None,
                    run_settings: Mapping[str, Any] | None = None, now: datetime | None = None,
-                   presets_dirs: tuple[str, ...] = ()) -> ExportResult:
+                   presets_dirs: tuple[str, ...] = (), team_config: Mapping[str, Any] | None = None,
+                   host_ram_given: bool | None = None) -> ExportResult:
     """Build the profile for `layout` and write it to `path` under the rules above.
 
     `run_settings` (train_script, checkpoint_dir, nvme_path, master_port) override the replaced
     profile's; they are validated here, with every other value the scripts print, before any
-    file is touched. Raises ProfileExists (a profile is there, `replace` is False) or ProfileError.
+    file is touched. `team_config` is the team's own ds_config.json (--ds-config): its optimizer,
+    scheduler and other keys are kept, zlayout's ZeRO, batch and precision keys set over them, and a
+    key that changes memory the plan does not price is refused. Raises ProfileExists (a profile is
+    there, `replace` is False) or ProfileError. `host_ram_given`: whether the host RAM is the user's
+    (--host-ram-gib) or zlayout's default; None: given when it is not the default.
     """
     if why is not None and len(why) > MAX_WHY_CHARS:
         raise ProfileError(f"--why is {len(why):,} characters long; the change log keeps at most "
@@ -156,10 +227,22 @@ def export_profile(inp: PlanInput, layout: Layout, path: str | os.PathLike[str],
         raise ProfileExists(f"{target.profile_file} already exists (profile {target.previous.name}): "
                             "add --force to replace it (its change log is kept) or choose another --out")
     base = target.previous.run if target.previous is not None else RunSettings()
+    inp, hf_config_json = _hf_config_copy(inp)
+    if hf_config_json is None and inp.model.hf_config == HF_CONFIG_FILE and target.previous is not None:
+        hf_config_json = target.previous.hf_config_json  # re-exported from the profile's own copy
     try:
         run = RunSettings.model_validate({**base.model_dump(), **dict(run_settings or {})})
+        team, notes = _team_config(inp, layout, run, target, team_config)
+        kept_edits = [n.split(": ", 1)[1] for n in notes if n.startswith("ds_config.json: kept your hand edits")]
+        if kept_edits and why is None:
+            why = f"re-exported, keeping ds_config.json's hand edits ({kept_edits[0].removeprefix('kept your hand edits: ')})"
         profile = build_profile(inp, layout, name=name, why=why, previous=target.previous, run=run, now=now,
                                 presets_dirs=presets_dirs)
+        if host_ram_given is None:
+            host_ram_given = inp.hardware.host_ram_bytes != HardwareSpec.model_fields["host_ram_bytes"].default
+        profile = profile.model_copy(update={"hf_config_json": hf_config_json, "ds_config_team": team,
+                                             "host_ram_source": "given" if host_ram_given else "assumed"})
+        Profile.model_validate(profile.model_dump())  # the team keys pass the profile's own checks
     except ValidationError as exc:
         raise ProfileError(_one_line(exc)) from None
     guard = _unchanged_since_inspected(target)
@@ -167,4 +250,5 @@ def export_profile(inp: PlanInput, layout: Layout, path: str | os.PathLike[str],
         written: tuple[Path, ...] = (save_profile(profile, target.profile_file, guard=guard),)
     else:
         written = tuple(save_profile_dir(profile, target.path, guard=guard))
-    return ExportResult(profile=load_profile(target.profile_file), target=target, written=written)
+    return ExportResult(profile=load_profile(target.profile_file), target=target, written=written,
+                        ds_config_notes=tuple(notes))

@@ -21,8 +21,9 @@ from typing import Any
 from zlayout.profile.launch import DEEPSPEED_SCRIPT, SLURM_SCRIPT, TORCHRUN_SCRIPT
 from zlayout.profile.schema import (MEASURED_STATUSES, VALIDATED_TOLERANCE_FRACTION, Prediction, Profile,
                                     Verification)
-from zlayout.profile.store import (DS_CONFIG_FILE, PROFILE_FILE, ProfileError, ds_config_text, set_files,
-                                   sha256_digest)
+from zlayout.profile.store import (DS_CONFIG_FILE, HF_CONFIG_FILE, PROFILE_FILE, ProfileError, ds_config_text,
+                                   set_files, sha256_digest)
+from zlayout.profile.team_config import TeamConfigError, describe_edits, split, team_edits
 
 MAX_SET_FILE_BYTES = 16 * 2**20  # ds_config.json and the scripts are a few kB
 REEXPORT = "re-export the profile with `zlayout export ... --force` (its change log is kept) or restore the file"
@@ -72,7 +73,8 @@ def is_set_member(profile_path: Path, profile: Profile) -> bool:
     return profile_path.name == PROFILE_FILE or bool(profile.manifest)
 
 
-def check_set(profile: Profile, profile_path: Path) -> list[str]:
+def check_set(profile: Profile, profile_path: Path,
+              hand_edits: list[tuple[str, Any, Any]] | None = None) -> list[str]:
     """Refuse (ProfileError, one line naming the file) a set whose files disagree with profile.toml.
 
     Checks every file the manifest lists (sha256), ds_config.json against the config the inputs
@@ -80,7 +82,8 @@ def check_set(profile: Profile, profile_path: Path) -> list[str]:
     (the scripts match the manifest after profile.toml's run settings were edited). A profile.toml
     without its [manifest] is refused: nothing would tell an edited launch script from the exported
     one. A file the user removed is not a disagreement: its name is returned, and `show` says it is
-    missing.
+    missing. ds_config.json's team keys (zlayout.profile.team_config) edited by hand are accepted when
+    they change no memory (lr, betas, the scheduler): each lands in `hand_edits`.
     """
     directory = profile_path.parent
     if not is_set_member(profile_path, profile):
@@ -107,13 +110,31 @@ def check_set(profile: Profile, profile_path: Path) -> list[str]:
             reason = " ".join(str(exc).split())[:120]
             raise ProfileError(f"{config_path}: not valid JSON ({reason}): DeepSpeed could not read it; "
                                f"{REEXPORT}") from None
-        differences = json_differences(expected_config, actual)
+        owned, team = split(expected_config)
+        actual_owned, actual_team = split(actual) if isinstance(actual, dict) else ({}, actual)
+        differences = json_differences(owned, actual_owned)
+        team_differences = json_differences(team, actual_team)
+        if team_differences and not differences and not matches_manifest and isinstance(actual, dict):
+            try:  # the team's own keys edited by hand: accepted when they change no memory
+                edits = team_edits(team, actual_team)
+            except TeamConfigError as exc:
+                raise ProfileError(f"{config_path}: changed after export: {exc}: {REEXPORT}") from None
+            if hand_edits is not None:
+                hand_edits.extend(edits)
+            team_differences = []
+        differences += team_differences
         if differences:
             if matches_manifest:  # the file is as exported: profile.toml changed after it
                 raise ProfileError(f"{directory / PROFILE_FILE}: edited after export: {_describe(differences)} "
                                    f"in {DS_CONFIG_FILE} as exported; the files disagree: {REEXPORT}")
             raise ProfileError(f"{config_path}: changed after export (a hand edit, or an interrupted export): "
                                f"{_describe(differences)}; DeepSpeed would run another configuration: {REEXPORT}")
+    copy = profile.hf_config_json
+    listed_copy = profile.manifest.get(HF_CONFIG_FILE)
+    if (copy is None) != (listed_copy is None) or (
+            copy is not None and sha256_digest(copy.encode("utf-8")) != listed_copy):
+        raise ProfileError(f"{directory / PROFILE_FILE}: edited after export: hf_config_json is not the "
+                           f"{HF_CONFIG_FILE} its manifest lists: {REEXPORT}")
     for name, digest in profile.manifest.items():
         if name == DS_CONFIG_FILE:
             continue  # compared by content above: reformatting it is harmless
@@ -330,6 +351,30 @@ class CheckedProfile:
     path: Path  # the profile.toml (or standalone .toml) read
     missing: tuple[str, ...]  # files the manifest lists that are gone
     stale: StalePrediction | None
+    hand_edits: tuple[tuple[str, Any, Any], ...] = ()  # ds_config.json's team keys edited (no memory effect)
+
+    def hand_edits_line(self) -> str | None:
+        if not self.hand_edits:
+            return None
+        return (f"{DS_CONFIG_FILE} edited by hand, no effect on memory (accepted): {describe_edits(list(self.hand_edits))}; "
+                "the next export --force or verify --update-profile records it in the change log")
+
+    def with_hand_edits(self) -> Profile:
+        """The stored profile adopting the hand edits of ds_config.json's team keys, with a change-log
+        entry saying what changed (figures unchanged: those keys hold no memory)."""
+        if not self.hand_edits:
+            return self.profile
+        from zlayout.profile.build import _figures
+        from zlayout.profile.schema import ChangeEntry, utc_now
+
+        p = self.profile
+        _, team = split(json.loads((self.directory / DS_CONFIG_FILE).read_text(encoding="utf-8")))
+        gpu, host, step = _figures(p)
+        entry = ChangeEntry(when=utc_now(), why=f"{DS_CONFIG_FILE} edited by hand: {describe_edits(list(self.hand_edits))}"[:2000],
+                            basis=p.alerts.gpu_memory.basis, layout_before=p.layout.label, layout_after=p.layout.label,
+                            gpu_peak_bytes_before=gpu, gpu_peak_bytes_after=gpu, host_peak_bytes_before=host,
+                            host_peak_bytes_after=host, step_time_s_before=step, step_time_s_after=step)
+        return p.model_copy(update={"ds_config_team": team, "changelog": [*p.changelog, entry]})
 
     @property
     def directory(self) -> Path:
@@ -354,7 +399,9 @@ def open_checked(path: str | Path) -> CheckedProfile:
 
     profile_path = resolve_profile_path(path)
     profile, document = load_profile_document(profile_path)
-    missing = check_set(profile, profile_path)
+    edits: list[tuple[str, Any, Any]] = []
+    missing = check_set(profile, profile_path, edits)
     stale = stale_prediction(profile)
     check_derived(profile, document, profile_path, stale)
-    return CheckedProfile(profile=profile, path=profile_path, missing=tuple(missing), stale=stale)
+    return CheckedProfile(profile=profile, path=profile_path, missing=tuple(missing), stale=stale,
+                          hand_edits=tuple(edits))

@@ -15,9 +15,10 @@ from zlayout.catalog import format_params
 from zlayout.profile.diff import Effect, diff_profiles
 from zlayout.profile.launch import DEEPSPEED_SCRIPT, SLURM_SCRIPT, TORCHRUN_SCRIPT
 from zlayout.profile.memory_svg import memory_svg
-from zlayout.profile.prometheus import alerts_yaml, mib, rules
+from zlayout.profile.prometheus import (ALLOCATED_METRIC, LOSS_METRIC, PROCESS_GROUP, STEP_TIME_METRIC, alerts_yaml,
+                                        mib, rules)
 from zlayout.profile.schema import Profile, inputs_to_file
-from zlayout.profile.summary import figure, free_gpu_memory_needed, gib, seconds
+from zlayout.profile.summary import figure, free_gpu_memory_needed, gib, host_ram_text, seconds
 from zlayout.spec import Layout, offload_flag
 
 RUNBOOK_FILE = "RUNBOOK.md"
@@ -84,7 +85,7 @@ def _summary(p: Profile) -> list[str]:
     rows: list[tuple[object, ...]] = [
         ("Model", s.model),
         ("Hardware", f"{s.hardware}, {hw.intra_link.name} within a node{inter}; "
-                     f"host RAM {gib(hw.host_ram_bytes)} per node"),
+                     f"host RAM {host_ram_text(p)} per node"),
         ("Training", f"sequence {t.seq}, micro-batch {t.micro_batch}, gradient accumulation {t.grad_accum}, "
                      f"global batch {t.micro_batch * t.grad_accum * hw.world} sequences, {t.precision}, "
                      f"activation checkpointing {t.checkpointing}"),
@@ -95,7 +96,7 @@ def _summary(p: Profile) -> list[str]:
         (f"GPU memory, peak allocated ({s.basis})", f"{gib(s.gpu_peak_allocated_bytes)} of "
                                                     f"{gib(s.gpu_capacity_bytes)} per GPU"),
         (f"GPU memory in use, nvidia-smi ({s.basis})", f"{gib(s.gpu_device_used_bytes)} per GPU"),
-        (f"Host memory, peak ({s.basis})", f"{gib(s.host_peak_bytes)} of {gib(s.host_capacity_bytes)} per node"),
+        (f"Host memory, peak ({s.basis})", f"{gib(s.host_peak_bytes)} per node, of {host_ram_text(p)}"),
     ]
     if s.nvme_bytes:
         rows.append(("NVMe", f"{gib(s.nvme_bytes)} per node"))
@@ -141,7 +142,7 @@ def _what_lives_where(p: Profile) -> list[str]:
     out.append(f"Peak per GPU: {gib(pred.gpu_peak_allocated_bytes)} allocated, {gib(pred.gpu_peak_reserved_bytes)} "
                f"reserved by PyTorch, {gib(pred.gpu_device_used_bytes)} in use as nvidia-smi shows it, of "
                f"{gib(pred.gpu_capacity_bytes)}; {gib(pred.gpu_headroom_bytes)} to spare. Host peak "
-               f"{gib(pred.host_peak_bytes)} of {gib(pred.host_capacity_bytes)} per node"
+               f"{gib(pred.host_peak_bytes)} per node, of {host_ram_text(p)}"
                + (f"; NVMe {gib(pred.nvme_bytes)} of {gib(pred.nvme_capacity_bytes)} per node." if pred.nvme_bytes
                   else "."))
     return out
@@ -304,49 +305,97 @@ def _restart(p: Profile) -> list[str]:
     return out
 
 
+def _expr(names: dict, alert: str) -> str:
+    return f"`{names[alert].expr}`" if alert in names else "-"
+
+
 def _alerts(p: Profile) -> list[str]:
     a = p.alerts
     g, h = a.gpu_memory, a.host_memory
     names = {r.alert: r for r in rules(p)}
-    out = [f"Thresholds follow the {g.basis} figures. `{ALERTS_FILE}` holds the rules a standard exporter can "
-           "check (Prometheus alerting rules on the NVIDIA DCGM exporter and node exporter metrics); the rows "
-           "marked *training log* need the job to log the figure.", ""]
+    labels = p.run.alert_labels
+    scope = (f"Every rule selects the job's own series ({', '.join(f'`{k}={v}`' for k, v in labels.items())}, "
+             "from `--alert-labels` at export)." if labels else
+             "**The rules are unscoped**: no `--alert-labels` was given at export, so they watch every GPU and node "
+             "the Prometheus scrapes, and the GPU-idle rule is left out (it would fire for every idle GPU). "
+             "Re-export with `--alert-labels job=YOUR_JOB`.")
+    out = [f"Thresholds follow the {g.basis} figures; every one is below what the card has, so each can fire. "
+           f"`{ALERTS_FILE}` holds them as Prometheus alerting rules (`promtool check rules {ALERTS_FILE}`). {scope}",
+           ""]
     rows: list[tuple[object, ...]] = [
         ("GPU memory allocated", f"> {gib(g.warn_allocated_above_bytes)} per GPU",
-         "training log: `torch.cuda.max_memory_allocated()`", g.why,
+         _expr(names, "ZlayoutGpuAllocatedHigh"), g.why,
          "look for growth: longer sequences, a larger batch, tensors kept across steps; before the OOM, "
-         "lower the micro-batch or resume with checkpointing on"),
-        ("GPU memory in use", f"> {gib(g.warn_device_used_above_bytes)} per GPU",
-         f"`{names['ZlayoutGpuMemoryHigh'].expr}` (MiB)", g.why,
-         "as above; also another process on the GPU (`nvidia-smi`)"),
-    ]
-    if "ZlayoutGpuMemoryFull" in names and g.critical_free_below_bytes:
+         "lower the micro-batch or resume with checkpointing on")]
+    if g.warn_device_used_above_bytes is not None:
+        rows.append(("GPU memory in use", f"> {gib(g.warn_device_used_above_bytes)} per GPU",
+                     f"{_expr(names, 'ZlayoutGpuMemoryHigh')} (MiB)", g.why,
+                     "as above; also another process on the GPU (`nvidia-smi`)"))
+    if g.critical_free_below_bytes:
         rows.append(("GPU memory nearly full", f"< {gib(g.critical_free_below_bytes)} free per GPU",
-                     f"`{names['ZlayoutGpuMemoryFull'].expr}` (MiB)",
-                     f"the {p.inputs.headroom_fraction:.0%} headroom the plan keeps free is gone",
+                     f"{_expr(names, 'ZlayoutGpuMemoryFull')} (MiB)",
+                     "less free than the plan leaves on a healthy run",
                      "an OOM is imminent: checkpoint now if the job can, then see On-call notes"))
-    rows.append(("Host memory", f"> {gib(h.warn_above_bytes)} per node",
-                 f"`{names['ZlayoutHostMemoryHigh'].expr}`", h.why,
+    if g.critical_allocated_above_bytes is not None:
+        rows.append(("GPU memory nearly full", f"> {gib(g.critical_allocated_above_bytes)} allocated per GPU",
+                     _expr(names, "ZlayoutGpuMemoryFull"),
+                     "half the way from the plan's peak to the card; the caching allocator is planned to fill the "
+                     "card, so nvidia-smi and DCGM show it full on a healthy run and only allocated memory tells",
+                     "an OOM is imminent: checkpoint now if the job can, then see On-call notes"))
+    rows.append(("Host memory (the job's processes)", f"> {gib(h.warn_above_bytes)} per node",
+                 _expr(names, "ZlayoutHostMemoryHigh"), h.why,
                  "find the process growing (`ps -eo rss,cmd --sort=-rss | head`); fewer dataloader workers"))
     if a.step_time is not None:
         s = a.step_time
-        rows.append(("Step time", f"> {seconds(s.warn_above_s)}", "training log: time per optimizer step",
+        rows.append(("Step time", f"> {seconds(s.warn_above_s)}", _expr(names, "ZlayoutStepTimeHigh"),
                      s.why, "see On-call notes: step time far above the plan"))
-    if a.gpu_health is not None and "ZlayoutGpuIdle" in names:
+    if a.gpu_health is not None:
         hl = a.gpu_health
-        rows.append(("GPU idle", f"< {hl.idle_util_below_percent}% busy for {hl.idle_for_minutes} min",
-                     f"`{names['ZlayoutGpuIdle'].expr}`", hl.why, "see On-call notes: NCCL timeout or hang"))
-        rows.append(("GPU fault (XID)", hl.xid_rule, f"`{names['ZlayoutGpuXid'].expr}`",
+        if "ZlayoutGpuIdle" in names:
+            rows.append(("GPU idle", f"< {hl.idle_util_below_percent}% busy for {hl.idle_for_minutes} min",
+                         _expr(names, "ZlayoutGpuIdle"), hl.why, "see On-call notes: NCCL timeout or hang"))
+        rows.append(("GPU fault (XID)", hl.xid_rule, _expr(names, "ZlayoutGpuXid"),
                      "the driver only reports faults", "drain the node; resume elsewhere (Restart procedure)"))
-    if a.checkpoint_space is not None and "ZlayoutCheckpointSpaceLow" in names:
+    if a.checkpoint_space is not None:
         c = a.checkpoint_space
         rows.append(("Checkpoint space", f"< {gib(c.warn_free_below_bytes)} free in {c.path}",
-                     f"`{names['ZlayoutCheckpointSpaceLow'].expr}`", c.why,
+                     _expr(names, "ZlayoutCheckpointSpaceLow"), c.why,
                      "delete old checkpoint tags (keep the one `latest` names and the one before)"))
-    rows.append(("Loss spike", a.loss_spike.rule, "training log: loss per step", a.loss_spike.why,
+    rows.append(("Loss spike", a.loss_spike.rule, _expr(names, "ZlayoutLossSpike"), a.loss_spike.why,
                  "see On-call notes: loss spikes after resume"))
     out += _table(("alert", "threshold", "source", "why this value", "what to do"), rows)
+    out += ["", "**Where the metrics come from.** `DCGM_FI_DEV_*`: NVIDIA's DCGM exporter on every node. "
+            "`node_filesystem_avail_bytes`: the node exporter. `namedprocess_namegroup_memory_bytes`: the process "
+            "exporter (ncabatoff/process-exporter), which sums the resident memory of the job's own processes per "
+            "node (what zlayout's host peak is: not the OS, the page cache or other jobs) with this group in its "
+            "config:", "", "```yaml", "process_names:", f"  - name: {PROCESS_GROUP}",
+            "    cmdline: ['--deepspeed_config']   # every rank of the launch scripts has it", "```", "",
+            f"`{STEP_TIME_METRIC}`, `{ALLOCATED_METRIC}` and `{LOSS_METRIC}`: the training script sets them "
+            "(`pip install prometheus-client`; scrape port 9400 + local rank on every node, with the job's labels):",
+            "", "```python", *TRAINING_METRICS_SNIPPET, "```"]
     return out
+
+
+TRAINING_METRICS_SNIPPET = (
+    "import os, time, torch",
+    "from prometheus_client import Gauge, start_http_server",
+    "",
+    "start_http_server(9400 + int(os.environ.get(\"LOCAL_RANK\", 0)))",
+    f"step_time = Gauge(\"{STEP_TIME_METRIC}\", \"wall time of one optimizer step\")",
+    f"allocated = Gauge(\"{ALLOCATED_METRIC}\", \"torch.cuda.max_memory_allocated()\")",
+    f"train_loss = Gauge(\"{LOSS_METRIC}\", \"loss of the last micro-batch\")",
+    "",
+    "started = time.perf_counter()",
+    "for batch in loader:",
+    "    loss = engine(batch)          # your forward and loss",
+    "    engine.backward(loss)",
+    "    engine.step()",
+    "    if engine.is_gradient_accumulation_boundary():   # an optimizer step ended",
+    "        train_loss.set(loss.item())",
+    "        allocated.set(torch.cuda.max_memory_allocated())",
+    "        step_time.set(time.perf_counter() - started)",
+    "        started = time.perf_counter()",
+)
 
 
 def _on_call(p: Profile) -> list[str]:
@@ -373,7 +422,7 @@ def _on_call(p: Profile) -> list[str]:
          "against fragmentation; resume from the last checkpoint (Restart procedure)"),
         ("Host out of memory with offload",
          f"the job ends without a Python traceback: `dmesg -T | grep -i -e oom -e 'killed process'`; `free -g`; "
-         f"the plan's host peak is {gib(a.host_memory.peak_bytes)} per node of {gib(hw.host_ram_bytes)}"
+         f"the plan's host peak is {gib(a.host_memory.peak_bytes)} per node, of {host_ram_text(p)}"
          + ("" if offload else " (this layout offloads nothing: the peak is the model built on the host)"),
          "fewer dataloader workers per rank; other jobs off the node; optimizer state to NVMe "
          "(`--stage 3 --offload-optimizer nvme`); nodes with more RAM; re-export and verify"),

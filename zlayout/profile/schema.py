@@ -33,6 +33,10 @@ Basis = Literal["measured", "predicted"]
 Where = Literal["gpu", "host", "nvme"]
 
 
+HOST_RAM_SOURCE_TEXT = {"given": "given at export",
+                        "assumed": "assumed: zlayout's default, not given at export with --host-ram-gib"}
+
+
 class Section(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -47,6 +51,7 @@ def utc_now() -> datetime:
     return datetime.now(timezone.utc).replace(microsecond=0)
 
 
+PROMETHEUS_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 MAX_PATH_CHARS = 4096
 MAX_NAME_CHARS = 200
 MAX_COMPONENT_BYTES = 255  # NAME_MAX on Linux file systems
@@ -85,6 +90,21 @@ class RunSettings(Section):
     nvme_path: str = Field(default=DEFAULT_NVME_PATH, description="NVMe offload directory on every node")
     checkpoint_dir: str | None = Field(default=None, description="where the job saves DeepSpeed checkpoints")
     master_port: int = Field(default=29500, gt=0, lt=65536)
+    alert_labels: dict[str, str] = Field(
+        default={}, description="Prometheus label matchers that scope alerts.yml to this job (name -> value)")
+
+    @field_validator("alert_labels")
+    @classmethod
+    def _label_matchers(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, text in value.items():
+            if not PROMETHEUS_LABEL.fullmatch(name) or name.startswith("__"):
+                raise ValueError(f"alert label {ascii(name)} is not a Prometheus label name: letters, digits and _, "
+                                 "not starting with a digit or __ (e.g. job=llama3-pretrain)")
+            one_line_text(text, f"alert label {name}'s value")
+            if not text:
+                raise ValueError(f"alert label {name} has an empty value: an empty matcher selects series "
+                                 "without the label; give the job's value")
+        return value
 
     @field_validator("train_script", "nvme_path", "checkpoint_dir")
     @classmethod
@@ -202,11 +222,16 @@ class GpuMemoryAlert(Section):
     peak_allocated_bytes: int
     warn_allocated_above_bytes: int = Field(description="torch.cuda.max_memory_allocated() per GPU")
     device_used_bytes: int
-    warn_device_used_above_bytes: int = Field(description="nvidia-smi / DCGM framebuffer used per GPU")
+    warn_device_used_above_bytes: int | None = Field(
+        default=None, description="nvidia-smi / DCGM framebuffer used per GPU; absent when the plan's caching "
+                                  "allocator fills the card (then the framebuffer says nothing: allocated does)")
     capacity_bytes: int
     margin_fraction: float
     critical_free_below_bytes: int | None = Field(
         default=None, description="framebuffer free per GPU below the plan's headroom (DCGM_FI_DEV_FB_FREE)")
+    critical_allocated_above_bytes: int | None = Field(
+        default=None, description="nearly full when the allocator fills the card: allocated per GPU above half "
+                                  "the way from the peak to the capacity (the training script's gauge)")
     why: str
 
     @field_validator("margin_fraction")
@@ -330,6 +355,7 @@ class Summary(Section):
     host_peak_bytes: int
     host_capacity_gib: float
     host_capacity_bytes: int
+    host_capacity_source: str | None = Field(default=None, description="given at export, or assumed (a default)")
     nvme_gib: float
     nvme_bytes: int
     checkpoint_gib: float | None = None
@@ -406,6 +432,15 @@ class Profile(Section):
     restart_drill: RestartDrill | None = None
     limits: Limits | None = None
     changelog: list[ChangeEntry] = Field(min_length=1)
+    host_ram_source: Literal["given", "assumed"] = Field(
+        default="assumed", description="given: --host-ram-gib at export; assumed: zlayout's default host RAM "
+                                       "(2 TiB per node), not the nodes' (also every profile exported before this key)")
+    ds_config_team: dict[str, Any] | None = Field(
+        default=None, description="the team's keys of ds_config.json (optimizer, scheduler, monitors: from "
+                                  "--ds-config or hand edits zlayout accepted); absent: zlayout's AdamW")
+    hf_config_json: str | None = Field(
+        default=None, description="the model's config.json as exported with --hf-config (written beside profile.toml "
+                                  "as hf_config.json, hashed in the manifest); inputs.model.hf_config names that copy")
     manifest: dict[str, str] = Field(
         default={}, description="file name -> 'sha256:HEX' of every file written with this profile.toml "
                                 "(ds_config.json, launch scripts); empty for a profile.toml on its own")
@@ -470,6 +505,7 @@ class Profile(Section):
             gpu_capacity_gib=round_gib(pred.gpu_capacity_bytes), gpu_capacity_bytes=pred.gpu_capacity_bytes,
             host_peak_gib=round_gib(alerts.host_memory.peak_bytes), host_peak_bytes=alerts.host_memory.peak_bytes,
             host_capacity_gib=round_gib(hw.host_ram_bytes), host_capacity_bytes=hw.host_ram_bytes,
+            host_capacity_source=HOST_RAM_SOURCE_TEXT[self.host_ram_source],
             nvme_gib=round_gib(pred.nvme_bytes), nvme_bytes=pred.nvme_bytes,
             checkpoint_gib=None if pred.checkpoint_bytes is None else round_gib(pred.checkpoint_bytes),
             checkpoint_bytes=pred.checkpoint_bytes,
@@ -507,6 +543,13 @@ class Profile(Section):
             if not isinstance(number, int) or isinstance(number, bool) or number <= 0:
                 raise ValueError(f"{what} must be a positive integer")
         RunSettings.model_validate(self.run.model_dump())
+        if self.ds_config_team is not None:
+            from zlayout.profile.team_config import check_team
+
+            try:
+                check_team(self.ds_config_team)
+            except ValueError as exc:
+                raise ValueError(f"ds_config_team.{exc}") from None
         return self
 
     def plan_input(self) -> PlanInput:
@@ -514,7 +557,7 @@ class Profile(Section):
 
     def ds_config(self) -> dict[str, Any]:
         """The DeepSpeed config this profile runs with (what ds_config.json holds)."""
-        return ds_config(self.inputs, self.layout, nvme_path=self.run.nvme_path)
+        return ds_config(self.inputs, self.layout, nvme_path=self.run.nvme_path, team=self.ds_config_team)
 
     @property
     def world(self) -> int:

@@ -36,6 +36,7 @@ from zlayout.profile.schema import SCHEMA_VERSION, SPEC_TO_FILE_SUFFIX, Profile
 
 PROFILE_FILE = "profile.toml"
 DS_CONFIG_FILE = "ds_config.json"
+HF_CONFIG_FILE = "hf_config.json"  # the copy of --hf-config's config.json (not config.json: a model folder has one)
 
 
 TEMP_PREFIX = ".zlayout-tmp-"  # the set being written; removed by the next write if a crash left it
@@ -308,7 +309,7 @@ def _is_temporary(name: str) -> bool:
     if name.startswith(TEMP_PREFIX):
         return True
     return name.endswith(".tmp") and any(name.startswith(f".{own}.") for own in (
-        PROFILE_FILE, DS_CONFIG_FILE, DEEPSPEED_SCRIPT, TORCHRUN_SCRIPT, SLURM_SCRIPT, *EXTRA_FILES))
+        PROFILE_FILE, DS_CONFIG_FILE, DEEPSPEED_SCRIPT, TORCHRUN_SCRIPT, SLURM_SCRIPT, HF_CONFIG_FILE, *EXTRA_FILES))
 
 
 def clean_temporaries(directory: Path) -> list[str]:
@@ -387,6 +388,8 @@ def set_files(profile: Profile) -> dict[str, bytes]:
     files = {DS_CONFIG_FILE: ds_config_text(profile).encode("utf-8")}
     files.update({name: text.encode("utf-8") for name, text in launch_scripts(profile).items()})
     files.update({name: text.encode("utf-8") for name, text in extra_files(profile).items()})
+    if profile.hf_config_json is not None:
+        files[HF_CONFIG_FILE] = profile.hf_config_json.encode("utf-8")
     return files
 
 

@@ -13,6 +13,13 @@ def gib(n: float | int | None) -> str:
     return "-" if n is None else f"{n / GiB:,.1f} GiB"
 
 
+def host_ram_text(profile: Profile) -> str:
+    """The host RAM per node with where the figure came from: a default is never shown as a fact."""
+    from zlayout.profile.schema import HOST_RAM_SOURCE_TEXT
+
+    return f"{gib(profile.inputs.hardware.host_ram_bytes)} ({HOST_RAM_SOURCE_TEXT[profile.host_ram_source]})"
+
+
 def free_gpu_memory_needed(profile: Profile) -> int:
     """The free memory each GPU must have for the run: the least its peak runs in (the
     allocator model's verdict figure), not the device use it reaches on a card with room
@@ -65,7 +72,7 @@ def format_profile(profile: Profile) -> str:
                f"{m.heads} heads{kv}, ffn {m.ffn_size}, vocab {m.vocab}, {m.mlp}, {m.norm}")
     inter = f", {hw.inter_link.name} between nodes" if hw.inter_link and hw.nodes > 1 else ""
     out.append(f"  hardware  {hw.nodes} node(s) x {hw.gpus_per_node} {hw.gpu.name} ({gib(hw.gpu.memory_bytes)} each), "
-               f"{hw.intra_link.name} within a node{inter}; host RAM {gib(hw.host_ram_bytes)}/node, "
+               f"{hw.intra_link.name} within a node{inter}; host RAM {host_ram_text(profile)}/node, "
                f"NVMe {gib(hw.nvme_bytes)}/node")
     out.append(f"  training  seq {t.seq}, micro-batch {t.micro_batch}, grad-accum {t.grad_accum}, "
                f"{t.precision}, checkpointing {t.checkpointing}, "
@@ -90,7 +97,7 @@ def format_profile(profile: Profile) -> str:
                f"{gib(pred.gpu_peak_reserved_bytes)} reserved, {gib(pred.gpu_device_used_bytes)} device used "
                f"of {gib(pred.gpu_capacity_bytes)} (headroom {gib(pred.gpu_headroom_bytes)}, "
                f"peak during {pred.peak_phase}): {fits}")
-    out.append(f"  host peak per node: {gib(pred.host_peak_bytes)} of {gib(pred.host_capacity_bytes)}; "
+    out.append(f"  host peak per node: {gib(pred.host_peak_bytes)} of {host_ram_text(profile)}; "
                f"NVMe per node: {gib(pred.nvme_bytes)} of {gib(pred.nvme_capacity_bytes)}")
     if pred.step_time_s is not None:
         parts = ", ".join(f"{label} {seconds(value)}" for label, value in
@@ -120,8 +127,14 @@ def format_profile(profile: Profile) -> str:
     a = profile.alerts
     out.append("Alerts (wire these into monitoring)")
     g = a.gpu_memory
-    out.append(f"  GPU memory   warn when max allocated > {gib(g.warn_allocated_above_bytes)} "
-               f"or device used > {gib(g.warn_device_used_above_bytes)} per GPU ({g.basis})")
+    used = ("" if g.warn_device_used_above_bytes is None else
+            f" or device used > {gib(g.warn_device_used_above_bytes)}")
+    out.append(f"  GPU memory   warn when max allocated > {gib(g.warn_allocated_above_bytes)}{used} per GPU ({g.basis})")
+    if g.critical_free_below_bytes is not None:
+        out.append(f"               nearly full below {gib(g.critical_free_below_bytes)} free per GPU")
+    if g.critical_allocated_above_bytes is not None:
+        out.append(f"               nearly full above {gib(g.critical_allocated_above_bytes)} allocated per GPU "
+                   "(the allocator is planned to fill the card: device used says nothing)")
     out.append(f"               why: {g.why}")
     h = a.host_memory
     out.append(f"  host memory  warn above {gib(h.warn_above_bytes)} per node ({h.basis})")

@@ -117,8 +117,11 @@ def verification_missing() -> str | None:
 
 
 def verify_flags(inp: PlanInput, layout: Layout) -> list[str]:
-    """The `zlayout verify` flags that describe this plan input and layout."""
-    m, hw, t = inp.model, inp.hardware, inp.training
+    """The `zlayout verify` flags that describe this plan input and layout: every input the
+    app can change (the SLURM script runs later, elsewhere, from these flags alone: it left
+    out model code, allocator, loop and host cores, so the job verified another plan).
+    `tests/tui/test_one_default.py` reads them back through the CLI's own parser."""
+    m, hw, t, z = inp.model, inp.hardware, inp.training, inp.zero
     flags = ["--layers", str(m.layers), "--hidden", str(m.hidden), "--heads", str(m.heads),
              "--vocab", str(m.vocab), "--mlp", m.mlp, "--norm", m.norm]
     if m.kv_heads is not None:
@@ -127,16 +130,35 @@ def verify_flags(inp: PlanInput, layout: Layout) -> list[str]:
         flags += ["--ffn", str(m.ffn)]
     if not m.bias:
         flags.append("--no-bias")
+    if m.qkv_bias and not m.bias:
+        flags.append("--qkv-bias")
     if m.tie_embeddings:
         flags.append("--tie-embeddings")
+    if m.experts:
+        flags += ["--experts", str(m.experts), "--top-k", str(m.top_k)]
+        if m.expert_ffn is not None:
+            flags += ["--expert-ffn", str(m.expert_ffn)]
     flags += ["--gpu", hw.gpu.name, "--gpus-per-node", str(hw.gpus_per_node),
               "--nodes", str(hw.nodes), "--intra-link", hw.intra_link.name,
-              "--host-ram-gib", f"{hw.host_ram_bytes / GiB:g}", "--nvme-gib", f"{hw.nvme_bytes / GiB:g}"]
+              "--host-ram-gib", f"{hw.host_ram_bytes / GiB:g}", "--nvme-gib", f"{hw.nvme_bytes / GiB:g}",
+              "--nvme-gbps", f"{hw.nvme_gbps:g}"]
     if hw.inter_link is not None:
         flags += ["--inter-link", hw.inter_link.name]
+    if hw.host_cores is not None:
+        flags += ["--host-cores", str(hw.host_cores)]
     flags += ["--seq", str(t.seq), "--micro-batch", str(t.micro_batch),
               "--grad-accum", str(t.grad_accum), "--precision", t.precision,
-              "--checkpointing", t.checkpointing, "--stage", str(layout.stage),
+              "--checkpointing", t.checkpointing, "--impl", t.impl, "--allocator", t.allocator,
+              "--init", t.init, "--loop", t.loop]
+    flags += ["--reduce-bucket-size", str(z.reduce_bucket_size),
+              "--allgather-bucket-size", str(z.allgather_bucket_size),
+              "--prefetch-bucket-size", str(z.stage3_prefetch_bucket_size),
+              "--max-live-parameters", str(z.stage3_max_live_parameters),
+              "--persistence-threshold", str(z.stage3_param_persistence_threshold),
+              "--headroom", repr(inp.headroom_fraction)]
+    if not z.overlap_comm:
+        flags.append("--no-overlap-comm")
+    flags += ["--stage", str(layout.stage),
               "--offload-optimizer", offload_flag(layout.offload_optimizer),
               "--offload-param", offload_flag(layout.offload_param)]
     return flags

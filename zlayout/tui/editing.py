@@ -226,7 +226,17 @@ class EditingMixin:
             values["preset"] = model.name if model.name in self._presets.models else None
         else:
             values["size"] = ""
-        self.query_one(InputsPanel).set_values(values)
+        self._fill_unedited(values)
+
+    def _fill_unedited(self, values: dict[str, Any]) -> None:
+        """Fill fields for the user (a preset's architecture, a GPU's link), leaving out those
+        edited since the fields were last read: in one burst, `enter qwen2.5 enter tab ... g
+        enter` changed MLP before the preset's news arrived, and the preset then wrote its
+        swiglu over the user's gelu (a GPU's link over the intra link typed after it, too)."""
+        panel = self.query_one(InputsPanel)
+        now = panel.values()
+        panel.set_values({field: value for field, value in values.items()
+                          if now.get(field) == self._shown_values.get(field, now.get(field))})
 
     def _follow_gpu_link(self, gpu_name: str) -> None:
         """A new GPU brings its own intra-node link (NVLink generation), as the CLI does."""
@@ -236,7 +246,7 @@ class EditingMixin:
             link = self._presets.default_intra_link(gpu_name)
         except Exception:
             return
-        self.query_one(InputsPanel).set_values({"intra_link": link})
+        self._fill_unedited({"intra_link": link})
 
     # -- undo -----------------------------------------------------------------------------------
 

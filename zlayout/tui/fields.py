@@ -18,11 +18,13 @@ had already left, which then ran them (a tab there moved the focus back).
 from __future__ import annotations
 
 import re
+import time
 
 from textual import events
 from textual.app import ComposeResult
 from textual.widget import Widget
 from textual.widgets import Checkbox, Input, Select, TabbedContent, TabPane
+from textual.widgets._select import SelectCurrent, SelectOverlay
 from textual.widgets._tabbed_content import ContentTab, ContentTabs
 
 # Labels of the panel's fields: what every message shows instead of the internal name.
@@ -34,7 +36,7 @@ FIELD_LABELS: dict[str, str] = {
     "inter_link": "Inter link", "host_ram_gib": "Host RAM GiB", "nvme_gib": "NVMe GiB",
     "seq": "Sequence", "micro_batch": "Micro-batch", "grad_accum": "Grad accum",
     "precision": "Precision", "checkpointing": "Checkpoint", "host_cores": "Host cores",
-    "impl": "Model code", "allocator": "Allocator",
+    "impl": "Model code", "allocator": "Allocator", "loop": "Loop",
 }
 # Internal spellings that reach messages (spec field names, CLI flags) -> the label.
 _INTERNAL_NAMES = {
@@ -107,7 +109,85 @@ class FieldInput(Input):
 
 
 class PanelSelect(KeysInTypedOrder, Select):
-    """A Select that keeps a burst's keys in order (see above)."""
+    """A Select that keeps a burst's keys in order, its open list included.
+
+    Textual's Select opens its list by moving the focus to it, later (`focus()` is queued
+    behind the keys already read): in one burst, `enter h 1 0 0 enter tab 4` reached the closed
+    select, not the list (the list stayed open on h200 and GPUs/node kept 8). Here the focus
+    never moves: the select keeps it and drives its open list itself, as each key is handled.
+    Open, letters and digits search (as Textual's list does, each key narrowing the match),
+    `↑ ↓ pgup pgdn home end` move, `enter` takes the highlighted option, `escape` closes
+    unchanged, `backspace` takes back a searched character; `tab`, `shift+tab` and other keys
+    close the list unchanged and then do what they do. Closed, a letter or digit opens the list
+    and searches, like `enter` then the letter."""
+
+    SEARCH_RESET_S = 0.7  # Textual's list: a pause this long starts a new search
+    LIST_KEYS = {"up": "cursor_up", "down": "cursor_down", "pageup": "page_up", "pagedown": "page_down",
+                 "home": "first", "end": "last"}
+    _search = ""
+    _searched_at = 0.0
+
+    async def _on_key(self, event: events.Key) -> None:
+        if passed_on_if_focus_moved(self, event):
+            return
+        searchable = event.character is not None and event.is_printable and event.character.isalnum()
+        if not self.expanded and not searchable:
+            await ran_binding_now(self, event)
+            return
+        event.stop()
+        event.prevent_default()
+        if not self.expanded:
+            self.action_show_overlay()
+        overlay = self.query_one(SelectOverlay)
+        if event.key in self.LIST_KEYS:
+            getattr(overlay, f"action_{self.LIST_KEYS[event.key]}")()
+        elif event.key == "enter":
+            if overlay.highlighted is not None:
+                self.value = self._options[overlay.highlighted][1]
+            self.expanded = False
+        elif event.key == "escape":
+            self.expanded = False
+        elif event.key == "backspace":
+            self._search_for(overlay, self._search[:-1])
+        elif event.character is not None and event.is_printable:
+            now = time.monotonic()
+            query = self._search if now - self._searched_at < self.SEARCH_RESET_S else ""
+            self._searched_at = now
+            self._search_for(overlay, query + event.character)
+        else:  # tab, shift+tab, ctrl+...: close the list, then the key's own binding
+            self.expanded = False
+            await self.app._check_bindings(event.key)
+
+    def _search_for(self, overlay: SelectOverlay, query: str) -> None:
+        """Highlight the first match of `query`; with nothing searched, the current value."""
+        self._search = query
+        index = overlay._find_search_match(query) if query else self._index_of_value()
+        if index is not None:
+            overlay.select(index)
+
+    def _index_of_value(self) -> int | None:
+        return next((i for i, (_, value) in enumerate(self._options) if value == self.value), None)
+
+    def on_mount(self) -> None:
+        # the list never takes the focus: a click on an option selects it (Textual's
+        # UpdateSelection) with the focus staying on the select
+        self.query_one(SelectOverlay).can_focus = False
+
+    def action_show_overlay(self) -> None:
+        self._search = ""
+        super().action_show_overlay()
+
+    def _watch_expanded(self, expanded: bool) -> None:
+        """Textual's, but the list is shown without taking the focus (see the class docstring)."""
+        overlay = self.query_one(SelectOverlay)
+        self.set_class(expanded, "-expanded")
+        if not expanded:
+            return
+        overlay.select(None if self.value is self.NULL else self._index_of_value())
+        self.query_one(SelectCurrent).has_value = self.value is not self.NULL
+
+    def _on_blur(self, event: events.Blur) -> None:
+        self.expanded = False  # the focus went elsewhere (a click, ctrl+b): the list goes too
 
 
 class PanelTabs(TabbedContent):

@@ -24,7 +24,7 @@ MODEL_BOOL_FIELDS = ("bias", "tie_embeddings")
 HARDWARE_INT_FIELDS = ("gpus_per_node", "nodes")
 HARDWARE_GIB_FIELDS = {"host_ram_gib": "host_ram_bytes", "nvme_gib": "nvme_bytes"}
 TRAINING_INT_FIELDS = ("seq", "micro_batch", "grad_accum")
-TRAINING_CHOICE_FIELDS = ("precision", "checkpointing", "impl", "allocator")
+TRAINING_CHOICE_FIELDS = ("precision", "checkpointing", "impl", "allocator", "loop")
 OPTIONAL_INT_FIELDS = ("kv_heads", "ffn")  # empty means "the default" (heads, 4*hidden)
 NO_LINK = "none"
 
@@ -77,7 +77,7 @@ def form_values(inp: PlanInput) -> dict[str, Any]:
         "host_ram_gib": _format_gib(hw.host_ram_bytes), "nvme_gib": _format_gib(hw.nvme_bytes),
         "seq": str(t.seq), "micro_batch": str(t.micro_batch), "grad_accum": str(t.grad_accum),
         "precision": t.precision, "checkpointing": t.checkpointing,
-        "impl": t.impl, "allocator": t.allocator,
+        "impl": t.impl, "allocator": t.allocator, "loop": t.loop,
         "host_cores": "" if hw.host_cores is None else str(hw.host_cores),
     }
 

@@ -523,7 +523,8 @@ TRAINING_INT_LABELS = (("seq", "Sequence"), ("micro_batch", "Micro-batch"),
 # The fields of the tabs built after the first frame.
 HARDWARE_FIELDS = ("gpu", "gpus_per_node", "nodes", "intra_link", "inter_link", "host_ram_gib",
                    "nvme_gib", "host_cores")
-TRAINING_FIELDS = ("seq", "micro_batch", "grad_accum", "precision", "checkpointing", "impl", "allocator")
+TRAINING_FIELDS = ("seq", "micro_batch", "grad_accum", "precision", "checkpointing", "impl", "allocator",
+                   "loop")
 
 
 class InputsPanel(Widget):
@@ -613,6 +614,11 @@ class InputsPanel(Widget):
         yield from self._row("Allocator", PanelSelect(
             [("default", "default"), ("expandable", "expandable")], value=v["allocator"],
             allow_blank=False, compact=True, id="allocator"), "allocator")
+        # the loop around the engine: DeepSpeed's examples keep the outputs (the bf16 logits)
+        # until the next forward; HF Trainer drops them once the loss is taken
+        yield from self._row("Loop", PanelSelect(
+            [("deepspeed", "deepspeed"), ("trainer", "trainer")], value=v["loop"],
+            allow_blank=False, compact=True, id="loop"), "loop")
 
     _mount_scheduled = False
 
@@ -658,7 +664,7 @@ class InputsPanel(Widget):
     FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "mlp", "norm", "bias",
               "tie_embeddings", "gpu", "gpus_per_node", "nodes", "intra_link", "inter_link",
               "host_ram_gib", "nvme_gib", "host_cores", "seq", "micro_batch", "grad_accum", "precision",
-              "checkpointing", "impl", "allocator")
+              "checkpointing", "impl", "allocator", "loop")
 
     def values(self) -> dict[str, Any]:
         out = {}

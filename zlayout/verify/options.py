@@ -42,7 +42,7 @@ class VerifyOptions:
     # Rank 0 of the plan's whole world (nodes x GPUs per node) as one process on one GPU, on
     # torch's fake process group: DeepSpeed shards, buckets and gathers as on the full world and
     # the collectives move nothing, so GPU memory is the full run's; step time and host memory
-    # are not (benchmarks/emulated_world.py: equal to 2 real GPUs' peaks on 14 of 16 layouts).
+    # are not (benchmarks/measurements/tools/emulated_world.py: equal to 2 real GPUs' peaks on 14 of 16 layouts).
     emulate: bool = False
 
     def drill_step(self) -> int:

@@ -19,12 +19,12 @@ s=$SECONDS
 python3 -c "from deepspeed.ops.op_builder import FusedAdamBuilder as B; B().load()" > "$OUT/build-fused.log" 2>&1 &
 python3 -c "from deepspeed.ops.op_builder import CPUAdamBuilder as B; B().load()" > "$OUT/build-cpu.log" 2>&1 &
 wait; echo "op builds (fused Adam, CPU Adam in parallel): $((SECONDS - s)) s"
-timeout -s TERM 400 python3 -m zlayout verify --batch benchmarks/batch-h200-heldout-steptime.txt \
+timeout -s TERM 400 python3 -m zlayout verify --batch benchmarks/measurements/h200-2026-12-01b/batch-h200-heldout-steptime.txt \
   --out /tmp/heldout --deadline 320 > "$OUT/heldout-steptime.log" 2>&1
 cp /tmp/heldout/results.jsonl "$OUT/heldout-steptime-results.jsonl"
 tar czf "$OUT/heldout-steptime-ranks.tgz" --exclude=checkpoint -C /tmp heldout
 echo "batch done at ${SECONDS}s"
-timeout 110 python3 benchmarks/cpu_adam_scaling.py --host h200-16core --out "$OUT/cpu-adam-16core.jsonl" \
+timeout 110 python3 benchmarks/measurements/tools/cpu_adam_scaling.py --host h200-16core --out "$OUT/cpu-adam-16core.jsonl" \
   > "$OUT/cpu-adam.txt" 2>&1
 echo "finished at ${SECONDS}s"; cat "$OUT/cpu-adam.txt" | tail -8
 grep -h "^verify \|^  GPU peak alloc\|^  GPU device\|^  step time\|Error\|error" "$OUT/heldout-steptime.log" | head -60

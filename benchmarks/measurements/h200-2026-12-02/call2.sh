@@ -4,9 +4,9 @@
 #    CUDA stream (allocator_trace.py's fourth field): the 1-GPU L8 h4096 layout of the first
 #    traces, a 1-GPU SwiGLU L16 h3072 one, and ranks 0 of 2 (emulated) with the optimizer, and
 #    with optimizer and weights, on the CPU. Two at a time.
-# 2. Held-out batch 8 (benchmarks/batch-h200-heldout8.txt), predictions committed first, alone on
+# 2. Held-out batch 8 (benchmarks/measurements/h200-2026-12-02/batch-h200-heldout8.txt), predictions committed first, alone on
 #    the GPU after the traces.
-source benchmarks/h200_node_setup.sh call2
+source benchmarks/measurements/tools/h200_node_setup.sh call2
 s=$SECONDS
 python3 -c "from zlayout.verify.environment import corrected_env as c; import os; os.environ.update(c(dict(os.environ))[0]); from deepspeed.ops.op_builder import CPUAdamBuilder as C, FusedAdamBuilder as B; B().load(); C().load()" > "$OUT/build-ops.log" 2>&1
 echo "op build: $((SECONDS - s)) s"
@@ -15,9 +15,9 @@ trace() {  # name, emulated world (0: a real one-GPU run), verify arguments
   local name=$1 world=$2; shift 2
   if [ "$world" = 0 ]; then
     OUT=$T timeout -s TERM 200 torchrun --nproc_per_node 1 --master_port $((29500 + RANDOM % 1000)) \
-      benchmarks/allocator_trace.py --name "$name" --steps 2 -- "$@" > "$T/$name.log" 2>&1
+      benchmarks/measurements/tools/allocator_trace.py --name "$name" --steps 2 -- "$@" > "$T/$name.log" 2>&1
   else
-    OUT=$T timeout -s TERM 200 python3 benchmarks/allocator_trace.py --name "$name" --steps 2 --emulate-world "$world" \
+    OUT=$T timeout -s TERM 200 python3 benchmarks/measurements/tools/allocator_trace.py --name "$name" --steps 2 --emulate-world "$world" \
       -- "$@" > "$T/$name.log" 2>&1
   fi
 }
@@ -35,7 +35,7 @@ trace s-w2-z3-opt-param-L8-h4096 2 --stage 3 --offload-optimizer cpu --offload-p
 wait
 echo "traces done at ${SECONDS}s"; grep -h "^TRACE\|Error" $T/*.log | head
 tar czf "$OUT/traces.tgz" -C /tmp traces
-timeout -s TERM 330 python3 -m zlayout verify --batch benchmarks/batch-h200-heldout8.txt --out /tmp/heldout8 \
+timeout -s TERM 330 python3 -m zlayout verify --batch benchmarks/measurements/h200-2026-12-02/batch-h200-heldout8.txt --out /tmp/heldout8 \
   --deadline 300 > "$OUT/heldout8.log" 2>&1
 cp /tmp/heldout8/results.jsonl "$OUT/heldout8-results.jsonl"
 echo "finished at ${SECONDS}s"; grep -h "^verify \|^  GPU \|^  device" "$OUT/heldout8.log"

@@ -1,0 +1,93 @@
+"""The one fit rule (zlayout/core/fit.py) and the caching allocator at the card's capacity
+(allocator_sim.Device / replay_at_capacity): PyTorch frees its cache and retries before it
+runs out of memory."""
+
+from __future__ import annotations
+
+import pytest
+
+from zlayout import catalog
+from zlayout.core import allocator_sim as sim
+from zlayout.core.breakeven import break_even
+from zlayout.core.fit import GpuFit, gpu_fit
+from zlayout.core.memory import estimate_memory
+from zlayout.spec import GiB, HardwareSpec, Layout, ModelSpec, PlanInput, TrainingSpec
+
+MiB = 2**20
+CARD = 80 * GiB
+
+
+def test_headroom_is_the_card_less_device_used_and_the_verdict_compares_needed_with_usable():
+    fit = GpuFit(capacity_bytes=CARD, needed_bytes=60 * GiB, usable_bytes=76 * GiB, device_used_bytes=70 * GiB)
+    assert fit.fits and fit.state == "fits"
+    assert fit.headroom_bytes == 10 * GiB and fit.headroom_fraction == pytest.approx(0.125)
+    assert fit.margin_bytes == 20 * GiB
+    assert fit.summary() == "fits; 12% of the card free at the peak (device used 70.0 of 80.0 GiB per GPU)"
+    short = GpuFit(capacity_bytes=CARD, needed_bytes=77 * GiB, usable_bytes=76 * GiB, device_used_bytes=80 * GiB)
+    assert not short.fits and short.short_by_bytes == GiB
+    assert short.summary() == "does not fit: needs 77.0 GiB per GPU, 76.0 of 80.0 GiB is usable"
+
+
+def test_a_layout_that_fits_only_by_flushing_says_so_in_the_same_words():
+    fit = GpuFit(capacity_bytes=CARD, needed_bytes=70 * GiB, usable_bytes=76 * GiB, device_used_bytes=CARD,
+                 flushes_per_step=2, flush_cost_s=0.0123)
+    assert fit.state == "fits-flushing" and fit.headroom_bytes == 0
+    assert fit.summary() == ("fits; the device will be full and the allocator flushes its cache about 2 times "
+                             "a step, +12 ms (needs 70.0 of 80.0 GiB per GPU)")
+
+
+@pytest.mark.parametrize("used_gib", [10, 60, 72, 79.9, 80])
+def test_every_alert_threshold_is_below_the_card_and_nearly_full_is_there_near_the_card(used_gib):
+    fit = GpuFit(capacity_bytes=CARD, needed_bytes=int(used_gib * GiB * 0.9), usable_bytes=76 * GiB,
+                 device_used_bytes=int(used_gib * GiB))
+    thresholds = {t.name: t for t in fit.alert_thresholds()}
+    assert thresholds and all(t.bytes < CARD and t.watches for t in thresholds.values())
+    assert ("nearly_full" in thresholds) == (used_gib >= 72)
+    if "above_plan" in thresholds:  # it can fire: it is above the plan and below the card
+        assert fit.device_used_bytes < thresholds["above_plan"].bytes < CARD
+
+
+def test_the_free_part_of_a_split_segment_is_not_given_back():
+    device = sim.Device(capacity=100 * MiB)
+    pool = sim.CachingAllocator(device=device)
+    device.pools.append(pool)
+    pool.free(pool.malloc(60 * MiB))
+    kept = pool.malloc(30 * MiB)  # carved from the cached 60 MiB segment: split, 30 MiB free in it
+    assert kept is not None and pool.reserved == 60 * MiB
+    with pytest.raises(sim.OutOfMemory):
+        pool.malloc(50 * MiB)  # 60 + 50 > 100, and the retry frees nothing: 30 MiB stay trapped
+    assert device.retries == 1 and device.freed == 0
+
+
+def test_retry_frees_whole_segments_then_serves_the_request():
+    device = sim.Device(capacity=100 * MiB)
+    pool = sim.CachingAllocator(device=device)
+    device.pools.append(pool)
+    pool.free(pool.malloc(60 * MiB))  # cached, unused
+    block = pool.malloc(70 * MiB)  # 60 + 70 > 100: the 60 MiB segment goes back, then it fits
+    assert block is not None and device.retries == 1 and device.freed == 60 * MiB
+    assert pool.reserved == 70 * MiB and device.peak <= device.capacity
+    kept = pool.malloc(20 * MiB)  # carved from a new 20 MiB segment (70 + 20 <= 100)
+    with pytest.raises(sim.OutOfMemory):
+        pool.malloc(40 * MiB)  # 90 reserved, all in use: freeing the cache gives nothing back
+    assert device.retries == 2 and kept is not None
+
+
+def _qwen_3b_like(layers: int) -> PlanInput:
+    # issue 28's sweep: a transformers Qwen2-class model at ZeRO-2, seq 4096, micro-batch 1, one
+    # H200, the loss-only loop verify ran: 76 layers trained (alloc_retries 1), 77 out of memory
+    model = ModelSpec(layers=layers, hidden=2048, heads=16, kv_heads=2, ffn=11008, vocab=151936, mlp="swiglu",
+                      norm="rmsnorm", bias=False, qkv_bias=True, tie_embeddings=True)
+    hardware = HardwareSpec(gpu=catalog.load_gpu("h200"), gpus_per_node=1, intra_link=catalog.load_link("nvlink4"))
+    return PlanInput(model=model, hardware=hardware, headroom_fraction=0.0,
+                     training=TrainingSpec(seq=4096, micro_batch=1, impl="hf", loop="trainer"))
+
+
+def test_the_default_allocator_at_the_card_trains_76_layers_by_flushing_and_not_77():
+    at_edge = estimate_memory(_qwen_3b_like(76), Layout(stage=2))
+    assert at_edge.fits and at_edge.gpu_fit.state == "fits-flushing"
+    assert at_edge.gpu_peak_reserved_bytes + at_edge.gpu_capacity_bytes - at_edge.gpu_device_used_bytes \
+        <= at_edge.gpu_capacity_bytes  # peak reserved never above the card (measured 132-138 GiB)
+    assert 130 * GiB < at_edge.gpu_peak_reserved_bytes < 139 * GiB
+    assert not estimate_memory(_qwen_3b_like(77), Layout(stage=2)).fits
+    assert break_even(_qwen_3b_like(40), Layout(stage=2)).max_model.layers == 76

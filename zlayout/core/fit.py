@@ -1,0 +1,151 @@
+"""Whether a layout fits on the GPU, and how much of the card is left: the one rule every surface
+uses (the plan's text and JSON, break-even, the recommendation, the app, the profile's runbook
+and alerts). None of them compares bytes itself; each calls `gpu_fit(memory)` and shows its figures
+and `summary()`.
+
+    fit = gpu_fit(estimate)            # estimate: core.memory.MemoryEstimate
+    fit.fits                           # the verdict (GPU only; host and NVMe: MemoryEstimate.fits)
+    fit.state                          # "fits", "fits-flushing" or "does-not-fit"
+    fit.headroom_bytes, fit.headroom_fraction
+    fit.summary()                      # the same words on every surface
+    fit.alert_thresholds()             # what a device-memory alert may watch, each below the card
+
+The figures, each on what it measures (per GPU, bytes):
+
+* `capacity_bytes`: the card's memory (what nvidia-smi reports as its total).
+* `needed_bytes`: the least device memory the step runs in: the allocated peak, the cached
+  blocks the caching allocator cannot give back (free parts of segments that still hold a live
+  tensor), the CUDA context and NCCL's buffers. A run needing more is an out-of-memory error.
+* `usable_bytes`: the card less the headroom asked for (`--headroom`, default 5%).
+* fits: needed <= usable.
+* `device_used_bytes`: what the card shows at the peak (reserved + context + NCCL): the cache
+  grows until the card is full, so it can be well above `needed_bytes`, never above the card.
+* headroom: the card's memory minus device used at the peak (`headroom_bytes`, and as a
+  fraction of the card): what is left on the card while the step runs. 0 when the cache fills
+  the card; it is not the margin to an out-of-memory error (`margin_bytes`: card minus needed).
+* flushes: with the default allocator, a card that the cache fills makes a cudaMalloc fail; PyTorch
+  then frees every cached segment no tensor uses and retries (`num_alloc_retries`); the step
+  pays for each (`flush_cost_s`). A layout that fits only so is "fits-flushing": "fits; the
+  device will be full and the allocator flushes its cache about N times a step, +X ms".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+GiB = 2**30
+MiB = 2**20
+
+FitState = Literal["fits", "fits-flushing", "does-not-fit"]
+
+# A retry (c10/cuda/CUDACachingAllocator.cpp malloc -> release_cached_blocks ->
+# alloc_block(isRetry)) synchronizes the device (synchronize_and_free_events: the CPU's
+# run-ahead is lost), cudaFree's every unused cached segment and cudaMalloc's again. Assumed,
+# not yet measured: 5 ms for the synchronize and the queue refilling behind it, plus 0.5 ms per
+# GiB freed and mapped again (cudaFree/cudaMalloc of large segments). The lead measures it with
+# benchmarks/measurements/h200-2026-12-02c/retry_cost.py (RETRY lines: cost_s per segment count).
+FLUSH_FIXED_S = 0.005
+FLUSH_S_PER_GIB = 0.0005
+
+# Alerts on device used (DCGM_FI_DEV_FB_USED): "nearly full" at 97% of the card, present whenever
+# the plan's device use is within 10% of the card or the plan flushes; "above plan" 5% over the
+# planned device use (the model's device-used target is 5% at worst), kept below "nearly full".
+NEARLY_FULL_FRACTION = 0.97
+NEAR_CARD_FRACTION = 0.90
+ABOVE_PLAN_FRACTION = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class AlertThreshold:
+    name: str  # "above_plan" or "nearly_full"
+    bytes: int  # device used (per GPU) above which the alert fires; always below the card
+    watches: str  # what it compares, in words
+
+
+@dataclass(frozen=True, slots=True)
+class GpuFit:
+    capacity_bytes: int
+    needed_bytes: int
+    usable_bytes: int
+    device_used_bytes: int
+    flushes_per_step: int = 0
+    flush_cost_s: float = 0.0
+
+    @property
+    def fits(self) -> bool:
+        return self.needed_bytes <= self.usable_bytes
+
+    @property
+    def headroom_bytes(self) -> int:
+        """The card's memory minus device used at the peak (0: the cache fills the card)."""
+        return self.capacity_bytes - self.device_used_bytes
+
+    @property
+    def headroom_fraction(self) -> float:
+        return self.headroom_bytes / self.capacity_bytes
+
+    @property
+    def margin_bytes(self) -> int:
+        """The card's memory minus what the step needs: how much more it could need before a
+        retry fails (negative: what is missing on the card)."""
+        return self.capacity_bytes - self.needed_bytes
+
+    @property
+    def short_by_bytes(self) -> int:
+        """What the step needs past the usable part of the card (0 when it fits)."""
+        return max(0, self.needed_bytes - self.usable_bytes)
+
+    @property
+    def state(self) -> FitState:
+        if not self.fits:
+            return "does-not-fit"
+        return "fits-flushing" if self.flushes_per_step > 0 else "fits"
+
+    def summary(self) -> str:
+        """One sentence for every surface (no trailing period)."""
+        if not self.fits:
+            return (f"does not fit: needs {self.needed_bytes / GiB:.1f} GiB per GPU, "
+                    f"{self.usable_bytes / GiB:.1f} of {self.capacity_bytes / GiB:.1f} GiB is usable")
+        if self.state == "fits-flushing":
+            return (f"fits; the device will be full and the allocator flushes its cache about "
+                    f"{self.flushes_per_step} time{'s' if self.flushes_per_step != 1 else ''} a step, "
+                    f"+{self.flush_cost_s * 1000:.0f} ms (needs {self.needed_bytes / GiB:.1f} of "
+                    f"{self.capacity_bytes / GiB:.1f} GiB per GPU)")
+        return (f"fits; {self.headroom_fraction:.0%} of the card free at the peak (device used "
+                f"{self.device_used_bytes / GiB:.1f} of {self.capacity_bytes / GiB:.1f} GiB per GPU)")
+
+    def alert_thresholds(self) -> tuple[AlertThreshold, ...]:
+        """Device-used thresholds an alert may fire on, each below the card's memory: "nearly
+        full" whenever the plan is near the card (or flushes), "above plan" where it is below
+        "nearly full"."""
+        nearly_full = int(self.capacity_bytes * NEARLY_FULL_FRACTION)
+        out = []
+        above_plan = min(int(self.device_used_bytes * (1 + ABOVE_PLAN_FRACTION)), nearly_full - MiB)
+        if above_plan > self.device_used_bytes:
+            out.append(AlertThreshold("above_plan", above_plan,
+                                      f"device used per GPU more than {ABOVE_PLAN_FRACTION:.0%} above the plan's "
+                                      f"{self.device_used_bytes / GiB:.1f} GiB"))
+        if self.device_used_bytes >= NEAR_CARD_FRACTION * self.capacity_bytes or self.flushes_per_step:
+            out.append(AlertThreshold("nearly_full", nearly_full,
+                                      f"device used per GPU within {1 - NEARLY_FULL_FRACTION:.0%} of the card's "
+                                      f"{self.capacity_bytes / GiB:.1f} GiB: the next larger request may not fit"))
+        return tuple(out)
+
+
+def flush_cost_s(flushes: int, freed_bytes: int) -> float:
+    """What `flushes` retries cost a step that frees `freed_bytes` in them (FLUSH_FIXED_S,
+    FLUSH_S_PER_GIB)."""
+    return flushes * FLUSH_FIXED_S + FLUSH_S_PER_GIB * freed_bytes / GiB if flushes else 0.0
+
+
+def gpu_fit(memory) -> GpuFit:
+    """The fit of one layout's `MemoryEstimate` (core.memory). A layout the replay does not
+    cover whose cache would outgrow the card (device used at the card) flushes at least once a
+    step: counted as one, at FLUSH_FIXED_S."""
+    flushes, cost = memory.gpu_flushes_per_step, memory.gpu_flush_cost_s
+    if not flushes and memory.gpu_device_used_bytes >= memory.gpu_capacity_bytes:
+        flushes, cost = 1, flush_cost_s(1, 0)
+    return GpuFit(capacity_bytes=memory.gpu_capacity_bytes, needed_bytes=memory.gpu_needed_bytes,
+                  usable_bytes=memory.gpu_usable_bytes, device_used_bytes=memory.gpu_device_used_bytes,
+                  flushes_per_step=flushes, flush_cost_s=cost)
