@@ -1,5 +1,6 @@
-"""A layout flag on a command that compares every layout (breakeven, the app) says what the
-command does instead, never a flag of another meaning found by spelling."""
+"""Answers that misled: a layout flag on a command that compares every layout (breakeven, the
+app) says what the command does instead, never a flag of another meaning found by spelling;
+a negative count is out of range, not "not a whole number"."""
 
 from __future__ import annotations
 
@@ -33,3 +34,10 @@ def test_commands_that_take_the_layout_keep_their_suggestions(capsys):
     assert "(did you mean --stage?)" in capsys.readouterr().err
     assert main(["export", "--preset", "llama3-8b", "--offload-params", "cpu", "--out", "x"]) == 2
     assert "(did you mean --offload-param?)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--seq", "--hidden", "--ffn", "--vocab", "--expert-ffn"])
+def test_a_negative_count_is_out_of_range_not_a_non_number(capsys, flag):
+    # '-1' read "'-1' is not a whole number" on the flags that take k and M
+    assert main(["plan", "--preset", "mixtral-8x7b", flag, "-1"]) == 2
+    assert f"zlayout: error: {flag}: must be from 1 to " in capsys.readouterr().err
