@@ -4,6 +4,8 @@ a negative count is out of range, not "not a whole number"."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from zlayout.cli import main
@@ -41,3 +43,19 @@ def test_a_negative_count_is_out_of_range_not_a_non_number(capsys, flag):
     # '-1' read "'-1' is not a whole number" on the flags that take k and M
     assert main(["plan", "--preset", "mixtral-8x7b", flag, "-1"]) == 2
     assert f"zlayout: error: {flag}: must be from 1 to " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("missing", "shown"), [(26_665_287, "no (gpu +25 MiB)"), (1, "no (gpu +1 MiB)"),
+                                                (60_000_000, "no (gpu +0.1 GiB)"),
+                                                (int(82.3 * 2**30), "no (gpu +82.3 GiB)")])
+def test_a_layout_short_by_a_few_mib_says_how_many(missing, shown):
+    # llama3-70b on 64 H100s at ZeRO-3 missed by 26,665,287 bytes and read 'no (gpu +0.0 GiB)'
+    from zlayout.cli import build_parser, plan_input_from_args
+    from zlayout.commands.plan import fits_text
+    from zlayout.core.plan import plan_layout
+    from zlayout.spec import Layout
+
+    args = build_parser(only="plan").parse_args(["plan", "--preset", "llama3-8b", "--stage", "3"])
+    memory = plan_layout(plan_input_from_args(args), Layout(stage=3), with_breakeven=False).memory
+    short = dataclasses.replace(memory, gpu_needed_bytes=memory.gpu_usable_bytes + missing)
+    assert fits_text(short) == shown
