@@ -13,6 +13,7 @@ import importlib
 import math
 import os
 import re
+import shlex
 import sys
 from typing import NoReturn, Sequence
 
@@ -485,7 +486,7 @@ def _model_from_args(args: argparse.Namespace):
             return ModelSpec.model_validate(data)
         if args.hf_config and base.card is None:
             _note(args, f"no model card for {args.hf_config}: its activations come from zlayout's hand "
-                        f"model of {base.hf_model_type}; `zlayout learn --hf-config {args.hf_config}` "
+                        f"model of {base.hf_model_type}; `zlayout learn --hf-config {shlex.quote(args.hf_config)}` "
                         "learns them from the transformers class")
         # the card (kept out of model_dump) stays with the model it was learned from
         return ModelSpec.model_validate(data).model_copy(update={"card": base.card})

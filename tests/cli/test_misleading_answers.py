@@ -59,3 +59,27 @@ def test_a_layout_short_by_a_few_mib_says_how_many(missing, shown):
     memory = plan_layout(plan_input_from_args(args), Layout(stage=3), with_breakeven=False).memory
     short = dataclasses.replace(memory, gpu_needed_bytes=memory.gpu_usable_bytes + missing)
     assert fits_text(short) == shown
+
+
+@pytest.mark.parametrize(("flags", "line"), [
+    # by spelling: 'did you mean nvlink5?' for an H100's nvlink4, nothing for ib
+    (("--intra-link", "nvlink"), "link 'nvlink' is more than one link: nvlink3, nvlink4 or nvlink5? give its full name"),
+    (("--nodes", "2", "--inter-link", "ib"), "link 'ib' is more than one link: ib-hdr or ib-ndr? give its full name"),
+    (("--preset", "llama3"), "model 'llama3' is more than one model: llama3-405b, llama3-70b or llama3-8b?"),
+])
+def test_the_start_of_several_names_asks_which(capsys, flags, line):
+    argv = ["plan", *flags] if "--preset" in flags else ["plan", "--preset", "llama3-8b", *flags]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.splitlines()[0].startswith(f"zlayout: error: {line}")
+
+
+def test_the_learn_command_a_note_prints_is_quoted_for_the_shell(tmp_path, capsys):
+    folder = tmp_path / "it's \"q\""
+    folder.mkdir()
+    (folder / "config.json").write_text(
+        '{"model_type": "llama", "hidden_size": 512, "num_hidden_layers": 2, "num_attention_heads": 8, '
+        '"intermediate_size": 1024, "vocab_size": 1000}')
+    assert main(["plan", "--hf-config", str(folder), "--stage", "3"]) == 0
+    note = capsys.readouterr().err
+    quoted_path = "'" + str(folder).replace("'", "'\"'\"'") + "'"
+    assert f"`zlayout learn --hf-config {quoted_path}`" in note
