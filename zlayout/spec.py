@@ -18,6 +18,8 @@ from typing import Any, Literal
 from pydantic import (BaseModel, ConfigDict, Field, ValidationInfo, field_serializer, field_validator,
                       model_serializer, model_validator)
 
+from zlayout.messages import printable_name
+
 Stage = Literal[0, 1, 2, 3]
 Device = Literal["gpu", "cpu", "nvme"]
 Precision = Literal["bf16", "fp16", "fp32"]
@@ -241,6 +243,13 @@ class ModelSpec(Frozen):
     # with `impl = "hf"` the planner takes its activations. Written as its key (profiles, JSON),
     # read back from the cards folders by that key
     card: Any = Field(default=None, repr=False, description="the model card's key (zlayout learn)")
+
+    @field_validator("name", "family")
+    @classmethod
+    def _name_is_printable(cls, value: str | None) -> str | None:
+        # names come from files and folders (config.json, a preset, the folder's name) and are
+        # printed in the plan's header, the app and the profile: no escape code or line break
+        return value if value is None else printable_name(value)
 
     @field_validator("dense_layers", mode="before")
     @classmethod
