@@ -943,6 +943,24 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             s.a(4 * size)
         return flat32
 
+    def hand_forward(x: int, first: bool) -> tuple[dict, int | None]:
+        """One block's forward as written above: (what its backward keeps, its output)."""
+        if ckpt and hf_norm and swiglu and not moe:
+            return {}, hf_block_forward_checkpointed(x)
+        # the first block's input is the model's `inputs_embeds`, alive to its return
+        return block_forward(x, keep=not ckpt, input_dies=not first)
+
+    def hand_recompute(x: int) -> dict:
+        """A checkpointed block's recompute in backward: what its backward keeps."""
+        return block_forward(x, keep=True, recompute=True)[0]
+
+    # The seam for a model's own per-block requests: one block's forward, its checkpoint
+    # recompute and its backward (hook: DeepSpeed's gradient hook, called with each weight
+    # gradient as it is made), over `s.a` / `s.f`. These are the hand-written ones; a learned
+    # model card (core/card.py) would supply the three from its recorded requests, the rest of
+    # the step (initialize, ZeRO-3's gathers, the head and loss, the buckets, the step) unchanged.
+    forward_pass, recompute_pass, backward_pass = hand_forward, hand_recompute, block_backward
+
     # --loop deepspeed: the bf16 logits the training loop's `outputs` holds (held_outputs_bytes)
     keeps_outputs = t.loop == "deepspeed"
     held_logits = None
@@ -974,11 +992,7 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
                 gathered[layer] = pf[0].fetch_block(pf[1][layer])
             else:
                 gathered[layer] = fetch(layer_sizes)
-            if ckpt and hf_norm and swiglu and not moe:
-                sv, x = {}, hf_block_forward_checkpointed(x)
-            else:
-                # the first block's input is the model's `inputs_embeds`, alive to its return
-                sv, x = block_forward(x, keep=not ckpt, input_dies=layer > 0)
+            sv, x = forward_pass(x, layer == 0)
             if recording or layer not in kept_layers:
                 s.f(*gathered.pop(layer))
             saved.append(sv)
@@ -1227,8 +1241,8 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             else:
                 layer_w = gathered.pop(i) if i in gathered else fetch(layer_sizes)
             if ckpt:
-                sv, _ = block_forward(inputs[i], keep=True, recompute=True)
-            gin = block_backward(sv, g, hook)
+                sv = recompute_pass(inputs[i])
+            gin = backward_pass(sv, g, hook)
             s.f(*layer_w)
             if ckpt:
                 s.f(inputs[i])
