@@ -129,20 +129,27 @@ class HFCausalLM(nn.Module):
 def hf_builder(config_dict: dict, checkpointing: bool, keep_outputs: bool = False):
     """Resolve the config and import the model class now, return what builds it. Importing
     transformers' modules (which import torch._dynamo) inside `deepspeed.zero.Init` fails on
-    torch 2.13: Init patches tensor construction that dynamo checks as it loads."""
+    torch 2.13: Init patches tensor construction that dynamo checks as it loads.
+
+    The class is the one `zlayout learn` learns the card from: the causal LM, else (LLaVA,
+    Qwen2.5-VL) the whole image-text-to-text model; with sdpa attention where the class
+    supports it, else eager (Gemma-2's softcapping), as transformers trains it."""
     import torch._dynamo  # noqa: F401 - see above
-    from transformers import AutoConfig, AutoModelForCausalLM
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING,
+                                                        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING)
 
     cfg = {k: v for k, v in config_dict.items() if not k.startswith("_")}
     model_type = cfg.pop("model_type")
     cfg.pop("architectures", None)
     config = AutoConfig.for_model(model_type, **cfg)
-    config._attn_implementation = "sdpa"
-    MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]  # import the class's module before Init
+    auto = AutoModelForCausalLM if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING else AutoModelForImageTextToText
+    model_class = (MODEL_FOR_CAUSAL_LM_MAPPING if auto is AutoModelForCausalLM
+                   else MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING)[type(config)]  # import its module before Init
+    attention = "sdpa" if getattr(model_class, "_supports_sdpa", False) else "eager"
 
     def build_hf() -> nn.Module:
-        model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+        model = auto.from_config(config, attn_implementation=attention, dtype=torch.float32)
         if checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         return HFCausalLM(model, keep_outputs)
