@@ -30,6 +30,7 @@ SUITE = (
     ("speed", "speed_plan"),
     ("speed", "speed_breakeven"),
     ("speed", "tui_startup"),
+    ("speed", "learn_speed"),
     ("robustness", "fuzz_cli"),
     ("robustness", "fuzz_profiles"),
     ("robustness", "kill_export"),
