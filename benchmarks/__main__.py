@@ -24,6 +24,7 @@ SUITE = (
     ("accuracy", "allocator_accuracy"),
     ("accuracy", "allocator_trace_compare"),
     ("accuracy", "breakeven_accuracy"),
+    ("accuracy", "card_accuracy"),
     ("accuracy", "host_accuracy"),
     ("accuracy", "steptime_accuracy"),
     ("accuracy", "steptime_fit"),
