@@ -862,7 +862,10 @@ def allocator_on_the_card(at_card, phases: dict[str, tuple[int, int]], misc: int
                + " (cudaMalloc retries); segments split by smaller tensors stay reserved")
         return replayed, AllocatorEstimate(needed, estimate.reserved_bytes, why)
     if rule.needed_bytes > usable:
-        return replayed, AllocatorEstimate(min(rule.needed_bytes, replayed), estimate.reserved_bytes, estimate.explanation)
+        # never below the allocated peak: the replay's requests are the hand model's, and a
+        # model card's activations (zlayout learn) can be above them
+        return replayed, AllocatorEstimate(min(rule.needed_bytes, max(replayed, peak)),
+                                           estimate.reserved_bytes, estimate.explanation)
     return replayed, estimate
 
 
