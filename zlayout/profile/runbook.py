@@ -343,17 +343,12 @@ def _alerts(p: Profile) -> list[str]:
         rows.append(("GPU memory in use", f"> {gib(g.warn_device_used_above_bytes)} per GPU",
                      f"{_expr(names, 'ZlayoutGpuMemoryHigh')} (MiB)", g.why,
                      "as above; also another process on the GPU (`nvidia-smi`)"))
-    if g.critical_free_below_bytes:
-        rows.append(("GPU memory nearly full", f"< {gib(g.critical_free_below_bytes)} free per GPU",
+    if g.critical_device_used_above_bytes is not None:
+        rows.append(("GPU memory nearly full", f"> {gib(g.critical_device_used_above_bytes)} in use per GPU",
                      f"{_expr(names, 'ZlayoutGpuMemoryFull')} (MiB)",
-                     "less free than the plan leaves on a healthy run",
-                     "an OOM is imminent: checkpoint now if the job can, then see On-call notes"))
-    if g.critical_allocated_above_bytes is not None:
-        rows.append(("GPU memory nearly full", f"> {gib(g.critical_allocated_above_bytes)} allocated per GPU",
-                     _expr(names, "ZlayoutGpuMemoryFull"),
-                     "half the way from the plan's peak to the card; the caching allocator is planned to fill the "
-                     "card, so nvidia-smi and DCGM show it full on a healthy run and only allocated memory tells",
-                     "an OOM is imminent: checkpoint now if the job can, then see On-call notes"))
+                     "the plan runs near the card (or its cache fills it and flushes): within 3% of the card the "
+                     "next larger request may not fit",
+                     "an OOM is near: checkpoint now if the job can, then see On-call notes"))
     rows.append(("Host memory (the job's processes)", f"> {gib(h.warn_above_bytes)} per node",
                  _expr(names, "ZlayoutHostMemoryHigh"), h.why,
                  "find the process growing (`ps -eo rss,cmd --sort=-rss | head`); fewer dataloader workers"))

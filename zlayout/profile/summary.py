@@ -130,11 +130,8 @@ def format_profile(profile: Profile) -> str:
     used = ("" if g.warn_device_used_above_bytes is None else
             f" or device used > {gib(g.warn_device_used_above_bytes)}")
     out.append(f"  GPU memory   warn when max allocated > {gib(g.warn_allocated_above_bytes)}{used} per GPU ({g.basis})")
-    if g.critical_free_below_bytes is not None:
-        out.append(f"               nearly full below {gib(g.critical_free_below_bytes)} free per GPU")
-    if g.critical_allocated_above_bytes is not None:
-        out.append(f"               nearly full above {gib(g.critical_allocated_above_bytes)} allocated per GPU "
-                   "(the allocator is planned to fill the card: device used says nothing)")
+    if g.critical_device_used_above_bytes is not None:
+        out.append(f"               nearly full above {gib(g.critical_device_used_above_bytes)} in use per GPU")
     out.append(f"               why: {g.why}")
     h = a.host_memory
     out.append(f"  host memory  warn above {gib(h.warn_above_bytes)} per node ({h.basis})")
