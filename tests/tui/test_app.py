@@ -1182,3 +1182,29 @@ async def test_export_and_verify_act_on_the_star_unless_a_row_was_picked_with_en
         await pilot.pause()
         await pilot.press("escape")
         assert app.selected_layout() == star
+
+
+async def test_the_tables_figures_come_before_break_even():
+    """The real planner: the plan without break-even is on screen first (a fraction of the
+    time), marked pending, the break-even panel saying it is computing; then the full plan."""
+    from zlayout.tui.widgets import BreakEvenPanel
+
+    app = ZLayoutApp(initial=fixed_input(), cursor_blink=False)
+    async with app.run_test(size=WIDE) as pilot:
+        await settle(pilot)
+        assert all(lp.breakeven is not None for lp in app.plan.layouts)
+        app.query_one("#seq", Input).value = "3072"
+        quick_seen = False
+        for _ in range(3000):
+            await pilot.pause(0.005)
+            plan = app.plan
+            if plan.input.training.seq == 3072 and app.plan_pending:
+                assert all(lp.breakeven is None for lp in plan.layouts)
+                assert "Computing" in str(app.query_one(BreakEvenPanel).render())
+                assert plan.layouts == make_plan(plan.input, with_breakeven=False).layouts
+                quick_seen = True
+            if not app.plan_pending:
+                break
+        assert quick_seen
+        assert app.plan == make_plan(app.plan.input)
+        assert "Computing" not in str(app.query_one(BreakEvenPanel).render())
