@@ -56,3 +56,31 @@ def test_the_check_names_new_entries_and_changes_under_a_zlayout_folder(guard, t
     os.utime(replay, ns=(0, 0))  # rewritten
     assert guard.written(before, guard.snapshot(watched)) == sorted(
         [str(home / ".bash_history"), str(run), str(replay), str(run.parent)])
+
+
+@pytest.mark.parametrize("ci", ["1", ""])
+def test_a_run_whose_test_writes_into_the_real_home_fails_under_ci(tmp_path, ci):
+    """The whole mechanism in a run of its own: the suite's conftest, a "real" home, and a test
+    that writes into it by its path (not through HOME, which points elsewhere)."""
+    real_home = tmp_path / "real-home"
+    (real_home / ".cache").mkdir(parents=True)
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "conftest.py").write_text(SUITE_CONFTEST.read_text())
+    (suite / "test_writes.py").write_text(
+        "import os\nfrom pathlib import Path\n\n"
+        f"REAL = Path({str(real_home)!r})\n\n"
+        "def test_home_points_elsewhere():\n"
+        "    assert Path.home() != REAL\n\n"
+        "def test_writes_into_the_real_cache():\n"
+        "    (REAL / '.cache' / 'zlayout' / 'verify').mkdir(parents=True)\n")
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("ZLAYOUT_TESTS_HOME", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME",
+                          "XDG_STATE_HOME", "PYTEST_XDIST_WORKER", "PYTEST_ADDOPTS")}
+    env.update(HOME=str(real_home), CI=ci)
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(suite)],
+                         capture_output=True, text=True, env=env, cwd=suite, timeout=300)
+    assert "2 passed" in run.stdout, run.stdout + run.stderr
+    assert f"into the real home: {real_home / '.cache' / 'zlayout'}" in run.stdout
+    assert run.returncode == (1 if ci else 0), run.stdout
+    assert ("ERROR: " if ci else "WARNING: ") + "tests wrote outside" in run.stdout

@@ -293,32 +293,55 @@ def test_deepspeed_launcher_command_runs_the_worker_and_collects(tmp_path):
     assert result["measured"]["world"] == 2 and len(result["measured"]["losses"]) == 2
 
 
-def test_emulate_runs_rank_0_of_the_plans_world_in_one_process(tmp_path):
+@pytest.fixture(scope="module")
+def emulated_batch(tmp_path_factory):
+    """One `zlayout verify --batch` line that emulates rank 0 of 4 GPUs (ZeRO-3) in one CPU
+    process: the run the two emulation tests below check (one DeepSpeed start, not two)."""
+    folder = tmp_path_factory.mktemp("emulated")
+    batch = folder / "batch.txt"
+    batch.write_text(" ".join(TINY_FLAGS) + " --gpus-per-node 4 --stage 3 --cpu --emulate --steps 2\n")
+    proc = zlayout("verify", "--batch", str(batch), "--out", str(folder / "out"))
+    return batch, folder / "out", proc
+
+
+def test_emulate_runs_rank_0_of_the_plans_world_in_one_process(emulated_batch):
     # --emulate: one process stands for rank 0 of 4 on torch's fake process group. DeepSpeed
     # checks train_batch_size == micro-batch x accumulation x world size, so the run finishing
     # with the 4-GPU batch size is DeepSpeed itself saying it sharded for 4
-    inp = tiny_input(gpus=4)
-    result, lines = run(inp, Layout(stage=3), tmp_path, emulate=True, run_preflight=False)
+    _, out, proc = emulated_batch
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_dir = out / "00-z3-opt_gpu-param_gpu-w4-emulated"
+    result = json.loads((run_dir / "result.json").read_text())
     assert result["status"] == "cpu-ok", result.get("cause")
     assert result["emulated_world"] == 4 and result["measured"]["world"] == 4
     rank, = result["ranks"]
     assert rank["world"] == 4 and rank["emulated_world"] == 4 and rank["rank"] == 0
-    assert json.loads((tmp_path / "ds_config.json").read_text())["train_batch_size"] == 4 * 2
-    assert result["measured"]["params"] == inp.model.params
-    assert any("as rank 0 of 4 GPUs on 1 CPU process (emulated" in line for line in lines)
+    assert json.loads((run_dir / "ds_config.json").read_text())["train_batch_size"] == 4 * 2
+    assert result["measured"]["params"] == tiny_input(gpus=4).model.params
+    assert "as rank 0 of 4 GPUs on 1 CPU process (emulated" in proc.stderr
 
 
-def test_a_batch_line_emulates_and_names_its_folder_by_the_world_it_stands_for(tmp_path):
-    batch = tmp_path / "batch.txt"
-    batch.write_text(" ".join(TINY_FLAGS) + " --gpus-per-node 4 --stage 3 --cpu --emulate --steps 2\n")
-    proc = zlayout("verify", "--batch", str(batch), "--out", str(tmp_path / "out"))
+def test_a_batch_line_emulates_and_names_its_folder_by_the_world_it_stands_for(emulated_batch, tmp_path):
+    batch, out, proc = emulated_batch
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads((tmp_path / "out" / "results.jsonl").read_text())
+    result = json.loads((out / "results.jsonl").read_text())
     assert result["status"] == "cpu-ok" and result["emulated_world"] == 4
-    assert (tmp_path / "out" / "00-z3-opt_gpu-param_gpu-w4-emulated" / "result.json").exists()
+    assert (out / "00-z3-opt_gpu-param_gpu-w4-emulated" / "result.json").exists()
     assert "emulated: rank 0 of 4 on one CPU process" in proc.stderr
     assert "GPU memory as on the full run" not in proc.stderr  # CPU: no memory compared
     # --preflight-only checks one run; with --batch it would have run every line
     refused = zlayout("verify", "--batch", str(batch), "--preflight-only", "--out", str(tmp_path / "again"))
     assert refused.returncode == 2 and "--preflight-only checks one run" in refused.stderr
     assert not (tmp_path / "again").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loop", ["deepspeed", "trainer"])
+def test_the_worker_runs_the_loop_it_is_told_and_the_result_records_it(tmp_path, loop):
+    inp = tiny_input()
+    inp = inp.model_copy(update={"training": inp.training.model_copy(update={"loop": loop})})
+    result = run_verification(inp, Layout(stage=2), VerifyOptions(
+        cpu=True, steps=2, out_dir=tmp_path, run_preflight=False))
+    assert result["status"] == "cpu-ok", result["cause"]
+    assert result["loop"] == loop and result["inputs"]["training"]["loop"] == loop
+    assert [r["loop"] for r in result["ranks"]] == [loop]

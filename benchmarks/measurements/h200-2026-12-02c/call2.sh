@@ -8,7 +8,7 @@
 #     both training loops, peak allocated and the allocator's trace of one step (issue 27);
 #  3. ZeRO-3 with optimizer and weights on the CPU, one layout three times in separate processes
 #     through `zlayout verify` (issue 28: device used, run to run).
-source benchmarks/h200_node_setup.sh call2
+source benchmarks/measurements/tools/h200_node_setup.sh call2
 D=benchmarks/measurements/h200-2026-12-02c
 T=/tmp/truth; mkdir -p $T
 s=$SECONDS
