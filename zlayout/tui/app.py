@@ -88,7 +88,7 @@ OTHER_KEYS = (
     ("← → home end", "on a narrow table: bring in the columns left out, whole (the title names them)"),
     ("tab / shift+tab", "next / previous field or panel"),
     ("← →", "on the tab bar: Model, Hardware, Training"),
-    ("enter / space", "on a select: open it; type to search"),
+    ("enter / space", "on a select: open it (or type a letter); type to search, enter takes it"),
     ("ctrl+p", "command palette: every action (and, when nothing fits, the fixes)"),
     ("y / n", "in a question: yes / no (escape: no)"),
     ("escape", "in a dialog: close it (a running verification: cancel it)"),
