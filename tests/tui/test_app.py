@@ -121,7 +121,8 @@ async def test_a_cross_field_error_names_the_field_with_pydantics_reason():
         good = app.plan
         await type_into(pilot, "heads", "33")
         assert "invalid" in row_classes(app, "heads")
-        assert "divisible by heads" in error_text(app, "heads")
+        assert "Hidden (4096) must be divisible by Heads (33); type 32" in error_text(app, "heads")
+        assert "--" not in error_text(app, "heads")  # the panel's words, no command-line flag
         assert app.plan is good
 
 
@@ -131,9 +132,10 @@ async def test_zero_and_negative_numbers_are_refused():
         await settle(pilot)
         good = app.plan
         await type_into(pilot, "gpus_per_node", "0")
-        assert "greater than 0" in error_text(app, "gpus_per_node")
+        assert "must be from 1 to 128 (got 0)" in error_text(app, "gpus_per_node")
         await type_into(pilot, "host_ram_gib", "-5")
-        assert "0 or more" in error_text(app, "host_ram_gib")
+        # the range, as 0 GiB says it (-5 said "0 or more", 0 "from 1 GiB")
+        assert "must be from 1 GiB to 1,048,576 GiB (got -5 GiB)" in error_text(app, "host_ram_gib")
         assert app.plan is good
 
 
