@@ -68,7 +68,7 @@ from __future__ import annotations
 
 import functools
 from bisect import bisect_left, insort
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 
 MiB = 2**20
 REPLAYED_MICRO_STEPS = 3  # first, a middle one, the boundary: see allocation_sequence
@@ -1735,13 +1735,19 @@ def replay_at_capacity(inp, layout, capacity: int, steps: int = 2) -> CapacityRe
     key = (_key(inp, layout), capacity, steps)
     if key in _CAPACITY_CACHE:
         return _CAPACITY_CACHE[key]
-    device = Device(capacity)
-    seq = _Seq(live=True, device=device)
-    try:
-        result = None if allocation_sequence(inp, layout, steps, seq) is None else CapacityReplay(
-            False, seq.reserved, device.needed, device.retries, device.freed, steps)
-    except OutOfMemory as oom:
-        result = CapacityReplay(True, device.peak, oom.reserved + oom.request, device.retries, device.freed, steps)
+
+    def replay() -> CapacityReplay | None:
+        device = Device(capacity)
+        seq = _Seq(live=True, device=device)
+        try:
+            return None if allocation_sequence(inp, layout, steps, seq) is None else CapacityReplay(
+                False, seq.reserved, device.needed, device.retries, device.freed, steps)
+        except OutOfMemory as oom:
+            return CapacityReplay(True, device.peak, oom.reserved + oom.request, device.retries,
+                                  device.freed, steps)
+
+    result = replay() if lasting_memo is None else lasting_memo.recall(
+        ("capacity", key), replay, encode=astuple, decode=lambda fields: CapacityReplay(*fields))
     _CAPACITY_CACHE[key] = result
     if len(_CAPACITY_CACHE) > 1024:
         _CAPACITY_CACHE.pop(next(iter(_CAPACITY_CACHE)))
