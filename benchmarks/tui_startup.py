@@ -2,17 +2,17 @@
 
     python benchmarks/tui_startup.py [--runs 5] [--keys 20]
 
-1. Start-up: a fresh `python` process imports zlayout's app and runs it headless at 160x48;
+1. Start-up: a fresh `python` process imports zlayout's app and runs it headless at --size;
    the time from process start to Textual's Ready event (the first frame has been displayed:
    the form's Model tab with its values, the status line saying "planning…"), and to the
    first plan on screen (the planner imported and run in a worker after the first frame;
    the Hardware and Training tabs are mounted after that), median of --runs. Target: under
    1 s on a 2-core login node. It also prints whether torch or deepspeed got imported (they
    must not be: only the verification worker imports them).
-2. Per keystroke, in one process at 160x48, typing into the sequence-length field:
+2. Per keystroke, in one process at --size (inputs shown), typing into the sequence-length field:
    - keystroke to frame: the key posted as the driver posts it, handled (the field shows it,
      the inputs validated) and the
-     whole 160x48 screen drawn once; planning is not on this path. Target: p95 under 50 ms;
+     whole screen drawn once; planning is not on this path. Target: p95 under 50 ms;
    - keystroke to its plan on screen: plus the debounce (50 ms), planning in a thread
      worker (every layout, break-even sizes, crossovers) and the frame with the new plan.
 Prints figures; asserts nothing (speed is never a test).
@@ -57,15 +57,16 @@ class Timed(ZLayoutApp):
             "deepspeed_imported": "deepspeed" in sys.modules,
         }))
 
-print(Timed().run(headless=True, size=(160, 48)))
+print(Timed().run(headless=True, size=(int(sys.argv[2]), int(sys.argv[3]))))
 """
 
 
-def start_up(runs: int) -> None:
+def start_up(runs: int, size: tuple[int, int]) -> None:
     results = []
     for _ in range(runs):
         launched = time.perf_counter()
-        out = subprocess.run([sys.executable, "-c", CHILD, repr(time.time())], capture_output=True,
+        out = subprocess.run([sys.executable, "-c", CHILD, repr(time.time()), str(size[0]), str(size[1])],
+                             capture_output=True,
                              text=True, check=True)
         wall_s = time.perf_counter() - launched
         record = json.loads(out.stdout.strip().splitlines()[-1])
@@ -74,7 +75,7 @@ def start_up(runs: int) -> None:
     first = statistics.median(r["first_frame_s"] for r in results)
     imports = statistics.median(r["import_s"] for r in results)
     wall = statistics.median(r["process_wall_s"] for r in results)
-    print(f"start-up ({runs} fresh processes, 160x48, headless):")
+    print(f"start-up ({runs} fresh processes, {size[0]}x{size[1]}, headless):")
     if os.environ.get("PYTHONDONTWRITEBYTECODE"):
         # zlayout's own modules are then compiled again by every process (an editable install
         # has no .pyc otherwise): ~0.15-0.2 s more than a user's machine, where Python caches them
@@ -94,7 +95,7 @@ def start_up(runs: int) -> None:
     print(f"  torch imported: {torch}   deepspeed imported: {deepspeed}   (both must be False)")
 
 
-async def keystrokes(count: int) -> None:
+async def keystrokes(count: int, size: tuple[int, int]) -> None:
     from textual import events
 
     from zlayout.core.breakeven import crossovers
@@ -105,9 +106,12 @@ async def keystrokes(count: int) -> None:
     echo_s: list[float] = []
     plan_s: list[float] = []
     recompute_s: list[float] = []
-    async with app.run_test(size=(160, 48)) as pilot:
+    async with app.run_test(size=size) as pilot:
         while app.plan is None or app.plan_pending:
             await pilot.pause(0.01)
+        if not app.show_inputs:
+            app.action_toggle_inputs()  # the field typed into is on screen, as a user has it
+            await pilot.pause()
         compositor = app.screen._compositor  # private: the benchmark times exactly one frame
         field = app.query_one("#seq")
         field.focus()
@@ -149,7 +153,7 @@ async def keystrokes(count: int) -> None:
         print(f"  {name:<34}median {statistics.median(values) * 1000:6.1f} ms   "
               f"p95 {pct(values, 0.95):6.1f} ms   max {max(values) * 1000:6.1f} ms{note}")
 
-    print(f"per keystroke ({count} keys into the sequence field, 160x48):")
+    print(f"per keystroke ({count} keys into the sequence field, {size[0]}x{size[1]}):")
     line("keystroke to frame", echo_s, "   (key handled + the frame showing it; target p95 < 50 ms)")
     line("keystroke to its plan on screen", plan_s,
          "   (debounce + planning in a worker + frame)")
@@ -161,9 +165,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5, help="fresh processes for the start-up figure")
     parser.add_argument("--keys", type=int, default=20, help="keystrokes to time")
+    parser.add_argument("--size", default="80x24", help="terminal size, COLUMNSxROWS (80x24: a login node's default)")
     args = parser.parse_args()
-    start_up(args.runs)
-    asyncio.run(keystrokes(args.keys))
+    size = tuple(int(n) for n in args.size.lower().split("x"))
+    start_up(args.runs, size)
+    asyncio.run(keystrokes(args.keys, size))
 
 
 if __name__ == "__main__":

@@ -3,8 +3,9 @@
     python scripts/screenshots.py [--out screenshots]
 
 Runs the real app (real planner and presets: Llama 3 8B on one node of 8 H200s, the app's
-default) headless at 80x24 and 160x48, and saves each scene with `App.save_screenshot`.
-Re-run it after changing the app's looks or the memory model, and commit the SVGs.
+default) headless at 80x24, 100x30 and 160x48, and saves each scene with `App.save_screenshot`.
+Re-run it after changing the app's looks or the memory model, and commit the SVGs:
+tests/tui/test_screenshots_current.py fails while they differ from what the app draws.
 """
 
 from __future__ import annotations
@@ -60,13 +61,22 @@ async def what_if(pilot: Pilot) -> None:
     await pilot.pause()
 
 
+async def lower_panels(pilot: Pilot) -> None:
+    """Below 120 columns, tab to the chart, break-even and what-if: they take the table's place."""
+    pilot.app.query_one("#views").focus()
+    await pilot.pause()
+    pilot.app.query_one("#views").scroll_to_widget(pilot.app.query_one("#breakeven"), animate=False, top=True)
+    await pilot.pause()
+
+
 async def help_keys(pilot: Pilot) -> None:
     await pilot.press("f1")
     await pilot.pause()
 
 
 SCENES: dict[str, tuple[Scene, tuple[tuple[int, int], ...]]] = {
-    "zlayout": (main_view, ((80, 24), (160, 48))),
+    "zlayout": (main_view, ((80, 24), (100, 30), (160, 48))),
+    "zlayout-breakeven": (lower_panels, ((80, 24),)),
     "zlayout-inputs": (with_inputs, ((80, 24),)),
     "zlayout-invalid-input": (invalid_input, ((160, 48),)),
     "zlayout-detail": (detail, ((80, 24), (160, 48))),

@@ -14,7 +14,7 @@ PLANNER_MODULES = [
     "zlayout.spec", "zlayout.catalog", "zlayout.core.memory", "zlayout.core.plan",
     "zlayout.core.breakeven", "zlayout.core.steptime", "zlayout.core.comm", "zlayout.core.recommend", "zlayout.core.layoutplan",
     "zlayout.profile.ds_config", "zlayout.cli", "zlayout.commands.plan", "zlayout.tui.app",
-    "zlayout.hfconfig",
+    "zlayout.hfconfig", "zlayout.cards", "zlayout.core.card",
     "zlayout.core.calibrate", "zlayout.profile.calibration", "zlayout.commands.calibrate",
 ]
 CORE_MODULES = [m for m in PLANNER_MODULES if m.startswith(("zlayout.spec", "zlayout.core"))]

@@ -174,6 +174,14 @@ def preset_path(kind: str, name: str, extra_dirs: Iterable[str | os.PathLike[str
         if len(meant) > 1:
             raise UnknownPresetError(f"{_KIND_LABELS[kind]} {_shown(name)} is more than one card: "
                                      f"{_ambiguous_choices(kind, meant, extra_dirs)}? give its full name")
+    # the start of several names ('nvlink', 'ib', 'llama3'): which one, never the nearest
+    # spelling ('nvlink' read 'did you mean nvlink5?' for an H100's nvlink4)
+    typed = _normalize(name)
+    started = sorted(option for option in index if option.startswith(typed)) if len(typed) >= 2 else []
+    if len(started) > 1:
+        noun = "card" if kind == "gpus" else _KIND_LABELS[kind]
+        raise UnknownPresetError(f"{_KIND_LABELS[kind]} {_shown(name)} is more than one {noun}: "
+                                 f"{_ambiguous_choices(kind, started, extra_dirs)}? give its full name")
     available = ", ".join(sorted(index)) or "(none)"
     aliases = [alias for alias, target in ALIASES.items() if target in index]
     raise UnknownPresetError(f"unknown {_KIND_LABELS[kind]} {_shown(name)}"

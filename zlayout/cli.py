@@ -13,13 +13,14 @@ import importlib
 import math
 import os
 import re
+import shlex
 import sys
 from typing import NoReturn, Sequence
 
 from pydantic import ValidationError
 
 import zlayout._pydantic_plugins  # noqa: F401  (before zlayout.spec builds its models: see there)
-from zlayout.messages import exception_text, parse_count_with_unit, parse_whole_number, quoted
+from zlayout.messages import exception_text, parse_count_with_unit, parse_whole_number, printable, quoted
 from zlayout.spec import (BOUNDS, GiB, HardwareSpec, Layout, ModelSpec, PlanInput, TrainingSpec,
                           ZeroKnobs)
 from zlayout.suggest import did_you_mean, did_you_mean_choice, did_you_mean_flag
@@ -54,9 +55,10 @@ class UsageError(Exception):
 
 
 def one_line(text: str) -> str:
-    """`text` with every line break escaped: a message is one line whatever the user typed."""
-    return re.sub(r"[\r\n\v\f\x1c-\x1e\x85\u2028\u2029]",
-                  lambda m: repr(m.group())[1:-1], text.strip())
+    """`text` with every line break and every other character a terminal acts on (escape
+    sequences, bells, tabs) escaped: a message is one line that prints as written whatever the
+    user typed or a file held (a path, a folder's name, a preset's name)."""
+    return printable(text.strip())
 
 
 def _flag_hints(extras: Sequence[str], flags: Sequence[str]) -> str:
@@ -484,10 +486,9 @@ def _model_from_args(args: argparse.Namespace):
             return ModelSpec.model_validate(data)
         if args.hf_config and base.card is None:
             _note(args, f"no model card for {args.hf_config}: its activations come from zlayout's hand "
-                        f"model of {base.hf_model_type}; `zlayout learn --hf-config {args.hf_config}` "
+                        f"model of {base.hf_model_type}; `zlayout learn --hf-config {shlex.quote(args.hf_config)}` "
                         "learns them from the transformers class")
-        # the card (kept out of model_dump) stays with the model it was learned from
-        return ModelSpec.model_validate(data).model_copy(update={"card": base.card})
+        return ModelSpec.model_validate(data)
     if args.params is not None:
         try:
             size = catalog.parse_size(args.params)

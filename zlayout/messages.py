@@ -22,12 +22,13 @@ def parse_whole_number(text: str) -> int | None:
 # k and M on a count of tokens or of a width (sequence, hidden, ffn, vocabulary) are binary, as
 # "4k context" (4,096) and "32K" (32,768) are said; parameter counts (--params) stay decimal.
 COUNT_UNITS = {"": 1, "k": 1024, "ki": 1024, "m": 1024**2, "mi": 1024**2}
-_COUNT_RE = re.compile(r"([+]?[0-9][0-9_,]{0,30}(?:\.[0-9]{1,12})?)\s*(k|ki|m|mi)?", re.I)
+_COUNT_RE = re.compile(r"([+-]?[0-9][0-9_,]{0,30}(?:\.[0-9]{1,12})?)\s*(k|ki|m|mi)?", re.I)
 
 
 def parse_count_with_unit(text: str) -> int | None:
     """A whole count typed bare or with k/M (1,024 / 1,048,576): '4096', '4k', '32K', '1.5k',
-    '1M'; None for anything else, a fraction of one ('4.1k' is 4,198.4) included."""
+    '1M'; None for anything else, a fraction of one ('4.1k' is 4,198.4) included. A sign is
+    read ('-1' is -1), so a negative count meets its range, not "not a whole number"."""
     match = _COUNT_RE.fullmatch(str(text).strip())
     if match is None:
         return None
@@ -35,17 +36,24 @@ def parse_count_with_unit(text: str) -> int | None:
     if unit is None:
         return parse_whole_number(number)
     digits = number.replace("_", "").replace(",", "").lstrip("+")
-    whole, _, decimals = digits.partition(".")
+    sign = -1 if digits.startswith("-") else 1
+    whole, _, decimals = digits.lstrip("-").partition(".")
     # exact arithmetic: 1.5k is 1,536 and 4.1k is not a whole count
     scaled = int(whole + decimals) * COUNT_UNITS[unit.lower()]
     divisor = 10 ** len(decimals)
-    return scaled // divisor if scaled % divisor == 0 else None
+    return sign * (scaled // divisor) if scaled % divisor == 0 else None
 
 
 def printable(text: object) -> str:
     """`text` with every character a terminal would act on (escape sequences, line breaks,
     tabs) written as its escape, for text read from files shown in a table."""
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+
+
+def printable_name(text: str) -> str:
+    """A name read from a file or a folder (a config.json's `_name_or_path`, the folder holding
+    it) as one line of printable text: each character a terminal would act on becomes a space."""
+    return " ".join("".join(c if c.isprintable() else " " for c in text).split())
 
 
 def quoted(value: object, limit: int = MAX_SHOWN_CHARS) -> str:

@@ -15,8 +15,10 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, ValidationInfo, field_validator,
+from pydantic import (BaseModel, ConfigDict, Field, ValidationInfo, field_serializer, field_validator,
                       model_serializer, model_validator)
+
+from zlayout.messages import printable_name
 
 Stage = Literal[0, 1, 2, 3]
 Device = Literal["gpu", "cpu", "nvme"]
@@ -238,8 +240,16 @@ class ModelSpec(Frozen):
     hf_model_type: str | None = Field(default=None, description="config.json's model_type")
     hf_config: str | None = Field(default=None, description="the config.json it was read from")
     # the model card learned from the transformers class (`zlayout learn`; zlayout.core.card):
-    # with `impl = "hf"` the planner takes its activations; kept out of profiles and JSON
-    card: Any = Field(default=None, exclude=True, repr=False)
+    # with `impl = "hf"` the planner takes its activations. Written as its key (profiles, JSON),
+    # read back from the cards folders by that key
+    card: Any = Field(default=None, repr=False, description="the model card's key (zlayout learn)")
+
+    @field_validator("name", "family")
+    @classmethod
+    def _name_is_printable(cls, value: str | None) -> str | None:
+        # names come from files and folders (config.json, a preset, the folder's name) and are
+        # printed in the plan's header, the app and the profile: no escape code or line break
+        return value if value is None else printable_name(value)
 
     @field_validator("dense_layers", mode="before")
     @classmethod
@@ -247,6 +257,21 @@ class ModelSpec(Frozen):
         # TOML and JSON have arrays, not tuples: a list is the same value (also when a preset
         # or a profile is read in strict mode, which takes only a tuple for a tuple field)
         return tuple(value) if isinstance(value, list) else value
+
+    @field_validator("card", mode="before")
+    @classmethod
+    def _card_by_key(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            from zlayout.cards import card_by_key  # reads the card's TOML: the catalog's layer
+
+            return card_by_key(value)
+        if value is not None and type(value).__name__ != "ModelCard":
+            raise ValueError(f"card must be a model card's key, got {value!r}")
+        return value
+
+    @field_serializer("card")
+    def _card_key(self, card: Any) -> str | None:
+        return None if card is None else card.key
 
     @model_serializer(mode="wrap")
     def _omit_unused_extensions(self, handler):
@@ -456,7 +481,7 @@ class ModelSpec(Frozen):
 
 
 EXTENSION_FIELDS = ("head_size", "out_bias", "mlp_bias", "norms_per_layer", "position_embeddings", "mla",
-                    "qk_norm", "head_bias",
+                    "qk_norm", "head_bias", "card",
                     "experts", "top_k", "expert_ffn", "shared_experts", "shared_expert_ffn",
                     "shared_expert_gate", "dense_layers", "hf_model_type", "hf_config")
 

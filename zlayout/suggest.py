@@ -165,6 +165,22 @@ def _flags_in(target: str) -> list[str]:
     return re.findall(r"--[a-z][a-z0-9-]*", target)
 
 
+LAYOUT_FLAGS = ("--stage", "--offload-optimizer", "--offload-param")
+
+
+def _layout_flag_hint(key: str, target: str | None, flags: Sequence[str]) -> str:
+    """A layout flag (or another tool's name for one) on a command that compares every layout
+    (breakeven, the app: they take plan's model flags, not its layout flags): what the command
+    does instead. By spelling, breakeven's --offload-param read 'did you mean --params?' (the
+    model's size) and the app's --stage 'did you mean --seq?'."""
+    meant = [key] if key in LAYOUT_FLAGS else [n for n in _flags_in(target or "") if n in LAYOUT_FLAGS]
+    if "--preset" not in flags or not meant or all(name in flags for name in meant):
+        return ""
+    if "--stage" in flags:
+        return " (this command compares every offload choice of each stage: --stage N narrows it to one stage)"
+    return " (this command compares every layout: it takes no --stage or offload flags)"
+
+
 def did_you_mean_flag(typed: str, flags: Sequence[str]) -> str:
     """' (did you mean --gpus-per-node?)' for an unknown flag: the same flag with '-' for '_',
     another tool's name for one of `flags`, a prefix of one or two of them, or its spelling."""
@@ -173,6 +189,9 @@ def did_you_mean_flag(typed: str, flags: Sequence[str]) -> str:
     if key in flags and key != flag:
         return f" (did you mean {key}?)"  # --micro_batch, --Seq
     target = NEIGHBOUR_FLAGS.get(key)
+    layout_hint = _layout_flag_hint(key, target, flags)
+    if layout_hint:
+        return layout_hint
     if target is not None:
         if target in _SENTENCES:  # what to do instead, not a flag
             return f" ({target})"

@@ -143,3 +143,30 @@ def test_a_description_cannot_write_escape_sequences_to_the_terminal(tmp_path, c
     code, out, _ = run(capsys, "presets", "links", "--presets-dir", str(tmp_path))
     row = next(line for line in out.splitlines() if line.startswith("odd "))
     assert code == 0 and "\x1b" not in out and row.endswith("x\\x1b[2J\\nnext line")
+
+
+def test_a_broken_model_file_is_listed_with_its_error_not_a_traceback(tmp_path, capsys):
+    # the families line read every model file again and raised on the one that cannot be read
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "bad.toml").write_text('layers = "two"\n')
+    (tmp_path / "models" / "lab-7b.toml").write_text(textwrap.dedent("""\
+        family = "lab"
+        layers = 2
+        hidden = 64
+        heads = 4
+        vocab = 100
+        """))
+    code, out, _ = run(capsys, "presets", "models", "--presets-dir", str(tmp_path))
+    assert code == 0
+    assert f"bad: cannot be read: {tmp_path / 'models' / 'bad.toml'}: invalid model preset" in out
+    assert "families for --params SIZE --family F: gpt3, lab, llama3, mistral, qwen2.5, reference-gpt" in out
+    code, out, _ = run(capsys, "presets", "--json", "--presets-dir", str(tmp_path))
+    assert code == 0 and "invalid model preset" in json.loads(out)["models"][0]["error"]
+
+
+def test_presets_help_says_what_the_command_lists_in_whole_sentences(capsys):
+    with pytest.raises(SystemExit):
+        main(["presets", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    # the description was the docstring's first line, cut mid-phrase: "(and in your preset"
+    assert "what is built in (and in your preset directories), with the figures each preset carries." in out

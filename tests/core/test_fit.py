@@ -85,7 +85,14 @@ def _qwen_3b_like(layers: int) -> PlanInput:
 
 def test_the_default_allocator_at_the_card_trains_76_layers_by_flushing_and_not_77():
     at_edge = estimate_memory(_qwen_3b_like(76), Layout(stage=2))
-    assert at_edge.fits and at_edge.gpu_fit.state == "fits-flushing"
+    assert at_edge.fits
+    # the H200 counted alloc_retries 1: the first step fills the card and frees the cache once;
+    # later steps run in what is left, without a retry
+    inp = _qwen_3b_like(76)
+    card = inp.hardware.gpu.memory_bytes - inp.hardware.gpu.cuda_context_bytes - 20 * MiB
+    replayed = sim.replay_at_capacity(inp, Layout(stage=2), card)
+    assert replayed.retries >= 1 and replayed.retries_per_step == 0 and at_edge.gpu_fit.state == "fits"
+    assert "nearly_full" in {t.name for t in at_edge.gpu_fit.alert_thresholds()}
     assert at_edge.gpu_peak_reserved_bytes + at_edge.gpu_capacity_bytes - at_edge.gpu_device_used_bytes \
         <= at_edge.gpu_capacity_bytes  # peak reserved never above the card (measured 132-138 GiB)
     assert 130 * GiB < at_edge.gpu_peak_reserved_bytes < 139 * GiB

@@ -160,11 +160,12 @@ def test_the_profile_records_the_config_and_restores_the_model(tmp_path, capsys)
     table = tomllib.loads((out_dir / "profile.toml").read_text())
     recorded = table["inputs"]["model"]
     assert recorded["hf_model_type"] == "deepseek_v2"
-    assert recorded["hf_config"] == str(config.resolve())
+    assert recorded["hf_config"] == "hf_config.json"  # a copy travels inside the profile
     from zlayout.profile import load_profile
 
     profile = load_profile(out_dir / "profile.toml")
-    assert profile.inputs.model == hfconfig.load(config)
+    same = {"hf_config": None}  # the path differs (the copy's), the model must not
+    assert profile.inputs.model.model_copy(update=same) == hfconfig.load(config).model_copy(update=same)
     assert profile.inputs.training.impl == "hf"  # a config.json model is trained with its model class
 
 

@@ -55,6 +55,8 @@ def _refused(capsys, directory: Path, key: str) -> None:
     (r"^warn_above_s = .*", "warn_above_s = 99.0", "alerts.step_time.warn_above_s"),
     (r"^gpu_peak_allocated_gib = .*", "gpu_peak_allocated_gib = 1.0", "summary.gpu_peak_allocated_gib"),
     (r"^fits = true", "fits = false", "summary.fits"),
+    (r"^max_micro_batch = (\d+)", "max_micro_batch = 7", "limits.max_micro_batch"),
+    (r"(\[limits\]\nscaling = \"depth\"\nmax_params = )\d+", r"\g<1>1000000000000", "limits.max_params"),
 ])
 def test_a_hand_edited_threshold_or_summary_figure_is_refused_naming_the_key(exported, capsys, pattern,
                                                                            replacement, key):
@@ -168,3 +170,28 @@ def test_check_compares_the_nodes_ram_with_the_profiles(profile_8b):
     assert f"--host-ram-gib {peak * 3 / 2**30:.0f}" in item.detail
     roomy = {"MemAvailable": peak * 2, "MemTotal": profile_8b.inputs.hardware.host_ram_bytes}
     assert check_host(profile_8b, roomy).verdict == "pass"
+
+
+def test_a_config_name_with_escape_codes_and_newlines_reaches_no_terminal_raw(tmp_path, capsys):
+    import json
+
+    import yaml
+
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "model_type": "llama", "_name_or_path": "org/evil\u001b[2J\u001b]0;pwned\u0007\nrm -rf ~ {{ $value }}",
+        "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
+        "intermediate_size": 512, "vocab_size": 1000}))
+    code, out, err = run(capsys, "plan", "--hf-config", str(model), "--seq", "64", "--gpu", "h200", "--stage", "2")
+    assert code == 0 and "\x1b" not in out + err and "\x07" not in out + err
+    assert "evil [2J ]0;pwned rm -rf ~ {{ $value }}" in out
+    directory = tmp_path / "p"
+    code, out, err = run(capsys, "export", "--hf-config", str(model), "--seq", "64", "--gpu", "h200", "--stage", "2",
+                         "--out", str(directory))
+    assert code == 0 and "\x1b" not in out + err
+    code, out, _ = run(capsys, "show", str(directory))
+    assert code == 0 and "\x1b" not in out and "\x07" not in out
+    rules = yaml.safe_load((directory / "alerts.yml").read_text())["groups"][0]["rules"]
+    # Prometheus expands {{ }} in labels: the name's is written as a template literal
+    assert rules[0]["labels"]["profile"].startswith('evil [2J ]0;pwned rm -rf ~ {{ "{{" }} $value }}')

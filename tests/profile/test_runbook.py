@@ -67,6 +67,9 @@ def profile_figures(profile) -> tuple[set[float], set[float], set[str]]:
 
 def assert_every_figure_is_the_profiles(profile, text: str) -> None:
     gib, secs, params = profile_figures(profile)
+    # "What the training script must do" also gives the planner's figures for a script that departs
+    # from the plan (test_the_script_contract_gives_the_planners_figures)
+    text = re.sub(r"## What the training script must do\n.*?(?=\n## )", "", text, flags=re.S)
     # The profile's own sentences (a change's why, a term's explanation) quote figures their own way.
     quoted = {" ".join(v.split()).replace("|", "\\|") for _, v in _walk(profile.model_dump(mode="json"))
               if isinstance(v, str) and re.search(r"\d", v)}
@@ -107,7 +110,7 @@ def test_ready_profile_runbook_has_every_section_and_the_profiles_figures(name):
     summary = body["## Summary"]
     assert re.search(rf"\| GPU memory, peak allocated \(predicted\) \| {re.escape(f'{s.gpu_peak_allocated_gib:,.1f}')} GiB "
                      rf"of {re.escape(f'{s.gpu_capacity_gib:,.1f}')} GiB per GPU \|", summary)
-    assert f"{s.host_peak_gib:,.1f} GiB of {s.host_capacity_gib:,.1f} GiB per node" in summary
+    assert f"{s.host_peak_gib:,.1f} GiB per node, of {s.host_capacity_gib:,.1f} GiB (assumed" in summary
     assert f"| Step time (predicted) | {s.step_time_s:.3g} s" in summary
     assert "**UNVERIFIED**" in summary
     for term in profile.prediction.terms:
@@ -367,3 +370,29 @@ def test_diff_markdown_gives_the_before_after_section(tmp_path, capsys):
     assert (f"| gpu_peak_allocated_bytes | predicted | {before / GiB:,.1f} GiB | {after / GiB:,.1f} GiB | "
             f"+{(after - before) / GiB:,.1f} GiB ({(after - before) / before:+.1%}) |") in text
     assert main(["diff", str(a), str(b), "--markdown", "--json"]) == 2
+
+
+def test_the_script_contract_gives_the_planners_figures(make_input, tmp_path):
+    from zlayout.profile.build import predict
+
+    inp = make_input(seq=4096, checkpointing="full")
+    profile = build_profile(inp, Layout(stage=3), run=RunSettings())
+    text = sections(render_runbook(profile))["## What the training script must do"]
+    rows = [line for line in text.splitlines() if re.match(r"\| \d+ \|", line)]
+    assert [row.split(" | ")[1].split()[0] for row in rows] == ["Build", "Use", "Feed", "Checkpoint", "Run", "Accept"]
+
+    def changed(**training):
+        return predict(inp.model_copy(update={"training": inp.training.model_copy(update=training)}),
+                       Layout(stage=3))
+    fp32 = changed(init="fp32-cpu").host_peak_bytes
+    plan = profile.prediction
+    assert f"host peak {plan.host_peak_bytes / GiB:,.1f} GiB per node; built in fp32" in rows[0]
+    assert f"it is {fp32 / GiB:,.1f} GiB per node, {fp32 / plan.host_peak_bytes:.1f}x" in rows[0]
+    assert fp32 > 5 * plan.host_peak_bytes  # the 9x of issue 30, on this 8B model 10x
+    longer = changed(seq=8192).gpu_peak_allocated_bytes
+    assert f"batches of 8,192 tokens need {longer / GiB:,.1f} GiB" in rows[2]
+    unchecked = changed(checkpointing="none").gpu_peak_allocated_bytes
+    assert f"without it {unchecked / GiB:,.1f} GiB" in rows[3]
+    other = changed(loop="trainer").gpu_peak_allocated_bytes
+    assert f"the trainer loop gives {other / GiB:,.1f} GiB" in rows[4]
+    assert f"8 ranks on GPU 0 would need {8 * plan.gpu_peak_allocated_bytes / GiB:,.1f} GiB" in rows[5]

@@ -624,12 +624,22 @@ def test_without_a_terminal_the_app_prints_one_line_and_exits_2():
     import subprocess
     import sys
 
-    for args in ([], ["app", "--preset", "llama3-8b"]):
+    # the hint names the command that prints the plan of the inputs given (it said llama3-8b
+    # whatever the flags were), and that command runs
+    for args, hint in (([], "zlayout plan --preset llama3-8b --json"),
+                       (["app", "--preset", "llama3-70b", "--gpu", "h100", "--nodes", "4", "--headroom", "0.1"],
+                        "zlayout plan --preset llama3-70b --gpu h100 --nodes 4 --headroom 0.1 --json"),
+                       (["app", "--gpu", "h100", "--tie-embeddings"],
+                        "zlayout plan --preset llama3-8b --tie-embeddings --gpu h100 --json")):  # the parser's order
         done = subprocess.run([sys.executable, "-m", "zlayout", *args], stdin=subprocess.DEVNULL,
                               capture_output=True, text=True, timeout=60)
         assert done.returncode == 2
         assert done.stdout == ""
         assert len(done.stderr.strip().splitlines()) == 1 and "needs a terminal" in done.stderr
+        assert done.stderr.strip().endswith(f"run: {hint}")
+        planned = subprocess.run([sys.executable, "-m", "zlayout", *hint.split()[1:]],
+                                 capture_output=True, text=True, timeout=120)
+        assert planned.returncode == 0, planned.stderr
 
 
 def test_app_with_a_bad_flag_or_profile_says_what_to_type():

@@ -121,7 +121,7 @@ async def test_the_header_lines_up_with_the_rows_when_drawn_before_the_table_mea
 # -- the inputs panel open at 80 and 100 columns, sideways scrolling, resizing ----------------
 
 TITLES = dict(LayoutTable.COLUMNS)
-FIXED = ("stage", "opt", "param")  # ZeRO, Opt, Par: never scrolled away
+FIXED = LayoutTable.FIXED_KEYS  # ZeRO, Opt, Par, Free: never scrolled away
 
 
 def named_in_title(title: str) -> tuple[list[str], list[str]]:

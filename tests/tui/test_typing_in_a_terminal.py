@@ -230,3 +230,17 @@ def test_one_burst_through_the_model_selects(terminal_app):
     model = PlanInput.model_validate(state["plan_input"]).model
     assert (model.mlp, model.norm, model.bias, model.hidden) == ("gelu", "layernorm", True, qwen.hidden)
     assert_plan_is_the_fields_plan(state)
+
+
+def test_a_field_fixed_in_the_same_burst_as_ctrl_s_is_not_reported_marked(terminal_app):
+    """Layers marked invalid; then fixed and ctrl+s in one write: export said "Fix the marked
+    fields first (Layers)" about a field fixed before the key was typed."""
+    app = terminal_app(["app", "--preset", "llama3-8b", "--gpu", "h200", "--gpus-per-node", "8"], (160, 48))
+    app.focus("layers")
+    app.write(keys("end", "x"))
+    assert "layers" in app.settled(until=lambda s: bool(s["errors"]))["errors"]  # marked
+    app.write(keys("end", "backspace", "backspace", "backspace", "40", "\x13"))  # fixed, ctrl+s
+    state = app.settled(until=lambda s: s["values"]["layers"] == "40")
+    assert not any("Fix the marked fields" in n for n in state["notifications"]), state["notifications"]
+    # the export asks for its path, or says the plan is still being computed: never a stale mark
+    assert state["screen"] == "PathScreen" or any("still being computed" in n for n in state["notifications"])

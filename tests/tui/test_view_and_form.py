@@ -53,14 +53,18 @@ def test_any_valid_input_round_trips_through_the_form(layers, seq, gpus, nodes, 
 
 @pytest.mark.parametrize("field, text, reason", [
     ("layers", "eight", "whole number"),
-    ("layers", "0", "greater than 0"),
+    ("layers", "0", "must be from 1 to 1,000 (got 0)"),
     ("hidden", "4096.5", "whole number"),
-    ("kv_heads", "5", "multiple of kv-heads"),
-    ("heads", "33", "divisible by heads"),
+    ("kv_heads", "5", "multiple of KV heads (5); type 4"),
+    ("heads", "33", "divisible by Heads (33); type 32"),
+    ("hidden", "4097", "Hidden (4097) must be divisible by Heads (32); type 4096"),  # was under Heads
     ("seq", "", "whole number"),
     ("host_ram_gib", "lots", "number of GiB"),
-    ("nvme_gib", "-1", "0 or more"),
-    ("gpus_per_node", "-8", "greater than 0"),
+    ("nvme_gib", "-1", "must be from 0 GiB to 1,048,576 GiB (got -1 GiB)"),
+    # below the range in the range's words: -100 said "0 or more" where 0 said "from 1 GiB"
+    ("host_ram_gib", "-100", "must be from 1 GiB to 1,048,576 GiB (got -100 GiB)"),
+    ("host_ram_gib", "0", "must be from 1 GiB to 1,048,576 GiB (got 0 GiB)"),
+    ("gpus_per_node", "-8", "must be from 1 to 128 (got -8)"),
     # what the command line refuses the app refuses too: other scripts' digits, infinities
     # ('inf' GiB crashed the plan: no integer of bytes)
     ("layers", "١٢", "whole number"),
@@ -79,6 +83,18 @@ def test_every_bad_field_is_reported_at_once():
     with pytest.raises(FormInvalid) as caught:
         build(values_with(layers="x", seq="y", nodes="0"))
     assert set(caught.value.errors) == {"layers", "seq", "nodes"}
+
+
+@pytest.mark.parametrize("bad", [dict(hidden="4097", vocab="0"), dict(hidden="4097", layers="x"),
+                                 dict(gpus_per_node="x", nodes="100000"), dict(seq="x", micro_batch="99999")],
+                         ids=["model-check-and-range", "model-check-and-typo", "hardware", "training"])
+def test_a_field_that_does_not_parse_hides_no_other_error(bad):
+    """Two invalid fields were counted as one: a field that did not parse skipped the checks of
+    the spec (Hidden's divisibility, Nodes' range) for its whole section."""
+    with pytest.raises(FormInvalid) as caught:
+        build(values_with(**bad))
+    assert set(caught.value.errors) == set(bad)
+    assert not any("--" in reason for reason in caught.value.errors.values())  # no CLI flag in the panel
 
 
 def test_an_unknown_gpu_is_reported_on_the_gpu_field():
@@ -118,14 +134,17 @@ def test_changing_the_architecture_makes_the_model_custom_and_keeps_the_rest():
 def test_headroom_colours_follow_the_thresholds():
     plan = stub_planner(fixed_input())
     memory = plan.layouts[0].memory
+    # red is "does not fit" only: a layout that fits with the card full (its cache flushed,
+    # core/fit.py's fits-flushing) is yellow, 'full'
     for free_fraction, level in ((0.5, "ok"), (0.21, "ok"), (0.199, "tight"), (0.06, "tight"),
-                                 (0.051, "tight"), (0.049, "over"), (0.0, "over")):
+                                 (0.051, "tight"), (0.049, "tight"), (0.0, "tight")):
         capacity = memory.gpu_capacity_bytes
         used = int(capacity * (1 - free_fraction))
         moved = type(memory)(**{**{f: getattr(memory, f) for f in memory.__dataclass_fields__},
                                 "gpu_device_used_bytes": used, "gpu_needed_bytes": used,
                                 "gpu_usable_bytes": capacity})
         assert view.headroom_level(moved) == level, free_fraction
+        assert view.headroom_text(moved) == ("full" if free_fraction == 0 else f"{free_fraction * 100:.0f}%")
 
 
 def test_a_layout_that_does_not_fit_is_red_and_says_so():
@@ -147,13 +166,20 @@ def test_the_columns_add_up_to_what_the_device_uses():
                                                if t.category == "activations")
 
 
-def test_bars_never_exceed_their_width_and_mark_the_capacity():
+def test_bars_are_on_the_cards_scale_and_mark_what_overflows():
+    """A ZeRO-0 layout many times the card no longer shrinks the layouts that fit to a cell:
+    the card's capacity is the last cell, a bar past it stops there, marked overflowing."""
     plan = make_plan(fixed_input().model_copy(update={"model": fixed_input().model.model_copy(
         update={"layers": 96})}))
+    capacity = plan.layouts[0].memory.gpu_capacity_bytes
+    assert any(lp.memory.gpu_device_used_bytes > 3 * capacity for lp in plan.layouts)
     for width in (10, 40, 97):
-        for bar in view.bar_segments(plan, width):
-            assert sum(cells for _, cells in bar.cells) <= width
-            assert 0 <= bar.capacity_cell < width
+        for bar, lp in zip(view.bar_segments(plan, width), plan.layouts):
+            length = sum(cells for _, cells in bar.cells)
+            assert length < width and bar.capacity_cell == width - 1
+            assert bar.overflow == (lp.memory.gpu_device_used_bytes > capacity)
+            if not bar.overflow:  # its share of the card, to a cell
+                assert abs(length - lp.memory.gpu_device_used_bytes / capacity * (width - 1)) <= 1
 
 
 def test_compare_rows_give_signed_percent_changes():
@@ -204,3 +230,20 @@ def test_an_edited_preset_architecture_is_custom_and_of_no_family():
     assert model_from_form(values, base) == base
     edited = model_from_form({**values, "layers": "48"}, base)
     assert (edited.name, edited.family, edited.layers) == ("custom", None, 48)
+
+
+@pytest.mark.parametrize("width", range(24, 90))
+def test_the_status_line_never_wraps_between_a_figure_and_its_unit(width):
+    """Rich's wrap left "at 0.43" at a line's end and "s/step" on the next; the status line's
+    lines are also never wider than the line (a zero-width glue made them one cell too wide)."""
+    from rich.cells import cell_len
+
+    text = ("★ ZeRO-1: fits; 60% of the card free at the peak (device used 55.5 of 140.4 GiB per GPU) "
+            "at 0.27 s/step (38% MFU); runner-up ZeRO-2 is as fast (0.27 s/step), a tie within 3%, "
+            "so a lower stage wins.")
+    lines = view.wrap_keeping_figures(text, width)
+    assert " ".join(lines) == text
+    assert all(cell_len(line) <= width for line in lines)
+    for line, following in zip(lines, lines[1:]):
+        assert not (line.split(" ")[-1].replace(".", "").isdigit()
+                    and following.split(" ")[0] in ("s/step", "GiB")), (line, following)

@@ -24,18 +24,3 @@ def tiny_input(gpus: int = 1, checkpointing: str = "none", micro_batch: int = 2,
 @pytest.fixture
 def make_input():
     return tiny_input
-
-
-@pytest.fixture(autouse=True)
-def _cache_in_tmp(tmp_path, monkeypatch):
-    """A verification without --out writes to $XDG_CACHE_HOME/zlayout/verify: the test's own
-    temporary directory, never ~/.cache. torch's op cache (built DeepSpeed ops, which also
-    follows XDG_CACHE_HOME) stays where it is, named by TORCH_EXTENSIONS_DIR: a rebuild per
-    test would take minutes."""
-    import os
-    from pathlib import Path
-
-    if not os.environ.get("TORCH_EXTENSIONS_DIR"):
-        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-        monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(cache / "torch_extensions"))
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))

@@ -335,3 +335,15 @@ def test_a_batch_line_emulates_and_names_its_folder_by_the_world_it_stands_for(e
     refused = zlayout("verify", "--batch", str(batch), "--preflight-only", "--out", str(tmp_path / "again"))
     assert refused.returncode == 2 and "--preflight-only checks one run" in refused.stderr
     assert not (tmp_path / "again").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loop", ["deepspeed", "trainer"])
+def test_the_worker_runs_the_loop_it_is_told_and_the_result_records_it(tmp_path, loop):
+    inp = tiny_input()
+    inp = inp.model_copy(update={"training": inp.training.model_copy(update={"loop": loop})})
+    result = run_verification(inp, Layout(stage=2), VerifyOptions(
+        cpu=True, steps=2, out_dir=tmp_path, run_preflight=False))
+    assert result["status"] == "cpu-ok", result["cause"]
+    assert result["loop"] == loop and result["inputs"]["training"]["loop"] == loop
+    assert [r["loop"] for r in result["ranks"]] == [loop]

@@ -144,7 +144,8 @@ def test_the_ops_a_layout_loads():
     assert preflight.ops_for(Layout(stage=2, offload_optimizer="cpu"), cpu=False) == ["cpu_adam"]
     assert preflight.ops_for(Layout(stage=3, offload_optimizer="nvme", offload_param="nvme"),
                              cpu=False) == ["cpu_adam", "async_io"]
-    assert preflight.ops_for(Layout(stage=2, offload_optimizer="cpu"), cpu=True) == []
+    # CPU mode: no Adam op, but deepspeed.comm's shared-memory op, which it builds at start-up
+    assert preflight.ops_for(Layout(stage=2, offload_optimizer="cpu"), cpu=True) == ["shm_comm"]
 
 
 def fake_probe_python(tmp_path, facts: dict) -> str:

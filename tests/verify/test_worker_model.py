@@ -62,3 +62,18 @@ def test_checkpointing_gives_the_same_loss_and_gradients():
     b.backward()
     assert torch.allclose(a, b)
     assert torch.allclose(plain.blocks[0].fc1.weight.grad, checkpointed.blocks[0].fc1.weight.grad)
+
+
+def test_the_deepspeed_loop_gets_the_logits_to_hold_and_the_trainer_loop_the_loss():
+    """TrainingSpec.loop: "deepspeed" returns the outputs (loss and the logits it came from),
+    which the worker holds until its next forward; "trainer" returns the loss alone."""
+    from zlayout.verify.worker_model import builder
+
+    spec = ModelSpec(**SHAPES[0])
+    ids = torch.randint(0, spec.vocab, (2, 16))
+    torch.manual_seed(0)
+    kept = builder(spec, False, loop="deepspeed")()(ids)
+    torch.manual_seed(0)
+    loss = builder(spec, False, loop="trainer")()(ids)
+    assert kept.logits.shape == (2, 16, spec.vocab) and kept.logits.requires_grad
+    assert loss.dim() == 0 and torch.equal(kept.loss, loss)  # the same loss either way

@@ -9,6 +9,7 @@ exits 2 instead of drawing escape codes into a pipe.
 from __future__ import annotations
 
 import argparse
+import shlex
 
 from zlayout.cli import UsageError, add_plan_arguments, plan_input_from_args
 from zlayout.messages import exception_text
@@ -45,12 +46,32 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         if plan_flags:
             raise UsageError(f"give either a PROFILE or plan flags, not both (got {args.profile} "
                              f"and --{plan_flags[0].replace('_', '-')}); e.g. zlayout app {args.profile}")
-        return run_app(_profile_input(args.profile), presets_dirs=dirs)
+        return run_app(_profile_input(args.profile), presets_dirs=dirs,
+                       script_command=f"zlayout show {shlex.quote(args.profile)}")
     if not given:
         return run_app()
     if not any(getattr(args, name, None) is not None for name in MODEL_FLAGS):
         args.preset = DEFAULT_PRESET
-    return run_app(plan_input_from_args(args), presets_dirs=dirs)
+        given = ["preset", *given]
+    # without a terminal the app names the command that prints these inputs' plan (it named
+    # llama3-8b whatever the flags said)
+    command = shlex.join(["zlayout", "plan", *_flags_of(args, given), "--json"])
+    return run_app(plan_input_from_args(args), presets_dirs=dirs, script_command=command)
+
+
+def _flags_of(args: argparse.Namespace, names: list[str]) -> list[str]:
+    """The command-line words of the flags `names` as parsed into `args`."""
+    words: list[str] = []
+    for name in names:
+        flag, value = "--" + name.replace("_", "-"), getattr(args, name)
+        if value is True:
+            words.append(flag)
+        elif isinstance(value, list):
+            for item in value:
+                words += [flag, str(item)]
+        elif value not in (None, False):
+            words += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+    return words
 
 
 def _profile_input(path: str):

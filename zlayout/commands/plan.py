@@ -100,7 +100,13 @@ def fits_text(mem: MemoryEstimate) -> str:
     short = short_by_bytes(mem)
     if not short:
         return "yes"
-    return "no (" + ", ".join(f"{where} +{nbytes / GiB:.1f} GiB" for where, nbytes in short.items()) + ")"
+    return "no (" + ", ".join(f"{where} +{_missing(nbytes)}" for where, nbytes in short.items()) + ")"
+
+
+def _missing(nbytes: int) -> str:
+    """'12.3 GiB'; under 0.05 GiB in MiB, so a layout that misses by a few MiB never reads
+    'no (gpu +0.0 GiB)'."""
+    return f"{nbytes / GiB:.1f} GiB" if nbytes >= 0.05 * GiB else f"{max(1, round(nbytes / 2**20))} MiB"
 
 
 def plan_table(plan: Plan, layout=None) -> str:

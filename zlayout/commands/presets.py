@@ -32,7 +32,7 @@ TITLES = {"gpus": "GPUs (--gpu NAME)", "links": "Links (--intra-link NAME, --int
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("presets", help="list the built-in GPUs, links, models and profiles with their figures",
-                            description=__doc__.splitlines()[0].replace("`", ""))
+                            description=" ".join(__doc__.split("\n\n")[0].split()).replace("`", ""))
     parser.add_argument("kind", nargs="?", metavar="gpus|models|links|profiles",
                         help="list only this kind (default: all four)")
     parser.add_argument("--presets-dir", action="append", default=[], metavar="DIR",
@@ -155,7 +155,9 @@ def _text(kind: str, rows: list[dict[str, Any]], dirs: tuple[str, ...]) -> list[
                           r.get("description", ""))
                          for r in good], {2, 3, 4, 5, 6, 7, 8})
         lines += _alias_lines(catalog.ALIASES, {r["name"] for r in good})
-        families = catalog.list_families(dirs) if good else []
+        # from the rows read: catalog.list_families reads every file again and raises on a
+        # broken one, which is already listed below with its error
+        families = sorted({catalog._normalize(r["family"]) for r in good if r.get("family")})
         lines.append(f"families for --params SIZE --family F: {', '.join(families)}" if families else "")
     else:
         lines += _table(("name", "layout", "model", "hardware", "seq", "device GiB", "step s", "fits", "verified"),

@@ -294,6 +294,8 @@ def run_command(args: argparse.Namespace) -> int:
         if args.update_profile and not (args.slurm and args.submit):
             raise UsageError("--update-profile writes the job's result into PROFILE: add --slurm "
                              "FILE --submit, so that zlayout follows the job to its result")
+        if args.update_profile:
+            _check_profile_writable(profile_path)  # before the job, not after
         return _multi_node(args, inp, layout, options, profile, profile_path)
     if inp.hardware.nodes > 1 and not options.cpu and options.processes is None and not options.emulate:
         raise UsageError(f"the plan spans {inp.hardware.nodes} nodes: write a SLURM script with "

@@ -357,6 +357,7 @@ class _Seq:
 
     def __init__(self, live: bool = False, device: Device | None = None) -> None:
         self.device = device  # live only: the card the pools share (replay_at_capacity)
+        self.device_marks: dict[str, tuple[int, int]] = {}  # phase -> (retries, freed) at its end
         self.events: list[tuple[str, object, int]] = []
         self.sizes: list[int] = [0]
         self.live = live
@@ -370,6 +371,8 @@ class _Seq:
         sequence with a recorded trace; planning (live) keeps none."""
         if not self.live:
             self.marks.append((phase, len(self.events)))
+        elif self.device is not None:
+            self.device_marks[phase] = (self.device.retries, self.device.freed)
 
     def a(self, size: int, stream: int = DEFAULT_STREAM) -> int:
         size = int(size)
@@ -1709,20 +1712,9 @@ class CapacityReplay:
     out_of_memory: bool
     peak_reserved: int  # never above the capacity
     needed: int  # the most a retry needed (0: none retried); past the capacity when out of memory
-    retries: int  # over the replayed steps (initialize included)
-    freed: int  # bytes those retries gave back
-    steps: int
-
-    @property
-    def retries_per_step(self) -> int:
-        """About how many times a step frees the cache: the replayed retries spread over its
-        steps, rounded up (one retry in two steps is one a step: the first step's moments and
-        cache growth make most of them)."""
-        return -(-self.retries // self.steps)
-
-    @property
-    def freed_per_step(self) -> int:
-        return self.freed // max(1, self.retries) * self.retries_per_step
+    retries: int  # over the replayed steps, initialize included (the run's num_alloc_retries)
+    retries_per_step: int  # in the last step: what every later step repeats
+    freed_per_step: int  # bytes the last step's retries gave back
 
 
 _CAPACITY_CACHE: dict[tuple, CapacityReplay | None] = {}
@@ -1732,6 +1724,10 @@ def replay_at_capacity(inp, layout, capacity: int, steps: int = 2) -> CapacityRe
     """The default allocator's replay where cudaMalloc has only `capacity` bytes for the large
     pools (Device): whether the steps run, peak reserved, and the retries they make. None
     where the layout is not replayed. Memoised."""
+    unbounded = replayed_peak_reserved(inp, layout, steps)
+    if unbounded is None or unbounded <= capacity:
+        # the card never fills: the same replay, no retry (and the lasting memo answers it)
+        return None if unbounded is None else CapacityReplay(False, unbounded, 0, 0, 0, 0)
     key = (_key(inp, layout), capacity, steps)
     if key in _CAPACITY_CACHE:
         return _CAPACITY_CACHE[key]
@@ -1741,10 +1737,9 @@ def replay_at_capacity(inp, layout, capacity: int, steps: int = 2) -> CapacityRe
         seq = _Seq(live=True, device=device)
         try:
             return None if allocation_sequence(inp, layout, steps, seq) is None else CapacityReplay(
-                False, seq.reserved, device.needed, device.retries, device.freed, steps)
+                False, seq.reserved, device.needed, device.retries, *_last_step(seq, steps))
         except OutOfMemory as oom:
-            return CapacityReplay(True, device.peak, oom.reserved + oom.request, device.retries,
-                                  device.freed, steps)
+            return CapacityReplay(True, device.peak, oom.reserved + oom.request, device.retries, 0, 0)
 
     result = replay() if lasting_memo is None else lasting_memo.recall(
         ("capacity", key), replay, encode=astuple, decode=lambda fields: CapacityReplay(*fields))
@@ -1752,3 +1747,10 @@ def replay_at_capacity(inp, layout, capacity: int, steps: int = 2) -> CapacityRe
     if len(_CAPACITY_CACHE) > 1024:
         _CAPACITY_CACHE.pop(next(iter(_CAPACITY_CACHE)))
     return result
+
+
+def _last_step(seq: _Seq, steps: int) -> tuple[int, int]:
+    """Retries and bytes freed in the last replayed step (from the step before's end)."""
+    end = seq.device_marks.get(f"step{steps}.step", (seq.device.retries, seq.device.freed))
+    start = seq.device_marks.get(f"step{steps - 1}.step", (0, 0))
+    return end[0] - start[0], end[1] - start[1]

@@ -13,6 +13,7 @@ above what it started with (the largest running sum).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -35,15 +36,21 @@ class Phase:
     requests: tuple[Poly, ...]
 
     def net_and_peak(self, micro_batch: int, seq: int) -> tuple[int, int]:
-        live = peak = 0.0
-        for poly in self.requests:
-            live += bytes_at(poly, micro_batch, seq)
-            peak = max(peak, live)
-        return int(round(live)), int(round(peak))
+        return _net_and_peak(self.requests, micro_batch, seq)
 
     def sizes(self, micro_batch: int, seq: int) -> list[int]:
         """The requests' sizes (positive: allocate, negative: free), for an allocator replay."""
         return [int(round(bytes_at(poly, micro_batch, seq))) for poly in self.requests]
+
+
+@functools.lru_cache(maxsize=4096)
+def _net_and_peak(requests: tuple[Poly, ...], micro_batch: int, seq: int) -> tuple[int, int]:
+    """Memoized: break-even and the 13 layouts ask for the same phases at the same shape."""
+    live = peak = 0.0
+    for poly in requests:
+        live += bytes_at(poly, micro_batch, seq)
+        peak = max(peak, live)
+    return int(round(live)), int(round(peak))
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +78,7 @@ class Regime:
         return next(b for b in self.blocks if b.kind == kind)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, eq=False)
 class ModelCard:
     key: str
     model_type: str
@@ -81,6 +88,14 @@ class ModelCard:
     layer_kinds: tuple[int, ...]
     regimes: tuple[Regime, ...]  # by max_tokens, the unbounded one last
     source: str = ""
+
+    # A card rides in the ModelSpec, which the planner hashes and compares for its caches:
+    # by its key and file, not by walking thousands of requests each time.
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ModelCard) and (self.key, self.source) == (other.key, other.source)
+
+    def __hash__(self) -> int:
+        return hash((self.key, self.source))
 
     def regime(self, seq: int) -> Regime:
         return next(r for r in self.regimes if r.max_tokens is None or seq <= r.max_tokens)
@@ -129,6 +144,17 @@ class ModelCard:
 
 
 def _phase(data: Any, where: str) -> Phase:
+    if isinstance(data, str):  # "q a c, q a c, ..." (zlayout.cards writes requests so)
+        try:
+            requests = tuple(tuple(float(x) for x in r.split()) for r in data.split(",") if r.strip())
+        except ValueError:
+            raise CardError(f"{where}: a request is three numbers \"q a c\"") from None
+        if any(len(r) != 3 for r in requests) or any(x != x or x in (float("inf"), -float("inf"))
+                                                     for r in requests for x in r):
+            raise CardError(f"{where}: a request is three finite numbers \"q a c\"")
+        return Phase(requests)
+    if data == []:
+        return Phase(())
     if not isinstance(data, list) or not all(
             isinstance(r, list) and len(r) == 3 and all(isinstance(x, (int, float)) and not isinstance(x, bool)
                                                         for x in r) for r in data):

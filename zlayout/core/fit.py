@@ -40,13 +40,17 @@ MiB = 2**20
 FitState = Literal["fits", "fits-flushing", "does-not-fit"]
 
 # A retry (c10/cuda/CUDACachingAllocator.cpp malloc -> release_cached_blocks ->
-# alloc_block(isRetry)) synchronizes the device (synchronize_and_free_events: the CPU's
-# run-ahead is lost), cudaFree's every unused cached segment and cudaMalloc's again. Assumed,
-# not yet measured: 5 ms for the synchronize and the queue refilling behind it, plus 0.5 ms per
-# GiB freed and mapped again (cudaFree/cudaMalloc of large segments). The lead measures it with
-# benchmarks/measurements/h200-2026-12-02c/retry_cost.py (RETRY lines: cost_s per segment count).
-FLUSH_FIXED_S = 0.005
-FLUSH_S_PER_GIB = 0.0005
+# alloc_block(isRetry)) synchronizes the device, cudaFree's every unused cached segment and
+# cudaMalloc's again. The slope per GiB released is measured on one H200
+# (benchmarks/measurements/h200-2026-12-02c/call1-retry.log, retry_cost.py: one retry releasing
+# 69-132 GiB of 21 MiB to 1 GiB segments took 0.20-0.36 s, 1.5 ms per GiB by least squares). The
+# fixed part is fitted in training, where the GPU is busy when the retry synchronizes: the two
+# H200 ZeRO-2 rows that retried every step (h200-2026-12-01 batch2 and call3, 17 and 18 layers of
+# Llama-3-8B's shape at micro-batch 4: 4 and 7 retries in 3 steps, the replay says 4 and 6) took
+# 0.130 and 0.147 s a step more than the step model: 0.04 s a retry plus the slope (in-sample; the
+# isolated retries of retry_cost.py come out 0.06-0.12 s under it).
+FLUSH_FIXED_S = 0.04
+FLUSH_S_PER_GIB = 0.0015
 
 # Alerts on device used (DCGM_FI_DEV_FB_USED): "nearly full" at 97% of the card, present whenever
 # the plan's device use is within 10% of the card or the plan flushes; "above plan" 5% over the
@@ -140,12 +144,13 @@ def flush_cost_s(flushes: int, freed_bytes: int) -> float:
 
 
 def gpu_fit(memory) -> GpuFit:
-    """The fit of one layout's `MemoryEstimate` (core.memory). A layout the replay does not
-    cover whose cache would outgrow the card (device used at the card) flushes at least once a
-    step: counted as one, at FLUSH_FIXED_S."""
+    """The fit of one layout's `MemoryEstimate` (core.memory): its flushes a step are the replay's
+    on the card; a layout the replay does not cover whose cache would outgrow the card (device
+    used at the card) is counted one a step, at FLUSH_FIXED_S."""
     flushes, cost = memory.gpu_flushes_per_step, memory.gpu_flush_cost_s
-    if not flushes and memory.gpu_device_used_bytes >= memory.gpu_capacity_bytes:
-        flushes, cost = 1, flush_cost_s(1, 0)
+    if flushes is None:  # not replayed: the cache outgrows the card where device used reaches it
+        flushes = 1 if memory.gpu_device_used_bytes >= memory.gpu_capacity_bytes else 0
+        cost = flush_cost_s(flushes, 0)
     return GpuFit(capacity_bytes=memory.gpu_capacity_bytes, needed_bytes=memory.gpu_needed_bytes,
                   usable_bytes=memory.gpu_usable_bytes, device_used_bytes=memory.gpu_device_used_bytes,
                   flushes_per_step=flushes, flush_cost_s=cost)

@@ -107,7 +107,7 @@ class MemoryEstimate:
     peak_phase: str  # "forward", "backward" or "optimizer step"
     after_init_bytes: int  # torch.cuda.memory_allocated() right after deepspeed.initialize
 
-    gpu_flushes_per_step: int = 0  # cudaMalloc retries a step (the cache freed): core.fit
+    gpu_flushes_per_step: int | None = None  # cudaMalloc retries a step (the cache freed); None: not replayed
     gpu_flush_cost_s: float = 0.0  # what they add to the step
 
     @property
@@ -740,7 +740,7 @@ def estimate_memory(inp: PlanInput, layout: Layout, replay: bool = True) -> Memo
     host_peak = host_rank * ranks
 
     cap = hw.gpu.memory_bytes
-    retries = flushes.retries_per_step if flushes is not None and replayed else 0
+    retries = flushes.retries_per_step if flushes is not None and replayed else None
     return MemoryEstimate(
         layout=layout, terms=tuple(gpu + host + nvme),
         gpu_peak_allocated_bytes=peak, gpu_peak_reserved_bytes=reserved,
@@ -750,7 +750,7 @@ def estimate_memory(inp: PlanInput, layout: Layout, replay: bool = True) -> Memo
         gpu_usable_bytes=usable,
         peak_phase=peak_phase, after_init_bytes=after_init,
         gpu_flushes_per_step=retries,
-        gpu_flush_cost_s=flush_cost_s(retries, flushes.freed_per_step) if retries else 0.0,
+        gpu_flush_cost_s=flush_cost_s(retries, flushes.freed_per_step) if retries else 0.0,  # type: ignore[union-attr]
     )
 
 
@@ -795,9 +795,11 @@ def allocator_on_the_card(at_card, phases: dict[str, tuple[int, int]], misc: int
     estimate = caching_allocator(phases, misc, "default", replayed)
     if at_card.retries:
         needed = max(at_card.needed + SMALL_POOL_BYTES, peak)
-        why = (f"caching allocator, replayed over two steps on the card: it fills the card and frees its "
-               f"cache about {at_card.retries_per_step} time{'s' if at_card.retries_per_step != 1 else ''} "
-               f"a step (cudaMalloc retries); segments split by smaller tensors stay reserved")
+        every = at_card.retries_per_step
+        why = ("caching allocator, replayed over two steps on the card: it fills the card and frees its cache "
+               + (f"about {every} time{'s' if every != 1 else ''} a step" if every
+                  else f"{at_card.retries} time{'s' if at_card.retries != 1 else ''} while the first step grows it")
+               + " (cudaMalloc retries); segments split by smaller tensors stay reserved")
         return replayed, AllocatorEstimate(needed, estimate.reserved_bytes, why)
     if rule.needed_bytes > usable:
         return replayed, AllocatorEstimate(min(rule.needed_bytes, replayed), estimate.reserved_bytes, estimate.explanation)

@@ -259,6 +259,19 @@ def check_derived(profile: Profile, document: dict[str, Any], source: Path | str
         key, want, have = differences[0]
         raise ProfileError(f"{source}: {key} is {'absent' if have is None else _short(have)} where the profile "
                            f"gives {'nothing' if want is None else _short(want)}: {DERIVED_HINT}")
+    if stale is None and profile.limits is not None:
+        from zlayout.profile.build import limits
+
+        fresh = limits(profile.inputs, profile.layout)
+        # a family defined in an export's --presets-dir is not found here: its sizes cannot be rechecked
+        if fresh.scaling == profile.limits.scaling:
+            differences = json_differences(fresh.model_dump(mode="json"), profile.limits.model_dump(mode="json"),
+                                           "limits")
+            if differences:
+                key, want, have = differences[0]
+                raise ProfileError(f"{source}: {key} is {'absent' if have is None else _short(have)} where the "
+                                   f"profile's inputs give {'nothing' if want is None else _short(want)}: "
+                                   f"{DERIVED_HINT}")
     stored = document.get("summary")
     if isinstance(stored, dict):
         summary = profile.summary().model_dump(mode="python")

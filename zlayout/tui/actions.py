@@ -27,7 +27,7 @@ class LayoutActionsMixin:
     """The ZLayoutApp half that exports, loads and verifies (mixed into the App class)."""
 
     def _refuse_when_invalid(self, what: str) -> bool:
-        errors = {**self.input_errors, **self._extra_errors}
+        errors = {**self.current_errors(), **self._extra_errors}
         if errors:
             names = ", ".join(field_label(field) for field in errors)
             self.notify(f"Fix the marked fields first ({names}): {what} uses the inputs "
@@ -106,7 +106,11 @@ class LayoutActionsMixin:
         except Exception as exc:
             self.notify(f"Not exported: {exc}", severity="error", title="Export", markup=False)
             return
-        self.notify(f"Exported {layout.label} to {path}", title="Export", markup=False)
+        from zlayout.tui.view import path_lines
+
+        # a toast is at most 60 columns or half the screen, less its padding and border
+        room = min(60, self.size.width // 2) - 6
+        self.notify(f"Exported {layout.label} to\n{path_lines(path, room)}", title="Export", markup=False)
 
     def action_load(self) -> None:
         io = self._resolve_profile_io()

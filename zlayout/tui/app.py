@@ -94,6 +94,24 @@ class Body(Horizontal):
         self.app.terminal_resized()
 
 
+class LowerViews(VerticalScroll):
+    """The chart, break-even and what-if. Below 120 columns they had the 3-9 lines the table
+    leaves (break-even took ~30 presses of ↓ in a 4-line window, what-if rows scrolled
+    away from their header): while they have the focus there, the table and the status line
+    make way, and escape or shift+tab brings the table back."""
+
+    BINDINGS = [Binding("shift+tab", "back_to_table", "Back to the table", show=False)]
+
+    def on_focus(self) -> None:
+        self.screen.set_class(self.app.size.width < COMPACT_WIDTH, "views-focused")
+
+    def on_blur(self) -> None:
+        self.screen.remove_class("views-focused")
+
+    def action_back_to_table(self) -> None:
+        self.app.action_focus_table()
+
+
 class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
     """Design a DeepSpeed ZeRO layout interactively."""
 
@@ -165,7 +183,7 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
             with Vertical(id="main"):
                 yield StatusLine(id="recommendation")
                 yield LayoutTable(id="layouts")
-                with VerticalScroll(id="views"):
+                with LowerViews(id="views"):
                     yield MemoryBars(id="bars")
                     with Horizontal(id="lower"):
                         yield BreakEvenPanel(id="breakeven")
@@ -318,7 +336,9 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
         self.push_screen(DetailScreen(self.plan.for_layout(layout), ds_config(self.plan.input, layout)))
 
     def action_focus_table(self) -> None:
-        self.query_one(LayoutTable).focus()
+        # now, not on the views' blur: a hidden table cannot take the focus
+        self.screen.remove_class("views-focused")
+        self.screen.set_focus(self.query_one(LayoutTable))
 
     def action_toggle_inputs(self) -> None:
         self._inputs_toggled = True
@@ -368,6 +388,8 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
             "table": self.query_one(LayoutTable).cell_texts(),
             "subtitle": self.sub_title,
             "status": self.query_one(StatusLine).text,
+            "screen": type(self.screen).__name__,
+            "notifications": [notification.message for notification in self._notifications],
         }
         tmp = f"{path}.tmp"
         with open(tmp, "w") as out:
@@ -375,14 +397,16 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
         os.replace(tmp, path)
 
 
-def run_app(initial: PlanInput | None = None, presets_dirs: Sequence[str] = ()) -> int:
-    """The full-screen app; without a terminal on stdin and stdout, one line and exit 2.
+def run_app(initial: PlanInput | None = None, presets_dirs: Sequence[str] = (),
+            script_command: str = "zlayout plan --preset llama3-8b --json") -> int:
+    """The full-screen app; without a terminal on stdin and stdout, one line and exit 2 that
+    names `script_command`, the command printing these same inputs' plan for a script.
     `presets_dirs`: `--presets-dir`'s folders (preset lists, break-even, export)."""
     # textual-serve (`zlayout serve`) runs the app on pipes with its web driver: that is a screen
     served = bool(os.environ.get("TEXTUAL_DRIVER"))
     if not served and not (sys.stdin.isatty() and sys.stdout.isatty()):
         print("zlayout: error: the app needs a terminal (stdin and stdout are not one); "
-              "for output a script can read, run: zlayout plan --preset llama3-8b --json",
+              f"for output a script can read, run: {script_command}",
               file=sys.stderr)
         return 2
     ZLayoutApp(initial=initial, presets_dirs=presets_dirs).run()

@@ -112,6 +112,18 @@ class EditingMixin:
             if self._planning_generation < 0:  # nothing to plan: the hidden tabs right away
                 self.query_one(InputsPanel).mount_deferred_soon()
 
+    def current_errors(self) -> dict[str, str]:
+        """The fields' errors as they stand now, also when their news is still queued (a field
+        fixed earlier in the same burst as ctrl+s was still "marked" for export). Reads only."""
+        values = self.query_one(InputsPanel).values()
+        if values == self._shown_values:
+            return dict(self.input_errors)
+        try:
+            plan_input_from_form(values, self._model_base, self._base_input, self._presets)
+        except FormInvalid as exc:
+            return dict(exc.errors)
+        return {}
+
     def _validate(self) -> None:
         panel = self.query_one(InputsPanel)
         values = panel.values()

@@ -9,13 +9,14 @@ the `base` input, so a loaded profile keeps every value it carried.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from pydantic import ValidationError
 
 from zlayout.messages import exception_text, parse_whole_number
-from zlayout.spec import GiB, HardwareSpec, ModelSpec, PlanInput, TrainingSpec
+from zlayout.spec import BOUNDS, GiB, HardwareSpec, ModelSpec, PlanInput, TrainingSpec
 
 # Architecture fields the panel shows, in order; the rest of ModelSpec comes from the base model.
 MODEL_INT_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab")
@@ -96,22 +97,27 @@ def model_from_form(values: Mapping[str, Any], model_base: ModelSpec) -> ModelSp
         _parse_int(values, field, arch, errors, optional=field in OPTIONAL_INT_FIELDS)
     for field in MODEL_CHOICE_FIELDS + MODEL_BOOL_FIELDS:
         arch[field] = values[field]
-    if errors:
-        raise FormInvalid(errors)
     data = model_base.model_dump()
     changed = any(data.get(k) != v for k, v in arch.items())
-    data.update(arch)
+    data.update(arch)  # a field that did not parse keeps the base's value: the others are checked too
     if changed:  # a custom model, of no preset's family (break-even scales it in depth)
         data.update(name="custom", family=None)
     try:
-        return ModelSpec(**data)
+        model = ModelSpec(**data)
     except ValidationError as exc:
-        raise FormInvalid(_errors_by_field(exc, _model_field_of)) from None
+        # every bad field is named, not only the first kind found: a Vocab typed as 0 hid
+        # Hidden 4097's "must be divisible by Heads" ("1 field invalid" for two)
+        raise FormInvalid({**_errors_by_field(exc, _model_field_of), **errors}) from None
+    if errors:
+        raise FormInvalid(errors)
+    return model
 
 
 def plan_input_from_form(values: Mapping[str, Any], model_base: ModelSpec, base: PlanInput,
                          presets: Presets) -> PlanInput:
-    """Build and validate the plan input; raises FormInvalid naming every bad field."""
+    """Build and validate the plan input; raises FormInvalid naming every bad field (a field
+    that does not parse is checked no further, and the others are checked with the base's
+    value in its place, so two bad fields are two marks)."""
     errors: dict[str, str] = {}
     model = None
     try:
@@ -127,13 +133,18 @@ def plan_input_from_form(values: Mapping[str, Any], model_base: ModelSpec, base:
         gib = _parse_float(values, field, errors)
         if gib is not None:
             hw_kwargs[spec_field] = int(gib * GiB)
-    hw_kwargs["gpu"] = _resolve(values["gpu"], base.hardware.gpu, presets.load_gpu, "gpu", errors)
-    hw_kwargs["intra_link"] = _resolve(values["intra_link"], base.hardware.intra_link,
-                                       presets.load_link, "intra_link", errors)
+    for field, base_spec, load in (("gpu", base.hardware.gpu, presets.load_gpu),
+                                   ("intra_link", base.hardware.intra_link, presets.load_link)):
+        resolved = _resolve(values[field], base_spec, load, field, errors)
+        if resolved is not None:
+            hw_kwargs[field] = resolved
     inter = values["inter_link"]
-    hw_kwargs["inter_link"] = (None if inter in (None, NO_LINK) else
-                               _resolve(inter, base.hardware.inter_link, presets.load_link,
-                                        "inter_link", errors))
+    if inter in (None, NO_LINK):
+        hw_kwargs["inter_link"] = None
+    else:
+        resolved = _resolve(inter, base.hardware.inter_link, presets.load_link, "inter_link", errors)
+        if resolved is not None:
+            hw_kwargs["inter_link"] = resolved
 
     train_kwargs: dict[str, Any] = {}
     for field in TRAINING_INT_FIELDS:
@@ -142,21 +153,28 @@ def plan_input_from_form(values: Mapping[str, Any], model_base: ModelSpec, base:
         train_kwargs[field] = values[field]
 
     hardware = training = None
-    if not any(f in errors for f in (*HARDWARE_INT_FIELDS, *HARDWARE_GIB_FIELDS, "gpu", "host_cores",
-                                      "intra_link", "inter_link")):
-        data = {**base.hardware.model_dump(exclude={"gpu", "intra_link", "inter_link"}), **hw_kwargs}
-        try:
-            hardware = HardwareSpec(**data)
-        except ValidationError as exc:
-            errors.update(_errors_by_field(exc, _hardware_field_of))
-    if not any(f in errors for f in TRAINING_INT_FIELDS):
-        try:
-            training = TrainingSpec(**{**base.training.model_dump(), **train_kwargs})
-        except ValidationError as exc:
-            errors.update(_errors_by_field(exc, lambda loc: loc))
+    try:
+        hardware = HardwareSpec(**{**base.hardware.model_dump(exclude={"gpu", "intra_link", "inter_link"}),
+                                   "gpu": base.hardware.gpu, "intra_link": base.hardware.intra_link,
+                                   "inter_link": base.hardware.inter_link, **hw_kwargs})
+    except ValidationError as exc:
+        for field, message in _errors_by_field(exc, _hardware_field_of).items():
+            errors.setdefault(field, message)
+    try:
+        training = TrainingSpec(**{**base.training.model_dump(), **train_kwargs})
+    except ValidationError as exc:
+        for field, message in _errors_by_field(exc, lambda loc: loc).items():
+            errors.setdefault(field, message)
     if errors or model is None or hardware is None or training is None:
         raise FormInvalid(errors or {"layers": "invalid model"})
     return base.model_copy(update={"model": model, "hardware": hardware, "training": training})
+
+
+def _out_of_range(field: str, shown: str) -> str:
+    """A number below a field's range, in the words the range check uses (host RAM -100
+    said "0 or more" where 0 said "from 1 GiB")."""
+    bound = BOUNDS.get(HARDWARE_GIB_FIELDS.get(field, field))
+    return f"must be {bound.describe()} (got {shown})" if bound is not None else "must be greater than 0"
 
 
 def _parse_int(values: Mapping[str, Any], field: str, out: dict[str, Any],
@@ -170,7 +188,7 @@ def _parse_int(values: Mapping[str, Any], field: str, out: dict[str, Any],
         errors[field] = f"type a whole number, e.g. {FIELD_EXAMPLES.get(field, '8')}"
         return
     if number <= 0:
-        errors[field] = "must be greater than 0"
+        errors[field] = _out_of_range(field, f"{number:,}")
         return
     out[field] = number
 
@@ -187,7 +205,7 @@ def _parse_float(values: Mapping[str, Any], field: str, errors: dict[str, str]) 
         errors[field] = f"type a number of GiB, e.g. {FIELD_EXAMPLES.get(field, '0')}"
         return None
     if number < 0:
-        errors[field] = "must be 0 or more"
+        errors[field] = _out_of_range(field, f"{number:g} GiB")
         return None
     return number
 
@@ -221,11 +239,34 @@ def _errors_by_field(exc: ValidationError, field_of: Callable[[str], str]) -> di
     for err in exc.errors():
         message = err["msg"].removeprefix("Value error, ")
         loc = str(err["loc"][0]) if err["loc"] else _field_named_in(message)
-        errors.setdefault(field_of(loc), message)
+        errors.setdefault(field_of(loc), _in_panel_words(message))
     return errors
 
 
+_TRY_FLAG = re.compile(r"[;,]? try --([a-z-]+) (\S+)$")
+
+
+def _in_panel_words(message: str) -> str:
+    """The spec's "…; try --hidden 4096" (a command-line flag) as the panel says it: "…;
+    type 4096" under the field it names (see _field_named_in)."""
+    from zlayout.tui.fields import field_label
+
+    message = _TRY_FLAG.sub(lambda m: f"; type {m.group(2)}", message)
+    # "hidden (4097) must be divisible by heads (32)": the fields by their labels
+    return _NAMED_VALUE.sub(lambda m: field_label(m.group(1).replace("-", "_")), message)
+
+
+_NAMED_VALUE = re.compile(r"\b(layers|hidden|heads|kv-heads|kv_heads|ffn|vocab)(?= \()")
+
+
 def _field_named_in(message: str) -> str:
+    """The field a model-level message is about: the one its "try --FLAG N" says to change
+    (Hidden 4097 was marked under Heads), else the first field it names."""
+    suggested = _TRY_FLAG.search(message)
+    if suggested is not None:
+        field = suggested.group(1).replace("-", "_")
+        if field in MODEL_INT_FIELDS or field in HARDWARE_INT_FIELDS:
+            return field
     lowered = message.lower()
     for needle, field in (("kv-heads", "kv_heads"), ("heads", "heads"), ("inter-node", "inter_link"),
                           ("nodes", "nodes")):

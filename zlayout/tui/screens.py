@@ -54,9 +54,10 @@ class DetailScreen(ModalScreen[None]):
         lp = self._layout_plan
         mem = lp.memory
         with Vertical(id="detail", classes="dialog"):
-            yield Label(f"[b]{lp.layout.label}[/b]  peak {view.fmt_gib(mem.gpu_peak_allocated_bytes)} GiB "
-                        f"allocated, {view.fmt_gib(mem.gpu_device_used_bytes)} GiB on the device "
-                        f"({view.headroom_text(mem)} free), peak during {mem.peak_phase}",
+            gpu = view.gpu_figures(mem)  # the table's figures; the sentence is the core's (fit.py)
+            yield Label(Text.assemble((lp.layout.label, "bold"), f"  {mem.gpu_fit.summary()}; "
+                                      f"needs {gpu.needed} GiB, peak {gpu.peak} GiB allocated "
+                                      f"during {mem.peak_phase}"),
                         classes="dialog-title")
             with VerticalScroll(id="detail-body"):
                 yield Static(self._terms_table(), id="detail-terms")
@@ -68,8 +69,19 @@ class DetailScreen(ModalScreen[None]):
                              id="detail-ds-config")
             yield Label("[dim]escape: close · ↑↓ scroll[/dim]", classes="dialog-hint")
 
-    def _terms_table(self) -> Table:
+    # Below this width the reasons go under their term, at the dialog's full width: in a
+    # "Why" column 25 wide, "(stage3_max_reuse_distance)" was split "…_dista / nce)".
+    STACKED_BELOW = 120
+
+    def _stacked(self) -> bool:
+        return self.app.size.width < self.STACKED_BELOW
+
+    def _terms_table(self) -> Any:
         """Every term: where it lives, its size, and why it is there (wrapped to fit)."""
+        rows = [(term.name, term.where, view.fmt_gib(term.bytes), term.explanation)
+                for term in self._layout_plan.memory.terms]
+        if self._stacked():
+            return _stacked_rows(("Term", "Where", "GiB"), rows)
         table = Table(box=None, expand=True, pad_edge=False, header_style="bold")
         # long names (stage3_param_persistence_threshold in a reason) fold onto the next line
         # rather than being cut with an ellipsis when the dialog is narrow
@@ -77,32 +89,64 @@ class DetailScreen(ModalScreen[None]):
         table.add_column("Where", no_wrap=True)
         table.add_column("GiB", justify="right", no_wrap=True)
         table.add_column("Why", ratio=1, overflow="fold")
-        for term in self._layout_plan.memory.terms:
-            table.add_row(term.name, term.where, view.fmt_gib(term.bytes), term.explanation)
+        for row in rows:
+            table.add_row(*row)
         return table
 
-    def _step_time_table(self) -> Table:
+    def _step_time_table(self) -> Any:
         """The step time part by part (`zlayout plan --stage N` prints the same), and the
         host-bound note where the host's side sets it."""
+        from rich.console import Group
+
         from zlayout.core.steptime import host_bound_note, step_time_parts
 
         t = self._layout_plan.time
-        table = Table(box=None, expand=True, pad_edge=False, header_style="bold",
-                      title=f"[b]Step time {view.fmt_seconds(t.step_time_s)}[/b] (forward "
-                            f"{view.fmt_seconds(t.forward_s)}, backward {view.fmt_seconds(t.backward_s)}, "
-                            f"optimizer {view.fmt_seconds(t.optimizer_s)})", title_justify="left")
+        title = Text.assemble((f"Step time {view.fmt_seconds(t.step_time_s)}", "bold"),
+                              f" (forward {view.fmt_seconds(t.forward_s)}, backward "
+                              f"{view.fmt_seconds(t.backward_s)}, optimizer {view.fmt_seconds(t.optimizer_s)})")
+        rows = [(name, f"{seconds:.3f}", why) for name, seconds, why in step_time_parts(t)]
+        note = host_bound_note(t)
+        if note:
+            rows.append(("host-bound", "", note))
+        if self._stacked():
+            return Group(title, _stacked_rows(("Part", "s"), rows))
+        table = Table(box=None, expand=True, pad_edge=False, header_style="bold", title=title,
+                      title_justify="left")
         table.add_column("Part", overflow="fold", min_width=12)
         table.add_column("s", justify="right", no_wrap=True)
         table.add_column("Why", ratio=1, overflow="fold")
-        for name, seconds, why in step_time_parts(t):
-            table.add_row(name, f"{seconds:.3f}", why)
-        note = host_bound_note(t)
-        if note:
-            table.add_row("[yellow]host-bound[/yellow]", "", note)
+        for name, seconds, why in rows:
+            table.add_row(Text(name, style="yellow" if name == "host-bound" else ""), seconds, why)
         return table
+
+    def on_resize(self) -> None:
+        # the layout (columns or stacked) follows the terminal's width
+        self.query_one("#detail-terms", Static).update(self._terms_table())
+        self.query_one("#detail-step-time", Static).update(self._step_time_table())
 
     def on_mount(self) -> None:
         self.query_one("#detail-body").focus()
+
+
+def _stacked_rows(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> Any:
+    """Rows whose last cell (the reason) goes on its own lines under the others, indented
+    and wrapped at the whole width (words are never split)."""
+    from rich.console import Group
+    from rich.padding import Padding
+
+    count = len(headers)
+    widths = [max(len(r[i]) for r in [headers, *rows]) for i in range(count)]
+
+    def line(cells: tuple[str, ...], style: str = "") -> Text:
+        padded = [cell.rjust(w) if i == count - 1 else cell.ljust(w)
+                  for i, (cell, w) in enumerate(zip(cells, widths))]
+        return Text("  ".join(padded), style=style, no_wrap=True, overflow="fold")
+
+    parts: list[Any] = [line(headers, "bold")]
+    for row in rows:
+        parts += [line(row[:count], "yellow" if row[0] == "host-bound" else ""),
+                  Padding(Text(row[-1], style="dim"), (0, 0, 0, 4))]
+    return Group(*parts)
 
 
 class PathScreen(ModalScreen[str | None]):

@@ -6,6 +6,7 @@ here means it is tested without an app, and the app cannot drift from the core's
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -25,8 +26,7 @@ MEMORY_COLUMNS: tuple[tuple[str, str], ...] = (
     ("overhead", "Other"),
 )
 
-HEADROOM_OK_FRACTION = 0.20  # green above this
-HEADROOM_TIGHT_FRACTION = 0.05  # yellow between this and the one above, red below
+HEADROOM_OK_FRACTION = 0.20  # green at or above this share of the card free at the peak; yellow below
 
 
 def column_of(term: MemoryTerm) -> str:
@@ -60,24 +60,26 @@ def gpu_bytes_by_column(memory: MemoryEstimate) -> dict[str, int]:
 
 
 def headroom_level(memory: MemoryEstimate) -> str:
-    """'ok' (green), 'tight' (yellow) or 'over' (red: under 5% free, or it does not fit)."""
+    """'ok' (green), 'tight' (yellow: under 20% of the card free, or full with the allocator
+    flushing its cache) or 'over' (red: it does not fit)."""
     if not memory.fits:
         return "over"
-    fraction = memory.gpu_headroom_fraction
-    if fraction > HEADROOM_OK_FRACTION:
-        return "ok"
-    if fraction >= HEADROOM_TIGHT_FRACTION:
+    fit = memory.gpu_fit
+    if fit.state == "fits-flushing" or memory.gpu_headroom_fraction < HEADROOM_OK_FRACTION:
         return "tight"
-    return "over"
+    return "ok"
 
 
 def headroom_text(memory: MemoryEstimate) -> str:
-    """Free GPU memory as a percentage when it fits; when the GPU is short, by how many GiB
-    the memory the run needs (what decides "fits") is over what is usable ('✗ +1830 GiB': an exact figure, never a cut percentage)."""
+    """The core's headroom (core/fit.py: the card less device used at the peak) as a percentage
+    when it fits, 'full' when the cache fills the card and the allocator flushes it; when the
+    GPU is short, by how many GiB what the step needs is over what is usable ('✗ +1830 GiB':
+    an exact figure, never a cut percentage)."""
+    fit = memory.gpu_fit
     if memory.fits:
-        return f"{memory.gpu_headroom_fraction * 100:.0f}%"
+        return "full" if fit.state == "fits-flushing" else f"{memory.gpu_headroom_fraction * 100:.0f}%"
     if not memory.fits_gpu:
-        return f"✗ +{fmt_gib(memory.gpu_needed_bytes - memory.gpu_usable_bytes)} GiB"
+        return f"✗ +{fmt_gib(fit.short_by_bytes)} GiB"
     return "✗ host" if not memory.fits_host else "✗ nvme"
 
 
@@ -145,6 +147,29 @@ def fmt_percent_change(new: float, old: float) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class GpuFigures:
+    """A layout's per-GPU memory figures as every surface of the app shows them (status,
+    table, detail, chart): one place, so they cannot disagree. `needed` decides "fits" and
+    is what the recommendation's "needs X of Y GiB" says; `free` is the headroom on it."""
+
+    needed: str  # the least device memory the peak runs in (the verdict's figure)
+    peak: str  # torch.cuda.max_memory_allocated()
+    used: str  # what nvidia-smi shows (the allocator's cache included)
+    capacity: str
+    free: str  # '61%', '✗ +74.9 GiB', '✗ host'
+    level: str  # 'ok', 'tight', 'over'
+    device_full: bool  # used reaches the card: the allocator runs at its edge
+
+
+def gpu_figures(memory: MemoryEstimate) -> GpuFigures:
+    return GpuFigures(
+        needed=fmt_gib(memory.gpu_needed_bytes), peak=fmt_gib(memory.gpu_peak_allocated_bytes),
+        used=fmt_gib(memory.gpu_device_used_bytes), capacity=fmt_gib(memory.gpu_capacity_bytes),
+        free=headroom_text(memory), level=headroom_level(memory),
+        device_full=memory.gpu_device_used_bytes >= memory.gpu_capacity_bytes)
+
+
+@dataclass(frozen=True, slots=True)
 class LayoutRow:
     """One row of the layouts table, already in display units."""
 
@@ -153,6 +178,7 @@ class LayoutRow:
     optimizer_on: str
     params_on: str
     columns: tuple[str, ...]  # one per MEMORY_COLUMNS
+    needed: str
     peak_allocated: str
     device_used: str
     headroom: str
@@ -171,16 +197,18 @@ def layout_rows(plan: Plan) -> list[LayoutRow]:
     for lp in plan.layouts:
         mem, layout = lp.memory, lp.layout
         by_column = gpu_bytes_by_column(mem)
+        gpu = gpu_figures(mem)
         rows.append(LayoutRow(
             key=layout.key,
             stage=str(layout.stage),
             optimizer_on=layout.offload_optimizer,
             params_on=layout.offload_param,
             columns=tuple(fmt_gib(by_column[key]) for key, _ in MEMORY_COLUMNS),
-            peak_allocated=fmt_gib(mem.gpu_peak_allocated_bytes),
-            device_used=fmt_gib(mem.gpu_device_used_bytes),
-            headroom=headroom_text(mem),
-            headroom_level=headroom_level(mem),
+            needed=gpu.needed,
+            peak_allocated=gpu.peak,
+            device_used=gpu.used,
+            headroom=gpu.free,
+            headroom_level=gpu.level,
             host=fmt_gib(mem.host_peak_bytes),
             host_fits=mem.fits_host,
             comm=fmt_gb(lp.comm.network_bytes),
@@ -193,43 +221,49 @@ def layout_rows(plan: Plan) -> list[LayoutRow]:
 
 @dataclass(frozen=True, slots=True)
 class BarSegments:
-    """One layout's stacked bar: cells per column, and where the capacity marker falls."""
+    """One layout's stacked bar on the card's scale: cells per column, and whether it runs
+    past the card (its end is then an overflow mark, not a longer bar)."""
 
     key: str
     label: str
     cells: tuple[tuple[str, int], ...]  # (column key, cells)
-    capacity_cell: int
-    overflow: bool  # the bar is longer than the capacity
+    capacity_cell: int  # the card's edge: the last cell
+    overflow: bool  # the device use is past the card
+    fits_gpu: bool  # the verdict (the figure turns red when the GPU does not fit)
     used_gib: str
 
 
 def bar_segments(plan: Plan, width: int) -> list[BarSegments]:
-    """Scale every layout's per-GPU bytes to `width` cells on a common axis, whose capacity
-    mark sits at 3/4 of the width when some layout exceeds the GPU, else at the right end."""
-    if not plan.layouts:
+    """Every layout's per-GPU bytes in `width` cells on the card's scale: the card's capacity
+    is the last cell, so the layouts that fit keep their length (scaled to the largest layout,
+    a 1816 GiB ZeRO-0 left every layout that fits one cell long); a bar past the card stops
+    one cell short of it and is marked overflowing."""
+    if not plan.layouts or width < 2:
         return []
     capacity = plan.layouts[0].memory.gpu_capacity_bytes
-    largest = max(lp.memory.gpu_device_used_bytes for lp in plan.layouts)
-    axis_bytes = capacity if largest <= capacity else capacity * 4 / 3
-    axis_bytes = max(axis_bytes, largest * 1.0)
-    cells_per_byte = width / axis_bytes if axis_bytes else 0
-    capacity_cell = min(width - 1, int(capacity * cells_per_byte)) if width else 0
+    inner = width - 1  # cells for the card's bytes; the last one is the capacity mark
+    cells_per_byte = inner / capacity if capacity else 0
     out = []
     for lp in plan.layouts:
         by_column = gpu_bytes_by_column(lp.memory)
+        used = lp.memory.gpu_device_used_bytes
+        overflow = used > capacity
+        # the terms are each at their own largest, which can add up past what the device
+        # holds at once: the bar is as long as its figure (device used), split as they are
+        total = sum(by_column.values())
+        shrink = used / total if total > used else 1.0
         cells = []
         cumulative_bytes = 0
         drawn = 0
         for key, _ in MEMORY_COLUMNS:
-            cumulative_bytes += by_column[key]
-            end = min(width, round(cumulative_bytes * cells_per_byte))
+            cumulative_bytes += by_column[key] * shrink
+            end = min(inner, round(cumulative_bytes * cells_per_byte))
             cells.append((key, max(0, end - drawn)))
             drawn = max(drawn, end)
         out.append(BarSegments(
             key=lp.layout.key, label=short_label(lp),
-            cells=tuple(cells), capacity_cell=capacity_cell,
-            overflow=lp.memory.gpu_device_used_bytes > capacity,
-            used_gib=fmt_gib(lp.memory.gpu_device_used_bytes),
+            cells=tuple(cells), capacity_cell=inner, overflow=overflow,
+            fits_gpu=lp.memory.fits_gpu, used_gib=fmt_gib(lp.memory.gpu_device_used_bytes),
         ))
     return out
 
@@ -400,6 +434,45 @@ def plan_summary(plan: Plan, width: int = 200) -> str:
     )
     room = width - HEADER_SPARE_COLUMNS
     return next((form for form in forms if len(form) <= room), forms[-1])
+
+
+_FIGURE_AND_UNIT = re.compile(r"(\d) (?=(?:s/step|GiB|GB|ms|s|tok/s)\b)")
+
+
+def wrap_keeping_figures(text: str, width: int) -> list[str]:
+    """`text` wrapped at spaces into lines of at most `width` cells, never between a figure
+    and its unit (Rich's wrap left "at 0.43" at a line's end and "s/step" on the next)."""
+    from rich.cells import cell_len
+
+    glued = _FIGURE_AND_UNIT.sub("\\1\u00a0", text)  # one cell, and no space to split at
+    lines: list[str] = []
+    for paragraph in glued.split("\n"):
+        line = ""
+        for word in paragraph.split(" "):
+            if line and cell_len(line) + 1 + cell_len(word) > width:
+                lines.append(line)
+                line = word
+            else:
+                line = f"{line} {word}" if line else word
+            while cell_len(line) > width > 0:  # a word longer than the line: folded, as Rich does
+                lines.append(line[:width])
+                line = line[width:]
+        lines.append(line)
+    return [line.replace("\u00a0", " ") for line in lines]
+
+
+def path_lines(path: str, width: int) -> str:
+    """A path broken after its slashes into lines of at most `width` cells (a toast wrapped
+    'profiles/llama3-8b-z3-opt_c' / 'pu-param_gpu' mid-name)."""
+    parts = re.findall(r"[^/]*/|[^/]+$", path) or [path]
+    lines, line = [], ""
+    for part in parts:
+        if line and len(line) + len(part) > width:
+            lines.append(line)
+            line = ""
+        line += part
+    lines.append(line)
+    return "\n".join(lines)
 
 
 def recommendation_text(plan: Plan) -> str:

@@ -49,7 +49,7 @@ class LayoutTable(KeysInTypedOrder, DataTable):
     may show part of a column. `→` brings in the next column on the right, whole, leaving out
     as few columns on the left as that takes; `←` brings back the previous one; `home`/`end`
     go to either end, and so does a sideways wheel (or shift+wheel), a column a notch. ZeRO,
-    Opt and Par always stay (they say which row is which). The DataTable underneath never
+    Opt, Par and Free always stay (which row is which, and whether it fits). The DataTable underneath never
     scrolls sideways itself (no horizontal overflow): what it holds fits, all but the blank
     padding right of its last column, which may fall past the edge (a blank is not a figure;
     counting it left the default plan's Free column out at 80x24 with the inputs open)."""
@@ -62,12 +62,15 @@ class LayoutTable(KeysInTypedOrder, DataTable):
 
     plan: reactive[Plan | None] = reactive(None, init=False, always_update=True)
 
+    # Free (fits, and by how much) sits beside the layout and is never scrolled away: at 80
+    # columns with the inputs open a row that does not fit looked like one that does.
+    # Need is the figure the verdict and the status line's "needs X of Y GiB" use.
     COLUMNS: tuple[tuple[str, str], ...] = (
-        ("stage", "ZeRO"), ("opt", "Opt"), ("param", "Par"), *view.MEMORY_COLUMNS,
-        ("peak", "Peak"), ("used", "Used"), ("free", "Free"), ("host", "Host"),
+        ("stage", "ZeRO"), ("opt", "Opt"), ("param", "Par"), ("free", "Free"), *view.MEMORY_COLUMNS,
+        ("need", "Need"), ("peak", "Peak"), ("used", "Used"), ("host", "Host"),
         ("comm", "Comm"), ("step", "Step"), ("tps", "tok/s"))
     COLUMN_KEYS = tuple(key for key, _ in COLUMNS)
-    FIXED_KEYS = ("stage", "opt", "param")  # never scrolled away
+    FIXED_KEYS = ("stage", "opt", "param", "free")  # never scrolled away
     BREAKDOWN_KEYS = frozenset(key for key, _ in view.MEMORY_COLUMNS)
     TITLE = "Layouts · GiB per GPU · Host: GiB per node · Comm: GB per GPU per step"
     # Shorter titles for narrower tables, longest first: the title is never cut mid-word.
@@ -102,7 +105,7 @@ class LayoutTable(KeysInTypedOrder, DataTable):
     def _add_columns(self) -> None:
         titles = dict(self.COLUMNS)
         for key in self._wanted:
-            self.add_column(Text(titles[key], justify="left" if key in self.FIXED_KEYS else "right"),
+            self.add_column(Text(titles[key], justify="left" if key in ("stage", "opt", "param") else "right"),
                             key=key)
         self._held = self._wanted
         self.fixed_columns = sum(key in self.FIXED_KEYS for key in self._held)
@@ -335,10 +338,11 @@ class LayoutTable(KeysInTypedOrder, DataTable):
             Text.assemble(("★ " if row.recommended else "  ", "bold yellow"), (row.stage, style)),
             Text(row.optimizer_on, style=style),
             Text(row.params_on, style=style),
-            *(Text(cell, justify="right") for cell in row.columns),
-            Text(row.peak_allocated, justify="right", style=style),
-            Text(row.device_used, justify="right"),
             Text(row.headroom, justify="right", style=HEADROOM_STYLES[row.headroom_level]),
+            *(Text(cell, justify="right") for cell in row.columns),
+            Text(row.needed, justify="right", style=style),
+            Text(row.peak_allocated, justify="right"),
+            Text(row.device_used, justify="right"),
             Text(row.host, justify="right", style="" if row.host_fits else "bold red"),
             Text(row.comm, justify="right"),
             Text(row.step_time, justify="right"),
@@ -395,42 +399,58 @@ class PlanPanel(Widget):
 
 
 class MemoryBars(PlanPanel):
-    """Each layout's per-GPU memory as a stacked bar against the GPU's capacity (│); the
-    legend sits in the bottom border."""
+    """Each layout's per-GPU memory as a stacked bar on the card's scale (the red │ at the
+    right end is the capacity; a bar past it ends in a red ▶); the legend sits in the
+    bottom border. Every figure is drawn whole: the bars get what the labels and the widest
+    figure leave."""
 
     LABEL_WIDTH = 21
-    VALUE_WIDTH = 7
 
     def watch_plan(self) -> None:
-        capacity = self.plan.layouts[0].memory.gpu_capacity_bytes if self.plan and self.plan.layouts else 0
-        legend = Text()
-        for key, title in view.MEMORY_COLUMNS:
-            legend.append("■ ", style=CATEGORY_STYLES[key])
-            legend.append(f"{title}  ")
-        legend.append("│", style="bold red")
-        legend.append(f" capacity {view.fmt_gib(capacity)} GiB")
-        self.border_subtitle = legend.markup
+        self._relegend()
         super().watch_plan()
+
+    def on_resize(self) -> None:
+        self._relegend()
+
+    def _relegend(self) -> None:
+        """The longest legend that fits the bottom border (Textual cuts a border title)."""
+        plan = self.plan
+        capacity = plan.layouts[0].memory.gpu_capacity_bytes if plan and plan.layouts else 0
+        room = self.size.width + 2 * 1 - 4  # the border's width less its corners and a space each side
+        for titles, sep, cap in ((True, "  ", " capacity "), (True, " ", " cap "), (False, " ", " cap "), (False, "", " ")):
+            legend = Text()
+            for key, title in view.MEMORY_COLUMNS:
+                legend.append("■" + (" " if titles else ""), style=CATEGORY_STYLES[key])
+                legend.append(f"{title}{sep}" if titles else sep)
+            legend.append("│", style="bold red")
+            legend.append(f"{cap}{view.fmt_gib(capacity)} GiB")
+            if legend.cell_len <= room:
+                break
+        self.border_subtitle = legend.markup
 
     def draw(self) -> Text:
         plan = self.plan
         if plan is None:
             return Text("")
-        width = max(10, self.size.width - self.LABEL_WIDTH - self.VALUE_WIDTH - 1)
+        rows = view.bar_segments(plan, 2)
+        figure_width = max((len(bar.used_gib) for bar in rows), default=5)
+        label_width = min(self.LABEL_WIDTH, max(len(bar.label) for bar in rows) + 1) if rows else 1
+        room = self.content_region.width or self.size.width
+        width = max(2, room - label_width - 1 - figure_width)
         out = Text(no_wrap=True, overflow="crop")
+        rec = plan.recommendation.layout
         for bar in view.bar_segments(plan, width):
-            out.append(f"{bar.label:<{self.LABEL_WIDTH - 1}} ", style="bold" if
-                       plan.recommendation.layout is not None
-                       and plan.recommendation.layout.key == bar.key else "")
+            out.append(f"{bar.label[:label_width - 1]:<{label_width - 1}} ",
+                       style="bold" if rec is not None and rec.key == bar.key else "")
             line = []
             for key, cells in bar.cells:
                 line += [("█", CATEGORY_STYLES[key])] * cells
             line += [(" ", "")] * (width - len(line))
-            marker_char = line[bar.capacity_cell][0] if bar.capacity_cell < len(line) else " "
-            line[bar.capacity_cell] = ("│" if marker_char == " " else "┃", "bold red")
+            line[bar.capacity_cell] = ("▶" if bar.overflow else "│", "bold red")
             for char, style in line[:width]:
                 out.append(char, style=style)
-            out.append(f" {bar.used_gib:>5}", style="bold red" if bar.overflow else "")
+            out.append(f" {bar.used_gib:>{figure_width}}", style="" if bar.fits_gpu else "bold red")
             out.append("\n")
         out.rstrip()
         return out
@@ -486,8 +506,11 @@ class ComparePanel(PlanPanel):
     def draw(self) -> Text:
         plan, pinned = self.plan, self.pinned
         if pinned is None or plan is None:
-            return Text("Nothing pinned: ctrl+t pins this plan, then change any input.",
-                        style="dim italic")
+            # wrapped here: the panel draws its table one line per row (nowrap), which cut
+            # this sentence at 160x48 ("then chan…")
+            width = self.content_region.width or self.size.width or 80
+            return Text("\n".join(view.wrap_keeping_figures(
+                "Nothing pinned: ctrl+t pins this plan, then change any input.", width)), style="dim italic")
         out = Text(no_wrap=True, overflow="ellipsis")
         changes = view.input_changes(pinned, plan)
         # the changed inputs are wrapped at the panel's width, never cut (the table below is
@@ -776,7 +799,7 @@ class StatusLine(Widget):
         # A relayout of the whole screen only when the wrapped text changes height: the text
         # changes with nearly every plan (its figures), its line count rarely.
         width = self.content_region.width
-        lines = len(Text(text).wrap(self.app.console, width)) if width else -1
+        lines = len(view.wrap_keeping_figures(text, width)) if width else -1
         if lines != self._lines or lines < 0:
             self._lines = lines
             self.refresh(layout=True)
@@ -786,4 +809,5 @@ class StatusLine(Widget):
         self.watch_text(self.text)
 
     def render(self) -> Text:
-        return Text(self.text)
+        width = self.content_region.width
+        return Text("\n".join(view.wrap_keeping_figures(self.text, width)) if width else self.text)

@@ -8,6 +8,10 @@ The batch script runs, through srun, one task per node:
 - `exec --spec SPEC --processes N -- COMMAND...`: COMMAND (torchrun) with the ranks'
   environment (environment.worker_env: the arch list corrected, the interpreter's bin
   directory on PATH, zlayout importable), the same environment the local path gives them.
+- `settled --spec SPEC --out RESULT`: after a step that failed, whether every rank of the
+  world had reported its figures (a rank that aborts in gloo's or NCCL's destructors at
+  shutdown, after every step, fails the step): exit 0 with SHUTDOWN_NOTE, and the job goes on
+  (the local path makes the same call, runner.completed_at_shutdown); else exit 1.
 """
 
 from __future__ import annotations
@@ -22,7 +26,21 @@ from typing import Any
 
 from zlayout.spec import Layout, PlanInput
 from zlayout.verify.environment import worker_env, worker_env_notes
+from zlayout.verify.launcher import read_reports
 from zlayout.verify.options import VerifyOptions, input_for_run
+
+
+SHUTDOWN_NOTE = ("every rank reported its figures, but the step ended with an error at shutdown "
+                 "(a rank aborted on its way out)")
+
+
+def settled(spec: dict[str, Any], out: Path) -> int:
+    world = PlanInput.model_validate(spec["inputs"]).hardware.world
+    reports = read_reports(out, world)
+    if len(reports) == world and all(r.get("status") == "ok" for r in reports):
+        print(f"zlayout: {SHUTDOWN_NOTE}; going on", flush=True)
+        return 0
+    return 1
 
 
 def options_from_spec(spec: dict[str, Any]) -> VerifyOptions:
@@ -60,7 +78,8 @@ def node_preflight(spec: dict[str, Any]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m zlayout.verify.node")
-    parser.add_argument("step", choices=("preflight", "exec"))
+    parser.add_argument("step", choices=("preflight", "exec", "settled"))
+    parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--spec", required=True, type=Path)
     parser.add_argument("--processes", type=int, default=1)
     argv = sys.argv[1:] if argv is None else argv
@@ -70,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     spec = json.loads(args.spec.read_text())
     if args.step == "preflight":
         return node_preflight(spec)
+    if args.step == "settled":
+        return settled(spec, args.out)
     if not command:
         parser.error("exec needs a command after --")
     env = worker_env(options_from_spec(spec), args.processes)

@@ -151,8 +151,10 @@ def check_versions(python: str, cpu: bool, ops: list[str] | None = None,
 
 def ops_for(layout: Layout, cpu: bool) -> list[str]:
     """The JIT ops the worker's DeepSpeed engine loads for this layout."""
-    ops = []
-    if not cpu:  # CPU mode trains with torch's AdamW (torch_adam): no Adam op is built
+    # CPU mode trains with torch's AdamW (torch_adam): no Adam op is built, but deepspeed.comm
+    # builds its shared-memory collectives at start-up (a stale lock there hung every rank).
+    ops = ["shm_comm"] if cpu else []
+    if not cpu:
         ops.append("fused_adam" if layout.offload_optimizer == "gpu" else "cpu_adam")
     if "nvme" in (layout.offload_optimizer, layout.offload_param):
         ops.append("async_io")
@@ -203,6 +205,9 @@ def op_failure_fix(op: dict[str, Any], facts: dict[str, Any], cpu: bool, python:
         return (f"nvcc is CUDA {nvcc_cuda}, torch was built with CUDA {torch_cuda}: load CUDA "
                 f"{torch_cuda} (module load cuda/{torch_cuda}, or export CUDA_HOME=/usr/local/"
                 f"cuda-{torch_cuda}), or install torch built for CUDA {nvcc_cuda}")
+    if op["name"] == "shm_comm":
+        return (f"see the build log: DS_ACCELERATOR=cpu {shlex.quote(python)} -c 'from "
+                "deepspeed.comm.torch import build_shm_op; build_shm_op()'")
     builder = {"fused_adam": "FusedAdamBuilder", "cpu_adam": "CPUAdamBuilder",
                "async_io": "AsyncIOBuilder"}[op["name"]]
     hint = ("install libaio (apt-get install libaio-dev) and retry; "
@@ -218,7 +223,9 @@ def check_ops(ops: list[str], facts: dict[str, Any], cpu: bool, python: str) -> 
     checks = []
     for op in facts.get("ops", []):
         where = "prebuilt" if op.get("prebuilt") else "op cache"
-        if op.get("ok"):
+        if op.get("skipped"):
+            checks.append(Check(f"op {op['name']}", True, "not used by DeepSpeed here", seconds=0.0))
+        elif op.get("ok"):
             checks.append(Check(f"op {op['name']}", True,
                                 f"loaded from the {where} in {op['load_s']:.1f} s",
                                 seconds=op["load_s"]))

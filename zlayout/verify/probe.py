@@ -23,7 +23,7 @@ from typing import Any
 
 MARKER = "ZLAYOUT_PROBE "
 OP_BUILDERS = {"fused_adam": "FusedAdamBuilder", "cpu_adam": "CPUAdamBuilder",
-               "async_io": "AsyncIOBuilder"}
+               "async_io": "AsyncIOBuilder", "shm_comm": "ShareMemCommBuilder"}
 
 
 def versions() -> dict[str, Any]:
@@ -81,6 +81,14 @@ def build_op(name: str) -> dict[str, Any]:
     result: dict[str, Any] = {"name": name, "prebuilt": bool(installed_ops.get(name))}
     builder_class = getattr(op_builder, OP_BUILDERS[name], None)
     started = time.time()
+    if name == "shm_comm":  # what deepspeed.comm builds at start-up on CPU (build_shm_op)
+        import deepspeed.ops
+        from deepspeed.accelerator import get_accelerator
+
+        shm = get_accelerator().create_op_builder(OP_BUILDERS[name])
+        if shm is None or not deepspeed.ops.__compatible_ops__.get(shm.NAME, False):
+            return {**result, "ok": True, "skipped": True, "load_s": 0.0}
+        builder_class = type(shm)
     try:
         if builder_class is None:
             raise RuntimeError(f"DeepSpeed has no {OP_BUILDERS[name]} for this accelerator")

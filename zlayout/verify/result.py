@@ -324,6 +324,7 @@ def build_result(inp: PlanInput, layout: Layout, reports: list[dict[str, Any]], 
         "status": status,
         "cause": cause,
         "mode": "cpu" if cpu else "gpu",
+        "loop": inp.training.loop,  # the training loop the ranks ran (TrainingSpec.loop)
         "tolerance_pct": 100 * TOLERANCE_FRACTION,
         "layout": {**layout.model_dump(mode="json"), "key": layout.key, "label": layout.label},
         "inputs": inp.model_dump(mode="json"),

@@ -228,7 +228,11 @@ def run(spec: dict[str, Any], out: Path, resume: bool) -> int:
         if impl == "hf":
             import transformers
             report["transformers"] = transformers.__version__
-        build = builder(m, checkpointing, impl, t.seq, spec.get("hf_config"))
+        # The training loop the plan assumed: "deepspeed" holds each micro-step's outputs (the
+        # logits) until the next forward rebinds them; "trainer" keeps only the loss.
+        loop = t.loop
+        report["loop"] = loop
+        build = builder(m, checkpointing, impl, t.seq, spec.get("hf_config"), loop=loop)
         if layout.stage == 3:
             with deepspeed.zero.Init(config_dict_or_path=cfg):
                 model = build()
@@ -284,7 +288,8 @@ def run(spec: dict[str, Any], out: Path, resume: bool) -> int:
             for micro in range(t.grad_accum):
                 ids = batch(step_index, micro, rank, seed, shape, m.vocab).to(device)
                 mark = time.time()
-                loss = engine(ids)
+                outputs = engine(ids)  # rebound here, at the next forward: held until then
+                loss = outputs.loss if loop == "deepspeed" else outputs
                 synchronize()
                 phase_s["forward"] += time.time() - mark
                 mark = time.time()

@@ -9,6 +9,8 @@ or untied head. Its parameter count equals `ModelSpec.params` exactly; the worke
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -65,9 +67,19 @@ class Block(nn.Module):
         return x + self.fc2(up)
 
 
+class LMOutput(NamedTuple):
+    """The forward's result in the deepspeed loop (`TrainingSpec.loop`): the loss and the
+    bf16 logits it came from, which the caller holds until its next forward, as
+    `outputs = engine(...); engine.backward(outputs.loss)` does."""
+
+    loss: torch.Tensor
+    logits: torch.Tensor
+
+
 class GPT(nn.Module):
-    def __init__(self, m: ModelSpec, checkpointing: bool):
+    def __init__(self, m: ModelSpec, checkpointing: bool, keep_outputs: bool = False):
         super().__init__()
+        self.keep_outputs = keep_outputs
         self.emb = nn.Embedding(m.vocab, m.hidden)
         self.blocks = nn.ModuleList(Block(m) for _ in range(m.layers))
         self.norm = Norm(m.hidden, m.norm)
@@ -84,7 +96,8 @@ class GPT(nn.Module):
             else:
                 x = block(x)
         logits = self.head(self.norm(x))
-        return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten())
+        loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten())
+        return LMOutput(loss, logits) if self.keep_outputs else loss
 
 
 def build_model(m: ModelSpec, checkpointing: bool) -> GPT:
@@ -103,43 +116,54 @@ class HFCausalLM(nn.Module):
     """A `transformers` causal LM whose forward returns the loss, as HF's Trainer computes it
     (`compute_loss` takes `outputs.loss` and drops the outputs: the logits are not kept)."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, keep_outputs: bool = False):
         super().__init__()
         self.model = model
+        self.keep_outputs = keep_outputs  # the deepspeed loop: all of `outputs`, logits included
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=ids, labels=ids).loss
+    def forward(self, ids: torch.Tensor):
+        outputs = self.model(input_ids=ids, labels=ids)
+        return outputs if self.keep_outputs else outputs.loss
 
 
-def hf_builder(config_dict: dict, checkpointing: bool):
+def hf_builder(config_dict: dict, checkpointing: bool, keep_outputs: bool = False):
     """Resolve the config and import the model class now, return what builds it. Importing
     transformers' modules (which import torch._dynamo) inside `deepspeed.zero.Init` fails on
-    torch 2.13: Init patches tensor construction that dynamo checks as it loads."""
+    torch 2.13: Init patches tensor construction that dynamo checks as it loads.
+
+    The class is the one `zlayout learn` learns the card from: the causal LM, else (LLaVA,
+    Qwen2.5-VL) the whole image-text-to-text model; with sdpa attention where the class
+    supports it, else eager (Gemma-2's softcapping), as transformers trains it."""
     import torch._dynamo  # noqa: F401 - see above
-    from transformers import AutoConfig, AutoModelForCausalLM
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING,
+                                                        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING)
 
     cfg = {k: v for k, v in config_dict.items() if not k.startswith("_")}
     model_type = cfg.pop("model_type")
     cfg.pop("architectures", None)
     config = AutoConfig.for_model(model_type, **cfg)
-    config._attn_implementation = "sdpa"
-    MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]  # import the class's module before Init
+    auto = AutoModelForCausalLM if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING else AutoModelForImageTextToText
+    model_class = (MODEL_FOR_CAUSAL_LM_MAPPING if auto is AutoModelForCausalLM
+                   else MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING)[type(config)]  # import its module before Init
+    attention = "sdpa" if getattr(model_class, "_supports_sdpa", False) else "eager"
 
     def build_hf() -> nn.Module:
-        model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+        model = auto.from_config(config, attn_implementation=attention, dtype=torch.float32)
         if checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        return HFCausalLM(model)
+        return HFCausalLM(model, keep_outputs)
 
     return build_hf
 
 
 def builder(m: ModelSpec, checkpointing: bool, impl: str = "zlayout", seq: int = 2048,
-            hf_config: dict | None = None):
+            hf_config: dict | None = None, loop: str = "trainer"):
     """What builds zlayout's GPT, or (`--impl hf`) the transformers class of `m`'s
     config.json: the one the user gave, else the one `hfconfig.to_hf_config` writes (same
-    parameter count). Called outside zero.Init; the builder it returns runs inside."""
+    parameter count). Called outside zero.Init; the builder it returns runs inside. `loop`
+    "deepspeed": the forward returns the outputs (loss and logits) for the caller to hold."""
+    keep_outputs = loop == "deepspeed"
     if impl == "hf":
         from zlayout.hfconfig import to_hf_config
 
@@ -149,5 +173,5 @@ def builder(m: ModelSpec, checkpointing: bool, impl: str = "zlayout", seq: int =
         if "n_positions" not in config:
             config["max_position_embeddings"] = max(int(config.get("max_position_embeddings") or 0), seq)
         config["use_cache"] = False
-        return hf_builder(config, checkpointing)
-    return lambda: GPT(m, checkpointing)
+        return hf_builder(config, checkpointing, keep_outputs)
+    return lambda: GPT(m, checkpointing, keep_outputs)

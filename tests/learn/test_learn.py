@@ -1,0 +1,151 @@
+"""`zlayout learn`: what the meta-device trace records, the card it writes, and the planner
+taking the card's activations (real transformers classes, real TOML files, the real CLI)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from zlayout import cards
+from zlayout.core.card import CardError
+from zlayout.learn.learner import (LearnError, block_list, evaluate, learn, measure, net_and_peak,
+                                   regimes_to_trace, trace_step)
+from zlayout.learn.trace import StorageLedger, fused_attention
+
+SMALL = Path(__file__).resolve().parent.parent / "hf" / "configs" / "small"
+
+
+def zlayout(*argv: str, cards_dir: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, cards.CARDS_DIR_ENV: str(cards_dir)}
+    return subprocess.run([sys.executable, "-m", "zlayout", *argv], capture_output=True, text=True,
+                          timeout=300, env=env)
+
+
+def small_config(name: str) -> dict:
+    return json.loads((SMALL / f"{name}.json").read_text())
+
+
+def built(config: dict, device: str, attention: str) -> torch.nn.Module:
+    config = {k: v for k, v in config.items() if k not in ("architectures",)}
+    hf_config = AutoConfig.for_model(config.pop("model_type"), **config)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(hf_config, attn_implementation=attention)
+    return model.bfloat16()
+
+
+def test_the_meta_trace_requests_what_a_real_run_allocates():
+    """Eager attention and RMSNorm run the same ops on the CPU as on the meta device: each
+    block's and the head's requests, byte for byte, equal those of real tensors."""
+    config = small_config("llama-defaults")
+    steps = {}
+    for device in ("meta", "cpu"):
+        model = built(config, device, "eager")
+        steps[device] = measure(trace_step(model, block_list(model), 96, checkpointing=False), 2)
+    for index in (0, 1):
+        for phase in ("forward", "backward"):
+            assert steps["meta"]["blocks"][index][phase] == steps["cpu"]["blocks"][index][phase]
+            assert steps["meta"]["blocks"][index][phase]  # something was recorded
+    assert steps["meta"]["head"]["forward"] == steps["cpu"]["head"]["forward"]
+    assert steps["meta"]["head"]["backward"] == steps["cpu"]["head"]["backward"]
+
+
+def test_the_fused_attention_stand_in_keeps_no_probabilities():
+    """sdpa on meta would save tokens x tokens probabilities; the stand-in keeps q, k, v, the
+    output and a float32 logsumexp per head and token, as the CUDA kernels do."""
+    ledger = StorageLedger()
+    sdpa = fused_attention(ledger)
+    heads, tokens, dim = 4, 512, 32
+    q, k, v = (torch.empty(1, heads, tokens, dim, dtype=torch.bfloat16, device="meta", requires_grad=True)
+               for _ in range(3))
+    ledger.exclude([q, k, v])
+    with ledger:
+        out = sdpa(q, k, v, is_causal=True)
+    assert ledger.current == tokens * heads * dim * 2 + tokens * heads * 4  # out + logsumexp
+    assert out.shape == (1, heads, tokens, dim)
+
+
+def test_a_card_predicts_a_token_count_it_was_not_fitted_on():
+    config = small_config("llama-defaults")
+    card = learn(config)
+    regime = card["regimes"][-1]
+    assert card["fit_error"] < 0.001
+    model = built(config, "meta", "sdpa")
+    fresh = measure(trace_step(model, block_list(model), 5000, checkpointing=False), 2)
+    kinds = card["layers"]["kinds"]
+    block = regime["blocks"][0]
+    index = block["traced_block"]
+    for phase in ("forward", "backward"):
+        predicted = net_and_peak([evaluate(p, 5000) for p in block[phase]])
+        assert predicted == pytest.approx(net_and_peak(fresh["blocks"][index][phase]), rel=1e-9)
+    assert kinds == [0, 0] and card["parameters"]["count"] == sum(p.numel() for p in model.parameters())
+
+
+def test_a_sliding_window_model_gets_a_regime_up_to_the_window_and_one_past_it():
+    config = small_config("gemma2")  # sliding_window 128, eager attention
+    assert [r[0] for r in regimes_to_trace(config)] == [127, None]
+    card = learn(config)
+    assert card["attention"] == "eager"
+    assert [r.get("max_tokens") for r in card["regimes"]] == [127, None]
+
+
+@pytest.mark.slow  # zlayout learn in a subprocess: transformers' import each time
+def test_learn_writes_the_card_plan_then_takes_its_activations(tmp_path):
+    config = SMALL / "gpt2.json"  # dropout 0.1 and gelu_new: what the hand model under-counts
+    plan = ["plan", "--hf-config", str(config), "--seq", "128", "--micro-batch", "64", "--stage", "0",
+            "--gpu", "h200", "--json"]
+    before = zlayout(*plan, cards_dir=tmp_path)
+    assert before.returncode == 0, before.stderr
+    assert "no model card" in before.stderr and len(before.stderr.strip().splitlines()) == 1
+    learned = zlayout("learn", "--hf-config", str(config), cards_dir=tmp_path)
+    assert learned.returncode == 0, learned.stderr
+    written = list(tmp_path.glob("*.toml"))
+    assert [p.stem for p in written] == [cards.config_key(json.loads(config.read_text()))]
+    after = zlayout(*plan, cards_dir=tmp_path)
+    assert after.returncode == 0 and "no model card" not in after.stderr
+    hand = {t["name"]: t["bytes"] for t in json.loads(before.stdout)["terms"]}
+    carded = {t["name"]: t["bytes"] for t in json.loads(after.stdout)["terms"]}
+    # dropout masks and gelu_new's intermediates: more saved per block than the hand model
+    assert carded["activations"] > 1.3 * hand["activations"]
+    assert json.loads(after.stdout)["params"] == json.loads(before.stdout)["params"]
+
+
+@pytest.mark.slow  # zlayout learn in a subprocess: transformers' import each time
+def test_learn_refuses_to_write_over_a_card_unless_forced_and_never_over_another_file(tmp_path):
+    config = SMALL / "llama-defaults.json"
+    key = cards.config_key(json.loads(config.read_text()))
+    assert zlayout("learn", "--hf-config", str(config), cards_dir=tmp_path).returncode == 0
+    again = zlayout("learn", "--hf-config", str(config), cards_dir=tmp_path)
+    assert again.returncode == 2 and "--force" in again.stderr and len(again.stderr.strip().splitlines()) == 1
+    assert zlayout("learn", "--hf-config", str(config), "--force", cards_dir=tmp_path).returncode == 0
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / f"{key}.toml").write_text("notes = 'mine'\n")
+    refused = zlayout("learn", "--hf-config", str(config), "--out", str(other), "--force", cards_dir=tmp_path)
+    assert refused.returncode == 2 and "only over its own cards" in refused.stderr
+    assert (other / f"{key}.toml").read_text() == "notes = 'mine'\n"
+
+
+@pytest.mark.slow  # zlayout learn in a subprocess: transformers' import each time
+def test_a_remote_code_config_is_one_line(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "internlm2", "auto_map": {"AutoModelForCausalLM": "m.M"}}))
+    with pytest.raises(LearnError, match="own remote code"):
+        learn(json.loads(path.read_text()))
+    result = zlayout("learn", "--hf-config", str(path), cards_dir=tmp_path)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_damaged_card_is_one_line_naming_it(tmp_path):
+    config = json.loads((SMALL / "llama-defaults.json").read_text())
+    key = cards.config_key(config)
+    (tmp_path / f"{key}.toml").write_text(f"{cards.HEADER}\nformat = 1\n[parameters]\ncount = 5\nshapes = [[2]]\n")
+    with pytest.raises(CardError) as raised:
+        cards.read_card(tmp_path / f"{key}.toml")
+    assert "\n" not in str(raised.value) and key in str(raised.value)

@@ -1,0 +1,127 @@
+"""What the training script must do for the profile's figures to hold: the plan's assumptions about
+the team's own code, each with the figure it protects (the plan's, against what the planner gives
+when the script does otherwise), for RUNBOOK.md's "What the training script must do".
+
+A ZeRO-3 model built in fp32 on every rank instead of under deepspeed.zero.Init made a profile's host
+peak about 9x the plan (229 against 24.3 GiB per node); eager attention, unpadded long batches or a
+loop that keeps the outputs move the GPU peak the same way. The figures are the planner's, from the
+profile's inputs with the one assumption changed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zlayout.core.memory import model_init
+from zlayout.profile.schema import Profile
+from zlayout.profile.summary import gib
+from zlayout.spec import BOUNDS, PlanInput
+
+
+@dataclass(frozen=True, slots=True)
+class Requirement:
+    what: str  # what the script must do
+    how: str  # the code or setting that does it
+    protects: str  # the figure it protects, and what the other way costs
+
+
+def _peaks(inp: PlanInput, profile: Profile, **training) -> tuple[int, int] | None:
+    """(GPU peak allocated, host peak) with the training inputs changed; None when the change is
+    outside what the planner takes."""
+    from zlayout.profile.build import predict
+
+    try:
+        changed = inp.model_copy(update={"training": inp.training.model_copy(update=training)})
+        prediction = predict(PlanInput.model_validate(changed.model_dump()), profile.layout)
+    except (ValueError, ArithmeticError):
+        return None
+    return prediction.gpu_peak_allocated_bytes, prediction.host_peak_bytes
+
+
+def _times(after: int, before: int) -> str:
+    if before and after / before >= 1.05:
+        return f", {after / before:.1f}x"
+    return " (no more here)" if after <= before * 1.05 else ""
+
+
+def script_contract(profile: Profile) -> list[Requirement]:
+    inp, pred, layout = profile.inputs, profile.prediction, profile.layout
+    t, hw = inp.training, inp.hardware
+    gpu_plan, host_plan = pred.gpu_peak_allocated_bytes, pred.host_peak_bytes
+    hf = t.impl == "hf"
+    out: list[Requirement] = []
+
+    init = model_init(t.init, layout.stage)
+    fp32 = _peaks(inp, profile, init="fp32-cpu") if init != "fp32-cpu" else None
+    other = "" if fp32 is None else (f"; built in fp32 on the host by every rank it is {gib(fp32[1])} per node"
+                                     f"{_times(fp32[1], host_plan)}")
+    build = {
+        "zero-init": ("Build the model under `deepspeed.zero.Init`, so each rank only ever holds its ZeRO-3 "
+                      "partition of the weights",
+                      "`with deepspeed.zero.Init(config_dict_or_path=args.deepspeed_config): model = build()` "
+                      + ("(transformers: `from_pretrained` does this itself when `HfDeepSpeedConfig` is "
+                         "created first)" if hf else "")),
+        "fp32-cpu": ("Build the model once per rank, in fp32 on the host, then hand it to deepspeed.initialize "
+                     "(the plan counts that copy; a second one, or keeping the host copy, is not counted)",
+                     "`model = build()` then `deepspeed.initialize(model=model, ...)`; no `.to()` copies kept"),
+        "bf16-gpu": ("Build the model in bf16 directly on the GPU",
+                     "`torch.set_default_dtype(torch.bfloat16)`; `with torch.device('cuda'): model = build()`"
+                     + (" (transformers: `torch_dtype=torch.bfloat16, device_map={'': local_rank}`)" if hf else "")),
+        "meta": ("Build the model on the meta device and materialise it on the GPU",
+                 "`with torch.device('meta'): model = build()`, then `model.to_empty(device='cuda')` and load "
+                 "the weights"),
+    }[init]
+    out.append(Requirement(build[0], build[1], f"host peak {gib(host_plan)} per node{other}"))
+
+    if t.flash_attention:
+        eager = _peaks(inp, profile, flash_attention=False)
+        how = ("`attn_implementation=\"sdpa\"` (or \"flash_attention_2\") when loading the model" if hf
+               else "fused attention (`torch.nn.functional.scaled_dot_product_attention`), never a materialised "
+                    "softmax(QK^T)")
+        cost = "" if eager is None else (f"; eager attention, which materialises {t.seq:,}^2 scores per head, "
+                                         f"gives {gib(eager[0])}{_times(eager[0], gpu_plan)}")
+        out.append(Requirement("Use memory-efficient attention", how,
+                               f"GPU peak {gib(gpu_plan)} allocated per GPU{cost}"))
+
+    longer = int(min(2 * t.seq, BOUNDS["seq"].high))
+    long = _peaks(inp, profile, seq=longer) if longer > t.seq else None
+    cost = "" if long is None else f"; batches of {longer:,} tokens need {gib(long[0])}{_times(long[0], gpu_plan)}"
+    out.append(Requirement(
+        f"Feed micro-batches of {t.micro_batch} sequence(s) of at most {t.seq:,} tokens per rank: pad or cut "
+        "every batch to the planned sequence (a long document or a collator without `max_length` makes a "
+        "longer one)",
+        f"`tokenizer(..., max_length={t.seq}, truncation=True, padding=\"max_length\")`; "
+        f"`train_micro_batch_size_per_gpu` {t.micro_batch} comes from ds_config.json",
+        f"GPU peak {gib(gpu_plan)} allocated per GPU{cost}"))
+
+    if t.checkpointing == "full":
+        none = _peaks(inp, profile, checkpointing="none")
+        cost = "" if none is None else f"; without it {gib(none[0])}{_times(none[0], gpu_plan)}"
+        out.append(Requirement(
+            "Checkpoint the activations of every transformer block",
+            "`model.gradient_checkpointing_enable()` (transformers), or `torch.utils.checkpoint.checkpoint` "
+            "around each block" if hf else "`torch.utils.checkpoint.checkpoint` around each block",
+            f"GPU peak {gib(gpu_plan)} allocated per GPU{cost}"))
+
+    loop_other = "trainer" if t.loop == "deepspeed" else "deepspeed"
+    switched = _peaks(inp, profile, loop=loop_other)
+    cost = "" if switched is None else f"; the {loop_other} loop gives {gib(switched[0])}{_times(switched[0], gpu_plan)}"
+    if t.loop == "deepspeed":
+        what = ("Run the loop DeepSpeed's examples write: `outputs = engine(batch)`, `engine.backward(outputs.loss)`, "
+                "`engine.step()` (the plan counts the outputs, bf16 logits of tokens x vocab, held until the "
+                "next forward)")
+        how = "planned with `--loop deepspeed`; a loop that drops the outputs once the loss is taken needs less"
+    else:
+        what = ("Drop the model's outputs once the loss is taken, as Hugging Face's Trainer does: "
+                "`loss = engine(batch).loss`, no reference to the logits kept across `backward`")
+        how = "planned with `--loop trainer`; keeping `outputs` alive until the next forward needs more"
+    out.append(Requirement(what, how, f"GPU peak {gib(gpu_plan)} allocated per GPU{cost}"))
+
+    out.append(Requirement(
+        "Accept `--local_rank` and put each rank on its own GPU before building the model",
+        "`parser.add_argument('--local_rank', type=int, default=int(os.environ.get('LOCAL_RANK', -1)))` "
+        "(the deepspeed launcher passes the flag; torchrun sets LOCAL_RANK); "
+        "`torch.cuda.set_device(local_rank)`; `deepspeed.add_config_arguments(parser)` for `--deepspeed_config`",
+        f"one rank per GPU: {gib(gpu_plan)} allocated per GPU; {hw.gpus_per_node} ranks on GPU 0 would need "
+        f"{gib(gpu_plan * hw.gpus_per_node)} on one card"))
+    return out
