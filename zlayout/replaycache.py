@@ -90,16 +90,18 @@ class LastingMemo:
                decode: Callable[[list], T] | None = None) -> T:
         """The kept answer for `key` (a tuple of strings and numbers: its repr is stable), or
         `replay()`'s, kept. A record (a dataclass) is kept as `encode`'s tuple of its fields and
-        made again by `decode`; one that `decode` refuses is replayed."""
+        made again by `decode`; a kept answer of the wrong kind (a record where a byte count is
+        asked, fields `decode` refuses) is replayed."""
         digest = hashlib.sha256(repr(key).encode()).hexdigest()
         if digest in self.entries:
             kept = self.entries[digest]
-            if kept is None or decode is None:
+            if kept is None or (decode is None and type(kept) is int):
                 return kept  # type: ignore[return-value]
-            try:
-                return decode(kept)
-            except (TypeError, ValueError):
-                pass
+            if decode is not None:
+                try:
+                    return decode(kept)
+                except (TypeError, ValueError):
+                    pass
         value = replay()
         self.entries[digest] = list(encode(value)) if encode is not None and value is not None else value
         self.added += 1
