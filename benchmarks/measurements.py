@@ -10,6 +10,7 @@ holds the same prediction against the same measurement. A row names the host it 
 from __future__ import annotations
 
 import json
+import os
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,10 @@ from zlayout.spec import (LOOP_OF_UNMARKED_RECORDS, GiB, HardwareSpec, Layout, M
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = [ROOT / "benchmarks" / "measurements"]
+# Verify results of a config with a learned card name the card by its key; the cards those runs
+# planned with are kept beside them. Read from there unless the caller chose a cards folder.
+HELD_OUT_CARDS = ROOT / "benchmarks" / "measurements" / "h200-2026-12-02c" / "heldout" / "cards"
+os.environ.setdefault("ZLAYOUT_CARDS_DIR", str(HELD_OUT_CARDS))
 HOSTS = tomllib.loads((ROOT / "benchmarks" / "measurements" / "hosts.toml").read_text())
 DEFAULT_HOST = "h200-32core"
 
