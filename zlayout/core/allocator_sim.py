@@ -235,10 +235,14 @@ class CardBlocks:
         if key not in self.compiled:
             requests = getattr(self.regime.block(kind), phase).requests
             backward = "backward" in phase
-            self.compiled[key] = [
-                (size, backward and q == 0 and a == 0 and size in self.grad_sizes)
-                for (q, a, _), size in zip(requests, (int(round(bytes_at(r, self.micro_batch, self.seq)))
-                                                     for r in requests)) if size]
+            ops = []
+            for (q, a, _), size in zip(requests, (int(round(bytes_at(r, self.micro_batch, self.seq)))
+                                                  for r in requests)):
+                grad_sized = backward and abs(size) in self.grad_sizes
+                # a small-pool request touches nothing replayed, unless it is a (norm's) gradient
+                if abs(size) > SMALL_SIZE or grad_sized:
+                    ops.append((size, grad_sized and q == 0 and a == 0 and size > 0))
+            self.compiled[key] = ops
         return self.compiled[key]
 
     def run(self, kind: int, phase: str, outside: list[int], hook=None) -> dict[int, list[int]]:
