@@ -99,6 +99,8 @@ def in_sample_replays(rows: list[dict], configs: dict, cards_dir: Path) -> None:
                          (row["reserved_gib_trainer"], row["device_used_gib"]), figures, errors))
     if errors:
         print(replay_summary(errors))
+        print("  (call 2's device used is one reading per family in a process that ran them in turn: cohere's and "
+              "llama-ctl's are both 117.58 GiB; reserved is the per-family figure)")
 
 
 def held_out_replays() -> None:
