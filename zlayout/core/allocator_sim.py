@@ -285,7 +285,9 @@ class CardBlocks:
         return names.pop() if names else None
 
     def forward(self, x: int, first: bool) -> tuple[dict, int | None]:
-        kind = self.kinds[self.layer % len(self.kinds)]
+        # a model with more layers than its card lists (break-even's deeper variants) repeats
+        # the last kind: a MoE model's dense blocks come first
+        kind = self.kinds[min(self.layer, len(self.kinds) - 1)]
         self.layer = (self.layer + 1) % self.layers
         self.first_matmul("forward")
         # the first block's input is the model's `inputs_embeds`, which the model's forward frees
