@@ -75,7 +75,7 @@ def read_card(path: Path, key: str | None = None) -> ModelCard:
         raise CardError(f"{path}: not a model card ({str(exc).splitlines()[0]})") from None
     if not text.startswith(HEADER):
         raise CardError(f"{path}: not a model card zlayout wrote (no {HEADER!r} first line)")
-    return card_from_dict(parsed, key or path.stem, source=str(path))
+    return card_from_dict(parsed, key or path.stem, source=str(path), digest=hashlib.sha256(data).hexdigest()[:16])
 
 
 @functools.lru_cache(maxsize=64)

@@ -69,6 +69,7 @@ from dataclasses import astuple, dataclass
 from zlayout.core.caching_allocator import (  # noqa: F401 (the allocator's names, read here by tests)
     DEFAULT_STREAM, LARGE_BUFFER, MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_SIZE, CachingAllocator, Device,
     OutOfMemory, Pools, _Block, allocation_size, replay, round_size)
+from zlayout.core.card import bytes_at
 from zlayout.core.tensors import (  # noqa: F401 (the model's tensors, read here by steptime and tests)
     block_tensor_sizes, hf_layer_tensor_sizes, layer_tensor_sizes, mixtral_layer_tensor_sizes, mixtral_shaped,
     parameter_tensor_sizes, stage3_live_param_elements, stage3_sub_groups)
@@ -196,6 +197,171 @@ def block_fetch_modules(model, impl: str) -> list[list[int]] | None:
     # worker_model.Block: norm1, qkv, proj, norm2, fc1, fc2
     gate_up = 2 if model.mlp == "swiglu" else 1
     return [[], [h * (q + 2 * kv)], [model.attn_out_size * h], [], [gate_up * f * h], [f * h]]
+
+
+class CardBlocks:
+    """A learned model card's per-block requests (core/card.py), replayed in place of the
+    hand-written blocks: each phase's allocations and frees in the card's order, sized at the
+    layout's micro-batch and sequence length. The card records sizes, not tensors, so a free
+    goes to a live tensor of its size: one the phase made (the latest), else one made before it
+    (what the block's forward left for its backward, the block's input, the incoming gradient).
+    In backward, a constant-size allocation the size of one of the model's weights is that
+    weight's gradient: the card's free of it (the learner drops each gradient after its
+    AccumulateGrad) becomes DeepSpeed's hook. Requests of 1 MiB or less stay in the small pool
+    (not replayed), small gradients are counted into the buckets as the hand model's norms.
+    With checkpointing the card's checkpointed backward holds the recompute: `recompute` makes
+    nothing. Unmatched frees (of a tensor the step made outside the block) are counted, not
+    replayed."""
+
+    def __init__(self, card, s: _Seq, layers: int, micro_batch: int, seq: int, checkpointing: bool,
+                 hf_norm: bool, first_matmul) -> None:
+        self.regime = card.regime(seq)
+        self.kinds = card.layer_kinds
+        self.s, self.layers, self.ckpt, self.hf_norm = s, layers, checkpointing, hf_norm
+        self.micro_batch, self.seq = micro_batch, seq
+        self.first_matmul = first_matmul
+        self.grad_sizes = frozenset(2 * n for n in card.parameter_numels)
+        self.compiled: dict[tuple[int, str], list[tuple[int, bool]]] = {}
+        self.layer = 0
+        self.backward_layer = 0  # counts down: the block whose backward comes next is this one - 1
+        self.freed_inputs: set[int] = set()  # block inputs the card's requests freed
+        self.saved_by_input: dict[int, dict] = {}  # checkpointing: the forward's leftovers per input
+        self.carried: list[int] = []  # a backward's leftovers, freed by the next block's requests
+        self.unmatched = 0
+
+    def ops(self, kind: int, phase: str) -> list[tuple[int, bool]]:
+        """(signed size, whether an allocation is a weight's gradient) per request."""
+        key = (kind, phase)
+        if key not in self.compiled:
+            requests = getattr(self.regime.block(kind), phase).requests
+            backward = "backward" in phase
+            ops = []
+            for (q, a, _), size in zip(requests, (int(round(bytes_at(r, self.micro_batch, self.seq)))
+                                                  for r in requests)):
+                grad_sized = backward and abs(size) in self.grad_sizes
+                # a small-pool request touches nothing replayed, unless it is a (norm's) gradient
+                if abs(size) > SMALL_SIZE or grad_sized:
+                    ops.append((size, grad_sized and q == 0 and a == 0 and size > 0))
+            self.compiled[key] = ops
+        return self.compiled[key]
+
+    def run(self, kind: int, phase: str, outside: list[int], hook=None) -> dict[int, list[int]]:
+        """Replay one phase; `outside`: live tensors made before it that its frees may take
+        (tried last first; taken ones are removed). Returns the phase's live tensors by size."""
+        s = self.s
+        own: dict[int, list[int]] = {}
+        grads: dict[int, list[int | None]] = {}
+        for size, grad in self.ops(kind, phase):
+            if size > 0:
+                name = s.a(size) if size > SMALL_SIZE else None
+                (grads if grad else own).setdefault(size, []).append(name)
+                continue
+            size = -size
+            if grads.get(size):
+                name = grads[size].pop(0)
+                if name is None:
+                    hook([], size // 2)
+                else:
+                    hook([name])
+            elif own.get(size):
+                s.f(own[size].pop())
+            elif size <= SMALL_SIZE:
+                pass  # a small-pool tensor made outside the phase
+            else:
+                for i in range(len(outside) - 1, -1, -1):
+                    if s.sizes[outside[i]] == size:
+                        s.f(outside.pop(i))
+                        break
+                else:
+                    self.unmatched += 1
+        for size, names in grads.items():  # gradients the phase never dropped: hooked at its end
+            for name in names:
+                hook([], size // 2) if name is None else hook([name])
+        return {size: [n for n in names if n is not None] for size, names in own.items()}
+
+    @staticmethod
+    def latest(live: dict[int, list[int]], size: int) -> int | None:
+        names = live.get(size)
+        return names.pop() if names else None
+
+    def forward(self, x: int, first: bool) -> tuple[dict, int | None]:
+        # a model with more layers than its card lists (break-even's deeper variants) repeats
+        # the last kind: a MoE model's dense blocks come first
+        kind = self.kinds[min(self.layer, len(self.kinds) - 1)]
+        self.layer = (self.layer + 1) % self.layers
+        self.first_matmul("forward")
+        # the first block's input is the model's `inputs_embeds`, which the model's forward frees
+        outside = [] if first else [x]
+        live = self.run(kind, "checkpointed_forward" if self.ckpt else "forward", outside)
+        if not first and not outside:
+            self.freed_inputs.add(x)
+        out = self.latest(live, self.s.sizes[x])
+        if out is None:  # an output of another size than the input: the phase's last tensor
+            everything = sorted(n for names in live.values() for n in names)
+            out = everything.pop() if everything else self.s.a(self.s.sizes[x])
+            for names in live.values():
+                if out in names:
+                    names.remove(out)
+        # the block's input, for its backward's frees: alive unless freed here, or (the first
+        # block's, with transformers' RMSNorm and no checkpoint) freed by the step before backward
+        keeps_input = (outside or first) and not (first and not self.ckpt and self.hf_norm)
+        sv = {"kind": kind, "saved": sorted(n for names in live.values() for n in names),
+              "input": x if keeps_input else None}
+        if self.ckpt:
+            self.saved_by_input[x] = sv
+        return sv, out
+
+    def recompute(self, x: int) -> dict:
+        return self.saved_by_input.pop(x)
+
+    def backward(self, sv: dict, g: int, hook) -> int:
+        size_g = self.s.sizes[g]
+        outside = [g, *([sv["input"]] if sv["input"] is not None else []), *self.carried, *sv["saved"]]
+        self.carried = []
+        live = self.run(sv["kind"], "checkpointed_backward" if self.ckpt else "backward", outside, hook)
+        if sv["input"] is not None and (self.ckpt or sv["input"] not in outside):
+            # with checkpointing the card frees the checkpoint's input itself, in this block's
+            # window or the next one's (it dies once autograd has let go of the recompute)
+            self.freed_inputs.add(sv["input"])
+        gin = self.latest(live, size_g)
+        if gin is None:
+            if g in outside:
+                outside.remove(g)
+                gin = g
+            else:
+                everything = sorted(n for names in live.values() for n in names)
+                gin = everything.pop() if everything else self.s.a(size_g)
+                for names in live.values():
+                    if gin in names:
+                        names.remove(gin)
+        # what is left (the forward's saved tensors the card frees in the next block's window,
+        # the incoming gradient when a new one was made) goes to the next block's frees
+        self.carried = [n for n in outside if self.ckpt or n != sv["input"]] + sorted(
+            n for names in live.values() for n in names)
+        self.backward_layer = (self.backward_layer - 1) % self.layers
+        if self.backward_layer == 0:
+            # the micro-step's last block: what no later window frees dies with the backward
+            self.s.f(*self.carried)
+            self.carried = []
+        return gin
+
+
+# Whether the replay takes a carded model's blocks from its card (benchmarks/card_accuracy.py
+# turns it off to print the hand-written blocks' figures beside the card's).
+blocks_from_cards = True
+
+
+def _replays_card(model, training) -> bool:
+    return blocks_from_cards and model.card is not None and training.impl == "hf"
+
+
+def card_blocks(inp, s: _Seq, first_matmul) -> CardBlocks | None:
+    """The replay's blocks from the model's learned card, or None (the hand-written blocks)."""
+    model, t = inp.model, inp.training
+    if not _replays_card(model, t):
+        return None
+    return CardBlocks(model.card, s, model.layers, t.micro_batch, t.seq, t.checkpointing == "full",
+                      model.norm == "rmsnorm", first_matmul)
 
 
 def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -> list[tuple[str, object, int]] | None:
@@ -959,7 +1125,17 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
     # gradient as it is made), over `s.a` / `s.f`. These are the hand-written ones; a learned
     # model card (core/card.py) would supply the three from its recorded requests, the rest of
     # the step (initialize, ZeRO-3's gathers, the head and loss, the buckets, the step) unchanged.
-    forward_pass, recompute_pass, backward_pass = hand_forward, hand_recompute, block_backward
+    card = card_blocks(inp, s, first_matmul)
+    if card is None:
+        forward_pass, recompute_pass, backward_pass = hand_forward, hand_recompute, block_backward
+    else:
+        forward_pass, recompute_pass, backward_pass = card.forward, card.recompute, card.backward
+
+    def release_input(name: int) -> None:
+        """A block's input the step frees (the checkpoint's, `inputs_embeds`), unless the
+        card's requests freed it already (a LayerNorm's saved input, dropped in its backward)."""
+        if card is None or name not in card.freed_inputs:
+            s.f(name)
 
     # --loop deepspeed: the bf16 logits the training loop's `outputs` holds (held_outputs_bytes)
     keeps_outputs = t.loop == "deepspeed"
@@ -1003,7 +1179,7 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
         else:
             s.f(inputs[-1])  # rebound to the final norm's output
             if not ckpt:
-                s.f(inputs[0])  # inputs_embeds, when the model's forward returns
+                release_input(inputs[0])  # inputs_embeds, when the model's forward returns
         if pf:
             pf[0].fetch(len(pf[0].modules) - 2)  # the final norm: a prefetch
             head_w = pf[0].fetch(len(pf[0].modules) - 1)
@@ -1245,7 +1421,7 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             gin = backward_pass(sv, g, hook)
             s.f(*layer_w)
             if ckpt:
-                s.f(inputs[i])
+                release_input(inputs[i])
             g = gin
         emb_w = pb[0].fetch(len(pb[0].modules) - 1) if pb else fetch([V * h])
         emb_grad = s.a(V * h * w)
@@ -1355,9 +1531,13 @@ def _key(inp, layout) -> tuple:
     # stages 1 and 2 ask the allocator for the same tensors in the same order unless gradients
     # accumulate (stage 1 then keeps them per weight between boundaries): one replay for both
     stage = 2 if layout.stage == 1 and inp.training.grad_accum <= 1 else layout.stage
-    return (inp.model.model_dump_json(), inp.training.model_dump_json(), inp.zero.model_dump_json(),
-            inp.hardware.world, stage, layout.offload_optimizer, layout.offload_param,
-            cublas_workspace_bytes(inp.hardware.gpu.name))
+    key = (inp.model.model_dump_json(), inp.training.model_dump_json(), inp.zero.model_dump_json(),
+           inp.hardware.world, stage, layout.offload_optimizer, layout.offload_param,
+           cublas_workspace_bytes(inp.hardware.gpu.name))
+    # the model's JSON names its card by key only: the replay takes the card's requests, so the
+    # card's text (its digest) is part of what the answer depends on
+    card = inp.model.card
+    return (*key, "card", card.digest or card.source) if _replays_card(inp.model, inp.training) else key
 
 
 _CACHE: dict[tuple, int | None] = {}

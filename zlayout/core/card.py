@@ -88,14 +88,16 @@ class ModelCard:
     layer_kinds: tuple[int, ...]
     regimes: tuple[Regime, ...]  # by max_tokens, the unbounded one last
     source: str = ""
+    digest: str = ""  # of the card's text: a card learned again under the same key is another card
 
     # A card rides in the ModelSpec, which the planner hashes and compares for its caches:
-    # by its key and file, not by walking thousands of requests each time.
+    # by its key, file and text's digest, not by walking thousands of requests each time.
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, ModelCard) and (self.key, self.source) == (other.key, other.source)
+        return isinstance(other, ModelCard) and (self.key, self.source, self.digest) == (
+            other.key, other.source, other.digest)
 
     def __hash__(self) -> int:
-        return hash((self.key, self.source))
+        return hash((self.key, self.source, self.digest))
 
     def regime(self, seq: int) -> Regime:
         return next(r for r in self.regimes if r.max_tokens is None or seq <= r.max_tokens)
@@ -169,7 +171,7 @@ def _get(data: Mapping[str, Any], key: str, kind: type, where: str) -> Any:
     return value
 
 
-def card_from_dict(data: Mapping[str, Any], key: str, source: str = "") -> ModelCard:
+def card_from_dict(data: Mapping[str, Any], key: str, source: str = "", digest: str = "") -> ModelCard:
     """The card a parsed TOML holds (`zlayout learn`'s format 1); CardError names what is wrong."""
     where = source or key
     if data.get("format") != 1:
@@ -210,4 +212,4 @@ def card_from_dict(data: Mapping[str, Any], key: str, source: str = "") -> Model
     return ModelCard(
         key=key, model_type=str(data.get("model_type")), attention=str(data.get("attention")),
         params=count, parameter_numels=tuple(numels), layer_kinds=kinds, regimes=tuple(regimes),
-        source=source)
+        source=source, digest=digest)

@@ -1,0 +1,144 @@
+"""The caching-allocator replay takes a carded model's blocks from its learned card
+(allocator_sim.CardBlocks): the card's requests in its order, sized at the layout's tokens, the
+weight gradients handed to DeepSpeed's hook, and the replay keyed on the card's text."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from zlayout import cards
+from zlayout.cli import build_parser, plan_input_from_args
+from zlayout.core import allocator_sim as sim
+from zlayout.core.memory import estimate_memory
+from zlayout.spec import Layout
+
+HELDOUT = Path(__file__).resolve().parents[2] / "benchmarks" / "measurements" / "h200-2026-12-02c" / "heldout"
+MiB = 2**20
+
+
+@pytest.fixture
+def carded(monkeypatch):
+    """A PlanInput for one of the held-out configs, planned from its shipped held-out card."""
+    monkeypatch.setenv(cards.CARDS_DIR_ENV, str(HELDOUT / "cards"))
+
+    def make(config: str, *flags: str):
+        args = build_parser().parse_args([
+            "plan", "--hf-config", str(HELDOUT / "configs" / config), "--impl", "hf", "--gpu", "h200",
+            "--gpus-per-node", "1", *flags])
+        inp = plan_input_from_args(args)
+        assert inp.model.card is not None, config
+        return inp
+    return make
+
+
+def _allocations(events) -> list[int]:
+    return [e[2] for e in events if e[0] == "a"]
+
+
+def _live_at_marks(events, marks) -> dict[str, int]:
+    """Bytes allocated (large pool) at each phase mark, walking the event list."""
+    at = dict((index, phase) for phase, index in marks)
+    sizes, live, out = {}, 0, {}
+    for i, event in enumerate(events):
+        if i in at:
+            out[at[i]] = live
+        kind, name, size = event[:3]
+        if kind == "a":
+            sizes[name] = size if size > sim.SMALL_SIZE else 0
+            live += sizes[name]
+        elif kind == "f":
+            live -= sizes.pop(name)
+    for phase, index in marks:
+        out.setdefault(phase, live)
+    return out
+
+
+def _sublist_count(haystack: list[int], needle: list[int]) -> int:
+    n = len(needle)
+    return sum(haystack[i:i + n] == needle for i in range(len(haystack) - n + 1))
+
+
+def test_gemma2_eager_attention_probabilities_are_replayed_at_their_size(carded):
+    # Gemma-2 trains with eager attention: each block's forward makes the (heads x T x T)
+    # scores and probabilities, which the hand-written blocks (flash attention) never ask for
+    inp = carded("gemma-2-2b-L8.json", "--seq", "4096", "--micro-batch", "1")
+    layout = Layout(stage=2, offload_optimizer="gpu", offload_param="gpu")
+    heads, seq = 8, 4096
+    probabilities = heads * seq * seq * 2  # bf16: 256 MiB
+    events = sim.allocation_sequence(inp, layout, steps=1)
+    assert probabilities == 256 * MiB
+    assert _allocations(events).count(probabilities) >= inp.model.layers
+    # with the hand-written blocks (the card switched off), no such request
+    sim.blocks_from_cards = False
+    try:
+        assert probabilities not in _allocations(sim.allocation_sequence(inp, layout, steps=1))
+    finally:
+        sim.blocks_from_cards = True
+
+
+def test_each_block_replays_the_cards_forward_requests_in_order(carded):
+    inp = carded("pythia-1b.json", "--seq", "2048", "--micro-batch", "4")
+    layout = Layout(stage=0, offload_optimizer="gpu", offload_param="gpu")
+    block = inp.model.card.regime(2048).block(inp.model.card.layer_kinds[0])
+    forward = [x for x in block.forward.sizes(4, 2048) if x > sim.SMALL_SIZE]
+    assert len(forward) > 5
+    events = sim.allocation_sequence(inp, layout, steps=1)
+    # every block but the first (whose forward also takes the cuBLAS workspace) asks for the
+    # card's allocations in the card's order, at micro-batch 4 x 2048 tokens
+    assert _sublist_count(_allocations(events), forward) >= inp.model.layers - 1
+
+
+@pytest.mark.parametrize("config, flags, layout", [
+    ("gemma-2-2b-L8.json", ("--seq", "4096", "--micro-batch", "1", "--checkpointing", "full"), (2, "gpu", "gpu")),
+    ("gpt2-medium.json", ("--seq", "1024", "--micro-batch", "4"), (1, "gpu", "gpu")),
+    ("pythia-1b.json", ("--seq", "2048", "--micro-batch", "4"), (0, "gpu", "gpu")),
+    ("gemma-2b.json", ("--seq", "2048", "--micro-batch", "1", "--grad-accum", "2"), (3, "gpu", "gpu")),
+])
+def test_a_carded_step_frees_what_it_makes(carded, config, flags, layout):
+    # the card records sizes, not tensors: every free must find its tensor, and each step must
+    # leave the allocator as the one before it did (nothing carried over, nothing leaked)
+    inp = carded(config, *flags)
+    made = []
+    original = sim.card_blocks
+    sim.card_blocks = lambda *a: made.append(original(*a)) or made[-1]
+    try:
+        seq = sim._Seq()
+        events = sim.allocation_sequence(inp, Layout(stage=layout[0], offload_optimizer=layout[1],
+                                                     offload_param=layout[2]), 3, seq)
+    finally:
+        sim.card_blocks = original
+    # a free that finds no tensor of its size is one the step made outside the block; with
+    # checkpointing the card's backward window sees one such (autograd releases the block
+    # above's recompute late): at most one a block's backward, none without checkpointing
+    passes = inp.model.layers * 3 * min(inp.training.grad_accum, sim.REPLAYED_MICRO_STEPS)
+    assert made[0] is not None
+    assert made[0].unmatched <= (passes if inp.training.checkpointing == "full" else 0)
+    live = _live_at_marks(events, seq.marks)
+    assert live["step2.step"] == live["step3.step"] > 0
+
+
+def test_device_used_follows_the_card(carded):
+    # the card's blocks change what the replay reserves: gpt2's dropout masks and GELU (its
+    # config's gelu_new) are requests the hand-written blocks do not make
+    inp = carded("gpt2-medium.json", "--seq", "1024", "--micro-batch", "16")
+    layout = Layout(stage=1, offload_optimizer="gpu", offload_param="gpu")
+    with_card = estimate_memory(inp, layout).gpu_peak_reserved_bytes
+    sim.blocks_from_cards = False
+    try:
+        hand = estimate_memory(inp, layout).gpu_peak_reserved_bytes
+    finally:
+        sim.blocks_from_cards = True
+    assert with_card - hand > 1024 * MiB
+
+
+def test_the_replay_key_holds_the_cards_text(carded):
+    inp = carded("gpt2-medium.json", "--seq", "1024", "--micro-batch", "4")
+    layout = Layout(stage=1, offload_optimizer="gpu", offload_param="gpu")
+    relearned = dataclasses.replace(inp.model.card, digest="0" * 16)
+    other = inp.model_copy(update={"model": inp.model.model_copy(update={"card": relearned})})
+    assert inp.model.card.digest and inp.model.card.digest != "0" * 16
+    assert inp.model.model_dump_json() == other.model.model_dump_json()  # the JSON names the key only
+    assert sim._key(inp, layout) != sim._key(other, layout)
