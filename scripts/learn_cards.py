@@ -25,7 +25,9 @@ PUBLISHED = ROOT / "tests" / "hf" / "configs" / "published"
 POPULAR = ["gpt2", "pythia-160m", "pythia-1b", "Phi-3-mini-4k-instruct", "gemma-2b", "gemma-7b",
            "gemma-2-2b", "gemma-3-1b-pt", "Meta-Llama-3-8B", "Llama-3.2-1B", "Mistral-7B-v0.1",
            "Qwen2.5-7B", "Qwen2.5-0.5B", "Qwen3-0.6B", "Qwen3-8B", "OLMo-2-0425-1B",
-           "Mixtral-8x7B-v0.1", "Qwen1.5-MoE-A2.7B", "DeepSeek-V2-Lite", "falcon-7b"]
+           "Mixtral-8x7B-v0.1", "Qwen1.5-MoE-A2.7B", "DeepSeek-V2-Lite", "falcon-7b",
+           # multimodal: only a card counts the vision tower (hfconfig refuses them without one)
+           "llava-1.5-7b-hf", "Qwen2.5-VL-3B-Instruct"]
 
 
 def card_text(path: Path) -> tuple[str, str]:

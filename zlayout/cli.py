@@ -394,7 +394,8 @@ def add_plan_arguments(parser: argparse.ArgumentParser, with_layout: bool = True
                     help="host RAM per node, GiB (default 2048; 2T = 2048, 1.5TB = 1397 GiB)")
     hw.add_argument("--nvme-gib", type=float, default=0.0,
                     help="NVMe capacity per node, GiB (default 0; 3.84TB = 3576 GiB)")
-    hw.add_argument("--nvme-gbps", type=float, default=6.0, help="NVMe bandwidth per node, GB/s")
+    hw.add_argument("--nvme-gbps", type=float, default=6.0,
+                    help="NVMe read/write bandwidth per node, GB/s (default 6; from 0.1 to 1,000)")
     hw.add_argument("--host-cores", type=int, default=None,
                     help="CPU cores per node shared by its ranks (default: the GPU preset's per GPU x GPUs)")
     hw.add_argument("--calibration", default=None, metavar="FILE",

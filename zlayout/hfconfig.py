@@ -332,6 +332,8 @@ def model_from_config(config: Mapping[str, Any], *, where: str = CONFIG_FILE, na
     model_type = config.get("model_type")
     if model_type is None:
         raise HfConfigError(f"{where}: no 'model_type' key (is this a transformers config.json?)")
+    if model_type not in READERS and model_type in MULTIMODAL_TEXT_TYPES:
+        return _multimodal(config, model_type, where=where, name=name, source=source)
     if model_type not in READERS and config.get("auto_map"):
         raise HfConfigError(f"{where}: model_type {model_type!r} is built by the model's own code (auto_map), "
                             "which zlayout does not run; enter the architecture with --layers --hidden "
@@ -349,6 +351,45 @@ def model_from_config(config: Mapping[str, Any], *, where: str = CONFIG_FILE, na
         field = ".".join(str(p) for p in err["loc"])
         message = err["msg"].removeprefix("Value error, ")
         raise HfConfigError(f"{where}: {field + ': ' if field else ''}{message}") from None
+
+
+# Multimodal types the image-text-to-text auto class builds, and the reader of their language
+# model when its text_config names none (Qwen2.5-VL's files are flat: the text keys at the top)
+MULTIMODAL_TEXT_TYPES = {"llava": "llama", "qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2"}
+_TEXT_TYPE_READERS = {"qwen2_vl_text": "qwen2", "qwen2_5_vl_text": "qwen2"}
+MULTIMODAL_TEXT_DEFAULTS = {"llama": {"hidden_size": 4096, "intermediate_size": 11008, "num_attention_heads": 32,
+                                      "num_hidden_layers": 32, "vocab_size": 32000}}
+
+
+def _multimodal(config: Mapping[str, Any], model_type: str, *, where: str, name: str | None,
+                source: str | None) -> ModelSpec:
+    """The whole model the image-text-to-text class builds: its language model read as its
+    type, plus the vision tower and projector, whose parameters only the model card counts
+    (`extra_params`: the card's count less the language model's)."""
+    nested = config.get("text_config")
+    text = dict(nested) if isinstance(nested, Mapping) else {k: v for k, v in config.items() if k != "vision_config"}
+    text_type = (text.get("model_type") if isinstance(nested, Mapping) else None) or MULTIMODAL_TEXT_TYPES[model_type]
+    text_type = _TEXT_TYPE_READERS.get(text_type, text_type)
+    if text_type not in READERS:
+        raise HfConfigError(f"{where}: the language model of this {model_type} is {text_type!r}, "
+                            f"which is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    if "tie_word_embeddings" in config:
+        text["tie_word_embeddings"] = config["tie_word_embeddings"]
+    # LLaVA's files leave the language model's shape to LlamaConfig's defaults (Vicuna-7B's)
+    text = {**MULTIMODAL_TEXT_DEFAULTS.get(text_type, {}), **text} if isinstance(nested, Mapping) else text
+    language = model_from_config({**text, "model_type": text_type}, where=where, name=name, source=source)
+    from zlayout import cards as card_store
+
+    card = card_store.find_card(config)
+    if card is None:
+        raise HfConfigError(f"{where}: {model_type} is multimodal and only its model card counts the vision "
+                            f"tower: run zlayout learn --hf-config {where} first (its language model alone "
+                            f"is {language.params:,} parameters)")
+    if card.params < language.params:
+        raise HfConfigError(f"{where}: its model card ({card.source}) counts {card.params:,} parameters, fewer "
+                            f"than its language model's {language.params:,}; learn it again with zlayout learn --force")
+    return language.model_copy(update={"extra_params": card.params - language.params, "hf_model_type": model_type,
+                                       "card": card})
 
 
 def _config_name(config: Mapping[str, Any]) -> str | None:

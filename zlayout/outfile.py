@@ -17,6 +17,28 @@ from typing import Callable, TypeVar
 T = TypeVar("T")
 
 
+# Directories no command writes into (export's profile, learn's card, verify's results): the
+# filesystem's own trees, and the roots that hold other users' or the system's folders.
+SYSTEM_TREES = ("/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/boot", "/dev",
+                "/proc", "/sys", "/run", "/var/lib", "/var/spool", "/var/log")
+SYSTEM_DIRS = ("/", "/home", "/root", "/var", "/opt", "/tmp", "/srv", "/mnt", "/media")
+
+
+def is_system_dir(path: str | os.PathLike[str]) -> bool:
+    """Whether `path` (resolved, absolute) is a system directory or inside a system tree."""
+    text = str(Path(os.path.abspath(path)).resolve())
+    return text in SYSTEM_DIRS or text in SYSTEM_TREES or any(
+        text.startswith(tree + "/") for tree in SYSTEM_TREES)
+
+
+def refuse_system_dir(flag: str, path: str | os.PathLike[str], example: str) -> None:
+    """OutFileError (one line, what to type instead) when `path` is a system or home directory."""
+    resolved = Path(os.path.abspath(path)).resolve()
+    if is_system_dir(resolved) or resolved == Path.home().resolve():
+        raise OutFileError(f"{flag} {str(resolved)!r} is a system or home directory: give a directory "
+                           f"of its own, e.g. {flag} {example}")
+
+
 class OutFileError(ValueError):
     """The path must not be written; the message is one line saying why and what to do."""
 

@@ -226,6 +226,9 @@ class ModelSpec(Frozen):
         default="none", description="norms on the queries and keys: per head (Qwen3, Gemma 3: head_dim "
                                     "weights each) or over their whole width (OLMo 2, Cohere)")
     head_bias: bool = Field(default=False, description="a bias on the output head (Phi-3.5-MoE)")
+    extra_params: int = Field(default=0, ge=0, description="parameters besides the language model's: a "
+                                                           "multimodal model's vision tower and projector "
+                                                           "(counted by its model card)")
     # mixture of experts
     experts: int = Field(default=0, description="routed experts per MoE block; 0: a dense model")
     top_k: int | None = Field(default=None, description="experts each token is routed to")
@@ -453,7 +456,7 @@ class ModelSpec(Frozen):
     @property
     def params(self) -> int:
         return (self.blocks_params() + self.embedding_params() + self.position_embedding_params()
-                + self.head_params() + self.final_norm_params())
+                + self.head_params() + self.final_norm_params() + self.extra_params)
 
     def active_blocks_params(self) -> int:
         """Block parameters one token goes through: a MoE block counts `top_k` experts."""
@@ -481,7 +484,7 @@ class ModelSpec(Frozen):
 
 
 EXTENSION_FIELDS = ("head_size", "out_bias", "mlp_bias", "norms_per_layer", "position_embeddings", "mla",
-                    "qk_norm", "head_bias", "card",
+                    "qk_norm", "head_bias", "extra_params", "card",
                     "experts", "top_k", "expert_ffn", "shared_experts", "shared_expert_ffn",
                     "shared_expert_gate", "dense_layers", "hf_model_type", "hf_config")
 

@@ -83,3 +83,10 @@ def test_the_learn_command_a_note_prints_is_quoted_for_the_shell(tmp_path, capsy
     note = capsys.readouterr().err
     quoted_path = "'" + str(folder).replace("'", "'\"'\"'") + "'"
     assert f"`zlayout learn --hf-config {quoted_path}`" in note
+
+
+def test_nvme_bandwidth_help_gives_its_default_and_range(capsys):
+    # the only hardware flag whose help gave neither (a newcomer could not tell what was assumed)
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    assert "bandwidth per node, GB/s (default 6; from 0.1 to 1,000)" in " ".join(capsys.readouterr().out.split())

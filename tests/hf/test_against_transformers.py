@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
 from zlayout import catalog, hfconfig
 from zlayout.spec import ModelSpec
@@ -21,10 +21,13 @@ from tests.hf.conftest import PUBLISHED_CONFIGS, SMALL_CONFIGS
 
 
 def transformers_model(path: Path) -> torch.nn.Module:
+    """The model transformers' auto class builds: the causal LM, else the whole
+    image-text-to-text model (LLaVA, Qwen2.5-VL: vision tower included)."""
     config = json.loads(path.read_text())
     hf_config = AutoConfig.for_model(config.pop("model_type"), **config)
+    auto = AutoModelForCausalLM if type(hf_config) in AutoModelForCausalLM._model_mapping else AutoModelForImageTextToText
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(hf_config)
+        return auto.from_config(hf_config)
 
 
 @pytest.mark.parametrize("path", SMALL_CONFIGS + PUBLISHED_CONFIGS, ids=lambda p: f"{p.parent.name}/{p.stem}")
@@ -65,7 +68,9 @@ def test_every_model_preset_has_a_transformers_config_with_its_count(name):
     assert sum(p.numel() for p in build_from_dict(config).parameters()) == model.params
 
 
-@pytest.mark.parametrize("path", SMALL_CONFIGS + PUBLISHED_CONFIGS, ids=lambda p: f"{p.parent.name}/{p.stem}")
+@pytest.mark.parametrize("path", [p for p in SMALL_CONFIGS + PUBLISHED_CONFIGS
+                                  if json.loads(p.read_text())["model_type"] not in hfconfig.MULTIMODAL_TEXT_TYPES],
+                         ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_a_config_read_and_written_back_builds_the_same_model(path):
     model = hfconfig.load(path)
     config = hfconfig.to_hf_config(model)
@@ -90,7 +95,7 @@ def test_hand_entered_models_build_with_their_count(fields):
 # the model types users bring that the planner must count exactly (issue 27 named the last eight)
 REQUIRED_TYPES = {"llama", "mistral", "qwen2", "gemma", "gemma2", "phi3", "gpt2", "gpt_neox", "mixtral",
                   "qwen2_moe", "deepseek_v2", "qwen3", "qwen3_moe", "gemma3_text", "olmo2", "phimoe",
-                  "starcoder2", "cohere", "gpt_bigcode"}
+                  "starcoder2", "cohere", "gpt_bigcode", "llava", "qwen2_5_vl"}
 
 
 def test_the_published_configs_cover_the_model_types_users_bring():
@@ -107,3 +112,24 @@ def test_a_config_built_by_its_own_remote_code_is_one_line(tmp_path):
         hfconfig.load(path)
     message = str(raised.value)
     assert "\n" not in message and "'internlm2'" in message and "own code" in message
+
+
+def test_a_multimodal_config_counts_its_vision_tower_through_its_card(tmp_path, monkeypatch):
+    """LLaVA's language model reads as llama; its vision tower and projector only the card
+    counts: without a card (no shipped one, none learned) the plan is one line saying so."""
+    from zlayout import cards
+
+    path = next(p for p in PUBLISHED_CONFIGS if p.stem == "llava-1.5-7b-hf")
+    assert hfconfig.load(path).extra_params > 0  # the shipped card
+    monkeypatch.setattr(cards, "SHIPPED_CARDS_DIR", tmp_path)
+    monkeypatch.setenv(cards.CARDS_DIR_ENV, str(tmp_path))
+    with pytest.raises(hfconfig.HfConfigError) as raised:
+        hfconfig.load(path)
+    assert "\n" not in str(raised.value) and "zlayout learn --hf-config" in str(raised.value)
+
+
+def test_a_state_space_model_is_one_line():
+    path = Path(__file__).resolve().parent / "configs" / "refused" / "mamba-130m-hf.json"
+    with pytest.raises(hfconfig.HfConfigError) as raised:
+        hfconfig.load(path)
+    assert "\n" not in str(raised.value) and "'mamba' is not supported" in str(raised.value)

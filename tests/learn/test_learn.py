@@ -149,3 +149,32 @@ def test_a_damaged_card_is_one_line_naming_it(tmp_path):
     with pytest.raises(CardError) as raised:
         cards.read_card(tmp_path / f"{key}.toml")
     assert "\n" not in str(raised.value) and key in str(raised.value)
+
+
+def plan_json(argv: list[str]) -> dict:
+    import contextlib
+    import io
+
+    from zlayout.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        assert main(argv) == 0
+    return json.loads(out.getvalue())
+
+
+def test_the_shipped_card_turns_a_fits_the_hand_model_says_into_the_card_s_verdict(monkeypatch, tmp_path):
+    """GPT-2 (dropout 0.1, gelu_new) at micro-batch 112 x 1024 on one H200, ZeRO-0: the hand
+    model's activations put it at 109 GiB and say it fits; its card's (dropout masks, gelu_new's
+    intermediates) put it past the card, and the verdict follows the larger figure."""
+    published = Path(__file__).resolve().parent.parent / "hf" / "configs" / "published" / "gpt2.json"
+    argv = ["plan", "--hf-config", str(published), "--seq", "1024", "--micro-batch", "112", "--stage", "0",
+            "--gpu", "h200", "--json"]
+    monkeypatch.setenv(cards.CARDS_DIR_ENV, str(tmp_path))
+    carded = plan_json(argv)
+    monkeypatch.setattr(cards, "SHIPPED_CARDS_DIR", tmp_path)
+    hand = plan_json(argv)
+    assert carded["model"]["card"] == cards.config_key(json.loads(published.read_text()))
+    assert "card" not in hand["model"]
+    assert hand["fits"] and not carded["fits"]
+    assert carded["gpu_peak_allocated_bytes"] > 1.2 * hand["gpu_peak_allocated_bytes"]

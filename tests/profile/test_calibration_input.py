@@ -97,3 +97,11 @@ def test_calibration_files_get_the_profiles_limits(tmp_path, capsys):
     big.write_text("# x\n" * 300_000)
     code, _, err = run(capsys, *PLAN, "--calibration", str(big))
     assert code == 2 and "bytes" in err
+
+
+def test_calibrate_refuses_a_device_in_one_line(tmp_path, capsys):
+    """calibrate's input is a regular file of bounded size (QA: `zlayout calibrate /dev/zero` hung)."""
+    code = main(["calibrate", "/dev/zero", "--out", str(tmp_path / "c.toml")])
+    err = capsys.readouterr().err
+    assert code == 2 and "/dev/zero: not a file" in err
+    assert not (tmp_path / "c.toml").exists()

@@ -219,17 +219,15 @@ def test_alerts_yml_is_prometheus_rules_with_the_profiles_thresholds(full_profil
     rules_file = yaml.safe_load(alerts_yaml(scoped))
     [group] = rules_file["groups"]
     rules = {rule["alert"]: rule for rule in group["rules"]}
-    assert set(rules) == {"ZlayoutGpuMemoryHigh", "ZlayoutGpuMemoryFull", "ZlayoutGpuAllocatedHigh",
+    # far from the card: no nearly-full rule (core.fit: only near the card; tests/profile/test_alert_rules.py)
+    assert set(rules) == {"ZlayoutGpuMemoryHigh", "ZlayoutGpuAllocatedHigh",
                           "ZlayoutHostMemoryHigh", "ZlayoutStepTimeHigh", "ZlayoutLossSpike", "ZlayoutGpuIdle",
                           "ZlayoutGpuXid", "ZlayoutCheckpointSpaceLow"}
     a = full_profile.alerts
     job = '{job="llama",cluster="a"}'
     assert rules["ZlayoutGpuMemoryHigh"]["expr"] == \
         f"DCGM_FI_DEV_FB_USED{job} > {round(a.gpu_memory.warn_device_used_above_bytes / MiB)}"
-    assert rules["ZlayoutGpuMemoryFull"]["expr"] == \
-        f"DCGM_FI_DEV_FB_FREE{job} < {round(a.gpu_memory.critical_free_below_bytes / MiB)}"
-    assert a.gpu_memory.critical_free_below_bytes == \
-        full_profile.prediction.gpu_capacity_bytes - full_profile.prediction.gpu_usable_bytes
+    assert a.gpu_memory.critical_device_used_above_bytes is None
     # the job's own processes (the process exporter's group), not the node's memory
     assert rules["ZlayoutHostMemoryHigh"]["expr"] == (
         'sum by (instance, job, cluster) (namedprocess_namegroup_memory_bytes{groupname="zlayout-training",'

@@ -48,6 +48,10 @@ def run(args: argparse.Namespace) -> int:
     key = cards.config_key(config)
     folder = Path(args.out).expanduser() if args.out else cards.cache_dir()
     try:  # refused before the tracing, by the rule the write applies
+        if args.out:
+            from zlayout.outfile import refuse_system_dir
+
+            refuse_system_dir("--out", folder, "./cards")
         cards.check_card_target(folder, key, replace=args.force)
     except OutFileError as exc:
         raise UsageError(str(exc)) from None

@@ -58,7 +58,7 @@ def short_by_bytes(mem: MemoryEstimate) -> dict[str, int]:
     """How much each broken limit is missing: the device memory the peak needs past the usable
     part (capacity less the headroom), host RAM per node, NVMe per node; the same comparisons
     as `fits`. Empty when the layout fits."""
-    short = {"gpu": mem.gpu_needed_bytes - mem.gpu_usable_bytes,
+    short = {"gpu": mem.gpu_fit.short_by_bytes,
              "host": mem.host_peak_bytes - mem.host_capacity_bytes,
              "nvme": mem.nvme_bytes - mem.nvme_capacity_bytes}
     return {where: nbytes for where, nbytes in short.items() if nbytes > 0}

@@ -84,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         data = checked.profile.model_dump(mode="json", exclude_none=True)
         data["path"] = str(checked.path)
+        if checked.hand_edits:
+            data["hand_edits"] = [{"key": k, "stored": a, "now": b} for k, a, b in checked.hand_edits]
         if checked.stale is not None:
             data["stale_prediction"] = {
                 "reason": checked.stale.reason,

@@ -1,18 +1,15 @@
 """A deterministic replay of PyTorch's CUDA caching allocator over one layout's training steps.
 
-Pure arithmetic, no torch. Two parts:
+Pure arithmetic, no torch.
 
-* `CachingAllocator`: the default (fixed-segment) allocator of c10/cuda/CUDACachingAllocator.cpp
-  (torch 2.11), for the large pool: requests rounded up to 512 bytes; a request over 1 MiB is
-  served by the smallest free cached block that holds it (best fit, `get_free_block`; of equal
-  ones the lowest address, which the newest segment usually has: `_key_of`), split
-  when more than 1 MiB would remain (`should_split`); when no cached block holds it a new
-  segment is cudaMalloc'ed: 20 MiB for requests under 10 MiB, else the request rounded up to
-  2 MiB (`get_allocation_size`). A freed block merges with free neighbours of its own segment;
-  segments are never returned while the card has room (no OOM retry) but by an explicit
-  `empty_cache` (ZeRO-3's defragment at initialize), so from then on peak reserved is the sum
-  of every segment made. Requests of 1 MiB or less (the small pool: norms' statistics, flags,
-  losses) are not replayed: they stay in 2 MiB segments of their own and are a constant.
+* `CachingAllocator` (core/caching_allocator.py): the default allocator of
+  c10/cuda/CUDACachingAllocator.cpp for the large pool of one stream, and `Device`, the card its
+  pools share: segments are returned by an explicit `empty_cache` (ZeRO-3's defragment at
+  initialize) and, where the card fills (`replay_at_capacity`), by the retry after a failed
+  cudaMalloc; with room they never are, so peak reserved is the sum of every segment made.
+  Requests of 1 MiB or less (the small pool: norms' statistics, flags, losses) are not
+  replayed: they stay in 2 MiB segments of their own and are a constant. The model's tensor
+  lists are core/tensors.py's.
 * `allocation_sequence`: the tensors one GPU allocates and frees, in order, from
   `deepspeed.initialize` through `steps` training steps, built from the same terms as
   `memory.py` (weights per tensor then flattened, fp32 master and moments, each block's
@@ -67,8 +64,14 @@ Pure arithmetic, no torch. Two parts:
 from __future__ import annotations
 
 import functools
-from bisect import bisect_left, insort
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass
+
+from zlayout.core.caching_allocator import (  # noqa: F401 (the allocator's names, read here by tests)
+    DEFAULT_STREAM, LARGE_BUFFER, MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_SIZE, CachingAllocator, Device,
+    OutOfMemory, Pools, _Block, allocation_size, replay, round_size)
+from zlayout.core.tensors import (  # noqa: F401 (the model's tensors, read here by steptime and tests)
+    block_tensor_sizes, hf_layer_tensor_sizes, layer_tensor_sizes, mixtral_layer_tensor_sizes, mixtral_shaped,
+    parameter_tensor_sizes, stage3_live_param_elements, stage3_sub_groups)
 
 MiB = 2**20
 REPLAYED_MICRO_STEPS = 3  # first, a middle one, the boundary: see allocation_sequence
@@ -96,258 +99,12 @@ def cublas_workspace_bytes(gpu_name: str) -> int:
 ALLREDUCE_BUCKET_ELEMENTS = 500_000_000
 NORM_PART_ELEMENTS = 250_000_000  # stage3.py _constant_buffered_norm2(buffer_size)  # DeepSpeed engine.py MEMORY_OPT_ALLREDUCE_SIZE
 MAX_REPLAYED_LAYER_PASSES = 384  # layers x micro-steps x steps (Llama-3-405B: 126 x 1 x 2 = 252)
-SMALL_SIZE = 1 * MiB  # kSmallSize: requests up to this go to the small pool
-MIN_LARGE_ALLOC = 10 * MiB  # kMinLargeAlloc
-LARGE_BUFFER = 20 * MiB  # kLargeBuffer
-ROUND_LARGE = 2 * MiB  # kRoundLarge
-
-
-def round_size(size: int) -> int:
-    return 512 if size < 512 else 512 * -(-size // 512)
-
-
-def allocation_size(size: int) -> int:
-    if size <= SMALL_SIZE:
-        return 2 * MiB
-    if size < MIN_LARGE_ALLOC:
-        return LARGE_BUFFER
-    return ROUND_LARGE * -(-size // ROUND_LARGE)
-
-
-class _Block:
-    __slots__ = ("segment", "offset", "size", "free", "prev", "next")
-
-    def __init__(self, segment: int, offset: int, size: int) -> None:
-        self.segment, self.offset, self.size, self.free = segment, offset, size, True
-        self.prev: _Block | None = None
-        self.next: _Block | None = None
-
-    def key(self) -> int:
-        return _key_of(self.size, self.segment, self.offset)
-
-
-# A free block's place in the best-fit order as one int (ints compare faster than tuples):
-# size, then address. The allocator's BlockComparatorSize orders free blocks by (stream, size,
-# pointer), and the CUDA driver mostly places a new segment below the one made before it (the
-# 15 H200 traces: 882 of 995 consecutive segments over 20 MiB), so among free blocks of one
-# size the newest segment's comes first, then the lowest offset. (Oldest first, two measured
-# hf rows lost a step segment that the GPU made: -9% and -14% reserved.)
-# Offsets are multiples of 512 bytes.
-_SEG_SHIFT, _SIZE_SHIFT = 48, 72
-_SEG_MAX = (1 << (_SIZE_SHIFT - _SEG_SHIFT)) - 1
-
-
-def _key_of(size: int, segment: int, offset: int) -> int:
-    return (size << _SIZE_SHIFT) | ((_SEG_MAX - segment) << _SEG_SHIFT) | (offset >> 9)
-
-
-@dataclass
-class CachingAllocator:
-    """The large pool of the default caching allocator on one stream. Blocks of a segment are
-    a doubly linked list, as in the allocator; free blocks are kept sorted by (size, newest
-    segment, offset), the address order `get_free_block`'s best fit searches (`_key_of`)."""
-
-    free_index: list[int] = field(default_factory=list)
-    free_blocks: dict[int, _Block] = field(default_factory=dict)
-    segment_sizes: list[int] = field(default_factory=list)
-    reserved: int = 0
-    allocated: int = 0
-    peak_reserved: int = 0
-    peak_allocated: int = 0
-    device: "Device | None" = None  # the card the pools share (replay_at_capacity), or unbounded
-
-    def _add_free(self, block: _Block) -> None:
-        block.free = True
-        key = (block.size << _SIZE_SHIFT) | ((_SEG_MAX - block.segment) << _SEG_SHIFT) | (block.offset >> 9)
-        insort(self.free_index, key)
-        self.free_blocks[key] = block
-
-    def _remove_free(self, block: _Block) -> None:
-        key = (block.size << _SIZE_SHIFT) | ((_SEG_MAX - block.segment) << _SEG_SHIFT) | (block.offset >> 9)
-        del self.free_index[bisect_left(self.free_index, key)]
-        del self.free_blocks[key]
-        block.free = False
-
-    def malloc(self, size: int) -> _Block | None:
-        """The block that serves `size` bytes (its handle for `free`); requests of 1 MiB or
-        less are not replayed (None)."""
-        if size <= SMALL_SIZE:
-            return None
-        size = (size + 511) & ~511
-        index = self.free_index
-        i = bisect_left(index, size << _SIZE_SHIFT)
-        if i < len(index):
-            block = self.free_blocks.pop(index.pop(i))
-            block.free = False
-        else:
-            seg_size = allocation_size(size)
-            if self.device is not None:
-                self.device.reserve(seg_size)  # may free the cache and retry, or raise OutOfMemory
-            block = _Block(len(self.segment_sizes), 0, seg_size)
-            block.free = False
-            self.segment_sizes.append(seg_size)
-            self.reserved += seg_size
-            if self.reserved > self.peak_reserved:
-                self.peak_reserved = self.reserved
-        remaining = block.size - size
-        if remaining > SMALL_SIZE:  # should_split (large pool)
-            rest = _Block(block.segment, block.offset + size, remaining)
-            nxt = block.next
-            rest.prev, rest.next = block, nxt
-            if nxt is not None:
-                nxt.prev = rest
-            block.next = rest
-            block.size = size
-            key = (remaining << _SIZE_SHIFT) | ((_SEG_MAX - rest.segment) << _SEG_SHIFT) | (rest.offset >> 9)
-            insort(index, key)
-            self.free_blocks[key] = rest
-        self.allocated += block.size
-        if self.allocated > self.peak_allocated:
-            self.peak_allocated = self.allocated
-        return block
-
-    def free(self, block: _Block | None) -> None:
-        if block is None:
-            return
-        self.allocated -= block.size
-        nxt, prev = block.next, block.prev
-        if nxt is not None and nxt.free:  # merge with the free neighbours of its segment
-            self._remove_free(nxt)
-            block.size += nxt.size
-            block.next = nxt.next
-            if nxt.next is not None:
-                nxt.next.prev = block
-        if prev is not None and prev.free:
-            self._remove_free(prev)
-            prev.size += block.size
-            prev.next = block.next
-            if block.next is not None:
-                block.next.prev = prev
-            block = prev
-        self._add_free(block)
-
-    def empty_cache(self) -> int:
-        """torch.cuda.empty_cache (`release_cached_blocks`): every segment with no block in use
-        is returned to the device (`segment_sizes` keeps what was ever made). Returns the bytes
-        returned."""
-        freed = 0
-        for key in [k for k, b in self.free_blocks.items() if b.prev is None and b.next is None]:
-            block = self.free_blocks.pop(key)
-            del self.free_index[bisect_left(self.free_index, key)]
-            self.reserved -= block.size
-            freed += block.size
-        return freed
-
-    @property
-    def segments(self) -> list[int]:
-        return self.segment_sizes
-
-
-class OutOfMemory(Exception):
-    """A segment the card cannot hold even after the cache was freed: the run's out-of-memory."""
-
-    def __init__(self, reserved: int, request: int) -> None:
-        super().__init__(f"{reserved} bytes reserved after freeing the cache, {request} more asked for")
-        self.reserved, self.request = reserved, request
-
-
-@dataclass
-class Device:
-    """The card the pools of one replay share, as c10/cuda/CUDACachingAllocator.cpp's malloc
-    meets its limit (torch 2.11, DeviceCachingAllocator::malloc): no cached block holds the
-    request and cudaMalloc of a new segment fails -> release_available_cached_blocks (a no-op
-    unless max_split_size_mb is set: it returns false at once) -> release_cached_blocks (after
-    synchronizing the device, every cached segment no tensor uses, in every stream's pool, is
-    cudaFree'd) -> alloc_block(isRetry=true), which counts `num_alloc_retries`; only a retry
-    that still fails is an out-of-memory error. garbage_collection_threshold acts only under a
-    per-process memory fraction (set_fraction), which zlayout's launchers do not set.
-    `capacity`: what cudaMalloc can hand the large pools (the card less the CUDA context, NCCL
-    and the small pool)."""
-
-    capacity: int
-    pools: list[CachingAllocator] = field(default_factory=list)
-    retries: int = 0
-    freed: int = 0  # bytes the retries gave back to the driver
-    peak: int = 0  # the most the pools reserved at once
-    needed: int = 0  # the most a retry needed: reserved after the cache was freed + its segment
-
-    def reserve(self, seg_size: int) -> None:
-        total = sum(pool.reserved for pool in self.pools)
-        if total + seg_size > self.capacity:
-            self.freed += sum(pool.empty_cache() for pool in self.pools)
-            self.retries += 1
-            total = sum(pool.reserved for pool in self.pools)
-            self.needed = max(self.needed, total + seg_size)
-            if total + seg_size > self.capacity:
-                raise OutOfMemory(total, seg_size)
-        self.peak = max(self.peak, total + seg_size)
-
-
-@dataclass
-class Pools:
-    """One `CachingAllocator` per CUDA stream: a freed block is cached for the stream that
-    allocated it (`Block.stream`; `get_free_block` looks only in the pool of the requesting
-    stream), so what one stream frees another cannot reuse. Segments are never released, so
-    peak reserved is the sum of the pools' reserved bytes at the end."""
-
-    pools: dict[int, CachingAllocator] = field(default_factory=dict)
-    allocated: int = 0
-    peak_allocated: int = 0
-    released_peak: int = 0  # reserved just before the last empty_cache, if one ran
-
-    @property
-    def peak_reserved(self) -> int:
-        return max(self.released_peak, sum(pool.reserved for pool in self.pools.values()))
-
-    def empty_cache(self) -> None:
-        self.released_peak = max(self.released_peak, self.peak_reserved)
-        for pool in self.pools.values():
-            pool.empty_cache()
-
-    @property
-    def segments(self) -> list[int]:
-        return [size for pool in self.pools.values() for size in pool.segment_sizes]
-
-
-def replay(events: list[tuple[str, object, int]], track_allocated: bool = True) -> Pools:
-    """events: ("a", name, bytes) allocates a tensor called name on the default stream,
-    ("a", name, bytes, stream) on another stream; ("f", name, 0) frees it; ("e", None, 0)
-    empties every pool's cache (`CachingAllocator.empty_cache`).
-    `track_allocated=False` skips the peak allocated across streams (planning reads only
-    reserved; each pool still keeps its own)."""
-    out = Pools()
-    pools = out.pools
-    default = pools[DEFAULT_STREAM] = CachingAllocator()
-    handles: dict[object, tuple[CachingAllocator, _Block | None]] = {}
-    several = track_allocated and any(len(event) > 3 for event in events)
-    peak = 0
-    for event in events:
-        if event[0] == "a":
-            if len(event) > 3:
-                pool = pools.get(event[3])
-                if pool is None:
-                    pool = pools[event[3]] = CachingAllocator()
-            else:
-                pool = default
-            handles[event[1]] = (pool, pool.malloc(event[2]))
-            if several:
-                allocated = sum(p.allocated for p in pools.values())
-                if allocated > peak:
-                    peak = allocated
-        elif event[0] == "f":
-            pool, handle = handles.pop(event[1])
-            pool.free(handle)
-        else:
-            out.empty_cache()
-    out.allocated = sum(p.allocated for p in pools.values())
-    out.peak_allocated = peak if several else default.peak_allocated
-    return out
 
 
 # The streams DeepSpeed's stage 3 allocates on (partitioned_param_coordinator: gathers run
 # `with get_accelerator().stream(self.__allgather_stream)`): gathered weights live in that
 # stream's pool, which the compute stream's activations never reuse.
-DEFAULT_STREAM, ALLGATHER_STREAM, REDUCE_STREAM = 0, 1, 2
+ALLGATHER_STREAM, REDUCE_STREAM = 1, 2  # DEFAULT_STREAM (0): caching_allocator
 
 
 class _Seq:
@@ -416,58 +173,12 @@ class _Seq:
         return max(self.released_peak, sum(pool.reserved for pool in self.pools.values()))
 
 
-def hf_layer_tensor_sizes(model) -> list[int]:
-    """One decoder layer's parameter tensors in the order transformers registers them
-    (modeling_llama.py / modeling_qwen2.py / modeling_mistral.py: LlamaDecoderLayer's
-    self_attn (q_proj, k_proj, v_proj, o_proj: each a Linear, weight then bias), mlp
-    (gate_proj, up_proj, down_proj), input_layernorm, post_attention_layernorm): separate
-    q/k/v and gate/up weights, not the reference GPT's fused ones. The same element count."""
-    h, q, kv, f = model.hidden, model.q_size, model.kv_size, model.ffn_size
-    qb, ob, mb = model._biased(model.qkv_bias), model._biased(model.out_bias), model._biased(model.mlp_bias)
-    sizes = [h * q] + ([q] if qb else []) + [h * kv] + ([kv] if qb else []) + [h * kv] + ([kv] if qb else [])
-    sizes += [model.attn_out_size * h] + ([h] if ob else [])
-    sizes += [f * h] + ([f] if mb else []) + [f * h] + ([f] if mb else []) + [f * h] + ([h] if mb else [])
-    return sizes + [h] * model.norms_per_layer
-
-
 def mixtral_replayed(model, training) -> bool:
     """A MoE model whose requests the replay writes: transformers' Mixtral (`mixtral_shaped`,
     `--impl hf`). Qwen2-MoE's and DeepSeek's blocks (shared experts, their gate, grouped
     routing) and zlayout's own GPT (worker_model.Block has no experts) are left to the
     per-phase rule."""
     return training.impl == "hf" and mixtral_shaped(model)
-
-
-def mixtral_shaped(model) -> bool:
-    """A MoE model of Mixtral's shape (what hfconfig.to_hf_config writes for routed experts
-    alone): every block a MixtralSparseMoeBlock (router, experts as two 3D tensors, SwiGLU),
-    no shared experts, no dense blocks, no biases."""
-    return (model.is_moe and model.mla is None and model.shared_experts == 0
-            and model.dense_layer_count == 0 and model.mlp == "swiglu" and model.norm == "rmsnorm"
-            and model.hf_model_type in (None, "mixtral") and not model.shared_expert_gate
-            and not any(model._biased(b) for b in (model.qkv_bias, model.out_bias, model.mlp_bias))
-            and model.expert_ffn_size == model.ffn_size)
-
-
-def mixtral_layer_tensor_sizes(model) -> list[int]:
-    """One MixtralDecoderLayer's parameter tensors in registration order (modeling_mixtral.py:
-    self_attn's q/k/v/o, mlp.gate (MixtralTopKRouter.weight, experts x hidden),
-    mlp.experts (MixtralExperts.gate_up_proj (experts, 2 ffn, hidden), down_proj (experts,
-    hidden, ffn)), input_layernorm, post_attention_layernorm)."""
-    h, q, kv, f, E = model.hidden, model.q_size, model.kv_size, model.expert_ffn_size, model.experts
-    return [h * q, h * kv, h * kv, model.attn_out_size * h, E * h, E * 2 * f * h, E * f * h] + [h] * model.norms_per_layer
-
-
-def block_tensor_sizes(model, impl: str) -> list[int]:
-    """Elements of each weight tensor of one block, in the worker's module order: a dense
-    model's block or a Mixtral-shaped one's (`mixtral_shaped`; the replay's MoE blocks)."""
-    from zlayout.core.memory import layer_tensor_sizes
-
-    if model.is_moe:
-        return mixtral_layer_tensor_sizes(model)
-    if impl == "hf" and model.norm == "rmsnorm" and model.mlp == "swiglu":
-        return hf_layer_tensor_sizes(model)
-    return layer_tensor_sizes(model, moe=False)
 
 
 def block_fetch_modules(model, impl: str) -> list[list[int]] | None:
@@ -487,57 +198,11 @@ def block_fetch_modules(model, impl: str) -> list[list[int]] | None:
     return [[], [h * (q + 2 * kv)], [model.attn_out_size * h], [], [gate_up * f * h], [f * h]]
 
 
-@functools.lru_cache(maxsize=256)
-def parameter_tensor_sizes(model, impl: str) -> tuple[int, ...]:
-    """Elements of each weight tensor in `model.parameters()` order (the order DeepSpeed
-    flattens and groups them): the embedding, each block's tensors, the final norm, the head.
-    Other MoE models than Mixtral's shape (shared experts, their gate, dense blocks first, MLA)
-    by memory.layer_tensor_sizes, block kind by block kind. Memoized (a tuple): one estimate
-    reads it for the step time's per-tensor terms, ZeRO-3's sub-groups and the host's cast, and
-    break-even runs hundreds of estimates a keystroke."""
-    from zlayout.core.memory import layer_tensor_sizes
-
-    if model.card is not None and impl == "hf":  # a learned card lists the class's tensors exactly
-        return model.card.parameter_numels
-    if (model.is_moe and not mixtral_shaped(model)) or model.qk_norm != "none":
-        blocks = (layer_tensor_sizes(model, moe=False) * model.dense_layer_count
-                  + layer_tensor_sizes(model, moe=True) * model.moe_layer_count)
-    else:
-        blocks = block_tensor_sizes(model, impl) * model.layers
-    tensors = [model.vocab * model.hidden] + blocks
-    tensors.append(model.final_norm_params())
-    if not model.tie_embeddings:
-        tensors.append(model.vocab * model.hidden)
-    if model.head_bias:
-        tensors.append(model.vocab)
-    return tuple(tensors)
-
-
-def stage3_sub_groups(tensors: list[int] | tuple[int, ...], world: int, sub_group_size: int) -> list[tuple[int, int]]:
-    """ZeRO-3's optimizer sub-groups as (elements of this GPU's partition, elements of the whole
-    tensors). stage3.py _create_fp16_sub_groups: whole tensors are added in order and a
-    sub-group closes once its partitions reach sub_group_size, so a sub-group holds at least
-    sub_group_size elements (a 2.36B model at the default 1e9: 1003.5M and 1355.9M, not 1e9,
-    1e9 and 0.36e9; the t-z3-hf-L6-h4096 trace's fp32 buffers are 3828 and 5172 MiB)."""
-    parts = [-(-x // world) for x in tensors]
-    if not parts or sub_group_size >= sum(parts):
-        return [(sum(parts), sum(tensors))]
-    groups, part, whole = [], 0, 0
-    for i, (x, px) in enumerate(zip(tensors, parts)):
-        part, whole = part + px, whole + x
-        if part >= sub_group_size or i == len(parts) - 1:
-            groups.append((part, whole))
-            part, whole = 0, 0
-    return groups
-
-
 def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -> list[tuple[str, object, int]] | None:
     """The large tensors one GPU allocates and frees, in order, for a dense model: ZeRO 0-2
     with the optimizer on the GPU or the CPU, ZeRO-3 with the optimizer and weights on the GPU
     or the CPU; gradient accumulation included; Mixtral's MoE blocks (`mixtral_replayed`).
     None for what is not replayed: NVMe, other MoE blocks, MLA, fp32 training."""
-    from zlayout.core.memory import stage3_live_param_elements
-
     model, t, zero = inp.model, inp.training, inp.zero
     stage, n = layout.stage, inp.hardware.world
     if "nvme" in (layout.offload_optimizer, layout.offload_param):
@@ -1278,6 +943,24 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             s.a(4 * size)
         return flat32
 
+    def hand_forward(x: int, first: bool) -> tuple[dict, int | None]:
+        """One block's forward as written above: (what its backward keeps, its output)."""
+        if ckpt and hf_norm and swiglu and not moe:
+            return {}, hf_block_forward_checkpointed(x)
+        # the first block's input is the model's `inputs_embeds`, alive to its return
+        return block_forward(x, keep=not ckpt, input_dies=not first)
+
+    def hand_recompute(x: int) -> dict:
+        """A checkpointed block's recompute in backward: what its backward keeps."""
+        return block_forward(x, keep=True, recompute=True)[0]
+
+    # The seam for a model's own per-block requests: one block's forward, its checkpoint
+    # recompute and its backward (hook: DeepSpeed's gradient hook, called with each weight
+    # gradient as it is made), over `s.a` / `s.f`. These are the hand-written ones; a learned
+    # model card (core/card.py) would supply the three from its recorded requests, the rest of
+    # the step (initialize, ZeRO-3's gathers, the head and loss, the buckets, the step) unchanged.
+    forward_pass, recompute_pass, backward_pass = hand_forward, hand_recompute, block_backward
+
     # --loop deepspeed: the bf16 logits the training loop's `outputs` holds (held_outputs_bytes)
     keeps_outputs = t.loop == "deepspeed"
     held_logits = None
@@ -1309,11 +992,7 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
                 gathered[layer] = pf[0].fetch_block(pf[1][layer])
             else:
                 gathered[layer] = fetch(layer_sizes)
-            if ckpt and hf_norm and swiglu and not moe:
-                sv, x = {}, hf_block_forward_checkpointed(x)
-            else:
-                # the first block's input is the model's `inputs_embeds`, alive to its return
-                sv, x = block_forward(x, keep=not ckpt, input_dies=layer > 0)
+            sv, x = forward_pass(x, layer == 0)
             if recording or layer not in kept_layers:
                 s.f(*gathered.pop(layer))
             saved.append(sv)
@@ -1562,8 +1241,8 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
             else:
                 layer_w = gathered.pop(i) if i in gathered else fetch(layer_sizes)
             if ckpt:
-                sv, _ = block_forward(inputs[i], keep=True, recompute=True)
-            gin = block_backward(sv, g, hook)
+                sv = recompute_pass(inputs[i])
+            gin = backward_pass(sv, g, hook)
             s.f(*layer_w)
             if ckpt:
                 s.f(inputs[i])
@@ -1731,13 +1410,18 @@ def replay_at_capacity(inp, layout, capacity: int, steps: int = 2) -> CapacityRe
     key = (_key(inp, layout), capacity, steps)
     if key in _CAPACITY_CACHE:
         return _CAPACITY_CACHE[key]
-    device = Device(capacity)
-    seq = _Seq(live=True, device=device)
-    try:
-        result = None if allocation_sequence(inp, layout, steps, seq) is None else CapacityReplay(
-            False, seq.reserved, device.needed, device.retries, *_last_step(seq, steps))
-    except OutOfMemory as oom:
-        result = CapacityReplay(True, device.peak, oom.reserved + oom.request, device.retries, 0, 0)
+
+    def replay() -> CapacityReplay | None:
+        device = Device(capacity)
+        seq = _Seq(live=True, device=device)
+        try:
+            return None if allocation_sequence(inp, layout, steps, seq) is None else CapacityReplay(
+                False, seq.reserved, device.needed, device.retries, *_last_step(seq, steps))
+        except OutOfMemory as oom:
+            return CapacityReplay(True, device.peak, oom.reserved + oom.request, device.retries, 0, 0)
+
+    result = replay() if lasting_memo is None else lasting_memo.recall(
+        ("capacity", key), replay, encode=astuple, decode=lambda fields: CapacityReplay(*fields))
     _CAPACITY_CACHE[key] = result
     if len(_CAPACITY_CACHE) > 1024:
         _CAPACITY_CACHE.pop(next(iter(_CAPACITY_CACHE)))

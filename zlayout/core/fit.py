@@ -55,6 +55,17 @@ FLUSH_S_PER_GIB = 0.0015
 # Alerts on device used (DCGM_FI_DEV_FB_USED): "nearly full" at 97% of the card, present whenever
 # the plan's device use is within 10% of the card or the plan flushes; "above plan" 5% over the
 # planned device use (the model's device-used target is 5% at worst), kept below "nearly full".
+# At the card's edge the replay's `needed_bytes` is short of what the failing request really
+# needs: on the held-out edge sweeps (benchmarks/measurements/h200-2026-12-02c/heldout/
+# edge-bisections.json: predictions committed before the runs) the replay left 0.18-0.51 GiB of
+# the card where the run ran out of memory needing 1.15-3.2 GiB more than it said (free parts
+# of segments a tensor still holds, which a flush cannot return, larger than replayed). A layout
+# that presses the card (it flushes, or its cache reaches the card) fits only with EDGE_MARGIN
+# left; 0.6 GiB separates every measured sweep's verdicts (11 rows, in-sample from now on), at
+# the cost of one count that ran: the Qwen2.5-3B shape's 81 layers (expandable, 0.23 GiB left)
+# now reads one layer under. --headroom's default 5% (7 GiB on an H200) is far outside it.
+EDGE_MARGIN_BYTES = int(0.6 * GiB)
+
 NEARLY_FULL_FRACTION = 0.97
 NEAR_CARD_FRACTION = 0.90
 ABOVE_PLAN_FRACTION = 0.05
@@ -78,7 +89,14 @@ class GpuFit:
 
     @property
     def fits(self) -> bool:
-        return self.needed_bytes <= self.usable_bytes
+        if self.needed_bytes > self.usable_bytes:
+            return False
+        return not self.presses_card or self.margin_bytes >= EDGE_MARGIN_BYTES
+
+    @property
+    def presses_card(self) -> bool:
+        """The step fills the card: the allocator flushes its cache, or device used reaches it."""
+        return self.flushes_per_step > 0 or self.device_used_bytes >= self.capacity_bytes
 
     @property
     def headroom_bytes(self) -> int:
@@ -98,7 +116,9 @@ class GpuFit:
     @property
     def short_by_bytes(self) -> int:
         """What the step needs past the usable part of the card (0 when it fits)."""
-        return max(0, self.needed_bytes - self.usable_bytes)
+        if self.fits:
+            return 0
+        return max(self.needed_bytes - self.usable_bytes, EDGE_MARGIN_BYTES - self.margin_bytes)
 
     @property
     def state(self) -> FitState:
@@ -108,6 +128,9 @@ class GpuFit:
 
     def summary(self) -> str:
         """One sentence for every surface (no trailing period)."""
+        if not self.fits and self.needed_bytes <= self.usable_bytes:
+            return (f"does not fit: needs {self.needed_bytes / GiB:.1f} of {self.capacity_bytes / GiB:.1f} GiB "
+                    f"per GPU, and a step that fills the card needs {EDGE_MARGIN_BYTES / GiB:.1f} GiB to spare")
         if not self.fits:
             return (f"does not fit: needs {self.needed_bytes / GiB:.1f} GiB per GPU, "
                     f"{self.usable_bytes / GiB:.1f} of {self.capacity_bytes / GiB:.1f} GiB is usable")

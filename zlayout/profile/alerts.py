@@ -6,6 +6,7 @@ so the person paged at 3 a.m. knows what crossing it means and what to look at.
 
 from __future__ import annotations
 
+from zlayout.core.fit import GpuFit
 from zlayout.core.steptime import host_bound_share
 from zlayout.profile.schema import (MEASURED_STATUSES, Alerts, Basis, DiskSpaceAlert, GpuHealthAlert,
                                     GpuMemoryAlert, HostMemoryAlert, LossSpikeAlert, Prediction, StepTimeAlert,
@@ -33,25 +34,13 @@ def _gib(n: float) -> str:
 
 
 def warn_below_the_card(value: int, capacity: int) -> int:
-    """A warning above `value` that a GPU can reach: GPU_MEMORY_MARGIN above it, but never past a
-    third of the way to the card's capacity (issue 28: `FB_USED > 81559` on an 80 GB card, the
-    threshold clamped at the capacity, could never fire; the nearly-full rules sit half way). A plan
-    over the card warns just below it."""
+    """A warning on allocated memory (the training script's gauge) that a GPU can reach:
+    GPU_MEMORY_MARGIN above `value`, but never past a third of the way to the card's capacity
+    (issue 28: a threshold clamped at the capacity could never fire). A plan over the card warns
+    just below it. Device-used thresholds are core.fit's."""
     if value >= capacity:
         return capacity - capacity // 100
     return min(int(value * (1 + GPU_MEMORY_MARGIN)), value + (capacity - value) // 3)
-
-
-def nearly_full_free_bytes(device_used: int, usable: int, capacity: int) -> int | None:
-    """The free framebuffer below which a GPU is nearly full: the plan's headroom; or, when the
-    plan's device use already reaches into the headroom (the caching allocator keeps what it
-    reserved), half of what the plan leaves free, so a healthy run stays clear of it and a
-    growing one still trips it. None for a plan over the card (nothing left to watch)."""
-    if device_used >= capacity:
-        return None
-    if device_used <= usable:
-        return capacity - usable
-    return max(1, (capacity - device_used) // 2)
 
 
 def derive_alerts(inp: PlanInput, prediction: Prediction, verification: Verification,
@@ -69,15 +58,17 @@ def derive_alerts(inp: PlanInput, prediction: Prediction, verification: Verifica
     used_basis, used = pick("gpu_device_used_bytes", prediction.gpu_device_used_bytes)
     capacity = prediction.gpu_capacity_bytes
     peak, used = int(peak), int(used)
-    fills_the_card = used >= capacity and peak < capacity  # fits: the allocator keeps all it reserved
+    # device-used thresholds are core.fit's (one rule for every surface), on the figure alerts follow
+    fit = GpuFit(capacity_bytes=capacity, needed_bytes=prediction.gpu_needed_bytes or prediction.gpu_device_used_bytes,
+                 usable_bytes=prediction.gpu_usable_bytes, device_used_bytes=min(used, capacity),
+                 flushes_per_step=prediction.gpu_flushes_per_step or 0)
+    thresholds = {t.name: t.bytes for t in fit.alert_thresholds()}
     gpu = GpuMemoryAlert(
         basis=gpu_basis if gpu_basis == used_basis else "measured",
         peak_allocated_bytes=peak, warn_allocated_above_bytes=warn_below_the_card(peak, capacity),
-        device_used_bytes=used,
-        warn_device_used_above_bytes=None if fills_the_card else warn_below_the_card(used, capacity),
+        device_used_bytes=used, warn_device_used_above_bytes=thresholds.get("above_plan"),
         capacity_bytes=capacity, margin_fraction=GPU_MEMORY_MARGIN,
-        critical_free_below_bytes=nearly_full_free_bytes(used, prediction.gpu_usable_bytes, capacity),
-        critical_allocated_above_bytes=peak + (capacity - peak) // 2 if fills_the_card else None,
+        critical_device_used_above_bytes=thresholds.get("nearly_full"),
         why=(f"the {gpu_basis} peak is {_gib(peak)} of {_gib(capacity)}; "
              f"{GPU_MEMORY_MARGIN:.0%} above it (or a third of the way to the card's capacity, whichever is lower) "
              "something grew (sequence length, batch, a leak) and the next step may run out of memory"),

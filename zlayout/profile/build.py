@@ -61,6 +61,7 @@ def predict(inp: PlanInput, layout: Layout) -> Prediction:
         gpu_peak_allocated_bytes=mem.gpu_peak_allocated_bytes,
         gpu_peak_reserved_bytes=mem.gpu_peak_reserved_bytes,
         gpu_device_used_bytes=mem.gpu_device_used_bytes, gpu_needed_bytes=mem.gpu_needed_bytes,
+        gpu_flushes_per_step=mem.gpu_flushes_per_step,
         host_peak_bytes=mem.host_peak_bytes,
         nvme_bytes=mem.nvme_bytes,
         gpu_capacity_bytes=mem.gpu_capacity_bytes,

@@ -43,6 +43,9 @@ PLAUSIBLE_STEP_S = (1e-4, 3600.0)
 ABSURD_MEAN_ERROR = 0.5
 
 
+MAX_RESULTS_BYTES = 64 * 2**20  # a results.jsonl of thousands of runs is a few MiB
+
+
 def _result_dicts(path: Path) -> list[tuple[str, Any]]:
     """(where, parsed object) for a result.json, each line of a results.jsonl, or a folder's files.
     A line of a results.jsonl that is not JSON is ("file:N", CalibrationError): reported by number,
@@ -53,8 +56,15 @@ def _result_dicts(path: Path) -> list[tuple[str, Any]]:
         if not found:
             raise CalibrationError(f"{path}: no result.json or results.jsonl in this folder")
         return [item for p in found for item in _result_dicts(p)]
-    try:
-        text = path.read_text(encoding="utf-8")
+    try:  # a device or a pipe (/dev/zero) never ends: only a regular file, read up to a limit
+        if not path.is_file():
+            raise CalibrationError(f"{path}: not a file; give zlayout verify's result.json, a batch's "
+                                   "results.jsonl or a folder of them")
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_RESULTS_BYTES + 1)
+        if len(data) > MAX_RESULTS_BYTES:
+            raise CalibrationError(f"{path}: larger than {MAX_RESULTS_BYTES // 2**20} MiB, not verify's results")
+        text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise CalibrationError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
     if path.suffix == ".jsonl":

@@ -290,10 +290,11 @@ _COMPARED = ("gpu_peak_allocated_bytes", "gpu_peak_reserved_bytes", "gpu_device_
              "nvme_bytes", "step_time_s", "tokens_per_s", "fits", "fits_gpu", "fits_host", "fits_nvme",
              "gpu_capacity_bytes", "gpu_usable_bytes", "host_capacity_bytes", "nvme_capacity_bytes",
              "compute_s", "comm_s", "offload_s", "mfu", "intra_node_bytes", "inter_node_bytes", "pcie_bytes",
-             "nvme_read_bytes", "nvme_write_bytes", "checkpoint_bytes", "peak_phase", "host_overhead_s")
+             "nvme_read_bytes", "nvme_write_bytes", "checkpoint_bytes", "peak_phase", "host_overhead_s",
+             "gpu_flushes_per_step")
 # Figures a profile holds only since a later zlayout: absent from an older export, which is not a
 # difference (host_overhead_s decides a host-bound step's wider alert, so a stored one is compared).
-_NEWER_FIGURES = ("host_overhead_s",)
+_NEWER_FIGURES = ("host_overhead_s", "gpu_flushes_per_step")
 
 
 def _same(a: Any, b: Any) -> bool:

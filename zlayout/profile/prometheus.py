@@ -20,6 +20,7 @@ import json
 import math
 from dataclasses import dataclass
 
+from zlayout.core.fit import NEARLY_FULL_FRACTION
 from zlayout.profile.schema import Profile
 from zlayout.profile.summary import gib
 
@@ -99,20 +100,13 @@ def rules(profile: Profile) -> list[Rule]:
             "warning", f"GPU memory in use above {gib(g.warn_device_used_above_bytes)} on "
             "{{ $labels.Hostname }} GPU {{ $labels.gpu }}",
             f"The {g.basis} device use is {gib(g.device_used_bytes)} per GPU; {g.why}."))
-    if g.critical_allocated_above_bytes is not None:
+    if g.critical_device_used_above_bytes is not None:
         out.append(Rule(
-            "ZlayoutGpuMemoryFull", f"{ALLOCATED_METRIC}{sel} > {g.critical_allocated_above_bytes}", "1m", "critical",
-            f"peak allocated GPU memory above {gib(g.critical_allocated_above_bytes)} on {{{{ $labels.instance }}}}",
-            "Half the way from the plan's peak to the card's capacity: the next allocation may fail with CUDA out "
-            "of memory. (PyTorch's caching allocator is planned to fill the card, so the framebuffer in use says "
-            "nothing here.) See RUNBOOK.md, On-call notes: CUDA out of memory later in the run."))
-    if g.critical_free_below_bytes:
-        out.append(Rule(
-            "ZlayoutGpuMemoryFull", f"DCGM_FI_DEV_FB_FREE{sel} < {mib(g.critical_free_below_bytes)}", "1m", "critical",
-            f"less than {gib(g.critical_free_below_bytes)} GPU memory free on {{{{ $labels.Hostname }}}} "
-            "GPU {{ $labels.gpu }}",
-            "Less free than the plan leaves: the next allocation may fail with CUDA out of memory. "
-            "See RUNBOOK.md, On-call notes: CUDA out of memory later in the run."))
+            "ZlayoutGpuMemoryFull", f"DCGM_FI_DEV_FB_USED{sel} > {mib(g.critical_device_used_above_bytes)}", "1m",
+            "critical", f"GPU memory in use above {gib(g.critical_device_used_above_bytes)} on "
+            "{{ $labels.Hostname }} GPU {{ $labels.gpu }}",
+            f"Within {1 - NEARLY_FULL_FRACTION:.0%} of the card: the next larger request may not fit (CUDA out of "
+            "memory). See RUNBOOK.md, On-call notes: CUDA out of memory later in the run."))
     out.append(Rule(
         "ZlayoutGpuAllocatedHigh", f"{ALLOCATED_METRIC}{sel} > {g.warn_allocated_above_bytes}", "1m", "warning",
         f"peak allocated GPU memory above {gib(g.warn_allocated_above_bytes)} on {{{{ $labels.instance }}}}",

@@ -20,7 +20,7 @@ from zlayout.profile.memory_svg import memory_svg
 from zlayout.profile.prometheus import (ALLOCATED_METRIC, LOSS_METRIC, PROCESS_GROUP, STEP_TIME_METRIC, alerts_yaml,
                                         mib, rules)
 from zlayout.profile.schema import Profile, inputs_to_file
-from zlayout.profile.summary import figure, free_gpu_memory_needed, gib, host_ram_text, seconds
+from zlayout.profile.summary import figure, free_gpu_memory_needed, gib, host_ram_text, seconds, team_config_text
 from zlayout.spec import Layout, offload_flag
 
 RUNBOOK_FILE = "RUNBOOK.md"
@@ -240,7 +240,8 @@ def _checklist(p: Profile) -> list[str]:
 
 def _launch(p: Profile) -> list[str]:
     hw, run = p.inputs.hardware, p.run
-    out = [f"From the profile's directory; each runs `${{TRAIN_SCRIPT:-{shlex.quote(run.train_script)}}} --deepspeed_config "
+    out = [f"ds_config.json: {team_config_text(p)}.", "",
+           f"From the profile's directory; each runs `${{TRAIN_SCRIPT:-{shlex.quote(run.train_script)}}} --deepspeed_config "
            "ds_config.json` plus your arguments, one process per GPU "
            f"({_count(hw.world, 'process', 'processes')} in all), and gives each rank its share of the node's cores.", "", "```sh"]
     if hw.nodes > 1:
@@ -262,8 +263,10 @@ def _launch(p: Profile) -> list[str]:
         (SLURM_SCRIPT, "submit to SLURM (cd here first: sbatch runs a copy)"),
         (RUNBOOK_FILE, "this runbook"),
         (MEMORY_SVG_FILE, "the per-GPU memory chart"),
-        (ALERTS_FILE, "Prometheus alerting rules (DCGM exporter, node exporter)"),
+        (ALERTS_FILE, "Prometheus alerting rules (DCGM, process and node exporters, the job's gauges)"),
     ]
+    if p.hf_config_json is not None:
+        files.append(("hf_config.json", "the model's config.json, as exported with --hf-config"))
     out += _table(("file", "what it is"), [(f"`{name}`", what) for name, what in files])
     out += ["", "All of them are generated from profile.toml and rewritten with it: re-export or verify "
                 "rather than editing them by hand."]
@@ -343,17 +346,12 @@ def _alerts(p: Profile) -> list[str]:
         rows.append(("GPU memory in use", f"> {gib(g.warn_device_used_above_bytes)} per GPU",
                      f"{_expr(names, 'ZlayoutGpuMemoryHigh')} (MiB)", g.why,
                      "as above; also another process on the GPU (`nvidia-smi`)"))
-    if g.critical_free_below_bytes:
-        rows.append(("GPU memory nearly full", f"< {gib(g.critical_free_below_bytes)} free per GPU",
+    if g.critical_device_used_above_bytes is not None:
+        rows.append(("GPU memory nearly full", f"> {gib(g.critical_device_used_above_bytes)} in use per GPU",
                      f"{_expr(names, 'ZlayoutGpuMemoryFull')} (MiB)",
-                     "less free than the plan leaves on a healthy run",
-                     "an OOM is imminent: checkpoint now if the job can, then see On-call notes"))
-    if g.critical_allocated_above_bytes is not None:
-        rows.append(("GPU memory nearly full", f"> {gib(g.critical_allocated_above_bytes)} allocated per GPU",
-                     _expr(names, "ZlayoutGpuMemoryFull"),
-                     "half the way from the plan's peak to the card; the caching allocator is planned to fill the "
-                     "card, so nvidia-smi and DCGM show it full on a healthy run and only allocated memory tells",
-                     "an OOM is imminent: checkpoint now if the job can, then see On-call notes"))
+                     "the plan runs near the card (or its cache fills it and flushes): within 3% of the card the "
+                     "next larger request may not fit",
+                     "an OOM is near: checkpoint now if the job can, then see On-call notes"))
     rows.append(("Host memory (the job's processes)", f"> {gib(h.warn_above_bytes)} per node",
                  _expr(names, "ZlayoutHostMemoryHigh"), h.why,
                  "find the process growing (`ps -eo rss,cmd --sort=-rss | head`); fewer dataloader workers"))

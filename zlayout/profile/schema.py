@@ -135,6 +135,8 @@ class Prediction(Section):
     gpu_device_used_bytes: int
     gpu_needed_bytes: int | None = Field(
         default=None, description="the least device memory the peak runs in (the allocator model): decides fits")
+    gpu_flushes_per_step: int | None = Field(
+        default=None, description="times a step the caching allocator flushes its cache at the card (core.fit)")
     host_peak_bytes: int
     nvme_bytes: int
     gpu_capacity_bytes: int
@@ -227,11 +229,12 @@ class GpuMemoryAlert(Section):
                                   "allocator fills the card (then the framebuffer says nothing: allocated does)")
     capacity_bytes: int
     margin_fraction: float
-    critical_free_below_bytes: int | None = Field(
-        default=None, description="framebuffer free per GPU below the plan's headroom (DCGM_FI_DEV_FB_FREE)")
-    critical_allocated_above_bytes: int | None = Field(
-        default=None, description="nearly full when the allocator fills the card: allocated per GPU above half "
-                                  "the way from the peak to the capacity (the training script's gauge)")
+    critical_device_used_above_bytes: int | None = Field(
+        default=None, description="nearly full: framebuffer used per GPU above core.fit's threshold (97% of the "
+                                  "card), whenever the plan is near the card or flushes its cache")
+    # written by earlier exports; derived as absent now (a value there is refused as an edit: re-export)
+    critical_free_below_bytes: int | None = None
+    critical_allocated_above_bytes: int | None = None
     why: str
 
     @field_validator("margin_fraction")

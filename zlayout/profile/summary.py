@@ -20,6 +20,23 @@ def host_ram_text(profile: Profile) -> str:
     return f"{gib(profile.inputs.hardware.host_ram_bytes)} ({HOST_RAM_SOURCE_TEXT[profile.host_ram_source]})"
 
 
+def team_config_text(profile: Profile) -> str:
+    """Whose optimizer and scheduler ds_config.json holds, in a line."""
+    team = profile.ds_config_team
+    if team is None:
+        return "zlayout's AdamW (lr 1e-4, no scheduler); bring yours with export --ds-config"
+    optimizer = team.get("optimizer") or {}
+    params = optimizer.get("params") or {}
+    parts = [f"optimizer {optimizer.get('type')}" + (f" lr {params['lr']:g}" if isinstance(params.get("lr"), (int, float))
+                                                     and not isinstance(params.get("lr"), bool) else "")
+             if optimizer else "no optimizer block (the script's own)"]
+    scheduler = team.get("scheduler") or {}
+    parts.append(f"scheduler {scheduler.get('type')}" if scheduler else "no scheduler")
+    rest = sorted(k for k in team if k not in ("optimizer", "scheduler"))
+    return "the team's: " + ", ".join(parts) + (f"; also {', '.join(rest)}" if rest else "") + \
+        "; zlayout's ZeRO, batch and precision keys"
+
+
 def free_gpu_memory_needed(profile: Profile) -> int:
     """The free memory each GPU must have for the run: the least its peak runs in (the
     allocator model's verdict figure), not the device use it reaches on a card with room
@@ -130,11 +147,8 @@ def format_profile(profile: Profile) -> str:
     used = ("" if g.warn_device_used_above_bytes is None else
             f" or device used > {gib(g.warn_device_used_above_bytes)}")
     out.append(f"  GPU memory   warn when max allocated > {gib(g.warn_allocated_above_bytes)}{used} per GPU ({g.basis})")
-    if g.critical_free_below_bytes is not None:
-        out.append(f"               nearly full below {gib(g.critical_free_below_bytes)} free per GPU")
-    if g.critical_allocated_above_bytes is not None:
-        out.append(f"               nearly full above {gib(g.critical_allocated_above_bytes)} allocated per GPU "
-                   "(the allocator is planned to fill the card: device used says nothing)")
+    if g.critical_device_used_above_bytes is not None:
+        out.append(f"               nearly full above {gib(g.critical_device_used_above_bytes)} in use per GPU")
     out.append(f"               why: {g.why}")
     h = a.host_memory
     out.append(f"  host memory  warn above {gib(h.warn_above_bytes)} per node ({h.basis})")
@@ -157,6 +171,7 @@ def format_profile(profile: Profile) -> str:
                    f"{step} ({entry.basis})")
     r = profile.run
     out.append("")
+    out.append(f"DeepSpeed config: {team_config_text(profile)}")
     out.append(f"Run: {r.train_script} --deepspeed_config ds_config.json"
                + (f"; checkpoints in {r.checkpoint_dir}" if r.checkpoint_dir else "")
                + (f"; NVMe offload at {r.nvme_path}" if "nvme" in (layout.offload_optimizer, layout.offload_param) else ""))

@@ -18,6 +18,7 @@ import re
 import shlex
 from pathlib import Path
 
+from zlayout.outfile import SYSTEM_DIRS, SYSTEM_TREES  # one list for every writer
 from zlayout.verify.options import LaunchError
 
 MARKER = ".zlayout-verify"  # in every directory verification made (output, checkpoint)
@@ -28,9 +29,6 @@ SCRIPT_MARKER = "# Written by `zlayout verify --slurm`"
 OUTPUT_NAMES = ("spec.json", "ds_config.json", "result.json", "result.tmp", "job-exit",
                 "logs-run", "logs-resume", "logs-result", "checkpoint")
 # System directories (and everything under the first group): never an output directory.
-SYSTEM_TREES = ("/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/boot", "/dev",
-                "/proc", "/sys", "/run", "/var/lib", "/var/spool", "/var/log")
-SYSTEM_DIRS = ("/", "/home", "/root", "/var", "/opt", "/tmp", "/srv", "/mnt", "/media")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # SLURM's names (partition, account): letters, digits and _.-+ (a comma lists several).
 _SLURM_NAME = re.compile(r"^[A-Za-z0-9_.+-]+(,[A-Za-z0-9_.+-]+)*$")

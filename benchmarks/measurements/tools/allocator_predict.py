@@ -45,6 +45,8 @@ def predictions(batch: Path) -> list[dict]:
             "gpu_needed_gib": round(est.gpu_needed_bytes / GiB, 3),
             "fits_zero_headroom": est.fits_gpu,
             "reserved_from": "replay" if replayed_reserved_bytes(inp, layout) is not None else "phases",
+            # the model card the activations came from (zlayout learn; presets/cards/), if any
+            "card": inp.model.card.key if inp.model.card is not None else None,
         })
     return out
 

@@ -1,0 +1,145 @@
+"""A model's parameter tensors as the training code lays them out: what the memory terms, the
+allocator replay and the step time all count (element counts, in `parameters()` order where it
+matters). Pure arithmetic over a `ModelSpec`; imports nothing else of the core, so
+`memory` and `allocator_sim` both read it and neither imports the other back.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from zlayout.spec import ModelSpec, ZeroKnobs
+
+
+def stage3_live_param_elements(model: ModelSpec, zero: ZeroKnobs, world: int, param_offload: bool) -> int:
+    """Full (gathered) weights ZeRO-3 keeps on the GPU between the forward and the backward:
+    those whose next use is within `stage3_max_reuse_distance` elements stay gathered (the
+    last blocks and the head), capped by `stage3_max_live_parameters`. On one GPU with the
+    weights on the GPU a 'gather' is a view of the partition and costs nothing."""
+    if world == 1 and not param_offload:
+        return 0
+    # (The largest module and the prefetch bucket are not extra: measured on H200, adding
+    # them over-predicted one-GPU parameter offload by exactly their size, 0.33-0.79 GiB.)
+    return min(zero.stage3_max_reuse_distance, zero.stage3_max_live_parameters, model.params)
+
+
+def layer_tensor_sizes(model: ModelSpec, moe: bool | None = None) -> list[int]:
+    """Element counts of one block's parameter tensors, as the reference GPT lays them out
+    (MLA's projections and a MoE block's router, fused experts and shared experts as
+    transformers lays them out). `moe`: which block of a MoE model (default: a MoE block)."""
+    moe = model.is_moe if moe is None else moe
+    h, kv, f, q = model.hidden, model.kv_size, model.ffn_size, model.q_size
+    norm = [h, h] if model.norm == "layernorm" else [h]
+    if model.mla:
+        a = model.mla
+        sizes = [h * q] if a.q_lora_rank is None else [h * a.q_lora_rank, a.q_lora_rank, a.q_lora_rank * q]
+        sizes += [h * (a.kv_lora_rank + a.qk_rope_head_dim), a.kv_lora_rank,
+                  a.kv_lora_rank * model.heads * (a.qk_nope_head_dim + a.v_head_dim), model.attn_out_size * h]
+    else:
+        sizes = [h * (q + 2 * kv), model.attn_out_size * h]
+    if model.qk_norm != "none":
+        sizes += [model.head_dim] * 2 if model.qk_norm == "head" else [q, kv]
+    sizes += norm * model.norms_per_layer
+    if model.bias if model.qkv_bias is None else model.qkv_bias:
+        sizes.append(q + 2 * kv)
+    if model.bias if model.out_bias is None else model.out_bias:
+        sizes.append(h)
+    gate_up = 2 if model.mlp == "swiglu" else 1
+    if moe:
+        ef, sf = model.expert_ffn_size, model.shared_expert_ffn_size * model.shared_experts
+        sizes += [model.experts * h, model.experts * gate_up * ef * h, model.experts * ef * h]
+        if sf:
+            sizes += [gate_up * sf * h, sf * h]
+        if model.shared_expert_gate:
+            sizes.append(h)
+        return sizes
+    sizes += [gate_up * f * h, f * h]
+    if model.bias if model.mlp_bias is None else model.mlp_bias:
+        sizes += [gate_up * f, h]
+    return sizes
+
+
+def hf_layer_tensor_sizes(model) -> list[int]:
+    """One decoder layer's parameter tensors in the order transformers registers them
+    (modeling_llama.py / modeling_qwen2.py / modeling_mistral.py: LlamaDecoderLayer's
+    self_attn (q_proj, k_proj, v_proj, o_proj: each a Linear, weight then bias), mlp
+    (gate_proj, up_proj, down_proj), input_layernorm, post_attention_layernorm): separate
+    q/k/v and gate/up weights, not the reference GPT's fused ones. The same element count."""
+    h, q, kv, f = model.hidden, model.q_size, model.kv_size, model.ffn_size
+    qb, ob, mb = model._biased(model.qkv_bias), model._biased(model.out_bias), model._biased(model.mlp_bias)
+    sizes = [h * q] + ([q] if qb else []) + [h * kv] + ([kv] if qb else []) + [h * kv] + ([kv] if qb else [])
+    sizes += [model.attn_out_size * h] + ([h] if ob else [])
+    sizes += [f * h] + ([f] if mb else []) + [f * h] + ([f] if mb else []) + [f * h] + ([h] if mb else [])
+    return sizes + [h] * model.norms_per_layer
+
+
+def mixtral_shaped(model) -> bool:
+    """A MoE model of Mixtral's shape (what hfconfig.to_hf_config writes for routed experts
+    alone): every block a MixtralSparseMoeBlock (router, experts as two 3D tensors, SwiGLU),
+    no shared experts, no dense blocks, no biases."""
+    return (model.is_moe and model.mla is None and model.shared_experts == 0
+            and model.dense_layer_count == 0 and model.mlp == "swiglu" and model.norm == "rmsnorm"
+            and model.hf_model_type in (None, "mixtral") and not model.shared_expert_gate
+            and not any(model._biased(b) for b in (model.qkv_bias, model.out_bias, model.mlp_bias))
+            and model.expert_ffn_size == model.ffn_size)
+
+
+def mixtral_layer_tensor_sizes(model) -> list[int]:
+    """One MixtralDecoderLayer's parameter tensors in registration order (modeling_mixtral.py:
+    self_attn's q/k/v/o, mlp.gate (MixtralTopKRouter.weight, experts x hidden),
+    mlp.experts (MixtralExperts.gate_up_proj (experts, 2 ffn, hidden), down_proj (experts,
+    hidden, ffn)), input_layernorm, post_attention_layernorm)."""
+    h, q, kv, f, E = model.hidden, model.q_size, model.kv_size, model.expert_ffn_size, model.experts
+    return [h * q, h * kv, h * kv, model.attn_out_size * h, E * h, E * 2 * f * h, E * f * h] + [h] * model.norms_per_layer
+
+
+def block_tensor_sizes(model, impl: str) -> list[int]:
+    """Elements of each weight tensor of one block, in the worker's module order: a dense
+    model's block or a Mixtral-shaped one's (`mixtral_shaped`; the replay's MoE blocks)."""
+    if model.is_moe:
+        return mixtral_layer_tensor_sizes(model)
+    if impl == "hf" and model.norm == "rmsnorm" and model.mlp == "swiglu":
+        return hf_layer_tensor_sizes(model)
+    return layer_tensor_sizes(model, moe=False)
+
+
+@functools.lru_cache(maxsize=256)
+def parameter_tensor_sizes(model, impl: str) -> tuple[int, ...]:
+    """Elements of each weight tensor in `model.parameters()` order (the order DeepSpeed
+    flattens and groups them): the embedding, each block's tensors, the final norm, the head.
+    Other MoE models than Mixtral's shape (shared experts, their gate, dense blocks first, MLA)
+    by memory.layer_tensor_sizes, block kind by block kind. Memoized (a tuple): one estimate
+    reads it for the step time's per-tensor terms, ZeRO-3's sub-groups and the host's cast, and
+    break-even runs hundreds of estimates a keystroke."""
+    if model.card is not None and impl == "hf":  # a learned card lists the class's tensors exactly
+        return model.card.parameter_numels
+    if (model.is_moe and not mixtral_shaped(model)) or model.qk_norm != "none":
+        blocks = (layer_tensor_sizes(model, moe=False) * model.dense_layer_count
+                  + layer_tensor_sizes(model, moe=True) * model.moe_layer_count)
+    else:
+        blocks = block_tensor_sizes(model, impl) * model.layers
+    tensors = [model.vocab * model.hidden] + blocks
+    tensors.append(model.final_norm_params())
+    if not model.tie_embeddings:
+        tensors.append(model.vocab * model.hidden)
+    if model.head_bias:
+        tensors.append(model.vocab)
+    return tuple(tensors)
+
+
+def stage3_sub_groups(tensors: list[int] | tuple[int, ...], world: int, sub_group_size: int) -> list[tuple[int, int]]:
+    """ZeRO-3's optimizer sub-groups as (elements of this GPU's partition, elements of the whole
+    tensors). stage3.py _create_fp16_sub_groups: whole tensors are added in order and a
+    sub-group closes once its partitions reach sub_group_size, so a sub-group holds at least
+    sub_group_size elements (a 2.36B model at the default 1e9: 1003.5M and 1355.9M, not 1e9,
+    1e9 and 0.36e9; the t-z3-hf-L6-h4096 trace's fp32 buffers are 3828 and 5172 MiB)."""
+    parts = [-(-x // world) for x in tensors]
+    if not parts or sub_group_size >= sum(parts):
+        return [(sum(parts), sum(tensors))]
+    groups, part, whole = [], 0, 0
+    for i, (x, px) in enumerate(zip(tensors, parts)):
+        part, whole = part + px, whole + x
+        if part >= sub_group_size or i == len(parts) - 1:
+            groups.append((part, whole))
+            part, whole = 0, 0
+    return groups
