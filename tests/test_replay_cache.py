@@ -20,11 +20,17 @@ PLAN = ["plan", "--preset", "llama3-8b", "--gpu", "h200", "--gpus-per-node", "8"
 @pytest.fixture(autouse=True)
 def fresh_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setattr(allocator_sim, "_CACHE", {})  # no answer from an earlier test in this process
+    for memo in IN_PROCESS_MEMOS:  # no answer from an earlier test in this process
+        monkeypatch.setattr(allocator_sim, memo, {})
+
+
+IN_PROCESS_MEMOS = ("_CACHE", "_CAPACITY_CACHE")  # allocator_sim's own, for the process's life
 
 
 def plan_output() -> dict:
-    allocator_sim._CACHE.clear()
+    """A new process's `zlayout plan`: nothing memoised but what the cache file holds."""
+    for memo in IN_PROCESS_MEMOS:
+        getattr(allocator_sim, memo).clear()
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert main(PLAN) == 0
@@ -38,11 +44,23 @@ def replays_forbidden(monkeypatch):
     monkeypatch.setattr(allocator_sim, "allocation_sequence", no_replay)
 
 
+def reserved_of(kept_value) -> int:
+    """The peak reserved bytes in a kept answer: a byte count, or a replay record's fields
+    (out_of_memory, peak_reserved, ...)."""
+    return kept_value[1] if isinstance(kept_value, list) else kept_value
+
+
+def bumped(kept_value, by: int):
+    if isinstance(kept_value, list):
+        return [kept_value[0], kept_value[1] + by, *kept_value[2:]]
+    return kept_value + by
+
+
 def test_a_second_plan_takes_every_replay_from_the_cache(monkeypatch):
     first = plan_output()
     kept = json.loads(cache_file().read_text())
     replayed = [v for v in kept["entries"].values() if v is not None]  # None: a layout not replayed
-    assert kept["format"] == 1 and len(replayed) >= 6 and all(v > 2**30 for v in replayed)
+    assert kept["format"] == 1 and len(replayed) >= 6 and all(reserved_of(v) > 2**30 for v in replayed)
     replays_forbidden(monkeypatch)
     assert plan_output() == first
     assert allocator_sim.lasting_memo is None  # lent for the command only
@@ -52,7 +70,7 @@ def test_the_cache_answers_what_it_holds(monkeypatch):
     # Proof that the figures come from the file: an answer edited in it reaches the plan.
     first = plan_output()
     kept = json.loads(cache_file().read_text())
-    kept["entries"] = {key: value and value + 2**30 for key, value in kept["entries"].items()}
+    kept["entries"] = {key: value and bumped(value, 2**30) for key, value in kept["entries"].items()}
     cache_file().write_text(json.dumps(kept))
     replays_forbidden(monkeypatch)
     edited = plan_output()
@@ -65,7 +83,7 @@ def test_answers_kept_by_other_planner_code_are_dropped():
     first = plan_output()
     kept = json.loads(cache_file().read_text())
     stale = {**kept, "code": "0" * 64,
-             "entries": {key: value and value + 2**40 for key, value in kept["entries"].items()}}
+             "entries": {key: value and bumped(value, 2**40) for key, value in kept["entries"].items()}}
     cache_file().write_text(json.dumps(stale))
     assert plan_output() == first
     assert json.loads(cache_file().read_text())["code"] == kept["code"]
@@ -97,3 +115,11 @@ def test_an_unwritable_cache_folder_does_not_fail_the_plan(tmp_path, monkeypatch
     monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))  # its zlayout/ cannot be made
     assert plan_output()["layouts"]
     assert blocker.read_text() == ""
+
+
+def test_a_kept_record_that_does_not_make_a_replay_record_is_replayed_again():
+    expected = plan_output()
+    kept = json.loads(cache_file().read_text())
+    kept["entries"] = {key: value and [1, 2] for key, value in kept["entries"].items()}  # too few fields
+    cache_file().write_text(json.dumps(kept))
+    assert plan_output() == expected

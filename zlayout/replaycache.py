@@ -23,13 +23,14 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, TypeVar
 
 CACHE_FILE_NAME = "replay.json"
 FORMAT = 1
 MAX_ENTRIES = 4096  # about 100 bytes each: the file stays under half a MiB
 MAX_FILE_BYTES = 1 << 20
 _DIGEST = re.compile(r"[0-9a-f]{64}")
+T = TypeVar("T")
 
 
 def cache_file() -> Path:
@@ -52,7 +53,7 @@ def code_digest() -> str | None:
     return digest.hexdigest()
 
 
-def _entries_of(text: str, code: str) -> dict[str, int | None] | None:
+def _entries_of(text: str, code: str) -> dict[str, object] | None:
     """The entries of a cache file's text when it is this module's format, for this code
     ({} when it was made by other code); None when it is not a cache file of ours."""
     try:
@@ -63,30 +64,46 @@ def _entries_of(text: str, code: str) -> dict[str, int | None] | None:
             and isinstance(data.get("entries"), dict)):
         return None
     entries = data["entries"]
-    for key, value in entries.items():
-        well_formed = value is None or (type(value) is int and value >= 0)
-        if not (_DIGEST.fullmatch(key) and well_formed):
-            return None
+    if not all(_DIGEST.fullmatch(key) and _well_formed(value) for key, value in entries.items()):
+        return None
     return entries if data["code"] == code else {}
+
+
+def _well_formed(value: object) -> bool:
+    """An answer as the replay gives it: None (not replayed), a byte count, or a record's fields
+    (counts and flags)."""
+    if value is None or (type(value) is int and value >= 0):
+        return True
+    return type(value) is list and all(type(v) is bool or (type(v) is int and v >= 0) for v in value)
 
 
 class LastingMemo:
     """Replay answers by a digest of their key: what the file held, and what this command added."""
 
-    def __init__(self, path: Path, code: str, entries: dict[str, int | None]) -> None:
+    def __init__(self, path: Path, code: str, entries: dict[str, object]) -> None:
         self.path = path
         self.code = code
         self.entries = entries
         self.added = 0
 
-    def recall(self, key: object, replay: Callable[[], int | None]) -> int | None:
+    def recall(self, key: object, replay: Callable[[], T], encode: Callable[[T], tuple] | None = None,
+               decode: Callable[[list], T] | None = None) -> T:
         """The kept answer for `key` (a tuple of strings and numbers: its repr is stable), or
-        `replay()`'s, kept."""
+        `replay()`'s, kept. A record (a dataclass) is kept as `encode`'s tuple of its fields and
+        made again by `decode`; a kept answer of the wrong kind (a record where a byte count is
+        asked, fields `decode` refuses) is replayed."""
         digest = hashlib.sha256(repr(key).encode()).hexdigest()
         if digest in self.entries:
-            return self.entries[digest]
+            kept = self.entries[digest]
+            if kept is None or (decode is None and type(kept) is int):
+                return kept  # type: ignore[return-value]
+            if decode is not None:
+                try:
+                    return decode(kept)
+                except (TypeError, ValueError):
+                    pass
         value = replay()
-        self.entries[digest] = value
+        self.entries[digest] = list(encode(value)) if encode is not None and value is not None else value
         self.added += 1
         return value
 

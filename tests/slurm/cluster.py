@@ -211,8 +211,25 @@ PartitionName=closed Nodes={self.node} MaxTime=INFINITE State=DOWN
                 continue
             proc = self.procs.pop(name, None)
             _stop_pid(pid, proc)
+        for pid in self._step_daemons():  # slurmstepd outlives a stopped slurmd
+            _stop_pid(pid, None)
         for log in self.log_files:
             log.close()
+
+    def _step_daemons(self) -> list[int]:
+        """This cluster's slurmstepd processes: those working in its spool directory."""
+        spool = str(self.root / "spool")
+        found = []
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                if (proc / "comm").read_text().strip() == "slurmstepd" and \
+                        os.readlink(proc / "cwd").startswith(spool):
+                    found.append(int(proc.name))
+            except OSError:
+                continue
+        return found
 
     def job(self, job_id: str) -> str:
         return subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True,

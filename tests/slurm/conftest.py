@@ -31,6 +31,17 @@ def _unavailable() -> str | None:
     return None
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (it appends them to node ids)
+def pytest_collection_modifyitems(config, items):
+    """The suite's jobs share one cluster of two 2-CPU nodes: on one pytest-xdist worker
+    (`--dist loadgroup`), one job at a time, so a test that needs the node to itself (two
+    verifications at once, the two-node drill) gets it."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(item.path).parents:
+            item.add_marker(pytest.mark.xdist_group("slurm"))
+
+
 @contextmanager
 def _locked(path: Path):
     with path.open("a+") as handle:
@@ -42,7 +53,12 @@ def _locked(path: Path):
 
 
 def _shared_dir(tmp_path_factory) -> Path:
-    """A directory every pytest-xdist worker of this run sees (one process: its own)."""
+    """A directory every pytest-xdist worker of this run sees, and only they: the run's
+    temporary home (tests/conftest.py; not pytest's basetemp, which another pytest session of
+    the same user may delete while this one runs), else the basetemp's parent under xdist."""
+    home = os.environ.get("ZLAYOUT_TESTS_HOME")
+    if home and Path(home).is_dir():
+        return Path(home)
     base = tmp_path_factory.getbasetemp()
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
@@ -86,12 +102,15 @@ def slurm_cluster(tmp_path_factory):
         else:
             os.environ["SLURM_CONF"] = previous
         with _locked(lock):
-            state = json.loads(state_file.read_text())
+            try:
+                state = json.loads(state_file.read_text())
+            except (OSError, ValueError):  # the record is gone: stop what this process knows of
+                state = {"users": 1, "pids": cluster.pids}
             state["users"] -= 1
-            if state["users"] == 0:
+            if state["users"] <= 0:
                 cluster.pids = dict(state["pids"])
                 cluster.stop()
                 shutil.rmtree(cluster.root, ignore_errors=True)
-                state_file.unlink()
+                state_file.unlink(missing_ok=True)
             else:
                 state_file.write_text(json.dumps(state))

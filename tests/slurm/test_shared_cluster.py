@@ -126,4 +126,4 @@ def test_two_jobs_on_one_node_both_pass(slurm_cluster, tmp_path):
                            for key in ("StartTime", "EndTime")))
     assert len(set(ports)) == 2 and "29500" not in ports, ports
     (start_a, end_a), (start_b, end_b) = spans
-    assert start_b < end_a and start_a < end_b, spans  # they ran at the same time
+    assert start_b < end_a and start_a < end_b, (spans, [p.stderr[:1500] for p in results.values()])  # they ran at the same time

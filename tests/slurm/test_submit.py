@@ -152,3 +152,23 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_update_profile_writes_the_jobs_result_into_the_profile(slurm_cluster, tmp_path):
+    """--update-profile means with --slurm --submit what it means here: the job's verdict
+    goes into PROFILE's [verification]."""
+    from zlayout.profile import build_profile, load_profile
+    from zlayout.profile.store import save_profile
+
+    from ..verify.conftest import tiny_input
+    from zlayout.spec import Layout
+
+    path = save_profile(build_profile(tiny_input(gpus=2), Layout(stage=2)), tmp_path / "p")
+    proc = zlayout("verify", str(path), "--cpu", "--processes", "2", "--steps", "2",
+                   "--update-profile", "--out", str(tmp_path / "job"),
+                   "--slurm", str(tmp_path / "v.sbatch"), "--submit", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert last_json(proc.stdout)["slurm"]["state"] == "COMPLETED"
+    assert "verification written to" in proc.stderr
+    assert load_profile(path).verification.status == "cpu-ok"

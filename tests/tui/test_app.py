@@ -121,7 +121,8 @@ async def test_a_cross_field_error_names_the_field_with_pydantics_reason():
         good = app.plan
         await type_into(pilot, "heads", "33")
         assert "invalid" in row_classes(app, "heads")
-        assert "divisible by heads" in error_text(app, "heads")
+        assert "Hidden (4096) must be divisible by Heads (33); type 32" in error_text(app, "heads")
+        assert "--" not in error_text(app, "heads")  # the panel's words, no command-line flag
         assert app.plan is good
 
 
@@ -131,9 +132,10 @@ async def test_zero_and_negative_numbers_are_refused():
         await settle(pilot)
         good = app.plan
         await type_into(pilot, "gpus_per_node", "0")
-        assert "greater than 0" in error_text(app, "gpus_per_node")
+        assert "must be from 1 to 128 (got 0)" in error_text(app, "gpus_per_node")
         await type_into(pilot, "host_ram_gib", "-5")
-        assert "0 or more" in error_text(app, "host_ram_gib")
+        # the range, as 0 GiB says it (-5 said "0 or more", 0 "from 1 GiB")
+        assert "must be from 1 GiB to 1,048,576 GiB (got -5 GiB)" in error_text(app, "host_ram_gib")
         assert app.plan is good
 
 
@@ -1182,3 +1184,29 @@ async def test_export_and_verify_act_on_the_star_unless_a_row_was_picked_with_en
         await pilot.pause()
         await pilot.press("escape")
         assert app.selected_layout() == star
+
+
+async def test_the_tables_figures_come_before_break_even():
+    """The real planner: the plan without break-even is on screen first (a fraction of the
+    time), marked pending, the break-even panel saying it is computing; then the full plan."""
+    from zlayout.tui.widgets import BreakEvenPanel
+
+    app = ZLayoutApp(initial=fixed_input(), cursor_blink=False)
+    async with app.run_test(size=WIDE) as pilot:
+        await settle(pilot)
+        assert all(lp.breakeven is not None for lp in app.plan.layouts)
+        app.query_one("#seq", Input).value = "3072"
+        quick_seen = False
+        for _ in range(3000):
+            await pilot.pause(0.005)
+            plan = app.plan
+            if plan.input.training.seq == 3072 and app.plan_pending:
+                assert all(lp.breakeven is None for lp in plan.layouts)
+                assert "Computing" in str(app.query_one(BreakEvenPanel).render())
+                assert plan.layouts == make_plan(plan.input, with_breakeven=False).layouts
+                quick_seen = True
+            if not app.plan_pending:
+                break
+        assert quick_seen
+        assert app.plan == make_plan(app.plan.input)
+        assert "Computing" not in str(app.query_one(BreakEvenPanel).render())

@@ -138,9 +138,9 @@ def test_req_node_not_avail_is_hopeless_only_when_every_node_is_down(fake):
     state = slurm.parse_job_state("77", line("PENDING", "ReqNodeNotAvail,_UnavailableNodes:vm",
                                              nodes="(null)"))
     fake.set_nodes("down*\ndrained\nidle")
-    assert slurm.hopeless_pending(state, None) is None  # one node may still take it
+    assert slurm.hopeless_pending(state) is None  # one node may still take it
     fake.set_nodes("down*\ndrained\nfail")
-    assert "every node of the partition is down" in slurm.hopeless_pending(state, None)
+    assert "every node of the partition is down" in slurm.hopeless_pending(state)
 
 
 def test_timeout_covers_pending(fake, tmp_path):

@@ -64,7 +64,7 @@ Pure arithmetic, no torch.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
 from zlayout.core.caching_allocator import (  # noqa: F401 (the allocator's names, read here by tests)
     DEFAULT_STREAM, LARGE_BUFFER, MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_SIZE, CachingAllocator, Device,
@@ -1410,13 +1410,18 @@ def replay_at_capacity(inp, layout, capacity: int, steps: int = 2) -> CapacityRe
     key = (_key(inp, layout), capacity, steps)
     if key in _CAPACITY_CACHE:
         return _CAPACITY_CACHE[key]
-    device = Device(capacity)
-    seq = _Seq(live=True, device=device)
-    try:
-        result = None if allocation_sequence(inp, layout, steps, seq) is None else CapacityReplay(
-            False, seq.reserved, device.needed, device.retries, *_last_step(seq, steps))
-    except OutOfMemory as oom:
-        result = CapacityReplay(True, device.peak, oom.reserved + oom.request, device.retries, 0, 0)
+
+    def replay() -> CapacityReplay | None:
+        device = Device(capacity)
+        seq = _Seq(live=True, device=device)
+        try:
+            return None if allocation_sequence(inp, layout, steps, seq) is None else CapacityReplay(
+                False, seq.reserved, device.needed, device.retries, *_last_step(seq, steps))
+        except OutOfMemory as oom:
+            return CapacityReplay(True, device.peak, oom.reserved + oom.request, device.retries, 0, 0)
+
+    result = replay() if lasting_memo is None else lasting_memo.recall(
+        ("capacity", key), replay, encode=astuple, decode=lambda fields: CapacityReplay(*fields))
     _CAPACITY_CACHE[key] = result
     if len(_CAPACITY_CACHE) > 1024:
         _CAPACITY_CACHE.pop(next(iter(_CAPACITY_CACHE)))

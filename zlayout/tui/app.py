@@ -59,6 +59,15 @@ def _core_plan(inp: PlanInput, presets_dirs: tuple[str, ...] = ()) -> Plan:
         return replace(make_plan(inp, with_breakeven=False), breakeven_error=str(exc))
 
 
+def _core_plan_quick(inp: PlanInput, presets_dirs: tuple[str, ...] = ()) -> Plan:
+    """Every layout's memory, time and the recommendation, without break-even's searches (a
+    tenth of the time or less since the fit rule replays the allocator at the card): shown
+    first, break-even follows from the full plan."""
+    from zlayout.core.plan import make_plan
+
+    return make_plan(inp, with_breakeven=False, presets_dirs=presets_dirs)
+
+
 def _core_crossovers(inp: PlanInput, presets_dirs: tuple[str, ...] = ()) -> Sequence[Any]:
     from zlayout.catalog import PresetFileError
     from zlayout.core import breakeven
@@ -79,7 +88,7 @@ OTHER_KEYS = (
     ("← → home end", "on a narrow table: bring in the columns left out, whole (the title names them)"),
     ("tab / shift+tab", "next / previous field or panel"),
     ("← →", "on the tab bar: Model, Hardware, Training"),
-    ("enter / space", "on a select: open it; type to search"),
+    ("enter / space", "on a select: open it (or type a letter); type to search, enter takes it"),
     ("ctrl+p", "command palette: every action (and, when nothing fits, the fixes)"),
     ("y / n", "in a question: yes / no (escape: no)"),
     ("escape", "in a dialog: close it (a running verification: cancel it)"),
@@ -155,6 +164,8 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
         self._base_input = initial if initial is not None else default_plan_input()
         self._model_base: ModelSpec = self._base_input.model
         self._planner = partial(_core_plan, presets_dirs=dirs) if planner is _core_plan else planner
+        # the real planner's plan without break-even, on screen first (a planner passed in: none)
+        self._quick_planner = partial(_core_plan_quick, presets_dirs=dirs) if planner is _core_plan else None
         self._verifier = verifier
         self._profile_io = profile_io
         self._crossover_finder = (partial(_core_crossovers, presets_dirs=dirs)
@@ -251,6 +262,7 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
         self.query_one(MemoryBars).plan = plan
         panel = self.query_one(BreakEvenPanel)
         panel.crossovers = self._crossovers
+        panel.computing = self._planning_generation >= 0  # the quick plan: break-even follows
         panel.plan = plan
         self.query_one(ComparePanel).plan = plan
         self.show_status()

@@ -43,10 +43,12 @@ class PlanReady(Message):
     """A worker finished planning edit `generation` (plan None: the planner raised `error`)."""
 
     def __init__(self, generation: int, inp: PlanInput, plan: Plan | None,
-                 crossovers: tuple[Any, ...], error: str | None, elapsed_s: float) -> None:
+                 crossovers: tuple[Any, ...], error: str | None, elapsed_s: float,
+                 quick: bool = False) -> None:
         super().__init__()
         self.generation, self.inp, self.plan = generation, inp, plan
         self.crossovers, self.error, self.elapsed_s = crossovers, error, elapsed_s
+        self.quick = quick  # the plan without break-even; the full one follows
 
 
 class EditingMixin:
@@ -154,11 +156,14 @@ class EditingMixin:
         self._plan_in_thread(self._generation, inp)
 
     def _plan_in_thread(self, generation: int, inp: PlanInput) -> None:
-        planner, finder = self._planner, self._crossover_finder
+        planner, finder, quick = self._planner, self._crossover_finder, self._quick_planner
 
         def work() -> None:
             started = time.perf_counter()
             try:
+                if quick is not None:  # the table's figures first, break-even after
+                    self.post_message(PlanReady(generation, inp, quick(inp), (), None,
+                                                time.perf_counter() - started, quick=True))
                 plan = planner(inp)
                 crossovers = tuple(finder(inp)) if finder is not None else ()
                 error = None
@@ -171,6 +176,14 @@ class EditingMixin:
 
     def plan_ready(self, message: PlanReady) -> None:
         self.query_one(InputsPanel).mount_deferred_soon()  # after the first plan (see there)
+        if message.quick:
+            # the figures of the fields' plan, shown at once; the plan stays pending (export
+            # and verify wait) until break-even's full plan replaces it
+            if message.generation == self._generation and message.plan is not None:
+                self.planner_error = None
+                self.recompute_s = message.elapsed_s
+                self.plan = message.plan
+            return
         if message.generation != self._generation:
             if message.generation == self._planning_generation:
                 self._planning_generation = -1

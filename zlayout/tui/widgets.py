@@ -459,11 +459,15 @@ class MemoryBars(PlanPanel):
 class BreakEvenPanel(PlanPanel):
     """The largest model (and micro-batch) each layout fits, and where the choice changes."""
     crossovers: tuple[Any, ...] = ()  # set with the plan: the core's Crossover list
+    computing = False  # the plan on screen is the quick one: its break-even is being computed
 
     def draw(self) -> Text:
         plan = self.plan
         if plan is None:
             return Text("")
+        if self.computing:
+            return Text("Computing the largest model each layout fits, for these inputs…",
+                        style="dim italic")
         out = Text()
         error = getattr(plan, "breakeven_error", "")
         if error:  # a broken model preset: say which file and why, never other sizes

@@ -459,7 +459,7 @@ def partition_nodes_all_down(partition: str | None) -> bool:
         any(state.startswith(down) for down in _DOWN_NODE_STATES) for state in states)
 
 
-def hopeless_pending(state: JobState, partition: str | None) -> str | None:
+def hopeless_pending(state: JobState) -> str | None:
     """Why a PENDING job will never start, or None while it may."""
     if state.state != "PENDING" or not state.reason:
         return None
@@ -576,7 +576,7 @@ def submit_and_follow(job: Job, script: Path, on_line: Callable[[str], None],
                     on_line(f"zlayout: {described}")
                 if state.final:
                     break
-                hopeless = hopeless_pending(state, None) if stopped is None else None
+                hopeless = hopeless_pending(state) if stopped is None else None
                 if hopeless and cancelled_at is None:
                     stopped = f"SLURM job {job_id} PENDING ({state.reason}) will never start: {hopeless}"
                     on_line(f"zlayout: {stopped}; scancel {job_id}")
