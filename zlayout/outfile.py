@@ -32,8 +32,12 @@ def is_system_dir(path: str | os.PathLike[str]) -> bool:
 
 
 def refuse_system_dir(flag: str, path: str | os.PathLike[str], example: str) -> None:
-    """OutFileError (one line, what to type instead) when `path` is a system or home directory."""
-    resolved = Path(os.path.abspath(path)).resolve()
+    """OutFileError (one line, what to type instead) when `path` is a system or home directory.
+    A path that cannot be resolved (a symlink loop) is left to the caller, which names the loop."""
+    try:
+        resolved = Path(os.path.abspath(path)).resolve()
+    except (OSError, RuntimeError):  # RuntimeError: pathlib's "Symlink loop" before Python 3.13
+        return
     if is_system_dir(resolved) or resolved == Path.home().resolve():
         raise OutFileError(f"{flag} {str(resolved)!r} is a system or home directory: give a directory "
                            f"of its own, e.g. {flag} {example}")
