@@ -394,3 +394,17 @@ def test_the_script_contract_gives_the_planners_figures(make_input, tmp_path):
     other = changed(loop="trainer").gpu_peak_allocated_bytes
     assert f"the trainer loop gives {other / GiB:,.1f} GiB" in rows[4]
     assert f"8 ranks on GPU 0 would need {8 * plan.gpu_peak_allocated_bytes / GiB:,.1f} GiB" in rows[5]
+
+
+def test_a_runbook_of_a_layout_that_does_not_fit_says_so(tmp_path):
+    """QA: llama3-70b on 64 H100s at ZeRO-3 (short of the card) read 'The next size, 70.6B, runs out
+    of GPU memory' (70.6B is this model) and 'largest that fits: 0'."""
+    from zlayout.cli import main
+
+    out = tmp_path / "p"
+    assert main(["export", "--preset", "llama3-70b", "--gpu", "h100", "--gpus-per-node", "8", "--nodes", "8",
+                 "--stage", "3", "--out", str(out)]) == 0
+    text = (out / "RUNBOOK.md").read_text()
+    assert "The next size, 70.6B" not in text and "largest that fits: 0" not in text
+    assert "This model, 70.6B, runs out of GPU memory" in text
+    assert "none fits this model with this layout" in text

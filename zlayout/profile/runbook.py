@@ -169,7 +169,9 @@ def _stops_fitting(p: Profile) -> list[str]:
     if lim.next_params:
         beyond = (f"**{lim.takes_over.label}** is the fastest layout that fits it" if lim.takes_over
                   else "no layout fits it on this hardware")
-        out.append(f"The next size, {format_params(lim.next_params)}, runs out of {RUN_OUT_OF.get(lim.limited_by, lim.limited_by)}; "
+        # a profile of a layout that does not fit: the "next size" is this model itself
+        which = ("This model" if lim.next_params <= inp.model.params else "The next size")
+        out.append(f"{which}, {format_params(lim.next_params)}, runs out of {RUN_OUT_OF.get(lim.limited_by, lim.limited_by)}; "
                    f"{beyond}.")
     else:
         out.append("No size up to 10T parameters runs out of memory with this layout.")
@@ -415,7 +417,8 @@ def _on_call(p: Profile) -> list[str]:
     offload = p.layout.offload_optimizer != "gpu" or p.layout.offload_param != "gpu"
     bigger = (f"switch to {lim.takes_over.label} (`{layout_flags(lim.takes_over)}`)" if lim and lim.takes_over
               else "offload more (`--offload-optimizer cpu`, stage 3 `--offload-param cpu`)")
-    mb = f" (largest that fits: {lim.max_micro_batch})" if lim else ""
+    mb = ("" if lim is None else f" (largest that fits: {lim.max_micro_batch})" if lim.max_micro_batch
+          else " (none fits this model with this layout)")
     notes: list[tuple[str, str, str]] = [
         ("CUDA out of memory at step 1",
          f"`nvidia-smi`: another process holding memory (the run needs {gib(free_gpu_memory_needed(p))} "
