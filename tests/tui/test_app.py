@@ -1210,3 +1210,36 @@ async def test_the_tables_figures_come_before_break_even():
         assert quick_seen
         assert app.plan == make_plan(app.plan.input)
         assert "Computing" not in str(app.query_one(BreakEvenPanel).render())
+
+
+async def test_app_ds_config_keeps_the_teams_optimizer_and_scheduler_in_its_export(tmp_path, monkeypatch):
+    # issue 30: `zlayout export --ds-config THEIRS.json` kept the team's keys; the app's ctrl+s wrote
+    # zlayout's AdamW lr 1e-4 with no scheduler whatever the team used
+    import json
+
+    theirs = tmp_path / "theirs.json"
+    theirs.write_text(json.dumps({
+        "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.9, 0.95], "weight_decay": 0.1}},
+        "scheduler": {"type": "WarmupCosineLR", "params": {"warmup_num_steps": 2000, "total_num_steps": 100000}},
+        "wandb": {"enabled": True, "project": "pretrain"}}))
+    app = app_of_command(monkeypatch, "--preset", "llama3-8b", "--gpu", "h100", "--gpus-per-node", "8",
+                         "--ds-config", str(theirs))
+    async with app.run_test(size=WIDE) as pilot:
+        await settle(pilot)
+        await pilot.press("ctrl+s")
+        assert isinstance(app.screen, PathScreen)
+        await submit_path(pilot, tmp_path / "from-app")
+    written = json.loads((tmp_path / "from-app" / "ds_config.json").read_text())
+    assert written["optimizer"]["params"]["lr"] == 3e-4
+    assert written["scheduler"]["type"] == "WarmupCosineLR" and written["wandb"]["project"] == "pretrain"
+    assert "zero_optimization" in written  # zlayout's own keys are still set
+
+
+def test_app_ds_config_that_is_not_json_is_one_line_before_the_screen(tmp_path, capsys):
+    from zlayout.cli import main
+
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert main(["app", "--ds-config", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "--ds-config" in err and "not JSON" in err and len(err.strip().splitlines()) <= 2

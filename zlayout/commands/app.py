@@ -24,19 +24,28 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("profile", nargs="?", metavar="PROFILE",
                         help="a profile.toml (or its directory) whose inputs the app opens on")
     add_plan_arguments(parser, with_layout=False)
+    parser.add_argument("--ds-config", metavar="FILE",
+                        help="your DeepSpeed config: every export keeps its optimizer, scheduler and other "
+                             "keys, as zlayout export --ds-config does")
     parser.set_defaults(func=lambda args: run(args, parser))
 
 
 def _flags_given(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[str]:
     """The plan flags typed on the command line (those that differ from their default)."""
     return [name for name, value in vars(args).items()
-            if name not in ("profile", "func", "command", "json") and value != parser.get_default(name)]
+            if name not in ("profile", "func", "command", "json", "ds_config")
+            and value != parser.get_default(name)]
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from zlayout.tui.app import run_app
 
     given = _flags_given(args, parser)
+    team = None
+    if args.ds_config is not None:  # read (and refused in one line) before the screen opens
+        from zlayout.commands.export import read_team_config
+
+        team = read_team_config(args.ds_config)
     # --presets-dir reaches the app too: its preset lists, break-even and export read the
     # folders as `zlayout plan/breakeven/export --presets-dir` do
     dirs = tuple(args.presets_dir)
@@ -47,16 +56,16 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             raise UsageError(f"give either a PROFILE or plan flags, not both (got {args.profile} "
                              f"and --{plan_flags[0].replace('_', '-')}); e.g. zlayout app {args.profile}")
         return run_app(_profile_input(args.profile), presets_dirs=dirs,
-                       script_command=f"zlayout show {shlex.quote(args.profile)}")
+                       script_command=f"zlayout show {shlex.quote(args.profile)}", team_config=team)
     if not given:
-        return run_app()
+        return run_app(team_config=team)
     if not any(getattr(args, name, None) is not None for name in MODEL_FLAGS):
         args.preset = DEFAULT_PRESET
         given = ["preset", *given]
     # without a terminal the app names the command that prints these inputs' plan (it named
     # llama3-8b whatever the flags said)
     command = shlex.join(["zlayout", "plan", *_flags_of(args, given), "--json"])
-    return run_app(plan_input_from_args(args), presets_dirs=dirs, script_command=command)
+    return run_app(plan_input_from_args(args), presets_dirs=dirs, script_command=command, team_config=team)
 
 
 def _flags_of(args: argparse.Namespace, names: list[str]) -> list[str]:

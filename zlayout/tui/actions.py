@@ -53,7 +53,7 @@ class LayoutActionsMixin:
 
     def _resolve_profile_io(self) -> ProfileIO | None:
         if self._profile_io is None:
-            resolved = default_profile_io(self._presets_dirs)
+            resolved = default_profile_io(self._presets_dirs, self._team_config)
             if isinstance(resolved, str):
                 self.notify(resolved, severity="error", title="Profiles")
                 return None

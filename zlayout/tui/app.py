@@ -155,8 +155,12 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
     def __init__(self, initial: PlanInput | None = None, planner: Planner = _core_plan,
                  verifier: Verifier | None = None, profile_io: ProfileIO | None = None,
                  presets: Presets | None = None, crossovers: CrossoverFinder | None = _core_crossovers,
-                 cursor_blink: bool = True, presets_dirs: Sequence[str] = ()) -> None:
+                 cursor_blink: bool = True, presets_dirs: Sequence[str] = (),
+                 team_config: dict | None = None) -> None:
         super().__init__()
+        # `zlayout app --ds-config`: the team's DeepSpeed config, whose optimizer and scheduler
+        # every export keeps (zlayout sets the ZeRO, batch and precision keys)
+        self._team_config = team_config
         # `zlayout app --presets-dir`'s folders: the preset lists, break-even and export read
         # them as the CLI's commands do (the defaults below; collaborators passed in are kept)
         self._presets_dirs = dirs = tuple(str(d) for d in presets_dirs)
@@ -410,7 +414,8 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
 
 
 def run_app(initial: PlanInput | None = None, presets_dirs: Sequence[str] = (),
-            script_command: str = "zlayout plan --preset llama3-8b --json") -> int:
+            script_command: str = "zlayout plan --preset llama3-8b --json",
+            team_config: dict | None = None) -> int:
     """The full-screen app; without a terminal on stdin and stdout, one line and exit 2 that
     names `script_command`, the command printing these same inputs' plan for a script.
     `presets_dirs`: `--presets-dir`'s folders (preset lists, break-even, export)."""
@@ -421,5 +426,5 @@ def run_app(initial: PlanInput | None = None, presets_dirs: Sequence[str] = (),
               f"for output a script can read, run: {script_command}",
               file=sys.stderr)
         return 2
-    ZLayoutApp(initial=initial, presets_dirs=presets_dirs).run()
+    ZLayoutApp(initial=initial, presets_dirs=presets_dirs, team_config=team_config).run()
     return 0

@@ -37,9 +37,11 @@ class ProfileIO:
     exists: Callable[[str], bool] = lambda path: Path(path).exists()
 
 
-def default_profile_io(presets_dirs: tuple[str, ...] = ()) -> ProfileIO | str:
+def default_profile_io(presets_dirs: tuple[str, ...] = (), team_config: dict | None = None) -> ProfileIO | str:
     """zlayout.profile's functions, or why they are not available. `presets_dirs`: the
-    `--presets-dir` folders the export's limits (break-even) read, as `zlayout export`'s do."""
+    `--presets-dir` folders the export's limits (break-even) read, as `zlayout export`'s do;
+    `team_config`: `zlayout app --ds-config`'s file, whose optimizer, scheduler and other keys
+    every export keeps (as `zlayout export --ds-config`)."""
     try:
         from zlayout import profile
     except ImportError as exc:  # pragma: no cover - the profile package ships with zlayout
@@ -53,7 +55,8 @@ def default_profile_io(presets_dirs: tuple[str, ...] = ()) -> ProfileIO | str:
     def save(plan: Plan, layout: Layout, path: str) -> object:
         # the CLI's export path and rules: never replaces what is not a readable profile, keeps
         # the change log; the app has asked before replacing a profile (`exists`)
-        return export_profile(plan.input, layout, path, replace=True, presets_dirs=presets_dirs)
+        return export_profile(plan.input, layout, path, replace=True, presets_dirs=presets_dirs,
+                              team_config=team_config)
 
     def exists(path: str) -> bool:
         """A readable profile is there (the app asks first); a refused target is reported by save."""
