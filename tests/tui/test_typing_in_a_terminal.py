@@ -246,3 +246,21 @@ def test_a_field_fixed_in_the_same_burst_as_ctrl_s_is_not_reported_marked(termin
         s["screen"] == "PathScreen" or any("still being computed" in n or "Fix the marked" in n
                                            for n in s["notifications"])))
     assert not any("Fix the marked fields" in n for n in state["notifications"]), state["notifications"]
+
+
+def test_a_size_burst_that_tabs_on_fills_the_field_the_cursor_reached(terminal_app):
+    """QA: on Size, `13B tab` then Layers edited and `tab` in one write: the size's news arrived with
+    the cursor in Hidden, which kept llama3-70b's 8192 beside the 13B shape's heads and FFN
+    ('Hidden (8192) must be divisible by Heads (36)')."""
+    app = terminal_app(["app", "--preset", "llama3-70b", "--gpu", "h100", "--nodes", "4"], (160, 48))
+    app.focus("size")
+    app.write(keys("end", *["backspace"] * 4, "13B", "tab", "end", "backspace", "backspace", "40", "tab"))
+    sized = catalog.model_for_size(catalog.parse_size("13B"))
+    # Layers typed after the size makes the model custom (Size cleared); every field not typed
+    # into, the one the cursor reached included, holds the 13B shape's figure
+    state = app.settled(until=lambda s: s["values"]["layers"] == "40" and not s["pending"])
+    values = state["values"]
+    assert values["hidden"] == str(sized.hidden) and values["heads"] == str(sized.heads)
+    assert values["ffn"] == str(sized.ffn)
+    assert state["errors"] == {}
+    assert_plan_is_the_fields_plan(state)

@@ -260,8 +260,12 @@ class EditingMixin:
         swiglu over the user's gelu (a GPU's link over the intra link typed after it, too)."""
         panel = self.query_one(InputsPanel)
         now = panel.values()
+        # the field the cursor is in is filled too when nothing was typed into it: in one burst
+        # `1 3 B tab ... tab` on Size, the focus had reached Hidden before the size's news did,
+        # and Hidden kept 8192 beside the 13B shape's heads (36) and FFN
         panel.set_values({field: value for field, value in values.items()
-                          if now.get(field) == self._shown_values.get(field, now.get(field))})
+                          if now.get(field) == self._shown_values.get(field, now.get(field))},
+                         into_focused=True)
 
     def _follow_gpu_link(self, gpu_name: str) -> None:
         """A new GPU brings its own intra-node link (NVLink generation), as the CLI does."""
