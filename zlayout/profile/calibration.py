@@ -57,7 +57,7 @@ def _result_dicts(path: Path) -> list[tuple[str, Any]]:
             raise CalibrationError(f"{path}: no result.json or results.jsonl in this folder")
         return [item for p in found for item in _result_dicts(p)]
     try:  # a device or a pipe (/dev/zero) never ends: only a regular file, read up to a limit
-        if not path.is_file():
+        if path.exists() and not path.is_file():
             raise CalibrationError(f"{path}: not a file; give zlayout verify's result.json, a batch's "
                                    "results.jsonl or a folder of them")
         with open(path, "rb") as handle:
