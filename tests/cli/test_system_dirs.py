@@ -36,3 +36,14 @@ def test_export_into_a_directory_of_its_own_still_writes(tmp_path, capsys):
     out = tmp_path / "profiles" / "llama3-8b"
     assert main(["export", "--preset", "llama3-8b", "--stage", "2", "--out", str(out)]) == 0
     assert (out / "profile.toml").is_file()
+
+
+@pytest.mark.parametrize("path", ["/", "/etc", "/usr/lib/x.toml"])
+def test_the_apps_export_path_is_refused_by_the_same_rule(path):
+    """The app exports through export_profile too (tui/backends.py): the rule lives in the export
+    target's resolution, not in the command line's flag handling."""
+    from zlayout.profile import ProfileError
+    from zlayout.profile.export import inspect_target
+
+    with pytest.raises(ProfileError, match="is a system or home directory"):
+        inspect_target(path)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import sys
 
@@ -100,13 +99,6 @@ def run(args: argparse.Namespace) -> int:
                          "(and --offload-optimizer/--offload-param); `zlayout plan` compares them all")
     if not args.out.strip():
         raise UsageError("--out is empty: give a directory, e.g. --out profiles/llama3-8b")
-    from zlayout.outfile import OutFileError, refuse_system_dir
-
-    out_dir = args.out if not args.out.endswith(".toml") or args.out.endswith("/") else os.path.dirname(args.out) or "."
-    try:  # a profile set is 8+ files: never spread into / or /etc
-        refuse_system_dir("--out", out_dir, "profiles/llama3-8b")
-    except OutFileError as exc:
-        raise UsageError(str(exc)) from None
     inp = plan_input_from_args(args)
     given = {key: value for key, value in (("train_script", args.train_script),
                                            ("checkpoint_dir", args.checkpoint_dir),

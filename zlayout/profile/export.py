@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 from pydantic import ValidationError
 
-from zlayout.outfile import OutFileError, check_replaceable, link_problem
+from zlayout.outfile import OutFileError, check_replaceable, link_problem, refuse_system_dir
 from zlayout.profile.build import build_profile
 from zlayout.profile.launch import launch_scripts
 from zlayout.profile.runbook import EXTRA_FILES
@@ -117,7 +117,12 @@ def inspect_target(path: str | os.PathLike[str]) -> ExportTarget:
         is_dir, exists = p.is_dir(), p.exists() or p.is_symlink()
     except OSError as exc:
         raise ProfileError(f"{p}: {exc.strerror or exc}") from None
-    if not is_dir and p.suffix == ".toml" and not as_dir:
+    single_file = not is_dir and p.suffix == ".toml" and not as_dir
+    try:  # a profile set is 8+ files: never spread into / or /etc (the CLI's and the app's export)
+        refuse_system_dir("--out", p.parent if single_file else p, "profiles/llama3-8b")
+    except OutFileError as exc:
+        raise ProfileError(str(exc)) from None
+    if single_file:
         return ExportTarget(path=p, profile_file=p, single_file=True, previous=_previous(p))
     if exists and not is_dir:
         raise ProfileError(f"{p} is a file, not a directory: give a directory (or a .toml file name)")

@@ -18,7 +18,7 @@ import re
 import shlex
 from pathlib import Path
 
-from zlayout.outfile import SYSTEM_DIRS, SYSTEM_TREES  # one list for every writer
+from zlayout.outfile import is_system_dir  # one list for every writer
 from zlayout.verify.options import LaunchError
 
 MARKER = ".zlayout-verify"  # in every directory verification made (output, checkpoint)
@@ -80,12 +80,6 @@ def memory(value: str) -> str:
 def path_value(flag: str, path: Path | str) -> Path:
     no_control_characters(flag, path, "rename the directory, or give another path")
     return Path(path)
-
-
-def is_system_dir(path: Path) -> bool:
-    text = str(path)
-    return text in SYSTEM_DIRS or text in SYSTEM_TREES or any(
-        text.startswith(tree + "/") for tree in SYSTEM_TREES)
 
 
 def _resolved(path: Path) -> Path:
