@@ -29,6 +29,7 @@ from pydantic import BaseModel, ValidationError
 
 from zlayout import tomlsafe
 from zlayout.messages import type_error_text
+from zlayout.smallfile import read_small_file
 from zlayout.spec import BOUNDS, GpuSpec, LinkSpec, ModelSpec, check_model_size
 
 KINDS = ("gpus", "links", "models", "profiles")
@@ -218,8 +219,7 @@ def _read_toml(path: str, mtime_ns: int, size: int) -> Mapping[str, object]:
     if size > tomlsafe.MAX_TOML_BYTES:  # before reading it: a preset is a few hundred bytes
         raise PresetFileError(f"{path}: {size:,} bytes is too big for a preset file")
     try:
-        with open(path, "rb") as handle:
-            text = handle.read().decode("utf-8")
+        text = read_small_file(path, tomlsafe.MAX_TOML_BYTES).decode("utf-8")
         return tomlsafe.loads(text, path)
     except tomlsafe.TomlLimitError as err:
         raise PresetFileError(str(err)) from None

@@ -23,6 +23,7 @@ from typing import Any, Callable, Mapping
 from pydantic import ValidationError
 
 from zlayout import tomlsafe
+from zlayout.smallfile import NotARegularFile, TooLarge, read_small_file
 from zlayout.spec import MlaSpec, ModelSpec
 
 CONFIG_FILE = "config.json"
@@ -444,12 +445,13 @@ def read_config(path: str | os.PathLike[str]) -> tuple[Any, Path]:
     HfConfigError (one line naming the file) when it is not one."""
     p = config_path(path)
     try:
-        with open(p, "rb") as handle:
-            data = handle.read(MAX_CONFIG_BYTES + 1)
+        data = read_small_file(p, MAX_CONFIG_BYTES)
+    except TooLarge:
+        raise HfConfigError(f"{p}: larger than {MAX_CONFIG_BYTES // 2**20} MiB, not a config.json") from None
+    except NotARegularFile:
+        raise HfConfigError(f"{p}: not a file; give the model's config.json") from None
     except OSError as exc:
         raise HfConfigError(f"{p}: cannot read: {exc.strerror}") from None
-    if len(data) > MAX_CONFIG_BYTES:
-        raise HfConfigError(f"{p}: larger than {MAX_CONFIG_BYTES // 2**20} MiB, not a config.json")
     try:
         text = data.decode("utf-8")
         # json.loads recurses per level: 100,000 `[` is a RecursionError. The profiles' and

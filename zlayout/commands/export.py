@@ -57,14 +57,16 @@ def read_team_config(path: str) -> dict:
     """--ds-config FILE parsed: one JSON object, at most 1 MiB and 32 levels deep."""
     from zlayout import tomlsafe
 
+    from zlayout.smallfile import NotARegularFile, TooLarge, read_small_file
+
     try:
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_DS_CONFIG_BYTES + 1)
-        if len(data) > MAX_DS_CONFIG_BYTES:
-            raise UsageError(f"--ds-config {path}: over {MAX_DS_CONFIG_BYTES:,} bytes, not a ds_config.json")
-        text = data.decode("utf-8")
+        text = read_small_file(path, MAX_DS_CONFIG_BYTES).decode("utf-8")
         tomlsafe.check_toml_limits(text, f"--ds-config {path}", max_chars=None)
         config = json.loads(text)
+    except TooLarge:
+        raise UsageError(f"--ds-config {path}: over {MAX_DS_CONFIG_BYTES:,} bytes, not a ds_config.json") from None
+    except NotARegularFile:
+        raise UsageError(f"--ds-config {path}: not a file; give your DeepSpeed config file") from None
     except OSError as exc:
         raise UsageError(f"--ds-config {path}: cannot read: {exc.strerror}") from None
     except tomlsafe.TomlLimitError as exc:

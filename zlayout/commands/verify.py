@@ -22,7 +22,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from zlayout.cli import UsageError, add_plan_arguments, layout_from_args, plan_input_from_args
+from zlayout.smallfile import NotARegularFile, TooLarge, read_small_file
 from zlayout.spec import GiB, Layout, PlanInput
+
+MAX_BATCH_BYTES = 1 << 20  # a batch is a few hundred flag lines
 
 if TYPE_CHECKING:  # the verification modules are imported only when one runs
     from zlayout.verify.options import VerifyOptions
@@ -451,7 +454,12 @@ def _run_batch(args: argparse.Namespace) -> int:
 
     assert _VERIFY_PARSER is not None
     try:
-        lines = [line.split("#", 1)[0].strip() for line in args.batch.read_text().splitlines()]
+        text = read_small_file(args.batch, MAX_BATCH_BYTES).decode("utf-8", errors="replace")
+        lines = [line.split("#", 1)[0].strip() for line in text.splitlines()]
+    except NotARegularFile:
+        raise UsageError(f"--batch {args.batch}: not a file; give a text file of verify flag lines") from None
+    except TooLarge:
+        raise UsageError(f"--batch {args.batch}: over {MAX_BATCH_BYTES:,} bytes, not a batch of flag lines") from None
     except OSError as exc:
         raise UsageError(f"cannot read --batch {args.batch}: {exc.strerror}") from None
     runs = []

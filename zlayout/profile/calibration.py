@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from zlayout.core.calibrate import GROUPS, CalibrationFit, MeasuredStep
 from zlayout.core.steptime import steady_step_s
 from zlayout import tomlsafe
+from zlayout.smallfile import NotARegularFile, TooLarge, read_small_file
 from zlayout.messages import type_error_text
 from zlayout.spec import Layout, PlanInput, StepTimeCalibration
 
@@ -57,14 +58,12 @@ def _result_dicts(path: Path) -> list[tuple[str, Any]]:
             raise CalibrationError(f"{path}: no result.json or results.jsonl in this folder")
         return [item for p in found for item in _result_dicts(p)]
     try:  # a device or a pipe (/dev/zero) never ends: only a regular file, read up to a limit
-        if path.exists() and not path.is_file():
-            raise CalibrationError(f"{path}: not a file; give zlayout verify's result.json, a batch's "
-                                   "results.jsonl or a folder of them")
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_RESULTS_BYTES + 1)
-        if len(data) > MAX_RESULTS_BYTES:
-            raise CalibrationError(f"{path}: larger than {MAX_RESULTS_BYTES // 2**20} MiB, not verify's results")
-        text = data.decode("utf-8")
+        text = read_small_file(path, MAX_RESULTS_BYTES).decode("utf-8")
+    except NotARegularFile:
+        raise CalibrationError(f"{path}: not a file; give zlayout verify's result.json, a batch's "
+                               "results.jsonl or a folder of them") from None
+    except TooLarge:
+        raise CalibrationError(f"{path}: larger than {MAX_RESULTS_BYTES // 2**20} MiB, not verify's results") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise CalibrationError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
     if path.suffix == ".jsonl":
@@ -285,13 +284,13 @@ def load_calibration(path: str | os.PathLike[str]) -> StepTimeCalibration:
     """The factors of a calibration file, with `source` naming the file and its content hash."""
     p = Path(path)
     try:
-        if p.exists() and not p.is_file():  # /dev/zero, a FIFO or a directory would be read without end, or fail oddly
-            raise CalibrationError(f"--calibration {p} is not a file: give the TOML `zlayout calibrate` wrote")
-        with open(p, "rb") as handle:
-            data = handle.read(tomlsafe.MAX_TOML_BYTES + 1)
-        if len(data) > tomlsafe.MAX_TOML_BYTES:
+        try:  # /dev/zero, a FIFO or a directory would be read without end, or fail oddly
+            data = read_small_file(p, tomlsafe.MAX_TOML_BYTES)
+        except NotARegularFile:
+            raise CalibrationError(f"--calibration {p} is not a file: give the TOML `zlayout calibrate` wrote") from None
+        except TooLarge:
             raise CalibrationError(f"--calibration {p} is over {tomlsafe.MAX_TOML_BYTES:,} bytes: not a zlayout "
-                                   "calibration")
+                                   "calibration") from None
         # the profiles' limits: a 25,000-part dotted key took tomllib 8.4 s and 3.7 GB
         doc = tomlsafe.loads(data.decode("utf-8"), f"--calibration {p}")
     except OSError as exc:

@@ -20,6 +20,7 @@ from typing import Any, Mapping
 from pydantic import ValidationError
 
 from zlayout.outfile import OutFileError, check_replaceable, link_problem, refuse_system_dir
+from zlayout.smallfile import TooLarge, read_small_file
 from zlayout.profile.build import build_profile
 from zlayout.profile.launch import launch_scripts
 from zlayout.profile.runbook import EXTRA_FILES
@@ -67,12 +68,11 @@ def _hf_config_copy(inp: PlanInput) -> tuple[PlanInput, str | None]:
 
     try:
         path = config_path(source)
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_HF_CONFIG_BYTES + 1)
-        if len(data) > MAX_HF_CONFIG_BYTES:
+        try:
+            text = read_small_file(path, MAX_HF_CONFIG_BYTES).decode("utf-8")
+        except TooLarge:
             raise ProfileError(f"--hf-config {source}: over {MAX_HF_CONFIG_BYTES:,} bytes, too big to keep in the "
-                               "profile: give the model's config.json")
-        text = data.decode("utf-8")
+                               "profile: give the model's config.json") from None
         json.loads(text)
     except (OSError, ValueError, RecursionError) as exc:
         if isinstance(exc, ProfileError):

@@ -23,6 +23,7 @@ from zlayout.profile.schema import (MEASURED_STATUSES, VALIDATED_TOLERANCE_FRACT
                                     Verification)
 from zlayout.profile.store import (DS_CONFIG_FILE, HF_CONFIG_FILE, PROFILE_FILE, ProfileError, ds_config_text,
                                    set_files, sha256_digest)
+from zlayout.smallfile import NotARegularFile, TooLarge, read_small_file
 from zlayout.profile.team_config import TeamConfigError, describe_edits, split, team_edits
 
 MAX_SET_FILE_BYTES = 16 * 2**20  # ds_config.json and the scripts are a few kB
@@ -30,12 +31,16 @@ REEXPORT = "re-export the profile with `zlayout export ... --force` (its change 
 
 
 def _read(path: Path) -> bytes | None:
-    """The file's bytes, None when it is absent; a ProfileError when it cannot be read."""
+    """The file's bytes, None when it is absent; a ProfileError when it cannot be read, is not a
+    regular file or is larger than any file zlayout writes into a profile."""
     try:
         if not path.exists():
             return None
-        with open(path, "rb") as handle:
-            return handle.read(MAX_SET_FILE_BYTES + 1)
+        return read_small_file(path, MAX_SET_FILE_BYTES)
+    except TooLarge:
+        raise ProfileError(f"{path}: over {MAX_SET_FILE_BYTES} bytes, not the file zlayout wrote: {REEXPORT}") from None
+    except NotARegularFile:
+        raise ProfileError(f"{path}: not a regular file, not the file zlayout wrote: {REEXPORT}") from None
     except OSError as exc:
         raise ProfileError(f"{path}: cannot read: {exc.strerror or exc}") from None
 
@@ -100,9 +105,6 @@ def check_set(profile: Profile, profile_path: Path,
         if listed:
             missing.append(DS_CONFIG_FILE)
     else:
-        if len(data) > MAX_SET_FILE_BYTES:
-            raise ProfileError(f"{config_path}: over {MAX_SET_FILE_BYTES} bytes, not the ds_config.json zlayout "
-                               f"wrote: {REEXPORT}")
         matches_manifest = listed is not None and sha256_digest(data) == listed
         try:
             actual = json.loads(data.decode("utf-8"))

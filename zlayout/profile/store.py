@@ -30,6 +30,7 @@ from pydantic import ValidationError
 from zlayout import tomlsafe
 from zlayout.messages import type_error_text
 from zlayout.outfile import link_problem
+from zlayout.smallfile import NotARegularFile, TooLarge, read_small_file
 from zlayout.profile.launch import DEEPSPEED_SCRIPT, SLURM_SCRIPT, TORCHRUN_SCRIPT, launch_scripts
 from zlayout.profile.runbook import EXTRA_FILES, extra_files
 from zlayout.profile.schema import SCHEMA_VERSION, SPEC_TO_FILE_SUFFIX, Profile
@@ -243,12 +244,12 @@ def load_profile_document(path: str | os.PathLike[str]) -> tuple[Profile, dict[s
     """load_profile, and the parsed table as the file holds it (loads_profile_document)."""
     p = resolve_profile_path(path)
     try:
-        with open(p, "rb") as handle:
-            data = handle.read(MAX_PROFILE_BYTES + 1)
-        if len(data) > MAX_PROFILE_BYTES:
-            raise ProfileError(f"{p}: over {MAX_PROFILE_BYTES:,} bytes, too long for a zlayout profile: "
-                               "restore it from version control")
-        text = data.decode("utf-8")
+        text = read_small_file(p, MAX_PROFILE_BYTES).decode("utf-8")
+    except TooLarge:
+        raise ProfileError(f"{p}: over {MAX_PROFILE_BYTES:,} bytes, too long for a zlayout profile: "
+                           "restore it from version control") from None
+    except NotARegularFile:
+        raise ProfileError(f"{p}: not a file; give a zlayout profile (.toml) or its folder") from None
     except UnicodeDecodeError as exc:
         raise ProfileError(f"{p}: not UTF-8 text (byte {exc.start}): the file is corrupt; "
                            "restore it from version control") from None
