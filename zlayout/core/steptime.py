@@ -15,6 +15,11 @@ the values, the evidence, in-sample, leave-one-out and held-out errors), price i
 - Elementwise, norm, activation, rotary, loss and gradient-bookkeeping work: counted HBM bytes at
   80% of the HBM bandwidth; transformers classes (`impl = "hf"`) add their unfused RMSNorm,
   rotary and repeat_kv bytes.
+- A carded model (`--impl hf` with a model card that records its work, `card_work`): GEMMs, eager
+  attention's batched matmuls, the fused attention kernels, the memory-bound ops' bytes and the
+  kernel launches come from the card, op by op as the transformers class runs them, priced with
+  the same constants; the per-family counts below (kernels, elementwise bytes, the loss's bytes
+  per logit) are the model for everything else (`hand_work`). docs/memory-model.md, "Model cards".
 - The host's side of a pass (`host_pass_s`): a time per kernel it issues (kernels counted per
   block: transformers classes launch about three times as many), a fixed part per forward,
   stages 1-2's gradient hooks, all measured on the host-floor rows (128 tokens a micro-step, where
