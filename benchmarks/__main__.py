@@ -27,6 +27,7 @@ SUITE = (
     ("accuracy", "card_accuracy"),
     ("accuracy", "host_accuracy"),
     ("accuracy", "steptime_accuracy"),
+    ("accuracy", "steptime_families"),
     ("accuracy", "steptime_fit"),
     ("speed", "speed_plan"),
     ("speed", "speed_breakeven"),

@@ -3,6 +3,7 @@
     .venv/bin/python scripts/learn_cards.py                 # the popular families' configs
     .venv/bin/python scripts/learn_cards.py CONFIG.json ... # these configs' cards too
     .venv/bin/python scripts/learn_cards.py --check         # exit 1 if a shipped card is stale
+    .venv/bin/python scripts/learn_cards.py --out DIR CONFIG.json ...  # write into DIR instead
 
 A card is keyed by its config's hash (zlayout.cards.config_key), so `zlayout plan --hf-config`
 finds the shipped card of exactly that config.json. Learning is deterministic: the same
@@ -42,19 +43,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("configs", nargs="*", type=Path, help="config.json files (default: the popular families')")
     parser.add_argument("--check", action="store_true", help="exit 1 when a shipped card differs from a new one")
+    parser.add_argument("--out", type=Path, default=CARDS_DIR,
+                        help="the cards folder to write or check (default: presets/cards)")
     args = parser.parse_args(argv)
     paths = args.configs or [PUBLISHED / f"{name}.json" for name in POPULAR]
     stale = []
     for path in paths:
         started = time.perf_counter()
         key, text = card_text(path)
-        target = CARDS_DIR / f"{key}.toml"
+        target = args.out / f"{key}.toml"
         if args.check:
             if not target.is_file() or target.read_text() != text:
                 stale.append(f"{path.name} ({target.name})")
             continue
-        cards.write_card(CARDS_DIR, key, text, replace=True)
-        print(f"{target.relative_to(ROOT)}  {path.name}  {time.perf_counter() - started:.1f} s")
+        cards.write_card(args.out, key, text, replace=True)
+        print(f"{target}  {path.name}  {time.perf_counter() - started:.1f} s")
     if stale:
         print("stale cards: " + ", ".join(stale), file=sys.stderr)
         return 1

@@ -120,12 +120,18 @@ def _number(x: float) -> str:
 PHASES = ("forward", "backward", "checkpointed_forward", "checkpointed_backward", "recompute")
 
 
+def _polys_text(polys: list) -> str:
+    return ", ".join(" ".join(_number(x) for x in poly) for poly in polys)
+
+
 def _compact(value: Any) -> Any:
     """Each phase's requests ([q, a, c] lists, hundreds a phase) as one string "q a c, q a c,
-    ...": TOML arrays of arrays parse ten times slower, and the planner reads a card every plan."""
+    ...": TOML arrays of arrays parse ten times slower, and the planner reads a card every plan.
+    The work tables likewise: each op's flops, bytes and calls as "q a c, q a c, q a c"."""
     if isinstance(value, dict):
-        return {k: (", ".join(" ".join(_number(x) for x in r) for r in v) if k in PHASES and isinstance(v, list)
-                    else _compact(v)) for k, v in value.items()}
+        return {k: (_polys_text(v) if k in PHASES and isinstance(v, list)
+                    else {phase: {op: _polys_text(polys) for op, polys in ops.items()} for phase, ops in v.items()}
+                    if k == "work" and isinstance(v, dict) else _compact(v)) for k, v in value.items()}
     if isinstance(value, list):
         return [_compact(v) for v in value]
     return value
@@ -135,7 +141,8 @@ def dumps_card(card: Mapping[str, Any], key: str, config_name: str) -> str:
     import tomli_w
 
     header = (f"{HEADER} ({config_name}), written by `zlayout learn`: each request \"q a c\" is\n"
-              "# q*T^2 + a*T + c bytes for one sequence of T tokens (+ allocate, - free), in order\n")
+              "# q*T^2 + a*T + c bytes for one sequence of T tokens (+ allocate, - free), in order;\n"
+              "# each op of a phase's work: \"flops, bytes moved, kernel launches\", each \"q a c\" likewise\n")
     text = tomli_w.dumps({"key": key, **_compact(card)})
     # the request strings as TOML literal strings: no escapes to scan for, they parse 5x faster
     return header + _NUMBER_STRING.sub(lambda m: f"{m.group(1)}'{m.group(2)}'", text)

@@ -178,3 +178,36 @@ def test_the_shipped_card_turns_a_fits_the_hand_model_says_into_the_card_s_verdi
     assert "card" not in hand["model"]
     assert hand["fits"] and not carded["fits"]
     assert carded["gpu_peak_allocated_bytes"] > 1.2 * hand["gpu_peak_allocated_bytes"]
+
+
+def test_a_card_records_each_ops_work_and_dropout_lengthens_the_step(tmp_path, monkeypatch):
+    """The same GPT-2 shape with and without dropout: the hand model prices both alike; the cards
+    record dropout's kernels (a mask per dropout, its backward) and bytes, and the step takes them.
+    The card's matmuls are the model's: 2 FLOPs per block weight per token."""
+    from zlayout.cli import build_parser, plan_input_from_args
+    from zlayout.core.steptime import estimate_step_time, hand_work, micro_step_work
+    from zlayout.spec import Layout
+
+    monkeypatch.setenv(cards.CARDS_DIR_ENV, str(tmp_path / "cards"))
+    dropout = small_config("gpt2")  # transformers' GPT-2 defaults: dropout 0.1 in three places
+    plain = {**dropout, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+    runs = {}
+    for name, config in (("dropout", dropout), ("plain", plain)):
+        key = cards.config_key(config)
+        cards.write_card(tmp_path / "cards", key, cards.dumps_card(learn(config), key, name), replace=False)
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(config))
+        inp = plan_input_from_args(build_parser().parse_args(
+            ["plan", "--hf-config", str(path), "--seq", "128", "--micro-batch", "64", "--gpu", "h200"]))
+        assert inp.model.card is not None and inp.model.card.has_work()
+        runs[name] = inp
+    layout = Layout(stage=0)
+    blocks_fwd = runs["plain"].model.card.pass_work(64, 128, checkpointing=False)[0]
+    h, ffn = 64, 200
+    assert blocks_fwd.gemm_flops == pytest.approx(2 * 64 * 128 * 2 * (4 * h * h + 2 * h * ffn))
+    with_dropout, without = (micro_step_work(runs[n], layout) for n in ("dropout", "plain"))
+    for a, b in zip(with_dropout, without):
+        assert a.gemm_flops == pytest.approx(b.gemm_flops)
+        assert a.hbm_bytes > b.hbm_bytes and a.kernels > b.kernels
+    assert hand_work(runs["dropout"]) == hand_work(runs["plain"])
+    assert estimate_step_time(runs["dropout"], layout).step_time_s > estimate_step_time(runs["plain"], layout).step_time_s

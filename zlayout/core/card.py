@@ -9,6 +9,12 @@ grows with tokens grows with the batch, a weight's gradient does not.
 
 From the requests: what a phase leaves allocated (their sum) and the most it holds at once
 above what it started with (the largest running sum).
+
+A card may also record each phase's work (`work`; cards learned before it have none, and the
+step time then takes the hand-counted model): per op its FLOPs, the bytes it moves and its kernel
+launches, the same polynomials (a weight read or a kernel count is the constant: it does not grow
+with the batch). `WorkPhase.totals` sorts the ops for the step-time model: GEMMs, batched GEMMs
+(eager attention's T^2 matmuls), the fused attention kernels, and the memory-bound rest.
 """
 
 from __future__ import annotations
@@ -53,6 +59,63 @@ def _net_and_peak(requests: tuple[Poly, ...], micro_batch: int, seq: int) -> tup
     return int(round(live)), int(round(peak))
 
 
+# How the step-time model prices an op's work (core.steptime): the fused attention kernels
+# (`zlayout.learn.trace.fused_attention` records them under these names) at attention's efficiency,
+# batched matmuls at a GEMM's efficiency for a head's width, any other op with FLOPs as a GEMM, and
+# every op without FLOPs by the bytes it moves.
+ATTENTION_OPS = frozenset({"attention_forward", "attention_backward"})
+BATCHED_GEMM_OPS = frozenset({"bmm", "baddbmm"})
+WORK_PHASES = ("forward", "backward", "checkpointed_forward", "checkpointed_backward")
+
+
+@dataclass(frozen=True, slots=True)
+class OpWork:
+    name: str
+    flops: Poly
+    bytes: Poly
+    calls: Poly
+
+
+@dataclass(frozen=True, slots=True)
+class WorkTotals:
+    """A phase's work at one shape, by how the step-time model prices it."""
+
+    gemm_flops: float = 0.0
+    batched_gemm_flops: float = 0.0
+    attention_flops: float = 0.0
+    memory_bytes: float = 0.0  # the ops without FLOPs: elementwise, norms, copies, reductions, the loss
+    kernels: float = 0.0
+
+    def __add__(self, other: "WorkTotals") -> "WorkTotals":
+        return WorkTotals(*(a + b for a, b in zip(self.astuple(), other.astuple())))
+
+    def scaled(self, factor: float) -> "WorkTotals":
+        return WorkTotals(*(a * factor for a in self.astuple()))
+
+    def astuple(self) -> tuple[float, ...]:
+        return (self.gemm_flops, self.batched_gemm_flops, self.attention_flops, self.memory_bytes, self.kernels)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkPhase:
+    ops: tuple[OpWork, ...]
+
+    def totals(self, micro_batch: int, seq: int) -> WorkTotals:
+        gemm = batched = attention = memory = kernels = 0.0
+        for op in self.ops:
+            flops = bytes_at(op.flops, micro_batch, seq)
+            kernels += bytes_at(op.calls, micro_batch, seq)
+            if op.name in ATTENTION_OPS:
+                attention += flops
+            elif op.name in BATCHED_GEMM_OPS:
+                batched += flops
+            elif flops > 0:
+                gemm += flops
+            else:
+                memory += bytes_at(op.bytes, micro_batch, seq)
+        return WorkTotals(gemm, batched, attention, memory, kernels)
+
+
 @dataclass(frozen=True, slots=True)
 class BlockCard:
     kind: int
@@ -60,6 +123,7 @@ class BlockCard:
     backward: Phase
     checkpointed_forward: Phase
     checkpointed_backward: Phase
+    work: dict[str, WorkPhase] | None = None  # by WORK_PHASES; None: a card learned before work was recorded
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +137,7 @@ class Regime:
     head_backward: Phase
     head_checkpointed_forward: Phase
     head_checkpointed_backward: Phase
+    head_work: dict[str, WorkPhase] | None = None
 
     def block(self, kind: int) -> BlockCard:
         return next(b for b in self.blocks if b.kind == kind)
@@ -103,6 +168,26 @@ class ModelCard:
         return next(r for r in self.regimes if r.max_tokens is None or seq <= r.max_tokens)
 
     # ---------------------------------------------------------- the planner's terms
+
+    def has_work(self) -> bool:
+        """Whether every block and the head record their work (cards learned before: no)."""
+        return all(r.head_work is not None and all(b.work is not None for b in r.blocks) for r in self.regimes)
+
+    def pass_work(self, micro_batch: int, seq: int, checkpointing: bool) -> tuple[WorkTotals, WorkTotals,
+                                                                                 WorkTotals, WorkTotals]:
+        """One micro-step's work: the blocks' forward and backward (with checkpointing: the backward
+        holds the recompute, as far as backward needs it), then the head's (the embedding, the
+        final norm, the head and the loss: never recomputed) forward and backward."""
+        regime = self.regime(seq)
+        forward, backward = ("checkpointed_forward", "checkpointed_backward") if checkpointing else (
+            "forward", "backward")
+        blocks = [WorkTotals(), WorkTotals()]
+        for kind, count in _counts(self.layer_kinds):
+            block = regime.block(kind)
+            for i, phase in enumerate((forward, backward)):
+                blocks[i] = blocks[i] + block.work[phase].totals(micro_batch, seq).scaled(count)
+        return (blocks[0], blocks[1], regime.head_work[forward].totals(micro_batch, seq),
+                regime.head_work[backward].totals(micro_batch, seq))
 
     def saved_bytes(self, micro_batch: int, seq: int, checkpointing: bool) -> int:
         """Every block's saved activations at the end of the forward pass."""
@@ -142,7 +227,32 @@ class ModelCard:
         return phase.net_and_peak(micro_batch, seq)[1]
 
 
+def _counts(kinds: tuple[int, ...]) -> list[tuple[int, int]]:
+    return [(kind, kinds.count(kind)) for kind in sorted(set(kinds))]
+
+
 # --------------------------------------------------------------------------- parsing
+
+
+def _work(data: Any, where: str) -> dict[str, WorkPhase] | None:
+    """A block's or the head's work: per phase, op -> "flops, bytes, calls" (each "q a c")."""
+    if data is None:
+        return None
+    if not isinstance(data, dict) or set(data) != set(WORK_PHASES):
+        raise CardError(f"{where}: work holds the phases {', '.join(WORK_PHASES)}")
+    phases = {}
+    for phase, ops in data.items():
+        if not isinstance(ops, dict):
+            raise CardError(f"{where}.{phase}: a phase's work is a table of ops")
+        parsed = []
+        for name, text in sorted(ops.items()):
+            polys = _phase(text, f"{where}.{phase}.{name}").requests
+            if len(polys) != 3:
+                raise CardError(f"{where}.{phase}.{name}: an op's work is \"flops, bytes, calls\", each \"q a c\"")
+            parsed.append(OpWork(name, *polys))
+        phases[phase] = WorkPhase(tuple(parsed))
+    return phases
+
 
 
 def _phase(data: Any, where: str) -> Phase:
@@ -195,6 +305,7 @@ def card_from_dict(data: Mapping[str, Any], key: str, source: str = "", digest: 
         blocks = []
         for i, block in enumerate(_get(regime, "blocks", list, at)):
             blocks.append(BlockCard(kind=_get(block, "kind", int, f"{at}.blocks[{i}]"),
+                                    work=_work(block.get("work"), f"{at}.blocks[{i}].work"),
                                     **{name: _phase(block.get(name), f"{at}.blocks[{i}].{name}") for name in (
                                         "forward", "backward", "checkpointed_forward", "checkpointed_backward")}))
         missing = set(kinds) - {b.kind for b in blocks}
@@ -204,7 +315,7 @@ def card_from_dict(data: Mapping[str, Any], key: str, source: str = "", digest: 
         max_tokens = regime.get("max_tokens")
         if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)):
             raise CardError(f"{at}: max_tokens must be a whole number")
-        regimes.append(Regime(max_tokens=max_tokens, blocks=tuple(blocks), **{
+        regimes.append(Regime(max_tokens=max_tokens, blocks=tuple(blocks), head_work=_work(head.get("work"), f"{at}.head.work"), **{
             f"head_{name}": _phase(head.get(name), f"{at}.head.{name}")
             for name in ("forward", "backward", "checkpointed_forward", "checkpointed_backward")}))
     if not regimes or regimes[-1].max_tokens is not None:

@@ -15,6 +15,11 @@ the values, the evidence, in-sample, leave-one-out and held-out errors), price i
 - Elementwise, norm, activation, rotary, loss and gradient-bookkeeping work: counted HBM bytes at
   80% of the HBM bandwidth; transformers classes (`impl = "hf"`) add their unfused RMSNorm,
   rotary and repeat_kv bytes.
+- A carded model (`--impl hf` with a model card that records its work, `card_work`): GEMMs, eager
+  attention's batched matmuls, the fused attention kernels, the memory-bound ops' bytes and the
+  kernel launches come from the card, op by op as the transformers class runs them, priced with
+  the same constants; the per-family counts below (kernels, elementwise bytes, the loss's bytes
+  per logit) are the model for everything else (`hand_work`). docs/memory-model.md, "Model cards".
 - The host's side of a pass (`host_pass_s`): a time per kernel it issues (kernels counted per
   block: transformers classes launch about three times as many), a fixed part per forward,
   stages 1-2's gradient hooks, all measured on the host-floor rows (128 tokens a micro-step, where
@@ -55,7 +60,7 @@ the values, the evidence, in-sample, leave-one-out and held-out errors), price i
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from zlayout.core.comm import Collective, CommEstimate, estimate_comm, stage3_fetched_modules
 from zlayout.spec import Layout, LinkSpec, PlanInput
@@ -302,8 +307,13 @@ def matmul_flops_per_token(inp: PlanInput) -> float:
 
 
 def loss_bytes_per_micro_step(inp: PlanInput) -> float:
-    """HBM traffic of the softmax/cross-entropy over one micro-batch's logits, forward+backward."""
+    """HBM traffic of the softmax/cross-entropy over one micro-batch's logits, forward+backward
+    (a card with work: its head's memory-bound ops, the embedding and the final norm with the loss)."""
     t = inp.training
+    card = card_with_work(inp)
+    if card is not None:
+        head_fwd, head_bwd = card.pass_work(t.micro_batch, t.seq, t.checkpointing == "full")[2:]
+        return head_fwd.memory_bytes + head_bwd.memory_bytes
     return LOSS_BYTES_PER_LOGIT * t.micro_batch * t.seq * inp.model.vocab
 
 
@@ -378,6 +388,7 @@ class PhaseWork:
     host_kernels: float = 0.0  # of `kernels`, those the host floor prices (a MoE block's experts: not)
     grad_hooks: float = 0.0  # stages 1-2's gradient hooks (one per parameter tensor, backward)
     host_fixed_s: float = 0.0  # the host's Python per pass beyond its kernels (HOST_FORWARD_FIXED_S)
+    batched_gemm_flops: float = 0.0  # eager attention's T^2 matmuls (a card's bmm/baddbmm): narrow GEMMs
 
 
 @dataclass(frozen=True, slots=True)
@@ -454,8 +465,40 @@ def _elementwise_bytes_per_token(inp: PlanInput) -> tuple[float, float]:
     return fwd * m.layers, 2 * fwd * m.layers
 
 
-def micro_step_work(inp: PlanInput, layout: Layout) -> tuple[PhaseWork, PhaseWork]:
-    """The forward and the backward (recompute included) of one micro-step on one GPU."""
+def card_with_work(inp: PlanInput):
+    """The model card whose recorded work prices the passes (`card_work`), or None: the hand-counted
+    model (no card, impl "zlayout", a card learned before work was recorded, or a MoE model, whose
+    grouped experts and routing the MOE_* constants price from measurements)."""
+    from zlayout.core.memory import card_of
+
+    card = card_of(inp.model, inp.training)
+    return card if card is not None and card.has_work() and not inp.model.moe_layer_count else None
+
+
+def card_work(inp: PlanInput, card) -> tuple[PhaseWork, PhaseWork]:
+    """The model's own work in a micro-step's forward and backward, from what the card recorded
+    op by op (`ModelCard.pass_work`): layers x each kind of block, and the head. GEMMs, batched
+    GEMMs (eager attention's T^2 matmuls) and the fused attention kernels by their FLOPs, every
+    other op (dropout, activations, norms, softmax over T^2, casts, the loss) by the bytes it moves,
+    each op one kernel the host issues. With checkpointing the card's backward holds the recompute
+    as the run does it (non-reentrant: it stops once backward has what it needs)."""
+    t = inp.training
+    blocks_fwd, blocks_bwd, head_fwd, head_bwd = card.pass_work(t.micro_batch, t.seq, t.checkpointing == "full")
+    unaligned = inp.model.vocab % 8 != 0  # the head's GEMMs on the slower kernels (UNALIGNED_HEAD_EFFICIENCY)
+    passes = []
+    for blocks, head, fixed_s in ((blocks_fwd, head_fwd, HOST_FORWARD_FIXED_S), (blocks_bwd, head_bwd, 0.0)):
+        whole = blocks + head
+        passes.append(PhaseWork(
+            gemm_flops=whole.gemm_flops - (head.gemm_flops if unaligned else 0.0),
+            unaligned_gemm_flops=head.gemm_flops if unaligned else 0.0,
+            batched_gemm_flops=whole.batched_gemm_flops, attention_flops=whole.attention_flops,
+            hbm_bytes=whole.memory_bytes, kernels=whole.kernels, host_kernels=whole.kernels, host_fixed_s=fixed_s))
+    return passes[0], passes[1]
+
+
+def hand_work(inp: PlanInput) -> tuple[PhaseWork, PhaseWork]:
+    """The model's own work in a micro-step's forward and backward, counted by hand per family
+    (zlayout's GPT, transformers' Llama-style decoder layer, MoE blocks)."""
     m, t = inp.model, inp.training
     tokens = t.seq * t.micro_batch
     ckpt = t.checkpointing == "full"
@@ -473,16 +516,6 @@ def micro_step_work(inp: PlanInput, layout: Layout) -> tuple[PhaseWork, PhaseWor
     logits = tokens * m.vocab
     bytes_fwd = elem_fwd * tokens + 26 * logits  # the loss: slice copy, fp32 cast, log-softmax
     bytes_bwd = elem_bwd * tokens + (LOSS_BYTES_PER_LOGIT - 26) * logits + (elem_fwd * tokens if ckpt else 0)
-    # gradient bookkeeping in the backward hooks: stage 0 accumulates bf16 grads into fp32 (r2 r4 w4);
-    # stages 1-3 copy them into the reduction buckets (r2 w2)
-    bytes_bwd += (10 if layout.stage == 0 else 4) * m.params
-    if layout.stage == 3:
-        # each pass gathers every partition into the full parameters (r2 w2: the gathered flat buffer
-        # split into the parameters); on one GPU there is nothing to gather: the fetch points the
-        # parameter at its partition, which is the whole tensor (NoGatherHandle), no copy
-        gathered = 4 * m.params if inp.hardware.world > 1 else 0.0
-        bytes_fwd += gathered
-        bytes_bwd += gathered * (2 if ckpt else 1) + 6 * m.params / inp.hardware.world  # + fp32 grad partition
     moe_fixed_fwd = moe_fixed_bwd = 0.0
     if m.moe_layer_count and t.impl == "hf":  # transformers' grouped experts (MOE_* above)
         routed = m.moe_layer_count * tokens * (m.top_k or 1) * m.hidden
@@ -508,19 +541,42 @@ def micro_step_work(inp: PlanInput, layout: Layout) -> tuple[PhaseWork, PhaseWor
     else:
         layer_fwd, layer_bwd = host_fwd, host_bwd
     top_fwd, top_bwd = TOP_KERNELS["hf" if t.impl == "hf" else "zlayout"]
-    kernels_fwd = layer_fwd + top_fwd
-    kernels_bwd = layer_bwd + top_bwd + parameter_tensors(inp) + (layer_fwd if ckpt else 0)
-    host_kernels_bwd = host_bwd + top_bwd + parameter_tensors(inp) + (host_fwd if ckpt else 0)
+    return (PhaseWork(gemm_fwd, head_fwd, attn_fwd, bytes_fwd, layer_fwd + top_fwd, fixed_s=moe_fixed_fwd,
+                      host_kernels=host_fwd + top_fwd, host_fixed_s=HOST_FORWARD_FIXED_S),
+            PhaseWork(gemm_bwd, 2 * head_fwd, attn_bwd, bytes_bwd, layer_bwd + top_bwd + (layer_fwd if ckpt else 0),
+                      fixed_s=moe_fixed_bwd, host_kernels=host_bwd + top_bwd + (host_fwd if ckpt else 0)))
+
+
+def micro_step_work(inp: PlanInput, layout: Layout) -> tuple[PhaseWork, PhaseWork]:
+    """The forward and the backward (recompute included) of one micro-step on one GPU: the model's
+    own work (the card's record, `card_work`, where the model has one; else `hand_work`) and
+    DeepSpeed's around it (gradient bookkeeping, ZeRO-3's gathers and hooks)."""
+    m = inp.model
+    ckpt = inp.training.checkpointing == "full"
+    card = card_with_work(inp)
+    fwd, bwd = card_work(inp, card) if card is not None else hand_work(inp)
+    bytes_fwd, bytes_bwd = fwd.hbm_bytes, bwd.hbm_bytes
+    # gradient bookkeeping in the backward hooks: stage 0 accumulates bf16 grads into fp32 (r2 r4 w4);
+    # stages 1-3 copy them into the reduction buckets (r2 w2)
+    bytes_bwd += (10 if layout.stage == 0 else 4) * m.params
+    if layout.stage == 3:
+        # each pass gathers every partition into the full parameters (r2 w2: the gathered flat buffer
+        # split into the parameters); on one GPU there is nothing to gather: the fetch points the
+        # parameter at its partition, which is the whole tensor (NoGatherHandle), no copy
+        gathered = 4 * m.params if inp.hardware.world > 1 else 0.0
+        bytes_fwd += gathered
+        bytes_bwd += gathered * (2 if ckpt else 1) + 6 * m.params / inp.hardware.world  # + fp32 grad partition
     fetches_fwd = fetches_bwd = stage3_grad_hooks = 0.0
     if layout.stage == 3:
         fetches_fwd = float(stage3_hooked_modules(inp))
         fetches_bwd = fetches_fwd * (2 if ckpt else 1)  # the recompute's forward fetches again
         stage3_grad_hooks = float(parameter_tensors(inp))
     grad_hooks = float(parameter_tensors(inp)) if layout.stage in (1, 2) else 0.0
-    return (PhaseWork(gemm_fwd, head_fwd, attn_fwd, bytes_fwd, kernels_fwd, fetches_fwd, fixed_s=moe_fixed_fwd,
-                      host_kernels=host_fwd + top_fwd, host_fixed_s=HOST_FORWARD_FIXED_S),
-            PhaseWork(gemm_bwd, 2 * head_fwd, attn_bwd, bytes_bwd, kernels_bwd, fetches_bwd, stage3_grad_hooks,
-                      fixed_s=moe_fixed_bwd, host_kernels=host_kernels_bwd, grad_hooks=grad_hooks))
+    hook_kernels = parameter_tensors(inp)  # each gradient's copy into the bucket (stage 0: its accumulation)
+    return (replace(fwd, hbm_bytes=bytes_fwd, stage3_fetches=fetches_fwd),
+            replace(bwd, hbm_bytes=bytes_bwd, kernels=bwd.kernels + hook_kernels,
+                    host_kernels=bwd.host_kernels + hook_kernels, stage3_fetches=fetches_bwd,
+                    stage3_grad_hooks=stage3_grad_hooks, grad_hooks=grad_hooks))
 
 
 def stage3_hooked_modules(inp: PlanInput) -> int:
@@ -573,6 +629,14 @@ def elementwise_bytes_per_s(inp: PlanInput) -> float:
 def gemm_seconds_per_flop(inp: PlanInput, c: GpuStepConstants = SHIPPED) -> float:
     """1 / the dense GEMMs' achieved FLOP/s, which grows with the hidden size towards the asymptote."""
     return (1 + c.gemm_half_width / inp.model.hidden) / (peak_flops(inp) * c.gemm_efficiency)
+
+
+def batched_gemm_seconds_per_flop(inp: PlanInput, c: GpuStepConstants = SHIPPED) -> float:
+    """1 / eager attention's batched matmuls' achieved FLOP/s: q @ k^T and probs @ v per head, whose
+    narrow side is the head's width (64-256) where a dense layer's is the hidden size: the same
+    efficiency curve at the head's width (head_dim 256: 0.46 of peak, 128: 0.34, 64: 0.22)."""
+    head_width = inp.model.q_size / inp.model.heads
+    return (1 + c.gemm_half_width / head_width) / (peak_flops(inp) * c.gemm_efficiency)
 
 
 def stage3_hooks_s(inp: PlanInput, work: PhaseWork, c: GpuStepConstants = SHIPPED) -> float:
@@ -643,6 +707,7 @@ def phase_kernel_s(inp: PlanInput, work: PhaseWork, c: GpuStepConstants = SHIPPE
     """The GPU's own time for a pass: GEMMs, attention, HBM-bound elementwise work."""
     peak = peak_flops(inp)
     return (work.gemm_flops * gemm_seconds_per_flop(inp, c)
+            + work.batched_gemm_flops * batched_gemm_seconds_per_flop(inp, c)
             + work.unaligned_gemm_flops / (peak * c.unaligned_head_efficiency)
             + work.attention_flops / (peak * c.attention_efficiency)
             + work.hbm_bytes / elementwise_bytes_per_s(inp)

@@ -247,6 +247,7 @@ def trace_step(model: nn.Module, blocks: nn.ModuleList, tokens: int, checkpointi
             ledger.close_window(state["head_forward"])
             head_window = ledger.open_window("head_backward", -1)
             state["head_backward"], state["backward"] = head_window, True
+            forward_work = (Counter(ledger.op_flops), Counter(ledger.op_bytes), Counter(ledger.op_calls))
             loss.backward()
             del loss
             if state["head_backward"] is not None:
@@ -254,13 +255,27 @@ def trace_step(model: nn.Module, blocks: nn.ModuleList, tokens: int, checkpointi
     finally:
         for handle in handles:
             handle.remove()
-    return {"windows": ledger.closed,
+    return {"windows": ledger.closed, "forward_work": forward_work,
             "flops": ledger.op_flops, "bytes": ledger.op_bytes, "calls": ledger.op_calls}
+
+
+def op_work(flops: Counter, moved: Counter, calls: Counter) -> dict[str, dict[str, int]]:
+    """A phase's work by op: each FLOP-counted op (the matmuls, the attention kernels) on its own,
+    every other op (elementwise, norms, copies, reductions: memory-bound) summed as "elementwise";
+    each with its FLOPs, the bytes it moves and its kernel launches."""
+    table = {"elementwise": {"flops": 0, "bytes": 0, "calls": 0}}
+    for op in sorted(calls):
+        entry = table.setdefault(op if flops[op] > 0 else "elementwise", {"flops": 0, "bytes": 0, "calls": 0})
+        entry["flops"] += flops[op]
+        entry["bytes"] += moved[op]
+        entry["calls"] += calls[op]
+    return table
 
 
 def measure(step: dict[str, Any], blocks_traced: int) -> dict[str, Any]:
     """Per traced block and for the head: the requests of each phase (+bytes allocated,
-    -bytes freed, in order) and the work of each op (FLOPs, bytes moved)."""
+    -bytes freed, in order) and the work of each op (`op_work`) in its forward and backward (with
+    checkpointing the backward holds the recompute)."""
     windows = step["windows"]
 
     def one(phase: str, index: int) -> Window | None:
@@ -268,27 +283,32 @@ def measure(step: dict[str, Any], blocks_traced: int) -> dict[str, Any]:
         return found[0] if found else None
 
     blocks = {}
-    block_flops: Counter = Counter()
-    block_moved: Counter = Counter()
+    in_blocks = {phase: [Counter(), Counter(), Counter()] for phase in ("forward", "backward")}
     for index in range(blocks_traced):
         fwd, bwd, rec = one("forward", index), one("backward", index), one("recompute", index)
         if fwd is None or bwd is None:
             raise LearnError(f"block {index} ran no {'forward' if fwd is None else 'backward'} "
                              "the hooks could see")
-        for window in (fwd, bwd, rec):
-            if window is not None and window.phase != "recompute":
-                block_flops.update(window.flops)
-                block_moved.update(window.moved)
+        for phase, window in (("forward", fwd), ("backward", bwd)):  # the recompute runs inside the backward's window
+            for total, counted in zip(in_blocks[phase], (window.flops, window.moved, window.calls)):
+                total.update(counted)
         blocks[index] = {
             "forward": fwd.events, "backward": bwd.events, "recompute": rec.events if rec else [],
             "saved_by_dtype": dict(fwd.saved_by_dtype),
-            "flops": dict(fwd.flops + bwd.flops), "moved": dict(fwd.moved + bwd.moved),
+            "work_forward": op_work(fwd.flops, fwd.moved, fwd.calls),
+            "work_backward": op_work(bwd.flops, bwd.moved, bwd.calls),
         }
     head_forward, head_backward = one("head_forward", -1), one("head_backward", -1)
+    # the embedding, the final norm, the head and the loss: the step's work outside the blocks
+    step_forward = step["forward_work"]
+    step_backward = [Counter(total) for total in (step["flops"], step["bytes"], step["calls"])]
+    for total, forward in zip(step_backward, step_forward):
+        total.subtract(forward)
     head = {"forward": head_forward.events, "backward": head_backward.events,
-            # the embedding, the final norm, the head and the loss: the step's work outside the blocks
-            "flops": {op: n - block_flops[op] for op, n in step["flops"].items() if n - block_flops[op]},
-            "moved": {op: n - block_moved[op] for op, n in step["bytes"].items() if n - block_moved[op]}}
+            "work_forward": op_work(*(Counter(total) - counted
+                                      for total, counted in zip(step_forward, in_blocks["forward"]))),
+            "work_backward": op_work(*(total - counted
+                                       for total, counted in zip(step_backward, in_blocks["backward"])))}
     return {"blocks": blocks, "head": head}
 
 
@@ -389,6 +409,14 @@ def _learn_regime(model, blocks, keep, fit_tokens, check_tokens) -> tuple[dict, 
     return fitted, worst
 
 
+def work(plain: dict, checkpointed: dict) -> dict[str, dict]:
+    """A block's (or the head's) fitted work per phase: op -> [flops, bytes, calls] polynomials."""
+    return {phase: {op: [entry["flops"], entry["bytes"], entry["calls"]] for op, entry in run[f"work_{half}"].items()}
+            for phase, run, half in (("forward", plain, "forward"), ("backward", plain, "backward"),
+                                     ("checkpointed_forward", checkpointed, "forward"),
+                                     ("checkpointed_backward", checkpointed, "backward"))}
+
+
 def learn(config: Mapping[str, Any]) -> dict[str, Any]:
     """The model card of `config` (a parsed config.json), as a dict."""
     import transformers
@@ -400,9 +428,6 @@ def learn(config: Mapping[str, Any]) -> dict[str, Any]:
     kinds = block_kinds(blocks)
     keep = traced_blocks(kinds)
     model.bfloat16()  # DeepSpeed trains the bf16 copy
-
-    def ops(flops: dict, moved: dict) -> dict:
-        return {op: {"flops": flops[op], "bytes": moved.get(op, [0.0, 0.0, 0.0])} for op in sorted(flops)}
 
     regimes, worst = [], 0.0
     for max_tokens, fit_tokens, check_tokens in regimes_to_trace(config):
@@ -421,8 +446,7 @@ def learn(config: Mapping[str, Any]) -> dict[str, Any]:
                 "checkpointed_forward": checkpointed["forward"], "checkpointed_backward": checkpointed["backward"],
                 "recompute": checkpointed["recompute"],
                 "saved_by_dtype": plain["saved_by_dtype"],
-                "ops": ops(plain["flops"], plain["moved"]),
-                "recompute_ops": ops(checkpointed["flops"], checkpointed["moved"]),
+                "work": work(plain, checkpointed),
             })
         head, checkpointed_head = fitted[False]["head"], fitted[True]["head"]
         regime = {"tokens_fitted": list(fit_tokens), "tokens_checked": check_tokens, "fit_error": round(error, 6),
@@ -430,7 +454,7 @@ def learn(config: Mapping[str, Any]) -> dict[str, Any]:
                   "head": {"forward": head["forward"], "backward": head["backward"],
                            "checkpointed_forward": checkpointed_head["forward"],
                            "checkpointed_backward": checkpointed_head["backward"],
-                           "ops": ops(head["flops"], head["moved"])}}
+                           "work": work(head, checkpointed_head)}}
         if max_tokens is not None:
             regime = {"max_tokens": max_tokens, **regime}
         regimes.append(regime)

@@ -11,6 +11,10 @@ a block's forward runs from its forward pre-hook to the next block's (its input 
 once it has returned; the last block's to its forward hook), its recompute (checkpointing) from
 its first sub-module's call in backward, its backward from the gradient of its output to the
 gradient of its input.
+
+Each op's work is recorded too, per window: its FLOPs (torch's flop counter: the matmuls, the
+attention kernels), the bytes it moves (its inputs and outputs) and one kernel launch. Ops that
+launch no kernel (views, `empty`) are not work.
 """
 
 from __future__ import annotations
@@ -40,6 +44,20 @@ class Window:
     saved_storages: set = field(default_factory=set)
     flops: Counter = field(default_factory=Counter)
     moved: Counter = field(default_factory=Counter)
+    calls: Counter = field(default_factory=Counter)
+
+
+# Ops that launch no kernel (views are told apart by their schema, `OpOverload.is_view`).
+NO_KERNEL = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "detach",
+                       "alias", "lift_fresh", "_unsafe_view", "set_", "resize_", "_local_scalar_dense"})
+# Ops that read rows of a table (the embedding lookup): they move their output's bytes, not the table's.
+GATHERS = frozenset({"embedding", "index_select", "gather", "index"})
+
+
+def _bytes(tensor: torch.Tensor) -> int:
+    """What a kernel moves for a tensor: its elements, at most its storage (a broadcast
+    (expanded) tensor is read once, from its storage)."""
+    return min(tensor.numel() * tensor.element_size(), tensor.untyped_storage().nbytes())
 
 
 class StorageLedger(TorchDispatchMode):
@@ -98,19 +116,27 @@ class StorageLedger(TorchDispatchMode):
 
     def count(self, func, args, kwargs, out, outputs) -> None:
         name = func._overloadpacket.__name__
+        if func.is_view or name in NO_KERNEL:
+            return
         packet = func._overloadpacket
         flops = int(flop_registry[packet](*args, **kwargs, out_val=out)) if packet in flop_registry else 0
         inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
-        self.add_work(name, flops, sum(t.numel() * t.element_size() for t in inputs + outputs))
+        if name in GATHERS and inputs:  # reads the rows it returns, not the whole table
+            inputs = inputs[1:]
+            moved = 2 * sum(_bytes(t) for t in outputs)
+        else:
+            moved = sum(_bytes(t) for t in outputs)
+        self.add_work(name, flops, moved + sum(_bytes(t) for t in inputs))
 
     def add_work(self, name: str, flops: int, nbytes: int) -> None:
-        """Work of an op priced by hand (the attention kernel the meta device cannot run)."""
+        """One kernel's work (also called directly for the attention kernels the meta device cannot run)."""
         self.op_flops[name] += int(flops)
         self.op_bytes[name] += int(nbytes)
         self.op_calls[name] += 1
         for window in self.open:
             window.flops[name] += int(flops)
             window.moved[name] += int(nbytes)
+            window.calls[name] += 1
 
     # --------------------------------------------------------------- windows
 

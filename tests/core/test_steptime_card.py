@@ -1,0 +1,93 @@
+"""The step time of a carded model from the work its card recorded (core.card.WorkPhase,
+steptime.card_work): real learned cards (the held-out family configs', benchmarks/measurements/
+h200-2026-12-02c/heldout: cards-v2 record each op's work, cards was learned before and does not)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from zlayout import cards
+from zlayout.cli import build_parser, plan_input_from_args
+from zlayout.core import steptime
+from zlayout.spec import Layout
+
+HELDOUT = Path(__file__).resolve().parents[2] / "benchmarks" / "measurements" / "h200-2026-12-02c" / "heldout"
+
+
+def plan_input(monkeypatch, folder: str, config: str, *flags: str):
+    monkeypatch.setenv(cards.CARDS_DIR_ENV, str(HELDOUT / folder))
+    args = build_parser().parse_args(["plan", "--hf-config", str(HELDOUT / "configs" / config), "--impl", "hf",
+                                      "--gpu", "h200", "--gpus-per-node", "1", *flags])
+    inp = plan_input_from_args(args)
+    assert inp.model.card is not None
+    return inp
+
+
+def test_a_learned_cards_work_counts_the_models_matmuls_and_attention(monkeypatch):
+    """gpt2-medium's card at 16 x 1024: its blocks' GEMM FLOPs are 2 per weight per token (24 layers
+    of 12 h^2), the head's 2 x vocab x hidden per token, attention's causal-halved 4 T^2 h per layer."""
+    inp = plan_input(monkeypatch, "cards-v2", "gpt2-medium.json", "--seq", "1024", "--micro-batch", "16")
+    card = inp.model.card
+    assert card.has_work()
+    b, t, h, layers = 16, 1024, 1024, 24
+    blocks_fwd, blocks_bwd, head_fwd, head_bwd = card.pass_work(b, t, checkpointing=False)
+    assert blocks_fwd.gemm_flops == pytest.approx(2 * b * t * layers * 12 * h * h)
+    assert blocks_bwd.gemm_flops == pytest.approx(2 * blocks_fwd.gemm_flops)
+    assert head_fwd.gemm_flops == pytest.approx(2 * b * t * 50257 * h)
+    assert blocks_fwd.attention_flops == pytest.approx(layers * 4 * b * t * t * h / 2)
+    assert blocks_fwd.batched_gemm_flops == 0  # sdpa: no T^2 matmuls of its own
+    # dropout (a mask a layer, its r/w), gelu_new's chain: more memory-bound bytes than GEMM FLOPs' inputs
+    assert blocks_fwd.memory_bytes > 40 * b * t * h * layers
+    assert blocks_fwd.kernels == int(blocks_fwd.kernels) and blocks_fwd.kernels > 20 * layers
+    # checkpointing: the backward holds the recompute (a forward's GEMMs at most)
+    _, ckpt_bwd, _, _ = card.pass_work(b, t, checkpointing=True)
+    assert blocks_bwd.gemm_flops < ckpt_bwd.gemm_flops <= blocks_bwd.gemm_flops + blocks_fwd.gemm_flops
+
+
+def test_eager_attention_is_priced_as_batched_matmuls_over_t_squared(monkeypatch):
+    """gemma-2 (eager: softcapping): q @ k^T and probs @ v are bmm's over the full T^2 (no causal
+    kernel skipping half), priced at a GEMM's efficiency at the head's width, not the hidden size's."""
+    inp = plan_input(monkeypatch, "cards-v2", "gemma-2-2b-L8.json", "--seq", "4096", "--micro-batch", "1")
+    fwd, _ = steptime.micro_step_work(inp, Layout(stage=2))
+    layers, t, q = 8, 4096, 8 * 256
+    assert fwd.attention_flops == 0
+    assert fwd.batched_gemm_flops == pytest.approx(layers * 2 * 2 * t * t * q)
+    per_flop = steptime.batched_gemm_seconds_per_flop(inp)
+    assert per_flop > steptime.gemm_seconds_per_flop(inp)
+    assert per_flop * steptime.peak_flops(inp) == pytest.approx(
+        1 / (steptime.GEMM_EFFICIENCY * 256 / (256 + steptime.GEMM_HALF_WIDTH)))
+
+
+def test_the_cards_work_lengthens_the_step_the_hand_model_under_counts(monkeypatch):
+    """gpt2-medium's dropout and gelu_new, gemma-2's eager softmax over T^2: the card's work makes the
+    step longer than the hand model's, which counts neither."""
+    for config, stage, flags in (("gpt2-medium.json", 1, ("--seq", "1024", "--micro-batch", "16")),
+                                 ("gemma-2-2b-L8.json", 2, ("--seq", "4096", "--micro-batch", "1",
+                                                            "--checkpointing", "full"))):
+        flags, layout = (*flags, "--stage", str(stage)), Layout(stage=stage)
+        hand = steptime.estimate_step_time(plan_input(monkeypatch, "cards", config, *flags), layout)
+        carded = steptime.estimate_step_time(plan_input(monkeypatch, "cards-v2", config, *flags), layout)
+        assert carded.compute_s > 1.1 * hand.compute_s, config
+        assert carded.step_time_s > hand.step_time_s, config
+
+
+def test_a_card_learned_before_work_was_recorded_keeps_the_hand_model(monkeypatch):
+    inp = plan_input(monkeypatch, "cards", "pythia-1b.json", "--seq", "2048", "--micro-batch", "4")
+    assert not inp.model.card.has_work()
+    assert steptime.card_with_work(inp) is None
+    fwd, bwd = steptime.micro_step_work(inp, Layout(stage=0))
+    hand_fwd, hand_bwd = steptime.hand_work(inp)
+    assert fwd.gemm_flops == hand_fwd.gemm_flops and fwd.kernels == hand_fwd.kernels
+    assert bwd.kernels == hand_bwd.kernels + steptime.parameter_tensors(inp)
+
+
+def test_a_damaged_work_table_is_one_line_naming_it(tmp_path):
+    text = (HELDOUT / "cards-v2" / "bcc7e70e1005c839.toml").read_text()
+    broken = tmp_path / "bcc7e70e1005c839.toml"
+    start = text.index("[regimes.blocks.work.forward]")
+    line_end = text.index("\n", text.index("addmm = ", start))
+    broken.write_text(text[:text.index("addmm = ", start)] + "addmm = '0 1 2, 3 4 5'" + text[line_end:])
+    with pytest.raises(cards.CardError, match=r"work\.forward\.addmm: an op's work is"):
+        cards.read_card(broken)
