@@ -20,6 +20,7 @@ from typing import Any, Mapping
 from zlayout import tomlsafe
 from zlayout.catalog import BUILTIN_PRESETS_DIR
 from zlayout.core.card import CardError, ModelCard, card_from_dict
+from zlayout.smallfile import TooLarge, read_small_file
 
 CARDS_DIR_ENV = "ZLAYOUT_CARDS_DIR"
 SHIPPED_CARDS_DIR = BUILTIN_PRESETS_DIR / "cards"
@@ -61,12 +62,11 @@ def card_dirs() -> list[Path]:
 def read_card(path: Path, key: str | None = None) -> ModelCard:
     """The card in `path`; CardError (one line) when it is not a card zlayout wrote."""
     try:
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_CARD_BYTES + 1)
+        data = read_small_file(path, MAX_CARD_BYTES)
+    except TooLarge:
+        raise CardError(f"{path}: larger than {MAX_CARD_BYTES // 2**20} MiB, not a model card") from None
     except OSError as exc:
         raise CardError(f"{path}: cannot read: {exc.strerror}") from None
-    if len(data) > MAX_CARD_BYTES:
-        raise CardError(f"{path}: larger than {MAX_CARD_BYTES // 2**20} MiB, not a model card")
     try:
         text = data.decode("utf-8")
         tomlsafe.check_toml_limits(text, str(path), max_chars=None)
