@@ -5,10 +5,13 @@ of allocation_sequence that means to change nothing changes no digest."""
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 
-import replay_golden as golden  # tests/core, on sys.path as this file's folder
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import replay_golden as golden  # noqa: E402  tests/core/replay_golden.py: the grid and its recorder
 
 RECORDED = json.loads(golden.GOLDEN.read_text())
 
