@@ -104,6 +104,11 @@ def _replays_card(model, training) -> bool:
     return blocks_from_cards and model.card is not None and training.impl == "hf"
 
 
+# Whether a replay that takes its blocks from the card takes the head and loss from it too
+# (benchmarks/card_accuracy.py turns it off to print the hand-written head's figures beside).
+heads_from_cards = True
+
+
 def card_blocks(inp, s: _Seq, first_matmul) -> CardBlocks | None:
     """The replay's blocks from the model's learned card, or None (the hand-written blocks)."""
     model, t = inp.model, inp.training
@@ -134,7 +139,7 @@ class MicroStep:
     final_kept: list[int] = field(default_factory=list)  # what the final norm keeps for backward
     head_in: int | None = None  # the final norm's output, the head's input
     head_w: list[int] = field(default_factory=list)  # ZeRO-3: the head's gathered weight
-    loss_kept: list[int] = field(default_factory=list)  # what the loss keeps for its backward (hand)
+    loss_kept: list = field(default_factory=list)  # what the head and loss keep for their backward
     g: int | None = None  # the gradient flowing back: the head's input's, then each block's
     head_grad: int | None = None  # the output head's weight gradient
 
@@ -152,6 +157,8 @@ class _Training:
         # (core/card.py) where the model has one, the rest of the step unchanged.
         self.card = card_blocks(inp, r.s, r.first_matmul)
         self.blocks = self.hand if self.card is None else self.card
+        # the final norm, the head and the loss from the card too (`card_head_forward`)
+        self.card_head = self.card is not None and heads_from_cards
         self.gathers = Gathers(r)
         self.grads = GradientReduction(r)
 
@@ -390,11 +397,12 @@ class _Training:
         r, s, gathers, hook = self.r, self.s, self.gathers, self.grads.hook
         V, h, w, T = r.V, r.h, r.w, r.T
         tied = r.model.tie_embeddings
-        if not tied:
+        if not tied and not self.card_head:
             hook([m.head_grad])
         if m.keep_head:
             s.f(*m.head_w)
-        g = self.hand.norm_backward(m.g, m.final_kept, [], hook)
+        # the card's head backward ends with the final norm's
+        g = m.g if self.card_head else self.hand.norm_backward(m.g, m.final_kept, [], hook)
         gathered = m.gathered
         pb = gathers.backward_prefetcher(gathered) if m.prefetch else None
         if pb:
@@ -432,6 +440,67 @@ class _Training:
         hook([emb_grad])
         s.f(*emb_w)
 
+    # --- the head and loss from a learned card --------------------------------------
+
+    def card_head_forward(self, m: MicroStep) -> None:
+        """The card's final norm, head and loss forward (`Regime.head_forward`: from the last
+        block's return to the loss, the model's outputs dropped as the trainer loop does; with
+        --loop deepspeed the logits' last free is not made: the loop's `outputs` holds them).
+        The card's window opens as the last block returns, so its first free of the hidden
+        size is that block's input, which the card's block window freed already. The frees of
+        tensors made before it go to those the hand-written head frees here: with
+        transformers' RMSNorm, the last block's output (rebound to the norm's) and
+        `inputs_embeds` (when the model's forward returns)."""
+        r, s, card, pf = self.r, self.s, self.card, m.prefetch
+        if pf:
+            pf[0].fetch(len(pf[0].modules) - 2)  # the final norm: a prefetch
+            m.head_w = pf[0].fetch(len(pf[0].modules) - 1)
+        else:
+            m.head_w = self.gathers.fetch([r.V * r.h])
+        last_input = m.inputs[-2] if len(m.inputs) > 2 else None
+        made = (s.sizes[last_input],) if last_input in card.freed_inputs else ()
+        outside = []
+        if r.hf_norm:
+            if not r.ckpt and m.inputs[0] not in card.freed_inputs:
+                outside.append(m.inputs[0])
+            outside.append(m.inputs[-1])
+        live = card.run(None, "checkpointed_forward" if r.ckpt else "forward", outside, made=made,
+                        hold=r.T * r.V * r.w if r.keeps_outputs else 0)
+        if m.recording:
+            s.f(*m.head_w)  # released after the head's forward, gathered again for its backward
+        s.f(*outside)  # what the card left of them dies here, as in the hand-written head
+        m.loss_kept = sorted(n for names in live.values() for n in names)
+        if r.keeps_outputs and card.held is not None:
+            s.f(r.held_logits)  # the previous micro-step's outputs, replaced
+            r.held_logits = card.held
+
+    def card_head_backward(self, m: MicroStep) -> None:
+        """The card's loss, head and final norm backward (`Regime.head_backward`, up to the
+        last block's output gradient, `m.g`): the head's weight gradient hooked when the card
+        drops it (a tied weight's is held to the embedding's, `m.head_grad`), the final norm's
+        input (a LayerNorm's saved one) among what its frees take."""
+        r, s, card = self.r, self.s, self.card
+        T, V, h, w = r.T, r.V, r.h, r.w
+        self.grads.start_backward()
+        if m.recording:
+            m.head_w = self.gathers.fetch([V * h])
+        tied = r.model.tie_embeddings
+        last_output = [] if r.hf_norm else [m.inputs[-1]]
+        outside = [*m.loss_kept, *last_output]
+        live = card.run(None, "checkpointed_backward" if r.ckpt else "backward", outside, self.grads.hook,
+                        first_grad=lambda: r.first_matmul("backward"), hook_left=not tied)
+        r.first_matmul("backward")  # a card whose head makes no weight gradient still multiplies
+        m.head_grad = card.latest(live, V * h * w) if tied else None
+        m.g = card.latest(live, T * h * w)
+        if m.g is None:
+            m.g = s.a(T * h * w)
+        if not m.keep_head:
+            s.f(*m.head_w)
+        # what the card's frees left (the final norm's input; a tensor whose free took another
+        # of its size) dies here, as the hand-written head's tensors do: offered to the
+        # blocks' frees it would take what the card's blocks mean to free
+        s.f(*outside, *sorted(n for names in live.values() for n in names))
+
     # --- the step ---------------------------------------------------------------------
 
     def run(self, steps: int) -> None:
@@ -444,10 +513,10 @@ class _Training:
             recording = index == 0
             m = MicroStep(index, boundary, recording, self.gathers.head_kept and not recording)
             self.forward_blocks(m)
-            self.head_forward(m)
+            (self.card_head_forward if self.card_head else self.head_forward)(m)
             if boundary:
                 s.mark(f"step{index // r.ga + 1}.forward")
-            self.head_backward(m)
+            (self.card_head_backward if self.card_head else self.head_backward)(m)
             self.backward_blocks(m)
             grads.end_backward()
             if boundary:
@@ -489,7 +558,9 @@ def _key(inp, layout) -> tuple:
     # the model's JSON names its card by key only: the replay takes the card's requests, so the
     # card's text (its digest) is part of what the answer depends on
     card = inp.model.card
-    return (*key, "card", card.digest or card.source) if _replays_card(inp.model, inp.training) else key
+    if not _replays_card(inp.model, inp.training):
+        return key
+    return (*key, "card", card.digest or card.source, "head" if heads_from_cards else "hand head")
 
 
 _CACHE: dict[tuple, int | None] = {}

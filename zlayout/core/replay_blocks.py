@@ -541,12 +541,16 @@ class CardBlocks:
         self.saved_by_input: dict[int, dict] = {}  # checkpointing: the forward's leftovers per input
         self.carried: list[int] = []  # a backward's leftovers, freed by the next block's requests
         self.unmatched = 0
+        self.head_unmatched = 0  # the same, in the head's and loss's phases (masks made before the blocks)
+        self.held: int | None = None  # the head's forward: the outputs the loop keeps (`run`'s hold)
 
-    def ops(self, kind: int, phase: str) -> list[tuple[int, bool]]:
-        """(signed size, whether an allocation is a weight's gradient) per request."""
+    def ops(self, kind: int | None, phase: str) -> list[tuple[int, bool]]:
+        """(signed size, whether it allocates or frees a weight's gradient) per request of a block's
+        phase, or with `kind` None of the head's and loss's (`Regime.head_*`)."""
         key = (kind, phase)
         if key not in self.compiled:
-            requests = getattr(self.regime.block(kind), phase).requests
+            source = self.regime.block(kind) if kind is not None else None
+            requests = getattr(source, phase).requests if source else getattr(self.regime, f"head_{phase}").requests
             backward = "backward" in phase
             ops = []
             for (q, a, _), size in zip(requests, (int(round(bytes_at(r, self.micro_batch, self.seq)))
@@ -554,42 +558,71 @@ class CardBlocks:
                 grad_sized = backward and abs(size) in self.grad_sizes
                 # a small-pool request touches nothing replayed, unless it is a (norm's) gradient
                 if abs(size) > SMALL_SIZE or grad_sized:
-                    ops.append((size, grad_sized and q == 0 and a == 0 and size > 0))
+                    # a weight's gradient is as large whatever the tokens: a request that grows
+                    # with them is an activation's, even where its size happens to match
+                    ops.append((size, grad_sized and q == 0 and a == 0))
             self.compiled[key] = ops
         return self.compiled[key]
 
-    def run(self, kind: int, phase: str, outside: list[int], hook=None) -> dict[int, list[int]]:
+    def run(self, kind: int | None, phase: str, outside: list[int], hook=None, *, made: tuple[int, ...] = (),
+            hold: int = 0, first_grad=None, hook_left: bool = True) -> dict[int, list[int]]:
         """Replay one phase; `outside`: live tensors made before it that its frees may take
-        (tried last first; taken ones are removed). Returns the phase's live tensors by size."""
+        (tried last first; taken ones are removed). Returns the phase's live tensors by size.
+        For the head's phases: `made`, sizes whose first free the replay has made already (the
+        last block's input, freed in the card's block window); `hold`, a size whose last free
+        is not made (the loop's outputs): the tensor is left in `self.held`; `first_grad`,
+        called before the first weight gradient is made (autograd's thread's first matmul);
+        `hook_left` False: a gradient the phase never drops (a tied weight's, summed later) is
+        returned among the live tensors, not hooked."""
         s = self.s
         own: dict[int, list[int]] = {}
         grads: dict[int, list[int | None]] = {}
-        for size, grad in self.ops(kind, phase):
+        made = list(made)
+        ops = self.ops(kind, phase)
+        held_at = max((i for i, (size, _) in enumerate(ops) if size == -hold), default=-1) if hold else -1
+        self.held = None
+        for i, (size, grad) in enumerate(ops):
             if size > 0:
+                if grad and first_grad is not None:
+                    first_grad()
+                    first_grad = None
                 name = s.a(size) if size > SMALL_SIZE else None
                 (grads if grad else own).setdefault(size, []).append(name)
                 continue
             size = -size
-            if grads.get(size):
+            if i == held_at and own.get(size):
+                self.held = own[size].pop()
+            elif grad and grads.get(size):
                 name = grads[size].pop(0)
                 if name is None:
                     hook([], size // 2)
                 else:
                     hook([name])
+            elif size in made:
+                made.remove(size)
             elif own.get(size):
                 s.f(own[size].pop())
             elif size <= SMALL_SIZE:
                 pass  # a small-pool tensor made outside the phase
             else:
-                for i in range(len(outside) - 1, -1, -1):
-                    if s.sizes[outside[i]] == size:
-                        s.f(outside.pop(i))
+                for j in range(len(outside) - 1, -1, -1):
+                    if s.sizes[outside[j]] == size:
+                        s.f(outside.pop(j))
                         break
                 else:
-                    self.unmatched += 1
+                    if kind is None:
+                        self.head_unmatched += 1
+                    else:
+                        self.unmatched += 1
         for size, names in grads.items():  # gradients the phase never dropped: hooked at its end
             for name in names:
-                hook([], size // 2) if name is None else hook([name])
+                if not hook_left:
+                    if name is not None:
+                        own.setdefault(size, []).append(name)
+                elif name is None:
+                    hook([], size // 2)
+                else:
+                    hook([name])
         return {size: [n for n in names if n is not None] for size, names in own.items()}
 
     @staticmethod
