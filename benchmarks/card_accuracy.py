@@ -78,7 +78,7 @@ def in_sample_replays(rows: list[dict], configs: dict, cards_dir: Path) -> None:
     from zlayout.spec import Layout
 
     os.environ[cards.CARDS_DIR_ENV] = str(cards_dir)
-    print("\nin-sample (call 2, family-truth): the replay's blocks from the card against the hand-written ones")
+    print("\nin-sample (call 2, family-truth): the replay's blocks, head and loss from the card against the hand-written ones")
     print(replay_header())
     errors: dict = {}
     for row in rows:
@@ -109,7 +109,7 @@ def held_out_replays() -> None:
     from zlayout.spec import Layout, PlanInput
 
     os.environ[cards.CARDS_DIR_ENV] = str(HELDOUT / "cards")
-    print("\nheld-out (calls 3-4, heldout/): the replay's blocks from the card against the hand-written ones")
+    print("\nheld-out (calls 3-4, heldout/): the replay's blocks, head and loss from the card against the hand-written ones")
     print(replay_header())
     errors: dict = {}
     for name in ("call3-families-results.jsonl", "call4-families-results.jsonl"):

@@ -142,3 +142,69 @@ def test_the_replay_key_holds_the_cards_text(carded):
     assert inp.model.card.digest and inp.model.card.digest != "0" * 16
     assert inp.model.model_dump_json() == other.model.model_dump_json()  # the JSON names the key only
     assert sim._key(inp, layout) != sim._key(other, layout)
+
+
+# --- the head and loss from the card -------------------------------------------------------
+
+
+def _with_hand_head(make):
+    sim.heads_from_cards = False
+    try:
+        return make()
+    finally:
+        sim.heads_from_cards = True
+
+
+def test_gemma2s_softcapped_logits_are_replayed_from_its_card(carded):
+    # Gemma-2 caps its logits (logits / cap, tanh, * cap: three more tokens x vocab bf16
+    # tensors) before the loss; the hand-written head does not, the card's head records them
+    inp = carded("gemma-2-2b-L8.json", "--seq", "4096", "--micro-batch", "1", "--loop", "trainer")
+    layout = Layout(stage=0, offload_optimizer="gpu", offload_param="gpu")
+    logits = 4096 * inp.model.vocab * 2
+
+    def head_forward_logits() -> int:
+        seq = sim._Seq()
+        events = sim.allocation_sequence(inp, layout, 1, seq)
+        marks = dict(seq.marks)
+        forward = events[marks["step1.forward"] - 40:marks["step1.forward"]]
+        return _allocations(forward).count(logits)
+
+    assert head_forward_logits() == 4  # the logits, the capped quotient, its tanh, the product
+    assert _with_hand_head(head_forward_logits) == 1
+    sim._CACHE.clear()
+    with_card = sim.replayed_peak_reserved(inp, layout)
+    by_hand = _with_hand_head(lambda: sim.replayed_peak_reserved(inp, layout))
+    assert with_card - by_hand >= logits
+
+
+def test_the_deepspeed_loop_keeps_the_cards_logits(carded):
+    # `outputs = engine(...)` holds the bf16 logits through backward and the step: the card's
+    # head drops them (the trainer loop) unless the loop keeps them
+    layout = Layout(stage=2, offload_optimizer="gpu", offload_param="gpu")
+    live = {}
+    for loop in ("deepspeed", "trainer"):
+        inp = carded("llama-3.2-1b.json", "--seq", "2048", "--micro-batch", "2", "--loop", loop)
+        seq = sim._Seq()
+        live[loop] = _live_at_marks(sim.allocation_sequence(inp, layout, 2, seq), seq.marks)
+    logits = 2 * 2048 * inp.model.vocab * 2
+    for mark in ("step1.forward", "step1.backward", "step2.step"):
+        assert live["deepspeed"][mark] - live["trainer"][mark] == logits, mark
+
+
+def test_a_tied_heads_gradient_from_the_card_waits_for_the_embeddings(carded):
+    # Llama-3.2-1B ties its head to its embedding: autograd holds the head's gradient until the
+    # embedding's is made and sums the two (a third tensor); the card's head backward never
+    # drops it, so it must not be hooked (freed) there
+    inp = carded("llama-3.2-1b.json", "--seq", "1000", "--micro-batch", "1")  # no tokens x vocab as large
+    weight = inp.model.vocab * inp.model.hidden * 2
+    assert inp.model.tie_embeddings
+    seq = sim._Seq()
+    events = sim.allocation_sequence(inp, Layout(stage=0, offload_optimizer="gpu", offload_param="gpu"), 1, seq)
+    backward = events[dict(seq.marks)["step1.forward"]:dict(seq.marks)["step1.backward"]]
+    made = [e[1] for e in backward if e[0] == "a" and e[2] == weight]
+    assert len(made) == 3  # the head's gradient, the embedding's, their sum
+    head, embedding, total = made
+    order = [e[:2] for e in backward]
+    # the head's gradient lives until the embedding's is made, then both die for their sum
+    assert order.index(("a", embedding)) < order.index(("f", head))
+    assert order.index(("a", total)) < order.index(("f", head))

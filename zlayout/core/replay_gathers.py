@@ -1,0 +1,174 @@
+"""ZeRO-3's weight gathers for the allocator replay (core/allocator_sim.py): which gathered
+weights the forward keeps for the backward, one gather per module (`fetch`) in the first step,
+the coordinator's prefetches (`Prefetcher`) once the module trace is complete."""
+
+from __future__ import annotations
+
+from zlayout.core.replay_state import ALLGATHER_STREAM, Replay
+from zlayout.core.tensors import stage3_live_param_elements
+
+
+def block_fetch_modules(model, impl: str) -> list[list[int]] | None:
+    """One dense block's modules in the order their forward runs (the order ZeRO-3's trace
+    fetches them), each as the element counts of its weights (a module without one: a norm,
+    whose small weights stay gathered). None for the blocks whose order is not written here
+    (MoE, MLA)."""
+    if model.is_moe or model.mla:
+        return None
+    h, q, kv, f = model.hidden, model.q_size, model.kv_size, model.ffn_size
+    if impl == "hf" and model.norm == "rmsnorm" and model.mlp == "swiglu":
+        # LlamaDecoderLayer: input_layernorm, q/k/v/o_proj, post_attention_layernorm,
+        # LlamaMLP: down_proj(act(gate_proj(x)) * up_proj(x))
+        return [[], [h * q], [h * kv], [h * kv], [model.attn_out_size * h], [], [f * h], [f * h], [f * h]]
+    # worker_model.Block: norm1, qkv, proj, norm2, fc1, fc2
+    gate_up = 2 if model.mlp == "swiglu" else 1
+    return [[], [h * (q + 2 * kv)], [model.attn_out_size * h], [], [gate_up * f * h], [f * h]]
+
+
+class Gathers:
+    """ZeRO-3's gathers of one replay: none unless `r.gather` (more than one GPU, or the
+    weights on the host)."""
+
+    def __init__(self, r: Replay) -> None:
+        model, zero, n = r.model, r.zero, r.n
+        self.s, self.n, self.w, self.small, self.zero, self.ckpt = r.s, n, r.w, r.small, zero, r.ckpt
+        self.model, self.V, self.h = model, r.V, r.h
+        self.on = r.gather
+        # the gathered weights kept from forward to backward (those whose next use is within
+        # stage3_max_reuse_distance: the head and the last blocks), the rest released
+        live = stage3_live_param_elements(model, zero, n, not r.param_on_gpu) if r.gather else 0
+        big_layer = [x for x in r.layer_sizes if x > r.small]
+        self.kept_layers: set[int] = set()
+        budget = live - (r.V * r.h if not model.tie_embeddings else 0)
+        for i in reversed(range(model.layers)):
+            if budget < sum(big_layer):
+                break
+            self.kept_layers.add(i)
+            budget -= sum(big_layer)
+        self.head_kept = live >= r.V * r.h
+        self.block_modules = block_fetch_modules(model, r.t.impl) if r.gather else None
+
+    def fetch(self, sizes: list[int]) -> list[int]:
+        """One module's weights gathered on their own (the first step's, or no prefetcher)."""
+        return [self.s.a(x * self.w, ALLGATHER_STREAM) for x in sizes if x > self.small] if self.on else []
+
+    def forward_prefetcher(self, keep_head: bool) -> tuple[Prefetcher, list[int]] | None:
+        """The forward's module sequence (embedding, each block's modules, final norm, head)
+        and the index of each block's first module."""
+        if self.block_modules is None:
+            return None
+        modules, starts, kept = [[self.V * self.h]], [], set()
+        for layer in range(self.model.layers):
+            starts.append(len(modules))
+            if layer in self.kept_layers:
+                kept.update(range(len(modules), len(modules) + len(self.block_modules)))
+            modules += [list(m) for m in self.block_modules]
+        modules += [[], [self.V * self.h]]
+        if keep_head:
+            kept.add(len(modules) - 1)
+        return Prefetcher(self, modules, kept), starts
+
+    def backward_prefetcher(self, gathered: dict[int, list[int]]) -> tuple[Prefetcher, dict[int, int]] | None:
+        """The backward's module sequence (the head, the final norm, the blocks last first:
+        each block's modules in reverse, or in forward order when checkpointed, the recompute
+        fetching them; the embedding), with the blocks still gathered from the forward and the
+        head present, and the index of each block's first module."""
+        if self.block_modules is None:
+            return None
+        modules, starts, present = [[self.V * self.h], []], {}, {0}
+        order = self.block_modules if self.ckpt else self.block_modules[::-1]
+        for layer in reversed(range(self.model.layers)):
+            starts[layer] = len(modules)
+            if layer in gathered:
+                present.update(range(len(modules), len(modules) + len(order)))
+            modules += [list(m) for m in order]
+        modules.append([self.V * self.h])
+        return Prefetcher(self, modules, set(), frozenset(present)), starts
+
+
+class Prefetcher:
+    """ZeRO-3's gathers (n > 1 GPUs, or one with the weights on the host) once the module
+    trace is complete (steps after the first), partitioned_param_coordinator.fetch_sub_module
+    per module, in trace order:
+    wait for the module's weights, then prefetch: pop the trace's next weights until
+    stage3_prefetch_bucket_size elements are not available, and all-gather them in one
+    call (__all_gather_params_ -> all_gather_coalesced, on the allgather stream).
+    partition_parameters.py: one weight is gathered straight into its buffer of
+    ceil(numel / n) * n elements (_all_gather_sequential); several into one flat buffer
+    (_all_gather_dtype, the padded partitions times n), each weight copied out of it by
+    torch.cat at the first wait (AllGatherCoalescedHandle.wait), the flat freed once
+    every weight of the call has been waited for (the handle leaves
+    __inflight_param_registry). w2-z3-L8-h4096 step 2: 160 MiB flats (proj + fc1,
+    16.8M + 67.1M elements), 96 and 128 MiB buffers (qkv, fc2 alone). A prefetch takes at
+    most stage3_max_live_parameters less the elements gathered and not yet released
+    (__n_available_params: up by each gather, down by release_sub_module after each
+    module's forward unless its weights are kept, `kept`); here the releases are counted
+    at the module's end, the frees are the caller's (the end of its block). The backward
+    prefetches the same way along the trace's backward half (`backward_prefetcher`)."""
+
+    def __init__(self, g: Gathers, modules: list[list[int]], kept: set[int],
+                 present: frozenset[int] = frozenset()) -> None:
+        self.s, self.n, self.w, self.small = g.s, g.n, g.w, g.small
+        self.max_live, self.bucket = g.zero.stage3_max_live_parameters, g.zero.stage3_prefetch_bucket_size
+        self.block_length = len(g.block_modules)
+        small = self.small
+        self.modules = modules
+        self.kept = kept
+        self.present = present  # modules whose weights are gathered already (kept by the forward)
+        self.available = sum(x for mi in present for x in modules[mi] if x > small)
+        self.queue = [(mi, j) for mi, mod in enumerate(modules) if mi not in present
+                      for j, x in enumerate(mod) if x > small]
+        self.qp = 0
+        self.state: dict = {}  # (mi, j) -> [group]
+        self.buf: dict = {}
+
+    def gather(self, params: list) -> None:
+        s, n, w = self.s, self.n, self.w
+        sizes = [self.modules[mi][j] for mi, j in params]
+        alone = len(params) == 1 or n == 1
+        group = {"params": params, "left": len(params), "flat": None, "copied": alone}
+        self.available += sum(sizes)
+        if alone:
+            # one weight; or one GPU (weights on the host): NoGatherCoalescedHandle copies
+            # each partition to the GPU on its own, no flat buffer
+            for q, x in zip(params, sizes):
+                self.buf[q] = s.a(-(-x // n) * n * w, ALLGATHER_STREAM)
+        else:
+            group["flat"] = s.a(sum(-(-x // n) for x in sizes) * n * w, ALLGATHER_STREAM)
+        for q in params:
+            self.state[q] = group
+
+    def fetch(self, mi: int) -> list[int]:
+        s, w, small = self.s, self.w, self.small
+        if mi > 0 and mi - 1 not in self.kept:
+            self.available -= sum(x for x in self.modules[mi - 1] if x > small)
+        mine = [(mi, j) for j, x in enumerate(self.modules[mi]) if x > small and mi not in self.present]
+        todo = [q for q in mine if q not in self.state]
+        if todo:
+            self.gather(todo)
+        while self.qp < len(self.queue) and self.queue[self.qp][0] <= mi:
+            self.qp += 1
+        for q in mine:
+            group = self.state[q]
+            if not group["copied"]:
+                group["copied"] = True
+                for r in group["params"]:
+                    self.buf[r] = s.a(self.modules[r[0]][r[1]] * w, ALLGATHER_STREAM)
+            group["left"] -= 1
+            if group["left"] == 0:
+                s.f(group["flat"])
+        numel, batch = 0, []
+        most = min(self.max_live - self.available, self.bucket)
+        while self.qp < len(self.queue) and numel < most:
+            q = self.queue[self.qp]
+            self.qp += 1
+            if q not in self.state:
+                batch.append(q)
+                numel += self.modules[q[0]][q[1]]
+        if batch:
+            self.gather(batch)
+        return [self.buf.pop(q) for q in mine]
+
+    def fetch_block(self, first: int) -> list[int]:
+        """A block's modules, from module `first`, each fetched in turn: their buffers."""
+        return [b for mi in range(first, first + self.block_length) for b in self.fetch(mi)]

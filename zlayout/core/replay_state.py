@@ -1,0 +1,141 @@
+"""The state one allocator replay shares between its phases (core/allocator_sim.py).
+
+* `_Seq`: the request sequence as the phases write it (`a`: allocate, `f`: free), recorded as
+  events or served at once by the caching allocator's pools, one per stream.
+* `Replay`: one layout's replay: the model's, the training's and ZeRO's terms every phase reads
+  (tokens, sizes, which stage, what is offloaded), the sequence, and the cuBLAS workspaces.
+"""
+
+from __future__ import annotations
+
+from zlayout.core.caching_allocator import DEFAULT_STREAM, CachingAllocator, Device, _Block
+from zlayout.core.tensors import block_tensor_sizes, parameter_tensor_sizes, stage3_sub_groups
+
+MiB = 2**20
+# torch's cuBLAS workspace (CublasHandlePool.cpp getChosenWorkspaceSize): 4096 x 8 KiB on
+# Hopper, 4096 x 2 KiB + 16 x 8 KiB elsewhere; one per (handle, stream), taken from the caching
+# allocator at a thread's first matmul and kept. Two threads multiply: the forward's and
+# autograd's device thread (every H200 trace: a 32 MiB block at the first forward matmul and
+# one at the head's backward, never freed).
+CUBLAS_WORKSPACE_HOPPER = 32 * MiB
+CUBLAS_WORKSPACE_OTHER = 8 * MiB + 128 * 1024
+
+
+def cublas_workspace_bytes(gpu_name: str) -> int:
+    name = gpu_name.lower()
+    return CUBLAS_WORKSPACE_HOPPER if any(x in name for x in ("h100", "h200", "h800", "gh200", "h20")) \
+        else CUBLAS_WORKSPACE_OTHER
+
+# The streams DeepSpeed's stage 3 allocates on (partitioned_param_coordinator: gathers run
+# `with get_accelerator().stream(self.__allgather_stream)`): gathered weights live in that
+# stream's pool, which the compute stream's activations never reuse.
+ALLGATHER_STREAM, REDUCE_STREAM = 1, 2  # DEFAULT_STREAM (0): caching_allocator
+
+
+class _Seq:
+    """The request sequence as it is written: recorded as events (`allocation_sequence`), or
+    with `live=True` served at once by one `CachingAllocator` per stream, with no event list
+    (`replayed_peak_reserved`: the same replay, without building and re-reading the list)."""
+
+    def __init__(self, live: bool = False, device: Device | None = None) -> None:
+        self.device = device  # live only: the card the pools share (replay_at_capacity)
+        self.device_marks: dict[str, tuple[int, int]] = {}  # phase -> (retries, freed) at its end
+        self.events: list[tuple[str, object, int]] = []
+        self.sizes: list[int] = [0]
+        self.live = live
+        self.pools: dict[int, CachingAllocator] = {}
+        self.blocks: list[tuple[CachingAllocator, _Block | None] | None] = [None]
+        self.marks: list[tuple[str, int]] = []  # (phase, index of its first event): comparisons
+        self.released_peak = 0
+
+    def mark(self, phase: str) -> None:
+        """The phase that ends here (the allocator trace's `phase_marks`), for comparing the
+        sequence with a recorded trace; planning (live) keeps none."""
+        if not self.live:
+            self.marks.append((phase, len(self.events)))
+        elif self.device is not None:
+            self.device_marks[phase] = (self.device.retries, self.device.freed)
+
+    def a(self, size: int, stream: int = DEFAULT_STREAM) -> int:
+        size = int(size)
+        name = len(self.sizes)
+        self.sizes.append(size)
+        if self.live:
+            pool = self.pools.get(stream)
+            if pool is None:
+                pool = self.pools[stream] = CachingAllocator(device=self.device)
+                if self.device is not None:
+                    self.device.pools.append(pool)
+            self.blocks.append((pool, pool.malloc(size)))
+        else:
+            self.events.append(("a", name, size) if stream == DEFAULT_STREAM else ("a", name, size, stream))
+        return name
+
+    def f(self, *names: int | None) -> None:
+        for name in names:
+            if name is not None:
+                if self.live:
+                    pool, block = self.blocks[name]
+                    pool.free(block)
+                else:
+                    self.events.append(("f", name, 0))
+
+    def empty_cache(self) -> None:
+        """torch.cuda.empty_cache: the pools' unused segments go back to the device."""
+        if self.live:
+            self.released_peak = max(self.released_peak, self.reserved)
+            for pool in self.pools.values():
+                pool.empty_cache()
+        else:
+            self.events.append(("e", None, 0))
+
+    @property
+    def reserved(self) -> int:
+        """Peak reserved bytes so far (live): the pools' segments, or what they held before an
+        empty_cache returned some, whichever was more."""
+        if self.device is not None:
+            return max(self.released_peak, self.device.peak)
+        return max(self.released_peak, sum(pool.reserved for pool in self.pools.values()))
+
+
+
+class Replay:
+    """One layout's replay: the terms every phase reads, the sequence `s` the phases write,
+    and the cuBLAS workspaces taken so far. `ga`: the micro-steps replayed per step."""
+
+    def __init__(self, inp, layout, s: _Seq, ga: int) -> None:
+        model, t, zero = inp.model, inp.training, inp.zero
+        self.model, self.t, self.zero, self.s, self.ga = model, t, zero, s, ga
+        self.stage, self.n = layout.stage, inp.hardware.world
+        self.opt_on_gpu = layout.offload_optimizer == "gpu"
+        # stage 1/2 with the optimizer on the host (stage_1_and_2.py, cpu_offload): no GPU fp32
+        # master, moments or grads_in_partition; each reduced gradient is normed and cast to fp32
+        # on the GPU for its copy to the pinned host partition (copy_grads_in_partition)
+        self.offload12 = self.stage in (1, 2) and not self.opt_on_gpu
+        self.param_on_gpu = layout.offload_param == "gpu"
+        self.w = 2
+        self.h, self.kv, self.f, self.V = model.hidden, model.kv_size, model.ffn_size, model.vocab
+        self.T = t.micro_batch * t.seq
+        self.hf = t.impl == "hf"
+        self.hf_norm = self.hf and model.norm == "rmsnorm"
+        self.ckpt = t.checkpointing == "full"
+        self.p = model.params
+        self.p_shard = -(-self.p // (self.n if self.stage else 1))
+        self.layer_sizes = block_tensor_sizes(model, t.impl)
+        self.tensors = parameter_tensor_sizes(model, t.impl)
+        self.groups = stage3_sub_groups(self.tensors, self.n, zero.sub_group_size) if self.stage == 3 else []
+        self.sub_groups = [part for part, _ in self.groups]
+        # stage 3 gathers a weight before its module runs (on the allgather stream) when it is
+        # not whole on this GPU: more than one GPU, or the weights on the host
+        self.gather = self.stage == 3 and (self.n > 1 or not self.param_on_gpu)
+        self.small = zero.stage3_param_persistence_threshold  # stage 3: weights never partitioned
+        self.workspace = cublas_workspace_bytes(inp.hardware.gpu.name)
+        self.workspaces: list[str] = []  # the threads whose cuBLAS workspace is allocated
+        # --loop deepspeed: the bf16 logits the training loop's `outputs` holds (held_outputs_bytes)
+        self.keeps_outputs = t.loop == "deepspeed"
+        self.held_logits: int | None = None
+
+    def first_matmul(self, thread: str) -> None:
+        if thread not in self.workspaces:
+            self.workspaces.append(thread)
+            self.s.a(self.workspace)
