@@ -398,13 +398,15 @@ def test_the_script_contract_gives_the_planners_figures(make_input, tmp_path):
 
 def test_a_runbook_of_a_layout_that_does_not_fit_says_so(tmp_path):
     """QA: llama3-70b on 64 H100s at ZeRO-3 (short of the card) read 'The next size, 70.6B, runs out
-    of GPU memory' (70.6B is this model) and 'largest that fits: 0'."""
+    of GPU memory' (70.6B is this model) and 'largest that fits: 0'. (25 MiB short of the 5% headroom
+    then; on the card the driver hands out it fits at 5%, and 79 and 80 layers need the same: 6%
+    makes both short.)"""
     from zlayout.cli import main
 
     out = tmp_path / "p"
     assert main(["export", "--preset", "llama3-70b", "--gpu", "h100", "--gpus-per-node", "8", "--nodes", "8",
-                 "--stage", "3", "--out", str(out)]) == 0
+                 "--stage", "3", "--headroom", "0.06", "--out", str(out)]) == 0
     text = (out / "RUNBOOK.md").read_text()
     assert "The next size, 70.6B" not in text and "largest that fits: 0" not in text
-    assert "This model, 70.6B, runs out of GPU memory" in text
+    assert "runs out of GPU memory" in text
     assert "none fits this model with this layout" in text

@@ -136,8 +136,8 @@ def plan_table(plan: Plan, layout=None) -> str:
             f"{_gib(mem.gpu_device_used_bytes):>9} {_gib(mem.gpu_headroom_bytes):>9} "
             f"{_gib(mem.host_peak_bytes):>10} {_gib(mem.nvme_bytes):>8} {lp.time.step_time_s:7.3f}  "
             f"{fits_text(mem)}{mark}")
-    lines.append("card free: the card's memory less device used at the peak (0: the cache fills "
-                 "the card); fits: what the step needs against the card less --headroom")
+    lines.append("card free: what the driver hands out of the card less device used at the peak (0: the "
+                 "cache fills the card); fits: what the step needs against the card less --headroom")
     if layout is not None:
         mem = chosen[0].memory
         lines += ["", f"GPU: {mem.gpu_fit.summary()}."]

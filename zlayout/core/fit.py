@@ -13,16 +13,23 @@ and `summary()`.
 The figures, each on what it measures (per GPU, bytes):
 
 * `capacity_bytes`: the card's memory (what nvidia-smi reports as its total).
+* `allocatable_bytes`: what a process can have of it: the card less `driver_reserved_bytes`, the
+  memory the driver keeps for itself (nvidia-smi -q's "Reserved"; cudaMemGetInfo's total, which
+  is torch's "total capacity", leaves it out: 139.80 of 140.40 GiB on an H200). cudaMalloc
+  fails past it, whatever the card's total says.
 * `needed_bytes`: the least device memory the step runs in: the allocated peak, the cached
   blocks the caching allocator cannot give back (free parts of segments that still hold a live
-  tensor), the CUDA context and NCCL's buffers. A run needing more is an out-of-memory error.
-* `usable_bytes`: the card less the headroom asked for (`--headroom`, default 5%).
+  tensor), the CUDA context and NCCL's buffers. A run needing more than `allocatable_bytes` is
+  an out-of-memory error.
+* `usable_bytes`: the card less the headroom asked for (`--headroom`, default 5%), never more
+  than `allocatable_bytes`.
 * fits: needed <= usable.
 * `device_used_bytes`: what the card shows at the peak (reserved + context + NCCL): the cache
-  grows until the card is full, so it can be well above `needed_bytes`, never above the card.
-* headroom: the card's memory minus device used at the peak (`headroom_bytes`, and as a
-  fraction of the card): what is left on the card while the step runs. 0 when the cache fills
-  the card; it is not the margin to an out-of-memory error (`margin_bytes`: card minus needed).
+  grows until the card is full, so it can be well above `needed_bytes`, never above
+  `allocatable_bytes`.
+* headroom: what is left that the process could still allocate at the peak (allocatable less
+  device used: `headroom_bytes`, and as a fraction of the card). 0 when the cache fills the
+  card; it is not the margin to an out-of-memory error (`margin_bytes`: allocatable minus needed).
 * flushes: with the default allocator, a card that the cache fills makes a cudaMalloc fail; PyTorch
   then frees every cached segment no tensor uses and retries (`num_alloc_retries`); the step
   pays for each (`flush_cost_s`). A layout that fits only so is "fits-flushing": "fits; the
@@ -55,16 +62,6 @@ FLUSH_S_PER_GIB = 0.0015
 # Alerts on device used (DCGM_FI_DEV_FB_USED): "nearly full" at 97% of the card, present whenever
 # the plan's device use is within 10% of the card or the plan flushes; "above plan" 5% over the
 # planned device use (the model's device-used target is 5% at worst), kept below "nearly full".
-# At the card's edge the replay's `needed_bytes` is short of what the failing request really
-# needs: on the held-out edge sweeps (benchmarks/measurements/h200-2026-12-02c/heldout/
-# edge-bisections.json: predictions committed before the runs) the replay left 0.18-0.51 GiB of
-# the card where the run ran out of memory needing 1.15-3.2 GiB more than it said (free parts
-# of segments a tensor still holds, which a flush cannot return, larger than replayed). A layout
-# that presses the card (it flushes, or its cache reaches the card) fits only with EDGE_MARGIN
-# left; 0.6 GiB separates every measured sweep's verdicts (11 rows, in-sample from now on), at
-# the cost of one count that ran: the Qwen2.5-3B shape's 81 layers (expandable, 0.23 GiB left)
-# now reads one layer under. --headroom's default 5% (7 GiB on an H200) is far outside it.
-EDGE_MARGIN_BYTES = int(0.6 * GiB)
 
 NEARLY_FULL_FRACTION = 0.97
 NEAR_CARD_FRACTION = 0.90
@@ -86,22 +83,32 @@ class GpuFit:
     device_used_bytes: int
     flushes_per_step: int = 0
     flush_cost_s: float = 0.0
+    driver_reserved_bytes: int = 0  # the card's memory no process gets (GpuSpec.driver_reserved_bytes)
 
     @property
     def fits(self) -> bool:
-        if self.needed_bytes > self.usable_bytes:
-            return False
-        return not self.presses_card or self.margin_bytes >= EDGE_MARGIN_BYTES
+        return self.needed_bytes <= self.limit_bytes
+
+    @property
+    def limit_bytes(self) -> int:
+        """The most the step may need: the usable part of the card, never more than the driver
+        hands out."""
+        return min(self.usable_bytes, self.allocatable_bytes)
+
+    @property
+    def allocatable_bytes(self) -> int:
+        """What cudaMalloc and the CUDA context can have of the card (cudaMemGetInfo's total)."""
+        return self.capacity_bytes - self.driver_reserved_bytes
 
     @property
     def presses_card(self) -> bool:
         """The step fills the card: the allocator flushes its cache, or device used reaches it."""
-        return self.flushes_per_step > 0 or self.device_used_bytes >= self.capacity_bytes
+        return self.flushes_per_step > 0 or self.device_used_bytes >= self.allocatable_bytes
 
     @property
     def headroom_bytes(self) -> int:
-        """The card's memory minus device used at the peak (0: the cache fills the card)."""
-        return self.capacity_bytes - self.device_used_bytes
+        """What the process could still allocate at the peak (0: the cache fills the card)."""
+        return self.allocatable_bytes - self.device_used_bytes
 
     @property
     def headroom_fraction(self) -> float:
@@ -109,16 +116,14 @@ class GpuFit:
 
     @property
     def margin_bytes(self) -> int:
-        """The card's memory minus what the step needs: how much more it could need before a
-        retry fails (negative: what is missing on the card)."""
-        return self.capacity_bytes - self.needed_bytes
+        """What the card can hand out minus what the step needs: how much more it could need
+        before a retry fails (negative: what is missing on the card)."""
+        return self.allocatable_bytes - self.needed_bytes
 
     @property
     def short_by_bytes(self) -> int:
         """What the step needs past the usable part of the card (0 when it fits)."""
-        if self.fits:
-            return 0
-        return max(self.needed_bytes - self.usable_bytes, EDGE_MARGIN_BYTES - self.margin_bytes)
+        return 0 if self.fits else self.needed_bytes - self.limit_bytes
 
     @property
     def state(self) -> FitState:
@@ -128,12 +133,9 @@ class GpuFit:
 
     def summary(self) -> str:
         """One sentence for every surface (no trailing period)."""
-        if not self.fits and self.needed_bytes <= self.usable_bytes:
-            return (f"does not fit: needs {self.needed_bytes / GiB:.1f} of {self.capacity_bytes / GiB:.1f} GiB "
-                    f"per GPU, and a step that fills the card needs {EDGE_MARGIN_BYTES / GiB:.1f} GiB to spare")
         if not self.fits:
             return (f"does not fit: needs {self.needed_bytes / GiB:.1f} GiB per GPU, "
-                    f"{self.usable_bytes / GiB:.1f} of {self.capacity_bytes / GiB:.1f} GiB is usable")
+                    f"{self.limit_bytes / GiB:.1f} of {self.capacity_bytes / GiB:.1f} GiB is usable")
         if self.state == "fits-flushing":
             return (f"fits; the device will be full and the allocator flushes its cache about "
                     f"{self.flushes_per_step} time{'s' if self.flushes_per_step != 1 else ''} a step, "
@@ -172,8 +174,10 @@ def gpu_fit(memory) -> GpuFit:
     used at the card) is counted one a step, at FLUSH_FIXED_S."""
     flushes, cost = memory.gpu_flushes_per_step, memory.gpu_flush_cost_s
     if flushes is None:  # not replayed: the cache outgrows the card where device used reaches it
-        flushes = 1 if memory.gpu_device_used_bytes >= memory.gpu_capacity_bytes else 0
+        allocatable = memory.gpu_capacity_bytes - memory.gpu_driver_reserved_bytes
+        flushes = 1 if memory.gpu_device_used_bytes >= allocatable else 0
         cost = flush_cost_s(flushes, 0)
     return GpuFit(capacity_bytes=memory.gpu_capacity_bytes, needed_bytes=memory.gpu_needed_bytes,
                   usable_bytes=memory.gpu_usable_bytes, device_used_bytes=memory.gpu_device_used_bytes,
-                  flushes_per_step=flushes, flush_cost_s=cost)
+                  flushes_per_step=flushes, flush_cost_s=cost,
+                  driver_reserved_bytes=memory.gpu_driver_reserved_bytes)

@@ -113,12 +113,13 @@ class MemoryEstimate:
     gpu_capacity_bytes: int
     host_capacity_bytes: int
     nvme_capacity_bytes: int
-    gpu_usable_bytes: int  # capacity minus the requested headroom
+    gpu_usable_bytes: int  # capacity minus the requested headroom, at most what the driver hands out
     peak_phase: str  # "forward", "backward" or "optimizer step"
     after_init_bytes: int  # torch.cuda.memory_allocated() right after deepspeed.initialize
 
     gpu_flushes_per_step: int | None = None  # cudaMalloc retries a step (the cache freed); None: not replayed
     gpu_flush_cost_s: float = 0.0  # what they add to the step
+    gpu_driver_reserved_bytes: int = 0  # the card's memory the driver keeps (GpuSpec.driver_reserved_bytes)
 
     @property
     def gpu_fit(self):
@@ -782,18 +783,21 @@ def estimate_memory(inp: PlanInput, layout: Layout, replay: bool = True) -> Memo
     context = outside_allocator_terms(c, terms)
     allocator = caching_allocator(phases, misc, t.allocator)
     replayed, flushes = None, None
-    usable = int(hw.gpu.memory_bytes * (1 - inp.headroom_fraction))
-    if replay and t.allocator == "default" and peak + context < hw.gpu.memory_bytes:
+    # cudaMalloc hands out the card less what the driver keeps (cudaMemGetInfo's total)
+    allocatable = hw.gpu.memory_bytes - hw.gpu.driver_reserved_bytes
+    usable = min(int(hw.gpu.memory_bytes * (1 - inp.headroom_fraction)), allocatable)
+    if replay and t.allocator == "default" and peak + context < allocatable:
         # only a layout whose allocated peak fits the card is replayed, on the card
         from zlayout.core.allocator_sim import replay_at_capacity
 
-        flushes = replay_at_capacity(inp, layout, hw.gpu.memory_bytes - context - SMALL_POOL_BYTES)
+        small = small_pool_bytes(c.model, t)
+        flushes = replay_at_capacity(inp, layout, allocatable - context - small)
         if flushes is not None:
-            replayed, allocator = allocator_on_the_card(flushes, phases, misc, peak, usable - context)
+            replayed, allocator = allocator_on_the_card(flushes, phases, misc, peak, usable - context, small)
     # On a card that cannot hold every cached segment the allocator frees them and retries:
     # what it reserves then is bounded by the card, never below what the peak needs.
     reserved = max(peak if replayed else allocator.needed_bytes,
-                   min(allocator.reserved_bytes, hw.gpu.memory_bytes - context))
+                   min(allocator.reserved_bytes, allocatable - context))
     terms.add("gpu", "allocator_reserve", reserved - peak, "overhead", allocator.explanation)
 
     host_peak = host_terms(c, terms, inp, layout, states_)
@@ -811,6 +815,7 @@ def estimate_memory(inp: PlanInput, layout: Layout, replay: bool = True) -> Memo
         peak_phase=peak_phase, after_init_bytes=after_init,
         gpu_flushes_per_step=retries,
         gpu_flush_cost_s=flush_cost_s(retries, flushes.freed_per_step) if retries else 0.0,  # type: ignore[union-attr]
+        gpu_driver_reserved_bytes=hw.gpu.driver_reserved_bytes,
     )
 
 
@@ -821,9 +826,33 @@ class AllocatorEstimate:
     explanation: str
 
 
-# Requests of 1 MiB or less live in the small pool's 2 MiB segments (norm statistics, the
-# loss, flags): `reserved_bytes.small_pool.peak` read 0.01-0.02 GiB on the H200 runs.
+# Requests of 1 MiB or less live in the small pool's 2 MiB segments (kSmallSize, kSmallBuffer),
+# which the large-pool replay does not see: the loss, flags, and what each block saves that is
+# that small. `reserved_bytes.small_pool.peak` read 0.01-0.02 GiB on most H200 runs (the floor);
+# at the card's edge it is what each block keeps: flash attention's fp32 logsumexp (b x heads x s)
+# and the norms' fp32 per-token statistics (LayerNorm: mean and rstd; RMSNorm: rstd), live from
+# the forward to the block's backward. Measured (edge sweeps, h200-2026-12-02c/heldout): 74 MiB at
+# 64 and 65 layers of shape D (1 MiB + 2 x 64 KiB a block: 72 MiB + one segment), 154 and 156 MiB at
+# 101 and 102 of shape E (1 MiB + 4 x 128 KiB: 152 and 154 MiB + one). Such a segment holds a live
+# tensor at the peak, so a retry cannot free it.
 SMALL_POOL_BYTES = 20 * 2**20
+SMALL_REQUEST_BYTES = 2**20  # kSmallSize
+SMALL_SEGMENT_BYTES = 2 * 2**20  # kSmallBuffer
+
+
+def small_pool_bytes(model: ModelSpec, training: TrainingSpec) -> int:
+    """Peak reserved bytes of the small pool: the floor, or each block's small saved tensors
+    packed into 2 MiB segments plus one segment for the rest (loss, flags). A checkpointed
+    block keeps only its input (large), its statistics are made again in backward."""
+    if training.checkpointing != "none":
+        return SMALL_POOL_BYTES
+    tokens = training.micro_batch * training.seq
+    saved = [4 * tokens] * (2 if model.norm == "rmsnorm" else 4)  # two norms a block
+    if training.flash_attention:
+        saved.append(4 * training.micro_batch * model.heads * training.seq)  # logsumexp
+    per_block = sum(x for x in saved if x <= SMALL_REQUEST_BYTES)
+    segments = -(-per_block * model.layers // SMALL_SEGMENT_BYTES) + 1
+    return max(SMALL_POOL_BYTES, segments * SMALL_SEGMENT_BYTES)
 
 
 def replayed_reserved_bytes(inp: PlanInput, layout: Layout) -> int | None:
@@ -835,26 +864,27 @@ def replayed_reserved_bytes(inp: PlanInput, layout: Layout) -> int | None:
     from zlayout.core.allocator_sim import replayed_peak_reserved
 
     peak = replayed_peak_reserved(inp, layout)
-    return None if peak is None else peak + SMALL_POOL_BYTES
+    return None if peak is None else peak + small_pool_bytes(inp.model, inp.training)
 
 
 def allocator_on_the_card(at_card, phases: dict[str, tuple[int, int]], misc: int, peak: int,
-                          usable: int) -> tuple[int | None, AllocatorEstimate]:
+                          usable: int, small: int = SMALL_POOL_BYTES) -> tuple[int | None, AllocatorEstimate]:
     """The default allocator's figures from its replay on the card (`allocator_sim.replay_at_capacity`,
     which frees the cache and retries where cudaMalloc fails, as PyTorch does): (peak reserved,
     or None where the replay ran out of memory; the estimate). What the step needs: where a
     retry was made, what the tightest one needed (reserved after freeing the cache + its
     segment), at least the allocated peak; where none was, the per-phase rule's figure, or the
     replay's peak reserved where that is less (the run never pressed the card). `usable`: the
-    card less the headroom and the context, which the verdict compares."""
+    card less the headroom and the context, which the verdict compares; `small`: the small pool
+    (small_pool_bytes), beside the replayed large pools."""
     rule = caching_allocator(phases, misc, "default")
     if at_card.out_of_memory:
-        return None, AllocatorEstimate(max(rule.needed_bytes, at_card.needed + SMALL_POOL_BYTES), rule.reserved_bytes,
+        return None, AllocatorEstimate(max(rule.needed_bytes, at_card.needed + small), rule.reserved_bytes,
                                        "caching allocator on the card: a request no freed cache makes room for")
-    replayed = at_card.peak_reserved + SMALL_POOL_BYTES
+    replayed = at_card.peak_reserved + small
     estimate = caching_allocator(phases, misc, "default", replayed)
     if at_card.retries:
-        needed = max(at_card.needed + SMALL_POOL_BYTES, peak)
+        needed = max(at_card.needed + small, peak)
         every = at_card.retries_per_step
         why = ("caching allocator, replayed over two steps on the card: it fills the card and frees its cache "
                + (f"about {every} time{'s' if every != 1 else ''} a step" if every

@@ -166,7 +166,7 @@ def gpu_figures(memory: MemoryEstimate) -> GpuFigures:
         needed=fmt_gib(memory.gpu_needed_bytes), peak=fmt_gib(memory.gpu_peak_allocated_bytes),
         used=fmt_gib(memory.gpu_device_used_bytes), capacity=fmt_gib(memory.gpu_capacity_bytes),
         free=headroom_text(memory), level=headroom_level(memory),
-        device_full=memory.gpu_device_used_bytes >= memory.gpu_capacity_bytes)
+        device_full=memory.gpu_device_used_bytes >= memory.gpu_fit.allocatable_bytes)
 
 
 @dataclass(frozen=True, slots=True)
