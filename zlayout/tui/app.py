@@ -61,11 +61,28 @@ def _core_plan(inp: PlanInput, presets_dirs: tuple[str, ...] = ()) -> Plan:
 
 def _core_plan_quick(inp: PlanInput, presets_dirs: tuple[str, ...] = ()) -> Plan:
     """Every layout's memory, time and the recommendation, without break-even's searches (a
-    tenth of the time or less since the fit rule replays the allocator at the card): shown
-    first, break-even follows from the full plan."""
+    few allocator replays: tens of milliseconds, against seconds for break-even): shown first,
+    `_core_add_breakeven` completes it."""
     from zlayout.core.plan import make_plan
 
     return make_plan(inp, with_breakeven=False, presets_dirs=presets_dirs)
+
+
+def _core_add_breakeven(quick: Plan, presets_dirs: tuple[str, ...] = ()) -> Plan:
+    """`quick` with every layout's break-even: make_plan's full plan without planning the
+    layouts again. Run inside breakeven.cancellable, it stops when the inputs are edited."""
+    from dataclasses import replace
+
+    from zlayout.catalog import PresetFileError
+    from zlayout.core.breakeven import break_even
+
+    try:
+        layouts = tuple(replace(lp, breakeven=break_even(quick.input, lp.layout, presets_dirs))
+                        for lp in quick.layouts)
+    except PresetFileError as exc:
+        # a broken model preset stops break-even only: the panel says why
+        return replace(quick, breakeven_error=str(exc))
+    return replace(quick, layouts=layouts)
 
 
 def _core_crossovers(inp: PlanInput, presets_dirs: tuple[str, ...] = ()) -> Sequence[Any]:
@@ -170,6 +187,7 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
         self._planner = partial(_core_plan, presets_dirs=dirs) if planner is _core_plan else planner
         # the real planner's plan without break-even, on screen first (a planner passed in: none)
         self._quick_planner = partial(_core_plan_quick, presets_dirs=dirs) if planner is _core_plan else None
+        self._add_breakeven = partial(_core_add_breakeven, presets_dirs=dirs)
         self._verifier = verifier
         self._profile_io = profile_io
         self._crossover_finder = (partial(_core_crossovers, presets_dirs=dirs)
@@ -266,7 +284,7 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
         self.query_one(MemoryBars).plan = plan
         panel = self.query_one(BreakEvenPanel)
         panel.crossovers = self._crossovers
-        panel.computing = self._planning_generation >= 0  # the quick plan: break-even follows
+        panel.computing = self._plan_is_quick  # break-even follows
         panel.plan = plan
         self.query_one(ComparePanel).plan = plan
         self.show_status()
