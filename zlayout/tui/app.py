@@ -29,7 +29,7 @@ from zlayout.tui.actions import LayoutActionsMixin
 from zlayout.tui.backends import ProfileIO, catalog_presets, default_plan_input
 from zlayout.tui.commands import ZLayoutCommands
 from zlayout.tui.editing import EditingMixin, PlanReady
-from zlayout.tui.fields import field_label
+from zlayout.tui.fields import KeysInTypedOrder, field_label
 from zlayout.tui.form import Presets
 from zlayout.tui.screens import DetailScreen, HelpScreen, Verifier
 from zlayout.tui.widgets import (AppHeader, BreakEvenPanel, ComparePanel, InputsPanel, LayoutTable,
@@ -120,11 +120,13 @@ class Body(Horizontal):
         self.app.terminal_resized()
 
 
-class LowerViews(VerticalScroll):
+class LowerViews(KeysInTypedOrder, VerticalScroll):
     """The chart, break-even and what-if. Below 120 columns they had the 3-9 lines the table
     leaves (break-even took ~30 presses of ↓ in a 4-line window, what-if rows scrolled
     away from their header): while they have the focus there, the table and the status line
-    make way, and escape or shift+tab brings the table back."""
+    make way, and escape or shift+tab brings the table back. Keys in typed order (fields.py):
+    a burst that tabbed through here on its way to the inputs lost every character typed
+    after it (`tab tab ... tab 1 3 B tab end backspace 8` from the table left Size empty)."""
 
     BINDINGS = [Binding("shift+tab", "back_to_table", "Back to the table", show=False)]
 
@@ -416,6 +418,7 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
         state = {
             "values": self.query_one(InputsPanel).values(),
             "focused": self.focused.id if self.focused is not None else None,
+            "tab": self.query_one("#input-tabs", TabbedContent).active,
             "pending": self.plan_pending,
             "errors": {**self.input_errors, **self._extra_errors},
             "plan_input": self.plan.input.model_dump(mode="json") if self.plan else None,
