@@ -305,6 +305,11 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
         stale = bool(errors) or self.planner_error is not None
         status.set_class(stale, "has-errors")
         self.query_one(LayoutTable).set_class(stale, "stale")
+        # between an edit and its figures (a debounce and tens of milliseconds of planning) the
+        # figures on screen are the last inputs': dimmed a little, never shown as current
+        updating = (not stale and self.plan is not None and self._valid_input is not None
+                    and self._valid_input != self.plan.input)
+        self.query_one("#main").set_class(updating, "updating")
         if self.planner_error is not None:
             status.text = (f"⚠ the planner failed on these inputs ({self.planner_error}): "
                            "showing the last plan")
