@@ -13,7 +13,7 @@
    - keystroke to frame: the key posted as the driver posts it, handled (the field shows it,
      the inputs validated) and the
      whole screen drawn once; planning is not on this path. Target: p95 under 50 ms;
-   - keystroke to its plan's figures: plus the debounce (50 ms), the plan without break-even
+   - keystroke to its plan's figures: plus the debounce (20 ms), the plan without break-even
      in a thread worker (every layout's memory and time, the recommendation) and its frame;
    - keystroke to its whole plan: break-even's sizes and crossovers too.
 Figures on a shared machine vary with its load: medians, with the load average printed.

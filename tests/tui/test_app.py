@@ -1212,6 +1212,65 @@ async def test_the_tables_figures_come_before_break_even():
         assert "Computing" not in str(app.query_one(BreakEvenPanel).render())
 
 
+async def test_figures_of_the_last_inputs_are_marked_until_the_edits_figures_arrive():
+    """Between an edit and its quick plan the table, chart and status still show the last
+    inputs' figures: #main is marked updating (dimmed) until the edit's figures are on screen;
+    an invalid edit is marked stale instead."""
+    app = ZLayoutApp(initial=fixed_input(), cursor_blink=False)
+    async with app.run_test(size=WIDE) as pilot:
+        await settle(pilot)
+        main = app.query_one("#main")
+        assert not main.has_class("updating")
+        seq = app.query_one("#seq", Input)
+        seq.value = "3584"
+        for _ in range(1000):  # the edit's news handled: marked at once, its plan follows
+            if main.has_class("updating"):
+                break
+            await asyncio.sleep(0)
+        assert main.has_class("updating") and app.plan.input.training.seq != 3584
+        while app.plan.input.training.seq != 3584:
+            assert main.has_class("updating")
+            await pilot.pause(0.002)
+        assert not main.has_class("updating")  # the quick figures are the fields'
+        await settle(pilot)
+        seq.value = "35x"
+        await pilot.pause()
+        assert not main.has_class("updating") and app.query_one("#layouts").has_class("stale")
+
+
+async def test_an_edit_stops_the_break_even_search_of_the_inputs_before_it():
+    """Break-even's searches (seconds for a large model) stop at their next evaluation once the
+    inputs are edited: the worker planning them gives the interpreter back to the new edit."""
+    from zlayout.core import breakeven
+
+    breakeven.clear_caches()  # no memoized answer for these inputs: the searches run
+    app = ZLayoutApp(initial=fixed_input(), cursor_blink=False)
+    outcomes: list[tuple[str, int]] = []
+    async with app.run_test(size=WIDE) as pilot:
+        await settle(pilot)
+        add_breakeven = app._add_breakeven
+
+        def recording(plan):
+            seq = plan.input.training.seq
+            try:
+                complete = add_breakeven(plan)
+            except breakeven.Cancelled:
+                outcomes.append(("cancelled", seq))
+                raise
+            outcomes.append(("done", seq))
+            return complete
+
+        app._add_breakeven = recording
+        seq = app.query_one("#seq", Input)
+        seq.value = "3328"
+        while app.plan.input.training.seq != 3328:  # its quick plan: break-even has begun
+            await pilot.pause(0.002)
+        seq.value = "3456"
+        await settle(pilot)
+    assert outcomes == [("cancelled", 3328), ("done", 3456)]
+    assert app.plan == make_plan(app.plan.input) and app.plan.input.training.seq == 3456
+
+
 async def test_app_ds_config_keeps_the_teams_optimizer_and_scheduler_in_its_export(tmp_path, monkeypatch):
     # issue 30: `zlayout export --ds-config THEIRS.json` kept the team's keys; the app's ctrl+s wrote
     # zlayout's AdamW lr 1e-4 with no scheduler whatever the team used

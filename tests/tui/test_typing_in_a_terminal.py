@@ -264,3 +264,25 @@ def test_a_size_burst_that_tabs_on_fills_the_field_the_cursor_reached(terminal_a
     assert values["ffn"] == str(sized.ffn)
     assert state["errors"] == {}
     assert_plan_is_the_fields_plan(state)
+
+
+def test_a_burst_from_the_table_through_the_lower_views_to_the_size_field(terminal_app):
+    """QA (tmux, one send-keys): from the table, `tab tab enter m i x t enter tab 1 3 B tab end
+    backspace 8 tab` changed nothing, while the same keys 0.4 s apart set Size to 8. The first
+    tab reached the chart/break-even views, which left the burst's later keys to bubble up to
+    the app: its bindings (the tabs) ran, every character was lost."""
+    app = terminal_app(["app", "--preset", "llama3-70b", "--gpu", "h100", "--nodes", "4"], (160, 48))
+    before = app.settled()
+    assert before["focused"] == "layouts"
+    app.write(keys("tab", "tab", "\r", *"mixt", "\r",  # views, the tab bar: enter and letters do nothing
+                   "tab", *"13B",                      # Preset: its list opens, searches "13B"
+                   "tab", "end", "backspace", "8",     # the list closed unchanged; Size: "8"
+                   "tab"))                             # on to Layers
+    state = app.settled(until=lambda s: s["focused"] == "layers" and bool(s["errors"]))
+    values = state["values"]
+    assert (values["preset"], values["size"], values["layers"]) == ("llama3-70b", "8", "80")
+    assert state["tab"] == "tab-model"
+    assert list(state["errors"]) == ["size"] and "no unit" in state["errors"]["size"]
+    # a size without a unit plans nothing: the plan on screen stays llama3-70b's, marked stale
+    assert state["plan_input"] == before["plan_input"] and state["table"] == before["table"]
+    assert "field invalid (Size)" in state["status"]

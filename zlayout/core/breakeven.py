@@ -13,17 +13,23 @@ The TUI recomputes every layout's break-even on each keystroke, so the searches 
 memory evaluations: a bisection in log(params) (about a dozen evaluations, fewer when
 neighbouring sizes map to the same shape), a micro-batch search that extrapolates the
 (nearly linear) memory growth and then checks its neighbours, and a memo of the whole
-answer per (input, layout).
+answer per (input, layout). A caller that may stop wanting the answer (the TUI, when the
+user edits again) runs the searches inside `cancellable(stop)`: every evaluation first asks
+`stop()`, and `Cancelled` ends the search within one evaluation.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+import threading
 from dataclasses import dataclass
+from typing import Callable, Iterator
 
 from zlayout.catalog import PresetFileError, family_scaler, format_params
-from zlayout.core.memory import MemoryEstimate, estimate_memory
+from zlayout.core import memory
+from zlayout.core.memory import MemoryEstimate
 from zlayout.spec import BOUNDS, Layout, ModelSpec, PlanInput, all_layouts
 
 MIN_PARAMS = 1e8
@@ -58,6 +64,33 @@ class Crossover:
             return f"from {size} params, {self.stops_fitting.label} stops fitting; nothing else fits"
         return (f"from {size} params, {self.stops_fitting.label} stops fitting; "
                 f"{self.takes_over.label} takes over")
+
+
+class Cancelled(Exception):
+    """The searches were stopped: `cancellable`'s `stop()` said their answer is no longer wanted."""
+
+
+_cancellation = threading.local()  # per thread: the TUI's planning worker sets its own
+
+
+@contextlib.contextmanager
+def cancellable(stop: Callable[[], bool]) -> Iterator[None]:
+    """Within, in this thread, every memory evaluation of the searches first calls `stop()`
+    and raises Cancelled when it is True (nothing half-searched is memoized)."""
+    previous = getattr(_cancellation, "stop", None)
+    _cancellation.stop = stop
+    try:
+        yield
+    finally:
+        _cancellation.stop = previous
+
+
+def estimate_memory(inp: PlanInput, layout: Layout, **options) -> MemoryEstimate:
+    """memory.estimate_memory, unless the searches were cancelled (see `cancellable`)."""
+    stop = getattr(_cancellation, "stop", None)
+    if stop is not None and stop():
+        raise Cancelled
+    return memory.estimate_memory(inp, layout, **options)
 
 
 # --------------------------------------------------------------------------- scaling the model

@@ -29,7 +29,7 @@ from zlayout.tui.actions import LayoutActionsMixin
 from zlayout.tui.backends import ProfileIO, catalog_presets, default_plan_input
 from zlayout.tui.commands import ZLayoutCommands
 from zlayout.tui.editing import EditingMixin, PlanReady
-from zlayout.tui.fields import field_label
+from zlayout.tui.fields import KeysInTypedOrder, field_label
 from zlayout.tui.form import Presets
 from zlayout.tui.screens import DetailScreen, HelpScreen, Verifier
 from zlayout.tui.widgets import (AppHeader, BreakEvenPanel, ComparePanel, InputsPanel, LayoutTable,
@@ -61,11 +61,28 @@ def _core_plan(inp: PlanInput, presets_dirs: tuple[str, ...] = ()) -> Plan:
 
 def _core_plan_quick(inp: PlanInput, presets_dirs: tuple[str, ...] = ()) -> Plan:
     """Every layout's memory, time and the recommendation, without break-even's searches (a
-    tenth of the time or less since the fit rule replays the allocator at the card): shown
-    first, break-even follows from the full plan."""
+    few allocator replays: tens of milliseconds, against seconds for break-even): shown first,
+    `_core_add_breakeven` completes it."""
     from zlayout.core.plan import make_plan
 
     return make_plan(inp, with_breakeven=False, presets_dirs=presets_dirs)
+
+
+def _core_add_breakeven(quick: Plan, presets_dirs: tuple[str, ...] = ()) -> Plan:
+    """`quick` with every layout's break-even: make_plan's full plan without planning the
+    layouts again. Run inside breakeven.cancellable, it stops when the inputs are edited."""
+    from dataclasses import replace
+
+    from zlayout.catalog import PresetFileError
+    from zlayout.core.breakeven import break_even
+
+    try:
+        layouts = tuple(replace(lp, breakeven=break_even(quick.input, lp.layout, presets_dirs))
+                        for lp in quick.layouts)
+    except PresetFileError as exc:
+        # a broken model preset stops break-even only: the panel says why
+        return replace(quick, breakeven_error=str(exc))
+    return replace(quick, layouts=layouts)
 
 
 def _core_crossovers(inp: PlanInput, presets_dirs: tuple[str, ...] = ()) -> Sequence[Any]:
@@ -103,11 +120,13 @@ class Body(Horizontal):
         self.app.terminal_resized()
 
 
-class LowerViews(VerticalScroll):
+class LowerViews(KeysInTypedOrder, VerticalScroll):
     """The chart, break-even and what-if. Below 120 columns they had the 3-9 lines the table
     leaves (break-even took ~30 presses of ↓ in a 4-line window, what-if rows scrolled
     away from their header): while they have the focus there, the table and the status line
-    make way, and escape or shift+tab brings the table back."""
+    make way, and escape or shift+tab brings the table back. Keys in typed order (fields.py):
+    a burst that tabbed through here on its way to the inputs lost every character typed
+    after it (`tab tab ... tab 1 3 B tab end backspace 8` from the table left Size empty)."""
 
     BINDINGS = [Binding("shift+tab", "back_to_table", "Back to the table", show=False)]
 
@@ -170,6 +189,7 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
         self._planner = partial(_core_plan, presets_dirs=dirs) if planner is _core_plan else planner
         # the real planner's plan without break-even, on screen first (a planner passed in: none)
         self._quick_planner = partial(_core_plan_quick, presets_dirs=dirs) if planner is _core_plan else None
+        self._add_breakeven = partial(_core_add_breakeven, presets_dirs=dirs)
         self._verifier = verifier
         self._profile_io = profile_io
         self._crossover_finder = (partial(_core_crossovers, presets_dirs=dirs)
@@ -266,7 +286,7 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
         self.query_one(MemoryBars).plan = plan
         panel = self.query_one(BreakEvenPanel)
         panel.crossovers = self._crossovers
-        panel.computing = self._planning_generation >= 0  # the quick plan: break-even follows
+        panel.computing = self._plan_is_quick  # break-even follows
         panel.plan = plan
         self.query_one(ComparePanel).plan = plan
         self.show_status()
@@ -285,6 +305,11 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
         stale = bool(errors) or self.planner_error is not None
         status.set_class(stale, "has-errors")
         self.query_one(LayoutTable).set_class(stale, "stale")
+        # between an edit and its figures (a debounce and tens of milliseconds of planning) the
+        # figures on screen are the last inputs': dimmed a little, never shown as current
+        updating = (not stale and self.plan is not None and self._valid_input is not None
+                    and self._valid_input != self.plan.input)
+        self.query_one("#main").set_class(updating, "updating")
         if self.planner_error is not None:
             status.text = (f"⚠ the planner failed on these inputs ({self.planner_error}): "
                            "showing the last plan")
@@ -398,6 +423,7 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
         state = {
             "values": self.query_one(InputsPanel).values(),
             "focused": self.focused.id if self.focused is not None else None,
+            "tab": self.query_one("#input-tabs", TabbedContent).active,
             "pending": self.plan_pending,
             "errors": {**self.input_errors, **self._extra_errors},
             "plan_input": self.plan.input.model_dump(mode="json") if self.plan else None,

@@ -1,16 +1,19 @@
 """From what the user types to the plan on screen, off the input path.
 
 Every edit is validated at once (cheap: the field is marked while the user types), and the
-planning itself (50-300 ms: every layout, break-even searches) runs in a thread worker once
-the keys have paused for `PLAN_DEBOUNCE_S`. A result is shown only if no edit came after
-the one it was started for, so the plan on screen is always the plan of the fields as they
-stand, and a half-typed value is never planned. The app never writes into the field the
+planning itself runs in a thread worker once the keys have paused for `PLAN_DEBOUNCE_S`: first
+every layout's figures (tens of milliseconds), shown at once with the break-even panel saying
+it is computing, then break-even's searches (seconds for a large model), which wait for that
+frame and stop as soon as another edit comes (breakeven.cancellable). A result is shown only
+if no edit came after the one it was started for, so the plan on screen is always the plan of
+the fields as they stand, and a half-typed value is never planned. The app never writes into the field the
 user is in (see `InputsPanel.set_values`); the edits it makes (a preset or a size fills the
 architecture) are undoable with ctrl+z, like the user's own.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
@@ -25,7 +28,12 @@ from zlayout.tui.widgets import InputsPanel
 if TYPE_CHECKING:  # the planner is imported by the first planning worker, after the first frame
     from zlayout.core.plan import Plan
 
-PLAN_DEBOUNCE_S = 0.05  # keys closer than this are one edit: only the last state is planned
+# keys closer than this are one edit: only the last state is planned. A burst's keys arrive in
+# one read and are queued before the timer's event; a typist's are 100 ms or more apart
+PLAN_DEBOUNCE_S = 0.02
+# break-even's searches wait this long at most for the quick figures' frame (sharing the
+# interpreter with them would delay that frame)
+QUICK_FRAME_WAIT_S = 0.5
 UNDO_DEPTH = 100
 ARCHITECTURE_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "mlp", "norm",
                        "bias", "tie_embeddings")
@@ -44,11 +52,12 @@ class PlanReady(Message):
 
     def __init__(self, generation: int, inp: PlanInput, plan: Plan | None,
                  crossovers: tuple[Any, ...], error: str | None, elapsed_s: float,
-                 quick: bool = False) -> None:
+                 quick: bool = False, drawn: threading.Event | None = None) -> None:
         super().__init__()
         self.generation, self.inp, self.plan = generation, inp, plan
         self.crossovers, self.error, self.elapsed_s = crossovers, error, elapsed_s
         self.quick = quick  # the plan without break-even; the full one follows
+        self.drawn = drawn  # a quick plan's: set once its frame is drawn (or it is dropped)
 
 
 class EditingMixin:
@@ -56,6 +65,8 @@ class EditingMixin:
 
     _planner: Callable[[PlanInput], Plan]
     _crossover_finder: Callable[[PlanInput], Sequence[Any]] | None
+    _quick_planner: Callable[[PlanInput], Plan] | None
+    _add_breakeven: Callable[[Plan], Plan]
 
     def _init_editing(self) -> None:
         self.input_errors: dict[str, str] = {}
@@ -65,6 +76,7 @@ class EditingMixin:
         self._generation = 0  # bumped by every edit; a plan for an older one is dropped
         self._planning_generation = -1  # the edit a worker is planning now (-1: none)
         self._plan_timer = None
+        self._plan_is_quick = False  # the plan on screen lacks break-even (still being computed)
         self._first_frame_pending = False  # planning waits for the first frame (see plan_after_first_frame)
         self._history: list[InputState] = []
         self.recompute_s = 0.0  # the last planning time, for benchmarks/tui_startup.py
@@ -148,7 +160,8 @@ class EditingMixin:
         inp = self._valid_input
         if inp is None or self._extra_errors:
             return  # the status says which fields to fix; the last plan stays, marked stale
-        if self.plan is not None and inp == self.plan.input and self.planner_error is None:
+        if (self.plan is not None and inp == self.plan.input and self.planner_error is None
+                and not self._plan_is_quick):
             self._commit_state()
             self.show_status()
             return
@@ -157,16 +170,30 @@ class EditingMixin:
 
     def _plan_in_thread(self, generation: int, inp: PlanInput) -> None:
         planner, finder, quick = self._planner, self._crossover_finder, self._quick_planner
+        add_breakeven = self._add_breakeven
+
+        def stale() -> bool:  # an edit came since: nobody will see this plan
+            return self._generation != generation
 
         def work() -> None:
+            from zlayout.core.breakeven import Cancelled, cancellable
+
             started = time.perf_counter()
             try:
-                if quick is not None:  # the table's figures first, break-even after
-                    self.post_message(PlanReady(generation, inp, quick(inp), (), None,
-                                                time.perf_counter() - started, quick=True))
-                plan = planner(inp)
-                crossovers = tuple(finder(inp)) if finder is not None else ()
+                with cancellable(stale):
+                    if quick is not None:  # the table's figures first, break-even after
+                        drawn = threading.Event()
+                        plan = quick(inp)
+                        self.post_message(PlanReady(generation, inp, plan, (), None,
+                                                    time.perf_counter() - started, quick=True, drawn=drawn))
+                        drawn.wait(QUICK_FRAME_WAIT_S)
+                        plan = add_breakeven(plan)
+                    else:
+                        plan = planner(inp)
+                    crossovers = tuple(finder(inp)) if finder is not None else ()
                 error = None
+            except Cancelled:  # dropped by plan_ready as any stale plan is
+                plan, crossovers, error = None, (), "cancelled: the inputs were edited"
             except Exception as exc:  # a planner bug must not take the app down
                 plan, crossovers, error = None, (), f"{type(exc).__name__}: {exc}"
             self.post_message(PlanReady(generation, inp, plan, crossovers, error,
@@ -182,7 +209,11 @@ class EditingMixin:
             if message.generation == self._generation and message.plan is not None:
                 self.planner_error = None
                 self.recompute_s = message.elapsed_s
+                self._plan_is_quick = True
                 self.plan = message.plan
+                self.call_after_refresh(message.drawn.set)
+            else:
+                message.drawn.set()  # stale: its worker stops at break-even's first evaluation
             return
         if message.generation != self._generation:
             if message.generation == self._planning_generation:
@@ -198,6 +229,7 @@ class EditingMixin:
             return
         self.planner_error = None
         self._crossovers = message.crossovers
+        self._plan_is_quick = False
         self.plan = message.plan
         self._commit_state()
 
