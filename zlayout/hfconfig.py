@@ -503,6 +503,25 @@ def with_card(model: ModelSpec, config: Mapping[str, Any], where: str) -> ModelS
 # --------------------------------------------------------------------------- spec -> config.json
 
 
+def config_to_build(user_config: Mapping[str, Any], model: ModelSpec) -> dict[str, Any]:
+    """The config.json verify's worker builds: the user's own, as the card was learned from it
+    (activation function, dropouts, rope, softcapping, token ids: all that the plan's shape does
+    not name). Where flags beside `--hf-config` changed the shape (`--layers`), the plan's shape
+    (`to_hf_config`) is laid over it, so the model that trains is the model planned."""
+    config = {k: v for k, v in user_config.items() if not k.startswith("_")}
+    own = model_from_config(config, name=model.name, source=model.hf_config)
+    if own.model_copy(update={"card": model.card}) == model:
+        return config
+    shape = to_hf_config(model)
+    config.update(shape)
+    layers = shape.get("num_hidden_layers") or shape.get("n_layer")
+    pattern = config.get("layer_types")
+    if layers and isinstance(pattern, list) and pattern and len(pattern) != layers:
+        # per-layer kinds (Gemma-3's sliding/full pattern) follow the layer count
+        config["layer_types"] = [pattern[i % len(pattern)] for i in range(layers)]
+    return config
+
+
 def to_hf_config(model: ModelSpec) -> dict[str, Any]:
     """A config.json (as a dict) from which transformers builds `model` with exactly
     `model.params` parameters: for `--impl hf` verification of a preset or a hand-entered

@@ -128,6 +128,22 @@ def _inputs(args: argparse.Namespace) -> tuple[PlanInput, Layout, Any, Path | No
     return plan_input_from_args(args), layout, None, None
 
 
+def _user_hf_config(inp: PlanInput, profile: Any) -> dict[str, Any] | None:
+    """The config.json the model was planned from, for the worker to build (a profile carries
+    its copy; otherwise the file --hf-config named, read again here)."""
+    if inp.training.impl != "hf" or not inp.model.hf_config:
+        return None
+    if profile is not None and getattr(profile, "hf_config_json", None):
+        return json.loads(profile.hf_config_json)
+    from zlayout.hfconfig import HfConfigError, read_config
+
+    try:
+        config, _ = read_config(inp.model.hf_config)
+    except HfConfigError as exc:
+        raise UsageError(f"{exc}; verify builds the model from it") from None
+    return config if isinstance(config, dict) else None
+
+
 def _options(args: argparse.Namespace, profile: Any, inp: PlanInput) -> "VerifyOptions":
     from zlayout.verify.options import LaunchError, VerifyOptions, check_request
 
@@ -144,6 +160,7 @@ def _options(args: argparse.Namespace, profile: Any, inp: PlanInput) -> "VerifyO
         kwargs["nvme_path"] = profile.run.nvme_path
     if profile is not None:
         kwargs["ds_config"] = profile.ds_config()
+    kwargs["hf_config"] = _user_hf_config(inp, profile)
     options = VerifyOptions(**kwargs)
     # With --slurm/--hostfile the processes run on the job's nodes, not here: this machine's
     # cores and GPUs say nothing about them (the job's own preflight checks them).

@@ -39,6 +39,10 @@ class VerifyOptions:
     run_preflight: bool = True
     extra_env: dict[str, str] = field(default_factory=dict)
     ds_config: dict[str, Any] | None = None  # default: zlayout's ds_config(inp, layout)
+    # The user's config.json (the file --hf-config names, or a profile's copy): the worker builds
+    # the model from it, the plan's shape laid over it, so what trains is the model the card was
+    # learned from (its activation, dropouts, rope, softcapping), not the class's defaults.
+    hf_config: dict[str, Any] | None = None
     # Rank 0 of the plan's whole world (nodes x GPUs per node) as one process on one GPU, on
     # torch's fake process group: DeepSpeed shards, buckets and gathers as on the full world and
     # the collectives move nothing, so GPU memory is the full run's; step time and host memory

@@ -1,0 +1,65 @@
+"""verify trains the model the user's config.json describes, not the class's defaults (held-out
+run of 2026-12-02: santacoder's `activation_function = "gelu_fast"` and dropouts were dropped,
+the worker built gpt_bigcode's default `gelu_pytorch_tanh`, and a plan that was right for the
+user's model read +59% against a different one). The plan's shape still rules: `--layers` beside
+`--hf-config` changes what trains as it changes the plan."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from zlayout.cli import build_parser
+from zlayout.commands.verify import _inputs, _options
+from zlayout.verify.launcher import run_spec
+
+SANTACODER_LIKE = {"model_type": "gpt_bigcode", "n_embd": 128, "n_layer": 4, "n_head": 4, "n_inner": 512,
+                   "vocab_size": 1000, "n_positions": 256, "multi_query": True,
+                   "activation_function": "gelu_fast", "attn_pdrop": 0.1, "resid_pdrop": 0.1,
+                   "bos_token_id": 999, "eos_token_id": 999, "_name_or_path": "tiny-santacoder"}
+
+
+def spec_for(tmp_path, *flags: str) -> dict:
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(SANTACODER_LIKE))
+    args = build_parser().parse_args(["verify", "--hf-config", str(config), "--stage", "2", "--cpu",
+                                      "--seq", "64", "--micro-batch", "1", *flags])
+    inp, layout, profile, _ = _inputs(args)
+    return run_spec(inp, layout, _options(args, profile, inp), tmp_path), inp
+
+
+def test_the_worker_builds_the_users_config_as_written(tmp_path):
+    spec, inp = spec_for(tmp_path)
+    built = spec["hf_config"]
+    assert built["activation_function"] == "gelu_fast" and built["attn_pdrop"] == 0.1
+    assert built["bos_token_id"] == 999 and built["n_layer"] == 4
+    assert not any(k.startswith("_") for k in built)
+
+
+def test_a_shape_flag_beside_the_config_changes_the_shape_only(tmp_path):
+    spec, inp = spec_for(tmp_path, "--layers", "2")
+    built = spec["hf_config"]
+    assert built["n_layer"] == 2 and inp.model.layers == 2
+    assert built["activation_function"] == "gelu_fast" and built["resid_pdrop"] == 0.1
+
+
+def test_a_model_without_a_config_builds_from_the_plans_shape(tmp_path):
+    args = build_parser().parse_args(["verify", "--preset", "llama3-8b", "--impl", "hf", "--layers", "2",
+                                      "--stage", "2", "--cpu"])
+    inp, layout, profile, _ = _inputs(args)
+    assert run_spec(inp, layout, _options(args, profile, inp), tmp_path)["hf_config"] is None
+
+
+@pytest.mark.slow
+def test_the_users_config_trains_with_the_planned_parameter_count(tmp_path):
+    """A real DeepSpeed engine on CPU builds the user's config (the worker asserts the count)."""
+    from zlayout.cli import main
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(SANTACODER_LIKE))
+    code = main(["verify", "--hf-config", str(config), "--stage", "2", "--cpu", "--seq", "64",
+                 "--micro-batch", "1", "--steps", "2", "--out", str(tmp_path / "run")])
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert code == 0 and result["status"] == "cpu-ok", result.get("cause")
+    assert result["measured"]["params"] == result["predicted"]["params"]
