@@ -35,6 +35,7 @@ def test_the_worker_builds_the_users_config_as_written(tmp_path):
     assert built["activation_function"] == "gelu_fast" and built["attn_pdrop"] == 0.1
     assert built["bos_token_id"] == 999 and built["n_layer"] == 4
     assert not any(k.startswith("_") for k in built)
+    assert built["pad_token_id"] is None  # transformers' init of its row fails under zero.Init
 
 
 def test_a_shape_flag_beside_the_config_changes_the_shape_only(tmp_path):
@@ -51,14 +52,22 @@ def test_a_model_without_a_config_builds_from_the_plans_shape(tmp_path):
     assert run_spec(inp, layout, _options(args, profile, inp), tmp_path)["hf_config"] is None
 
 
+COHERE_WITH_PAD = {"model_type": "cohere", "hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                   "num_key_value_heads": 2, "intermediate_size": 256, "vocab_size": 1000, "use_qk_norm": True,
+                   "pad_token_id": 0}
+
+
 @pytest.mark.slow
-def test_the_users_config_trains_with_the_planned_parameter_count(tmp_path):
-    """A real DeepSpeed engine on CPU builds the user's config (the worker asserts the count)."""
+@pytest.mark.parametrize(("config_json", "stage"), [(SANTACODER_LIKE, "2"), (COHERE_WITH_PAD, "3")],
+                         ids=["gpt_bigcode-gelu_fast-zero2", "cohere-pad-id-zero3"])
+def test_the_users_config_trains_with_the_planned_parameter_count(tmp_path, config_json, stage):
+    """A real DeepSpeed engine on CPU builds the user's config (the worker asserts the count);
+    a padding id in it does not break the ZeRO-3 build (command-r's did on the H200)."""
     from zlayout.cli import main
 
     config = tmp_path / "config.json"
-    config.write_text(json.dumps(SANTACODER_LIKE))
-    code = main(["verify", "--hf-config", str(config), "--stage", "2", "--cpu", "--seq", "64",
+    config.write_text(json.dumps(config_json))
+    code = main(["verify", "--hf-config", str(config), "--stage", stage, "--cpu", "--seq", "64",
                  "--micro-batch", "1", "--steps", "2", "--out", str(tmp_path / "run")])
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     assert code == 0 and result["status"] == "cpu-ok", result.get("cause")
