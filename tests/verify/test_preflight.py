@@ -257,12 +257,27 @@ def test_host_ram_over_the_prediction_but_above_the_floor_only_warns(monkeypatch
     predicted = mem.host_peak_bytes + 2 * mem.gpu_peak_allocated_bytes
     floor = preflight.host_floor_bytes(run, OFFLOADED, cpu=True)
     assert 0 < floor < predicted
-    monkeypatch.setattr(preflight, "host_available_bytes", lambda: (floor + predicted) // 2)
+    monkeypatch.setattr(preflight, "host_available_bytes", lambda: max(floor + 1, int(predicted / 1.05)))
     (ram,) = [c for c in preflight.check_host(run, OFFLOADED, 2, cpu=True) if c.name == "host ram"]
     assert not ram.ok and not ram.blocking and ram.line().startswith("preflight WARN host ram")
     monkeypatch.setattr(preflight, "host_available_bytes", lambda: predicted + GiB)
     (ram,) = [c for c in preflight.check_host(run, OFFLOADED, 2, cpu=True) if c.name == "host ram"]
     assert ram.ok
+
+
+def test_host_ram_far_below_the_prediction_blocks(monkeypatch):
+    """The plan's host peak more than its error above what is free: the kernel would kill a rank
+    after init (llama3-8b-1xh200-offload on a 125 GiB H200 node), so verify does not start."""
+    inp = tiny_input(layers=4, hidden=256)
+    run = _run_input(inp, 2)
+    mem = estimate_memory(run, OFFLOADED)
+    predicted = mem.host_peak_bytes + 2 * mem.gpu_peak_allocated_bytes
+    floor = preflight.host_floor_bytes(run, OFFLOADED, cpu=True)
+    available = max(floor + 1, int(predicted / 1.2))
+    assert available * (1 + preflight.HOST_PREDICTION_SLACK) < predicted
+    monkeypatch.setattr(preflight, "host_available_bytes", lambda: available)
+    (ram,) = [c for c in preflight.check_host(run, OFFLOADED, 2, cpu=True) if c.name == "host ram"]
+    assert ram.blocking and ram.line().startswith("preflight FAIL host ram") and "--no-preflight" in ram.line()
 
 
 def test_on_gpus_without_offload_the_optimizer_states_are_not_in_ram(monkeypatch):

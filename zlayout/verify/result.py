@@ -257,7 +257,15 @@ def verdict(reports: list[dict[str, Any]], measured: dict[str, Any], predicted: 
     done = [r for r in reports if r.get("status") == "ok"]
     if len(done) < expected_ranks or returncode not in (0, None):
         tail = "\n".join(output_tail[-20:])
-        return "failed", (f"{len(done)} of {expected_ranks} ranks finished "
+        killed = ""
+        if any("Signal 9 (SIGKILL)" in line for line in output_tail):
+            # torchrun's words for a rank the kernel killed: nothing else sends SIGKILL to a rank
+            # that did not time out (the launcher's own kills are the `cancelled`/timeout paths)
+            host = predicted.get("host_peak_bytes")
+            killed = ("a rank was killed with SIGKILL, most likely by the kernel's out-of-memory killer"
+                      + (f" (the plan's host peak: {host / GiB:.1f} GiB on this node)" if host else "")
+                      + ": check `dmesg` or the job's memory limit; ")
+        return "failed", (f"{killed}{len(done)} of {expected_ranks} ranks finished "
                           f"(launcher exit code {returncode}); last output:\n{tail}")
     if cpu:
         return "cpu-ok", "CPU mode: the configuration ran end to end; GPU memory is not measured on CPU"
