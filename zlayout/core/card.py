@@ -222,6 +222,7 @@ class ModelCard:
             worst = max(worst, peak - net)
         return worst
 
+    @functools.lru_cache(maxsize=1024)  # noqa: B019 (cards live as long as the process; break-even asks often)
     def largest_weight_gradient(self, micro_batch: int, seq: int, checkpointing: bool,
                                 weight_bytes: int) -> BlockWeightGradient | None:
         """The largest weight gradient a block's backward makes (a request of a constant size
