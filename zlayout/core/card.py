@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 Poly = tuple[float, float, float]
 
@@ -114,6 +114,15 @@ class WorkPhase:
             else:
                 memory += bytes_at(op.bytes, micro_batch, seq)
         return WorkTotals(gemm, batched, attention, memory, kernels)
+
+
+class BlockWeightGradient(NamedTuple):
+    """A block's largest weight gradient (bytes) and what the block's backward holds above its
+    start, that gradient not counted, at its own hook and at the next weight gradient's hook."""
+
+    bytes: int
+    live_at_hook: int
+    live_at_next_hook: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,6 +221,42 @@ class ModelCard:
             net, peak = (b.checkpointed_forward if checkpointing else b.forward).net_and_peak(micro_batch, seq)
             worst = max(worst, peak - net)
         return worst
+
+    @functools.lru_cache(maxsize=1024)  # noqa: B019 (cards live as long as the process; break-even asks often)
+    def largest_weight_gradient(self, micro_batch: int, seq: int, checkpointing: bool,
+                                weight_bytes: int) -> BlockWeightGradient | None:
+        """The largest weight gradient a block's backward makes (a request of a constant size
+        that one of the card's parameters has at `weight_bytes` an element, freed later: the
+        free is its AccumulateGrad hook, DeepSpeed's reduce hook), over the kinds of block, with
+        what the block's backward holds above its start (the gradient not counted) at that
+        hook and at the next weight gradient's hook, where ZeRO-3 reduces a gradient larger
+        than its IPG bucket (stage3.py reduce_independent_p_g_buckets_and_remove_grads)."""
+        sizes = {numel * weight_bytes for numel in self.parameter_numels}
+        best = None
+        for block in self.regime(seq).blocks:
+            requests = (block.checkpointed_backward if checkpointing else block.backward).requests
+            made = [(i, int(poly[2])) for i, poly in enumerate(requests)
+                    if poly[0] == 0 and poly[1] == 0 and int(poly[2]) in sizes]
+            if not made:
+                continue
+            first, grad = max(made, key=lambda item: item[1])
+            hooks = [i for i, poly in enumerate(requests)
+                     if poly[0] == 0 and poly[1] == 0 and -int(poly[2]) in sizes]
+            own = next((i for i in hooks if i > first and -int(requests[i][2]) == grad), None)
+            if own is None:
+                continue
+            nxt = next((i for i in hooks if i > own), None)
+            live = 0.0
+            at = {}
+            for i, poly in enumerate(requests):
+                if i in (own, nxt):
+                    at[i] = live
+                live += bytes_at(poly, micro_batch, seq)
+            at_own = int(round(at[own])) - grad
+            at_next = int(round(at[nxt])) if nxt is not None else int(round(live))
+            if best is None or grad > best.bytes:
+                best = BlockWeightGradient(grad, at_own, at_next)
+        return best
 
     def head_saved_bytes(self, micro_batch: int, seq: int, checkpointing: bool) -> int:
         """What the final norm, the head and the loss keep at the end of the forward pass

@@ -24,7 +24,7 @@ from typing import Literal, NamedTuple
 
 from zlayout.core.fit import flush_cost_s
 from zlayout.core.tensors import (  # noqa: F401 (read from here by tests and benchmarks)
-    layer_tensor_sizes, parameter_tensor_sizes, stage3_live_param_elements, stage3_sub_groups)
+    NORM_PART_ELEMENTS, layer_tensor_sizes, parameter_tensor_sizes, stage3_live_param_elements, stage3_sub_groups)
 from zlayout.spec import GiB, Layout, ModelSpec, PlanInput, TrainingSpec, ZeroKnobs
 
 Where = Literal["gpu", "host", "nvme"]
@@ -369,6 +369,40 @@ def ipg_bucket_bytes(zero: ZeroKnobs, stage: int, training: TrainingSpec) -> int
     return 0
 
 
+def stage3_kept_elements(model: ModelSpec, zero: ZeroKnobs, world: int, param_offload: bool) -> int:
+    """The gathered weights ZeRO-3 keeps from the forward to the backward
+    (`stage3_live_param_elements`), never fewer than the output head's: after the head's forward
+    the next module of the trace is the head's own backward, so partitioned_param_coordinator
+    .__params_to_release keeps its weight at any positive stage3_max_reuse_distance, and a
+    module's own gather is not held back by stage3_max_live_parameters (command-r, 256000 x
+    8192 tied: 4.19 GB gathered through the loss's backward, above the 2 GB cap)."""
+    live = stage3_live_param_elements(model, zero, world, param_offload)
+    if live and zero.stage3_max_reuse_distance > 0:
+        live = max(live, model.vocab * model.hidden)
+    return live
+
+
+def stage3_offload_reduce_bytes(numel: int, zero: ZeroKnobs, world: int, w: int, elements: int) -> int:
+    """ZeRO-3 with the optimizer on the host: what reducing one weight gradient of `numel`
+    elements adds on the GPU (stage3.py __reduce_and_partition_ipg_grads -> partition_grads ->
+    _offload_grad_partition_at_boundary), `elements`: the model's, which bound a bucket:
+    - a gradient larger than reduce_bucket_size is not copied into the IPG bucket
+      (__add_grad_to_ipg_bucket): it stays whole in `.grad` until the next gradient's hook
+      (or the epilogue) reduces its bucket, where it is alone;
+    - reduce_scatter_coalesced concatenates the bucket (torch.cat; partitions are views of it)
+      unless it is one tensor that splits evenly over the GPUs; a bucket of several holds at
+      most reduce_bucket_size elements;
+    - this GPU's partition goes to the pinned host buffer and back (`grad_buffer.to(device)`);
+    - _constant_buffered_norm2 casts parts of at most NORM_PART_ELEMENTS to float64, one at a
+      time, then the partition is cast to fp32 for its copy to the host; both freed at once."""
+    part = -(-numel // world)
+    if numel > zero.reduce_bucket_size:
+        held, staged = numel * w, 0 if numel % world == 0 else part * world * w
+    else:
+        held, staged = 0, min(zero.reduce_bucket_size, elements) * w
+    return held + staged + part * w + max(part * FP32_BYTES, min(part, NORM_PART_ELEMENTS) * 8)
+
+
 def persistent_small_param_elements(model: ModelSpec, zero: ZeroKnobs) -> int:
     """ZeRO-3 keeps tensors under `stage3_param_persistence_threshold` elements (norm weights,
     biases, small routers) whole on every GPU instead of gathering them."""
@@ -574,9 +608,10 @@ def deepspeed_buffer_terms(c: _Layout, terms: _Terms) -> Buffers:
     live = persistent = 0
     if stage == 3:
         live = terms.add("gpu", "stage3_live_parameters",
-                   w * stage3_live_param_elements(model, zero, n, not param_on_gpu), "deepspeed_buffers",
+                   w * stage3_kept_elements(model, zero, n, not param_on_gpu), "deepspeed_buffers",
                    f"gathered weights kept between forward and backward (stage3_max_reuse_distance and "
-                   f"max_live_parameters = {zero.stage3_max_live_parameters:.0e} elements)")
+                   f"max_live_parameters = {zero.stage3_max_live_parameters:.0e} elements; at least the "
+                   f"output head's weight, whole)")
         persistent = terms.add("gpu", "stage3_persistent_parameters", w * persistent_small_param_elements(model, zero),
                          "deepspeed_buffers",
                          f"tensors under stage3_param_persistence_threshold = "
@@ -681,6 +716,8 @@ def phase_peaks(c: _Layout, states_: ModelStates, buffers: Buffers,
         phases["backward (offload cast)"] = (states + live + activations + ipg + recompute
                                             + model.largest_tensor_numel() * (w + FP32_BYTES),
                                             model.largest_tensor_numel() * FP32_BYTES)
+    if stage == 3 and c.opt_where == "host":
+        phases.update(stage3_offload_reduce_phases(c, states, live, saved, recompute, head_in))
     if stage == 3 and init == "bf16-gpu":
         # the whole model on every GPU before deepspeed.initialize partitions it
         phases["model build"] = (w * p, model.largest_tensor_numel() * w)
@@ -700,6 +737,55 @@ def phase_peaks(c: _Layout, states_: ModelStates, buffers: Buffers,
         phases = {name: (allocated + held * (name != "model build"), request)
                   for name, (allocated, request) in phases.items()}
     return phases, after_init
+
+
+def stage3_offload_reduce_phases(c: _Layout, states: int, live: int, saved: int, recompute: int,
+                                 head_in: int) -> dict[str, tuple[int, int]]:
+    """ZeRO-3 with the optimizer on the host: the largest gradients' reductions
+    (stage3_offload_reduce_bytes), each with what is alive while it runs:
+    - the embedding's (the first weight; tied, the sum of the head's and the embedding's
+      gradients) is the last gradient made, reduced by the backward's epilogue
+      (engine._backward_epilogue -> allreduce_gradients -> independent_gradient_partition_epilogue)
+      once every activation is freed, with its weight still gathered: input ids need no
+      gradient, so the embedding's post-backward release never fires, and
+      release_backward_leftovers (optimizer.backward_epilogue) runs after the reduction;
+    - a gradient larger than reduce_bucket_size is reduced alone, at the next gradient's hook:
+      an untied head's at the final norm's, every block's activations and the head's inputs
+      alive, the head's weight released (its next use is beyond any reuse distance); a block's
+      largest in the backward of the last block (the first to run), the blocks below still
+      holding theirs, and from a card what that block holds at the next weight gradient's hook
+      (by hand all of it, with its recompute when checkpointed). One that
+      fits the bucket is reduced once later gradients fill it, activations freed meanwhile: the
+      other phases hold more (every measured ZeRO-3 offload row).
+    Each: (allocated bytes, the largest request: the fp32 cast of the partition, or the whole
+    gradient)."""
+    model, t, zero, w, n = c.model, c.training, c.zero, c.w, c.n
+    gather = n > 1 or not c.param_on_gpu
+
+    def reduce(numel: int) -> int:
+        return stage3_offload_reduce_bytes(numel, zero, n, w, model.params)
+
+    def request(numel: int) -> int:
+        return max(-(-numel // n) * FP32_BYTES, numel * w * (numel > zero.reduce_bucket_size))
+
+    embedding = parameter_tensor_sizes(model, t.impl)[0]
+    phases = {"backward (embedding reduce)": (states + (-(-embedding // n) * n * w if gather else 0)
+                                              + reduce(embedding), request(embedding))}
+    head = model.vocab * model.hidden
+    if not model.tie_embeddings and head > zero.reduce_bucket_size:
+        phases["backward (head reduce)"] = (states + max(0, live - head * w) + saved + head_in + reduce(head),
+                                            request(head))
+    card = card_of(model, t)
+    largest = card.largest_weight_gradient(t.micro_batch, t.seq, t.checkpointing == "full", w) if card else None
+    if largest is not None:
+        numel, held = largest.bytes // w, largest.live_at_next_hook
+    else:
+        kinds = [False] * (model.dense_layer_count > 0) + [True] * (model.moe_layer_count > 0)
+        numel = max(max(layer_tensor_sizes(model, moe=moe)) for moe in kinds or [False])
+        held = recompute
+    if numel > zero.reduce_bucket_size:
+        phases["backward (block reduce)"] = (states + live + saved + held + reduce(numel), request(numel))
+    return phases
 
 
 def outside_allocator_terms(c: _Layout, terms: _Terms) -> int:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from zlayout.core.caching_allocator import DEFAULT_STREAM
 from zlayout.core.replay_state import REDUCE_STREAM, Replay
+from zlayout.core.tensors import NORM_PART_ELEMENTS
 
 ALLREDUCE_BUCKET_ELEMENTS = 500_000_000  # DeepSpeed engine.py MEMORY_OPT_ALLREDUCE_SIZE
-NORM_PART_ELEMENTS = 250_000_000  # stage3.py _constant_buffered_norm2(buffer_size)
 
 
 class GradientReduction:

@@ -10,6 +10,8 @@ import functools
 
 from zlayout.spec import ModelSpec, ZeroKnobs
 
+NORM_PART_ELEMENTS = 250_000_000  # stage3.py _constant_buffered_norm2(buffer_size): float64 parts
+
 
 def stage3_live_param_elements(model: ModelSpec, zero: ZeroKnobs, world: int, param_offload: bool) -> int:
     """Full (gathered) weights ZeRO-3 keeps on the GPU between the forward and the backward:
