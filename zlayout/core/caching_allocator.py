@@ -39,12 +39,13 @@ def allocation_size(size: int) -> int:
 
 
 class _Block:
-    __slots__ = ("segment", "offset", "size", "free", "prev", "next")
+    __slots__ = ("segment", "offset", "size", "free", "prev", "next", "pool")
 
-    def __init__(self, segment: int, offset: int, size: int) -> None:
+    def __init__(self, segment: int, offset: int, size: int, pool: "CachingAllocator | None" = None) -> None:
         self.segment, self.offset, self.size, self.free = segment, offset, size, True
         self.prev: _Block | None = None
         self.next: _Block | None = None
+        self.pool = pool  # the allocator whose segment holds it (a replay frees it there)
 
     def key(self) -> int:
         return _key_of(self.size, self.segment, self.offset)
@@ -65,6 +66,13 @@ def _key_of(size: int, segment: int, offset: int) -> int:
     return (size << _SIZE_SHIFT) | ((_SEG_MAX - segment) << _SEG_SHIFT) | (offset >> 9)
 
 
+def _remove_key(index: list[int], block: _Block) -> int:
+    """Take a free block's key out of the sorted free index; returns the key."""
+    key = (block.size << _SIZE_SHIFT) | ((_SEG_MAX - block.segment) << _SEG_SHIFT) | (block.offset >> 9)
+    del index[bisect_left(index, key)]
+    return key
+
+
 @dataclass
 class CachingAllocator:
     """The large pool of the default caching allocator on one stream. Blocks of a segment are
@@ -80,18 +88,8 @@ class CachingAllocator:
     peak_allocated: int = 0
     device: "Device | None" = None  # the card the pools share (replay_at_capacity), or unbounded
 
-    def _add_free(self, block: _Block) -> None:
-        block.free = True
-        key = (block.size << _SIZE_SHIFT) | ((_SEG_MAX - block.segment) << _SEG_SHIFT) | (block.offset >> 9)
-        insort(self.free_index, key)
-        self.free_blocks[key] = block
-
-    def _remove_free(self, block: _Block) -> None:
-        key = (block.size << _SIZE_SHIFT) | ((_SEG_MAX - block.segment) << _SEG_SHIFT) | (block.offset >> 9)
-        del self.free_index[bisect_left(self.free_index, key)]
-        del self.free_blocks[key]
-        block.free = False
-
+    # malloc and free run once per request of a replay (tens of thousands per plan): the
+    # free-index updates are written out in place, the hot attributes read into locals.
     def malloc(self, size: int) -> _Block | None:
         """The block that serves `size` bytes (its handle for `free`); requests of 1 MiB or
         less are not replayed (None)."""
@@ -107,7 +105,7 @@ class CachingAllocator:
             seg_size = allocation_size(size)
             if self.device is not None:
                 self.device.reserve(seg_size)  # may free the cache and retry, or raise OutOfMemory
-            block = _Block(len(self.segment_sizes), 0, seg_size)
+            block = _Block(len(self.segment_sizes), 0, seg_size, self)
             block.free = False
             self.segment_sizes.append(seg_size)
             self.reserved += seg_size
@@ -115,7 +113,7 @@ class CachingAllocator:
                 self.peak_reserved = self.reserved
         remaining = block.size - size
         if remaining > SMALL_SIZE:  # should_split (large pool)
-            rest = _Block(block.segment, block.offset + size, remaining)
+            rest = _Block(block.segment, block.offset + size, remaining, self)
             nxt = block.next
             rest.prev, rest.next = block, nxt
             if nxt is not None:
@@ -125,30 +123,36 @@ class CachingAllocator:
             key = (remaining << _SIZE_SHIFT) | ((_SEG_MAX - rest.segment) << _SEG_SHIFT) | (rest.offset >> 9)
             insort(index, key)
             self.free_blocks[key] = rest
-        self.allocated += block.size
-        if self.allocated > self.peak_allocated:
-            self.peak_allocated = self.allocated
+        allocated = self.allocated = self.allocated + block.size
+        if allocated > self.peak_allocated:
+            self.peak_allocated = allocated
         return block
 
     def free(self, block: _Block | None) -> None:
         if block is None:
             return
-        self.allocated -= block.size
+        size = block.size
+        self.allocated -= size
+        index, blocks = self.free_index, self.free_blocks
         nxt, prev = block.next, block.prev
         if nxt is not None and nxt.free:  # merge with the free neighbours of its segment
-            self._remove_free(nxt)
-            block.size += nxt.size
-            block.next = nxt.next
-            if nxt.next is not None:
-                nxt.next.prev = block
+            del blocks[_remove_key(index, nxt)]
+            size += nxt.size
+            nxt = block.next = nxt.next
+            if nxt is not None:
+                nxt.prev = block
         if prev is not None and prev.free:
-            self._remove_free(prev)
-            prev.size += block.size
-            prev.next = block.next
-            if block.next is not None:
-                block.next.prev = prev
+            del blocks[_remove_key(index, prev)]
+            size += prev.size
+            prev.next = nxt
+            if nxt is not None:
+                nxt.prev = prev
             block = prev
-        self._add_free(block)
+        block.size = size
+        block.free = True
+        key = (size << _SIZE_SHIFT) | ((_SEG_MAX - block.segment) << _SEG_SHIFT) | (block.offset >> 9)
+        insort(index, key)
+        blocks[key] = block
 
     def empty_cache(self) -> int:
         """torch.cuda.empty_cache (`release_cached_blocks`): every segment with no block in use

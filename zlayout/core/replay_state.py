@@ -44,7 +44,7 @@ class _Seq:
         self.sizes: list[int] = [0]
         self.live = live
         self.pools: dict[int, CachingAllocator] = {}
-        self.blocks: list[tuple[CachingAllocator, _Block | None] | None] = [None]
+        self.blocks: list[_Block | None] = [None]  # live: each name's block (None: small)
         self.marks: list[tuple[str, int]] = []  # (phase, index of its first event): comparisons
         self.released_peak = 0
 
@@ -58,27 +58,35 @@ class _Seq:
 
     def a(self, size: int, stream: int = DEFAULT_STREAM) -> int:
         size = int(size)
-        name = len(self.sizes)
-        self.sizes.append(size)
+        sizes = self.sizes
+        name = len(sizes)
+        sizes.append(size)
         if self.live:
-            pool = self.pools.get(stream)
-            if pool is None:
-                pool = self.pools[stream] = CachingAllocator(device=self.device)
-                if self.device is not None:
-                    self.device.pools.append(pool)
-            self.blocks.append((pool, pool.malloc(size)))
+            # the block knows its pool (`_Block.pool`): `f` frees it there; None: not replayed
+            try:
+                self.blocks.append(self.pools[stream].malloc(size))
+            except KeyError:
+                self.blocks.append(self._new_pool(stream).malloc(size))
         else:
             self.events.append(("a", name, size) if stream == DEFAULT_STREAM else ("a", name, size, stream))
         return name
 
+    def _new_pool(self, stream: int) -> CachingAllocator:
+        pool = self.pools[stream] = CachingAllocator(device=self.device)
+        if self.device is not None:
+            self.device.pools.append(pool)
+        return pool
+
     def f(self, *names: int | None) -> None:
-        for name in names:
-            if name is not None:
-                if self.live:
-                    pool, block = self.blocks[name]
-                    pool.free(block)
-                else:
-                    self.events.append(("f", name, 0))
+        if self.live:
+            blocks = self.blocks
+            for name in names:
+                if name is not None:
+                    block = blocks[name]
+                    if block is not None:
+                        block.pool.free(block)
+        else:
+            self.events.extend(("f", name, 0) for name in names if name is not None)
 
     def empty_cache(self) -> None:
         """torch.cuda.empty_cache: the pools' unused segments go back to the device."""
