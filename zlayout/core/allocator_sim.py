@@ -224,7 +224,7 @@ class _Training:
             # sub-group, summed over `fp16_partitioned_groups` (stage3.py: the params' ds_tensor,
             # whose ds_numel is this GPU's partition), dropped at its end (w2-z3-L8-h4096 trace:
             # 3572.8 MiB on 2 GPUs, the partition, not 7145.7 for the whole tensors)
-            s.f(s.a(4 * max(part for part, _ in groups)))
+            s.transient(4 * max(part for part, _ in groups))
         if zero.contiguous_gradients:
             s.a(zero.reduce_bucket_size * w)  # the IPG bucket, allocated once
         if opt_on_gpu:
@@ -236,7 +236,7 @@ class _Training:
             # 96, 32, 128, 128 MiB ..., each freed before the next). Small ones are persistent.
             for x in tensors:
                 if x > small:
-                    s.f(s.a(-(-x // n) * n * w))
+                    s.transient(-(-x // n) * n * w)
 
     def initialize_engine(self) -> None:
         """Stages 0-2: the module moved to the GPU, flattened, the fp32 master (and at stage 0
@@ -280,7 +280,7 @@ class _Training:
             else:
                 s.a(4 * p_shard)
                 s.f(clone)
-                s.f(s.a(4 * p_shard))
+                s.transient(4 * p_shard)
 
     # --- forward ----------------------------------------------------------------------
 
@@ -426,7 +426,7 @@ class _Training:
         # embedding_dense_backward's fp32 partial sums, a transient: (tokens + tokens /
         # NROWS_PER_THREAD (10)) rows of the hidden size (traces: 105.6 MiB at 8192 tokens x
         # 3072, b7-z0-L6-h3072; 61.6 MiB at 4096 x 3584, h8-z1-gas2-L6-h3584)
-        s.f(s.a((T + T // 10) * h * 4))
+        s.transient((T + T // 10) * h * 4)
         s.f(g)
         if tied:
             # one weight used twice: autograd sums its two gradients in the AccumulateGrad

@@ -128,6 +128,24 @@ class CachingAllocator:
             self.peak_allocated = allocated
         return block
 
+    def transient(self, size: int) -> None:
+        """`free(malloc(size))`, for a tensor freed before the next request. Served by a cached
+        block, the cache ends as it began: free blocks are always merged with their free
+        neighbours, so the block split off is merged back whole under the same key; only the
+        peak allocated moves. A new segment is made and cached as `malloc` makes it."""
+        if size <= SMALL_SIZE:
+            return
+        size = (size + 511) & ~511
+        index = self.free_index
+        i = bisect_left(index, size << _SIZE_SHIFT)
+        if i < len(index):
+            held = index[i] >> _SIZE_SHIFT
+            allocated = self.allocated + (size if held - size > SMALL_SIZE else held)  # should_split
+            if allocated > self.peak_allocated:
+                self.peak_allocated = allocated
+        else:
+            self.free(self.malloc(size))
+
     def free(self, block: _Block | None) -> None:
         if block is None:
             return

@@ -58,7 +58,7 @@ class HandBlocks:
             # returns: freed after the output is made; traces t-z1-hf-v32001, t-z2-hf-ckpt-s8192:
             # 64, 64, -64, 64, 32, 32, -64 MiB at b2 s4096 h2048)
             x32 = s.a(T * h * 4)
-            s.f(s.a(T * h * 4))
+            s.transient(T * h * 4)
             n32 = s.a(T * h * 4)
             nb = s.a(T * h * w)
             out = s.a(T * h * w)
@@ -93,14 +93,14 @@ class HandBlocks:
         pk = s.a(S * 8)
         sel = s.a(S * h * w)
         sw = s.a(S * 4)
-        s.f(s.a(S * 4))
+        s.transient(S * 4)
         proj = s.a(S * 2 * f * w)  # gate/up grouped mm
         act = s.a(S * f * w)  # _default_apply_gate: act_fn(gate) * up
         prod = s.a(S * f * w)
         down = s.a(S * h * w)  # down grouped mm
         weighted = s.a(S * h * 4)  # proj_out * sample_weights_g: bf16 x fp32 -> fp32
         inv = s.a(S * 8)  # inv_perm = empty_like(perm); inv_perm[perm] = arange
-        s.f(s.a(S * 8))
+        s.transient(S * 8)
         sv["moe_router"] = [probs, top_i, top_sum, perm, sw]
         sv["moe_pk"], sv["moe_sel"], sv["moe_proj"] = [pk], [sel], [proj]
         sv["act"], sv["prod"], sv["fc1"] = [act], [prod], []
@@ -197,7 +197,7 @@ class HandBlocks:
         local is rebound to its product with rsqrt, that product when the function returns."""
         s, w, T, h = self.s, self.w, self.T, self.h
         x32 = s.a(T * h * 4)
-        s.f(s.a(T * h * 4))  # pow
+        s.transient(T * h * 4)  # pow
         n32 = s.a(T * h * 4)
         s.f(x32)
         nb = s.a(T * h * w)
@@ -319,7 +319,7 @@ class HandBlocks:
         if biased:
             gin = s.a(d_input)
             wgrad = s.a(weight * w)
-            s.f(s.a(BIAS_GRAD_TRANSIENT))
+            s.transient(BIAS_GRAD_TRANSIENT)
             s.f(*dies)
             hook([wgrad])
         else:
@@ -401,7 +401,7 @@ class HandBlocks:
         gattn = self.linear_backward(h * h, T * h * w, hook, gpt_biased)  # proj
         # sdpa backward: dq, dk, dv, flash's workspace
         dq, dk, dv = s.a(T * h * w), s.a(T * kv * w), s.a(T * kv * w)
-        s.f(s.a(flash_bwd))
+        s.transient(flash_bwd)
         if hf:
             # transformers' attention (t-z1-hf-v256000 trace): the sdpa node frees its
             # incoming gradient, then the rotated k and q, v and its output; k's rotary runs
@@ -472,7 +472,7 @@ class HandBlocks:
             x32, nb = kept
             g_hb = s.a(T * h * w)
             gw = s.a(T * h * w)
-            s.f(s.a(T * h * 8))
+            s.transient(T * h * 8)
             s.f(gw, g, nb)
             hook([], model.norm_params())
             g32 = s.a(T * h * 4)  # ToCopyBackward0: to fp32

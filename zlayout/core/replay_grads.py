@@ -55,7 +55,7 @@ class GradientReduction:
         same way before its partition goes to the host (w2-z2-opt-L16-h3072: -4.0% -> 0.0%)."""
         s, w, n = self.s, self.w, self.n
         if n > 1 and elements:
-            s.f(s.a(elements * w, self.grad_stream))
+            s.transient(elements * w, self.grad_stream)
 
 
     def offload_flush(self) -> None:
@@ -70,8 +70,8 @@ class GradientReduction:
         self.flatten_reduced(sum(self.in_bucket))
         if self.boundary:
             for size in self.in_bucket:
-                s.f(s.a(size * 8, self.grad_stream))
-                s.f(s.a(size * 4, self.grad_stream))
+                s.transient(size * 8, self.grad_stream)
+                s.transient(size * 4, self.grad_stream)
         self.in_bucket.clear()
         self.filled = 0
 
@@ -105,8 +105,8 @@ class GradientReduction:
             part = -(-size // n)
             copy = s.a(part * w, REDUCE_STREAM)
             if self.boundary:
-                s.f(s.a(min(part, NORM_PART_ELEMENTS) * 8, REDUCE_STREAM))
-                s.f(s.a(part * 4, REDUCE_STREAM))
+                s.transient(min(part, NORM_PART_ELEMENTS) * 8, REDUCE_STREAM)
+                s.transient(part * 4, REDUCE_STREAM)
             s.f(copy)
         s.f(staged)
         self.in_bucket.clear()
@@ -225,10 +225,10 @@ class GradientReduction:
             for gr in reversed(self.grads):
                 numel += s.sizes[gr] // w
                 if numel > ALLREDUCE_BUCKET_ELEMENTS:
-                    s.f(s.a(numel * w))
+                    s.transient(numel * w)
                     numel = 0
             if numel:
-                s.f(s.a(numel * w))
+                s.transient(numel * w)
         if stage == 3:
             self.flush()  # independent_gradient_partition_epilogue: the last, partly filled bucket
         s.f(*self.retired)
@@ -252,7 +252,7 @@ class GradientReduction:
                 # then 120, 72, 384, 192 per block; t-z3-hf-L6-h4096: a 4008 MiB segment for
                 # its 128256 x 4096 embedding)
                 for x in tensors:
-                    s.f(s.a(-(-x // n) * 8))
+                    s.transient(-(-x // n) * 8)
                 for size in sub_groups:  # per sub-group
                     s.f(self.fp32_gradients(size))
                 self.moments_made = True
@@ -277,7 +277,7 @@ class GradientReduction:
             for x in tensors:
                 if left <= 0:
                     break
-                s.f(s.a(min(x, left) * 8))
+                s.transient(min(x, left) * 8)
                 left -= x
             s.f(self.fp32_gradients(p_shard, self.partition))
             self.moments_made = True

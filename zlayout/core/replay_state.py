@@ -88,6 +88,21 @@ class _Seq:
         else:
             self.events.extend(("f", name, 0) for name in names if name is not None)
 
+    def transient(self, size: int, stream: int = DEFAULT_STREAM) -> None:
+        """`f(a(size, stream))`: a tensor freed before the next request (a cast, a norm's
+        partial sums); live, served without a block of its own (`CachingAllocator.transient`)."""
+        if not self.live:
+            self.f(self.a(size, stream))
+            return
+        size = int(size)
+        self.sizes.append(size)
+        self.blocks.append(None)
+        try:
+            pool = self.pools[stream]
+        except KeyError:
+            pool = self._new_pool(stream)
+        pool.transient(size)
+
     def empty_cache(self) -> None:
         """torch.cuda.empty_cache: the pools' unused segments go back to the device."""
         if self.live:
