@@ -84,9 +84,16 @@ class GradientReduction:
         blocks, the bucket's 485.3M and 493.9M elements, in segments of their own). A
         bucket of one tensor that splits evenly is reduced in place, no cat (a head larger
         than the bucket: t-z3-hf-L6-h4096, no 1002 MiB copy)."""
-        s, w, n, opt_on_gpu = self.s, self.w, self.n, self.opt_on_gpu
         if not self.in_bucket:
             return
+        # every request here is on the reduce stream and freed by the end: one episode
+        self.s.episode(REDUCE_STREAM, (tuple(self.in_bucket), self.boundary), self.reduce_bucket)
+        self.in_bucket.clear()
+        self.filled = 0
+
+    def reduce_bucket(self) -> None:
+        """`flush`'s requests for the bucket `in_bucket`."""
+        s, w, n, opt_on_gpu = self.s, self.w, self.n, self.opt_on_gpu
         alone = len(self.in_bucket) == 1 and self.in_bucket[0] % n == 0
         staged = None if alone else s.a(sum(self.in_bucket) * w, REDUCE_STREAM)
         # with the optimizer on the host, partition_grads per gradient, in ds_id order (the
@@ -109,8 +116,6 @@ class GradientReduction:
                 s.transient(part * 4, REDUCE_STREAM)
             s.f(copy)
         s.f(staged)
-        self.in_bucket.clear()
-        self.filled = 0
 
     def hook(self, weight_grads: list[int], small: int = 0) -> None:
         """DeepSpeed's gradient hook, for `weight_grads` (names of large gradients) or
