@@ -409,4 +409,6 @@ def test_a_runbook_of_a_layout_that_does_not_fit_says_so(tmp_path):
     text = (out / "RUNBOOK.md").read_text()
     assert "The next size, 70.6B" not in text and "largest that fits: 0" not in text
     assert "runs out of GPU memory" in text
+    # this model's own size, not the family size after the largest that fits (it read 69.7B)
+    assert "This model, 70.6B, runs out of GPU memory" in text
     assert "none fits this model with this layout" in text

@@ -170,8 +170,11 @@ def _stops_fitting(p: Profile) -> list[str]:
         beyond = (f"**{lim.takes_over.label}** is the fastest layout that fits it" if lim.takes_over
                   else "no layout fits it on this hardware")
         # a profile of a layout that does not fit: the "next size" is this model itself
-        which = ("This model" if lim.next_params <= inp.model.params else "The next size")
-        out.append(f"{which}, {format_params(lim.next_params)}, runs out of {RUN_OUT_OF.get(lim.limited_by, lim.limited_by)}; "
+        # (its own size: the next family size after the largest that fits can be below it)
+        this_model = lim.next_params <= inp.model.params
+        which = "This model" if this_model else "The next size"
+        size = inp.model.params if this_model else lim.next_params
+        out.append(f"{which}, {format_params(size)}, runs out of {RUN_OUT_OF.get(lim.limited_by, lim.limited_by)}; "
                    f"{beyond}.")
     else:
         out.append("No size up to 10T parameters runs out of memory with this layout.")
