@@ -528,14 +528,16 @@ class _Training:
 def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -> list[tuple[str, object, int]] | None:
     """The large tensors one GPU allocates and frees, in order, for a dense model: ZeRO 0-2
     with the optimizer on the GPU or the CPU, ZeRO-3 with the optimizer and weights on the GPU
-    or the CPU; gradient accumulation included; Mixtral's MoE blocks (`mixtral_replayed`).
-    None for what is not replayed: NVMe, other MoE blocks, MLA, fp32 training."""
+    or the CPU; gradient accumulation included; Mixtral's MoE blocks (`mixtral_replayed`) and
+    any carded MoE model's (its blocks from the card). None for what is not replayed: NVMe,
+    other MoE blocks, MLA, fp32 training."""
     model, t = inp.model, inp.training
     if "nvme" in (layout.offload_optimizer, layout.offload_param):
         return None
     if layout.stage < 3 and layout.offload_param != "gpu":
         return None
-    if (model.is_moe and not mixtral_replayed(model, t)) or model.mla or t.precision == "fp32":
+    if (model.is_moe and not (mixtral_replayed(model, t) or _replays_card(model, t))) or model.mla \
+            or t.precision == "fp32":
         return None
     # Micro-steps between the first and the boundary repeat the same requests on the state the
     # one before left: the allocator's state is periodic after the first, so three of them
