@@ -108,6 +108,13 @@ CASES: dict[str, tuple[list[str], str]] = {
                                    "--loop", "trainer"], "heldout"),
     "gpt2-medium-z3-heldout": ([*_heldout("gpt2-medium.json"), "--stage", "3", "--micro-batch", "4",
                                 "--seq", "1024"], "heldout"),
+    # carded MoE classes other than Mixtral: blocks from the card; not where ZeRO-3 gathers
+    "qwen3-moe-L4-z2-heldout": ([*_heldout("qwen3-30b-a3b-L4.json"), "--stage", "2", "--gpus-per-node", "1",
+                                 "--seq", "1024"], "heldout"),
+    "phimoe-L2-z3-opt-cpu-heldout": ([*_heldout("phi3.5-moe-L2.json"), "--stage", "3", "--offload-optimizer", "cpu",
+                                      "--gpus-per-node", "1", "--seq", "1024"], "heldout"),
+    "phimoe-L2-z3-param-cpu-heldout": ([*_heldout("phi3.5-moe-L2.json"), "--stage", "3", "--offload-optimizer",
+                                        "cpu", "--offload-param", "cpu", "--seq", "1024"], "heldout"),
 }
 
 def plan_input(flags: list[str], cards_from: str):

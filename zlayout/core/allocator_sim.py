@@ -52,8 +52,11 @@ Pure arithmetic, no torch.
   rows), two grouped matmuls over the 3D expert weights, the routing weights applied in fp32,
   un-permuted and summed; in backward each 3D weight's whole gradient made once, by its
   grouped matmul, and hooked. No allocator trace of a MoE run yet: the order follows
-  torch.profiler's CPU memory events of the block. Qwen2-MoE and DeepSeek blocks (shared
-  experts, grouped routing) and zlayout's GPT (no experts) are not replayed.
+  torch.profiler's CPU memory events of the block. Any other MoE class with a learned card
+  (qwen3_moe, phimoe, ...) is replayed with its blocks from the card (`CardBlocks`: the
+  requests transformers' grouped experts really make, recorded by the learner) where ZeRO-3
+  gathers no weights (`_carded_moe_replayed`); without a card, Qwen2-MoE and DeepSeek blocks
+  (shared experts, grouped routing) and zlayout's GPT (no experts) are not replayed.
 * Checked request by request against allocator traces recorded on an H200 (torch 2.11,
   DeepSpeed 0.19.8; benchmarks/allocator_trace_compare.py lines a replay up with one, phase by
   phase): the cuBLAS workspace each multiplying thread keeps, autograd's order (a Linear's
@@ -107,6 +110,14 @@ def _replays_card(model, training) -> bool:
 # Whether a replay that takes its blocks from the card takes the head and loss from it too
 # (benchmarks/card_accuracy.py turns it off to print the hand-written head's figures beside).
 heads_from_cards = True
+
+
+def _carded_moe_replayed(inp, layout) -> bool:
+    """A MoE model of another class than Mixtral replayed with its blocks from its card, where
+    ZeRO-3 gathers no weights: a gather fetches a block's weights as Mixtral's tensor list
+    (`Replay.layer_sizes`), which is not this class's."""
+    gathers = layout.stage == 3 and (inp.hardware.world > 1 or layout.offload_param != "gpu")
+    return _replays_card(inp.model, inp.training) and not gathers
 
 
 def card_blocks(inp, s: _Seq, first_matmul) -> CardBlocks | None:
@@ -529,14 +540,14 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
     """The large tensors one GPU allocates and frees, in order, for a dense model: ZeRO 0-2
     with the optimizer on the GPU or the CPU, ZeRO-3 with the optimizer and weights on the GPU
     or the CPU; gradient accumulation included; Mixtral's MoE blocks (`mixtral_replayed`) and
-    any carded MoE model's (its blocks from the card). None for what is not replayed: NVMe,
+    a carded MoE model's (its blocks from the card; no ZeRO-3 gathers). None for what is not replayed: NVMe,
     other MoE blocks, MLA, fp32 training."""
     model, t = inp.model, inp.training
     if "nvme" in (layout.offload_optimizer, layout.offload_param):
         return None
     if layout.stage < 3 and layout.offload_param != "gpu":
         return None
-    if (model.is_moe and not (mixtral_replayed(model, t) or _replays_card(model, t))) or model.mla \
+    if (model.is_moe and not (mixtral_replayed(model, t) or _carded_moe_replayed(inp, layout))) or model.mla \
             or t.precision == "fp32":
         return None
     # Micro-steps between the first and the boundary repeat the same requests on the state the
