@@ -85,7 +85,13 @@ def test_drill_times_every_phase_and_records_the_host(drill):
     assert all(0 < m[k] < m["step_time_s"] for k in ("forward_s", "backward_s", "optimizer_s"))
     env = result["environment"]
     assert env["host_cores"] == os.cpu_count() and env["host_cpu_model"]
-    assert result["warnings"] == [] and result["measured_partial"] is False
+    # gloo's two CPU ranks can abort while tearing down after the last step (SIGABRT at
+    # shutdown, seen in CI on 2 cores): the runner reports that as a warning, every step measured;
+    # any other warning fails here
+    shutdown = ("a rank ended abnormally at shutdown, after every step",
+                "a resumed rank ended abnormally at shutdown, after every")
+    assert all(w.startswith(shutdown) for w in result["warnings"]), result["warnings"]
+    assert result["measured_partial"] is False
 
 
 def test_drill_streams_prefixed_rank_lines_and_preflight(drill):
