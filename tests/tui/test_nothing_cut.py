@@ -143,3 +143,21 @@ async def test_at_80_columns_with_the_inputs_open_the_title_is_whole_and_names_t
         title = str(table.border_title)
         assert "→" not in title and "GiB" in title
         assert title in screen_text(app).splitlines()[table.region.y]
+
+
+@pytest.mark.parametrize("size", SIZES, ids=[f"{w}x{h}" for w, h in SIZES])
+async def test_the_status_line_shows_the_whole_recommendation_with_the_inputs_open(size):
+    """70B on 4 nodes of H100s, seq 4096, micro-batch 3: at 80x24 with the inputs open the
+    sentence takes 8 lines of 43 columns; the status showed 6 and cut it after '(14.80
+    s/step),' (its offload and what it costs were gone)."""
+    initial = qa_input(nodes=4).model_copy(update={"training": TrainingSpec(
+        seq=4096, micro_batch=3, checkpointing="full")})
+    app = ZLayoutApp(initial=initial, cursor_blink=False)
+    async with app.run_test(size=size) as pilot:
+        await open_inputs(pilot)
+        status = app.query_one("#recommendation")
+        assert "spending" in status.text and status.text.endswith(".")
+        lines = screen_text(app).splitlines()
+        shown = " ".join(lines[y][status.content_region.x:status.content_region.right].strip()
+                         for y in range(status.region.y, status.region.bottom))
+        assert " ".join(shown.split()) == " ".join(status.text.split())
