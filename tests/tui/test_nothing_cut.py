@@ -161,3 +161,22 @@ async def test_the_status_line_shows_the_whole_recommendation_with_the_inputs_op
         shown = " ".join(lines[y][status.content_region.x:status.content_region.right].strip()
                          for y in range(status.region.y, status.region.bottom))
         assert " ".join(shown.split()) == " ".join(status.text.split())
+
+
+@pytest.mark.parametrize("size", SIZES, ids=[f"{w}x{h}" for w, h in SIZES])
+async def test_a_notification_sits_at_the_bottom_left_off_the_tables_figures(size):
+    """The export toast covered the table's Peak (80x24, the inputs open) or Step and tok/s
+    columns for 5 s: the rack was aligned left, but each toast's holder still aligned right."""
+    from textual.widgets._toast import Toast
+
+    app = ZLayoutApp(initial=qa_input(), cursor_blink=False)
+    async with app.run_test(size=size, notifications=True) as pilot:
+        await open_inputs(pilot)
+        app.notify("Exported ZeRO-1 to\nprofiles/llama3-70b-z1", title="Export")
+        await pilot.pause(0.3)
+        toast = app.screen.query_one(Toast)
+        table = app.query_one(LayoutTable)
+        assert toast.region.x == 0 and toast.region.bottom >= size[1] - 2
+        figures = table.region.x + 12  # ZeRO, Opt and Par; the figures start after them
+        beside_the_rows = toast.region.y < table.region.bottom
+        assert not beside_the_rows or toast.region.right <= figures, (toast.region, table.region)
