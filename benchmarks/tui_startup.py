@@ -174,13 +174,14 @@ async def keystrokes(count: int, size: tuple[int, int]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5, help="fresh processes for the start-up figure")
-    parser.add_argument("--keys", type=int, default=20, help="keystrokes to time")
+    parser.add_argument("--keys", type=int, default=20, help="keystrokes to time (0: start-up only)")
     parser.add_argument("--size", default="80x24", help="terminal size, COLUMNSxROWS (80x24: a login node's default)")
     args = parser.parse_args()
     size = tuple(int(n) for n in args.size.lower().split("x"))
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     start_up(args.runs, size)
-    asyncio.run(keystrokes(args.keys, size))
+    if args.keys > 0:  # no keystrokes, no figures (statistics has no median of nothing)
+        asyncio.run(keystrokes(args.keys, size))
 
 
 if __name__ == "__main__":

@@ -654,6 +654,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return run_app()
         words = list(sys.argv[1:] if argv is None else argv)
+        if words[0].startswith("-") and words[0] not in ("-h", "--help", "--version"):
+            # `zlayout --preset llama3-70b` is the app on those inputs, as plain `zlayout` is the
+            # app (it read the flag's value as a command: "unknown command 'llama3-70b'")
+            words.insert(0, "app")
         parser = build_parser(only=words[0] if words else None)
         args = parser.parse_args(words)
         if args.command is None:

@@ -412,3 +412,32 @@ def test_a_runbook_of_a_layout_that_does_not_fit_says_so(tmp_path):
     # this model's own size, not the family size after the largest that fits (it read 69.7B)
     assert "This model, 70.6B, runs out of GPU memory" in text
     assert "none fits this model with this layout" in text
+
+
+def test_a_layout_whose_cache_fills_the_card_reads_full_in_the_runbook_and_show_as_in_the_app():
+    """70B ZeRO-3 param→cpu on 4x8 H100 at seq 4096, micro-batch 3: the app's status says 'the
+    device will be full and the allocator flushes its cache about 2 times a step (needs 75.3
+    of 79.6 GiB)' and its Free column `full`; the runbook said 'Fits: yes' and '0.7 GiB to
+    spare', show 'headroom 0.7 GiB'."""
+    from zlayout.core.plan import make_plan
+    from zlayout.profile.summary import format_profile
+    from zlayout.spec import HardwareSpec, PlanInput, TrainingSpec
+
+    hw = HardwareSpec(gpu=catalog.load_gpu("h100"), gpus_per_node=8, nodes=4,
+                      intra_link=catalog.load_link("nvlink4"), inter_link=catalog.load_link("ib-ndr"))
+    inp = PlanInput(model=catalog.load_model("llama3-70b"), hardware=hw,
+                    training=TrainingSpec(seq=4096, micro_batch=3, checkpointing="full"))
+    layout = Layout(stage=3, offload_param="cpu")
+    fit = make_plan(inp).for_layout(layout).memory.gpu_fit
+    assert fit.state == "fits-flushing" and fit.headroom_bytes > 0  # the case: a positive headroom, a full card
+    profile = build_profile(inp, layout)
+    text = render_runbook(profile)
+    needs = f"needs {fit.needed_bytes / GiB:.1f} GiB of {fit.capacity_bytes / GiB:.1f} GiB per GPU"
+    assert (f"| Fits | yes; the device will be full and the allocator flushes its cache about "
+            f"{fit.flushes_per_step} times a step ({needs}) |") in text
+    assert "to spare" not in text and f"its cache fills the card: flushed about {fit.flushes_per_step} times" in text
+    shown = format_profile(profile)
+    assert "headroom" not in shown and "its cache fills the card" in shown
+    # a layout with room left keeps its figure
+    roomy = render_runbook(build_profile(inp, Layout(stage=3, offload_optimizer="cpu", offload_param="cpu")))
+    assert "| Fits | yes |" in roomy and " to spare." in roomy

@@ -143,3 +143,70 @@ async def test_at_80_columns_with_the_inputs_open_the_title_is_whole_and_names_t
         title = str(table.border_title)
         assert "→" not in title and "GiB" in title
         assert title in screen_text(app).splitlines()[table.region.y]
+
+
+@pytest.mark.parametrize("size", SIZES, ids=[f"{w}x{h}" for w, h in SIZES])
+async def test_the_status_line_shows_the_whole_recommendation_with_the_inputs_open(size):
+    """70B on 4 nodes of H100s, seq 4096, micro-batch 3: at 80x24 with the inputs open the
+    sentence takes 8 lines of 43 columns; the status showed 6 and cut it after '(14.80
+    s/step),' (its offload and what it costs were gone)."""
+    initial = qa_input(nodes=4).model_copy(update={"training": TrainingSpec(
+        seq=4096, micro_batch=3, checkpointing="full")})
+    app = ZLayoutApp(initial=initial, cursor_blink=False)
+    async with app.run_test(size=size) as pilot:
+        await open_inputs(pilot)
+        status = app.query_one("#recommendation")
+        assert "spending" in status.text and status.text.endswith(".")
+        lines = screen_text(app).splitlines()
+        shown = " ".join(lines[y][status.content_region.x:status.content_region.right].strip()
+                         for y in range(status.region.y, status.region.bottom))
+        assert " ".join(shown.split()) == " ".join(status.text.split())
+
+
+@pytest.mark.parametrize("size", SIZES, ids=[f"{w}x{h}" for w, h in SIZES])
+async def test_a_notification_sits_at_the_bottom_left_off_the_tables_figures(size):
+    """The export toast covered the table's Peak (80x24, the inputs open) or Step and tok/s
+    columns for 5 s: the rack was aligned left, but each toast's holder still aligned right."""
+    from textual.widgets._toast import Toast
+
+    app = ZLayoutApp(initial=qa_input(), cursor_blink=False)
+    async with app.run_test(size=size, notifications=True) as pilot:
+        await open_inputs(pilot)
+        app.notify("Exported ZeRO-1 to\nprofiles/llama3-70b-z1", title="Export")
+        await pilot.pause(0.3)
+        toast = app.screen.query_one(Toast)
+        table = app.query_one(LayoutTable)
+        assert toast.region.x == 0 and toast.region.bottom >= size[1] - 2
+        figures = table.region.x + 12  # ZeRO, Opt and Par; the figures start after them
+        beside_the_rows = toast.region.y < table.region.bottom
+        assert not beside_the_rows or toast.region.right <= figures, (toast.region, table.region)
+
+
+async def test_the_detail_names_what_the_step_needs_once_and_the_tables_figures():
+    """At the card's edge (70B ZeRO-3 param→cpu, 4x8 H100, seq 4096, micro-batch 3: the cache
+    fills the card) the detail read '(needs 75.3 of 79.6 GiB per GPU); needs 75.3 GiB, peak
+    67.6 GiB allocated'. Its figures are the table row's: Need, Peak and, with room, Used."""
+    from zlayout.spec import Layout
+    from zlayout.tui import view
+
+    initial = qa_input(nodes=4).model_copy(update={"training": TrainingSpec(
+        seq=4096, micro_batch=3, checkpointing="full")})
+    app = ZLayoutApp(initial=initial, cursor_blink=False)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(pilot)
+        table = app.query_one(LayoutTable)
+        for layout, state in ((Layout(stage=3, offload_param="cpu"), "fits-flushing"),
+                              (Layout(stage=3, offload_optimizer="cpu"), "fits")):
+            memory = app.plan.for_layout(layout).memory
+            assert memory.gpu_fit.state == state
+            row = table.cell_texts()[layout.key]
+            table.move_cursor(row=[lp.layout for lp in app.plan.layouts].index(layout), animate=False)
+            await pilot.press("enter")
+            await pilot.pause(0.3)
+            title = " ".join(str(app.screen.query_one(".dialog-title").render()).split())
+            assert title.count("needs") == 1 and f"needs {row['need']}" in title, title
+            assert f"peak {row['peak']} GiB allocated" in title
+            if state == "fits":
+                assert f"device used {row['used']} of" in title
+            await pilot.press("escape")
+            await pilot.pause()

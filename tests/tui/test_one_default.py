@@ -31,9 +31,11 @@ def test_every_door_opens_on_the_plan_commands_defaults(monkeypatch, argv):
     assert app_input(monkeypatch, argv) == plan_input(["--preset", "llama3-8b"])
 
 
-def test_a_flag_given_to_the_app_is_the_plan_commands_flag(monkeypatch):
+@pytest.mark.parametrize("door", [["app"], []], ids=["zlayout app FLAGS", "zlayout FLAGS"])
+def test_a_flag_given_to_the_app_is_the_plan_commands_flag(monkeypatch, door):
+    """`zlayout --preset llama3-70b ...` is the app too (it said "unknown command 'llama3-70b'")."""
     flags = ["--preset", "llama3-70b", "--gpu", "h100", "--nodes", "4", "--seq", "8192"]
-    opened = app_input(monkeypatch, ["app", *flags])
+    opened = app_input(monkeypatch, [*door, *flags])
     assert opened == plan_input(flags)
     assert opened.training.seq == 8192 and opened.hardware.nodes == 4
 

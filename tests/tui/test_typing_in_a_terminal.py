@@ -195,16 +195,17 @@ def test_one_burst_through_every_select_of_hardware_and_training(terminal_app):
                    "tab", "f", "u", "\r",                       # Checkpoint: full (a letter opens it)
                    "tab", "\r", "t", "r", "a", "\r",            # Model code: transformers
                    "tab", "\r", "e", "x", "\r",                 # Allocator: expandable
-                   *["shift+tab"] * 6,                          # back to Sequence
+                   "tab", "t", "r", "\r",                       # Loop: trainer (a letter opens it)
+                   *["shift+tab"] * 7,                          # back to Sequence
                    "end", "backspace", "backspace", "backspace", "backspace", "8192"))
     state = app.settled(until=lambda s: s["values"]["seq"] == "8192")
     values = state["values"]
-    assert (values["precision"], values["checkpointing"], values["impl"], values["allocator"]) == \
-        ("fp16", "full", "hf", "expandable")
+    assert (values["precision"], values["checkpointing"], values["impl"], values["allocator"], values["loop"]) == \
+        ("fp16", "full", "hf", "expandable", "trainer")
     assert state["focused"] == "seq"
     training = PlanInput.model_validate(state["plan_input"]).training
-    assert (training.seq, training.precision, training.checkpointing, training.impl, training.allocator) == \
-        (8192, "fp16", "full", "hf", "expandable")
+    assert (training.seq, training.precision, training.checkpointing, training.impl, training.allocator,
+            training.loop) == (8192, "fp16", "full", "hf", "expandable", "trainer")
     assert_plan_is_the_fields_plan(state)
 
 

@@ -20,7 +20,8 @@ from zlayout.profile.memory_svg import memory_svg
 from zlayout.profile.prometheus import (ALLOCATED_METRIC, LOSS_METRIC, PROCESS_GROUP, STEP_TIME_METRIC, alerts_yaml,
                                         mib, rules)
 from zlayout.profile.schema import Profile, inputs_to_file
-from zlayout.profile.summary import figure, free_gpu_memory_needed, gib, host_ram_text, seconds, team_config_text
+from zlayout.profile.summary import (cache_fills_card_text, figure, fits_text, free_gpu_memory_needed, gib, host_ram_text,
+                                    seconds, team_config_text)
 from zlayout.spec import Layout, offload_flag
 
 RUNBOOK_FILE = "RUNBOOK.md"
@@ -95,7 +96,7 @@ def _summary(p: Profile) -> list[str]:
         ("Layout", f"{s.layout} (optimizer state on {p.layout.offload_optimizer}, "
                    f"parameters on {p.layout.offload_param})"),
         ("Verdict", f"**{v.status.upper()}**" + s.verdict.removeprefix(v.status)),
-        ("Fits", "yes" if s.fits else "NO: the prediction says it does not fit; re-plan before launching"),
+        ("Fits", fits_text(p.prediction) if s.fits else "NO: the prediction says it does not fit; re-plan before launching"),
         (f"GPU memory, peak allocated ({s.basis})", f"{gib(s.gpu_peak_allocated_bytes)} of "
                                                     f"{gib(s.gpu_capacity_bytes)} per GPU"),
         (f"GPU memory in use, nvidia-smi ({s.basis})", f"{gib(s.gpu_device_used_bytes)} per GPU"),
@@ -142,9 +143,10 @@ def _what_lives_where(p: Profile) -> list[str]:
             continue
         out += _table(("term", "size", "why"), [(t.name, gib(t.bytes), t.explanation) for t in terms], right=(1,))
         out.append("")
+    room = cache_fills_card_text(pred) or f"{gib(pred.gpu_headroom_bytes)} to spare"
     out.append(f"Peak per GPU: {gib(pred.gpu_peak_allocated_bytes)} allocated, {gib(pred.gpu_peak_reserved_bytes)} "
                f"reserved by PyTorch, {gib(pred.gpu_device_used_bytes)} in use as nvidia-smi shows it, of "
-               f"{gib(pred.gpu_capacity_bytes)}; {gib(pred.gpu_headroom_bytes)} to spare. Host peak "
+               f"{gib(pred.gpu_capacity_bytes)}; {room}. Host peak "
                f"{gib(pred.host_peak_bytes)} per node, of {host_ram_text(p)}"
                + (f"; NVMe {gib(pred.nvme_bytes)} of {gib(pred.nvme_capacity_bytes)} per node." if pred.nvme_bytes
                   else "."))

@@ -110,9 +110,10 @@ def format_profile(profile: Profile) -> str:
     fits = "fits" if pred.fits else (
         "DOES NOT FIT (" + ", ".join(name for name, ok in (("GPU", pred.fits_gpu), ("host", pred.fits_host),
                                                            ("NVMe", pred.fits_nvme)) if not ok) + ")")
+    room = cache_fills_card_text(pred) or f"headroom {gib(pred.gpu_headroom_bytes)}"
     out.append(f"  peak per GPU: {gib(pred.gpu_peak_allocated_bytes)} allocated, "
                f"{gib(pred.gpu_peak_reserved_bytes)} reserved, {gib(pred.gpu_device_used_bytes)} device used "
-               f"of {gib(pred.gpu_capacity_bytes)} (headroom {gib(pred.gpu_headroom_bytes)}, "
+               f"of {gib(pred.gpu_capacity_bytes)} ({room}, "
                f"peak during {pred.peak_phase}): {fits}")
     out.append(f"  host peak per node: {gib(pred.host_peak_bytes)} of {host_ram_text(profile)}; "
                f"NVMe per node: {gib(pred.nvme_bytes)} of {gib(pred.nvme_capacity_bytes)}")
@@ -176,3 +177,29 @@ def format_profile(profile: Profile) -> str:
                + (f"; checkpoints in {r.checkpoint_dir}" if r.checkpoint_dir else "")
                + (f"; NVMe offload at {r.nvme_path}" if "nvme" in (layout.offload_optimizer, layout.offload_param) else ""))
     return "\n".join(out)
+
+
+def _flushes_text(pred) -> str:
+    """How often a step's cache fills the card and PyTorch flushes it, '' when it does not
+    (core.fit's fits-flushing: the app's Free column says `full`, its status 'the device will be full')."""
+    n = pred.gpu_flushes_per_step or 0
+    return f"{n} time{'s' if n != 1 else ''}" if n else ""
+
+
+def cache_fills_card_text(pred) -> str | None:
+    """What the card has left at the peak when the cache fills it, in the app's terms (its Free
+    column says `full`): a headroom of 0.7 GiB read as room to spare beside a layout whose
+    allocator flushes its cache twice a step. None when the cache does not fill the card."""
+    flushes = _flushes_text(pred)
+    return f"its cache fills the card: flushed about {flushes} a step" if flushes else None
+
+
+def fits_text(pred) -> str:
+    """The runbook's 'Fits' for a layout that fits, with the status line's words when the device
+    will be full."""
+    flushes = _flushes_text(pred)
+    if not flushes:
+        return "yes"
+    needed = pred.gpu_needed_bytes or pred.gpu_device_used_bytes
+    return (f"yes; the device will be full and the allocator flushes its cache about {flushes} a step "
+            f"(needs {gib(needed)} of {gib(pred.gpu_capacity_bytes)} per GPU)")

@@ -55,9 +55,10 @@ class DetailScreen(ModalScreen[None]):
         mem = lp.memory
         with Vertical(id="detail", classes="dialog"):
             gpu = view.gpu_figures(mem)  # the table's figures; the sentence is the core's (fit.py)
+            # the sentence names what the step needs unless it fits with room (then device used)
+            needs = f"needs {gpu.needed} GiB, " if mem.gpu_fit.state == "fits" else ""
             yield Label(Text.assemble((lp.layout.label, "bold"), f"  {mem.gpu_fit.summary()}; "
-                                      f"needs {gpu.needed} GiB, peak {gpu.peak} GiB allocated "
-                                      f"during {mem.peak_phase}"),
+                                      f"{needs}peak {gpu.peak} GiB allocated during {mem.peak_phase}"),
                         classes="dialog-title")
             with VerticalScroll(id="detail-body"):
                 yield Static(self._terms_table(), id="detail-terms")
