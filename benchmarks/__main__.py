@@ -28,6 +28,7 @@ SUITE = (
     ("accuracy", "host_accuracy"),
     ("accuracy", "steptime_accuracy"),
     ("accuracy", "steptime_families"),
+    ("accuracy", "steptime_moe"),
     ("accuracy", "steptime_fit"),
     ("speed", "speed_plan"),
     ("speed", "speed_breakeven"),

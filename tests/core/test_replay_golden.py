@@ -32,3 +32,37 @@ def test_the_grid_covers_what_the_replay_distinguishes():
 @pytest.mark.parametrize("name", sorted(golden.CASES))
 def test_the_replay_writes_the_recorded_requests(name):
     assert golden.record(name) == RECORDED[name]
+
+
+def test_a_gradient_larger_than_the_bucket_lives_through_its_reduction():
+    """phi3.5-moe's 3-D expert weight (16 x 12800 x 4096 = 838.9M elements) is larger than
+    reduce_bucket_size (500M): DeepSpeed 0.19.8's stage3.py does not copy it into the IPG bucket
+    but keeps it whole as param.grad, reduces it alone at the next gradient's hook, and drops it in
+    partition_grads after record_stream on the reduce stream. Its block is requested before the
+    next weight gradient and its own partition's copy on the reduce stream, and freed after both
+    (it was freed at its own hook)."""
+    from zlayout.core import allocator_sim as sim
+    from zlayout.core.replay_state import REDUCE_STREAM
+
+    inp, layout = golden.plan_input(*golden.CASES["phimoe-L2-z3-opt-cpu-heldout"])
+    events = sim.allocation_sequence(inp, layout, 2, sim._Seq())
+    grad_bytes = 838_860_800 * 2
+    later_grads = (419_430_400 * 2, grad_bytes, 32064 * 4096 * 2)  # the next layer's weights, the embedding
+    live: dict[int, int] = {}  # the compute stream's blocks of the gradient's size: name -> made at
+    reductions = 0
+    for i, event in enumerate(events):
+        kind, name, size, *stream = event
+        if kind == "a" and size == grad_bytes and not stream:
+            live[name] = i
+        elif kind == "a" and size == grad_bytes and stream == [REDUCE_STREAM]:
+            # its partition's copy back from the host buffer (one GPU: the whole gradient)
+            assert live, f"event {i}: the gradient being reduced was freed at its hook"
+            reductions += 1
+            held = max(live, key=live.get)
+            freed = next(j for j in range(i, len(events)) if events[j][:2] == ("f", held))
+            # still held when the backward requests the next weight gradient (freed one bucket later)
+            assert any(e[0] == "a" and e[2] in later_grads and len(e) == 3
+                       for e in events[i:freed])
+        elif kind == "f":
+            live.pop(name, None)
+    assert reductions >= 4  # two layers, two steps (the fp32 casts of 419.4M-element buckets match too)

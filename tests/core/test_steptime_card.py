@@ -91,3 +91,35 @@ def test_a_damaged_work_table_is_one_line_naming_it(tmp_path):
     broken.write_text(text[:text.index("addmm = ", start)] + "addmm = '0 1 2, 3 4 5'" + text[line_end:])
     with pytest.raises(cards.CardError, match=r"work\.forward\.addmm: an op's work is"):
         cards.read_card(broken)
+
+
+def test_a_moe_cards_work_counts_the_grouped_experts_and_prices_the_step(monkeypatch):
+    """qwen3-30b-a3b cut to 4 layers (128 experts, top 8, width 768): torch's flop counter does not
+    count `_grouped_mm`; the learner does, tokens x top-k x 3 matmuls of hidden x expert width a layer,
+    their gradients twice that. A card learned so prices the step; one learned before (cards-v2,
+    the experts recorded as bytes only) leaves the MoE model to the hand model."""
+    import json
+
+    from zlayout.core.card import card_from_dict
+    from zlayout.learn.learner import learn
+
+    older = plan_input(monkeypatch, "cards-v2", "qwen3-30b-a3b-L4.json", "--seq", "2048", "--micro-batch", "2")
+    assert older.model.card.has_work() and not older.model.card.has_expert_work()
+    assert steptime.card_with_work(older) is None
+
+    config = json.loads((HELDOUT / "configs" / "qwen3-30b-a3b-L4.json").read_text())
+    card = card_from_dict(learn(config), older.model.card.key)
+    assert card.has_expert_work()
+    b, t, layers = 2, 2048, 4
+    experts = layers * 2 * b * t * config["num_experts_per_tok"] * 3 * config["hidden_size"] * config["moe_intermediate_size"]
+    blocks_fwd, blocks_bwd, head_fwd, head_bwd = card.pass_work(b, t, checkpointing=False)
+    assert blocks_fwd.grouped_gemm_flops == pytest.approx(experts)
+    assert blocks_bwd.grouped_gemm_flops == pytest.approx(2 * experts)
+
+    inp = older.model_copy(update={"model": older.model.model_copy(update={"card": card})})
+    assert steptime.card_with_work(inp) is card
+    fwd, bwd = steptime.micro_step_work(inp, Layout(stage=2))
+    assert fwd.gemm_flops == pytest.approx(blocks_fwd.gemm_flops + head_fwd.gemm_flops + experts)
+    # the experts' gradients: MOE_BACKWARD_GEMM_FACTOR slower than dense GEMMs (measured)
+    assert bwd.gemm_flops == pytest.approx(blocks_bwd.gemm_flops + head_bwd.gemm_flops
+                                           + steptime.MOE_BACKWARD_GEMM_FACTOR * 2 * experts)

@@ -61,10 +61,12 @@ def _net_and_peak(requests: tuple[Poly, ...], micro_batch: int, seq: int) -> tup
 
 # How the step-time model prices an op's work (core.steptime): the fused attention kernels
 # (`zlayout.learn.trace.fused_attention` records them under these names) at attention's efficiency,
-# batched matmuls at a GEMM's efficiency for a head's width, any other op with FLOPs as a GEMM, and
-# every op without FLOPs by the bytes it moves.
+# batched matmuls at a GEMM's efficiency for a head's width, the grouped experts' GEMMs (transformers'
+# MoE blocks, `zlayout.learn.trace.grouped_mm_flops`) as GEMMs with their backward's measured
+# slowdown, any other op with FLOPs as a GEMM, and every op without FLOPs by the bytes it moves.
 ATTENTION_OPS = frozenset({"attention_forward", "attention_backward"})
 BATCHED_GEMM_OPS = frozenset({"bmm", "baddbmm"})
+GROUPED_GEMM_OPS = frozenset({"_grouped_mm"})
 WORK_PHASES = ("forward", "backward", "checkpointed_forward", "checkpointed_backward")
 
 
@@ -85,6 +87,7 @@ class WorkTotals:
     attention_flops: float = 0.0
     memory_bytes: float = 0.0  # the ops without FLOPs: elementwise, norms, copies, reductions, the loss
     kernels: float = 0.0
+    grouped_gemm_flops: float = 0.0  # a MoE block's experts (not in gemm_flops)
 
     def __add__(self, other: "WorkTotals") -> "WorkTotals":
         return WorkTotals(*(a + b for a, b in zip(self.astuple(), other.astuple())))
@@ -93,7 +96,8 @@ class WorkTotals:
         return WorkTotals(*(a * factor for a in self.astuple()))
 
     def astuple(self) -> tuple[float, ...]:
-        return (self.gemm_flops, self.batched_gemm_flops, self.attention_flops, self.memory_bytes, self.kernels)
+        return (self.gemm_flops, self.batched_gemm_flops, self.attention_flops, self.memory_bytes, self.kernels,
+                self.grouped_gemm_flops)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +105,7 @@ class WorkPhase:
     ops: tuple[OpWork, ...]
 
     def totals(self, micro_batch: int, seq: int) -> WorkTotals:
-        gemm = batched = attention = memory = kernels = 0.0
+        gemm = batched = attention = memory = kernels = grouped = 0.0
         for op in self.ops:
             flops = bytes_at(op.flops, micro_batch, seq)
             kernels += bytes_at(op.calls, micro_batch, seq)
@@ -109,11 +113,13 @@ class WorkPhase:
                 attention += flops
             elif op.name in BATCHED_GEMM_OPS:
                 batched += flops
+            elif op.name in GROUPED_GEMM_OPS:
+                grouped += flops
             elif flops > 0:
                 gemm += flops
             else:
                 memory += bytes_at(op.bytes, micro_batch, seq)
-        return WorkTotals(gemm, batched, attention, memory, kernels)
+        return WorkTotals(gemm, batched, attention, memory, kernels, grouped)
 
 
 class BlockWeightGradient(NamedTuple):
@@ -181,6 +187,13 @@ class ModelCard:
     def has_work(self) -> bool:
         """Whether every block and the head record their work (cards learned before: no)."""
         return all(r.head_work is not None and all(b.work is not None for b in r.blocks) for r in self.regimes)
+
+    def has_expert_work(self) -> bool:
+        """Whether the blocks' recorded work counts grouped experts' GEMMs (cards learned before
+        `grouped_mm_flops` recorded them as `elementwise` bytes, with no FLOPs)."""
+        return self.has_work() and any(op.name in GROUPED_GEMM_OPS and any(op.flops)
+                                       for r in self.regimes for b in r.blocks
+                                       for phase in b.work.values() for op in phase.ops)
 
     def pass_work(self, micro_batch: int, seq: int, checkpointing: bool) -> tuple[WorkTotals, WorkTotals,
                                                                                  WorkTotals, WorkTotals]:

@@ -41,6 +41,9 @@ class GradientReduction:
     def start_backward(self) -> None:
         self.filled = 0
         self.in_bucket: list[int] = []
+        # stage 3: gradients larger than the bucket, held whole until their bucket is reduced
+        self.held: list[int] = []
+        self.reduced: list[int] = []  # held gradients reduced, freed at the next reduction (`flush`)
         # stage 1/2 with the optimizer on the GPU, more than one GPU: elements in the IPG bucket
         # (with the optimizer on the host, `in_bucket` holds them for offload_flush)
         self.pending = 0
@@ -86,6 +89,13 @@ class GradientReduction:
         than the bucket: t-z3-hf-L6-h4096, no 1002 MiB copy)."""
         if not self.in_bucket:
             return
+        # partition_grads drops each reduced gradient (param.grad = None) after record_stream on
+        # the reduce stream: a held gradient's block is the compute stream's again once the
+        # reduce stream is past it, here taken as the next bucket's reduction (or the epilogue's
+        # synchronize, `end_backward`)
+        self.s.f(*self.reduced)
+        self.reduced = self.held
+        self.held = []
         # every request here is on the reduce stream and freed by the end: one episode
         self.s.episode(REDUCE_STREAM, (tuple(self.in_bucket), self.boundary), self.reduce_bucket)
         self.in_bucket.clear()
@@ -135,11 +145,15 @@ class GradientReduction:
             # optimizer on the host each gradient of a reduced bucket is cast to fp32
             # before its copy to the pinned partition (the allocator trace of ZeRO-3
             # offload: per-tensor 4-byte transients, in segments the compute stream never
-            # reuses)
+            # reuses). A gradient larger than the bucket is not copied into it
+            # (__add_grad_to_ipg_bucket copies only what fits): it stays whole as param.grad,
+            # reduced alone at the next gradient's hook or the epilogue, freed a bucket later (`flush`)
             sizes = [s.sizes[gr] // w for gr in weight_grads] + ([small] if small else [])
-            s.f(*weight_grads)
+            held = [gr for gr in weight_grads if s.sizes[gr] // w > zero.reduce_bucket_size]
+            s.f(*(gr for gr in weight_grads if gr not in held))
             if self.filled + sum(sizes) > zero.reduce_bucket_size:
                 self.flush()
+            self.held.extend(held)
             self.in_bucket.extend(sizes)
             self.filled += sum(sizes)
             return
@@ -236,6 +250,8 @@ class GradientReduction:
                 s.transient(numel * w)
         if stage == 3:
             self.flush()  # independent_gradient_partition_epilogue: the last, partly filled bucket
+            self.s.f(*self.reduced)  # ... and reduce_and_partition_stream.synchronize()
+            self.reduced.clear()
         s.f(*self.retired)
         self.retired.clear()
         if not self.boundary and stage == 2 and self.partition is not None:

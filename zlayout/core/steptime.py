@@ -467,12 +467,14 @@ def _elementwise_bytes_per_token(inp: PlanInput) -> tuple[float, float]:
 
 def card_with_work(inp: PlanInput):
     """The model card whose recorded work prices the passes (`card_work`), or None: the hand-counted
-    model (no card, impl "zlayout", a card learned before work was recorded, or a MoE model, whose
-    grouped experts and routing the MOE_* constants price from measurements)."""
+    model (no card, impl "zlayout", a card learned before work was recorded, or a MoE model's card
+    learned before it counted the grouped experts' FLOPs: the MOE_* constants price those)."""
     from zlayout.core.memory import card_of
 
     card = card_of(inp.model, inp.training)
-    return card if card is not None and card.has_work() and not inp.model.moe_layer_count else None
+    if card is None or not card.has_work():
+        return None
+    return card if not inp.model.moe_layer_count or card.has_expert_work() else None
 
 
 def card_work(inp: PlanInput, card) -> tuple[PhaseWork, PhaseWork]:
@@ -485,11 +487,17 @@ def card_work(inp: PlanInput, card) -> tuple[PhaseWork, PhaseWork]:
     t = inp.training
     blocks_fwd, blocks_bwd, head_fwd, head_bwd = card.pass_work(t.micro_batch, t.seq, t.checkpointing == "full")
     unaligned = inp.model.vocab % 8 != 0  # the head's GEMMs on the slower kernels (UNALIGNED_HEAD_EFFICIENCY)
+    # The grouped experts' GEMMs run as fast as dense ones, their gradients' MOE_BACKWARD_GEMM_FACTOR
+    # slower (the backward's recompute, with checkpointing, is a forward).
+    recomputed = blocks_fwd.grouped_gemm_flops if t.checkpointing == "full" else 0.0
+    grouped = (blocks_fwd.grouped_gemm_flops,
+               recomputed + MOE_BACKWARD_GEMM_FACTOR * (blocks_bwd.grouped_gemm_flops - recomputed))
     passes = []
-    for blocks, head, fixed_s in ((blocks_fwd, head_fwd, HOST_FORWARD_FIXED_S), (blocks_bwd, head_bwd, 0.0)):
+    for blocks, head, fixed_s, experts in ((blocks_fwd, head_fwd, HOST_FORWARD_FIXED_S, grouped[0]),
+                                           (blocks_bwd, head_bwd, 0.0, grouped[1])):
         whole = blocks + head
         passes.append(PhaseWork(
-            gemm_flops=whole.gemm_flops - (head.gemm_flops if unaligned else 0.0),
+            gemm_flops=whole.gemm_flops - (head.gemm_flops if unaligned else 0.0) + experts,
             unaligned_gemm_flops=head.gemm_flops if unaligned else 0.0,
             batched_gemm_flops=whole.batched_gemm_flops, attention_flops=whole.attention_flops,
             hbm_bytes=whole.memory_bytes, kernels=whole.kernels, host_kernels=whole.kernels, host_fixed_s=fixed_s))

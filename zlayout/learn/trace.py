@@ -13,7 +13,8 @@ its first sub-module's call in backward, its backward from the gradient of its o
 gradient of its input.
 
 Each op's work is recorded too, per window: its FLOPs (torch's flop counter: the matmuls, the
-attention kernels), the bytes it moves (its inputs and outputs) and one kernel launch. Ops that
+attention kernels; `grouped_mm_flops` for transformers' grouped experts, which the flop counter
+does not count), the bytes it moves (its inputs and outputs) and one kernel launch. Ops that
 launch no kernel (views, `empty`) are not work.
 """
 
@@ -52,6 +53,23 @@ NO_KERNEL = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new
                        "alias", "lift_fresh", "_unsafe_view", "set_", "resize_", "_local_scalar_dense"})
 # Ops that read rows of a table (the embedding lookup): they move their output's bytes, not the table's.
 GATHERS = frozenset({"embedding", "index_select", "gather", "index"})
+
+
+def grouped_mm_flops(mat_a: torch.Tensor, mat_b: torch.Tensor, *args, out_val: torch.Tensor, **kwargs) -> int:
+    """`aten._grouped_mm`'s FLOPs (transformers' grouped experts, integrations/moe.py): every row
+    of the token-expert pairs (tokens x top-k, sorted by expert) goes through its own expert, so the
+    output's elements each cost one dot product over the contraction. In the weight gradient (2-D
+    by 2-D, a 3-D output of one matrix per expert) each expert contracts only its own rows: the
+    contraction is split over the groups. The meta device has no routing: the offsets are taken to
+    cover every row, as they do without expert parallelism."""
+    contraction = mat_a.shape[-1]
+    if mat_a.dim() == 2 and mat_b.dim() == 2:
+        return 2 * out_val.numel() * contraction // max(out_val.shape[0], 1)
+    return 2 * out_val.numel() * contraction
+
+
+# FLOP formulas for ops torch's flop counter does not know.
+EXTRA_FLOPS = {torch.ops.aten._grouped_mm: grouped_mm_flops}
 
 
 def _bytes(tensor: torch.Tensor) -> int:
@@ -119,7 +137,8 @@ class StorageLedger(TorchDispatchMode):
         if func.is_view or name in NO_KERNEL:
             return
         packet = func._overloadpacket
-        flops = int(flop_registry[packet](*args, **kwargs, out_val=out)) if packet in flop_registry else 0
+        formula = flop_registry.get(packet) or EXTRA_FLOPS.get(packet)
+        flops = int(formula(*args, **kwargs, out_val=out)) if formula is not None else 0
         inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         if name in GATHERS and inputs:  # reads the rows it returns, not the whole table
             inputs = inputs[1:]
