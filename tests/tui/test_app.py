@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import io
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ from zlayout.core.plan import make_plan
 from zlayout.spec import all_layouts
 from zlayout.tui import actions as actions_module
 from zlayout.tui import view
+from zlayout.tui import app as app_module
 from zlayout.tui.app import ZLayoutApp
 from zlayout.tui.backends import default_profile_io
 from zlayout.tui.form import form_values
@@ -1212,30 +1215,55 @@ async def test_the_tables_figures_come_before_break_even():
         assert "Computing" not in str(app.query_one(BreakEvenPanel).render())
 
 
-async def test_figures_of_the_last_inputs_are_marked_until_the_edits_figures_arrive():
-    """Between an edit and its quick plan the table, chart and status still show the last
-    inputs' figures: #main is marked updating (dimmed) until the edit's figures are on screen;
-    an invalid edit is marked stale instead."""
-    app = ZLayoutApp(initial=fixed_input(), cursor_blink=False)
+async def test_figures_of_the_last_inputs_are_marked_when_the_edits_figures_are_late():
+    """Between an edit and its plan the table, chart and status still show the last inputs'
+    figures: #main is marked updating (dimmed) once they are UPDATING_DIM_AFTER_S old, until
+    the edit's figures are on screen; an invalid edit is marked stale instead."""
+    release = threading.Event()
+
+    def slow_planner(inp):
+        if inp.training.seq == 3584:
+            release.wait(10)
+        return stub_planner(inp)
+
+    app = make_app(planner=slow_planner, crossovers=None)
     async with app.run_test(size=WIDE) as pilot:
         await settle(pilot)
         main = app.query_one("#main")
         assert not main.has_class("updating")
         seq = app.query_one("#seq", Input)
         seq.value = "3584"
-        for _ in range(1000):  # the edit's news handled: marked at once, its plan follows
-            if main.has_class("updating"):
-                break
-            await asyncio.sleep(0)
-        assert main.has_class("updating") and app.plan.input.training.seq != 3584
+        edited = time.monotonic()
+        while not main.has_class("updating"):
+            assert time.monotonic() - edited < 5
+            await pilot.pause(0.01)
+        assert time.monotonic() - edited >= app_module.UPDATING_DIM_AFTER_S
+        assert app.plan.input.training.seq != 3584  # still the last inputs' figures
+        release.set()
         while app.plan.input.training.seq != 3584:
             assert main.has_class("updating")
             await pilot.pause(0.002)
-        assert not main.has_class("updating")  # the quick figures are the fields'
+        assert not main.has_class("updating")  # the figures are the fields'
         await settle(pilot)
         seq.value = "35x"
-        await pilot.pause()
+        await pilot.pause(app_module.UPDATING_DIM_AFTER_S + 0.05)
         assert not main.has_class("updating") and app.query_one("#layouts").has_class("stale")
+
+
+async def test_figures_that_come_quickly_are_never_dimmed():
+    """An edit whose figures follow within UPDATING_DIM_AFTER_S never marks #main updating:
+    no dim frame to flicker, no restyled table on the keystroke's way to its plan."""
+    app = make_app(planner=stub_planner, crossovers=None)
+    async with app.run_test(size=WIDE) as pilot:
+        await settle(pilot)
+        main = app.query_one("#main")
+        seq = app.query_one("#seq", Input)
+        seq.value = "3584"
+        while app.plan.input.training.seq != 3584:
+            assert not main.has_class("updating")
+            await pilot.pause(0.002)
+        await pilot.pause(app_module.UPDATING_DIM_AFTER_S + 0.05)  # the dim timer stopped
+        assert not main.has_class("updating")
 
 
 async def test_an_edit_stops_the_break_even_search_of_the_inputs_before_it():

@@ -96,6 +96,10 @@ def _core_crossovers(inp: PlanInput, presets_dirs: tuple[str, ...] = ()) -> Sequ
         return ()
 
 
+# An edit's figures usually follow within ~0.15 s: the last inputs' are dimmed only after this
+# (a dim frame shown briefly is a flicker, and costs the keystroke two redraws).
+UPDATING_DIM_AFTER_S = 0.25
+
 COMPACT_WIDTH = 120  # below this the inputs panel starts hidden (ctrl+b shows it)
 
 # Keys that are not app bindings but that the help screen lists too.
@@ -206,6 +210,7 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
         self._picked_key: str | None = None
         self._fix_layout: Layout | None = None
         self._init_editing()
+        self._dim_timer = None  # dims figures that are still the last inputs' (`_mark_updating`)
         if os.environ.get(STATE_DUMP_ENV):
             self.bind("f12", "dump_state", show=False)
 
@@ -305,11 +310,7 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
         stale = bool(errors) or self.planner_error is not None
         status.set_class(stale, "has-errors")
         self.query_one(LayoutTable).set_class(stale, "stale")
-        # between an edit and its figures (a debounce and tens of milliseconds of planning) the
-        # figures on screen are the last inputs': dimmed a little, never shown as current
-        updating = (not stale and self.plan is not None and self._valid_input is not None
-                    and self._valid_input != self.plan.input)
-        self.query_one("#main").set_class(updating, "updating")
+        self._mark_updating()
         if self.planner_error is not None:
             status.text = (f"⚠ the planner failed on these inputs ({self.planner_error}): "
                            "showing the last plan")
@@ -321,6 +322,30 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
             status.text = view.recommendation_text(self.plan)
         else:
             status.text = "planning…"  # the first plan is computed after the first frame
+
+    def _figures_outdated(self) -> bool:
+        """The figures on screen are the last valid inputs' while the fields' are planned."""
+        return (not self.input_errors and not self._extra_errors and self.planner_error is None
+                and self.plan is not None and self._valid_input is not None
+                and self._valid_input != self.plan.input)
+
+    def _mark_updating(self) -> None:
+        """Between an edit and its figures the last inputs' are dimmed a little (#main.updating),
+        never shown as current for longer than a glance: only once they are UPDATING_DIM_AFTER_S
+        old. Most edits' figures come sooner, and dimming then undimming restyles the table
+        and redraws the screen twice (~20 ms each at 80x24) on the keystroke's way to its plan."""
+        main = self.query_one("#main")
+        if not self._figures_outdated():
+            main.remove_class("updating")
+            if self._dim_timer is not None:
+                self._dim_timer.stop()
+                self._dim_timer = None
+        elif self._dim_timer is None and not main.has_class("updating"):
+            self._dim_timer = self.set_timer(UPDATING_DIM_AFTER_S, self._dim_outdated)
+
+    def _dim_outdated(self) -> None:
+        self._dim_timer = None
+        self.query_one("#main").set_class(self._figures_outdated(), "updating")
 
     @on(PlanReady)
     def _plan_ready(self, message: PlanReady) -> None:
