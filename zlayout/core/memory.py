@@ -710,12 +710,7 @@ def phase_peaks(c: _Layout, states_: ModelStates, buffers: Buffers,
         transient = model.layer_params() * w + 2 * tokens * model.hidden * w
         phases["backward (first reduce)"] = (states + grads + ipg + remaining + recompute + transient, grads)
     if stage in (1, 2) and not opt_on_gpu:
-        # each gradient is cast to fp32 on the GPU before its non-blocking copy to the pinned
-        # host partition (async_inplace_copy_grad_to_fp32_buffer_from_gpu): the largest
-        # tensor's bf16 gradient and its fp32 copy are alive with every saved activation
-        phases["backward (offload cast)"] = (states + live + activations + ipg + recompute
-                                            + model.largest_tensor_numel() * (w + FP32_BYTES),
-                                            model.largest_tensor_numel() * FP32_BYTES)
+        phases["backward (offload cast)"] = stage12_offload_cast_phase(c, states, saved, head_in, recompute, ipg)
     if stage == 3 and c.opt_where == "host":
         phases.update(stage3_offload_reduce_phases(c, states, live, saved, recompute, head_in))
     if stage == 3 and init == "bf16-gpu":
@@ -737,6 +732,32 @@ def phase_peaks(c: _Layout, states_: ModelStates, buffers: Buffers,
         phases = {name: (allocated + held * (name != "model build"), request)
                   for name, (allocated, request) in phases.items()}
     return phases, after_init
+
+
+def stage12_offload_cast_phase(c: _Layout, states: int, saved: int, head_in: int, recompute: int,
+                               ipg: int) -> tuple[int, int]:
+    """Stage 1/2 with the optimizer on the host (stage_1_and_2.py copy_grads_in_partition, at the
+    boundary): each reduced gradient's partition gets `set_norm_for_param_grad_in_gpu`, a float64
+    copy of the whole partition (`.to(float64).norm(2)`: 8 bytes an element, not in parts as
+    stage 3's _constant_buffered_norm2), freed before `async_inplace_copy_grad_to_fp32_buffer_
+    from_gpu` casts it to fp32 (4 bytes) for the pinned host partition.
+    - A gradient larger than reduce_bucket_size is held whole in `.grad` (extra_large_param_to_
+      reduce) and reduced alone at the next gradient's hook. An untied head's (the largest
+      tensor): at the final norm's hook, the loss's tensors and the head's inputs freed, no block
+      recomputed yet (Llama-3-8B's 525M-element head with checkpointing, deepseek_v3's 927M: the
+      peak of both H200 rows). A block's: with every activation and the recompute, as a bound.
+    - One that fits the bucket is copied into it; kept as it was, the bf16 gradient and its fp32
+      cast with every activation (a bound: the bucket is flushed once later gradients fill it).
+    (allocated bytes, the largest request)."""
+    model, zero, w = c.model, c.zero, c.w
+    largest = model.largest_tensor_numel()
+    if largest <= zero.reduce_bucket_size:
+        return (states + saved + head_in + ipg + recompute + largest * (w + FP32_BYTES),
+                largest * FP32_BYTES)
+    part = min(largest, c.p_shard)  # this GPU's share of it (grad_position's num_elements)
+    head_is_largest = not model.tie_embeddings and model.vocab * model.hidden == largest
+    alive = saved if head_is_largest else saved + head_in + recompute
+    return states + alive + ipg + largest * w + part * 8, part * 8
 
 
 def stage3_offload_reduce_phases(c: _Layout, states: int, live: int, saved: int, recompute: int,
