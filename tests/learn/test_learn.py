@@ -17,7 +17,7 @@ from zlayout import cards
 from zlayout.core.card import CardError
 from zlayout.learn.learner import (LearnError, block_list, evaluate, learn, measure, net_and_peak,
                                    regimes_to_trace, trace_step)
-from zlayout.learn.trace import StorageLedger, fused_attention
+from zlayout.learn.trace import StorageLedger, cuda_sdpa_kernel, fused_attention
 
 SMALL = Path(__file__).resolve().parent.parent / "hf" / "configs" / "small"
 
@@ -69,6 +69,73 @@ def test_the_fused_attention_stand_in_keeps_no_probabilities():
         out = sdpa(q, k, v, is_causal=True)
     assert ledger.current == tokens * heads * dim * 2 + tokens * heads * 4  # out + logsumexp
     assert out.shape == (1, heads, tokens, dim)
+
+
+def test_the_cuda_kernel_choice_follows_pytorchs_dispatcher():
+    """sdp_utils.cpp's filters: flash without a mask (grouped heads only with enable_gqa), the
+    memory-efficient kernel with one (equal heads), math when neither takes the inputs."""
+    def qkv(q_heads, k_heads, dim=64, v_dim=None, dtype=torch.bfloat16, tokens=256):
+        return (torch.empty(2, q_heads, tokens, dim, dtype=dtype, device="meta"),
+                torch.empty(2, k_heads, tokens, dim, dtype=dtype, device="meta"),
+                torch.empty(2, k_heads, tokens, v_dim or dim, dtype=dtype, device="meta"))
+    mask = torch.empty(2, 1, 256, 256, dtype=torch.bool, device="meta")
+    assert cuda_sdpa_kernel(*qkv(32, 32), is_causal=True) == "flash"
+    assert cuda_sdpa_kernel(*qkv(32, 8), is_causal=True, enable_gqa=True) == "flash"  # transformers' GQA
+    assert cuda_sdpa_kernel(*qkv(32, 32), attn_mask=mask) == "efficient"  # a sliding window's mask
+    assert cuda_sdpa_kernel(*qkv(128, 128, dim=192, v_dim=128), is_causal=True) == "efficient"  # MLA
+    assert cuda_sdpa_kernel(*qkv(8, 8, dim=512), is_causal=True) == "efficient"  # past flash's 256
+    assert cuda_sdpa_kernel(*qkv(71, 1), attn_mask=mask) == "math"  # Falcon's multi-query attention
+    assert cuda_sdpa_kernel(*qkv(32, 8), attn_mask=mask, enable_gqa=True) == "math"
+    assert cuda_sdpa_kernel(*qkv(8, 8, dim=100), attn_mask=mask) == "math"  # not a multiple of 8
+
+
+def test_math_attention_on_meta_requests_what_it_allocates_on_a_real_device():
+    """The math fallback on the meta device: the requests of forward and backward, byte for byte,
+    are those of real CPU tensors (the ledger sees ATen's ops, not what a kernel allocates inside),
+    float32 upcast and T x T probabilities included; its softmax as ATen runs it on CUDA (`_safe_softmax` is CompositeExplicitAutograd: softmax, eq(-inf), all,
+    where, four outputs alive together where the meta kernel makes one)."""
+    events, forwards = {}, {}
+    for device in ("meta", "cpu"):
+        ledger = StorageLedger()
+        q = torch.zeros(2, 6, 96, 16, dtype=torch.bfloat16, device=device, requires_grad=True)
+        k, v = (torch.zeros(2, 1, 96, 16, dtype=torch.bfloat16, device=device, requires_grad=True) for _ in "kv")
+        mask = torch.ones(96, 96, dtype=torch.bool, device=device).tril()
+        ledger.exclude([q, k, v, mask])
+        window = ledger.open_window("forward", 0)
+        with ledger:
+            out = torch.ops.aten._scaled_dot_product_attention_math(q, k, v, mask)[0]
+            ledger.close_window(window)
+            backward = ledger.open_window("backward", 0)
+            out.sum().backward()
+        ledger.close_window(backward)
+        events[device], forwards[device] = window.events + backward.events, window.events
+    assert events["meta"] == events["cpu"]
+    probabilities = 2 * 6 * 96 * 96 * 4  # float32
+    assert probabilities in events["meta"]
+    # on meta, the scores, softmax's output, eq's bool mask and where's output alive at once
+    assert max(_running_peaks(forwards["meta"])) >= 3 * probabilities + probabilities // 4
+
+
+def _running_peaks(events: list[int]) -> list[int]:
+    live, out = 0, []
+    for event in events:
+        live += event
+        out.append(live)
+    return out
+
+
+def test_a_multimodal_card_names_the_tensors_a_text_step_leaves_without_gradients():
+    """LLaVA trained on text: no gradient reaches the vision tower or the projector; the card
+    names them, and the step prices hooks only for the tensors that get one."""
+    config = json.loads((Path(__file__).resolve().parent.parent / "hf" / "configs" / "published"
+                         / "llava-1.5-7b-hf.json").read_text())
+    config["text_config"] = {**config.get("text_config", {}), "num_hidden_layers": 2}
+    config["vision_config"] = {**config.get("vision_config", {}), "num_hidden_layers": 2}
+    card = learn(config)
+    untrained = card["parameters"]["untrained"]
+    assert untrained and all(n.startswith(("model.vision_tower.", "model.multi_modal_projector.")) for n in untrained)
+    language = [n for n in card["parameters"]["names"] if n not in untrained]
+    assert any(n.startswith("model.language_model.") for n in language) and "lm_head.weight" in language
 
 
 def test_a_card_predicts_a_token_count_it_was_not_fitted_on():

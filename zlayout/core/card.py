@@ -169,6 +169,11 @@ class ModelCard:
     regimes: tuple[Regime, ...]  # by max_tokens, the unbounded one last
     source: str = ""
     digest: str = ""  # of the card's text: a card learned again under the same key is another card
+    # parameter tensors a text-only step gives no gradient (a vision tower's); None: not recorded
+    untrained_tensors: int | None = None
+    untrained_params: int | None = None  # their elements
+    # the kernels sdpa runs on CUDA ("flash", "efficient", "math"); () for eager attention or an older card
+    attention_kernels: tuple[str, ...] = ()
 
     # A card rides in the ModelSpec, which the planner hashes and compares for its caches:
     # by its key, file and text's digest, not by walking thousands of requests each time.
@@ -226,6 +231,11 @@ class ModelCard:
         its recompute and backward), over the kinds of block."""
         return max((b.checkpointed_backward if checkpointing else b.backward).net_and_peak(micro_batch, seq)[1]
                    for b in self.regime(seq).blocks)
+
+    def largest_block_request(self, micro_batch: int, seq: int, checkpointing: bool) -> int:
+        """The largest single request of a block's backward (with checkpointing: with its recompute)."""
+        return max(max((b.checkpointed_backward if checkpointing else b.backward).sizes(micro_batch, seq),
+                       default=0) for b in self.regime(seq).blocks)
 
     def largest_forward_transient(self, micro_batch: int, seq: int, checkpointing: bool) -> int:
         """The most a block's forward holds above what it keeps."""
@@ -378,7 +388,17 @@ def card_from_dict(data: Mapping[str, Any], key: str, source: str = "", digest: 
             for name in ("forward", "backward", "checkpointed_forward", "checkpointed_backward")}))
     if not regimes or regimes[-1].max_tokens is not None:
         raise CardError(f"{where}: the last regime must hold any sequence length (no max_tokens)")
+    untrained = params.get("untrained")  # cards learned before it was recorded: None
+    untrained_params = None
+    if untrained is not None:
+        names = params.get("names")
+        index = {n: i for i, n in enumerate(names)} if isinstance(names, list) and len(names) == len(numels) else {}
+        if not isinstance(untrained, list) or any(n not in index for n in untrained):
+            raise CardError(f"{where}: parameters.untrained must list names from parameters.names")
+        untrained_params = sum(numels[index[n]] for n in untrained)
     return ModelCard(
         key=key, model_type=str(data.get("model_type")), attention=str(data.get("attention")),
         params=count, parameter_numels=tuple(numels), layer_kinds=kinds, regimes=tuple(regimes),
-        source=source, digest=digest)
+        source=source, digest=digest, untrained_tensors=None if untrained is None else len(untrained),
+        untrained_params=untrained_params,
+        attention_kernels=tuple(str(k) for k in data.get("attention_kernels") or ()))

@@ -320,6 +320,17 @@ def recompute_bytes(model: ModelSpec, training: TrainingSpec) -> int:
     return layer_activation_bytes(model, training)
 
 
+def block_backward_bytes(model: ModelSpec, training: TrainingSpec) -> int:
+    """Without checkpointing, the most one block's backward holds above its saved activations,
+    from the card (a dense model's: a MoE block's is `moe_expert_gradient_bytes`; with
+    checkpointing it is `recompute_bytes`). Small where attention is fused; the math attention's
+    float32 T x T gradients make it several GiB (Falcon's multi-query attention)."""
+    card = card_of(model, training)
+    if card is None or model.is_moe or training.checkpointing == "full":
+        return 0
+    return card.largest_block_transient(training.micro_batch, training.seq, False)
+
+
 def head_input_bytes(model: ModelSpec, training: TrainingSpec) -> int:
     """The final norm's input and the output head's input, kept for backward (from a card:
     what the final norm, the head and the loss keep, the outputs dropped)."""
@@ -559,6 +570,7 @@ class Activations(NamedTuple):
     loss: int
     held: int
     misc: int
+    block_backward: int = 0
 
 
 def model_state_terms(c: _Layout, terms: _Terms) -> ModelStates:
@@ -631,6 +643,21 @@ def deepspeed_buffer_terms(c: _Layout, terms: _Terms) -> Buffers:
     return Buffers(ipg, staging, live, persistent, step_fp32)
 
 
+def attention_note(model: ModelSpec, training: TrainingSpec) -> str:
+    """How the blocks' attention runs, as the activations term explains it."""
+    card = card_of(model, training)
+    if card is None:
+        return "flash attention" if training.flash_attention else "math attention: the T x T probabilities"
+    if card.attention == "eager":
+        return "eager attention: the T x T probabilities"
+    if "math" in card.attention_kernels:
+        return "math attention, no fused kernel takes it: float32 T x T probabilities"
+    if card.attention_kernels:
+        return " and ".join({"flash": "flash", "efficient": "memory-efficient"}.get(k, k)
+                            for k in card.attention_kernels) + " attention"
+    return "fused attention"
+
+
 def activation_terms(c: _Layout, terms: _Terms) -> Activations:
     """What the forward keeps for the backward, the loss's and the loop's tensors, small ones."""
     model, t, hw, zero, w, p, p_shard, n, stage = c.model, c.training, c.hw, c.zero, c.w, c.p, c.p_shard, c.n, c.stage
@@ -642,7 +669,7 @@ def activation_terms(c: _Layout, terms: _Terms) -> Activations:
     saved = terms.add("gpu", "activations", saved_activation_bytes(model, t), "activations",
                 f"{model.layers} blocks, micro-batch {t.micro_batch} x seq {t.seq}: "
                 + ("only block inputs (checkpointing)" if t.checkpointing == "full"
-                   else "every block's saved tensors (flash attention)") + moe_note)
+                   else f"every block's saved tensors ({attention_note(model, t)})") + moe_note)
     recompute = terms.add("gpu", "recompute", recompute_bytes(model, t), "activations",
                     "one block's activations rebuilt during its backward (checkpointing)"
                     + (", with its token dispatch" if model.is_moe else ""))
@@ -660,8 +687,11 @@ def activation_terms(c: _Layout, terms: _Terms) -> Activations:
                "the training loop keeps the model's outputs (bf16 logits, tokens x vocab) until the "
                "next forward replaces them (--loop deepspeed; --loop trainer drops them)")
     misc = terms.add("gpu", "misc", MISC_GPU_BYTES, "overhead", "loss, norms, flags, small NCCL buffers")
+    block_backward = terms.add("gpu", "block_backward", block_backward_bytes(model, t), "activations",
+                               "what one block's backward holds above the activations (from the model card): "
+                               "the gradients it makes, alive until it has used or reduced them")
 
-    return Activations(saved, recompute, dispatch, expert_grads, head_in, loss, held, misc)
+    return Activations(saved, recompute, dispatch, expert_grads, head_in, loss, held, misc, block_backward)
 
 
 def phase_peaks(c: _Layout, states_: ModelStates, buffers: Buffers,
@@ -673,7 +703,7 @@ def phase_peaks(c: _Layout, states_: ModelStates, buffers: Buffers,
     opt_on_gpu, param_where, init = c.opt_on_gpu, c.param_where, c.init
     params, master, moments, grads, _ = states_
     ipg, staging, live, persistent, step_fp32 = buffers
-    saved, recompute, dispatch, expert_grads, head_in, loss, held, _ = acts
+    saved, recompute, dispatch, expert_grads, head_in, loss, held, _, block_backward = acts
     resident = params * (param_where == "gpu") + master * opt_on_gpu + staging + persistent
     if stage == 3:
         resident += ipg + grads
@@ -713,6 +743,18 @@ def phase_peaks(c: _Layout, states_: ModelStates, buffers: Buffers,
         phases["backward (offload cast)"] = stage12_offload_cast_phase(c, states, saved, head_in, recompute, ipg)
     if stage == 3 and c.opt_where == "host":
         phases.update(stage3_offload_reduce_phases(c, states, live, saved, recompute, head_in))
+    card = card_of(model, t)
+    if card is not None and not model.is_moe:
+        # the first block's backward (the last block): every block's activations, the head's freed,
+        # and what the block's backward holds above them (with checkpointing its recompute, the
+        # `recompute` term). The head's phases dominate where attention is fused; not where a
+        # block's backward is large: the math attention's float32 T x T gradients (Falcon's
+        # multi-query attention, which no fused kernel takes)
+        ckpt = t.checkpointing == "full"
+        phases["backward (last block)"] = (states + carried + live + saved + recompute + block_backward
+                                           + ipg * (stage in (1, 2))
+                                           + head_grad * (stage == 0),
+                                           card.largest_block_request(t.micro_batch, t.seq, ckpt))
     if stage == 3 and init == "bf16-gpu":
         # the whole model on every GPU before deepspeed.initialize partitions it
         phases["model build"] = (w * p, model.largest_tensor_numel() * w)

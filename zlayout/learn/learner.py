@@ -134,7 +134,7 @@ def _patched(ledger: StorageLedger):
 
     original_sdpa = torch.nn.functional.scaled_dot_product_attention
     original_packed = masking.find_packed_sequence_indices
-    torch.nn.functional.scaled_dot_product_attention = fused_attention(ledger)
+    torch.nn.functional.scaled_dot_product_attention = fused_attention(ledger, original_sdpa)
     masking.find_packed_sequence_indices = lambda position_ids: None
     try:
         yield
@@ -225,10 +225,15 @@ def trace_step(model: nn.Module, blocks: nn.ModuleList, tokens: int, checkpointi
             handles.append(child.register_forward_pre_hook(child_pre))
         if children:
             handles.append(children[-1].register_forward_hook(child_post))
+    trained: set[int] = set()  # the parameters a gradient reached (a multimodal model's vision tower: none)
+
+    def took_gradient(parameter):
+        trained.add(id(parameter))
+        parameter.grad = None  # DeepSpeed takes each gradient into its buckets as it is made: none accumulates here
+
     for parameter in model.parameters():
         if parameter.requires_grad:
-            # DeepSpeed takes each gradient into its buckets as it is made: none accumulates here
-            handles.append(parameter.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None)))
+            handles.append(parameter.register_post_accumulate_grad_hook(took_gradient))
 
     # as the verify worker: non-reentrant checkpointing of every block
     if checkpointing:
@@ -255,7 +260,8 @@ def trace_step(model: nn.Module, blocks: nn.ModuleList, tokens: int, checkpointi
     finally:
         for handle in handles:
             handle.remove()
-    return {"windows": ledger.closed, "forward_work": forward_work,
+    return {"windows": ledger.closed, "forward_work": forward_work, "trained": trained,
+            "attention_kernels": set(ledger.sdpa_kernels),
             "flops": ledger.op_flops, "bytes": ledger.op_bytes, "calls": ledger.op_calls}
 
 
@@ -393,10 +399,14 @@ def regimes_to_trace(config: Mapping[str, Any]) -> list[tuple[int | None, tuple[
 
 def _learn_regime(model, blocks, keep, fit_tokens, check_tokens) -> tuple[dict, float]:
     runs: dict[bool, list[tuple[int, dict]]] = {False: [], True: []}
+    trained: set[int] = set()
+    kernels: set[str] = set()
     with _truncated(model, blocks, keep) as traced:
         for checkpointing in (False, True):
             for tokens in (*fit_tokens, check_tokens):
                 step = trace_step(model, traced, tokens, checkpointing)
+                trained |= step["trained"]
+                kernels |= step["attention_kernels"]
                 runs[checkpointing].append((tokens, measure(step, len(keep))))
     errors: list[tuple[float, float]] = []
     fitted = {ck: _fit_terms(runs[ck][:-1], runs[ck][-1], errors) for ck in (False, True)}
@@ -406,7 +416,7 @@ def _learn_regime(model, blocks, keep, fit_tokens, check_tokens) -> tuple[dict, 
     if worst > MAX_FIT_ERROR:
         raise LearnError(f"the fit misses the {check_tokens}-token trace by {worst:.1%}: the model's memory "
                          "is not a function of the token count the card can hold")
-    return fitted, worst
+    return fitted, worst, trained, kernels
 
 
 def work(plain: dict, checkpointed: dict) -> dict[str, dict]:
@@ -429,9 +439,11 @@ def learn(config: Mapping[str, Any]) -> dict[str, Any]:
     keep = traced_blocks(kinds)
     model.bfloat16()  # DeepSpeed trains the bf16 copy
 
-    regimes, worst = [], 0.0
+    in_blocks = {id(p) for p in blocks.parameters()}
+    regimes, worst, attention_kernels = [], 0.0, set()
     for max_tokens, fit_tokens, check_tokens in regimes_to_trace(config):
-        fitted, error = _learn_regime(model, blocks, keep, fit_tokens, check_tokens)
+        fitted, error, trained, kernels = _learn_regime(model, blocks, keep, fit_tokens, check_tokens)
+        attention_kernels |= kernels
         worst = max(worst, error)
         kind_blocks = []
         for kind in sorted(set(kinds)):
@@ -462,11 +474,17 @@ def learn(config: Mapping[str, Any]) -> dict[str, Any]:
         "format": 1,
         "model_type": config.get("model_type"),
         "attention": attention,
+        # the kernels scaled_dot_product_attention runs on a CUDA GPU (trace.cuda_sdpa_kernel)
+        "attention_kernels": sorted(attention_kernels),
         "dtype": "bfloat16",
         "transformers": transformers.__version__,
         "torch": torch.__version__.split("+")[0],
         "fit_error": round(worst, 6),
         "parameters": {"count": sum(p.numel() for p in model.parameters()),
+                       # outside the blocks (every block's are trained): the tensors no gradient
+                       # reached in a text-only step, whose hooks never fire (a vision tower's)
+                       "untrained": [name for name, p in model.named_parameters()
+                                     if id(p) not in trained and id(p) not in in_blocks],
                        "names": [n for n, _, _ in parameters], "shapes": [s for _, s, _ in parameters],
                        "dtypes": [d for _, _, d in parameters]},
         "layers": {"count": len(kinds), "kinds": kinds},

@@ -93,6 +93,7 @@ class StorageLedger(TorchDispatchMode):
         self.op_calls: Counter = Counter()
         self.allocated_by_dtype: Counter = Counter()
         self.external: set[int] = set()
+        self.sdpa_kernels: Counter = Counter()  # which kernel each attention call ran (cuda_sdpa_kernel)
 
     def exclude(self, tensors) -> None:
         """Storages made outside the step (weights, buffers, the input): a view of one (a
@@ -125,12 +126,28 @@ class StorageLedger(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func is torch.ops.aten._safe_softmax.default:
+            return self._safe_softmax(*args, **kwargs)
         out = func(*args, **kwargs)
         outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         for tensor in outputs:
             self._see(tensor)
         self.count(func, args, kwargs, out, outputs)
         return out
+
+    def _safe_softmax(self, x: torch.Tensor, dim: int, dtype=None) -> torch.Tensor:
+        """The math attention's softmax as CUDA runs it: ATen's `_safe_softmax` is
+        CompositeExplicitAutograd (SoftMax.cpp: softmax, `eq(-inf)`, `all`, `where`), four kernels
+        and their outputs alive together, where the meta device has one kernel of its own."""
+        aten, run = torch.ops.aten, self.__torch_dispatch__
+        if dtype is not None:
+            x = run(aten._to_copy.default, (), (x,), {"dtype": dtype})
+        out = run(aten._softmax.default, (), (x, dim, False))
+        masked = run(aten.eq.Scalar, (), (x, float("-inf")))
+        masked_rows = run(aten.all.dim, (), (masked, dim, True))
+        del masked
+        zero = run(aten.scalar_tensor.default, (), (0.0,), {"dtype": out.dtype, "device": out.device})
+        return run(aten.where.self, (), (masked_rows, zero, out))
 
     def count(self, func, args, kwargs, out, outputs) -> None:
         name = func._overloadpacket.__name__
@@ -232,11 +249,57 @@ class _FusedAttention(torch.autograd.Function):
         return (*grads, None, None, None)
 
 
-def fused_attention(ledger: StorageLedger):
-    """A stand-in for `torch.nn.functional.scaled_dot_product_attention` that prices the CUDA
-    kernels' memory (see `_FusedAttention`)."""
+# The dtypes each fused kernel takes on sm80 and newer (sdp_utils.cpp: check_dtypes_low_precision,
+# can_use_mem_efficient_attention).
+_FLASH_DTYPES = (torch.float16, torch.bfloat16)
+_EFFICIENT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def cuda_sdpa_kernel(query, key, value, attn_mask=None, is_causal=False, enable_gqa=False) -> str:
+    """The kernel PyTorch's CUDA dispatcher runs for these inputs on sm80-sm90 with no backend
+    disabled: "flash", "efficient" or "math" (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp,
+    `select_sdp_backend`, torch 2.5-2.13: flash first, then memory-efficient, then the math
+    fallback). The filters that decide it for a training run's dense 4-D inputs:
+    - both fused kernels need the same batch size in q, k, v, and the same number of heads unless
+      `enable_gqa` (flash only: q's heads a multiple of k's and v's), and a last-dim stride of 1;
+    - flash: no attn_mask, half or bfloat16, q, k, v of one head size at most 256, and with
+      is_causal as many queries as keys;
+    - memory-efficient: q's and k's head sizes equal, q's and v's multiples of the GEMM alignment
+      (16 bytes: 8 half / bfloat16 elements, 4 float32), a mask allowed.
+    Falcon's multi-query attention (71 query heads against 1 key head, no enable_gqa) and any
+    model passing broadcast heads fail both and run the math fallback, which saves the T x T
+    probabilities (in float32: math upcasts half inputs unless
+    `torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(True)`)."""
+    q_heads, k_heads, v_heads = query.shape[-3], key.shape[-3], value.shape[-3]
+    same_batch = query.shape[0] == key.shape[0] == value.shape[0]
+    same_heads = q_heads == k_heads == v_heads
+    grouped = bool(enable_gqa) and k_heads == v_heads and k_heads > 0 and q_heads % k_heads == 0
+    unit_stride = all(t.stride(-1) == 1 or t.shape[-1] == 1 for t in (query, key, value))
+    dq, dk, dv = query.shape[-1], key.shape[-1], value.shape[-1]
+    if not (same_batch and unit_stride):
+        return "math"
+    if (attn_mask is None and query.dtype in _FLASH_DTYPES and dq == dk == dv and dq <= 256
+            and (same_heads or grouped) and (not is_causal or query.shape[-2] == key.shape[-2])):
+        return "flash"
+    alignment = 4 if query.dtype == torch.float32 else 8
+    if (query.dtype in _EFFICIENT_DTYPES and same_heads and dq == dk and dq % alignment == 0
+            and dv % alignment == 0):
+        return "efficient"
+    return "math"
+
+
+def fused_attention(ledger: StorageLedger, math_sdpa=None):
+    """A stand-in for `torch.nn.functional.scaled_dot_product_attention` that runs what the CUDA
+    dispatcher would (`cuda_sdpa_kernel`): the fused kernels priced by `_FusedAttention`, the math
+    fallback by running it (`math_sdpa`, torch's own function: on the meta device it is the math
+    path, op by op, each op recorded as any other)."""
 
     def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        kernel = cuda_sdpa_kernel(query, key, value, attn_mask, is_causal, enable_gqa)
+        ledger.sdpa_kernels[kernel] += 1
+        if kernel == "math" and math_sdpa is not None:
+            return math_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                             scale=scale, enable_gqa=enable_gqa)
         # grouped k/v heads (enable_gqa) are expanded inside the kernels; gradients come back at k/v's size
         return _FusedAttention.apply(query, key, value, ledger, attn_mask is not None, bool(is_causal))
 
