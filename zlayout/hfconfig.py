@@ -555,8 +555,9 @@ def load(path: str | os.PathLike[str], cards: bool = True) -> ModelSpec:
     The name is `model_name`'s (ORG/NAME in the Hugging Face cache, else `_name_or_path`'s
     last part, else the folder's name); the spec records the file as given, made absolute
     (`hf_config`), and its `model_type`, and carries the config's model card when one was
-    learned (`cards`: look it up). Raises `HfConfigError` (a ValueError) with one line naming
-    the file and what is wrong.
+    learned (`cards`: look it up; a model_type without a hand reader takes its card either way,
+    its only source of a parameter count). Raises `HfConfigError` (a ValueError) with one line
+    naming the file and what is wrong.
     """
     config, p = read_config(path)
     # the path as given, made absolute: resolving a cache's symlink recorded blobs/HASH
