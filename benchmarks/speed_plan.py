@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 from zlayout import catalog
 from zlayout.core.memory import estimate_memory
@@ -31,6 +32,9 @@ CONTRACT = ["plan", "--layers", "8", "--hidden", "4096", "--heads", "32", "--voc
 EVERY_LAYOUT = [a for a in CONTRACT if a not in ("--stage", "3")]
 LARGE = ["plan", "--preset", "llama3-70b", "--gpu", "h100", "--gpus-per-node", "8", "--nodes", "8",
          "--checkpointing", "full", "--json"]
+# a model_type without a hand reader (issue 27): its shape from the common keys, the rest from its shipped card
+OLMOE = ["plan", "--hf-config", str(Path(__file__).resolve().parent.parent / "tests" / "hf" / "configs" / "published"
+                                    / "OLMoE-1B-7B-0924.json"), "--gpus-per-node", "8", "--stage", "3", "--json"]
 BASELINE = [sys.executable, "-c", "import pydantic"]
 
 
@@ -75,7 +79,8 @@ def main() -> None:
     print(f"{'command (wall, median of ' + str(runs) + ')':52} {'plan':>7} {'max':>7} {'python+pydantic':>15} {'ratio':>6}")
     for label, args in (("zlayout plan --json, one layout (the contract)", CONTRACT),
                         ("zlayout plan --json, every layout", EVERY_LAYOUT),
-                        ("zlayout plan --preset llama3-70b, 8x8 H100", LARGE)):
+                        ("zlayout plan --preset llama3-70b, 8x8 H100", LARGE),
+                        ("zlayout plan --hf-config OLMoE (card only), ZeRO-3", OLMOE)):
         for cached in (True, False):
             plan, worst, baseline, ratio = paired(args, runs, cached)
             name = f"{label}, {'cached' if cached else 'first'}"

@@ -28,7 +28,10 @@ POPULAR = ["gpt2", "pythia-160m", "pythia-1b", "Phi-3-mini-4k-instruct", "gemma-
            "Qwen2.5-7B", "Qwen2.5-0.5B", "Qwen3-0.6B", "Qwen3-8B", "OLMo-2-0425-1B",
            "Mixtral-8x7B-v0.1", "Qwen1.5-MoE-A2.7B", "DeepSeek-V2-Lite", "falcon-7b",
            # multimodal: only a card counts the vision tower (hfconfig refuses them without one)
-           "llava-1.5-7b-hf", "Qwen2.5-VL-3B-Instruct"]
+           "llava-1.5-7b-hf", "Qwen2.5-VL-3B-Instruct",
+           # no hand reader: the card is all hfconfig plans them from (shape from the common keys)
+           "OLMoE-1B-7B-0924", "OLMo-1B-hf", "granite-3.0-2b-base", "granite-3.0-1b-a400m-base",
+           "stablelm-2-1_6b"]
 
 
 def card_text(path: Path) -> tuple[str, str]:

@@ -9,8 +9,11 @@ fix the shape (layers, hidden, heads, vocab, MLP sizes, expert counts) must be p
 Supported model types, dense: llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3,
 olmo2, cohere, starcoder2, gpt2, gpt_bigcode, gpt_neox, falcon; mixture of experts: mixtral,
 phimoe, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3 (shared experts, dense first blocks and
-latent attention as the file says). Other types (Mamba, multimodal LLaVA or Qwen2.5-VL) are
-planned through a model card (`zlayout learn`), which counts every tensor the class builds.
+latent attention as the file says). Multimodal LLaVA and Qwen2.5-VL read their language model
+by hand and the vision tower from the model card (`zlayout learn`), which counts every tensor the
+class builds. Any other model_type transformers builds (OLMoE, Granite, StableLM...) is planned
+from its card alone: the common keys (hidden_size, num_hidden_layers, heads, experts, top-k...)
+give the shape the plan shows, the card the exact parameter count and every block's requests.
 """
 
 from __future__ import annotations
@@ -340,11 +343,13 @@ def model_from_config(config: Mapping[str, Any], *, where: str = CONFIG_FILE, na
                             "which zlayout does not run; enter the architecture with --layers --hidden "
                             "--heads --vocab")
     if model_type not in READERS:
-        raise HfConfigError(f"{where}: model_type {model_type!r} is not supported; supported: "
-                            f"{', '.join(SUPPORTED_MODEL_TYPES)} (or enter the architecture with "
-                            "--layers --hidden --heads --vocab)")
+        return _generic(config, model_type, where=where, name=name, source=source)
     spec = READERS[model_type](_Reader(config, where, model_type))
     spec.update(name=name or _config_name(config) or model_type, hf_model_type=model_type, hf_config=source)
+    return _validated(spec, where)
+
+
+def _validated(spec: dict[str, Any], where: str) -> ModelSpec:
     try:
         return ModelSpec(**spec)
     except ValidationError as exc:
@@ -352,6 +357,83 @@ def model_from_config(config: Mapping[str, Any], *, where: str = CONFIG_FILE, na
         field = ".".join(str(p) for p in err["loc"])
         message = err["msg"].removeprefix("Value error, ")
         raise HfConfigError(f"{where}: {field + ': ' if field else ''}{message}") from None
+
+
+# --------------------------------------------------------------------------- any other model_type
+
+
+def _generic_shape(r: _Reader) -> dict[str, Any]:
+    """The shape the keys most config classes share give (the first key present of each list),
+    for a model_type without a hand reader. Only the plan's header, its MoE figures (experts,
+    top-k) and the hand fallbacks read it: the parameter count and every block's requests come
+    from the model card. A model without attention keys (a state-space model) reads as one
+    head over the whole width."""
+    hidden = r.int("hidden_size", "n_embd", "d_model", "model_dim")
+    heads = r.int("num_attention_heads", "n_head", "n_heads", "num_heads", default=1)
+    spec: dict[str, Any] = dict(
+        layers=r.int("num_hidden_layers", "n_layer", "num_layers", "n_layers"), hidden=hidden, heads=heads,
+        kv_heads=r.int("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num", default=heads),
+        ffn=r.int("intermediate_size", "ffn_hidden_size", "n_inner", "d_ff", default=4 * hidden),
+        vocab=r.int("vocab_size", "padded_vocab_size", "n_vocab"),
+        tie_embeddings=r.bool("tie_word_embeddings", default=False), bias=False)
+    act = r.config.get("hidden_act", r.config.get("activation_function"))
+    spec["mlp"] = "swiglu" if act in ("silu", "swish", "swiglu") else "gelu"
+    spec["norm"] = "layernorm" if any(k in r.config for k in ("layer_norm_eps", "layer_norm_epsilon")) \
+        and "rms_norm_eps" not in r.config else "rmsnorm"
+    head_dim = r.int("head_dim", default=None)
+    if head_dim is not None and head_dim * heads != hidden:
+        spec["head_size"] = head_dim
+    elif hidden % heads:
+        spec["head_size"] = max(1, hidden // heads)
+    if spec["heads"] % spec["kv_heads"]:
+        spec["kv_heads"] = heads
+    experts = r.int("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts",
+                    default=0, minimum=0)
+    if experts:
+        top_k = r.int("num_experts_per_tok", "moe_top_k", "num_selected_experts", default=min(2, experts))
+        spec.update(experts=experts, top_k=min(top_k, experts),
+                    expert_ffn=r.int("moe_intermediate_size", "expert_intermediate_size",
+                                     default=spec["ffn"]),
+                    shared_experts=r.int("n_shared_experts", "num_shared_experts", default=0, minimum=0))
+        first_dense = r.int("first_k_dense_replace", default=0, minimum=0)
+        mlp_only = {i for i in r.int_list("mlp_only_layers", default=[]) if 0 <= i < spec["layers"]}
+        spec["dense_layers"] = tuple(sorted(mlp_only | set(range(min(first_dense, spec["layers"])))))
+    return spec
+
+
+def _generic(config: Mapping[str, Any], model_type: str, *, where: str, name: str | None,
+             source: str | None) -> ModelSpec:
+    """A model_type without a hand reader: its shape from the common keys (a nested
+    text_config's first: a multimodal model's language model), its exact parameter count from
+    the model card (`extra_params`: the card's count less the shape's, of either sign)."""
+    from zlayout import cards as card_store
+
+    card = card_store.find_card(config)
+    if card is None:
+        raise HfConfigError(f"{where}: {_learn_first(model_type, where)}")
+    nested = config.get("text_config")
+    keys = {**config, **nested} if isinstance(nested, Mapping) else config
+    spec = _generic_shape(_Reader(keys, where, model_type))
+    spec.update(name=name or _config_name(config) or model_type, hf_model_type=model_type, hf_config=source)
+    shape = _validated(spec, where)
+    return shape.model_copy(update={"extra_params": card.params - shape.params, "card": card})
+
+
+def _learn_first(model_type: str, where: str) -> str:
+    """What to do for a model_type zlayout reads only through its card, in one line: the
+    `zlayout learn` command when torch and transformers are installed (found, not imported:
+    the planner stays torch-free), else how to install them."""
+    import importlib.util
+    import shlex
+
+    command = f"zlayout learn --hf-config {shlex.quote(where)}"
+    said = f"model_type {model_type!r} is planned from its model card (zlayout has no hand reader for it)"
+    if all(importlib.util.find_spec(module) is not None for module in ("torch", "transformers")):
+        return f"{said}: learn it first with `{command}`, then plan again"
+    from zlayout.install import pip_install_command
+
+    return (f"{said}, which `{command}` learns from the transformers class; that needs torch and "
+            f"transformers: {pip_install_command('learn')}")
 
 
 # Multimodal types the image-text-to-text auto class builds, and the reader of their language
@@ -473,8 +555,9 @@ def load(path: str | os.PathLike[str], cards: bool = True) -> ModelSpec:
     The name is `model_name`'s (ORG/NAME in the Hugging Face cache, else `_name_or_path`'s
     last part, else the folder's name); the spec records the file as given, made absolute
     (`hf_config`), and its `model_type`, and carries the config's model card when one was
-    learned (`cards`: look it up). Raises `HfConfigError` (a ValueError) with one line naming
-    the file and what is wrong.
+    learned (`cards`: look it up; a model_type without a hand reader takes its card either way,
+    its only source of a parameter count). Raises `HfConfigError` (a ValueError) with one line
+    naming the file and what is wrong.
     """
     config, p = read_config(path)
     # the path as given, made absolute: resolving a cache's symlink recorded blobs/HASH
@@ -593,6 +676,9 @@ def to_hf_config(model: ModelSpec) -> dict[str, Any]:
                   "first_k_dense_replace": len(m.dense_layers)}
         if model_type == "deepseek_v2":
             config["mlp_bias"] = mlp_bias
+    elif m.card is not None and model_type not in READERS:
+        raise HfConfigError(f"{m.name}: {model_type} is read through its model card, which holds the shape of "
+                            "its own config.json only: plan and verify it as that file gives it")
     else:
         raise HfConfigError(f"{m.name}: no transformers model class to build model_type {model_type!r} with")
     rebuilt = model_from_config(config, where=f"{m.name} as {model_type}")

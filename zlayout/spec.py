@@ -227,9 +227,10 @@ class ModelSpec(Frozen):
         default="none", description="norms on the queries and keys: per head (Qwen3, Gemma 3: head_dim "
                                     "weights each) or over their whole width (OLMo 2, Cohere)")
     head_bias: bool = Field(default=False, description="a bias on the output head (Phi-3.5-MoE)")
-    extra_params: int = Field(default=0, ge=0, description="parameters besides the language model's: a "
-                                                           "multimodal model's vision tower and projector "
-                                                           "(counted by its model card)")
+    extra_params: int = Field(default=0, description="parameters the shape does not count, from the model card: "
+                                                     "a multimodal model's vision tower and projector; for "
+                                                     "a model_type read by its common keys, the card's "
+                                                     "exact count less the shape's (either sign)")
     # mixture of experts
     experts: int = Field(default=0, description="routed experts per MoE block; 0: a dense model")
     top_k: int | None = Field(default=None, description="experts each token is routed to")
@@ -290,6 +291,8 @@ class ModelSpec(Frozen):
 
     @model_validator(mode="after")
     def _shape_is_consistent(self) -> "ModelSpec":
+        if self.params < 1:
+            raise ValueError(f"extra_params ({self.extra_params:,}) leaves the model {self.params:,} parameters")
         if self.head_size is None and self.mla is None and self.hidden % self.heads:
             flag, value = _likeliest_shape_fix(self.hidden, self.heads)
             raise ValueError(

@@ -37,8 +37,17 @@ def test_the_parameter_count_equals_the_transformers_model(path):
     assert model.params == sum(p.numel() for p in built.parameters())
 
 
+def hand_read(path: Path) -> bool:
+    """Whether zlayout reads this config's model_type by hand (else: from its card alone)."""
+    return json.loads(path.read_text())["model_type"] in hfconfig.READERS
+
+
+def multimodal(path: Path) -> bool:
+    return json.loads(path.read_text())["model_type"] in hfconfig.MULTIMODAL_TEXT_TYPES
+
+
 @pytest.mark.parametrize("path", [p for p in SMALL_CONFIGS + PUBLISHED_CONFIGS
-                                  if hfconfig.load(p).is_moe], ids=lambda p: f"{p.parent.name}/{p.stem}")
+                                  if hand_read(p) and hfconfig.load(p).is_moe], ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_moe_blocks_and_experts_are_where_transformers_puts_them(path):
     """The blocks holding routed experts, and each MoE block's size, match the built model."""
     built = transformers_model(path)
@@ -68,8 +77,7 @@ def test_every_model_preset_has_a_transformers_config_with_its_count(name):
     assert sum(p.numel() for p in build_from_dict(config).parameters()) == model.params
 
 
-@pytest.mark.parametrize("path", [p for p in SMALL_CONFIGS + PUBLISHED_CONFIGS
-                                  if json.loads(p.read_text())["model_type"] not in hfconfig.MULTIMODAL_TEXT_TYPES],
+@pytest.mark.parametrize("path", [p for p in SMALL_CONFIGS + PUBLISHED_CONFIGS if hand_read(p)],
                          ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_a_config_read_and_written_back_builds_the_same_model(path):
     model = hfconfig.load(path)
@@ -95,7 +103,9 @@ def test_hand_entered_models_build_with_their_count(fields):
 # the model types users bring that the planner must count exactly (issue 27 named the last eight)
 REQUIRED_TYPES = {"llama", "mistral", "qwen2", "gemma", "gemma2", "phi3", "gpt2", "gpt_neox", "mixtral",
                   "qwen2_moe", "deepseek_v2", "qwen3", "qwen3_moe", "gemma3_text", "olmo2", "phimoe",
-                  "starcoder2", "cohere", "gpt_bigcode", "llava", "qwen2_5_vl"}
+                  "starcoder2", "cohere", "gpt_bigcode", "llava", "qwen2_5_vl",
+                  # read from their shipped cards alone (no hand reader)
+                  "olmoe", "olmo", "granite", "granitemoe", "stablelm"}
 
 
 def test_the_published_configs_cover_the_model_types_users_bring():
@@ -128,8 +138,45 @@ def test_a_multimodal_config_counts_its_vision_tower_through_its_card(tmp_path, 
     assert "\n" not in str(raised.value) and "zlayout learn --hf-config" in str(raised.value)
 
 
-def test_a_state_space_model_is_one_line():
+def test_a_state_space_model_without_a_card_is_one_line_naming_the_learn_command(tmp_path, monkeypatch):
+    """Mamba has no hand reader and no shipped card (its reference scan loops over the tokens:
+    `zlayout learn` cannot fit it either, tests/learn): one line with the command to run."""
+    from zlayout import cards
+
+    monkeypatch.setenv(cards.CARDS_DIR_ENV, str(tmp_path))
     path = Path(__file__).resolve().parent / "configs" / "refused" / "mamba-130m-hf.json"
     with pytest.raises(hfconfig.HfConfigError) as raised:
         hfconfig.load(path)
-    assert "\n" not in str(raised.value) and "'mamba' is not supported" in str(raised.value)
+    message = str(raised.value)
+    assert "\n" not in message and "'mamba'" in message and f"zlayout learn --hf-config {path}" in message
+
+
+CARD_ONLY = [p for p in PUBLISHED_CONFIGS if not hand_read(p) and not multimodal(p)]
+
+
+@pytest.mark.parametrize("path", CARD_ONLY, ids=lambda p: p.stem)
+def test_a_type_without_a_hand_reader_reads_its_shape_from_the_common_keys(path):
+    """The shape the plan shows is the config's; the count is the card's, exactly the built model's
+    (test_the_parameter_count_equals_the_transformers_model), and the experts are where transformers
+    puts them."""
+    config = json.loads(path.read_text())
+    model = hfconfig.load(path)
+    assert model.card is not None and model.hf_model_type == config["model_type"]
+    assert (model.layers, model.hidden, model.heads, model.vocab) == (
+        config["num_hidden_layers"], config["hidden_size"], config["num_attention_heads"], config["vocab_size"])
+    assert model.num_kv_heads == config.get("num_key_value_heads", model.heads)
+    built = transformers_model(path)
+    experts = [next((m for n, m in layer.named_modules() if n.endswith("experts")), None)
+               for layer in built.model.layers]
+    moe_blocks = [e for e in experts if e is not None]
+    assert model.is_moe == bool(moe_blocks) and model.moe_layer_count == len(moe_blocks)
+    if model.is_moe:  # the fused experts' tensors: (experts, ...)
+        assert model.experts == next(moe_blocks[0].parameters()).shape[0]
+        assert model.top_k == built.config.num_experts_per_tok
+
+
+def test_the_new_card_only_types_include_a_mixture_of_experts_and_olmoe():
+    types = {json.loads(p.read_text())["model_type"] for p in CARD_ONLY}
+    assert {"olmoe", "granitemoe"} <= types and len(types) >= 3
+    olmoe = hfconfig.load(next(p for p in CARD_ONLY if p.stem == "OLMoE-1B-7B-0924"))
+    assert (olmoe.experts, olmoe.top_k, olmoe.expert_ffn_size, olmoe.tie_embeddings) == (64, 8, 1024, False)

@@ -133,7 +133,7 @@ def _llama(**changes) -> dict:
     (_llama(num_attention_heads=0), ["'num_attention_heads'", "at least 1"]),
     (_llama(tie_word_embeddings="no"), ["'tie_word_embeddings'", "true or false"]),
     (_llama(num_key_value_heads=5), ["heads (32) must be a multiple of kv-heads (5)"]),
-    (_llama(model_type="bert"), ["model_type 'bert' is not supported", "llama", "mixtral", "--layers"]),
+    (_llama(model_type="bert"), ["model_type 'bert'", "model card", "zlayout learn --hf-config"]),
     (_llama(model_type=...), ["no 'model_type' key"]),
     ({**json.loads((PUBLISHED / "Mixtral-8x7B-v0.1.json").read_text()), "num_experts_per_tok": 9},
      ["top_k (9) must be at most experts (8)"]),
@@ -201,3 +201,22 @@ def test_hand_entered_models_map_to_the_class_that_builds_them():
     moe = ModelSpec(layers=2, hidden=64, heads=4, vocab=100, mlp="swiglu", norm="rmsnorm", bias=False,
                     experts=4, top_k=2)
     assert hfconfig.to_hf_config(moe)["model_type"] == "mixtral"
+
+
+def test_a_type_without_a_hand_reader_or_torch_says_how_to_install_the_learner(tmp_path, monkeypatch):
+    """Without a card and without torch (the planner's own install), one line: what learns the
+    card and the pip command that installs it; found by importlib, never imported."""
+    import importlib.util
+
+    from zlayout import cards
+
+    monkeypatch.setenv(cards.CARDS_DIR_ENV, str(tmp_path / "cards"))
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else find_spec(name, *a))
+    path = PUBLISHED / "OLMoE-1B-7B-0924.json"
+    monkeypatch.setattr(cards, "SHIPPED_CARDS_DIR", tmp_path)
+    with pytest.raises(hfconfig.HfConfigError) as err:
+        hfconfig.load(path)
+    message = str(err.value)
+    assert "\n" not in message and "'olmoe'" in message and "needs torch and transformers" in message
+    assert "pip install" in message and "[learn]" in message

@@ -278,3 +278,63 @@ def test_a_card_records_each_ops_work_and_dropout_lengthens_the_step(tmp_path, m
         assert a.hbm_bytes > b.hbm_bytes and a.kernels > b.kernels
     assert hand_work(runs["dropout"]) == hand_work(runs["plain"])
     assert estimate_step_time(runs["dropout"], layout).step_time_s > estimate_step_time(runs["plain"], layout).step_time_s
+
+
+def run_cli(argv: list[str]) -> tuple[int, str, str]:
+    import contextlib
+    import io
+
+    from zlayout.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_a_type_without_a_hand_reader_plans_once_learned_with_the_exact_count(tmp_path, monkeypatch):
+    """OLMoE (no hand reader) at a small size: before `zlayout learn` the plan is one line naming
+    the command; after it, the plan reads the card: transformers' exact count, 8 experts top-2
+    from the config's keys, the card's activations."""
+    monkeypatch.setenv(cards.CARDS_DIR_ENV, str(tmp_path / "cards"))
+    config = {"model_type": "olmoe", "hidden_size": 64, "intermediate_size": 32, "num_hidden_layers": 3,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "num_experts": 8, "num_experts_per_tok": 2,
+              "vocab_size": 256, "tie_word_embeddings": False, "eos_token_id": 1, "pad_token_id": 0}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    plan = ["plan", "--hf-config", str(path), "--seq", "256", "--gpus-per-node", "2", "--gpu", "h200",
+            "--stage", "3", "--json"]
+    code, _, err = run_cli(plan)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert f"zlayout learn --hf-config {path}" in err and "Traceback" not in err
+    code, out, err = run_cli(["learn", "--hf-config", str(path)])
+    assert code == 0, err
+    code, out, err = run_cli(plan)
+    assert code == 0, err
+    planned = json.loads(out)
+    hf_config = AutoConfig.for_model(**config)
+    with torch.device("meta"):
+        built = AutoModelForCausalLM.from_config(hf_config)
+    assert planned["params"] == sum(p.numel() for p in built.parameters())
+    assert planned["model"]["card"] == cards.config_key(config)
+    assert (planned["model"]["experts"], planned["model"]["top_k"]) == (8, 2)
+    activations = {t["name"]: t["bytes"] for t in planned["terms"]}["activations"]
+    assert activations > 0 and planned["gpu_peak_allocated_bytes"] > 0 and planned["step_time_s"] > 0
+    code, out, _ = run_cli(plan[:-1])  # the table: figures, no traceback
+    assert code == 0 and "K params (L3 h64 heads 4/2 kv" in out.splitlines()[0] and "8 experts, top-2" in out
+    assert "ZeRO-3" in out and "Traceback" not in out
+
+
+def test_a_config_the_model_code_cannot_run_is_one_line_exit_2(tmp_path, monkeypatch):
+    """DeepSeek-V3 with 8 expert groups over 12 routed experts: its router's topk fails ("k not
+    in range for dimension"); learn says so in one line naming the model type, exit 2."""
+    monkeypatch.setenv(cards.CARDS_DIR_ENV, str(tmp_path / "cards"))
+    config = {**small_config("deepseek_v3"), "n_routed_experts": 12, "n_group": 8, "topk_group": 4}
+    with pytest.raises(LearnError, match="'deepseek_v3'.*RuntimeError: k not in range"):
+        learn(config)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    code, out, err = run_cli(["learn", "--hf-config", str(path)])
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "'deepseek_v3'" in err and "k not in range" in err and "Traceback" not in err
+    assert not (tmp_path / "cards").exists() or not list((tmp_path / "cards").iterdir())

@@ -428,7 +428,20 @@ def work(plain: dict, checkpointed: dict) -> dict[str, dict]:
 
 
 def learn(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The model card of `config` (a parsed config.json), as a dict."""
+    """The model card of `config` (a parsed config.json), as a dict. LearnError (one line)
+    when transformers cannot build or run the model from it."""
+    try:
+        return _learn(config)
+    except LearnError:
+        raise
+    except Exception as exc:  # noqa: BLE001: the model's own code fails in its own ways
+        # (DeepSeek-V3 with more expert groups than routed experts: topk's "k not in range")
+        first_line = next((line for line in str(exc).splitlines() if line.strip()), "")
+        raise LearnError(f"transformers' {config.get('model_type')!r} code cannot run this config: "
+                         f"{type(exc).__name__}{': ' + first_line.strip() if first_line else ''}") from exc
+
+
+def _learn(config: Mapping[str, Any]) -> dict[str, Any]:
     import transformers
 
     model, attention = build_model(config)
