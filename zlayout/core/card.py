@@ -67,6 +67,7 @@ def _net_and_peak(requests: tuple[Poly, ...], micro_batch: int, seq: int) -> tup
 ATTENTION_OPS = frozenset({"attention_forward", "attention_backward"})
 BATCHED_GEMM_OPS = frozenset({"bmm", "baddbmm"})
 GROUPED_GEMM_OPS = frozenset({"_grouped_mm"})
+FP32_GEMM_SUFFIX = "_fp32"  # a matmul on float32 inputs (zlayout.learn.trace.FP32_SUFFIX): the math attention's
 WORK_PHASES = ("forward", "backward", "checkpointed_forward", "checkpointed_backward")
 
 
@@ -88,6 +89,7 @@ class WorkTotals:
     memory_bytes: float = 0.0  # the ops without FLOPs: elementwise, norms, copies, reductions, the loss
     kernels: float = 0.0
     grouped_gemm_flops: float = 0.0  # a MoE block's experts (not in gemm_flops)
+    fp32_gemm_flops: float = 0.0  # matmuls on float32 inputs, without tensor cores (not in gemm_flops)
 
     def __add__(self, other: "WorkTotals") -> "WorkTotals":
         return WorkTotals(*(a + b for a, b in zip(self.astuple(), other.astuple())))
@@ -97,7 +99,7 @@ class WorkTotals:
 
     def astuple(self) -> tuple[float, ...]:
         return (self.gemm_flops, self.batched_gemm_flops, self.attention_flops, self.memory_bytes, self.kernels,
-                self.grouped_gemm_flops)
+                self.grouped_gemm_flops, self.fp32_gemm_flops)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,11 +107,13 @@ class WorkPhase:
     ops: tuple[OpWork, ...]
 
     def totals(self, micro_batch: int, seq: int) -> WorkTotals:
-        gemm = batched = attention = memory = kernels = grouped = 0.0
+        gemm = batched = attention = memory = kernels = grouped = fp32 = 0.0
         for op in self.ops:
             flops = bytes_at(op.flops, micro_batch, seq)
             kernels += bytes_at(op.calls, micro_batch, seq)
-            if op.name in ATTENTION_OPS:
+            if flops > 0 and op.name.endswith(FP32_GEMM_SUFFIX):
+                fp32 += flops
+            elif op.name in ATTENTION_OPS:
                 attention += flops
             elif op.name in BATCHED_GEMM_OPS:
                 batched += flops
@@ -119,7 +123,7 @@ class WorkPhase:
                 gemm += flops
             else:
                 memory += bytes_at(op.bytes, micro_batch, seq)
-        return WorkTotals(gemm, batched, attention, memory, kernels, grouped)
+        return WorkTotals(gemm, batched, attention, memory, kernels, grouped, fp32)
 
 
 class BlockWeightGradient(NamedTuple):

@@ -69,6 +69,10 @@ from zlayout.spec import Layout, LinkSpec, PlanInput
 # the optimizer step, each priced from the work it does. The fitted constants (benchmarks/
 # steptime_fit.py fits them by least squares on the forward/backward/optimizer times verify
 # records, and on whole steps where a row has no phases; docs/tradeoffs.md lists the evidence):
+# float32 matmuls without TF32 (PyTorch's default, torch.backends.cuda.matmul.allow_tf32 False) run
+# on the CUDA cores: H100/H200 SXM 67 TFLOP/s against 989 dense bf16 (NVIDIA's H100 datasheet),
+# A100 19.5 against 312. Priced at the same efficiency as bf16 GEMMs.
+FP32_NON_TENSOR_FRACTION = 67 / 989
 GEMM_EFFICIENCY = 0.711  # large GEMMs' achieved / peak bf16 FLOP/s (the asymptote in the hidden size)
 # A GEMM of hidden size h reaches GEMM_EFFICIENCY * h / (h + GEMM_HALF_WIDTH): the narrow GEMMs of a
 # small model fill fewer tiles per wave and spend more of their time in prologue and epilogue.
@@ -389,6 +393,7 @@ class PhaseWork:
     grad_hooks: float = 0.0  # stages 1-2's gradient hooks (one per parameter tensor, backward)
     host_fixed_s: float = 0.0  # the host's Python per pass beyond its kernels (HOST_FORWARD_FIXED_S)
     batched_gemm_flops: float = 0.0  # eager attention's T^2 matmuls (a card's bmm/baddbmm): narrow GEMMs
+    fp32_gemm_flops: float = 0.0  # matmuls on float32 inputs (the math attention's): CUDA cores, not tensor cores
 
 
 @dataclass(frozen=True, slots=True)
@@ -500,6 +505,7 @@ def card_work(inp: PlanInput, card) -> tuple[PhaseWork, PhaseWork]:
             gemm_flops=whole.gemm_flops - (head.gemm_flops if unaligned else 0.0) + experts,
             unaligned_gemm_flops=head.gemm_flops if unaligned else 0.0,
             batched_gemm_flops=whole.batched_gemm_flops, attention_flops=whole.attention_flops,
+            fp32_gemm_flops=whole.fp32_gemm_flops,
             hbm_bytes=whole.memory_bytes, kernels=whole.kernels, host_kernels=whole.kernels, host_fixed_s=fixed_s))
     return passes[0], passes[1]
 
@@ -720,6 +726,7 @@ def phase_kernel_s(inp: PlanInput, work: PhaseWork, c: GpuStepConstants = SHIPPE
             + work.batched_gemm_flops * batched_gemm_seconds_per_flop(inp, c)
             + work.unaligned_gemm_flops / (peak * c.unaligned_head_efficiency)
             + work.attention_flops / (peak * c.attention_efficiency)
+            + work.fp32_gemm_flops / (peak * FP32_NON_TENSOR_FRACTION * c.gemm_efficiency)
             + work.hbm_bytes / elementwise_bytes_per_s(inp)
             + work.fixed_s)
 

@@ -68,6 +68,8 @@ def grouped_mm_flops(mat_a: torch.Tensor, mat_b: torch.Tensor, *args, out_val: t
     return 2 * out_val.numel() * contraction
 
 
+# The name suffix of a matmul on float32 inputs (`StorageLedger.count`; core.card prices them apart).
+FP32_SUFFIX = "_fp32"
 # FLOP formulas for ops torch's flop counter does not know.
 EXTRA_FLOPS = {torch.ops.aten._grouped_mm: grouped_mm_flops}
 
@@ -157,6 +159,8 @@ class StorageLedger(TorchDispatchMode):
         formula = flop_registry.get(packet) or EXTRA_FLOPS.get(packet)
         flops = int(formula(*args, **kwargs, out_val=out)) if formula is not None else 0
         inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        if flops and inputs and inputs[0].dtype == torch.float32:
+            name += FP32_SUFFIX  # a float32 matmul in a bf16 step (the math attention's): no tensor cores
         if name in GATHERS and inputs:  # reads the rows it returns, not the whole table
             inputs = inputs[1:]
             moved = 2 * sum(_bytes(t) for t in outputs)

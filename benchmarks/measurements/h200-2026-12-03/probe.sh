@@ -4,8 +4,8 @@
 # (the learner's view) for the side-by-side. No DeepSpeed op is built or used.
 D=benchmarks/measurements/h200-2026-12-03
 C=benchmarks/measurements/h200-2026-12-02e/heldout/configs
-source benchmarks/measurements/tools/h200_node_setup.sh "probe-$(date +%H%M%S)"
-for dev in cuda meta; do
+[ -f /tmp/site/.probe-ready ] && export PYTHONPATH=/tmp/site:$PWD OUT=${OUT:-/tmp/verify-out} || { source benchmarks/measurements/tools/h200_node_setup.sh "probe-$(date +%H%M%S)" && touch /tmp/site/.probe-ready; }
+for dev in ${DEVS:-cuda meta}; do
   while read cfg mb seq; do
     timeout 120 python3 $D/probe_blocks.py --device $dev --config $C/$cfg.json --micro-batch $mb --seq $seq \
       --out $OUT/probe-blocks.jsonl 2>&1 | grep -v Warning | tail -3

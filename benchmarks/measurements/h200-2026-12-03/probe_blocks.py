@@ -48,8 +48,9 @@ def build(config: dict, device: str, attention: str | None):
 
 
 def sdpa_names() -> dict[int, str]:
-    from torch.nn.attention import SDPBackend
-    return {int(b.value): b.name for b in SDPBackend}
+    # torch.nn.attention.SDPBackend's values (a pybind11 enum: not iterable in torch 2.11)
+    return {-1: "ERROR", 0: "MATH", 1: "FLASH_ATTENTION", 2: "EFFICIENT_ATTENTION", 3: "CUDNN_ATTENTION",
+            4: "OVERRIDEABLE"}
 
 
 def run(args) -> dict:
@@ -86,8 +87,12 @@ def run(args) -> dict:
     original = torch.nn.functional.scaled_dot_product_attention
 
     def spy(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-        choices[names.get(int(torch._fused_sdp_choice(q, k, v, attn_mask, dropout_p, is_causal, scale,
-                                                      enable_gqa)), "?")] += 1
+        try:
+            choice = int(torch._fused_sdp_choice(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
+                                                 is_causal=is_causal, scale=scale, enable_gqa=enable_gqa))
+        except (TypeError, RuntimeError) as exc:  # the private call's signature moves between releases
+            choice = f"? ({type(exc).__name__})"
+        choices[names.get(choice, str(choice))] += 1
         return original(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
                         enable_gqa=enable_gqa)
 
