@@ -41,12 +41,16 @@ class LayoutActionsMixin:
 
     def _ask_if_it_does_not_fit(self, plan: Plan, layout: Layout, what: str,
                                 then: Callable[[], None]) -> None:
-        lp = plan.for_layout(layout)
-        if lp.memory.fits:
+        """A layout that does not fit is acted on only after a yes to a question whose first
+        line is the dialog's own: the layout, why it does not fit and, when it is not ★, what
+        it costs against ★."""
+        if plan.for_layout(layout).memory.fits:
             then()
             return
+        from zlayout.tui.view import action_title
+
         self.push_screen(
-            ConfirmScreen(f"{layout.label} does not fit: {lp.memory.shortfall}. {what} it anyway?",
+            ConfirmScreen(f"{action_title(plan, layout, what)}. {what} it anyway?",
                           yes=f"{what} anyway (y)", no="Cancel (n)"),
             lambda yes: then() if yes else self.notify(f"Not {what.lower()}ed: pick a layout that fits "
                                                        "(★ is the recommended one).", title=what))

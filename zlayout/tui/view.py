@@ -489,17 +489,28 @@ def recommendation_text(plan: Plan) -> str:
     return f"★ {rec.layout.label}: {rec.reason}"
 
 
+def fit_phrase(memory: MemoryEstimate) -> str:
+    """A layout's fit in a few words, in the table's Free figures: '14% free', 'full (its
+    cache flushes)', 'does not fit: needs 91.7 GiB per GPU, ...' (the core's shortfall)."""
+    if not memory.fits:
+        return f"does not fit: {memory.shortfall}"
+    free = gpu_figures(memory).free
+    return "fits, full (its cache flushes)" if free == "full" else f"fits, {free} free"
+
+
 def action_title(plan: Plan, layout: Layout, verb: str) -> str:
-    """The first line of the export and verify dialogs: the layout acted on and, when it is
-    not ★, what it costs against ★ (a pick made minutes ago must not be exported unread)."""
+    """The first line of the export and verify dialogs, and of the question before a layout
+    that does not fit: the layout acted on and, when it is not ★, what it costs against ★,
+    step time and fit (a pick made minutes ago must not be exported unread)."""
     rec = plan.recommendation.layout
     lp = plan.for_layout(layout)
     step = fmt_seconds(lp.time.step_time_s)
     if rec is None:
-        return f"{verb} {layout.label} ({step}/step; no layout fits)"
+        return f"{verb} {layout.label} ({step}/step; {fit_phrase(lp.memory)}; no layout fits)"
     if layout == rec:
-        return f"{verb} ★ {layout.label} ({step}/step, the recommended layout)"
-    star = plan.for_layout(rec).time.step_time_s
-    change = fmt_percent_change(lp.time.step_time_s, star)
+        return f"{verb} ★ {layout.label} ({step}/step, {fit_phrase(lp.memory)}, the recommended layout)"
+    star = plan.for_layout(rec)
+    change = fmt_percent_change(lp.time.step_time_s, star.time.step_time_s)
     return (f"{verb} {layout.label}, not ★: {step}/step, {change} against ★ {rec.label} "
-            f"({fmt_seconds(star)}/step)")
+            f"({fmt_seconds(star.time.step_time_s)}/step); {fit_phrase(lp.memory)} "
+            f"(★ {fit_phrase(star.memory)})")
