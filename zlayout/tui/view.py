@@ -461,18 +461,23 @@ def wrap_keeping_figures(text: str, width: int) -> list[str]:
     return [line.replace("\u00a0", " ") for line in lines]
 
 
-def path_lines(path: str, width: int) -> str:
-    """A path broken after its slashes into lines of at most `width` cells (a toast wrapped
-    'profiles/llama3-8b-z3-opt_c' / 'pu-param_gpu' mid-name)."""
-    parts = re.findall(r"[^/]*/|[^/]+$", path) or [path]
-    lines, line = [], ""
-    for part in parts:
-        if line and len(line) + len(part) > width:
-            lines.append(line)
-            line = ""
-        line += part
-    lines.append(line)
-    return "\n".join(lines)
+def short_path(path: str, width: int) -> str:
+    """`path` in one line of at most `width` cells, broken nowhere: the file name whole and
+    as much of the directory as fits after an ellipsis ('…/team-llama/llama3-70b-z3-...').
+    A toast folded 'profiles/llama3-8b-z3-opt_c' / 'pu-param_gpu' mid-name. A name longer
+    than `width` alone is returned whole (the caller's line then wraps, but never a
+    directory)."""
+    if len(path) <= width:
+        return path
+    parts = path.rstrip("/").split("/")
+    shown = parts[-1]
+    if len(f"…/{shown}") > width:
+        return shown
+    for part in reversed(parts[:-1]):
+        if len(f"…/{part}/{shown}") > width:
+            break
+        shown = f"{part}/{shown}"
+    return f"…/{shown}"
 
 
 def recommendation_text(plan: Plan) -> str:

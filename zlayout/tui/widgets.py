@@ -408,12 +408,7 @@ class MemoryBars(PlanPanel):
     LABEL_WIDTH = 21
     _names_in_border = True
 
-    def watch_plan(self) -> None:
-        self._relegend()
-        super().watch_plan()
-
     def on_resize(self) -> None:
-        self._relegend()
         self._relayout_if_taller_or_shorter()
 
     def _border_room(self) -> int:
@@ -437,9 +432,7 @@ class MemoryBars(PlanPanel):
             legend.append(f"{cap}{view.fmt_gib(capacity)} GiB")
             if legend.cell_len <= room:
                 break
-        if self._names_in_border != (sep is not None):  # the names move: the bars are drawn again
-            self._names_in_border = sep is not None
-            self._cache = None
+        self._names_in_border = sep is not None
         self.border_subtitle = legend.markup
 
     def _legend_lines(self, width: int) -> Text | None:
@@ -457,6 +450,9 @@ class MemoryBars(PlanPanel):
         return out
 
     def draw(self) -> Text:
+        # drawn once per plan and width (PlanPanel.render): the legend follows both here (a
+        # Resize alone did not always reach the panel when the inputs were shown)
+        self._relegend()
         plan = self.plan
         if plan is None:
             return Text("")
