@@ -161,3 +161,25 @@ def test_every_branch_of_the_dialogs_first_line_names_the_fit():
         layout = nothing_fits.layouts[0].layout
         title = view.action_title(nothing_fits, layout, "Export")
         assert "does not fit: " in title and title.endswith("no layout fits)")
+
+
+def test_a_gib_figure_reads_the_same_in_the_table_the_status_and_the_question():
+    """One layout's need read '1816.3' in the does-not-fit question and '1816' in the table;
+    a small one '9.9' in the status and '9.87' in the table: one rule (spec.gib_figure)."""
+    from zlayout.core.plan import make_plan
+    from zlayout.spec import gib_figure
+
+    assert [gib_figure(x * 2**30) for x in (0.4213, 9.871, 75.34, 999.94, 1181.3, 10434.4)] == \
+        ["0.42", "9.87", "75.3", "999.9", "1181", "10434"]
+    plan = make_plan(qa_input(nodes=4), with_breakeven=False)
+    rows = {row.key: row for row in view.layout_rows(plan)}
+    for lp in plan.layouts:
+        row = rows[lp.layout.key]
+        if not lp.memory.fits_gpu:
+            assert f"needs {row.needed} GiB per GPU" in lp.memory.shortfall
+        elif lp.memory.gpu_fit.state == "fits":
+            assert f"device used {row.device_used} of " in lp.memory.gpu_fit.summary()
+    assert any(len(rows[lp.layout.key].needed) == 4 and not lp.memory.fits for lp in plan.layouts)  # 1816
+    small = make_plan(qa_input("llama3-8b", nodes=1), with_breakeven=False)
+    star = small.for_layout(small.recommendation.layout)
+    assert f"device used {view.gpu_figures(star.memory).used} of" in view.recommendation_text(small)

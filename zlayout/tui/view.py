@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
-from zlayout.spec import GiB, Layout
+from zlayout.spec import Layout, gib_figure
 
 if TYPE_CHECKING:  # the app draws its first frame before the planner is imported
     from zlayout.core.memory import MemoryEstimate, MemoryTerm
@@ -87,14 +87,7 @@ def fmt_gib(n_bytes: int | float) -> str:
     """Bytes as GiB, always in GiB (every title and suffix says GiB): 0.42, 9.87, 99.9, 1234,
     10434. Five characters up to 99999 GiB; beyond, the whole figure (never a 'T' that would
     read as tera-GiB under a GiB title)."""
-    gib = n_bytes / GiB
-    if gib == 0:
-        return "·"
-    if abs(gib) < 10:
-        return f"{gib:.2f}"
-    if abs(gib) < 1000:
-        return f"{gib:.1f}"
-    return f"{gib:.0f}"
+    return "·" if n_bytes == 0 else gib_figure(n_bytes)
 
 
 def fmt_gb(n_bytes: int | float) -> str:
