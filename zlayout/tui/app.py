@@ -306,7 +306,13 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
                                        for line in text.split("\n"))
 
         stack = lines(message, title) + sum(lines(n.message, n.title) + 1 for n in self._notifications)
-        below_table = self.size.height - 1 - table.region.bottom  # the footer's line is not free
+        # the table as it stands or as its rows will lay it out (a plan's first toast comes
+        # before the table has grown to its rows)
+        laid_out = table.row_count + 2  # its rows, the header and the top border
+        if table.styles.max_height is not None:
+            laid_out = min(laid_out, int(table.styles.max_height.value))
+        bottom = max(table.region.bottom, table.region.y + laid_out)
+        below_table = self.size.height - 1 - bottom  # the footer's line is not free
         return stack > below_table
 
     # -- the plan -------------------------------------------------------------------------
