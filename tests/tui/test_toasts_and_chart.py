@@ -183,3 +183,16 @@ def test_a_gib_figure_reads_the_same_in_the_table_the_status_and_the_question():
     small = make_plan(qa_input("llama3-8b", nodes=1), with_breakeven=False)
     star = small.for_layout(small.recommendation.layout)
     assert f"device used {view.gpu_figures(star.memory).used} of" in view.recommendation_text(small)
+
+
+def test_a_path_in_a_message_breaks_only_after_a_slash():
+    text = ("break-even cannot scale the llama3 family: /tmp/pytest-of-root/pytest-1/"
+            "test_a_broken0/models/llama3-bad.toml: invalid TOML")
+    lines = view.fold_at_slashes(text, 33).split("\n")
+    assert all(len(line) <= 33 for line in lines), lines
+    assert "".join(lines).replace(" ", "") == text.replace(" ", "")
+    path_lines = [line for line in lines if "/" in line]
+    for line, after in zip(lines, lines[1:]):  # every break inside the path follows a slash
+        if line in path_lines and after in path_lines:
+            assert line.endswith("/"), lines
+    assert view.fold_at_slashes("short\nlines stay", 33) == "short\nlines stay"

@@ -281,7 +281,12 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
 
     def notify(self, message: str, *, title: str = "", severity: str = "information",
                timeout: float | None = None, markup: bool = True) -> None:
-        """Textual's notify; a toast that would reach the table's figures is short-lived."""
+        """Textual's notify; a path in a plain message breaks only after a slash, and a toast
+        that would reach the table's figures is short-lived."""
+        if not markup:  # plain text, as every message quoting a path is sent
+            from zlayout.tui.actions import TOAST_TEXT_WIDTH
+
+            message = view.fold_at_slashes(message, TOAST_TEXT_WIDTH)
         if self._toast_reaches_table(message, title):
             timeout = min(timeout if timeout is not None else TOAST_OVER_TABLE_S, TOAST_OVER_TABLE_S)
         super().notify(message, title=title, severity=severity, timeout=timeout, markup=markup)

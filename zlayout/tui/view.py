@@ -454,6 +454,26 @@ def wrap_keeping_figures(text: str, width: int) -> list[str]:
     return [line.replace("\u00a0", " ") for line in lines]
 
 
+def fold_at_slashes(text: str, width: int) -> str:
+    """`text` wrapped at spaces into lines of `width` cells, a word longer than a line (a path
+    in an error) broken only after its slashes: the toast folded
+    '/tmp/pytest-of-root/pytest-1/test' / '_a_broken0/models/...' mid-name."""
+    lines = []
+    for paragraph in text.split("\n"):
+        line = ""
+        for word in paragraph.split(" "):
+            pieces = re.findall(r"[^/]*/|[^/]+$", word) if len(word) > width and "/" in word else [word]
+            for index, piece in enumerate(pieces):
+                glue = " " if index == 0 and line else ""
+                if line and len(line) + len(glue) + len(piece) > width:
+                    lines.append(line)
+                    line = piece
+                else:
+                    line += glue + piece
+        lines.append(line)
+    return "\n".join(lines)
+
+
 def short_path(path: str, width: int) -> str:
     """`path` in one line of at most `width` cells, broken nowhere: the file name whole and
     as much of the directory as fits after an ellipsis ('…/team-llama/llama3-70b-z3-...').
