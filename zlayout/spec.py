@@ -43,6 +43,19 @@ TrainingLoop = Literal["deepspeed", "trainer"]
 ModelInit = Literal["auto", "fp32-cpu", "bf16-gpu", "zero-init", "meta"]
 
 GiB = 2**30
+
+
+def gib_figure(n_bytes: int | float) -> str:
+    """Bytes as a GiB figure, one rule for every surface (status line, table, detail, chart,
+    what-if, the does-not-fit question, `zlayout show` and the runbook): three significant
+    digits, whole GiB from 1000 (0.42, 9.87, 75.3, 1181). One layout's need read '1181.3' in
+    one place and '1181' in another."""
+    gib = n_bytes / GiB
+    if abs(gib) < 10:
+        return f"{gib:.2f}"
+    if abs(gib) < 1000:
+        return f"{gib:.1f}"
+    return f"{gib:.0f}"
 TiB = 2**40
 
 

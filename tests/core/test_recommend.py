@@ -12,7 +12,7 @@ from zlayout.cli import build_parser, plan_input_from_args
 from zlayout.core.memory import estimate_memory
 from zlayout.core.plan import make_plan
 from zlayout.core.recommend import TIE_FRACTION, offload_count, suggest_fixes
-from zlayout.spec import GiB, HardwareSpec, PlanInput, TrainingSpec
+from zlayout.spec import GiB, HardwareSpec, PlanInput, TrainingSpec, gib_figure
 
 
 def make_input(preset="llama3-8b", gpus_per_node=8, nodes=1, micro_batch=1, seq=4096,
@@ -179,5 +179,5 @@ def test_nothing_fits_names_the_closest_layout_with_the_figures_the_verdict_comp
     assert gpu_bound, "a 70B model on one GPU"
     mem = gpu_bound[0].memory
     needed = re.search(r"needs ([\d.]+) GiB per GPU, ([\d.]+) of [\d.]+ GiB is usable", mem.shortfall)
-    assert needed and float(needed.group(1)) == round(mem.gpu_needed_bytes / GiB, 1)
-    assert float(needed.group(2)) == round(mem.gpu_usable_bytes / GiB, 1)
+    assert needed and needed.group(1) == gib_figure(mem.gpu_needed_bytes)  # the table's Need, as written
+    assert needed.group(2) == gib_figure(mem.gpu_usable_bytes)

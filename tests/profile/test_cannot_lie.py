@@ -154,8 +154,8 @@ def test_host_ram_says_whether_it_was_given_or_assumed(tmp_path, capsys):
     assert run(capsys, *TINY, "--out", str(given))[0] == 0
     assert load_profile(assumed).host_ram_source == "assumed" and load_profile(given).host_ram_source == "given"
     runbook = (assumed / "RUNBOOK.md").read_text()
-    assert "2,048.0 GiB (assumed: zlayout's default, not given at export with --host-ram-gib)" in runbook
-    assert "2,048.0 GiB per node" not in runbook.replace("(assumed", "")  # never the bare default
+    assert "2048 GiB (assumed: zlayout's default, not given at export with --host-ram-gib)" in runbook
+    assert "2048 GiB per node" not in runbook.replace("(assumed", "")  # never the bare default
     assert "64.0 GiB (given at export)" in (given / "RUNBOOK.md").read_text()
     assert "(assumed: zlayout's default" in run(capsys, "show", str(assumed))[1]
 

@@ -10,6 +10,7 @@ import pytest
 
 from zlayout.cli import main
 from zlayout.profile import attach_verification, load_profile, save_profile
+from zlayout.spec import gib_figure
 
 EXPORT_8B = ["export", "--preset", "llama3-8b", "--gpu", "h100", "--gpus-per-node", "8",
              "--stage", "3", "--offload-optimizer", "cpu", "--seq", "4096"]
@@ -209,7 +210,7 @@ def test_check_passes_on_matching_hardware(tmp_path, capsys, monkeypatch):
 @pytest.mark.parametrize("rows,failing,words", [
     ([H100_ROW] * 4, "GPUs visible", "4 visible, the profile runs 8"),
     (["NVIDIA A100-SXM4-80GB, 81920 MiB, 80000 MiB"] * 8, "GPU model", "this machine has NVIDIA A100"),
-    ([H100_ROW] * 7 + ["NVIDIA H100 80GB HBM3, 81559 MiB, 2000 MiB"], "GPU free memory", "GPU 7 has 2.0 GiB free"),
+    ([H100_ROW] * 7 + ["NVIDIA H100 80GB HBM3, 81559 MiB, 2000 MiB"], "GPU free memory", "GPU 7 has 1.95 GiB free"),
 ])
 def test_check_fails_on_a_mismatch(tmp_path, capsys, monkeypatch, rows, failing, words):
     _, out = export(tmp_path, capsys)
@@ -353,4 +354,4 @@ def test_check_and_alerts_of_a_layout_whose_cache_fills_the_card(tmp_path, capsy
     main(["check", str(out), "--json"])
     checks = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
     assert checks["GPU free memory"]["verdict"] == "pass", checks["GPU free memory"]
-    assert f"the run needs {pred.gpu_needed_bytes / 2**30:,.1f} GiB" in checks["GPU free memory"]["detail"]
+    assert f"the run needs {gib_figure(pred.gpu_needed_bytes)} GiB" in checks["GPU free memory"]["detail"]

@@ -19,7 +19,7 @@ from zlayout.profile.memory_svg import BAR_PX
 from zlayout.profile.prometheus import MiB, alerts_yaml, mib
 from zlayout.profile.runbook import (ALERTS_FILE, MEMORY_SVG_FILE, RUNBOOK_FILE, SECTIONS, diff_markdown,
                                      extra_files, render_runbook)
-from zlayout.spec import GiB, Layout
+from zlayout.spec import GiB, Layout, gib_figure
 
 READY = ("llama3-8b-8xh100", "llama3-70b-64xh100", "llama3-8b-1xh200-offload")
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -47,16 +47,16 @@ def _walk(value, key=""):
         yield key, value
 
 
-def profile_figures(profile) -> tuple[set[float], set[float], set[str]]:
+def profile_figures(profile) -> tuple[set[str], set[float], set[str]]:
     """Every GiB, seconds and parameter-count figure the profile holds, rounded as the runbook rounds."""
     gib, secs, params = set(), set(), {format_params(profile.inputs.model.params)}
     for key, value in _walk(profile.model_dump(mode="json")):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
         if key.endswith("bytes") or key.endswith("bytes_before") or key.endswith("bytes_after"):
-            gib.add(round(value / GiB, 1))
+            gib.add(gib_figure(value))
         elif key.endswith("_gib"):
-            gib.add(round(value, 1))
+            gib.add(gib_figure(value * GiB))
         elif (key.endswith("_s") or key.endswith("_s_before") or key.endswith("_s_after")) \
                 and not key.endswith("per_s"):
             secs.add(float(f"{value:.3g}"))
@@ -75,7 +75,7 @@ def assert_every_figure_is_the_profiles(profile, text: str) -> None:
               if isinstance(v, str) and re.search(r"\d", v)}
     for sentence in sorted(quoted, key=len, reverse=True):
         text = text.replace(sentence, "")
-    found_gib = [float(x.replace(",", "")) for x in re.findall(r"(\d[\d,]*\.\d) GiB", text)]
+    found_gib = re.findall(r"(?<![\w.,])(\d+(?:\.\d+)?) GiB", text)
     found_s = [float(x) for x in re.findall(r"(?<![\w.])(\d[\d.]*(?:e[+-]?\d+)?) s\b", text)]
     found_params = re.findall(r"\b(\d+(?:\.\d+)?[KMBT])\b(?! ?GiB)", text)
     assert found_gib and found_s
@@ -108,13 +108,15 @@ def test_ready_profile_runbook_has_every_section_and_the_profiles_figures(name):
     body = sections(text)
     s = profile.summary()
     summary = body["## Summary"]
-    assert re.search(rf"\| GPU memory, peak allocated \(predicted\) \| {re.escape(f'{s.gpu_peak_allocated_gib:,.1f}')} GiB "
-                     rf"of {re.escape(f'{s.gpu_capacity_gib:,.1f}')} GiB per GPU \|", summary)
-    assert f"{s.host_peak_gib:,.1f} GiB per node, of {s.host_capacity_gib:,.1f} GiB (assumed" in summary
+    pred = profile.prediction
+    assert re.search(rf"\| GPU memory, peak allocated \(predicted\) \| {gib_figure(pred.gpu_peak_allocated_bytes)} GiB "
+                     rf"of {gib_figure(s.gpu_capacity_bytes)} GiB per GPU \|", summary)
+    assert (f"{gib_figure(s.host_peak_bytes)} GiB per node, of {gib_figure(s.host_capacity_bytes)} GiB (assumed"
+            in summary)
     assert f"| Step time (predicted) | {s.step_time_s:.3g} s" in summary
     assert "**UNVERIFIED**" in summary
     for term in profile.prediction.terms:
-        assert f"| {term.name} | {term.bytes / GiB:,.1f} GiB |" in body["## What lives where"]
+        assert f"| {term.name} | {gib_figure(term.bytes)} GiB |" in body["## What lives where"]
     assert f"![Memory per GPU]({MEMORY_SVG_FILE})" in body["## What lives where"]
     limits = body["## Where it stops fitting"]
     assert f"**{format_params(profile.limits.max_params)}** parameters" in limits
@@ -122,7 +124,7 @@ def test_ready_profile_runbook_has_every_section_and_the_profiles_figures(name):
     assert f"micro-batch for this model with this layout: **{profile.limits.max_micro_batch}**" in limits
     assert len(re.findall(r"^\| (\*\*)?ZeRO-", limits, flags=re.M)) == len(profile.limits.layouts) == 13
     alerts = body["## Alerts"]
-    assert f"> {profile.alerts.gpu_memory.warn_allocated_above_bytes / GiB:,.1f} GiB per GPU" in alerts
+    assert f"> {gib_figure(profile.alerts.gpu_memory.warn_allocated_above_bytes)} GiB per GPU" in alerts
     assert f"DCGM_FI_DEV_FB_USED > {mib(profile.alerts.gpu_memory.warn_device_used_above_bytes)}" in alerts
     assert f"> {profile.alerts.step_time.warn_above_s:.3g} s" in alerts
     change_rows = [line for line in body["## Change log"].splitlines() if re.match(r"\| \d{4}-", line)]
@@ -151,7 +153,7 @@ def test_full_profile_runbook(full_profile, tmp_path):
     assert "save 41.2 s" in restart and "restart to first resumed step 12.5 s" in restart
     assert "restart wall time 97.5 s" in restart and "identical" in restart
     assert "Not drilled yet" not in restart
-    assert f"{full_profile.prediction.nvme_bytes / GiB:,.1f} GiB" in body["## What lives where"]
+    assert f"{gib_figure(full_profile.prediction.nvme_bytes)} GiB" in body["## What lives where"]
     assert "iostat" in body["## On-call notes"]
     assert "Checkpoint space" in body["## Alerts"]
     assert len([line for line in body["## Change log"].splitlines() if re.match(r"\| \d{4}-", line)]) == 2
@@ -365,8 +367,8 @@ def test_diff_markdown_gives_the_before_after_section(tmp_path, capsys):
     assert text.startswith(f"## Change: {pa.name} → {pb.name}\n")
     assert "| `inputs.training.seq` | 4096 | 8192 |" in text
     before, after = pa.prediction.gpu_peak_allocated_bytes, pb.prediction.gpu_peak_allocated_bytes
-    assert (f"| gpu_peak_allocated_bytes | predicted | {before / GiB:,.1f} GiB | {after / GiB:,.1f} GiB | "
-            f"+{(after - before) / GiB:,.1f} GiB ({(after - before) / before:+.1%}) |") in text
+    assert (f"| gpu_peak_allocated_bytes | predicted | {gib_figure(before)} GiB | {gib_figure(after)} GiB | "
+            f"+{gib_figure((after - before))} GiB ({(after - before) / before:+.1%}) |") in text
     assert main(["diff", str(a), str(b), "--markdown", "--json"]) == 2
 
 
@@ -384,16 +386,16 @@ def test_the_script_contract_gives_the_planners_figures(make_input, tmp_path):
                        Layout(stage=3))
     fp32 = changed(init="fp32-cpu").host_peak_bytes
     plan = profile.prediction
-    assert f"host peak {plan.host_peak_bytes / GiB:,.1f} GiB per node; built in fp32" in rows[0]
-    assert f"it is {fp32 / GiB:,.1f} GiB per node, {fp32 / plan.host_peak_bytes:.1f}x" in rows[0]
+    assert f"host peak {gib_figure(plan.host_peak_bytes)} GiB per node; built in fp32" in rows[0]
+    assert f"it is {gib_figure(fp32)} GiB per node, {fp32 / plan.host_peak_bytes:.1f}x" in rows[0]
     assert fp32 > 5 * plan.host_peak_bytes  # the 9x of issue 30, on this 8B model 10x
     longer = changed(seq=8192).gpu_peak_allocated_bytes
-    assert f"batches of 8,192 tokens need {longer / GiB:,.1f} GiB" in rows[2]
+    assert f"batches of 8,192 tokens need {gib_figure(longer)} GiB" in rows[2]
     unchecked = changed(checkpointing="none").gpu_peak_allocated_bytes
-    assert f"without it {unchecked / GiB:,.1f} GiB" in rows[3]
+    assert f"without it {gib_figure(unchecked)} GiB" in rows[3]
     other = changed(loop="trainer").gpu_peak_allocated_bytes
-    assert f"the trainer loop gives {other / GiB:,.1f} GiB" in rows[4]
-    assert f"8 ranks on GPU 0 would need {8 * plan.gpu_peak_allocated_bytes / GiB:,.1f} GiB" in rows[5]
+    assert f"the trainer loop gives {gib_figure(other)} GiB" in rows[4]
+    assert f"8 ranks on GPU 0 would need {gib_figure(8 * plan.gpu_peak_allocated_bytes)} GiB" in rows[5]
 
 
 def test_a_runbook_of_a_layout_that_does_not_fit_says_so(tmp_path):
@@ -432,7 +434,7 @@ def test_a_layout_whose_cache_fills_the_card_reads_full_in_the_runbook_and_show_
     assert fit.state == "fits-flushing" and fit.headroom_bytes > 0  # the case: a positive headroom, a full card
     profile = build_profile(inp, layout)
     text = render_runbook(profile)
-    needs = f"needs {fit.needed_bytes / GiB:.1f} GiB of {fit.capacity_bytes / GiB:.1f} GiB per GPU"
+    needs = f"needs {gib_figure(fit.needed_bytes)} GiB of {gib_figure(fit.capacity_bytes)} GiB per GPU"
     assert (f"| Fits | yes; the device will be full and the allocator flushes its cache about "
             f"{fit.flushes_per_step} times a step ({needs}) |") in text
     assert "to spare" not in text and f"its cache fills the card: flushed about {fit.flushes_per_step} times" in text

@@ -977,11 +977,16 @@ async def test_a_broken_model_preset_is_named_in_the_break_even_panel_not_hidden
             text = str(app.query_one("#breakeven").render())
             assert "llama3-bad.toml: invalid TOML" in text and "(at line 2, column 15)" in text
             assert [n.title for n in app._notifications] == ["Break-even not computed"]
+        from textual.widgets._toast import Toast
+
         compact = make_app(initial=inp)  # the panel is below the fold there: the toast says it
         async with compact.run_test(size=COMPACT, notifications=True) as pilot:
             await settle(pilot)
             await pilot.pause(0.2)
-            shown = " ".join(screen_text(compact).split())
+            toast = compact.screen.query_one(Toast)
+            shown = " ".join(" ".join(line[toast.region.x:toast.region.right].strip(" ▌")
+                                      for line in screen_text(compact).splitlines()[toast.region.y:toast.region.bottom])
+                             .split())
             assert "Break-even not computed" in shown and "cannot scale the llama3" in shown
     finally:
         breakeven.clear_caches()

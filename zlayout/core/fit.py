@@ -41,6 +41,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from zlayout.spec import gib_figure
+
 GiB = 2**30
 MiB = 2**20
 
@@ -134,15 +136,15 @@ class GpuFit:
     def summary(self) -> str:
         """One sentence for every surface (no trailing period)."""
         if not self.fits:
-            return (f"does not fit: needs {self.needed_bytes / GiB:.1f} GiB per GPU, "
-                    f"{self.limit_bytes / GiB:.1f} of {self.capacity_bytes / GiB:.1f} GiB is usable")
+            return (f"does not fit: needs {gib_figure(self.needed_bytes)} GiB per GPU, "
+                    f"{gib_figure(self.limit_bytes)} of {gib_figure(self.capacity_bytes)} GiB is usable")
         if self.state == "fits-flushing":
             return (f"fits; the device will be full and the allocator flushes its cache about "
                     f"{self.flushes_per_step} time{'s' if self.flushes_per_step != 1 else ''} a step, "
-                    f"+{self.flush_cost_s * 1000:.0f} ms (needs {self.needed_bytes / GiB:.1f} of "
-                    f"{self.capacity_bytes / GiB:.1f} GiB per GPU)")
+                    f"+{self.flush_cost_s * 1000:.0f} ms (needs {gib_figure(self.needed_bytes)} of "
+                    f"{gib_figure(self.capacity_bytes)} GiB per GPU)")
         return (f"fits; {self.headroom_fraction:.0%} of the card free at the peak (device used "
-                f"{self.device_used_bytes / GiB:.1f} of {self.capacity_bytes / GiB:.1f} GiB per GPU)")
+                f"{gib_figure(self.device_used_bytes)} of {gib_figure(self.capacity_bytes)} GiB per GPU)")
 
     def alert_thresholds(self) -> tuple[AlertThreshold, ...]:
         """Device-used thresholds an alert may fire on, each below the card's memory: "nearly
@@ -154,11 +156,11 @@ class GpuFit:
         if above_plan > self.device_used_bytes:
             out.append(AlertThreshold("above_plan", above_plan,
                                       f"device used per GPU more than {ABOVE_PLAN_FRACTION:.0%} above the plan's "
-                                      f"{self.device_used_bytes / GiB:.1f} GiB"))
+                                      f"{gib_figure(self.device_used_bytes)} GiB"))
         if self.device_used_bytes >= NEAR_CARD_FRACTION * self.capacity_bytes or self.flushes_per_step:
             out.append(AlertThreshold("nearly_full", nearly_full,
                                       f"device used per GPU within {1 - NEARLY_FULL_FRACTION:.0%} of the card's "
-                                      f"{self.capacity_bytes / GiB:.1f} GiB: the next larger request may not fit"))
+                                      f"{gib_figure(self.capacity_bytes)} GiB: the next larger request may not fit"))
         return tuple(out)
 
 

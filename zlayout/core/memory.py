@@ -25,7 +25,7 @@ from typing import Literal, NamedTuple
 from zlayout.core.fit import flush_cost_s
 from zlayout.core.tensors import (  # noqa: F401 (read from here by tests and benchmarks)
     NORM_PART_ELEMENTS, layer_tensor_sizes, parameter_tensor_sizes, stage3_live_param_elements, stage3_sub_groups)
-from zlayout.spec import GiB, Layout, ModelSpec, PlanInput, TrainingSpec, ZeroKnobs
+from zlayout.spec import GiB, Layout, ModelSpec, PlanInput, TrainingSpec, ZeroKnobs, gib_figure
 
 Where = Literal["gpu", "host", "nvme"]
 Category = Literal["model_states", "activations", "deepspeed_buffers", "overhead"]
@@ -160,10 +160,10 @@ class MemoryEstimate:
         if not self.fits_gpu:
             return self.gpu_fit.summary().removeprefix("does not fit: ")
         if not self.fits_host:
-            return (f"needs {self.host_peak_bytes / GiB:.0f} GiB of host RAM per node; "
-                    f"the node has {self.host_capacity_bytes / GiB:.0f} GiB")
-        return (f"needs {self.nvme_bytes / GiB:.0f} GiB of NVMe per node; "
-                f"the node has {self.nvme_capacity_bytes / GiB:.0f} GiB")
+            return (f"needs {gib_figure(self.host_peak_bytes)} GiB of host RAM per node; "
+                    f"the node has {gib_figure(self.host_capacity_bytes)} GiB")
+        return (f"needs {gib_figure(self.nvme_bytes)} GiB of NVMe per node; "
+                f"the node has {gib_figure(self.nvme_capacity_bytes)} GiB")
 
     @property
     def limited_by(self) -> str | None:

@@ -1,7 +1,7 @@
 """RUNBOOK.md: the handoff pack a team runs production with, generated from the profile.
 
 Pure: a Profile in, markdown text out (no I/O; every figure is one the profile holds, rounded as a
-person would: GiB to 0.1, seconds to 3 digits, except "What the training script must do", whose
+person would and as the app shows them: GiB as `spec.gib_figure` (0.42, 9.87, 75.3, 2128), seconds to 3 digits, except "What the training script must do", whose
 figures for a script that departs from the plan are the planner's from the profile's inputs). `extra_files` is what the
 profile writer puts beside profile.toml, so the runbook, its chart and the Prometheus rules are
 rewritten whenever the profile is (export, verify --update-profile, any change-log entry).

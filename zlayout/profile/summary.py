@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from zlayout.catalog import format_params
 from zlayout.profile.schema import Profile
-from zlayout.spec import GiB
+from zlayout.spec import GiB, gib_figure
 
 def gib(n: float | int | None) -> str:
-    return "-" if n is None else f"{n / GiB:,.1f} GiB"
+    return "-" if n is None else f"{gib_figure(n)} GiB"  # the app's figures (spec.gib_figure)
 
 
 def host_ram_text(profile: Profile) -> str:

@@ -19,6 +19,11 @@ from zlayout.tui.backends import (ProfileIO, cli_verifier, default_profile_io, v
 from zlayout.tui.fields import field_label
 from zlayout.tui.screens import ConfirmScreen, PathScreen, VerifyOptions, VerifyOptionsScreen, VerifyScreen
 
+# A toast is as wide as the inputs panel (app.tcss: it sits over the panel, off the table),
+# less its border and padding.
+TOAST_WIDTH = 36
+TOAST_TEXT_WIDTH = TOAST_WIDTH - 3
+
 if TYPE_CHECKING:  # the planner is imported after the app's first frame
     from zlayout.core.plan import Plan
 
@@ -41,12 +46,16 @@ class LayoutActionsMixin:
 
     def _ask_if_it_does_not_fit(self, plan: Plan, layout: Layout, what: str,
                                 then: Callable[[], None]) -> None:
-        lp = plan.for_layout(layout)
-        if lp.memory.fits:
+        """A layout that does not fit is acted on only after a yes to a question whose first
+        line is the dialog's own: the layout, why it does not fit and, when it is not ★, what
+        it costs against ★."""
+        if plan.for_layout(layout).memory.fits:
             then()
             return
+        from zlayout.tui.view import action_title
+
         self.push_screen(
-            ConfirmScreen(f"{layout.label} does not fit: {lp.memory.shortfall}. {what} it anyway?",
+            ConfirmScreen(f"{action_title(plan, layout, what)}. {what} it anyway?",
                           yes=f"{what} anyway (y)", no="Cancel (n)"),
             lambda yes: then() if yes else self.notify(f"Not {what.lower()}ed: pick a layout that fits "
                                                        "(★ is the recommended one).", title=what))
@@ -106,11 +115,10 @@ class LayoutActionsMixin:
         except Exception as exc:
             self.notify(f"Not exported: {exc}", severity="error", title="Export", markup=False)
             return
-        from zlayout.tui.view import path_lines
+        from zlayout.tui.view import short_path
 
-        # a toast is at most 60 columns or half the screen, less its padding and border
-        room = min(60, self.size.width // 2) - 6
-        self.notify(f"Exported {layout.label} to\n{path_lines(path, room)}", title="Export", markup=False)
+        # the layout and the path each on a line of their own: the toast breaks neither
+        self.notify(f"{layout.label}\n{short_path(path, TOAST_TEXT_WIDTH)}", title="Exported", markup=False)
 
     def action_load(self) -> None:
         io = self._resolve_profile_io()

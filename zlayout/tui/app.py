@@ -100,6 +100,10 @@ def _core_crossovers(inp: PlanInput, presets_dirs: tuple[str, ...] = ()) -> Sequ
 # (a dim frame shown briefly is a flicker, and costs the keystroke two redraws).
 UPDATING_DIM_AFTER_S = 0.25
 
+# With the inputs panel hidden a toast sits over the chart below the table; one too tall for
+# the lines there would cover the table's last rows: it lives this long instead of 5-15 s.
+TOAST_OVER_TABLE_S = 2.0
+
 COMPACT_WIDTH = 120  # below this the inputs panel starts hidden (ctrl+b shows it)
 
 # Keys that are not app bindings but that the help screen lists too.
@@ -274,6 +278,47 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
                 self.screen.set_focus(self.query_one("#input-tabs").query("Tabs").first())
         elif self.focused is not None and panel in self.focused.ancestors:
             self.screen.set_focus(self.query_one(LayoutTable))
+
+    def notify(self, message: str, *, title: str = "", severity: str = "information",
+               timeout: float | None = None, markup: bool = True) -> None:
+        """Textual's notify; a path in a plain message breaks only after a slash, and a toast
+        that would reach the table's figures is short-lived."""
+        if not markup:  # plain text, as every message quoting a path is sent
+            from zlayout.tui.actions import TOAST_TEXT_WIDTH
+
+            message = view.fold_at_slashes(message, TOAST_TEXT_WIDTH)
+        if self._toast_reaches_table(message, title):
+            timeout = min(timeout if timeout is not None else TOAST_OVER_TABLE_S, TOAST_OVER_TABLE_S)
+        super().notify(message, title=title, severity=severity, timeout=timeout, markup=markup)
+
+    def _toast_reaches_table(self, message: str, title: str) -> bool:
+        """Whether a toast of this text, stacked at the bottom left on those still shown, rises
+        into the table: only with the inputs panel hidden (open, a toast is no wider than the
+        panel) and fewer lines below the table than the stack's (each text folded into
+        TOAST_TEXT_WIDTH, a title line, and one line between toasts)."""
+        from rich.cells import cell_len
+
+        from zlayout.tui.actions import TOAST_TEXT_WIDTH
+
+        if self.show_inputs or not self.is_running:
+            return False
+        table = self.query_one(LayoutTable)
+        if not table.display or self.screen is not table.screen:
+            return False
+
+        def lines(text: str, heading: str) -> int:
+            return bool(heading) + sum(max(1, -(-cell_len(line) // TOAST_TEXT_WIDTH))
+                                       for line in text.split("\n"))
+
+        stack = lines(message, title) + sum(lines(n.message, n.title) + 1 for n in self._notifications)
+        # the table as it stands or as its rows will lay it out (a plan's first toast comes
+        # before the table has grown to its rows)
+        laid_out = table.row_count + 2  # its rows, the header and the top border
+        if table.styles.max_height is not None:
+            laid_out = min(laid_out, int(table.styles.max_height.value))
+        bottom = max(table.region.bottom, table.region.y + laid_out)
+        below_table = self.size.height - 1 - bottom  # the footer's line is not free
+        return stack > below_table
 
     # -- the plan -------------------------------------------------------------------------
 

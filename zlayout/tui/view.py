@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
-from zlayout.spec import GiB, Layout
+from zlayout.spec import Layout, gib_figure
 
 if TYPE_CHECKING:  # the app draws its first frame before the planner is imported
     from zlayout.core.memory import MemoryEstimate, MemoryTerm
@@ -87,14 +87,7 @@ def fmt_gib(n_bytes: int | float) -> str:
     """Bytes as GiB, always in GiB (every title and suffix says GiB): 0.42, 9.87, 99.9, 1234,
     10434. Five characters up to 99999 GiB; beyond, the whole figure (never a 'T' that would
     read as tera-GiB under a GiB title)."""
-    gib = n_bytes / GiB
-    if gib == 0:
-        return "·"
-    if abs(gib) < 10:
-        return f"{gib:.2f}"
-    if abs(gib) < 1000:
-        return f"{gib:.1f}"
-    return f"{gib:.0f}"
+    return "·" if n_bytes == 0 else gib_figure(n_bytes)
 
 
 def fmt_gb(n_bytes: int | float) -> str:
@@ -461,18 +454,43 @@ def wrap_keeping_figures(text: str, width: int) -> list[str]:
     return [line.replace("\u00a0", " ") for line in lines]
 
 
-def path_lines(path: str, width: int) -> str:
-    """A path broken after its slashes into lines of at most `width` cells (a toast wrapped
-    'profiles/llama3-8b-z3-opt_c' / 'pu-param_gpu' mid-name)."""
-    parts = re.findall(r"[^/]*/|[^/]+$", path) or [path]
-    lines, line = [], ""
-    for part in parts:
-        if line and len(line) + len(part) > width:
-            lines.append(line)
-            line = ""
-        line += part
-    lines.append(line)
+def fold_at_slashes(text: str, width: int) -> str:
+    """`text` wrapped at spaces into lines of `width` cells, a word longer than a line (a path
+    in an error) broken only after its slashes: the toast folded
+    '/tmp/pytest-of-root/pytest-1/test' / '_a_broken0/models/...' mid-name."""
+    lines = []
+    for paragraph in text.split("\n"):
+        line = ""
+        for word in paragraph.split(" "):
+            pieces = re.findall(r"[^/]*/|[^/]+$", word) if len(word) > width and "/" in word else [word]
+            for index, piece in enumerate(pieces):
+                glue = " " if index == 0 and line else ""
+                if line and len(line) + len(glue) + len(piece) > width:
+                    lines.append(line)
+                    line = piece
+                else:
+                    line += glue + piece
+        lines.append(line)
     return "\n".join(lines)
+
+
+def short_path(path: str, width: int) -> str:
+    """`path` in one line of at most `width` cells, broken nowhere: the file name whole and
+    as much of the directory as fits after an ellipsis ('…/team-llama/llama3-70b-z3-...').
+    A toast folded 'profiles/llama3-8b-z3-opt_c' / 'pu-param_gpu' mid-name. A name longer
+    than `width` alone is returned whole (the caller's line then wraps, but never a
+    directory)."""
+    if len(path) <= width:
+        return path
+    parts = path.rstrip("/").split("/")
+    shown = parts[-1]
+    if len(f"…/{shown}") > width:
+        return shown
+    for part in reversed(parts[:-1]):
+        if len(f"…/{part}/{shown}") > width:
+            break
+        shown = f"{part}/{shown}"
+    return f"…/{shown}"
 
 
 def recommendation_text(plan: Plan) -> str:
@@ -489,17 +507,28 @@ def recommendation_text(plan: Plan) -> str:
     return f"★ {rec.layout.label}: {rec.reason}"
 
 
+def fit_phrase(memory: MemoryEstimate) -> str:
+    """A layout's fit in a few words, in the table's Free figures: '14% free', 'full (its
+    cache flushes)', 'does not fit: needs 91.7 GiB per GPU, ...' (the core's shortfall)."""
+    if not memory.fits:
+        return f"does not fit: {memory.shortfall}"
+    free = gpu_figures(memory).free
+    return "fits, full (its cache flushes)" if free == "full" else f"fits, {free} free"
+
+
 def action_title(plan: Plan, layout: Layout, verb: str) -> str:
-    """The first line of the export and verify dialogs: the layout acted on and, when it is
-    not ★, what it costs against ★ (a pick made minutes ago must not be exported unread)."""
+    """The first line of the export and verify dialogs, and of the question before a layout
+    that does not fit: the layout acted on and, when it is not ★, what it costs against ★,
+    step time and fit (a pick made minutes ago must not be exported unread)."""
     rec = plan.recommendation.layout
     lp = plan.for_layout(layout)
     step = fmt_seconds(lp.time.step_time_s)
     if rec is None:
-        return f"{verb} {layout.label} ({step}/step; no layout fits)"
+        return f"{verb} {layout.label} ({step}/step; {fit_phrase(lp.memory)}; no layout fits)"
     if layout == rec:
-        return f"{verb} ★ {layout.label} ({step}/step, the recommended layout)"
-    star = plan.for_layout(rec).time.step_time_s
-    change = fmt_percent_change(lp.time.step_time_s, star)
+        return f"{verb} ★ {layout.label} ({step}/step, {fit_phrase(lp.memory)}, the recommended layout)"
+    star = plan.for_layout(rec)
+    change = fmt_percent_change(lp.time.step_time_s, star.time.step_time_s)
     return (f"{verb} {layout.label}, not ★: {step}/step, {change} against ★ {rec.label} "
-            f"({fmt_seconds(star)}/step)")
+            f"({fmt_seconds(star.time.step_time_s)}/step); {fit_phrase(lp.memory)} "
+            f"(★ {fit_phrase(star.memory)})")

@@ -401,35 +401,58 @@ class PlanPanel(Widget):
 class MemoryBars(PlanPanel):
     """Each layout's per-GPU memory as a stacked bar on the card's scale (the red │ at the
     right end is the capacity; a bar past it ends in a red ▶); the legend sits in the
-    bottom border. Every figure is drawn whole: the bars get what the labels and the widest
-    figure leave."""
+    bottom border, or, where its names do not fit there (below ~120 columns), under the bars,
+    wrapped between its entries: a colour is never left without its name. Every figure is
+    drawn whole: the bars get what the labels and the widest figure leave."""
 
     LABEL_WIDTH = 21
-
-    def watch_plan(self) -> None:
-        self._relegend()
-        super().watch_plan()
+    _names_in_border = True
 
     def on_resize(self) -> None:
-        self._relegend()
+        self._relayout_if_taller_or_shorter()
+
+    def _border_room(self) -> int:
+        # the border is the content, its padding (1 a side) and 2 corners; a space each side of the title
+        return self.size.width + 2 * 1 - 4
+
+    def _legend_names(self, sep: str) -> list[Text]:
+        return [Text.assemble(("■ ", CATEGORY_STYLES[key]), title + sep) for key, title in view.MEMORY_COLUMNS]
 
     def _relegend(self) -> None:
-        """The longest legend that fits the bottom border (Textual cuts a border title)."""
+        """The longest legend that fits the bottom border (Textual cuts a border title); the
+        names go under the bars (`draw`) when only the capacity fits there."""
         plan = self.plan
         capacity = plan.layouts[0].memory.gpu_capacity_bytes if plan and plan.layouts else 0
-        room = self.size.width + 2 * 1 - 4  # the border's width less its corners and a space each side
-        for titles, sep, cap in ((True, "  ", " capacity "), (True, " ", " cap "), (False, " ", " cap "), (False, "", " ")):
-            legend = Text()
-            for key, title in view.MEMORY_COLUMNS:
-                legend.append("■" + (" " if titles else ""), style=CATEGORY_STYLES[key])
-                legend.append(f"{title}{sep}" if titles else sep)
+        room = self._border_room()
+        forms = [(sep, cap) for sep, cap in (("  ", " capacity "), (" ", " cap "))]
+        forms += [(None, " capacity "), (None, " cap "), (None, " ")]
+        for sep, cap in forms:
+            legend = Text.assemble(*self._legend_names(sep)) if sep is not None else Text()
             legend.append("│", style="bold red")
             legend.append(f"{cap}{view.fmt_gib(capacity)} GiB")
             if legend.cell_len <= room:
                 break
+        self._names_in_border = sep is not None
         self.border_subtitle = legend.markup
 
+    def _legend_lines(self, width: int) -> Text | None:
+        """The legend's names wrapped into `width` cells, between entries; None when they
+        are in the border (`_relegend`)."""
+        if self._names_in_border:
+            return None
+        out, line_len = Text(), 0
+        for name in self._legend_names(" "):
+            if line_len and line_len + name.cell_len > width:
+                out.append("\n")
+                line_len = 0
+            out.append_text(name)
+            line_len += name.cell_len
+        return out
+
     def draw(self) -> Text:
+        # drawn once per plan and width (PlanPanel.render): the legend follows both here (a
+        # Resize alone did not always reach the panel when the inputs were shown)
+        self._relegend()
         plan = self.plan
         if plan is None:
             return Text("")
@@ -452,6 +475,9 @@ class MemoryBars(PlanPanel):
                 out.append(char, style=style)
             out.append(f" {bar.used_gib:>{figure_width}}", style="" if bar.fits_gpu else "bold red")
             out.append("\n")
+        legend = self._legend_lines(room)
+        if legend is not None:
+            out.append_text(legend)
         out.rstrip()
         return out
 
