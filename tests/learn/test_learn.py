@@ -92,8 +92,8 @@ def test_the_cuda_kernel_choice_follows_pytorchs_dispatcher():
 def test_math_attention_on_meta_requests_what_it_allocates_on_a_real_device():
     """The math fallback on the meta device: the requests of forward and backward, byte for byte,
     are those of real CPU tensors (the ledger sees ATen's ops, not what a kernel allocates inside),
-    float32 upcast and T x T probabilities included; its softmax as ATen runs it on CUDA (`_safe_softmax` is CompositeExplicitAutograd: softmax, eq(-inf), all,
-    where, four outputs alive together where the meta kernel makes one)."""
+    float32 upcast and T x T probabilities included; its softmax as the H200 runs it, where the
+    meta device's `_safe_softmax` kernel makes one tensor and its backward one."""
     events, forwards = {}, {}
     for device in ("meta", "cpu"):
         ledger = StorageLedger()
@@ -112,8 +112,11 @@ def test_math_attention_on_meta_requests_what_it_allocates_on_a_real_device():
     assert events["meta"] == events["cpu"]
     probabilities = 2 * 6 * 96 * 96 * 4  # float32
     assert probabilities in events["meta"]
-    # on meta, the scores, softmax's output, eq's bool mask and where's output alive at once
-    assert max(_running_peaks(forwards["meta"])) >= 3 * probabilities + probabilities // 4
+    # as the H200 ran it (h200-2026-12-03 probe_math_attention.py): the scores, softmax's output
+    # and eq's bool mask alive at once in the forward; in the backward, beside the saved
+    # probabilities, three gradients of their size
+    assert max(_running_peaks(forwards["meta"])) >= 2 * probabilities + probabilities // 4
+    assert max(_running_peaks(events["meta"])) >= 4 * probabilities
 
 
 def _running_peaks(events: list[int]) -> list[int]:

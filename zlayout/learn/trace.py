@@ -96,6 +96,7 @@ class StorageLedger(TorchDispatchMode):
         self.allocated_by_dtype: Counter = Counter()
         self.external: set[int] = set()
         self.sdpa_kernels: Counter = Counter()  # which kernel each attention call ran (cuda_sdpa_kernel)
+        self.safe_softmax_outputs: set[int] = set()  # storages `_safe_softmax` returned (its backward's extra)
 
     def exclude(self, tensors) -> None:
         """Storages made outside the step (weights, buffers, the input): a view of one (a
@@ -130,6 +131,17 @@ class StorageLedger(TorchDispatchMode):
         kwargs = kwargs or {}
         if func is torch.ops.aten._safe_softmax.default:
             return self._safe_softmax(*args, **kwargs)
+        if func is torch.ops.aten._softmax_backward_data.default and \
+                args[1].untyped_storage()._cdata in self.safe_softmax_outputs:
+            # its backward on CUDA holds a second tensor of the probabilities' size while it runs
+            # (h200-2026-12-03 probe_math_attention.py: three T x T float32 gradients at once)
+            scratch = torch.empty_like(args[1])
+            self._see(scratch)
+            out = func(*args, **kwargs)
+            self._see(out)
+            del scratch
+            self.count(func, args, kwargs, out, [out])
+            return out
         out = func(*args, **kwargs)
         outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         for tensor in outputs:
@@ -138,18 +150,19 @@ class StorageLedger(TorchDispatchMode):
         return out
 
     def _safe_softmax(self, x: torch.Tensor, dim: int, dtype=None) -> torch.Tensor:
-        """The math attention's softmax as CUDA runs it: ATen's `_safe_softmax` is
-        CompositeExplicitAutograd (SoftMax.cpp: softmax, `eq(-inf)`, `all`, `where`), four kernels
-        and their outputs alive together, where the meta device has one kernel of its own."""
+        """The math attention's softmax as CUDA runs it, where the meta device has one kernel of
+        its own. ATen's `_safe_softmax` (SoftMax.cpp: softmax, `eq(-inf)`, `all`, `where`); on the
+        H200 (torch 2.11, h200-2026-12-03 probe_math_attention.py) its requests are the softmax's
+        output and the one-byte `eq` mask beside it, freed, and no third tensor: the `where` writes
+        no new T x T tensor."""
         aten, run = torch.ops.aten, self.__torch_dispatch__
         if dtype is not None:
             x = run(aten._to_copy.default, (), (x,), {"dtype": dtype})
         out = run(aten._softmax.default, (), (x, dim, False))
         masked = run(aten.eq.Scalar, (), (x, float("-inf")))
-        masked_rows = run(aten.all.dim, (), (masked, dim, True))
         del masked
-        zero = run(aten.scalar_tensor.default, (), (0.0,), {"dtype": out.dtype, "device": out.device})
-        return run(aten.where.self, (), (masked_rows, zero, out))
+        self.safe_softmax_outputs.add(out.untyped_storage()._cdata)
+        return out
 
     def count(self, func, args, kwargs, out, outputs) -> None:
         name = func._overloadpacket.__name__
