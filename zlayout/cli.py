@@ -489,6 +489,11 @@ def _model_from_args(args: argparse.Namespace):
             _note(args, f"no model card for {args.hf_config}: its activations come from zlayout's hand "
                         f"model of {base.hf_model_type}; `zlayout learn --hf-config {shlex.quote(args.hf_config)}` "
                         "learns them from the transformers class")
+        if args.hf_config and base.card is not None and base.card.attention == "sdpa" \
+                and not base.card.attention_kernels:
+            _note(args, f"the model card {base.card.source} was learned before zlayout priced the attention "
+                        "kernel CUDA runs (the math fallback where no fused kernel takes the inputs, as "
+                        f"Falcon's); `zlayout learn --force --hf-config {shlex.quote(args.hf_config)}` learns it again")
         return ModelSpec.model_validate(data)
     if args.params is not None:
         try:

@@ -341,3 +341,24 @@ def test_a_config_the_model_code_cannot_run_is_one_line_exit_2(tmp_path, monkeyp
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
     assert "'deepseek_v3'" in err and "k not in range" in err and "Traceback" not in err
     assert not (tmp_path / "cards").exists() or not list((tmp_path / "cards").iterdir())
+
+
+def test_a_card_learned_before_attention_kernels_were_priced_is_named(tmp_path):
+    """A cached card without `attention_kernels` (learned by an older zlayout, which priced every
+    sdpa call as flash) still plans, with one note saying how to learn it again."""
+    config = small_config("falcon-multi-query")
+    path = tmp_path / "falcon.json"
+    path.write_text(json.dumps(config))
+    card = learn(config)
+    assert card["attention_kernels"] == ["math"]  # 4 query heads against 1 kv head: no fused kernel
+    card.pop("attention_kernels")
+    key = cards.config_key(config)
+    cards.write_card(tmp_path, key, cards.dumps_card(card, key, "falcon.json"), replace=False)
+    run = zlayout("plan", "--hf-config", str(path), "--gpus-per-node", "1", "--seq", "512", cards_dir=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert "learned before zlayout priced the attention kernel" in run.stderr
+    assert f"zlayout learn --force --hf-config {path}" in run.stderr
+    (tmp_path / f"{key}.toml").unlink()
+    cards.write_card(tmp_path, key, cards.dumps_card(learn(config), key, "falcon.json"), replace=False)
+    again = zlayout("plan", "--hf-config", str(path), "--gpus-per-node", "1", "--seq", "512", cards_dir=tmp_path)
+    assert again.returncode == 0 and "learned before" not in again.stderr
