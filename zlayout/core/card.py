@@ -67,7 +67,7 @@ def _net_and_peak(requests: tuple[Poly, ...], micro_batch: int, seq: int) -> tup
 ATTENTION_OPS = frozenset({"attention_forward", "attention_backward"})
 BATCHED_GEMM_OPS = frozenset({"bmm", "baddbmm"})
 GROUPED_GEMM_OPS = frozenset({"_grouped_mm"})
-FP32_GEMM_SUFFIX = "_fp32"  # a matmul on float32 inputs (zlayout.learn.trace.FP32_SUFFIX): the math attention's
+FP32_GEMM_SUFFIX = "_fp32"  # a matmul on float32 inputs (the learner's ledger names them so): the math attention's
 WORK_PHASES = ("forward", "backward", "checkpointed_forward", "checkpointed_backward")
 
 

@@ -29,6 +29,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
+from zlayout.core.card import FP32_GEMM_SUFFIX
+
 
 @dataclass
 class Window:
@@ -68,8 +70,6 @@ def grouped_mm_flops(mat_a: torch.Tensor, mat_b: torch.Tensor, *args, out_val: t
     return 2 * out_val.numel() * contraction
 
 
-# The name suffix of a matmul on float32 inputs (`StorageLedger.count`; core.card prices them apart).
-FP32_SUFFIX = "_fp32"
 # FLOP formulas for ops torch's flop counter does not know.
 EXTRA_FLOPS = {torch.ops.aten._grouped_mm: grouped_mm_flops}
 
@@ -131,21 +131,18 @@ class StorageLedger(TorchDispatchMode):
         kwargs = kwargs or {}
         if func is torch.ops.aten._safe_softmax.default:
             return self._safe_softmax(*args, **kwargs)
+        scratch = None
         if func is torch.ops.aten._softmax_backward_data.default and \
                 args[1].untyped_storage()._cdata in self.safe_softmax_outputs:
             # its backward on CUDA holds a second tensor of the probabilities' size while it runs
             # (h200-2026-12-03 probe_math_attention.py: three T x T float32 gradients at once)
             scratch = torch.empty_like(args[1])
             self._see(scratch)
-            out = func(*args, **kwargs)
-            self._see(out)
-            del scratch
-            self.count(func, args, kwargs, out, [out])
-            return out
         out = func(*args, **kwargs)
         outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         for tensor in outputs:
             self._see(tensor)
+        del scratch  # freed once the output is made
         self.count(func, args, kwargs, out, outputs)
         return out
 
@@ -173,7 +170,7 @@ class StorageLedger(TorchDispatchMode):
         flops = int(formula(*args, **kwargs, out_val=out)) if formula is not None else 0
         inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         if flops and inputs and inputs[0].dtype == torch.float32:
-            name += FP32_SUFFIX  # a float32 matmul in a bf16 step (the math attention's): no tensor cores
+            name += FP32_GEMM_SUFFIX  # a float32 matmul in a bf16 step (the math attention's): no tensor cores
         if name in GATHERS and inputs:  # reads the rows it returns, not the whole table
             inputs = inputs[1:]
             moved = 2 * sum(_bytes(t) for t in outputs)
