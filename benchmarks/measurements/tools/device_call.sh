@@ -1,0 +1,52 @@
+#!/bin/bash
+# The device script of the H200 measurement folders from h200-2026-12-03b on (the earlier folders
+# keep the exact script their calls ran). Called once per device call, from the repository root,
+# with the parts to run; the node keeps /tmp/site and the built DeepSpeed ops while it stays warm,
+# and a fresh node gets them again.
+#   setup            install the carried wheels, record the host, build fused Adam, then CPU Adam
+#                    (before any timed run: a JIT build killed by a timeout leaves a lock)
+#   fam:FILE         zlayout verify --batch FILE (held-out lines, predicted before: see the folder's README)
+#   trace:FILE:LINE  an allocator trace (tools/allocator_trace.py) of line LINE of batch FILE
+# A batch's cards are read from heldout/cards beside it. Every part stops 30 s before DEADLINE
+# (seconds from the start of this call).
+DEADLINE=${DEADLINE:-570}
+R=/tmp/call; mkdir -p $R
+if [ ! -f /tmp/site/.zlayout-ready ]; then
+  source benchmarks/measurements/tools/h200_node_setup.sh "node-$(date +%H%M%S)" && touch /tmp/site/.zlayout-ready
+else
+  export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 \
+    TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 HF_HUB_OFFLINE=1
+  OUT=${OUT:-/tmp/verify-out}; mkdir -p "$OUT"
+fi
+left() { echo $(( DEADLINE - SECONDS )); }
+build() {  # name builder: as the verify worker loads it (corrected TORCH_CUDA_ARCH_LIST)
+  [ -f /tmp/built-$1 ] && return
+  local s=$SECONDS
+  python3 -c "from zlayout.verify.environment import corrected_env as c; import os; os.environ.update(c(dict(os.environ))[0]); from deepspeed.ops.op_builder import $2 as B; B().load()" > "$R/build-$1.log" 2>&1 \
+    && touch /tmp/built-$1; echo "build $1: rc $? in $((SECONDS - s)) s"; }
+for part in "$@"; do
+  case $part in
+    setup)
+      build fused FusedAdamBuilder
+      build cpuadam CPUAdamBuilder ;;
+    fam:*)
+      f=${part#fam:}; n=$(basename $f .txt)
+      [ $(left) -gt 90 ] || { echo "$n: no time left"; continue; }
+      ZLAYOUT_CARDS_DIR=$PWD/$(dirname $f)/heldout/cards timeout -s TERM $(( $(left) - 10 )) \
+        python3 -m zlayout verify --batch $f --out /tmp/$n --deadline $(( $(left) - 100 )) > $OUT/$n.log 2>&1
+      echo "$n rc=$? at ${SECONDS}s"
+      cp /tmp/$n/results.jsonl $OUT/$n-results.jsonl 2>/dev/null
+      tail -5 $OUT/$n.log ;;
+    trace:*)
+      spec=${part#trace:}; f=${spec%:*}; n=${spec##*:}
+      [ $(left) -gt 150 ] || { echo "trace $spec: no time left"; continue; }
+      args=$(grep -v '^#' $f | sed -n "${n}p" | sed 's/--loop [a-z]*//; s/--gpus-per-node 1 --gpu h200//; s/--host-cores 16//; s/--steps 4//')
+      OUT=$OUT ZLAYOUT_CARDS_DIR=$PWD/$(dirname $f)/heldout/cards timeout -s TERM $(( $(left) - 20 )) \
+        torchrun --standalone --nproc_per_node 1 benchmarks/measurements/tools/allocator_trace.py \
+        --name trace-$n-$(basename $f .txt) -- $args --gpus-per-node 1 --gpu h200 > $OUT/trace-$n.log 2>&1
+      echo "trace $spec rc=$? $(grep -h '^TRACE' $OUT/trace-$n.log)" ;;
+    *) echo "unknown part $part" ;;
+  esac
+done
+cp $R/build-*.log $OUT/ 2>/dev/null
+echo "call finished at ${SECONDS}s"
