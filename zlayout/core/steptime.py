@@ -12,6 +12,8 @@ the values, the evidence, in-sample, leave-one-out and held-out errors), price i
   the head's GEMMs much slower when the vocabulary is not a multiple of 8.
 - Flash attention: 4 x layers x q width x seq FLOPs per token forward, halved by the causal
   kernel, at `ATTENTION_EFFICIENCY`; backward 2.5 forwards, the recompute one more.
+  Given an explicit mask (a sliding window past its width; a card's `masked_attention_*` ops) the
+  full square, at `MASKED_ATTENTION_EFFICIENCY`.
 - Elementwise, norm, activation, rotary, loss and gradient-bookkeeping work: counted HBM bytes at
   80% of the HBM bandwidth; transformers classes (`impl = "hf"`) add their unfused RMSNorm,
   rotary and repeat_kv bytes.
