@@ -120,13 +120,14 @@ def _carded_moe_replayed(inp, layout) -> bool:
     return _replays_card(inp.model, inp.training) and not gathers
 
 
-def card_blocks(inp, s: _Seq, first_matmul) -> CardBlocks | None:
-    """The replay's blocks from the model's learned card, or None (the hand-written blocks)."""
+def card_blocks(inp, s: _Seq, first_matmul, leaf: tuple[int, ...] = ()) -> CardBlocks | None:
+    """The replay's blocks from the model's learned card, or None (the hand-written blocks);
+    `leaf`: Replay.leaf_gradients."""
     model, t = inp.model, inp.training
     if not _replays_card(model, t):
         return None
     return CardBlocks(model.card, s, model.layers, t.micro_batch, t.seq, t.checkpointing == "full",
-                      model.norm == "rmsnorm", first_matmul)
+                      model.norm == "rmsnorm", first_matmul, leaf)
 
 
 @dataclass
@@ -166,7 +167,7 @@ class _Training:
         # The seam for a model's own per-block requests: one block's forward, its checkpoint
         # recompute and its backward, over `s.a` / `s.f`; from a learned model card
         # (core/card.py) where the model has one, the rest of the step unchanged.
-        self.card = card_blocks(inp, r.s, r.first_matmul)
+        self.card = card_blocks(inp, r.s, r.first_matmul, r.leaf_gradients)
         self.blocks = self.hand if self.card is None else self.card
         # the final norm, the head and the loss from the card too (`card_head_forward`)
         self.card_head = self.card is not None and heads_from_cards
