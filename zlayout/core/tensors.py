@@ -74,10 +74,11 @@ def zero3_leaf_moe_tensor_sizes(model: ModelSpec, impl: str) -> tuple[int, ...]:
     Qwen3-MoE blocks (a config of that model_type, or a hand-entered MoE of Mixtral's shape,
     which the worker builds as Mixtral): the router (experts x hidden) and the fused experts
     (gate/up, then down: 3D tensors), Qwen3-MoE's experts before its router; Qwen2-MoE's shared
-    expert (gate_proj, up_proj, down_proj) and its gate after them (transformers 5.24). stage3.py create_reduce_and_remove_grad_hooks registers no gradient hook on
-    these: one full backward hook on the block (reduce_leaf_module_grads) hands each of their
-    gradients to reduce_ready_partitions_and_remove_grads once the block's input gradient is
-    made, in this order, so all of them are alive when the first is reduced."""
+    expert (gate_proj, up_proj, down_proj) and its gate after them (transformers 5.24).
+    stage3.py create_reduce_and_remove_grad_hooks registers no gradient hook on these: one full
+    backward hook on the block (reduce_leaf_module_grads) hands each of their gradients to
+    reduce_ready_partitions_and_remove_grads once the block's input gradient is made, in this
+    order, so all of them are alive when the first is reduced."""
     if impl != "hf" or not model.is_moe:
         return ()
     if model.hf_model_type not in ZERO3_LEAF_MOE_TYPES and not (model.hf_model_type is None and mixtral_shaped(model)):
