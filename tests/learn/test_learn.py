@@ -71,6 +71,34 @@ def test_the_fused_attention_stand_in_keeps_no_probabilities():
     assert out.shape == (1, heads, tokens, dim)
 
 
+@pytest.mark.parametrize("name", ["gpt_neox", "deepseek_v3", "llama-defaults"])
+def test_the_fused_attention_output_keeps_querys_layout_as_cudnn_does(name, monkeypatch):
+    """cuDNN attention (the H200's first choice) and flash allocate their output in q's memory
+    order; partial rotary's `torch.cat` (gpt_neox) and MLA's (deepseek_v3) leave q in (batch,
+    heads, seq, dim) memory, so transformers' transpose + contiguous after attention copies the
+    output and the dense projection saves the copy. Each block's forward requests, with the
+    stand-in, are those of torch's own cuDNN kernel on the meta device (its meta function is
+    `alloc_with_matching_layout`, as cudnn/MHA.cpp), less cuDNN's two 8-byte philox scalars;
+    an output always in (batch, seq, heads, dim) memory misses gpt_neox's copy."""
+    import zlayout.learn.learner as learner
+
+    def forward_requests() -> list[list[int]]:
+        model = built(small_config(name), "meta", "sdpa")
+        step = measure(trace_step(model, block_list(model), 256, checkpointing=False), 2)
+        return [[n for n in step["blocks"][index]["forward"] if abs(n) != 8] for index in (0, 1)]
+
+    stand_in = forward_requests()
+
+    def cudnn_sdpa(ledger, math_sdpa=None):
+        def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+            return torch.ops.aten._scaled_dot_product_cudnn_attention(
+                query, key, value, attn_mask, True, dropout_p, is_causal, False, scale=scale)[0]
+        return sdpa
+
+    monkeypatch.setattr(learner, "fused_attention", cudnn_sdpa)
+    assert stand_in == forward_requests()
+
+
 def test_the_cuda_kernel_choice_follows_pytorchs_dispatcher():
     """sdp_utils.cpp's filters: flash without a mask (grouped heads only with enable_gqa), the
     memory-efficient kernel with one (equal heads), math when neither takes the inputs."""

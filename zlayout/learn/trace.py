@@ -222,14 +222,36 @@ def _attention_op(phase: str, masked: bool) -> str:
     return f"masked_attention_{phase}" if masked else f"attention_{phase}"
 
 
+def _output_like_query(query: torch.Tensor, dim_v: int) -> torch.Tensor:
+    """A fused kernel's output (batch, heads, seq, dim_v), laid out in memory in query's stride
+    order. Flash allocates it `empty_like` its (batch, seq, heads, dim) view of q (flash_api.cpp
+    mha_fwd, `out = at::empty_like(q_padded)`), cuDNN (torch 2.11 on sm90 / sm100 puts it first:
+    sdp_utils.cpp `check_prefer_cudnn_attention`) with `alloc_with_matching_layout(q, o, ...)`
+    (cudnn/MHA.cpp, an argsort of q's strides); both keep q's order. Where q is (batch, seq,
+    heads, dim) memory (a projection viewed and transposed) transformers' `transpose(1, 2)
+    .contiguous()` after attention copies nothing; where q is (batch, heads, seq, dim) memory
+    (partial rotary's `torch.cat`: gpt_neox, stablelm, phi; MLA's q) it copies the output, and
+    the next projection saves the copy while attention saves its own output: one more output's
+    bytes per block (h200-2026-12-03 probe_blocks: pythia-6.9b-L8 and deepseek-v3-L3 on the H200).
+    The memory-efficient kernel alone allocates (batch, seq, heads, dim) whatever q's layout
+    (attention.cu `_efficient_attention_forward`); where the ledger picks it (a mask, or MLA's
+    unequal head sizes) an sm90 GPU runs cuDNN instead, so its output too is taken in q's order:
+    the larger of the two, one output copy per block over a pre-sm90 GPU's for such a model."""
+    batch, heads, seq, _ = query.shape
+    order = sorted(range(4), key=lambda dim: query.stride(dim), reverse=True)  # outermost first
+    shape = (batch, heads, seq, dim_v)
+    out = torch.empty([shape[dim] for dim in order], dtype=query.dtype, device=query.device)
+    return out.permute([order.index(dim) for dim in range(4)])
+
+
 class _FusedAttention(torch.autograd.Function):
     """scaled_dot_product_attention as the CUDA kernels run it, on the meta device.
 
     On meta, sdpa falls back to the math path, which saves the (tokens x tokens) probabilities;
     the fused kernels do not. From PyTorch's source (aten/src/ATen/native/transformers/cuda):
     flash attention (`_scaled_dot_product_flash_attention`, no mask) returns the output in
-    (batch, seq, heads, dim) memory (so transformers' transpose + contiguous copies nothing)
-    and a float32 logsumexp (batch, heads, seq), and saves q, k, v, out and logsumexp; its
+    query's memory order (`_output_like_query`) and a float32 logsumexp (batch, heads, seq), and
+    saves q, k, v, out and logsumexp; its
     backward (flash_api.cpp mha_bwd) allocates dq, dk, dv, a float32 softmax_d (batch, heads,
     seq rounded to 128) and a float32 dq accumulator (batch, seq rounded to 128, heads, dim
     rounded to 32). With a mask the memory-efficient kernel runs instead: logsumexp with the
@@ -247,7 +269,7 @@ class _FusedAttention(torch.autograd.Function):
     def forward(ctx, query, key, value, ledger, masked, causal):
         batch, heads, seq, _ = query.shape
         dim_v = value.shape[-1]
-        out = torch.empty(batch, seq, heads, dim_v, dtype=query.dtype, device=query.device).transpose(1, 2)
+        out = _output_like_query(query, dim_v)
         lse_seq = _round_up(seq, 32) if masked else seq
         lse = torch.empty(batch, heads, lse_seq, dtype=torch.float32, device=query.device)
         ctx.save_for_backward(query, key, value, out, lse)
