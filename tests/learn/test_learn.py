@@ -99,6 +99,19 @@ def test_the_fused_attention_output_keeps_querys_layout_as_cudnn_does(name, monk
     assert stand_in == forward_requests()
 
 
+def test_a_masked_fused_attention_output_is_the_memory_efficient_kernels_layout():
+    """With a mask the memory-efficient kernel allocates its output (batch, seq, heads, dim) whatever
+    q's layout (attention.cu), as torch's own meta kernel does: no copy after attention."""
+    ledger = StorageLedger()
+    q = torch.empty(2, 4, 64, 32, dtype=torch.bfloat16, device="meta")  # (batch, heads, seq, dim) memory
+    mask = torch.empty(2, 1, 64, 64, dtype=torch.bfloat16, device="meta")
+    with ledger:
+        out = fused_attention(ledger)(q, q, q, attn_mask=mask)
+    efficient = torch.ops.aten._scaled_dot_product_efficient_attention(q, q, q, mask, True)[0]
+    assert ledger.sdpa_kernels == {"efficient": 1}
+    assert out.stride() == efficient.stride() and out.transpose(1, 2).is_contiguous()
+
+
 def test_the_cuda_kernel_choice_follows_pytorchs_dispatcher():
     """sdp_utils.cpp's filters: flash without a mask (grouped heads only with enable_gqa), the
     memory-efficient kernel with one (equal heads), math when neither takes the inputs."""

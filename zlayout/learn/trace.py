@@ -233,10 +233,12 @@ def _output_like_query(query: torch.Tensor, dim_v: int) -> torch.Tensor:
     (partial rotary's `torch.cat`: gpt_neox, stablelm, phi; MLA's q) it copies the output, and
     the next projection saves the copy while attention saves its own output: one more output's
     bytes per block (h200-2026-12-03 probe_blocks: pythia-6.9b-L8 and deepseek-v3-L3 on the H200).
-    The memory-efficient kernel alone allocates (batch, seq, heads, dim) whatever q's layout
-    (attention.cu `_efficient_attention_forward`); where the ledger picks it (a mask, or MLA's
-    unequal head sizes) an sm90 GPU runs cuDNN instead, so its output too is taken in q's order:
-    the larger of the two, one output copy per block over a pre-sm90 GPU's for such a model."""
+    The memory-efficient kernel allocates (batch, seq, heads, dim) whatever q's layout
+    (attention.cu `_efficient_attention_forward`): `_FusedAttention` keeps that for masked calls,
+    where the H200 made no copy (h200-2026-12-02c phi3-mini-L8, window 2047 at 2 x 4096: +0.2%
+    without it, +2.7% with it). MLA's unmasked calls (q and v head sizes differ: no flash) run
+    cuDNN on the H200 (probe_blocks: deepseek-v3-L3) and take q's order here; a pre-sm90 GPU runs
+    the memory-efficient kernel for them, one output's bytes per block less than the card holds."""
     batch, heads, seq, _ = query.shape
     order = sorted(range(4), key=lambda dim: query.stride(dim), reverse=True)  # outermost first
     shape = (batch, heads, seq, dim_v)
@@ -250,12 +252,13 @@ class _FusedAttention(torch.autograd.Function):
     On meta, sdpa falls back to the math path, which saves the (tokens x tokens) probabilities;
     the fused kernels do not. From PyTorch's source (aten/src/ATen/native/transformers/cuda):
     flash attention (`_scaled_dot_product_flash_attention`, no mask) returns the output in
-    query's memory order (`_output_like_query`) and a float32 logsumexp (batch, heads, seq), and
-    saves q, k, v, out and logsumexp; its
+    query's memory order, as cuDNN does (`_output_like_query`), and a float32 logsumexp (batch,
+    heads, seq), and saves q, k, v, out and logsumexp; its
     backward (flash_api.cpp mha_bwd) allocates dq, dk, dv, a float32 softmax_d (batch, heads,
     seq rounded to 128) and a float32 dq accumulator (batch, seq rounded to 128, heads, dim
-    rounded to 32). With a mask the memory-efficient kernel runs instead: logsumexp with the
-    sequence rounded to 32, and a float32 delta (batch, heads, seq) in backward.
+    rounded to 32). With a mask the memory-efficient kernel runs instead: its output in (batch,
+    seq, heads, dim) memory, logsumexp with the sequence rounded to 32, and a float32 delta
+    (batch, heads, seq) in backward.
 
     The work: 4 (forward) and 10 (backward) x batch x heads x q x k x dim FLOPs, halved with
     is_causal (the kernels skip the tiles above the diagonal). An explicit attn_mask (transformers
@@ -269,7 +272,10 @@ class _FusedAttention(torch.autograd.Function):
     def forward(ctx, query, key, value, ledger, masked, causal):
         batch, heads, seq, _ = query.shape
         dim_v = value.shape[-1]
-        out = _output_like_query(query, dim_v)
+        if masked:  # the memory-efficient kernel's (batch, seq, heads, dim) output
+            out = torch.empty(batch, seq, heads, dim_v, dtype=query.dtype, device=query.device).transpose(1, 2)
+        else:
+            out = _output_like_query(query, dim_v)
         lse_seq = _round_up(seq, 32) if masked else seq
         lse = torch.empty(batch, heads, lse_seq, dtype=torch.float32, device=query.device)
         ctx.save_for_backward(query, key, value, out, lse)
