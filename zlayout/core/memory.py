@@ -800,18 +800,23 @@ def stage12_offload_cast_phase(c: _Layout, states: int, saved: int, head_in: int
       with every activation and the recompute, as a bound.
     - One that fits the bucket is copied into it; kept as it was, the bf16 gradient and its fp32
       cast with every activation (a bound: the bucket is flushed once later gradients fill it).
-    The larger of the vocabulary's and the blocks' (allocated bytes, the largest request)."""
+    The largest tensor's; for a tied embedding the larger of its and the blocks' largest
+    (allocated bytes, the largest request)."""
     model, zero, w = c.model, c.zero, c.w
+    every = saved + head_in + recompute
 
     def cast(numel: int, alive: int) -> tuple[int, int]:
         if numel <= zero.reduce_bucket_size:
-            return states + saved + head_in + recompute + ipg + numel * (w + FP32_BYTES), numel * FP32_BYTES
+            return states + every + ipg + numel * (w + FP32_BYTES), numel * FP32_BYTES
         part = min(numel, c.p_shard)  # this GPU's share of it (grad_position's num_elements)
         return states + alive + ipg + numel * w + part * 8, part * 8
 
-    vocab = model.vocab * model.hidden
-    return max(cast(vocab, 0 if model.tie_embeddings else saved),
-               cast(largest_block_tensor_numel(model), saved + head_in + recompute))
+    largest, vocab = model.largest_tensor_numel(), model.vocab * model.hidden
+    if largest != vocab or largest <= zero.reduce_bucket_size:
+        return cast(largest, every)
+    if not model.tie_embeddings:
+        return cast(vocab, saved)  # the head's
+    return max(cast(vocab, 0), cast(largest_block_tensor_numel(model), every))
 
 
 def stage3_offload_reduce_phases(c: _Layout, states: int, live: int, saved: int, recompute: int,

@@ -41,8 +41,7 @@ class GradientReduction:
     def start_backward(self) -> None:
         self.filled = 0
         self.in_bucket: list[int] = []
-        # stage 3, and stage 1/2 with the optimizer on the host: gradients larger than the bucket,
-        # held whole until their bucket is reduced
+        # stage 3: gradients larger than the bucket, held whole until their bucket is reduced
         self.held: list[int] = []
         self.reduced: list[int] = []  # held gradients reduced, freed at the next reduction (`flush`)
         # stage 1/2 with the optimizer on the GPU, more than one GPU: elements in the IPG bucket
@@ -69,16 +68,13 @@ class GradientReduction:
         element, freed at once) and async_inplace_copy_grad_to_fp32_buffer_from_gpu
         (`.to(fp32)` then a non-blocking copy to the pinned partition, freed on return);
         between boundaries async_accumulate_grad_in_cpu_via_gpu only uses the
-        preallocated temp_grad_buffer_for_gpu_offload. A gradient larger than the bucket
-        (`held`, alone in it) is freed after its casts (clear_grad_attribute)."""
+        preallocated temp_grad_buffer_for_gpu_offload."""
         s = self.s
         self.flatten_reduced(sum(self.in_bucket))
         if self.boundary:
             for size in self.in_bucket:
                 s.transient(size * 8, self.grad_stream)
                 s.transient(size * 4, self.grad_stream)
-        s.f(*self.held)  # clear_grad_attribute once it is copied to the host
-        self.held.clear()
         self.in_bucket.clear()
         self.filled = 0
 
@@ -198,11 +194,6 @@ class GradientReduction:
                         self.offload_flush()
                     self.in_bucket.append(size)
                     self.filled += size
-                    if size > zero.reduce_bucket_size:
-                        # not copied into the bucket: held whole in .grad (extra_large_param_
-                        # to_reduce) to its lone bucket's casts; with the optimizer on the host
-                        # as a clone (_offload_gradient_safety_enabled), the original freed
-                        self.held.append(s.a(size * w))
                 s.f(*weight_grads)
                 if stage == 1 and self.accumulating:
                     s.f(*self.grads[:len(weight_grads)])
