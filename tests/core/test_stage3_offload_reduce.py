@@ -8,14 +8,21 @@ weight still gathered. Issue 27's held-out rows (phi3.5-moe's 3-D experts, comma
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 
 from zlayout import cards
 from zlayout.cli import build_parser, plan_input_from_args
+from zlayout.core import allocator_sim
+from zlayout.core.allocator_sim import allocation_sequence
 from zlayout.core.memory import MISC_GPU_BYTES, estimate_memory, stage3_offload_reduce_bytes
+from zlayout.core.tensors import zero3_leaf_moe_tensor_sizes
 from zlayout.spec import Layout, ZeroKnobs
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from measurements import read_trace  # noqa: E402  benchmarks/measurements.py: the traces' one reader
 
 HELDOUT = Path(__file__).resolve().parents[2] / "benchmarks" / "measurements" / "h200-2026-12-02c" / "heldout"
 ZERO = ZeroKnobs()  # reduce_bucket_size 5e8
@@ -109,3 +116,82 @@ def test_a_3d_expert_gradient_peaks_in_the_last_blocks_backward(phimoe):
                                             + gate_up * (2 + 2 + 4) + MISC_GPU_BYTES)
     # the measured peak (h200-2026-12-02d, phi3.5-moe-L2, every step): within 1%
     assert est.gpu_peak_allocated_bytes == pytest.approx(14_566_761_472, rel=1e-2)
+
+
+# --- a sparse MoE block that ZeRO-3 treats as a leaf module (Mixtral, Qwen2-MoE, Qwen3-MoE) -----
+
+MEASURED = HELDOUT.parent.parent
+MIXTRAL_8X22B = MEASURED / "h200-2026-12-02e" / "heldout"
+MIXTRAL_TRACE = MEASURED / "h200-2026-12-03b" / "results" / "trace-4-batch-heldout-a.json.gz"
+EXPERTS, HIDDEN, EXPERT_FFN = 8, 6144, 16384  # Mixtral-8x22B
+GATE_UP, DOWN = EXPERTS * 2 * EXPERT_FFN * HIDDEN, EXPERTS * EXPERT_FFN * HIDDEN
+
+
+@pytest.fixture
+def mixtral(monkeypatch):
+    """Mixtral-8x22B with 2 layers at ZeRO-3, the optimizer on the CPU (h200-2026-12-02e's
+    batch-heldout-a line 4, the trainer's loop as its allocator trace ran it)."""
+    monkeypatch.setenv(cards.CARDS_DIR_ENV, str(MIXTRAL_8X22B / "cards"))
+    inp = plan("--hf-config", str(MIXTRAL_8X22B / "configs" / "mixtral-8x22b-L2.json"), "--impl", "hf",
+               "--seq", "4096", "--micro-batch", "1", "--loop", "trainer")
+    assert inp.model.card is not None
+    return inp.model_copy(update={"headroom_fraction": 0.0})
+
+
+def test_deepspeeds_default_leaf_moe_blocks_list_their_weights_in_parameter_order(mixtral):
+    m = mixtral.model
+    assert zero3_leaf_moe_tensor_sizes(m, "hf") == (EXPERTS * HIDDEN, GATE_UP, DOWN)  # router, experts
+    assert zero3_leaf_moe_tensor_sizes(m, "zlayout") == ()  # zlayout's own GPT has no leaf module
+    # Qwen3MoeSparseMoeBlock registers its experts before its router; Qwen2-MoE's shared expert
+    # (three Linears) and its gate follow the routed experts
+    qwen3 = m.model_copy(update={"hf_model_type": "qwen3_moe"})
+    assert zero3_leaf_moe_tensor_sizes(qwen3, "hf") == (GATE_UP, DOWN, EXPERTS * HIDDEN)
+    qwen2 = m.model_copy(update={"hf_model_type": "qwen2_moe", "shared_experts": 1, "shared_expert_ffn": 1024,
+                                 "shared_expert_gate": True})
+    assert zero3_leaf_moe_tensor_sizes(qwen2, "hf") == (EXPERTS * HIDDEN, GATE_UP, DOWN, *[1024 * HIDDEN] * 3,
+                                                        HIDDEN)
+    # other MoE classes keep a hook per weight
+    for other in ("phimoe", "olmoe", "granitemoe"):
+        assert zero3_leaf_moe_tensor_sizes(m.model_copy(update={"hf_model_type": other}), "hf") == ()
+
+
+def test_a_leaf_blocks_gradients_are_reduced_together_at_its_end(mixtral):
+    # reduce_leaf_module_grads: the router's, then gate/up's (above the bucket: held whole), then
+    # down's; gate/up's is reduced at down's turn, its partition cast to fp32 (the step's largest
+    # request) while down's gradient is still alive
+    events = allocation_sequence(mixtral, Layout(stage=3, offload_optimizer="cpu"), steps=1)
+    live = {}
+    for kind, name, size, *stream in events:
+        if kind == "a":
+            live[name] = (size, *stream)
+        elif kind == "f":
+            live.pop(name, None)
+        if kind == "a" and size == GATE_UP * 4 and stream == [allocator_sim.REDUCE_STREAM]:
+            break
+    alive = list(live.values())
+    assert (DOWN * 2,) in alive and (GATE_UP * 2,) in alive  # both gradients, on the compute stream
+
+
+@pytest.mark.parametrize("cards_blocks", [True, False], ids=["card", "hand"])
+def test_the_replays_allocated_peak_is_the_traces(mixtral, monkeypatch, cards_blocks):
+    # the trace of this layout on the H200 (2 steps): 26.76 GiB allocated at gate/up's fp32 cast
+    # with both expert gradients alive (the replay without the leaf module: 25.40 GiB, -5.1%);
+    # the replay counts the large pool only, the trace every block
+    monkeypatch.setattr(allocator_sim, "blocks_from_cards", cards_blocks)
+    seq = allocator_sim._Seq()
+    allocation_sequence(mixtral, Layout(stage=3, offload_optimizer="cpu"), steps=2, _seq=seq)
+    allocated = peak = 0
+    for kind, name, size, *_ in seq.events:
+        allocated += size if kind == "a" else -seq.sizes[name] if kind == "f" else 0
+        peak = max(peak, allocated)
+    measured = read_trace(MIXTRAL_TRACE)["max_allocated_bytes"]
+    assert peak == pytest.approx(measured, rel=0.01)
+
+
+def test_the_plans_peak_holds_the_leaf_blocks_later_gradients(mixtral):
+    # the row as batch-heldout-a ran it (the deepspeed loop keeps the logits): its measured peak
+    # (h200-2026-12-02e, every step) within 1%; without down's gradient the plan was 5.2% under
+    inp = mixtral.model_copy(update={"training": mixtral.training.model_copy(update={"loop": "deepspeed"})})
+    est = estimate_memory(inp, Layout(stage=3, offload_optimizer="cpu"))
+    assert est.peak_phase == "backward (block reduce)"
+    assert est.gpu_peak_allocated_bytes == pytest.approx(28_997_636_096, rel=1e-2)

@@ -4,6 +4,7 @@ h200-2026-12-02c/heldout: cards-v2 record each op's work, cards was learned befo
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -123,3 +124,35 @@ def test_a_moe_cards_work_counts_the_grouped_experts_and_prices_the_step(monkeyp
     # the experts' gradients: MOE_BACKWARD_GEMM_FACTOR slower than dense GEMMs (measured)
     assert bwd.gemm_flops == pytest.approx(blocks_bwd.gemm_flops + head_bwd.gemm_flops
                                            + steptime.MOE_BACKWARD_GEMM_FACTOR * 2 * experts)
+
+
+def test_attention_past_a_sliding_window_is_priced_as_the_masked_kernels_full_square(monkeypatch):
+    """Phi-3-mini (window 2047), its shipped card: at 1024 tokens transformers calls SDPA with
+    is_causal, priced as flash (half the square at ATTENTION_EFFICIENCY); at 8192 it passes the
+    window as a mask: the full square, at the masked kernels' MASKED_ATTENTION_EFFICIENCY (issue 27's
+    batch g: priced as causal flash it came 30% short)."""
+    monkeypatch.setenv(cards.CARDS_DIR_ENV, str(Path("/nonexistent")))  # the shipped cards only
+    published = Path(__file__).resolve().parents[1] / "hf" / "configs" / "published"
+    layers, q, b = 32, 3072, 2
+
+    def work(seq: int):
+        args = build_parser().parse_args(["plan", "--hf-config", str(published / "Phi-3-mini-4k-instruct.json"),
+                                          "--impl", "hf", "--gpu", "h200", "--gpus-per-node", "1",
+                                          "--seq", str(seq), "--micro-batch", str(b)])
+        inp = plan_input_from_args(args)
+        assert inp.model.card is not None and inp.model.card.has_work()
+        return inp, steptime.micro_step_work(inp, Layout(stage=0))
+
+    _, (short_fwd, _) = work(1024)
+    assert short_fwd.masked_attention_flops == 0
+    assert short_fwd.attention_flops == pytest.approx(layers * 4 * b * 1024 ** 2 * q / 2)
+    inp, (fwd, bwd) = work(8192)
+    assert fwd.attention_flops == 0 and bwd.attention_flops == 0
+    assert fwd.masked_attention_flops == pytest.approx(layers * 4 * b * 8192 ** 2 * q)
+    assert bwd.masked_attention_flops == pytest.approx(fwd.masked_attention_flops * 10 / 4)
+    causal = replace(fwd, attention_flops=fwd.masked_attention_flops / 2, masked_attention_flops=0.0)
+    extra_s = steptime.phase_kernel_s(inp, fwd) - steptime.phase_kernel_s(inp, causal)
+    peak = steptime.peak_flops(inp)
+    assert extra_s == pytest.approx(fwd.masked_attention_flops / peak * (
+        1 / steptime.MASKED_ATTENTION_EFFICIENCY - 0.5 / steptime.ATTENTION_EFFICIENCY))
+    assert steptime.MASKED_ATTENTION_EFFICIENCY < steptime.ATTENTION_EFFICIENCY

@@ -165,6 +165,21 @@ def test_a_sliding_window_model_gets_a_regime_up_to_the_window_and_one_past_it()
     assert [r.get("max_tokens") for r in card["regimes"]] == [127, None]
 
 
+def test_attention_past_a_sliding_window_is_recorded_as_masked_over_the_full_square():
+    """Up to the window transformers calls SDPA with is_causal (the kernel skips the tiles above the
+    diagonal: half the square); from the window on it passes the window as an explicit mask, which
+    no kernel skips a tile of: the full square, recorded under the masked ops' names."""
+    config = {**small_config("phi3"), "sliding_window": 64}  # hidden 96: 4 q . k / p . v FLOPs x hidden
+    card = learn(config)
+    below, past = (regime["blocks"][0]["work"] for regime in card["regimes"])
+    assert [r.get("max_tokens") for r in card["regimes"]] == [63, None]
+    for phase in ("forward", "backward"):
+        assert f"masked_attention_{phase}" not in below[phase] and f"attention_{phase}" not in past[phase]
+    assert below["forward"]["attention_forward"][0][0] == 4 * 96 / 2  # T^2 coefficient: causal, halved
+    assert past["forward"]["masked_attention_forward"][0][0] == 4 * 96  # the full square
+    assert past["backward"]["masked_attention_backward"][0][0] == 10 * 96
+
+
 @pytest.mark.slow  # zlayout learn in a subprocess: transformers' import each time
 def test_learn_writes_the_card_plan_then_takes_its_activations(tmp_path):
     config = SMALL / "gpt2.json"  # dropout 0.1 and gelu_new: what the hand model under-counts

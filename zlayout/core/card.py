@@ -65,6 +65,9 @@ def _net_and_peak(requests: tuple[Poly, ...], micro_batch: int, seq: int) -> tup
 # MoE blocks, `zlayout.learn.trace.grouped_mm_flops`) as GEMMs with their backward's measured
 # slowdown, any other op with FLOPs as a GEMM, and every op without FLOPs by the bytes it moves.
 ATTENTION_OPS = frozenset({"attention_forward", "attention_backward"})
+# the same kernels given an explicit attn_mask (a sliding window past its width): the full square, no
+# tile skipped, at the masked kernels' lower rate (zlayout.learn.trace._FusedAttention)
+MASKED_ATTENTION_OPS = frozenset({"masked_attention_forward", "masked_attention_backward"})
 BATCHED_GEMM_OPS = frozenset({"bmm", "baddbmm"})
 GROUPED_GEMM_OPS = frozenset({"_grouped_mm"})
 FP32_GEMM_SUFFIX = "_fp32"  # a matmul on float32 inputs (the learner's ledger names them so): the math attention's
@@ -90,6 +93,7 @@ class WorkTotals:
     kernels: float = 0.0
     grouped_gemm_flops: float = 0.0  # a MoE block's experts (not in gemm_flops)
     fp32_gemm_flops: float = 0.0  # matmuls on float32 inputs, without tensor cores (not in gemm_flops)
+    masked_attention_flops: float = 0.0  # fused attention given an attn_mask (not in attention_flops)
 
     def __add__(self, other: "WorkTotals") -> "WorkTotals":
         return WorkTotals(*(a + b for a, b in zip(self.astuple(), other.astuple())))
@@ -99,7 +103,7 @@ class WorkTotals:
 
     def astuple(self) -> tuple[float, ...]:
         return (self.gemm_flops, self.batched_gemm_flops, self.attention_flops, self.memory_bytes, self.kernels,
-                self.grouped_gemm_flops, self.fp32_gemm_flops)
+                self.grouped_gemm_flops, self.fp32_gemm_flops, self.masked_attention_flops)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +111,7 @@ class WorkPhase:
     ops: tuple[OpWork, ...]
 
     def totals(self, micro_batch: int, seq: int) -> WorkTotals:
-        gemm = batched = attention = memory = kernels = grouped = fp32 = 0.0
+        gemm = batched = attention = masked = memory = kernels = grouped = fp32 = 0.0
         for op in self.ops:
             flops = bytes_at(op.flops, micro_batch, seq)
             kernels += bytes_at(op.calls, micro_batch, seq)
@@ -115,6 +119,8 @@ class WorkPhase:
                 fp32 += flops
             elif op.name in ATTENTION_OPS:
                 attention += flops
+            elif op.name in MASKED_ATTENTION_OPS:
+                masked += flops
             elif op.name in BATCHED_GEMM_OPS:
                 batched += flops
             elif op.name in GROUPED_GEMM_OPS:
@@ -123,7 +129,7 @@ class WorkPhase:
                 gemm += flops
             else:
                 memory += bytes_at(op.bytes, micro_batch, seq)
-        return WorkTotals(gemm, batched, attention, memory, kernels, grouped, fp32)
+        return WorkTotals(gemm, batched, attention, memory, kernels, grouped, fp32, masked)
 
 
 class BlockWeightGradient(NamedTuple):

@@ -18,6 +18,42 @@ from zlayout.core.replay_state import MiB, Replay, _Seq
 BIAS_GRAD_TRANSIENT = 132 * MiB
 
 
+class LeafGradients:
+    """DeepSpeed's gradient hook (`hook`) as ZeRO-3 calls it for a leaf module's weights
+    (tensors.zero3_leaf_moe_tensor_sizes: a sparse MoE block). stage3.py
+    create_reduce_and_remove_grad_hooks registers no hook on them; the block's full backward
+    hook (reduce_leaf_module_grads), which runs once the block's input gradient is made, hands
+    each of their gradients to reduce_ready_partitions_and_remove_grads in parameter order. So a
+    gradient of one of `sizes` (bytes, in parameter order) is held until all of them have come
+    (the last one autograd makes, the router's, comes as the block's backward ends), then all go
+    to `hook` in that order; any other gradient, and any after those, go straight to `hook`.
+    Mixtral-8x22B trace (h200-2026-12-03b): the 3072 MiB gate/up and 1536 MiB down gradients both
+    alive while the first is reduced (its fp32 cast: the step's peak), the head's bucket reduced
+    only then."""
+
+    def __init__(self, s: _Seq, w: int, sizes: tuple[int, ...], hook) -> None:
+        self.s, self.w, self.sizes, self.hook = s, w, sizes, hook
+        self.waiting = list(sizes)
+        self.held: dict[int, list[tuple[list[int], int]]] = {}
+
+    def __call__(self, weight_grads: list[int], small: int = 0) -> None:
+        size = self.s.sizes[weight_grads[0]] if weight_grads else small * self.w
+        if size not in self.waiting:
+            self.hook(weight_grads, small)
+            return
+        self.waiting.remove(size)
+        self.held.setdefault(size, []).append((weight_grads, small))
+        if not self.waiting:
+            self.release()
+
+    def release(self) -> None:
+        """The block's backward hook: every gradient held, in parameter order."""
+        self.waiting = []
+        for size in self.sizes:
+            if self.held.get(size):
+                self.hook(*self.held[size].pop(0))
+
+
 class HandBlocks:
     """The hand-written blocks, checked request by request against H200 allocator traces
     (allocator_sim's docstring). The norms and `linear_backward` also serve the final norm and
@@ -36,6 +72,7 @@ class HandBlocks:
         self.qkv_biased = not r.hf and model._biased(model.qkv_bias)
         self.gpt_biased = not r.hf and model.bias
         self.E, self.top_k = model.experts, model.top_k or 0
+        self.leaf = r.leaf_gradients
         self.S = r.T * self.top_k  # (token, expert) pairs
         heads = model.heads
         seq_rounded = 128 * -(-t.seq // 128)
@@ -122,8 +159,12 @@ class HandBlocks:
         autograd runs it (engine order: highest sequence number first; each node's inputs
         and saved tensors freed before the next node, AccumulateGrad (DeepSpeed's hook)
         right after the node that made the weight's gradient). Returns the gradient of the
-        norm's output (the router's input gradient added in place into the experts')."""
+        norm's output (the router's input gradient added in place into the experts').
+        At ZeRO-3 the block is a leaf module: its gradients go to DeepSpeed together at its
+        end (`LeafGradients`)."""
         s, w, T, h, f, E, S = self.s, self.w, self.T, self.h, self.f, self.E, self.S
+        if self.leaf:
+            hook = LeafGradients(s, w, self.leaf, hook)
         g32 = s.a(T * h * 4)  # ToCopyBackward0
         gs = s.a(S * h * 4)  # SumBackward1's expand, reshaped by ViewBackward0 (a copy)
         s.f(g32)
@@ -527,7 +568,8 @@ class CardBlocks:
     replayed."""
 
     def __init__(self, card, s: _Seq, layers: int, micro_batch: int, seq: int, checkpointing: bool,
-                 hf_norm: bool, first_matmul) -> None:
+                 hf_norm: bool, first_matmul, leaf: tuple[int, ...] = ()) -> None:
+        self.leaf = leaf  # ZeRO-3's leaf MoE block's gradients (bytes, parameter order): LeafGradients
         self.regime = card.regime(seq)
         self.kinds = card.layer_kinds
         self.s, self.layers, self.ckpt, self.hf_norm = s, layers, checkpointing, hf_norm
@@ -664,7 +706,14 @@ class CardBlocks:
         size_g = self.s.sizes[g]
         outside = [g, *([sv["input"]] if sv["input"] is not None else []), *self.carried, *sv["saved"]]
         self.carried = []
-        live = self.run(sv["kind"], "checkpointed_backward" if self.ckpt else "backward", outside, hook)
+        phase = "checkpointed_backward" if self.ckpt else "backward"
+        made = [size for size, grad in self.ops(sv["kind"], phase) if grad and size > 0]
+        leaf = None
+        if self.leaf and all(made.count(size) >= self.leaf.count(size) for size in self.leaf):
+            hook = leaf = LeafGradients(self.s, 2, self.leaf, hook)  # a MoE block's backward
+        live = self.run(sv["kind"], phase, outside, hook)
+        if leaf is not None:
+            leaf.release()  # what the card kept past the block's end
         if sv["input"] is not None and (self.ckpt or sv["input"] not in outside):
             # with checkpointing the card frees the checkpoint's input itself, in this block's
             # window or the next one's (it dies once autograd has let go of the recompute)

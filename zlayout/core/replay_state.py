@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Callable
 
 from zlayout.core.caching_allocator import DEFAULT_STREAM, CachingAllocator, Device, _Block
-from zlayout.core.tensors import block_tensor_sizes, parameter_tensor_sizes, stage3_sub_groups
+from zlayout.core.tensors import (block_tensor_sizes, parameter_tensor_sizes, stage3_sub_groups,
+                                  zero3_leaf_moe_tensor_sizes)
 
 MiB = 2**20
 # torch's cuBLAS workspace (CublasHandlePool.cpp getChosenWorkspaceSize): 4096 x 8 KiB on
@@ -186,6 +187,10 @@ class Replay:
         # not whole on this GPU: more than one GPU, or the weights on the host
         self.gather = self.stage == 3 and (self.n > 1 or not self.param_on_gpu)
         self.small = zero.stage3_param_persistence_threshold  # stage 3: weights never partitioned
+        # stage 3: a leaf MoE block's gradients (bytes, parameter order), handed over together
+        # at the block's end (replay_blocks.LeafGradients)
+        self.leaf_gradients = tuple(x * self.w for x in zero3_leaf_moe_tensor_sizes(model, t.impl)) \
+            if self.stage == 3 else ()
         self.workspace = cublas_workspace_bytes(inp.hardware.gpu.name)
         self.workspaces: list[str] = []  # the threads whose cuBLAS workspace is allocated
         # --loop deepspeed: the bf16 logits the training loop's `outputs` holds (held_outputs_bytes)

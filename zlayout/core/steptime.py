@@ -12,6 +12,8 @@ the values, the evidence, in-sample, leave-one-out and held-out errors), price i
   the head's GEMMs much slower when the vocabulary is not a multiple of 8.
 - Flash attention: 4 x layers x q width x seq FLOPs per token forward, halved by the causal
   kernel, at `ATTENTION_EFFICIENCY`; backward 2.5 forwards, the recompute one more.
+  Given an explicit mask (a sliding window past its width; a card's `masked_attention_*` ops) the
+  full square, at `MASKED_ATTENTION_EFFICIENCY`.
 - Elementwise, norm, activation, rotary, loss and gradient-bookkeeping work: counted HBM bytes at
   80% of the HBM bandwidth; transformers classes (`impl = "hf"`) add their unfused RMSNorm,
   rotary and repeat_kv bytes.
@@ -82,6 +84,14 @@ GEMM_HALF_WIDTH = 140
 # passes run on slower kernels, the head's GEMMs at this achieved / peak.
 UNALIGNED_HEAD_EFFICIENCY = 0.127
 ATTENTION_EFFICIENCY = 0.546  # causal flash attention forward (SDPA): achieved / peak on its halved FLOPs
+# Attention given an explicit attn_mask (transformers' sliding window once the sequence reaches it):
+# every kernel that takes a mask (cuDNN with a bias, memory-efficient) does the full square, read
+# tile by tile with the bias, none skipped (the card records these FLOPs in full, core.card
+# MASKED_ATTENTION_OPS). Achieved / peak on those full FLOPs, forward; the backward as flash's.
+# FITTED (benchmarks/steptime_masked.py) on the 3 masked rows before h200-2026-12-03b (gemma-3-1b,
+# phi3-medium, falcon-40b; step within -13.3%..+1%), held out: batch g's 3 (phi3-mini, starcoder2-7b,
+# mistral-7b), docs/tradeoffs.md.
+MASKED_ATTENTION_EFFICIENCY = 0.250
 ATTENTION_BACKWARD_RATIO = 2.5  # flash attention's backward takes this many forwards' time (counted, not fitted)
 # The GPU's own cost per kernel beyond its work (the gap between back-to-back kernels), on the GPU's
 # side of a pass. It was 1.92 us, fitted as an addend when a pass was its kernels plus launches;
@@ -394,6 +404,7 @@ class PhaseWork:
     host_fixed_s: float = 0.0  # the host's Python per pass beyond its kernels (HOST_FORWARD_FIXED_S)
     batched_gemm_flops: float = 0.0  # eager attention's T^2 matmuls (a card's bmm/baddbmm): narrow GEMMs
     fp32_gemm_flops: float = 0.0  # matmuls on float32 inputs (the math attention's): CUDA cores, not tensor cores
+    masked_attention_flops: float = 0.0  # fused attention given an attn_mask: the full square, forward-equivalents
 
 
 @dataclass(frozen=True, slots=True)
@@ -404,6 +415,7 @@ class GpuStepConstants:
     gemm_half_width: float = GEMM_HALF_WIDTH
     unaligned_head_efficiency: float = UNALIGNED_HEAD_EFFICIENCY
     attention_efficiency: float = ATTENTION_EFFICIENCY
+    masked_attention_efficiency: float = MASKED_ATTENTION_EFFICIENCY
     kernel_overhead_s: float = KERNEL_OVERHEAD_S
     stage3_fetch_overhead_s: float = STAGE3_FETCH_OVERHEAD_S
     stage3_grad_hook_s: float = STAGE3_GRAD_HOOK_S
@@ -505,7 +517,7 @@ def card_work(inp: PlanInput, card) -> tuple[PhaseWork, PhaseWork]:
             gemm_flops=whole.gemm_flops - (head.gemm_flops if unaligned else 0.0) + experts,
             unaligned_gemm_flops=head.gemm_flops if unaligned else 0.0,
             batched_gemm_flops=whole.batched_gemm_flops, attention_flops=whole.attention_flops,
-            fp32_gemm_flops=whole.fp32_gemm_flops,
+            fp32_gemm_flops=whole.fp32_gemm_flops, masked_attention_flops=whole.masked_attention_flops,
             hbm_bytes=whole.memory_bytes, kernels=whole.kernels, host_kernels=whole.kernels, host_fixed_s=fixed_s))
     return passes[0], passes[1]
 
@@ -726,6 +738,7 @@ def phase_kernel_s(inp: PlanInput, work: PhaseWork, c: GpuStepConstants = SHIPPE
             + work.batched_gemm_flops * batched_gemm_seconds_per_flop(inp, c)
             + work.unaligned_gemm_flops / (peak * c.unaligned_head_efficiency)
             + work.attention_flops / (peak * c.attention_efficiency)
+            + work.masked_attention_flops / (peak * c.masked_attention_efficiency)
             + work.fp32_gemm_flops / (peak * FP32_NON_TENSOR_FRACTION * c.gemm_efficiency)
             + work.hbm_bytes / elementwise_bytes_per_s(inp)
             + work.fixed_s)

@@ -61,6 +61,39 @@ def layer_tensor_sizes(model: ModelSpec, moe: bool | None = None) -> list[int]:
     return sizes
 
 
+# DeepSpeed 0.19.8 runtime/zero/leaf_module_config.py DEFAULT_LEAF_MODULE_CLASSES: the sparse
+# MoE blocks engine._configure_distributed_model flags as ZeRO-3 leaf modules
+# (apply_zero_leaf_module_config; zero_optimization.leaf_module defaults to these classes, and
+# zlayout's DeepSpeed config does not set it)
+ZERO3_LEAF_MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe")
+
+
+def zero3_leaf_moe_tensor_sizes(model: ModelSpec, impl: str) -> tuple[int, ...]:
+    """The weights of one sparse MoE block that ZeRO-3 treats as a leaf module, in registration
+    order (element counts), or () where it treats none so: transformers' Mixtral, Qwen2-MoE and
+    Qwen3-MoE blocks (a config of that model_type, or a hand-entered MoE of Mixtral's shape,
+    which the worker builds as Mixtral): the router (experts x hidden) and the fused experts
+    (gate/up, then down: 3D tensors), Qwen3-MoE's experts before its router; Qwen2-MoE's shared
+    expert (gate_proj, up_proj, down_proj) and its gate after them (transformers 5.24).
+    stage3.py create_reduce_and_remove_grad_hooks registers no gradient hook on these: one full
+    backward hook on the block (reduce_leaf_module_grads) hands each of their gradients to
+    reduce_ready_partitions_and_remove_grads once the block's input gradient is made, in this
+    order, so all of them are alive when the first is reduced."""
+    if impl != "hf" or not model.is_moe:
+        return ()
+    if model.hf_model_type not in ZERO3_LEAF_MOE_TYPES and not (model.hf_model_type is None and mixtral_shaped(model)):
+        return ()
+    h, ef, sf = model.hidden, model.expert_ffn_size, model.shared_expert_ffn_size * model.shared_experts
+    experts = [model.experts * 2 * ef * h, model.experts * ef * h]
+    router = [model.experts * h]
+    sizes = experts + router if model.hf_model_type == "qwen3_moe" else router + experts
+    if sf:
+        sizes += [sf * h] * 3
+    if model.shared_expert_gate:
+        sizes.append(h)
+    return tuple(sizes)
+
+
 def hf_layer_tensor_sizes(model) -> list[int]:
     """One decoder layer's parameter tensors in the order transformers registers them
     (modeling_llama.py / modeling_qwen2.py / modeling_mistral.py: LlamaDecoderLayer's

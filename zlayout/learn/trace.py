@@ -217,6 +217,11 @@ def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
+def _attention_op(phase: str, masked: bool) -> str:
+    """The ledger's name for a fused attention call's work (core.card ATTENTION_OPS, MASKED_ATTENTION_OPS)."""
+    return f"masked_attention_{phase}" if masked else f"attention_{phase}"
+
+
 class _FusedAttention(torch.autograd.Function):
     """scaled_dot_product_attention as the CUDA kernels run it, on the meta device.
 
@@ -228,7 +233,15 @@ class _FusedAttention(torch.autograd.Function):
     backward (flash_api.cpp mha_bwd) allocates dq, dk, dv, a float32 softmax_d (batch, heads,
     seq rounded to 128) and a float32 dq accumulator (batch, seq rounded to 128, heads, dim
     rounded to 32). With a mask the memory-efficient kernel runs instead: logsumexp with the
-    sequence rounded to 32, and a float32 delta (batch, heads, seq) in backward."""
+    sequence rounded to 32, and a float32 delta (batch, heads, seq) in backward.
+
+    The work: 4 (forward) and 10 (backward) x batch x heads x q x k x dim FLOPs, halved with
+    is_causal (the kernels skip the tiles above the diagonal). An explicit attn_mask (transformers
+    passes one for a sliding window once the sequence reaches the window, masking_utils
+    `_ignore_causal_mask_sdpa`) is a dense bias every kernel reads tile by tile: no tile is
+    skipped, whatever the mask holds, so the full square is done; and the kernels that take a mask
+    (memory-efficient, cuDNN with a bias) run it slower than flash runs a causal one. Those calls
+    are recorded under MASKED_ATTENTION_OPS' names, priced apart (core.steptime)."""
 
     @staticmethod
     def forward(ctx, query, key, value, ledger, masked, causal):
@@ -240,7 +253,7 @@ class _FusedAttention(torch.autograd.Function):
         ctx.save_for_backward(query, key, value, out, lse)
         ctx.ledger, ctx.masked, ctx.causal = ledger, masked, causal
         flops = 4 * batch * heads * seq * key.shape[2] * query.shape[-1] // (2 if causal else 1)
-        ledger.add_work("attention_forward", flops, sum(t.numel() * t.element_size()
+        ledger.add_work(_attention_op("forward", masked), flops, sum(t.numel() * t.element_size()
                                                         for t in (query, key, value, out, lse)))
         return out
 
@@ -258,7 +271,7 @@ class _FusedAttention(torch.autograd.Function):
         grads = (torch.empty_like(query), torch.empty_like(key), torch.empty_like(value))
         del workspace
         flops = 10 * batch * heads * seq * key.shape[2] * dim // (2 if ctx.causal else 1)
-        ctx.ledger.add_work("attention_backward", flops, sum(t.numel() * t.element_size()
+        ctx.ledger.add_work(_attention_op("backward", ctx.masked), flops, sum(t.numel() * t.element_size()
                                                              for t in (query, key, value, out, grad_out, *grads)))
         return (*grads, None, None, None)
 
