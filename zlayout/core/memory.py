@@ -801,8 +801,8 @@ def stage12_offload_cast_phase(c: _Layout, states: int, saved: int, head_in: int
       with every activation and the recompute, as a bound.
     - One that fits the bucket is copied into it; kept as it was, the bf16 gradient and its fp32
       cast with every activation (a bound: the bucket is flushed once later gradients fill it).
-    The largest tensor's; for a tied embedding the larger of its and the blocks' largest
-    (allocated bytes, the largest request)."""
+    The largest tensor's (a tied embedding above the bucket: the larger of its and the blocks'
+    largest): (allocated bytes, the largest request)."""
     model, zero, w = c.model, c.zero, c.w
     every = saved + head_in + recompute
 
