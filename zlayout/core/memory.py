@@ -777,6 +777,12 @@ def phase_peaks(c: _Layout, states_: ModelStates, buffers: Buffers,
     return phases, after_init
 
 
+def largest_block_tensor_numel(model: ModelSpec) -> int:
+    """The largest weight of any kind of block (dense, MoE), as transformers lays it out."""
+    kinds = [False] * (model.dense_layer_count > 0) + [True] * (model.moe_layer_count > 0)
+    return max(max(layer_tensor_sizes(model, moe=moe)) for moe in kinds or [False])
+
+
 def stage12_offload_cast_phase(c: _Layout, states: int, saved: int, head_in: int, recompute: int,
                                ipg: int) -> tuple[int, int]:
     """Stage 1/2 with the optimizer on the host (stage_1_and_2.py copy_grads_in_partition, at the
@@ -785,22 +791,33 @@ def stage12_offload_cast_phase(c: _Layout, states: int, saved: int, head_in: int
     stage 3's _constant_buffered_norm2), freed before `async_inplace_copy_grad_to_fp32_buffer_
     from_gpu` casts it to fp32 (4 bytes) for the pinned host partition.
     - A gradient larger than reduce_bucket_size is held whole in `.grad` (extra_large_param_to_
-      reduce) and reduced alone at the next gradient's hook. An untied head's (the largest
-      tensor): at the final norm's hook, the loss's tensors and the head's inputs freed, no block
-      recomputed yet (Llama-3-8B's 525M-element head with checkpointing, deepseek_v3's 927M: the
-      peak of both H200 rows). A block's: with every activation and the recompute, as a bound.
+      reduce) and reduced alone at the next gradient's hook, or by the reduce epilogue if it is
+      the last. An untied head's: at the final norm's hook, the loss's tensors and the head's
+      inputs freed, no block recomputed yet (Llama-3-8B's 525M-element head with checkpointing,
+      deepseek_v3's 927M: the peak of both H200 rows). A tied embedding's (the sum of the head's
+      and the embedding's gradients, hooked once) is the last gradient of the backward: reduced
+      by the epilogue, every activation freed (gemma-2-9b-L8's 917.5M, whose backward peaked at
+      the loss instead: bounded with every activation it was planned 5.3% over). A block's:
+      with every activation and the recompute, as a bound.
     - One that fits the bucket is copied into it; kept as it was, the bf16 gradient and its fp32
       cast with every activation (a bound: the bucket is flushed once later gradients fill it).
-    (allocated bytes, the largest request)."""
+    The largest tensor's (a tied embedding above the bucket: the larger of its and the blocks'
+    largest): (allocated bytes, the largest request)."""
     model, zero, w = c.model, c.zero, c.w
-    largest = model.largest_tensor_numel()
-    if largest <= zero.reduce_bucket_size:
-        return (states + saved + head_in + ipg + recompute + largest * (w + FP32_BYTES),
-                largest * FP32_BYTES)
-    part = min(largest, c.p_shard)  # this GPU's share of it (grad_position's num_elements)
-    head_is_largest = not model.tie_embeddings and model.vocab * model.hidden == largest
-    alive = saved if head_is_largest else saved + head_in + recompute
-    return states + alive + ipg + largest * w + part * 8, part * 8
+    every = saved + head_in + recompute
+
+    def cast(numel: int, alive: int) -> tuple[int, int]:
+        if numel <= zero.reduce_bucket_size:
+            return states + every + ipg + numel * (w + FP32_BYTES), numel * FP32_BYTES
+        part = min(numel, c.p_shard)  # this GPU's share of it (grad_position's num_elements)
+        return states + alive + ipg + numel * w + part * 8, part * 8
+
+    largest, vocab = model.largest_tensor_numel(), model.vocab * model.hidden
+    if largest != vocab or largest <= zero.reduce_bucket_size:
+        return cast(largest, every)
+    if not model.tie_embeddings:
+        return cast(vocab, saved)  # the head's
+    return max(cast(vocab, 0), cast(largest_block_tensor_numel(model), every))
 
 
 def stage3_offload_reduce_phases(c: _Layout, states: int, live: int, saved: int, recompute: int,
@@ -847,9 +864,7 @@ def stage3_offload_reduce_phases(c: _Layout, states: int, live: int, saved: int,
     if largest is not None:
         numel, held = largest.bytes // w, largest.live_at_next_hook
     else:
-        kinds = [False] * (model.dense_layer_count > 0) + [True] * (model.moe_layer_count > 0)
-        numel = max(max(layer_tensor_sizes(model, moe=moe)) for moe in kinds or [False])
-        held = recompute
+        numel, held = largest_block_tensor_numel(model), recompute
     leaf = zero3_leaf_moe_tensor_sizes(model, t.impl)
     if numel in leaf:
         # a leaf MoE block's gradients are handed over together at the block's end: those
