@@ -112,6 +112,28 @@ def test_a_masked_fused_attention_output_is_the_memory_efficient_kernels_layout(
     assert out.stride() == efficient.stride() and out.transpose(1, 2).is_contiguous()
 
 
+def test_a_boolean_mask_costs_one_bias_per_call_kept_until_backward():
+    """torch converts a boolean attn_mask (transformers' sliding window) to an additive bias in q's
+    dtype at every call (attention.cpp `convert_boolean_attn_mask`), and the kernel's autograd node
+    saves it for backward: each masked block holds batch x queries x keys x 2 bytes more (gemma-3-1b,
+    22 sliding blocks at 2 x 4096: the plan was 1.57e9 bytes under on the H200). A float mask is
+    passed through, no new storage."""
+    batch, heads, tokens, dim = 2, 4, 64, 32
+    out_and_lse = batch * tokens * heads * dim * 2 + batch * heads * tokens * 4  # seq 64: lse not padded
+    for dtype, extra in ((torch.bool, batch * tokens * tokens * 2), (torch.bfloat16, 0)):
+        ledger = StorageLedger()
+        q, k, v = (torch.empty(batch, heads, tokens, dim, dtype=torch.bfloat16, device="meta", requires_grad=True)
+                   for _ in range(3))
+        mask = torch.empty(batch, 1, tokens, tokens, dtype=dtype, device="meta")
+        ledger.exclude([q, k, v, mask])
+        with ledger:
+            out = fused_attention(ledger)(q, k, v, attn_mask=mask)
+            assert ledger.current == out_and_lse + extra  # kept while autograd holds the block
+            out.sum().backward()
+            del out
+        assert ledger.current == 3 * q.numel() * 2  # the bias, output and lse freed; q, k, v's gradients kept
+
+
 def test_the_cuda_kernel_choice_follows_pytorchs_dispatcher():
     """sdp_utils.cpp's filters: flash without a mask (grouped heads only with enable_gqa), the
     memory-efficient kernel with one (equal heads), math when neither takes the inputs."""

@@ -234,9 +234,9 @@ def _output_like_query(query: torch.Tensor, dim_v: int) -> torch.Tensor:
     the next projection saves the copy while attention saves its own output: one more output's
     bytes per block (h200-2026-12-03 probe_blocks: pythia-6.9b-L8 and deepseek-v3-L3 on the H200).
     The memory-efficient kernel allocates (batch, seq, heads, dim) whatever q's layout
-    (attention.cu `_efficient_attention_forward`): `_FusedAttention` keeps that for masked calls,
-    where the H200 made no copy (h200-2026-12-02c phi3-mini-L8, window 2047 at 2 x 4096: +0.2%
-    without it, +2.7% with it). MLA's unmasked calls (q and v head sizes differ: no flash) run
+    (attention.cu `_efficient_attention_forward`): `_FusedAttention` keeps that for masked calls
+    (the row once taken for evidence, h200-2026-12-02c phi3-mini-L8, ran Phi3Config's default, no
+    window, before verify built the user's config: it measured an unmasked call). MLA's unmasked calls (q and v head sizes differ: no flash) run
     cuDNN on the H200 (probe_blocks: deepseek-v3-L3) and take q's order here; a pre-sm90 GPU runs
     the memory-efficient kernel for them, one output's bytes per block less than the card holds."""
     batch, heads, seq, _ = query.shape
@@ -269,7 +269,8 @@ class _FusedAttention(torch.autograd.Function):
     are recorded under MASKED_ATTENTION_OPS' names, priced apart (core.steptime)."""
 
     @staticmethod
-    def forward(ctx, query, key, value, ledger, masked, causal):
+    def forward(ctx, query, key, value, bias, ledger, causal):
+        masked = bias is not None
         batch, heads, seq, _ = query.shape
         dim_v = value.shape[-1]
         if masked:  # the memory-efficient kernel's (batch, seq, heads, dim) output
@@ -278,7 +279,7 @@ class _FusedAttention(torch.autograd.Function):
             out = _output_like_query(query, dim_v)
         lse_seq = _round_up(seq, 32) if masked else seq
         lse = torch.empty(batch, heads, lse_seq, dtype=torch.float32, device=query.device)
-        ctx.save_for_backward(query, key, value, out, lse)
+        ctx.save_for_backward(query, key, value, out, lse, bias)
         ctx.ledger, ctx.masked, ctx.causal = ledger, masked, causal
         flops = 4 * batch * heads * seq * key.shape[2] * query.shape[-1] // (2 if causal else 1)
         ledger.add_work(_attention_op("forward", masked), flops, sum(t.numel() * t.element_size()
@@ -287,7 +288,7 @@ class _FusedAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        query, key, value, out, lse = ctx.saved_tensors
+        query, key, value, out, lse, _bias = ctx.saved_tensors
         batch, heads, seq, dim = query.shape
         if ctx.masked:
             workspace = [torch.empty(batch, heads, seq, dtype=torch.float32, device=query.device)]
@@ -301,7 +302,7 @@ class _FusedAttention(torch.autograd.Function):
         flops = 10 * batch * heads * seq * key.shape[2] * dim // (2 if ctx.causal else 1)
         ctx.ledger.add_work(_attention_op("backward", ctx.masked), flops, sum(t.numel() * t.element_size()
                                                              for t in (query, key, value, out, grad_out, *grads)))
-        return (*grads, None, None, None)
+        return (*grads, None, None, None)  # no gradient for the bias, the ledger, is_causal
 
 
 # The dtypes each fused kernel takes on sm80 and newer (sdp_utils.cpp: check_dtypes_low_precision,
@@ -343,6 +344,22 @@ def cuda_sdpa_kernel(query, key, value, attn_mask=None, is_causal=False, enable_
     return "math"
 
 
+def attention_bias(attn_mask: torch.Tensor | None, query: torch.Tensor) -> torch.Tensor | None:
+    """The additive bias a fused kernel is given for `attn_mask`, which its autograd node saves
+    for backward (derivatives.yaml: the memory-efficient and cuDNN kernels' backward take
+    attn_bias). A boolean mask (transformers' sliding window) is converted anew at every call,
+    `at::where(mask, 0, -inf)` in query's dtype and the mask's shape (attention.cpp
+    `convert_boolean_attn_mask`); the memory-efficient kernel pads its last dimension to a
+    multiple of 16 (`preprocess_mask` / `pad_bias`), a copy where it is not one. So each masked
+    block keeps one bias of batch x queries x keys elements until its backward (h200-2026-12-02d
+    gemma-3-1b, 22 sliding blocks at 2 x 4096: the plan was 1.57e9 bytes under, 22 such biases
+    are 1.48e9). A float mask is passed through: saved as it is, no new storage."""
+    if attn_mask is None or attn_mask.dtype != torch.bool:
+        return attn_mask
+    *lead, keys = attn_mask.shape
+    return torch.empty(*lead, _round_up(keys, 16), dtype=query.dtype, device=query.device)[..., :keys]
+
+
 def fused_attention(ledger: StorageLedger, math_sdpa=None):
     """A stand-in for `torch.nn.functional.scaled_dot_product_attention` that runs what the CUDA
     dispatcher would (`cuda_sdpa_kernel`): the fused kernels priced by `_FusedAttention`, the math
@@ -356,6 +373,6 @@ def fused_attention(ledger: StorageLedger, math_sdpa=None):
             return math_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                              scale=scale, enable_gqa=enable_gqa)
         # grouped k/v heads (enable_gqa) are expanded inside the kernels; gradients come back at k/v's size
-        return _FusedAttention.apply(query, key, value, ledger, attn_mask is not None, bool(is_causal))
+        return _FusedAttention.apply(query, key, value, attention_bias(attn_mask, query), ledger, bool(is_causal))
 
     return sdpa
