@@ -586,6 +586,11 @@ class CardBlocks:
         self.head_unmatched = 0  # the same, in the head's and loss's phases (masks made before the blocks)
         self.held: int | None = None  # the head's forward: the outputs the loop keeps (`run`'s hold)
 
+    def makes_leaf_gradients(self, kind: int, phase: str) -> bool:
+        """Whether this kind of block's backward makes every gradient of a leaf MoE block (`leaf`)."""
+        made = [size for size, grad in self.ops(kind, phase) if grad and size > 0]
+        return all(made.count(size) >= self.leaf.count(size) for size in self.leaf)
+
     def ops(self, kind: int | None, phase: str) -> list[tuple[int, bool]]:
         """(signed size, whether it allocates or frees a weight's gradient) per request of a block's
         phase, or with `kind` None of the head's and loss's (`Regime.head_*`)."""
@@ -707,9 +712,8 @@ class CardBlocks:
         outside = [g, *([sv["input"]] if sv["input"] is not None else []), *self.carried, *sv["saved"]]
         self.carried = []
         phase = "checkpointed_backward" if self.ckpt else "backward"
-        made = [size for size, grad in self.ops(sv["kind"], phase) if grad and size > 0]
         leaf = None
-        if self.leaf and all(made.count(size) >= self.leaf.count(size) for size in self.leaf):
+        if self.leaf and self.makes_leaf_gradients(sv["kind"], phase):
             hook = leaf = LeafGradients(self.s, 2, self.leaf, hook)  # a MoE block's backward
         live = self.run(sv["kind"], phase, outside, hook)
         if leaf is not None:

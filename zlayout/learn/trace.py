@@ -236,8 +236,8 @@ def _output_like_query(query: torch.Tensor, dim_v: int) -> torch.Tensor:
     The memory-efficient kernel allocates (batch, seq, heads, dim) whatever q's layout
     (attention.cu `_efficient_attention_forward`): `_FusedAttention` keeps that for masked calls
     (the row once taken for evidence, h200-2026-12-02c phi3-mini-L8, ran Phi3Config's default, no
-    window, before verify built the user's config: it measured an unmasked call). MLA's unmasked calls (q and v head sizes differ: no flash) run
-    cuDNN on the H200 (probe_blocks: deepseek-v3-L3) and take q's order here; a pre-sm90 GPU runs
+    window, before verify built the user's config: it measured an unmasked call). MLA's unmasked
+    calls (q and v head sizes differ: no flash) run cuDNN on the H200 (probe_blocks: deepseek-v3-L3) and take q's order here; a pre-sm90 GPU runs
     the memory-efficient kernel for them, one output's bytes per block less than the card holds."""
     batch, heads, seq, _ = query.shape
     order = sorted(range(4), key=lambda dim: query.stride(dim), reverse=True)  # outermost first
