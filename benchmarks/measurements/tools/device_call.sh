@@ -7,7 +7,7 @@
 #                    (before any timed run: a JIT build killed by a timeout leaves a lock)
 #   fam:FILE         zlayout verify --batch FILE (held-out lines, predicted before: see the folder's README)
 #   trace:FILE:LINE  an allocator trace (tools/allocator_trace.py) of line LINE of batch FILE
-# A batch's cards are read from heldout/cards beside it. Every part stops 30 s before DEADLINE
+# A batch's cards are read from heldout/cards beside it (heldout/$CARDS when CARDS is set). Every part stops 30 s before DEADLINE
 # (seconds from the start of this call).
 DEADLINE=${DEADLINE:-570}
 R=/tmp/call; mkdir -p $R
@@ -32,7 +32,7 @@ for part in "$@"; do
     fam:*)
       f=${part#fam:}; n=$(basename $f .txt)
       [ $(left) -gt 90 ] || { echo "$n: no time left"; continue; }
-      ZLAYOUT_CARDS_DIR=$PWD/$(dirname $f)/heldout/cards timeout -s TERM $(( $(left) - 10 )) \
+      ZLAYOUT_CARDS_DIR=$PWD/$(dirname $f)/heldout/${CARDS:-cards} timeout -s TERM $(( $(left) - 10 )) \
         python3 -m zlayout verify --batch $f --out /tmp/$n --deadline $(( $(left) - 100 )) > $OUT/$n.log 2>&1
       echo "$n rc=$? at ${SECONDS}s"
       cp /tmp/$n/results.jsonl $OUT/$n-results.jsonl 2>/dev/null
@@ -41,7 +41,7 @@ for part in "$@"; do
       spec=${part#trace:}; f=${spec%:*}; n=${spec##*:}
       [ $(left) -gt 150 ] || { echo "trace $spec: no time left"; continue; }
       args=$(grep -v '^#' $f | sed -n "${n}p" | sed 's/--loop [a-z]*//; s/--gpus-per-node 1 --gpu h200//; s/--host-cores 16//; s/--steps 4//')
-      OUT=$OUT ZLAYOUT_CARDS_DIR=$PWD/$(dirname $f)/heldout/cards timeout -s TERM $(( $(left) - 20 )) \
+      OUT=$OUT ZLAYOUT_CARDS_DIR=$PWD/$(dirname $f)/heldout/${CARDS:-cards} timeout -s TERM $(( $(left) - 20 )) \
         torchrun --standalone --nproc_per_node 1 benchmarks/measurements/tools/allocator_trace.py \
         --name trace-$n-$(basename $f .txt) -- $args --gpus-per-node 1 --gpu h200 > $OUT/trace-$n.log 2>&1
       echo "trace $spec rc=$? $(grep -h '^TRACE' $OUT/trace-$n.log)" ;;
