@@ -7,6 +7,7 @@
 #                    (before any timed run: a JIT build killed by a timeout leaves a lock)
 #   fam:FILE         zlayout verify --batch FILE (held-out lines, predicted before: see the folder's README)
 #   trace:FILE:LINE  an allocator trace (tools/allocator_trace.py) of line LINE of batch FILE
+#   prof:FILE:LINE   a step-time profile (tools/steptime_profile.py: 3 timed steps, 1 profiled) of that line
 # A batch's cards are read from heldout/cards beside it (heldout/$CARDS when CARDS is set). Every part stops 30 s before DEADLINE
 # (seconds from the start of this call).
 DEADLINE=${DEADLINE:-570}
@@ -45,6 +46,14 @@ for part in "$@"; do
         torchrun --standalone --nproc_per_node 1 benchmarks/measurements/tools/allocator_trace.py \
         --name trace-$n-$(basename $f .txt) -- $args --gpus-per-node 1 --gpu h200 > $OUT/trace-$n.log 2>&1
       echo "trace $spec rc=$? $(grep -h '^TRACE' $OUT/trace-$n.log)" ;;
+    prof:*)
+      spec=${part#prof:}; f=${spec%:*}; n=${spec##*:}
+      [ $(left) -gt 150 ] || { echo "prof $spec: no time left"; continue; }
+      args=$(grep -v '^#' $f | sed -n "${n}p" | sed 's/--steps [0-9]*//')
+      OUT=$OUT ZLAYOUT_CARDS_DIR=$PWD/$(dirname $f)/heldout/${CARDS:-cards} timeout -s TERM $(( $(left) - 20 )) \
+        torchrun --standalone --nproc_per_node 1 benchmarks/measurements/tools/steptime_profile.py \
+        --name prof-$n-$(basename $f .txt) --timed-steps 3 --steps 1 -- $args > $OUT/prof-$n.log 2>&1
+      echo "prof $spec rc=$? $(grep -h '^PROFILE' $OUT/prof-$n.log)" ;;
     *) echo "unknown part $part" ;;
   esac
 done
