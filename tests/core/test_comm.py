@@ -125,8 +125,25 @@ def test_parameter_offload_fetches_every_micro_step():
     inp = make_input(gpus_per_node=4, grad_accum=3)
     comm = estimate_comm(inp, Layout(stage=3, offload_optimizer="cpu", offload_param="cpu"))
     assert comm.pcie_param_fetch_bytes == pytest.approx(2 * 3 * 2 * P / 4, abs=1)
-    assert comm.pcie_to_gpu_bytes == comm.pcie_param_fetch_bytes  # updated on the host
-    assert comm.pcie_to_host_bytes == pytest.approx(3 * 4 * P / 4, abs=1)
+    # updated on the host: what comes up besides the fetches is the gradients' round trip
+    assert comm.pcie_to_gpu_bytes == comm.pcie_param_fetch_bytes + comm.pcie_grad_return_bytes
+    assert comm.pcie_to_host_bytes == pytest.approx((3 * 2 + 4) * P / 4, abs=1)
+
+
+def test_stage3_gradients_round_trip_through_the_host_buffer():
+    """Stage 3 opt->cpu (stage3.py partition_grads): every micro-step a partition goes down into the
+    host accumulation buffer (bf16) and back up; at the boundary it goes down once more as fp32.
+    Batch h's profiles: 8 bytes a parameter in the backward's copies at accumulation 1."""
+    inp = make_input(gpus_per_node=2, grad_accum=3)
+    comm = estimate_comm(inp, Layout(stage=3, offload_optimizer="cpu"))
+    assert comm.pcie_grad_return_bytes == pytest.approx(3 * 2 * P / 2, abs=1)
+    assert comm.pcie_to_host_bytes == pytest.approx((3 * 2 + 4) * P / 2, abs=1)
+    # the updated bf16 partition after the step, besides the round trip
+    assert comm.pcie_to_gpu_bytes == pytest.approx(3 * 2 * P / 2 + 2 * P / 2, abs=1)
+    one = estimate_comm(make_input(gpus_per_node=1), Layout(stage=3, offload_optimizer="cpu"))
+    assert one.pcie_to_host_bytes + one.pcie_grad_return_bytes == pytest.approx(8 * P, abs=1)
+    stage2 = estimate_comm(inp, Layout(stage=2, offload_optimizer="cpu"))
+    assert stage2.pcie_grad_return_bytes == 0
 
 
 def test_gpu_resident_layouts_use_no_pcie_or_nvme():
@@ -160,6 +177,5 @@ def test_stage3_optimizer_offload_brings_bf16_parameters_back():
     """Stage 3, params on the GPU: the fp32 partition is cast on the host (by PyTorch's
     cross-device copy), so 2 bytes per parameter of the partition come up after the step."""
     comm = estimate_comm(make_input(gpus_per_node=2, grad_accum=2), Layout(stage=3, offload_optimizer="cpu"))
-    assert comm.pcie_to_gpu_bytes == pytest.approx(2 * P / 2, abs=1)
+    assert comm.pcie_to_gpu_bytes - comm.pcie_grad_return_bytes == pytest.approx(2 * P / 2, abs=1)
     assert comm.pcie_param_fetch_bytes == 0
-    assert comm.pcie_to_host_bytes == pytest.approx(2 * 4 * P / 2, abs=1)

@@ -188,8 +188,8 @@ CPU_OPTIMIZER_BYTES_PER_PARAM = 42  # clip r/w 8 + Adam r 16 w 12 + fp32->bf16 c
 # Source: benchmarks/measurements/cpu-adam-scaling.jsonl, rows "h200-32core" (fitted there by
 # `python benchmarks/measurements/tools/cpu_adam_scaling.py --fit`): the 2-GPU torchrun rows (1 thread per rank)
 # and the 1-GPU rows (32 threads) of the 32-core H200 host; the 16-core host was held out.
-CPU_OPTIMIZER_S_PER_PARAM_ONE_THREAD = 2.670e-9
-CPU_THREAD_CONTENTION = 0.115
+CPU_OPTIMIZER_S_PER_PARAM_ONE_THREAD = 2.630e-9
+CPU_THREAD_CONTENTION = 0.110
 # Softmax/cross-entropy bytes per logit (tokens x vocab), forward+backward, as the worker's loss
 # runs it (`cross_entropy(logits[:, :-1].flatten(0, 1).float(), ...)`): forward, the slice's
 # copy (bf16 r2 w2), the fp32 cast (r2 w4), log-softmax (a row of a large vocabulary does not fit
@@ -824,10 +824,13 @@ def estimate_step_time(inp: PlanInput, layout: Layout, comm: CommEstimate | None
     pcie_bytes_per_s = hw.gpu.pcie_gbps * 1e9 / cal.transfer_factor
     down_s = comm.pcie_to_host_bytes / pcie_bytes_per_s
     fetch_s = comm.pcie_param_fetch_bytes / pcie_bytes_per_s
-    up_after_step_s = (comm.pcie_to_gpu_bytes - comm.pcie_param_fetch_bytes) / pcie_bytes_per_s
+    grad_return_s = comm.pcie_grad_return_bytes / pcie_bytes_per_s
+    up_after_step_s = (comm.pcie_to_gpu_bytes - comm.pcie_param_fetch_bytes
+                       - comm.pcie_grad_return_bytes) / pcie_bytes_per_s
     comm_total_s = 0.0
     exposed_comm_s = 0.0
-    streams = {"forward": [0.0, 0.0, fetch_s / 2], "backward": [0.0, 0.0, down_s + fetch_s / 2]}
+    streams = {"forward": [0.0, 0.0, fetch_s / 2],
+               "backward": [0.0, 0.0, down_s + grad_return_s + fetch_s / 2]}
     for coll in comm.collectives:  # stream: [network s, longest single launch s, PCIe s]
         coll_s = collective_time_s(coll, inp) * cal.transfer_factor
         comm_total_s += coll_s
