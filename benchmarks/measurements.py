@@ -108,11 +108,36 @@ def verify_results(emulated: bool = False):
                 yield path, r
 
 
+def _cards_beside_config(r: dict) -> Path | None:
+    """The cards folder a held-out batch keeps beside its configs holding the result's card
+    (heldout/cards-bias, the product's learner where the batch kept two, then heldout/cards),
+    or None. The config path is recorded absolute on the machine that ran it: read from its
+    benchmarks/measurements/ part on."""
+    model = r["inputs"].get("model") or {}
+    key, config = model.get("card"), model.get("hf_config")
+    marker = "benchmarks/measurements/"
+    if not key or not config or marker not in config:
+        return None
+    heldout = (ROOT / marker / config.split(marker, 1)[1]).parent.parent
+    return next((folder for folder in (heldout / "cards-bias", heldout / "cards")
+                 if (folder / f"{key}.toml").is_file()), None)
+
+
 def result_input(r: dict) -> tuple[PlanInput, Layout]:
     """A verify result's plan input and layout (its "layout" also holds the label and the flags
-    the Layout model does not take)."""
+    the Layout model does not take). A card the cards folder lacks is read from the folder its
+    batch keeps beside the configs (`_cards_beside_config`)."""
     layout = Layout.model_validate({k: r["layout"][k] for k in ("stage", "offload_optimizer", "offload_param")})
-    return PlanInput.model_validate(recorded_inputs(r["inputs"])), layout
+    key = (r["inputs"].get("model") or {}).get("card")
+    chosen = os.environ.get("ZLAYOUT_CARDS_DIR", "")
+    beside = _cards_beside_config(r) if key and not (Path(chosen) / f"{key}.toml").is_file() else None
+    if beside is None:
+        return PlanInput.model_validate(recorded_inputs(r["inputs"])), layout
+    os.environ["ZLAYOUT_CARDS_DIR"] = str(beside)
+    try:
+        return PlanInput.model_validate(recorded_inputs(r["inputs"])), layout
+    finally:
+        os.environ["ZLAYOUT_CARDS_DIR"] = chosen
 
 
 def load_measured(with_memory: bool = True) -> list[MeasuredLayout]:

@@ -5,6 +5,7 @@ weight gradients handed to DeepSpeed's hook, and the replay keyed on the card's 
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from zlayout.spec import Layout
 
 HELDOUT = Path(__file__).resolve().parents[2] / "benchmarks" / "measurements" / "h200-2026-12-02c" / "heldout"
 MiB = 2**20
+GiB = 2**30
 
 
 @pytest.fixture
@@ -208,3 +210,59 @@ def test_a_tied_heads_gradient_from_the_card_waits_for_the_embeddings(carded):
     # the head's gradient lives until the embedding's is made, then both die for their sum
     assert order.index(("a", embedding)) < order.index(("f", head))
     assert order.index(("a", total)) < order.index(("f", head))
+
+
+# --- latent attention (MLA) from the card ----------------------------------------------------
+
+BATCH_H = Path(__file__).resolve().parents[2] / "benchmarks" / "measurements" / "h200-2026-12-04"
+
+
+@pytest.fixture
+def deepseek_v2_lite(monkeypatch):
+    """DeepSeek-V2-Lite-L4 (MLA, 64 experts top-6, block 0 dense) at 2 x 4096, planned from the
+    card batch h ran with (heldout/cards-bias)."""
+    monkeypatch.setenv(cards.CARDS_DIR_ENV, str(BATCH_H / "heldout" / "cards-bias"))
+    args = build_parser().parse_args([
+        "plan", "--hf-config", str(BATCH_H / "heldout" / "configs" / "deepseek-v2-lite-L4.json"), "--impl", "hf",
+        "--gpu", "h200", "--gpus-per-node", "1", "--seq", "4096", "--micro-batch", "2", "--loop", "deepspeed"])
+    inp = plan_input_from_args(args)
+    assert inp.model.mla is not None and inp.model.card is not None
+    return inp
+
+
+def test_a_carded_mla_model_is_replayed_where_zero3_gathers_no_weights(deepseek_v2_lite):
+    # the card records MLA's projections' requests as it does any block's; only ZeRO-3's
+    # gathers (a block's weights as the hand-written tensor list) are not this model's
+    inp = deepseek_v2_lite
+    sim._CACHE.clear()
+    for layout in (Layout(stage=0), Layout(stage=1), Layout(stage=2), Layout(stage=2, offload_optimizer="cpu"),
+                   Layout(stage=3), Layout(stage=3, offload_optimizer="cpu")):
+        assert sim.replayed_peak_reserved(inp, layout) is not None, layout.label
+    assert sim.replayed_peak_reserved(inp, Layout(stage=3, offload_optimizer="cpu", offload_param="cpu")) is None
+    sim.blocks_from_cards = False  # without the card's blocks MLA is not replayed
+    try:
+        sim._CACHE.clear()
+        assert sim.replayed_peak_reserved(inp, Layout(stage=2)) is None
+    finally:
+        sim.blocks_from_cards = True
+        sim._CACHE.clear()
+
+
+def test_a_carded_mla_step_frees_what_it_makes(deepseek_v2_lite):
+    seq = sim._Seq()
+    events = sim.allocation_sequence(deepseek_v2_lite, Layout(stage=2), 3, seq)
+    live = _live_at_marks(events, seq.marks)
+    assert live["step2.step"] == live["step3.step"] > 0
+
+
+def test_deepseek_v2_lites_replay_makes_the_large_segments_its_run_made(deepseek_v2_lite):
+    # batch h's run (ZeRO-2, the optimizer on the GPU, default allocator) ended with 44
+    # segments: five of the fp32 partition (the master, two moments, and two the step's fp32
+    # gradients left free), three of the bf16 weights', two of the fp32 logits'... The
+    # per-phase rule, which makes no segments, had it 14.9% under
+    run = next(json.loads(line) for line in (BATCH_H / "results" / "results-h.jsonl").read_text().splitlines()
+               if "deepseek-v2-lite" in line)
+    measured = sorted(size for size, _ in run["ranks"][0]["allocator_stats"]["segments_end"] if size >= GiB)
+    pools = sim.replay(sim.allocation_sequence(deepseek_v2_lite, Layout(stage=2), 2))
+    assert sorted(size for size in pools.segments if size >= GiB) == measured
+    assert len(measured) == 10

@@ -58,8 +58,9 @@ Pure arithmetic, no torch.
   26.90 GiB replayed (large pool) vs 26.76, reserved 37.17 vs 38.77. Any other MoE class with a learned card
   (qwen3_moe, phimoe, ...) is replayed with its blocks from the card (`CardBlocks`: the
   requests transformers' grouped experts really make, recorded by the learner) where ZeRO-3
-  gathers no weights (`_carded_moe_replayed`); without a card, Qwen2-MoE and DeepSeek blocks
-  (shared experts, grouped routing) and zlayout's GPT (no experts) are not replayed.
+  gathers no weights (`_carded_blocks_replayed`), and so is MLA attention (DeepSeek-V2/V3: the
+  card records its compressed projections' requests); without a card, Qwen2-MoE and DeepSeek
+  blocks (shared experts, grouped routing, MLA) and zlayout's GPT (no experts) are not replayed.
 * Checked request by request against allocator traces recorded on an H200 (torch 2.11,
   DeepSpeed 0.19.8; benchmarks/allocator_trace_compare.py lines a replay up with one, phase by
   phase): the cuBLAS workspace each multiplying thread keeps, autograd's order (a Linear's
@@ -115,9 +116,10 @@ def _replays_card(model, training) -> bool:
 heads_from_cards = True
 
 
-def _carded_moe_replayed(inp, layout) -> bool:
-    """A MoE model of another class than Mixtral replayed with its blocks from its card, where
-    ZeRO-3 gathers no weights: a gather fetches a block's weights as Mixtral's tensor list
+def _carded_blocks_replayed(inp, layout) -> bool:
+    """A model whose blocks the hand-written replay does not write (a MoE class other than
+    Mixtral, MLA attention) replayed with its blocks from its card, where ZeRO-3 gathers no
+    weights: a gather fetches a block's weights as the hand-written tensor list
     (`Replay.layer_sizes`), which is not this class's."""
     gathers = layout.stage == 3 and (inp.hardware.world > 1 or layout.offload_param != "gpu")
     return _replays_card(inp.model, inp.training) and not gathers
@@ -544,14 +546,15 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
     """The large tensors one GPU allocates and frees, in order, for a dense model: ZeRO 0-2
     with the optimizer on the GPU or the CPU, ZeRO-3 with the optimizer and weights on the GPU
     or the CPU; gradient accumulation included; Mixtral's MoE blocks (`mixtral_replayed`) and
-    a carded MoE model's (its blocks from the card; no ZeRO-3 gathers). None for what is not replayed: NVMe,
-    other MoE blocks, MLA, fp32 training."""
+    a carded MoE or MLA model's (its blocks from the card; no ZeRO-3 gathers). None for what is
+    not replayed: NVMe, other MoE blocks, MLA without a card, fp32 training."""
     model, t = inp.model, inp.training
     if "nvme" in (layout.offload_optimizer, layout.offload_param):
         return None
     if layout.stage < 3 and layout.offload_param != "gpu":
         return None
-    if (model.is_moe and not (mixtral_replayed(model, t) or _carded_moe_replayed(inp, layout))) or model.mla \
+    carded = _carded_blocks_replayed(inp, layout)
+    if (model.is_moe and not (mixtral_replayed(model, t) or carded)) or (model.mla and not carded) \
             or t.precision == "fp32":
         return None
     # Micro-steps between the first and the boundary repeat the same requests on the state the
