@@ -5,6 +5,7 @@
 # and a fresh node gets them again.
 #   setup            install the carried wheels, record the host, build fused Adam, then CPU Adam
 #                    (before any timed run: a JIT build killed by a timeout leaves a lock)
+#   setup-gpu        the same without CPU Adam (a batch with no optimizer on the CPU)
 #   fam:FILE         zlayout verify --batch FILE (held-out lines, predicted before: see the folder's README)
 #   trace:FILE:LINE  an allocator trace (tools/allocator_trace.py) of line LINE of batch FILE
 #   prof:FILE:LINE   a step-time profile (tools/steptime_profile.py: 3 timed steps, 1 profiled) of that line
@@ -30,6 +31,8 @@ for part in "$@"; do
     setup)
       build fused FusedAdamBuilder
       build cpuadam CPUAdamBuilder ;;
+    setup-gpu)
+      build fused FusedAdamBuilder ;;
     fam:*)
       f=${part#fam:}; n=$(basename $f .txt)
       [ $(left) -gt 90 ] || { echo "$n: no time left"; continue; }
