@@ -136,6 +136,17 @@ def test_a_host_bound_prediction_says_one_run_is_not_the_layout(inp):
     assert "host-bound" not in format_result(result)
 
 
+def test_an_offload_bound_prediction_says_one_run_is_not_the_layout(inp):
+    # Mixtral-8x7B-L2 ZeRO-3 opt->cpu: 4.05 s in verify's process, 3.19 s in a profile's
+    reports = [report(0, GiB, step_s=[9.0, 5.0, 4.0, 4.1, 4.0], peak_allocated_bytes=[GiB] * 5)]
+    result = build_result(inp, LAYOUT, reports, cpu=False, returncode=0, output_tail=[], expected_ranks=1)
+    assert "offload_s" in result["predicted"]
+    result["predicted"].update(step_time_s=2.9, host_overhead_s=0.0, offload_s=2.8)
+    assert "offload-bound (the CPU optimizer and host copies set 97% of the predicted step)" in format_result(result)
+    result["predicted"]["offload_s"] = 0.5  # 17%: the GPU's step
+    assert "offload-bound" not in format_result(result)
+
+
 def test_no_spread_line_for_a_cpu_run(inp):
     # a CPU run's steps against the GPU's predicted step time would read as a miss of the plan
     reports = [report(0, GiB, step_s=[9.0, 5.0, 3.0, 1.0, 2.0], peak_allocated_bytes=[GiB] * 5)]

@@ -18,18 +18,18 @@ from zlayout.cli import add_plan_arguments, layout_from_args, plan_input_from_ar
 from zlayout.core.memory import MemoryEstimate
 from zlayout.core.plan import Plan, make_plan
 from zlayout.core.serialize import layout_plan_dict, model_dict, recommendation_dict
-from zlayout.core.steptime import StepTimeEstimate, host_bound_note, step_time_parts
+from zlayout.core.steptime import StepTimeEstimate, host_bound_note, offload_bound_note, step_time_parts
 from zlayout.replaycache import lasting
 from zlayout.spec import GiB, Layout
 
 
 def step_time_lines(t: StepTimeEstimate) -> list[str]:
-    """The step time of one layout, part by part, and a note when the host's side sets it."""
+    """The step time of one layout, part by part, and a note when the host's side or the offload sets it."""
     lines = [f"Step time {t.step_time_s:.3f} s (forward {t.forward_s:.3f}, backward {t.backward_s:.3f}, "
              f"optimizer {t.optimizer_s:.3f}):"]
     lines += [f"  {name:18} {seconds:7.3f} s  {why}" for name, seconds, why in step_time_parts(t)]
-    note = host_bound_note(t)
-    return lines + ([f"  host-bound: {note}"] if note else [])
+    notes = [("host-bound", host_bound_note(t)), ("offload-bound", offload_bound_note(t))]
+    return lines + [f"  {label}: {note}" for label, note in notes if note]
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -260,6 +260,35 @@ class StepTimeEstimate:
 HOST_BOUND_SHARE = 0.25
 
 
+# A step whose offload (the CPU optimizer, the PCIe copies not hidden, NVMe) is at least half of it is
+# offload-bound: its time is the host's memory bandwidth, threads and copies, which vary from process to
+# process on one host. Measured on one H200 host (16 cores; h200-2026-12-04, batch h and two profiles):
+# Mixtral-8x7B-L2 at ZeRO-3 with the optimizer on the CPU took 4.05 s a step in verify's process and
+# 3.19 s in a profile's on a fresh node (its optimizer phase 3.13-3.82 s against 2.57-2.98 s);
+# Qwen3-30B-A3B-L6 4.23 s and 4.56 s.
+OFFLOAD_BOUND_SHARE = 0.5
+
+
+def offload_bound_share(offload_s: float | None, step_time_s: float | None) -> float | None:
+    """The share of a step its offload takes, when that makes the step offload-bound
+    (OFFLOAD_BOUND_SHARE or more); None otherwise or for missing figures. The plan, a profile's
+    step-time alert and verify's report all decide offload-bound here."""
+    if not offload_s or not step_time_s or step_time_s <= 0:
+        return None
+    share = offload_s / step_time_s
+    return share if share >= OFFLOAD_BOUND_SHARE else None
+
+
+def offload_bound_note(t: StepTimeEstimate) -> str | None:
+    """Why an offload-bound step's figure is less certain than a GPU-bound one's, or None."""
+    share = offload_bound_share(t.offload_s, t.step_time_s)
+    if share is None:
+        return None
+    return (f"{share:.0%} of this step is offload (the CPU optimizer and host copies), whose speed varies "
+            "from process to process on one host (one such layout: 3.19 s and 4.05 s a step in two "
+            "processes); `zlayout calibrate` fits your hosts' factors from verify results")
+
+
 def step_time_parts(t: StepTimeEstimate) -> list[tuple[str, float, str]]:
     """A step's parts as the plan and the app show them, (name, seconds, why): they add up to the
     step. Parts that take no time are left out, except the kernels."""

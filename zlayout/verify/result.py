@@ -23,7 +23,7 @@ import re
 from typing import Any, Iterable
 
 from zlayout.core.plan import plan_layout
-from zlayout.core.steptime import host_bound_share, steady_step_s, steady_steps
+from zlayout.core.steptime import host_bound_share, offload_bound_share, steady_step_s, steady_steps
 from zlayout.spec import GiB, Layout, PlanInput, offload_flag
 
 TOLERANCE_FRACTION = 0.10
@@ -64,6 +64,7 @@ def predicted_figures(inp: PlanInput, layout: Layout) -> dict[str, Any]:
         "peak_phase": mem.peak_phase,
         "step_time_s": time.step_time_s,
         "host_overhead_s": time.host_overhead_s,  # the host's side the kernels do not hide
+        "offload_s": time.offload_s,  # CPU optimizer, PCIe copies not hidden, NVMe
         "tokens_per_s": time.tokens_per_s,
         "tflops_per_gpu": _tflops_per_gpu(inp, time.step_time_s),
     }
@@ -186,6 +187,12 @@ def step_time_spread_line(result: dict[str, Any]) -> str | None:
         line += (f"; host-bound (the host's Python sets {share:.0%} of the predicted step): such "
                  "steps vary up to 1.8x from one process to the next on one host, so one run's median "
                  "is not the layout's: run it again before reading the error as the plan's")
+    offload = predicted.get("offload_s")
+    share = offload_bound_share(offload, want) if isinstance(offload, (int, float)) else None
+    if share is not None:
+        line += (f"; offload-bound (the CPU optimizer and host copies set {share:.0%} of the predicted "
+                 "step): such steps varied 27% from one process to the next on one host, so run it "
+                 "again before reading the error as the plan's")
     return line
 
 
