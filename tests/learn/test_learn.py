@@ -421,6 +421,18 @@ def test_a_config_the_model_code_cannot_run_is_one_line_exit_2(tmp_path, monkeyp
     assert not (tmp_path / "cards").exists() or not list((tmp_path / "cards").iterdir())
 
 
+def test_a_model_whose_code_reads_tensor_values_is_one_line_saying_so():
+    """JetMoE's router turns its expert counts into Python ints: on the meta device there are no
+    values. learn says that (not that the config is wrong), in one line."""
+    config = {**AutoConfig.for_model("jetmoe", num_hidden_layers=1, hidden_size=64, kv_channels=16,
+                                     num_key_value_heads=2, intermediate_size=64, vocab_size=128).to_dict()}
+    with pytest.raises(LearnError) as caught:
+        learn(config)
+    message = str(caught.value)
+    assert "'jetmoe' code reads tensor values" in message and "meta device" in message
+    assert "cannot run this config" not in message and "\n" not in message
+
+
 def test_a_card_learned_before_attention_kernels_were_priced_is_named(tmp_path):
     """A cached card without `attention_kernels` (learned by an older zlayout, which priced every
     sdpa call as flash) still plans, with one note saying how to learn it again."""

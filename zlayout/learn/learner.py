@@ -437,8 +437,23 @@ def learn(config: Mapping[str, Any]) -> dict[str, Any]:
     except Exception as exc:  # noqa: BLE001: the model's own code fails in its own ways
         # (DeepSeek-V3 with more expert groups than routed experts: topk's "k not in range")
         first_line = next((line for line in str(exc).splitlines() if line.strip()), "")
-        raise LearnError(f"transformers' {config.get('model_type')!r} code cannot run this config: "
-                         f"{type(exc).__name__}{': ' + first_line.strip() if first_line else ''}") from exc
+        what = f"{type(exc).__name__}{': ' + first_line.strip() if first_line else ''}"
+        if _reads_tensor_values(exc):
+            # JetMoE's router turns its per-expert counts into Python ints (`.tolist()`) to split
+            # the tokens: the meta device holds no values, so no trace without data can follow it
+            raise LearnError(f"transformers' {config.get('model_type')!r} code reads tensor values while it "
+                             f"runs ({what}), which a trace on the meta device has none of: this model type "
+                             "cannot be learned here; plan it by shape (--layers, --hidden, ...: the hand "
+                             "model)") from exc
+        raise LearnError(f"transformers' {config.get('model_type')!r} code cannot run this config: {what}") from exc
+
+
+def _reads_tensor_values(exc: BaseException) -> bool:
+    """Whether the model's code failed because it read a meta tensor's values (`.item()`,
+    `.tolist()`, a data-dependent shape): torch's own messages for it."""
+    text = str(exc)
+    return ("Cannot copy out of meta tensor" in text or "data-dependent" in text.lower()
+            or "Tensor.item() cannot be called on meta tensors" in text)
 
 
 def _learn(config: Mapping[str, Any]) -> dict[str, Any]:
