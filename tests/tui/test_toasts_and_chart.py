@@ -103,10 +103,18 @@ async def test_the_charts_legend_names_every_colour_at_every_size(size):
                 if app.show_inputs:
                     await pilot.press("ctrl+b")
             app.query_one("#views").focus()  # they take the table's place below 120 columns
-            await pilot.pause(0.3)
             bars = app.query_one(MemoryBars)
-            rows = screen_text(app).splitlines()[bars.region.y:bars.region.bottom]
-            chart = "\n".join(row[bars.region.x:bars.region.right] for row in rows)
+
+            def chart_rows() -> tuple[list[str], str]:
+                rows = screen_text(app).splitlines()[bars.region.y:bars.region.bottom]
+                return rows, "\n".join(row[bars.region.x:bars.region.right] for row in rows)
+
+            # the chart is laid out on a later refresh: on a loaded machine 0.3 s was not always enough
+            for _ in range(50):
+                await pilot.pause(0.1)
+                rows, chart = chart_rows()
+                if all(f"■ {name}" in chart for _, name in view.MEMORY_COLUMNS):
+                    break
             for _, name in view.MEMORY_COLUMNS:
                 assert chart.count(f"■ {name}") == 1, (size, inputs, chart)
             assert "79.6 GiB" in rows[-1]  # the capacity stays in the border
