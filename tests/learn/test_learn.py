@@ -243,6 +243,18 @@ def test_attention_past_a_sliding_window_is_recorded_as_masked_over_the_full_squ
     assert past["backward"]["masked_attention_backward"][0][0] == 10 * 96
 
 
+def test_full_attention_layers_among_sliding_ones_are_their_own_kind_without_the_masks_bias():
+    """Gemma-3's full-attention layers have the sliding layers' weights but run causal flash with no
+    mask: a kind of their own (the config's layer_types), saving no batch x queries x keys bias."""
+    config = {**small_config("gemma3_text"), "num_hidden_layers": 3, "sliding_window": 64,
+              "layer_types": ["sliding_attention", "sliding_attention", "full_attention"]}
+    card = learn(config)
+    assert card["layers"]["kinds"] == [0, 0, 1]
+    past = next(regime for regime in card["regimes"] if regime.get("max_tokens") is None)
+    square = {block["kind"]: block["saved_by_dtype"]["bfloat16"][0] for block in past["blocks"]}
+    assert square[0] > 0 and square[1] == 0  # the T^2 term: the sliding calls' bias only
+
+
 @pytest.mark.slow  # zlayout learn in a subprocess: transformers' import each time
 def test_learn_writes_the_card_plan_then_takes_its_activations(tmp_path):
     config = SMALL / "gpt2.json"  # dropout 0.1 and gelu_new: what the hand model under-counts

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -72,12 +72,18 @@ def block_list(model: nn.Module) -> nn.ModuleList:
     return max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))
 
 
-def block_kinds(blocks: nn.ModuleList) -> list[int]:
-    """Each block's kind: blocks with the same parameter names and shapes are one kind."""
+def block_kinds(blocks: nn.ModuleList, layer_types: Sequence[str] | None = None) -> list[int]:
+    """Each block's kind: blocks with the same parameter names and shapes, and the same layer
+    type where the config lists one per block (Gemma-3's full-attention layers among its sliding
+    ones run without the sliding mask's bias: same weights, different requests), are one kind."""
+    if layer_types is not None and len(layer_types) != len(blocks):
+        layer_types = None
     signatures: dict[tuple, int] = {}
     kinds = []
-    for block in blocks:
+    for index, block in enumerate(blocks):
         signature = tuple((name, tuple(p.shape)) for name, p in block.named_parameters())
+        if layer_types is not None:
+            signature += (str(layer_types[index]),)
         kinds.append(signatures.setdefault(signature, len(signatures)))
     return kinds
 
@@ -463,7 +469,8 @@ def _learn(config: Mapping[str, Any]) -> dict[str, Any]:
     parameters = [(name, list(p.shape), str(p.dtype).removeprefix("torch."))
                   for name, p in model.named_parameters()]
     blocks = block_list(model)
-    kinds = block_kinds(blocks)
+    layer_types = getattr(_owner_config(model, blocks), "layer_types", None)
+    kinds = block_kinds(blocks, layer_types if isinstance(layer_types, (list, tuple)) else None)
     keep = traced_blocks(kinds)
     model.bfloat16()  # DeepSpeed trains the bf16 copy
 
