@@ -210,6 +210,22 @@ def test_offload_costs_time():
             > step(inp, Layout(stage=3, offload_optimizer="cpu")).step_time_s)
 
 
+def test_stage3_backward_copies_fetches_up_while_gradients_go_down():
+    """ZeRO-3 opt->cpu on one GPU, 128 tokens (nothing hides a copy): the gradients go down
+    (bf16 into the host buffer, fp32 at the boundary: 6 B/param) and 2 B/param come back on the
+    reduce stream; with the weights on the host too, their fetches come up on the all-gather stream
+    at the same time, each direction at its own rate, so the backward's copies take no longer: the
+    2 B/param the weights' updated partition no longer sends up after the step is what the forward's
+    fetch costs."""
+    tiny = ModelSpec(name="wide", layers=2, hidden=8192, heads=64, vocab=32000)
+    inp = make_input(gpus_per_node=1, seq=128, micro_batch=1, model=tiny)
+    on_gpu = step(inp, Layout(stage=3, offload_optimizer="cpu"))
+    on_host = step(inp, Layout(stage=3, offload_optimizer="cpu", offload_param="cpu"))
+    bytes_per_s = inp.hardware.gpu.pcie_gbps * 1e9
+    assert on_gpu.pcie_s == pytest.approx((8 + 2) * tiny.params / bytes_per_s, rel=0.05)  # a little hides
+    assert on_host.pcie_s == pytest.approx(on_gpu.pcie_s, rel=0.02)
+
+
 def test_measured_rows_in_the_repository():
     """Every H200 row in benchmarks/measurements/ (two hosts, 32 and 16 cores; all in-sample since
     the constants were refitted on both): within 25%, the steady steps (the third on where there

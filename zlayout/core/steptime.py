@@ -185,11 +185,13 @@ CPU_OPTIMIZER_BYTES_PER_PARAM = 42  # clip r/w 8 + Adam r 16 w 12 + fp32->bf16 c
 # The CPU optimizer step per parameter (DeepSpeedCPUAdam + clipping + the bf16 cast) and how it
 # scales with threads: t threads take (1 + c(t-1)) / t of one thread's time (Amdahl-like: the
 # threads contend for the memory bus, so it saturates near 1/c times one thread's speed).
-# Source: benchmarks/measurements/cpu-adam-scaling.jsonl, rows "h200-32core" (fitted there by
+# Source: benchmarks/measurements/cpu-adam-scaling.jsonl, rows "h200-32core" (step-derived with
+# estimate_step_time's PCIe model: refitted when stage 3's gradient round trip and the duplex backward were added,
+# 2.670e-9 / 0.115 -> 2.638e-9 / 0.115; fitted there by
 # `python benchmarks/measurements/tools/cpu_adam_scaling.py --fit`): the 2-GPU torchrun rows (1 thread per rank)
 # and the 1-GPU rows (32 threads) of the 32-core H200 host; the 16-core host was held out.
-CPU_OPTIMIZER_S_PER_PARAM_ONE_THREAD = 2.630e-9
-CPU_THREAD_CONTENTION = 0.110
+CPU_OPTIMIZER_S_PER_PARAM_ONE_THREAD = 2.638e-9
+CPU_THREAD_CONTENTION = 0.115
 # Softmax/cross-entropy bytes per logit (tokens x vocab), forward+backward, as the worker's loss
 # runs it (`cross_entropy(logits[:, :-1].flatten(0, 1).float(), ...)`): forward, the slice's
 # copy (bf16 r2 w2), the fp32 cast (r2 w4), log-softmax (a row of a large vocabulary does not fit
@@ -858,8 +860,11 @@ def estimate_step_time(inp: PlanInput, layout: Layout, comm: CommEstimate | None
                        - comm.pcie_grad_return_bytes) / pcie_bytes_per_s
     comm_total_s = 0.0
     exposed_comm_s = 0.0
+    # The backward's copies: the gradients' (down, and stage 3's round trip back up) are serial on
+    # the reduce stream; stage 3's parameter fetches come up on the all-gather stream at the same
+    # time, and PCIe carries each direction at its own rate: the longer of the two is the time.
     streams = {"forward": [0.0, 0.0, fetch_s / 2],
-               "backward": [0.0, 0.0, down_s + grad_return_s + fetch_s / 2]}
+               "backward": [0.0, 0.0, max(down_s + grad_return_s, grad_return_s + fetch_s / 2)]}
     for coll in comm.collectives:  # stream: [network s, longest single launch s, PCIe s]
         coll_s = collective_time_s(coll, inp) * cal.transfer_factor
         comm_total_s += coll_s
