@@ -18,7 +18,7 @@ from zlayout.cli import add_plan_arguments, layout_from_args, plan_input_from_ar
 from zlayout.core.memory import MemoryEstimate
 from zlayout.core.plan import Plan, make_plan
 from zlayout.core.serialize import layout_plan_dict, model_dict, recommendation_dict
-from zlayout.core.steptime import StepTimeEstimate, host_bound_note, offload_bound_note, step_time_parts
+from zlayout.core.steptime import StepTimeEstimate, step_time_notes, step_time_parts
 from zlayout.replaycache import lasting
 from zlayout.spec import GiB, Layout
 
@@ -28,8 +28,7 @@ def step_time_lines(t: StepTimeEstimate) -> list[str]:
     lines = [f"Step time {t.step_time_s:.3f} s (forward {t.forward_s:.3f}, backward {t.backward_s:.3f}, "
              f"optimizer {t.optimizer_s:.3f}):"]
     lines += [f"  {name:18} {seconds:7.3f} s  {why}" for name, seconds, why in step_time_parts(t)]
-    notes = [("host-bound", host_bound_note(t)), ("offload-bound", offload_bound_note(t))]
-    return lines + [f"  {label}: {note}" for label, note in notes if note]
+    return lines + [f"  {label}: {note}" for label, note in step_time_notes(t)]
 
 
 def register(sub: argparse._SubParsersAction) -> None:

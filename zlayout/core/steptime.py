@@ -271,14 +271,20 @@ HOST_BOUND_SHARE = 0.25
 OFFLOAD_BOUND_SHARE = 0.5
 
 
+def _bound_share(part_s: float | None, step_time_s: float | None, threshold: float) -> float | None:
+    """The share of a step `part_s` takes when it is `threshold` or more; None otherwise or for
+    missing figures."""
+    if not part_s or not step_time_s or step_time_s <= 0:
+        return None
+    share = part_s / step_time_s
+    return share if share >= threshold else None
+
+
 def offload_bound_share(offload_s: float | None, step_time_s: float | None) -> float | None:
     """The share of a step its offload takes, when that makes the step offload-bound
     (OFFLOAD_BOUND_SHARE or more); None otherwise or for missing figures. The plan, a profile's
     step-time alert and verify's report all decide offload-bound here."""
-    if not offload_s or not step_time_s or step_time_s <= 0:
-        return None
-    share = offload_s / step_time_s
-    return share if share >= OFFLOAD_BOUND_SHARE else None
+    return _bound_share(offload_s, step_time_s, OFFLOAD_BOUND_SHARE)
 
 
 def offload_bound_note(t: StepTimeEstimate) -> str | None:
@@ -317,10 +323,7 @@ def host_bound_share(host_overhead_s: float | None, step_time_s: float | None) -
     """The share of a step its unhidden host side takes, when that makes the step host-bound
     (HOST_BOUND_SHARE or more); None for a kernel-bound step or missing figures. The plan, a
     profile's step-time alert and verify's report all decide host-bound here."""
-    if not host_overhead_s or not step_time_s or step_time_s <= 0:
-        return None
-    share = host_overhead_s / step_time_s
-    return share if share >= HOST_BOUND_SHARE else None
+    return _bound_share(host_overhead_s, step_time_s, HOST_BOUND_SHARE)
 
 
 def host_bound_note(t: StepTimeEstimate) -> str | None:
@@ -331,6 +334,13 @@ def host_bound_note(t: StepTimeEstimate) -> str | None:
     return (f"{share:.0%} of this step is the host's side, which varies from process to process (one "
             "such layout: -28% to +31% of its prediction over six runs on one host); `zlayout calibrate` "
             "fits your hosts' factor from verify results")
+
+
+def step_time_notes(t: StepTimeEstimate) -> list[tuple[str, str]]:
+    """(label, note) for each reason this step's figure varies from process to process (host-bound,
+    offload-bound), as the plan and the app print them under the step's parts."""
+    notes = (("host-bound", host_bound_note(t)), ("offload-bound", offload_bound_note(t)))
+    return [(label, note) for label, note in notes if note]
 
 
 def matmul_params(inp: PlanInput) -> int:

@@ -96,19 +96,17 @@ class DetailScreen(ModalScreen[None]):
 
     def _step_time_table(self) -> Any:
         """The step time part by part (`zlayout plan --stage N` prints the same), and the
-        host-bound note where the host's side sets it."""
+        host-bound or offload-bound note where the host's side or the offload sets it."""
         from rich.console import Group
 
-        from zlayout.core.steptime import host_bound_note, offload_bound_note, step_time_parts
+        from zlayout.core.steptime import step_time_notes, step_time_parts
 
         t = self._layout_plan.time
         title = Text.assemble((f"Step time {view.fmt_seconds(t.step_time_s)}", "bold"),
                               f" (forward {view.fmt_seconds(t.forward_s)}, backward "
                               f"{view.fmt_seconds(t.backward_s)}, optimizer {view.fmt_seconds(t.optimizer_s)})")
         rows = [(name, f"{seconds:.3f}", why) for name, seconds, why in step_time_parts(t)]
-        for label, note in (("host-bound", host_bound_note(t)), ("offload-bound", offload_bound_note(t))):
-            if note:
-                rows.append((label, "", note))
+        rows += [(label, "", note) for label, note in step_time_notes(t)]
         if self._stacked():
             return Group(title, _stacked_rows(("Part", "s"), rows))
         table = Table(box=None, expand=True, pad_edge=False, header_style="bold", title=title,
