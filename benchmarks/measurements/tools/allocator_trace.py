@@ -115,7 +115,8 @@ def main() -> int:
         for micro in range(t.grad_accum):  # engine.step() steps the optimizer at the last micro-step
             name = f"step{step + 1}" + (f".m{micro + 1}" if t.grad_accum > 1 else "")
             ids = batch(step, micro, 0, 0, (t.micro_batch, t.seq), m.vocab).to(device)
-            loss = engine(ids)
+            outputs = engine(ids)  # --loop deepspeed: the outputs stay bound to the next forward
+            loss = getattr(outputs, "loss", outputs)
             snapshot_phase(f"{name}.forward")
             engine.backward(loss)
             snapshot_phase(f"{name}.backward")

@@ -29,6 +29,17 @@ def parse_layout(argv: list[str]) -> tuple[Any, Any, dict]:
     return inp, layout, ds_config(inp, layout)
 
 
+def hf_config_to_build(inp: Any) -> dict | None:
+    """The config.json verify's launcher hands its worker (`--hf-config`: the user's own file,
+    with the plan's shape laid over it); None for the hand-written families' models."""
+    if inp.training.impl != "hf" or not inp.model.hf_config:
+        return None
+    from zlayout.hfconfig import config_to_build, read_config
+
+    config, _ = read_config(inp.model.hf_config)
+    return config_to_build(config, inp.model)
+
+
 def build_model(inp: Any, layout: Any, cfg: dict) -> Any:
     """The worker's model (ZeRO-3 under zero.Init, transformers weights initialised per module)."""
     import deepspeed
@@ -37,7 +48,7 @@ def build_model(inp: Any, layout: Any, cfg: dict) -> Any:
     from zlayout.verify.worker_model import builder
 
     t = inp.training
-    build = builder(inp.model, t.checkpointing == "full", t.impl, t.seq, None)
+    build = builder(inp.model, t.checkpointing == "full", t.impl, t.seq, hf_config_to_build(inp), loop=t.loop)
     if layout.stage != 3:
         return build()
     with deepspeed.zero.Init(config_dict_or_path=cfg):

@@ -135,8 +135,9 @@ def main() -> int:
                 gc0 = gc_s[0]
                 start = time.perf_counter()
                 with record_function(f"phase:{phase}"):  # the window ends after its kernels do
-                    if phase == "forward":
-                        loss = run()
+                    if phase == "forward":  # --loop deepspeed: the outputs stay bound to the next forward
+                        outputs = run()
+                        loss = getattr(outputs, "loss", outputs)
                     else:
                         engine.backward(loss)
                     issued = time.perf_counter()
