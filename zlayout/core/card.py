@@ -63,12 +63,15 @@ def _net_and_peak(requests: tuple[Poly, ...], micro_batch: int, seq: int) -> tup
 # (`zlayout.learn.trace.fused_attention` records them under these names) at attention's efficiency,
 # batched matmuls at a GEMM's efficiency for a head's width, the grouped experts' GEMMs (transformers'
 # MoE blocks, `zlayout.learn.trace.grouped_mm_flops`) as GEMMs with their backward's measured
-# slowdown, any other op with FLOPs as a GEMM, and every op without FLOPs by the bytes it moves.
+# slowdown, any other op with FLOPs as a GEMM, and every op without FLOPs by the bytes it moves;
+# ops on misaligned tensors (`UNALIGNED_SUFFIX`) at the slower kernels' rates, GEMMs and memory apart.
 ATTENTION_OPS = frozenset({"attention_forward", "attention_backward"})
 # the same kernels given an explicit attn_mask (a sliding window past its width): the full square, no
 # tile skipped, at the masked kernels' lower rate (zlayout.learn.trace._FusedAttention)
 MASKED_ATTENTION_OPS = frozenset({"masked_attention_forward", "masked_attention_backward"})
 BATCHED_GEMM_OPS = frozenset({"bmm", "baddbmm"})
+UNALIGNED_SUFFIX = "_unaligned"  # an op on a tensor 16-byte loads cannot walk (zlayout.learn.trace._vector_aligned)
+WIDE_BATCHED_GEMM = "bmm_wide"  # a batched matmul no side of which is head-narrow: priced as a GEMM
 GROUPED_GEMM_OPS = frozenset({"_grouped_mm"})
 FP32_GEMM_SUFFIX = "_fp32"  # a matmul on float32 inputs (the learner's ledger names them so): the math attention's
 WORK_PHASES = ("forward", "backward", "checkpointed_forward", "checkpointed_backward")
@@ -94,6 +97,8 @@ class WorkTotals:
     grouped_gemm_flops: float = 0.0  # a MoE block's experts (not in gemm_flops)
     fp32_gemm_flops: float = 0.0  # matmuls on float32 inputs, without tensor cores (not in gemm_flops)
     masked_attention_flops: float = 0.0  # fused attention given an attn_mask (not in attention_flops)
+    unaligned_gemm_flops: float = 0.0  # matmuls on misaligned operands (`UNALIGNED_SUFFIX`; not in gemm_flops)
+    unaligned_memory_bytes: float = 0.0  # memory-bound ops on misaligned tensors (not in memory_bytes)
 
     def __add__(self, other: "WorkTotals") -> "WorkTotals":
         return WorkTotals(*(a + b for a, b in zip(self.astuple(), other.astuple())))
@@ -103,7 +108,8 @@ class WorkTotals:
 
     def astuple(self) -> tuple[float, ...]:
         return (self.gemm_flops, self.batched_gemm_flops, self.attention_flops, self.memory_bytes, self.kernels,
-                self.grouped_gemm_flops, self.fp32_gemm_flops, self.masked_attention_flops)
+                self.grouped_gemm_flops, self.fp32_gemm_flops, self.masked_attention_flops,
+                self.unaligned_gemm_flops, self.unaligned_memory_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,11 +118,17 @@ class WorkPhase:
 
     def totals(self, micro_batch: int, seq: int) -> WorkTotals:
         gemm = batched = attention = masked = memory = kernels = grouped = fp32 = 0.0
+        unaligned_gemm = unaligned_memory = 0.0
         for op in self.ops:
             flops = bytes_at(op.flops, micro_batch, seq)
             kernels += bytes_at(op.calls, micro_batch, seq)
             if flops > 0 and op.name.endswith(FP32_GEMM_SUFFIX):
                 fp32 += flops
+            elif op.name.endswith(UNALIGNED_SUFFIX):
+                if flops > 0:
+                    unaligned_gemm += flops
+                else:
+                    unaligned_memory += bytes_at(op.bytes, micro_batch, seq)
             elif op.name in ATTENTION_OPS:
                 attention += flops
             elif op.name in MASKED_ATTENTION_OPS:
@@ -129,7 +141,8 @@ class WorkPhase:
                 gemm += flops
             else:
                 memory += bytes_at(op.bytes, micro_batch, seq)
-        return WorkTotals(gemm, batched, attention, memory, kernels, grouped, fp32, masked)
+        return WorkTotals(gemm, batched, attention, memory, kernels, grouped, fp32, masked, unaligned_gemm,
+                          unaligned_memory)
 
 
 class BlockWeightGradient(NamedTuple):
@@ -203,12 +216,11 @@ class ModelCard:
         """Whether every block and the head record their work (cards learned before: no)."""
         return all(r.head_work is not None and all(b.work is not None for b in r.blocks) for r in self.regimes)
 
-    def has_expert_work(self) -> bool:
-        """Whether the blocks' recorded work counts grouped experts' GEMMs (cards learned before
-        `grouped_mm_flops` recorded them as `elementwise` bytes, with no FLOPs)."""
-        return self.has_work() and any(op.name in GROUPED_GEMM_OPS and any(op.flops)
-                                       for r in self.regimes for b in r.blocks
-                                       for phase in b.work.values() for op in phase.ops)
+    def block_matmul_flops(self, micro_batch: int, seq: int) -> float:
+        """The blocks' forward FLOPs in matmuls of every kind (GEMMs, batched, grouped, fp32)."""
+        fwd = self.pass_work(micro_batch, seq, checkpointing=False)[0]
+        return (fwd.gemm_flops + fwd.batched_gemm_flops + fwd.grouped_gemm_flops + fwd.fp32_gemm_flops
+                + fwd.unaligned_gemm_flops)
 
     def pass_work(self, micro_batch: int, seq: int, checkpointing: bool) -> tuple[WorkTotals, WorkTotals,
                                                                                  WorkTotals, WorkTotals]:

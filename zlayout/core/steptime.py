@@ -83,6 +83,15 @@ GEMM_HALF_WIDTH = 140
 # loads (GPT-2's 50257; nanoGPT pads it to 50304 for this): the head's three GEMMs and the loss's
 # passes run on slower kernels, the head's GEMMs at this achieved / peak.
 UNALIGNED_HEAD_EFFICIENCY = 0.127
+# Memory-bound kernels on misaligned tensors (a card's `elementwise_unaligned`: rows of an odd
+# length, strided slices) run without vector loads, at this share of the aligned ones' bandwidth.
+# FITTED (in-sample) on one row: GPT-OSS-20B cut to 4 layers, ZeRO-2, 4096 tokens (h200-2026-12-06,
+# results/results-j.jsonl line 2): its eager attention with sinks works on rows of T + 1 logits, and
+# the fraction that makes the forward and backward's sum the run's is 0.358 (forward -23%, backward
+# +20% there: the phases' split is not modelled; its profile, prof-2-batch-heldout-j.json, has the
+# concatenation and softmax forward far slower than their backward). Not fitted on, moved by it:
+# GPT-2-medium (h200-2026-12-02c, vocabulary 50257: the loss's passes) -5.7% -> +1.3%.
+UNALIGNED_HBM_FRACTION = 0.36
 ATTENTION_EFFICIENCY = 0.546  # causal flash attention forward (SDPA): achieved / peak on its halved FLOPs
 # Attention given an explicit attn_mask (transformers' sliding window once the sequence reaches it):
 # every kernel that takes a mask (cuDNN with a bias, memory-efficient) does the full square, read
@@ -446,6 +455,7 @@ class PhaseWork:
     batched_gemm_flops: float = 0.0  # eager attention's T^2 matmuls (a card's bmm/baddbmm): narrow GEMMs
     fp32_gemm_flops: float = 0.0  # matmuls on float32 inputs (the math attention's): CUDA cores, not tensor cores
     masked_attention_flops: float = 0.0  # fused attention given an attn_mask: the full square, forward-equivalents
+    unaligned_hbm_bytes: float = 0.0  # memory-bound ops on misaligned tensors (a card's `*_unaligned`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -532,7 +542,17 @@ def card_with_work(inp: PlanInput):
     card = card_of(inp.model, inp.training)
     if card is None or not card.has_work():
         return None
-    return card if not inp.model.moe_layer_count or card.has_expert_work() else None
+    return card if not inp.model.moe_layer_count or card_counts_experts(inp, card) else None
+
+
+def card_counts_experts(inp: PlanInput, card) -> bool:
+    """Whether a MoE model's card records its experts' matmuls: its blocks' forward matmul FLOPs
+    reach two per parameter a token passes through (the attention, router, top-k and shared
+    experts; a model that runs every expert on every token, Llama-4's bmm, records more). Cards
+    learned before the learner counted `_grouped_mm` hold the attention's and the router's only
+    (a third of it for Qwen3-30B-A3B); 0.9 leaves room for the norms' parameters."""
+    seq = inp.training.seq
+    return card.block_matmul_flops(1, seq) >= 0.9 * 2 * inp.model.active_blocks_params() * seq
 
 
 def card_work(inp: PlanInput, card) -> tuple[PhaseWork, PhaseWork]:
@@ -556,7 +576,8 @@ def card_work(inp: PlanInput, card) -> tuple[PhaseWork, PhaseWork]:
         whole = blocks + head
         passes.append(PhaseWork(
             gemm_flops=whole.gemm_flops - (head.gemm_flops if unaligned else 0.0) + experts,
-            unaligned_gemm_flops=head.gemm_flops if unaligned else 0.0,
+            unaligned_gemm_flops=whole.unaligned_gemm_flops + (head.gemm_flops if unaligned else 0.0),
+            unaligned_hbm_bytes=whole.unaligned_memory_bytes,
             batched_gemm_flops=whole.batched_gemm_flops, attention_flops=whole.attention_flops,
             fp32_gemm_flops=whole.fp32_gemm_flops, masked_attention_flops=whole.masked_attention_flops,
             hbm_bytes=whole.memory_bytes, kernels=whole.kernels, host_kernels=whole.kernels, host_fixed_s=fixed_s))
@@ -782,6 +803,7 @@ def phase_kernel_s(inp: PlanInput, work: PhaseWork, c: GpuStepConstants = SHIPPE
             + work.masked_attention_flops / (peak * c.masked_attention_efficiency)
             + work.fp32_gemm_flops / (peak * FP32_NON_TENSOR_FRACTION * c.gemm_efficiency)
             + work.hbm_bytes / elementwise_bytes_per_s(inp)
+            + work.unaligned_hbm_bytes / (elementwise_bytes_per_s(inp) * UNALIGNED_HBM_FRACTION)
             + work.fixed_s)
 
 

@@ -15,6 +15,7 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import nn
 
+from zlayout.core.card import UNALIGNED_SUFFIX
 from zlayout.learn.trace import StorageLedger, Window, fused_attention
 
 # Token counts traced (one sequence): three fix a quadratic term (attention's FLOPs; eager
@@ -273,11 +274,13 @@ def trace_step(model: nn.Module, blocks: nn.ModuleList, tokens: int, checkpointi
 
 def op_work(flops: Counter, moved: Counter, calls: Counter) -> dict[str, dict[str, int]]:
     """A phase's work by op: each FLOP-counted op (the matmuls, the attention kernels) on its own,
-    every other op (elementwise, norms, copies, reductions: memory-bound) summed as "elementwise";
+    every other op (elementwise, norms, copies, reductions: memory-bound) summed as "elementwise"
+    ("elementwise_unaligned" those on tensors 16-byte loads cannot walk, `trace._vector_aligned`);
     each with its FLOPs, the bytes it moves and its kernel launches."""
     table = {"elementwise": {"flops": 0, "bytes": 0, "calls": 0}}
     for op in sorted(calls):
-        entry = table.setdefault(op if flops[op] > 0 else "elementwise", {"flops": 0, "bytes": 0, "calls": 0})
+        memory = "elementwise" + (UNALIGNED_SUFFIX if op.endswith(UNALIGNED_SUFFIX) else "")
+        entry = table.setdefault(op if flops[op] > 0 else memory, {"flops": 0, "bytes": 0, "calls": 0})
         entry["flops"] += flops[op]
         entry["bytes"] += moved[op]
         entry["calls"] += calls[op]
@@ -398,8 +401,12 @@ def regimes_to_trace(config: Mapping[str, Any]) -> list[tuple[int | None, tuple[
     window = sliding_window(config)
     if window is None or window >= 2 * max(FIT_TOKENS):
         return [(None, FIT_TOKENS, CHECK_TOKENS)]
-    # transformers builds the window's mask once a sequence is as long as the window
-    return [(window - 1, (window // 4, window // 2, 3 * window // 4), window - 1),
+    # transformers builds the window's mask once a sequence is as long as the window. The counts
+    # traced below it are multiples of 8, as sequences are trained: a T x T tensor's rows are then
+    # 16-byte aligned in bf16 as they are in the run (an odd count would record its ops as
+    # misaligned, `trace._vector_aligned`, and the fit would see them change kind).
+    below = [n // 8 * 8 for n in (window // 4, window // 2, 3 * window // 4, window - 1)]
+    return [(window - 1, tuple(below[:3]), below[3]),
             (None, (window, 2 * window, 4 * window), 3 * window)]
 
 

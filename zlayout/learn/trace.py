@@ -29,7 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
-from zlayout.core.card import FP32_GEMM_SUFFIX
+from zlayout.core.card import FP32_GEMM_SUFFIX, UNALIGNED_SUFFIX, WIDE_BATCHED_GEMM
 
 
 @dataclass
@@ -70,8 +70,29 @@ def grouped_mm_flops(mat_a: torch.Tensor, mat_b: torch.Tensor, *args, out_val: t
     return 2 * out_val.numel() * contraction
 
 
+# A batched matmul is attention's when it is q @ k^T, probs @ v or one of their gradients: of its
+# three dimensions (M, K, N) two are the sequence and one is a head's width (64-256). Any other is a
+# dense GEMM per batch entry, as Llama-4's experts run (`Llama4TextExperts`: one bmm over every
+# expert, each taking every token), and is recorded under another name. (Not "the narrowest side
+# is wide": at short traced sequences an expert's weight gradient contracts over few tokens.)
+BATCHED_MATMULS = frozenset({"bmm", "baddbmm"})
+HEAD_WIDTH_MAX = 256
+
 # FLOP formulas for ops torch's flop counter does not know.
 EXTRA_FLOPS = {torch.ops.aten._grouped_mm: grouped_mm_flops}
+
+
+def _vector_aligned(tensor: torch.Tensor) -> bool:
+    """Whether a kernel can walk the tensor in 16-byte vector loads: its offset and every stride
+    of a dimension longer than one (but a unit innermost one) a multiple of 16 bytes. PyTorch's
+    elementwise and softmax kernels and cuBLAS's tensor-core GEMMs fall back to narrower loads
+    otherwise (Loops.cuh `can_vectorize_up_to`; GPT-OSS's attention sinks: rows of T + 1 logits,
+    and its `[..., :-1]` slice)."""
+    size = tensor.element_size()
+    if tensor.storage_offset() * size % 16:
+        return False
+    return all(stride == 1 or stride * size % 16 == 0 for extent, stride in zip(tensor.shape, tensor.stride())
+               if extent > 1)
 
 
 def _bytes(tensor: torch.Tensor) -> int:
@@ -169,6 +190,13 @@ class StorageLedger(TorchDispatchMode):
         formula = flop_registry.get(packet) or EXTRA_FLOPS.get(packet)
         flops = int(formula(*args, **kwargs, out_val=out)) if formula is not None else 0
         inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        if flops and name in BATCHED_MATMULS:
+            a, b = args[-2:] if name == "baddbmm" else args[:2]
+            m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+            if not any(x == y and z <= HEAD_WIDTH_MAX for x, y, z in ((m, k, n), (m, n, k), (k, n, m))):
+                name = WIDE_BATCHED_GEMM  # each batch entry a dense GEMM (core.card prices it so)
+        if not all(map(_vector_aligned, [*inputs, *outputs])):
+            name += UNALIGNED_SUFFIX  # priced apart (core.card): no 16-byte vector loads
         if flops and inputs and inputs[0].dtype == torch.float32:
             name += FP32_GEMM_SUFFIX  # a float32 matmul in a bf16 step (the math attention's): no tensor cores
         if name in GATHERS and inputs:  # reads the rows it returns, not the whole table
