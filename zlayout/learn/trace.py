@@ -95,6 +95,17 @@ def _vector_aligned(tensor: torch.Tensor) -> bool:
                if extent > 1)
 
 
+def _misaligned(flops: int, tensors: list[torch.Tensor]) -> bool:
+    """Whether an op runs on the slower kernels of misaligned tensors: a matmul when any operand is
+    (cuBLAS picks its kernel for the whole product), a memory-bound op when misaligned tensors carry
+    most of its bytes (not the loss's `nll_loss`, whose labels `[..., 1:]` are one element off but
+    whose log-probabilities are aligned)."""
+    if flops:
+        return not all(map(_vector_aligned, tensors))
+    off = sum(_bytes(t) for t in tensors if not _vector_aligned(t))
+    return 2 * off > sum(_bytes(t) for t in tensors)
+
+
 def _bytes(tensor: torch.Tensor) -> int:
     """What a kernel moves for a tensor: its elements, at most its storage (a broadcast
     (expanded) tensor is read once, from its storage)."""
@@ -195,7 +206,7 @@ class StorageLedger(TorchDispatchMode):
             m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
             if not any(x == y and z <= HEAD_WIDTH_MAX for x, y, z in ((m, k, n), (m, n, k), (k, n, m))):
                 name = WIDE_BATCHED_GEMM  # each batch entry a dense GEMM (core.card prices it so)
-        if not all(map(_vector_aligned, [*inputs, *outputs])):
+        if _misaligned(flops, [*inputs, *outputs]):
             name += UNALIGNED_SUFFIX  # priced apart (core.card): no 16-byte vector loads
         if flops and inputs and inputs[0].dtype == torch.float32:
             name += FP32_GEMM_SUFFIX  # a float32 matmul in a bf16 step (the math attention's): no tensor cores
