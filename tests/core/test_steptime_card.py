@@ -155,3 +155,43 @@ def test_attention_past_a_sliding_window_is_priced_as_the_masked_kernels_full_sq
     assert extra_s == pytest.approx(fwd.masked_attention_flops / peak * (
         1 / steptime.MASKED_ATTENTION_EFFICIENCY - 0.5 / steptime.ATTENTION_EFFICIENCY))
     assert steptime.MASKED_ATTENTION_EFFICIENCY < steptime.ATTENTION_EFFICIENCY
+
+
+BATCH_J = HELDOUT.parent.parent / "h200-2026-12-06" / "heldout"
+
+
+def test_llama4s_experts_run_every_token_through_every_expert_and_are_priced_as_gemms(monkeypatch):
+    """Llama-4 Scout cut to one layer (batch j): `Llama4TextExperts` multiplies every token by all 16
+    experts in one bmm. Its card (cards-v2) records that bmm as a GEMM, 16 experts' worth, and the
+    step takes the card; the card learned before (cards: recorded as attention's narrow bmm) left
+    the model to the hand model's top-1 experts, 40% short of the run."""
+    monkeypatch.setenv(cards.CARDS_DIR_ENV, str(BATCH_J / "cards-v2"))
+    args = build_parser().parse_args(["plan", "--hf-config", str(BATCH_J / "configs" / "llama4-scout-L1.json"),
+                                      "--gpu", "h200", "--gpus-per-node", "1", "--seq", "8192"])
+    inp = plan_input_from_args(args)
+    m, seq = inp.model, 8192
+    blocks_fwd = inp.model.card.pass_work(1, seq, checkpointing=False)[0]
+    every_expert = 2 * seq * m.experts * 3 * m.hidden * m.expert_ffn_size  # gate, up and down, each expert
+    assert blocks_fwd.batched_gemm_flops == 0
+    assert blocks_fwd.gemm_flops >= every_expert
+    assert steptime.card_with_work(inp) is inp.model.card
+    assert steptime.card_counts_experts(inp, inp.model.card)
+    carded = steptime.estimate_step_time(inp, Layout(stage=2))
+    # the run (results-j.jsonl line 4): forward 0.091 s, backward 0.197 s
+    assert carded.forward_s == pytest.approx(0.091, rel=0.15) and carded.backward_s == pytest.approx(0.197, rel=0.15)
+
+
+def test_misaligned_memory_traffic_is_priced_at_its_lower_bandwidth():
+    """A card's `elementwise_unaligned` bytes (GPT-OSS's sink rows of T + 1) take 1 / UNALIGNED_HBM_FRACTION
+    times as long as the same bytes aligned."""
+    from zlayout.core.card import OpWork, WorkPhase
+
+    args = build_parser().parse_args(["plan", "--preset", "llama3-8b", "--gpu", "h200", "--gpus-per-node", "1"])
+    inp = plan_input_from_args(args)
+    ops = (OpWork("elementwise", (0, 0, 0), (0, 0, 1e9), (0, 0, 1)),
+           OpWork("elementwise_unaligned", (0, 0, 0), (0, 0, 1e9), (0, 0, 1)))
+    totals = WorkPhase(ops).totals(1, 1024)
+    assert totals.memory_bytes == 1e9 and totals.unaligned_memory_bytes == 1e9
+    aligned = steptime.phase_kernel_s(inp, steptime.PhaseWork(hbm_bytes=1e9))
+    misaligned = steptime.phase_kernel_s(inp, steptime.PhaseWork(unaligned_hbm_bytes=1e9))
+    assert misaligned == pytest.approx(aligned / steptime.UNALIGNED_HBM_FRACTION)

@@ -464,3 +464,37 @@ def test_a_card_learned_before_attention_kernels_were_priced_is_named(tmp_path):
     cards.write_card(tmp_path, key, cards.dumps_card(learn(config), key, "falcon.json"), replace=False)
     again = zlayout("plan", "--hf-config", str(path), "--gpus-per-node", "1", "--seq", "512", cards_dir=tmp_path)
     assert again.returncode == 0 and "learned before" not in again.stderr
+
+
+def test_experts_in_one_bmm_are_recorded_as_gemms_not_attention():
+    """Llama-4's experts are one bmm over every expert (`Llama4TextExperts`): recorded as `bmm_wide`,
+    every token through all 4 experts; attention's own bmm (eager: two sides the sequence, one a
+    head's width) keeps its name."""
+    config = small_config("llama4_text")
+    regime = learn(config)["regimes"][0]
+    forward = regime["blocks"][0]["work"]["forward"]
+    assert "bmm" not in forward
+    h, f, experts = config["hidden_size"], config["intermediate_size"], config["num_local_experts"]
+    assert forward["bmm_wide"][0][1] == 2 * experts * 3 * h * f  # FLOPs per token (the linear term)
+    eager = learn(small_config("gemma2"))["regimes"][-1]["blocks"][0]["work"]
+    assert "bmm" in eager["forward"] and "bmm_wide" not in eager["forward"]
+
+
+def test_misaligned_rows_are_recorded_apart_and_labels_one_element_off_are_not():
+    """GPT-OSS's attention sinks make rows of T + 1 logits: the concatenation, softmax and the
+    probabilities' `[..., :-1]` matmul are recorded as misaligned. A multiple-of-8 vocabulary's loss
+    is not (its labels `[..., 1:]` are one element off, its log-probabilities aligned); GPT-2's 300
+    is (its logits' rows are misaligned)."""
+    oss = learn(small_config("gpt_oss"))["regimes"][-1]
+    assert {"elementwise_unaligned", "bmm_unaligned"} <= set(oss["blocks"][0]["work"]["forward"])
+    assert not any(op.endswith("_unaligned") for op in oss["head"]["work"]["forward"])  # vocabulary 1024
+    gpt2 = learn(small_config("gpt2"))["regimes"][0]["head"]["work"]["forward"]  # vocabulary 300
+    assert {"mm_unaligned", "elementwise_unaligned"} <= set(gpt2)
+
+
+def test_a_window_regime_traces_sequences_of_multiples_of_8():
+    """Below a window the learner traces sequences as trained, multiples of 8: a T x T tensor's
+    rows are aligned as in the run (an odd count would record its ops as misaligned)."""
+    for window in (128, 2047, 4096):
+        for _, fitted, checked in regimes_to_trace({"sliding_window": window}):
+            assert all(t % 8 == 0 for t in (*fitted, checked))

@@ -87,13 +87,13 @@ UNALIGNED_HEAD_EFFICIENCY = 0.127
 # length, strided slices) run without vector loads, at this share of the aligned ones' bandwidth.
 # FITTED (in-sample) on one row: GPT-OSS-20B cut to 4 layers, ZeRO-2, 4096 tokens (h200-2026-12-06,
 # results/results-j.jsonl line 2): its eager attention with sinks works on rows of T + 1 logits, and
-# the fraction that makes the forward and backward's sum the run's is 0.325 (forward -21%, backward
-# +17% there: the phases' split is not modelled; its profile, results/prof-2-batch-heldout-j.json,
+# the fraction that makes the forward and backward's sum the run's is 0.347 (forward -23%, backward
+# +18% there: the phases' split is not modelled; its profile, results/prof-2-batch-heldout-j.json,
 # has the concatenation and softmax forward far slower than their backward). Held out, batch k
-# (h200-2026-12-07, predicted with 0.36, fitted when the loss's nll_loss still counted as misaligned):
-# four rows within -12.2..+11.2%. Not fitted on, moved by it: GPT-2-medium (h200-2026-12-02c,
-# vocabulary 50257: the loss's passes) -5.7% -> +2.0%.
-UNALIGNED_HBM_FRACTION = 0.325
+# (h200-2026-12-07, predicted with 0.36, fitted when any misaligned tensor, the loss's labels too,
+# made an op misaligned): four rows within -12.2..+11.2%. Not fitted on, moved by it: GPT-2-medium
+# (h200-2026-12-02c, vocabulary 50257: the loss's passes) -5.7% -> +1.3%.
+UNALIGNED_HBM_FRACTION = 0.347
 ATTENTION_EFFICIENCY = 0.546  # causal flash attention forward (SDPA): achieved / peak on its halved FLOPs
 # Attention given an explicit attn_mask (transformers' sliding window once the sequence reaches it):
 # every kernel that takes a mask (cuDNN with a bias, memory-efficient) does the full square, read

@@ -406,8 +406,9 @@ def regimes_to_trace(config: Mapping[str, Any]) -> list[tuple[int | None, tuple[
     # 16-byte aligned in bf16 as they are in the run (an odd count would record its ops as
     # misaligned, `trace._vector_aligned`, and the fit would see them change kind).
     below = [n // 8 * 8 for n in (window // 4, window // 2, 3 * window // 4, window - 1)]
+    past = -(-window // 8) * 8  # Phi-3's window of 2047: 2048
     return [(window - 1, tuple(below[:3]), below[3]),
-            (None, (window, 2 * window, 4 * window), 3 * window)]
+            (None, (past, 2 * past, 4 * past), 3 * past)]
 
 
 def _learn_regime(model, blocks, keep, fit_tokens, check_tokens) -> tuple[dict, float]:

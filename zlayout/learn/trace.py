@@ -95,15 +95,11 @@ def _vector_aligned(tensor: torch.Tensor) -> bool:
                if extent > 1)
 
 
-def _misaligned(flops: int, tensors: list[torch.Tensor]) -> bool:
-    """Whether an op runs on the slower kernels of misaligned tensors: a matmul when any operand is
-    (cuBLAS picks its kernel for the whole product), a memory-bound op when misaligned tensors carry
-    most of its bytes (not the loss's `nll_loss`, whose labels `[..., 1:]` are one element off but
-    whose log-probabilities are aligned)."""
-    if flops:
-        return not all(map(_vector_aligned, tensors))
-    off = sum(_bytes(t) for t in tensors if not _vector_aligned(t))
-    return 2 * off > sum(_bytes(t) for t in tensors)
+def _misaligned(tensors: list[torch.Tensor]) -> bool:
+    """Whether an op runs on the slower kernels of misaligned tensors: any floating-point tensor it
+    reads or writes is (an index's or the labels' alignment does not choose the kernel: the loss's
+    `nll_loss` reads labels `[..., 1:]`, one element off, beside aligned log-probabilities)."""
+    return not all(_vector_aligned(t) for t in tensors if t.is_floating_point())
 
 
 def _bytes(tensor: torch.Tensor) -> int:
@@ -206,7 +202,7 @@ class StorageLedger(TorchDispatchMode):
             m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
             if not any(x == y and z <= HEAD_WIDTH_MAX for x, y, z in ((m, k, n), (m, n, k), (k, n, m))):
                 name = WIDE_BATCHED_GEMM  # each batch entry a dense GEMM (core.card prices it so)
-        if _misaligned(flops, [*inputs, *outputs]):
+        if _misaligned([*inputs, *outputs]):
             name += UNALIGNED_SUFFIX  # priced apart (core.card): no 16-byte vector loads
         if flops and inputs and inputs[0].dtype == torch.float32:
             name += FP32_GEMM_SUFFIX  # a float32 matmul in a bf16 step (the math attention's): no tensor cores
