@@ -85,6 +85,11 @@ def test_drill_times_every_phase_and_records_the_host(drill):
     assert all(0 < m[k] < m["step_time_s"] for k in ("forward_s", "backward_s", "optimizer_s"))
     env = result["environment"]
     assert env["host_cores"] == os.cpu_count() and env["host_cpu_model"]
+    # the host memory's state, for offloaded step times that differ between processes on one node
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if thp.exists():
+        assert f"[{env['host_transparent_hugepages']}]" in thp.read_text()
+    assert 0 < env["host_mem_available_at_start_bytes"] and env["host_anon_huge_bytes"] >= 0
     # gloo's two CPU ranks can abort while tearing down after the last step (SIGABRT at
     # shutdown, seen in CI on 2 cores): the runner reports that as a warning, every step measured;
     # any other warning fails here

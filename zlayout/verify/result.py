@@ -331,7 +331,8 @@ def build_result(inp: PlanInput, layout: Layout, reports: list[dict[str, Any]], 
     env.setdefault("deepspeed", rank0.get("deepspeed"))
     env.setdefault("hostname", rank0.get("hostname"))
     for key in ("host_cores", "host_cores_usable", "host_cpu_model", "gpu_name", "allocator",
-                "pytorch_cuda_alloc_conf"):
+                "pytorch_cuda_alloc_conf", "host_transparent_hugepages", "host_mem_available_at_start_bytes",
+                "host_anon_huge_bytes"):
         env.setdefault(key, rank0.get(key))
     env.setdefault("gpus", [r.get("gpu_name") for r in sorted(reports, key=lambda r: r["rank"])]
                    if not cpu else [])
@@ -396,6 +397,8 @@ def reference_row(result: dict[str, Any]) -> dict[str, Any]:
         "host_cpu_model": result["environment"].get("host_cpu_model"),
         "gpu_name": result["environment"].get("gpu_name"),
         "alloc_conf": result["environment"].get("pytorch_cuda_alloc_conf"),
+        "host_thp": result["environment"].get("host_transparent_hugepages"),
+        "host_anon_huge_gib": gib(result["environment"].get("host_anon_huge_bytes")),
         "loss": [round(x, 3) for x in meas.get("losses", [])],
         "status": result["status"],
         "torch": result["environment"].get("torch"),

@@ -21,6 +21,8 @@ else
   OUT=${OUT:-/tmp/verify-out}; mkdir -p "$OUT"
 fi
 left() { echo $(( DEADLINE - SECONDS )); }
+line_args() {  # the verify arguments of line $2 of batch $1 (comments skipped)
+  grep -v '^#' "$1" | sed -n "${2}p"; }
 build() {  # name builder: as the verify worker loads it (corrected TORCH_CUDA_ARCH_LIST)
   [ -f /tmp/built-$1 ] && return
   local s=$SECONDS
@@ -44,7 +46,7 @@ for part in "$@"; do
     trace:*)
       spec=${part#trace:}; f=${spec%:*}; n=${spec##*:}
       [ $(left) -gt 150 ] || { echo "trace $spec: no time left"; continue; }
-      args=$(grep -v '^#' $f | sed -n "${n}p" | sed 's/--loop [a-z]*//; s/--gpus-per-node 1 --gpu h200//; s/--host-cores 16//; s/--steps 4//')
+      args=$(line_args $f $n | sed 's/--gpus-per-node 1 --gpu h200//; s/--host-cores 16//; s/--steps 4//')
       OUT=$OUT ZLAYOUT_CARDS_DIR=$PWD/$(dirname $f)/heldout/${CARDS:-cards} timeout -s TERM $(( $(left) - 20 )) \
         torchrun --standalone --nproc_per_node 1 benchmarks/measurements/tools/allocator_trace.py \
         --name trace-$n-$(basename $f .txt) -- $args --gpus-per-node 1 --gpu h200 > $OUT/trace-$n.log 2>&1
@@ -52,7 +54,7 @@ for part in "$@"; do
     prof:*)
       spec=${part#prof:}; f=${spec%:*}; n=${spec##*:}
       [ $(left) -gt 150 ] || { echo "prof $spec: no time left"; continue; }
-      args=$(grep -v '^#' $f | sed -n "${n}p" | sed 's/--steps [0-9]*//')
+      args=$(line_args $f $n | sed 's/--steps [0-9]*//')
       OUT=$OUT ZLAYOUT_CARDS_DIR=$PWD/$(dirname $f)/heldout/${CARDS:-cards} timeout -s TERM $(( $(left) - 20 )) \
         torchrun --standalone --nproc_per_node 1 benchmarks/measurements/tools/steptime_profile.py \
         --name prof-$n-$(basename $f .txt) --timed-steps 3 --steps 1 -- $args > $OUT/prof-$n.log 2>&1
