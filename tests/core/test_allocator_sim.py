@@ -747,12 +747,17 @@ def test_every_traced_layout_reserves_what_its_gpu_did():
     # the 21 H200 allocator traces: peak reserved within 64 MiB; ZeRO-3 with the optimizer on
     # the host within 2%: its frees wait on host copies and vary run to run (z3-opt-param-cpu
     # and s-z3-opt-param-cpu, one layout traced twice: 11.96 and 12.21 GiB)
+    # (the replay of as many steps as the trace ran: the planner's goes on until its steps repeat)
+    from zlayout.core.replay_state import _Seq
+
     paths = sorted(MEASUREMENTS.glob("h200-2026-12-0*/traces/*.json.gz"))
     assert len(paths) == 21
     for path in paths:
         doc, inp, layout = _trace_at(path.parent.parent.name.removeprefix("h200-2026-12-"), path.name.removesuffix(".json.gz"))
-        sim._CACHE.clear()
-        error = abs(sim.replayed_peak_reserved(inp, layout) - doc["max_reserved_bytes"])
+        steps = len({name.split(".")[0] for name, _ in doc["phase_marks"] if name.endswith(".step")})
+        seq = _Seq(live=True)
+        sim.allocation_sequence(inp, layout, steps, seq)
+        error = abs(seq.reserved - doc["max_reserved_bytes"])
         offloaded = layout.stage == 3 and layout.offload_optimizer != "gpu"
         assert error < (0.02 * doc["max_reserved_bytes"] if offloaded else 64 * MiB), (path.name.removesuffix(".json.gz"), error / MiB)
 
@@ -980,3 +985,30 @@ def test_the_deepspeed_loop_frees_the_logits_only_once_the_next_forward_returns(
     held, dropped = (sim.replay(sim.allocation_sequence(_input(impl=impl, loop=loop), Layout(stage=2), 2)).peak_allocated
                      for loop in ("deepspeed", "trainer"))
     assert 0 <= held - dropped - logits <= 2 * MiB
+
+
+def test_the_planner_replays_until_the_allocators_steps_repeat():
+    """Qwen3-8B cut to 6 layers, ZeRO-1, 2 x 4096 (h200-2026-12-06, results-j line 1): its second
+    step reserves nothing new but leaves the free blocks elsewhere; its third needs a 4748 MiB
+    segment more, and from its fourth the pools cycle with period two. The run reserved 76.62 GiB
+    in four steps; two replayed steps say 71.96, the planner's replay 76.60."""
+    from zlayout.cli import build_parser, layout_from_args, plan_input_from_args
+    from zlayout.core.replay_state import _Seq
+
+    folder = MEASUREMENTS / "h200-2026-12-06"
+    argv = [line for line in (folder / "batch-heldout-j.txt").read_text().splitlines()
+            if line and not line.startswith("#")][0].split()
+    args = build_parser().parse_args(["verify", *argv])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ZLAYOUT_CARDS_DIR", str(folder / "heldout" / "cards"))
+        inp, layout = plan_input_from_args(args), layout_from_args(args)
+        two = _Seq(live=True)
+        sim.allocation_sequence(inp, layout, 2, two)
+        settled = _Seq(live=True)
+        sim.allocation_sequence(inp, layout, 2, settled, sim.SETTLE_STEPS)
+        sim._CACHE.clear()
+        planned = sim.replayed_peak_reserved(inp, layout)
+    measured = json.loads((folder / "results" / "results-j.jsonl").read_text().splitlines()[0])["measured"]
+    assert two.reserved / GiB == pytest.approx(71.96, abs=0.01)
+    assert settled.steps_run == 6 and planned == settled.reserved  # steps 4 and 6 leave the same pools
+    assert abs(planned - measured["gpu_peak_reserved_bytes"]) < 64 * MiB

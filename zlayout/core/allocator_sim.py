@@ -520,11 +520,15 @@ class _Training:
 
     # --- the step ---------------------------------------------------------------------
 
-    def run(self, steps: int) -> None:
-        """`steps` optimizer steps of `r.ga` micro-steps each, after initialize."""
+    def run(self, steps: int, settle_up_to: int = 0) -> int:
+        """`steps` optimizer steps of `r.ga` micro-steps each, after initialize; with
+        `settle_up_to`, more until a step leaves the pools as an earlier step left them (at most
+        that many steps in all): from there the steps repeat that cycle. Returns the steps run."""
         r, s, grads = self.r, self.s, self.grads
         self.initialize()
-        for index in range(steps * r.ga):
+        index = done = 0
+        seen: set[tuple] = set()
+        while True:
             boundary = index % r.ga == r.ga - 1
             grads.start_micro_step(boundary)
             recording = index == 0
@@ -540,9 +544,19 @@ class _Training:
                 s.mark(f"step{index // r.ga + 1}.backward")
                 grads.step()
                 s.mark(f"step{index // r.ga + 1}.step")
+                done += 1
+                if done >= max(steps, settle_up_to):
+                    return done
+                if settle_up_to:
+                    state = s.pool_state()
+                    if done >= steps and state in seen:
+                        return done
+                    seen.add(state)
+            index += 1
 
 
-def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -> list[tuple[str, object, int]] | None:
+def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None,
+                        settle_up_to: int = 0) -> list[tuple[str, object, int]] | None:
     """The large tensors one GPU allocates and frees, in order, for a dense model: ZeRO 0-2
     with the optimizer on the GPU or the CPU, ZeRO-3 with the optimizer and weights on the GPU
     or the CPU; gradient accumulation included; Mixtral's MoE blocks (`mixtral_replayed`) and
@@ -564,7 +578,8 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None) -
     if model.layers * ga * steps > MAX_REPLAYED_LAYER_PASSES:
         return None  # too long to replay on a keystroke: the per-phase rule answers
     s = _seq if _seq is not None else _Seq()
-    _Training(inp, Replay(inp, layout, s, ga)).run(steps)
+    settle_up_to = min(settle_up_to, MAX_REPLAYED_LAYER_PASSES // (model.layers * ga))
+    s.steps_run = _Training(inp, Replay(inp, layout, s, ga)).run(steps, settle_up_to)
     return s.events
 
 
@@ -589,17 +604,26 @@ _CACHE: dict[tuple, int | None] = {}
 lasting_memo = None
 
 
+# The planner's replays run at least two steps (the second repeats the first's requests with the
+# Adam moments in place) and then on until a step leaves every pool's segments and free blocks as
+# an earlier step left them (the steps then cycle), at most this many: the reserve a long run
+# settles at (where the card holds every segment: on a card the cache fills, `replay_at_capacity`
+# keeps two). Two steps were the rule until Qwen3-8B-L6 at ZeRO-1, 2 x 4096 (h200-2026-12-06,
+# results-j line 1): its second step reserved nothing new but left the free blocks elsewhere, its
+# third needed a 4748 MiB segment (71.96 GiB replayed over two steps, 76.60 from the third on, the
+# run's 76.62 after four), and its pools cycle with period two from the fourth.
+SETTLE_STEPS = 8
+
+
 def replayed_peak_reserved(inp, layout, steps: int = 2) -> int | None:
-    """Peak reserved bytes (large pool) of `steps` training steps replayed through the
-    default caching allocator; None where the layout is not replayed. Two steps: the second
-    repeats the first's requests with the Adam moments in place, and a third reserved nothing
-    more on any of the 22 measured layouts replayed. Memoised: planning
-    asks for the same layout many times."""
+    """Peak reserved bytes (large pool) of at least `steps` training steps replayed through the
+    default caching allocator, and on until the pools' state cycles (`SETTLE_STEPS`); None
+    where the layout is not replayed. Memoised: planning asks for the same layout many times."""
     key = _key(inp, layout)
     if key not in _CACHE:
         def replay() -> int | None:
             seq = _Seq(live=True)
-            return None if allocation_sequence(inp, layout, steps, seq) is None else seq.reserved
+            return None if allocation_sequence(inp, layout, steps, seq, SETTLE_STEPS) is None else seq.reserved
 
         _CACHE[key] = replay() if lasting_memo is None else lasting_memo.recall((key, steps), replay)
         if len(_CACHE) > 4096:
@@ -617,6 +641,7 @@ class CapacityReplay:
     retries: int  # over the replayed steps, initialize included (the run's num_alloc_retries)
     retries_per_step: int  # in the last step: what every later step repeats
     freed_per_step: int  # bytes the last step's retries gave back
+    ran_out_in: str = ""  # out of memory: the phase that asked ("step 4's backward")
 
 
 _CAPACITY_CACHE: dict[tuple, CapacityReplay | None] = {}
@@ -638,10 +663,17 @@ def replay_at_capacity(inp, layout, capacity: int, steps: int = 2) -> CapacityRe
         device = Device(capacity)
         seq = _Seq(live=True, device=device)
         try:
-            return None if allocation_sequence(inp, layout, steps, seq) is None else CapacityReplay(
-                False, seq.reserved, device.needed, device.retries, *_last_step(seq, steps))
+            # `steps` only, not on until they repeat: past the second step a replay that retried
+            # (freed the cache) is unmeasured (h200-2026-12-01 call 3's ZeRO-2 L18 h4096 s4096 b4:
+            # three replayed steps make the run's 7 retries and 136.40 GiB, and the fourth runs out
+            # of memory in its backward; the run stopped after three)
+            if allocation_sequence(inp, layout, steps, seq) is None:
+                return None
+            return CapacityReplay(False, seq.reserved, device.needed, device.retries,
+                                  *_last_step(seq, steps))
         except OutOfMemory as oom:
-            return CapacityReplay(True, device.peak, oom.reserved + oom.request, device.retries, 0, 0)
+            return CapacityReplay(True, device.peak, oom.reserved + oom.request, device.retries, 0, 0,
+                                  _phase_after(list(seq.device_marks)))
 
     result = replay() if lasting_memo is None else lasting_memo.recall(
         ("capacity", key), replay, encode=astuple, decode=lambda fields: CapacityReplay(*fields))
@@ -649,6 +681,16 @@ def replay_at_capacity(inp, layout, capacity: int, steps: int = 2) -> CapacityRe
     if len(_CAPACITY_CACHE) > 1024:
         _CAPACITY_CACHE.pop(next(iter(_CAPACITY_CACHE)))
     return result
+
+
+def _phase_after(marks: list[str]) -> str:
+    """The phase that follows the last one marked ("step3.step" -> "step 4's forward")."""
+    if not marks or not marks[-1].startswith("step"):
+        return "step 1's forward" if marks and marks[-1] == "initialize" else "initialize"
+    step, phase = marks[-1][4:].split(".")
+    following = {"forward": (int(step), "backward"), "backward": (int(step), "optimizer step"),
+                 "step": (int(step) + 1, "forward")}[phase]
+    return f"step {following[0]}'s {following[1]}"
 
 
 def _last_step(seq: _Seq, steps: int) -> tuple[int, int]:

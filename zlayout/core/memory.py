@@ -1052,14 +1052,17 @@ def allocator_on_the_card(at_card, phases: dict[str, tuple[int, int]], misc: int
     (small_pool_bytes), beside the replayed large pools."""
     rule = caching_allocator(phases, misc, "default")
     if at_card.out_of_memory:
+        later = at_card.ran_out_in and not at_card.ran_out_in.startswith(("initialize", "step 1'"))
         return None, AllocatorEstimate(max(rule.needed_bytes, at_card.needed + small), rule.reserved_bytes,
-                                       "caching allocator on the card: a request no freed cache makes room for")
+                                       "caching allocator on the card: a request no freed cache makes room for"
+                                       + (f", in {at_card.ran_out_in} (the steps before it run: a shorter "
+                                          "run passes)" if later else ""))
     replayed = at_card.peak_reserved + small
     estimate = caching_allocator(phases, misc, "default", replayed)
     if at_card.retries:
         needed = max(at_card.needed + small, peak)
         every = at_card.retries_per_step
-        why = ("caching allocator, replayed over two steps on the card: it fills the card and frees its cache "
+        why = ("caching allocator, replayed on the card until its steps repeat: it fills the card and frees its cache "
                + (f"about {every} time{'s' if every != 1 else ''} a step" if every
                   else f"{at_card.retries} time{'s' if at_card.retries != 1 else ''} while the first step grows it")
                + " (cudaMalloc retries); segments split by smaller tensors stay reserved")
@@ -1101,7 +1104,7 @@ def caching_allocator(phases: dict[str, tuple[int, int]], misc: int, kind: str,
                                  "stay cached until memory runs short")
     if replayed is not None:
         return AllocatorEstimate(default_needed, max(replayed, peak),
-                                 "caching allocator, replayed over two steps: a tensor no cached "
+                                 "caching allocator, replayed until its steps repeat: a tensor no cached "
                                  "block of its stream holds gets a new segment; segments split by "
                                  "smaller tensors stay reserved")
     return AllocatorEstimate(default_needed, max(cached, default_needed),

@@ -46,6 +46,7 @@ class _Seq:
         self.events: list[tuple[str, object, int]] = []
         self.sizes: list[int] = [0]
         self.live = live
+        self.steps_run = 0  # the training steps `allocation_sequence` replayed
         self.pools: dict[int, CachingAllocator] = {}
         self.blocks: list[_Block | None] = [None]  # live: each name's block (None: small)
         self.marks: list[tuple[str, int]] = []  # (phase, index of its first event): comparisons
@@ -146,6 +147,12 @@ class _Seq:
                 pool.empty_cache()
         else:
             self.events.append(("e", None, 0))
+
+    def pool_state(self) -> tuple:
+        """Every pool's segments and free blocks (live): two equal states serve the same requests
+        the same way from there on."""
+        return tuple((stream, tuple(pool.segment_sizes), tuple(pool.free_index))
+                     for stream, pool in sorted(self.pools.items()))
 
     @property
     def reserved(self) -> int:
