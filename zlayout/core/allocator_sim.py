@@ -520,10 +520,11 @@ class _Training:
 
     # --- the step ---------------------------------------------------------------------
 
-    def run(self, steps: int, settle_up_to: int = 0) -> int:
+    def run(self, steps: int, settle_up_to: int = 0, settle_below: int | None = None) -> int:
         """`steps` optimizer steps of `r.ga` micro-steps each, after initialize; with
         `settle_up_to`, more until a step leaves the pools as an earlier step left them (at most
-        that many steps in all): from there the steps repeat that cycle. Returns the steps run."""
+        that many steps in all): from there the steps repeat that cycle; no further once the
+        reserve passes `settle_below` (a card it fills is replayed apart). Returns the steps run."""
         r, s, grads = self.r, self.s, self.grads
         self.initialize()
         index = done = 0
@@ -547,6 +548,10 @@ class _Training:
                 done += 1
                 if done >= max(steps, settle_up_to):
                     return done
+                if settle_up_to and settle_below is not None and s.reserved > settle_below:
+                    settle_up_to = 0
+                    if done >= steps:
+                        return done
                 if settle_up_to:
                     state = s.pool_state()
                     if done >= steps and state in seen:
@@ -556,7 +561,7 @@ class _Training:
 
 
 def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None,
-                        settle_up_to: int = 0) -> list[tuple[str, object, int]] | None:
+                        settle_up_to: int = 0, settle_below: int | None = None) -> list[tuple[str, object, int]] | None:
     """The large tensors one GPU allocates and frees, in order, for a dense model: ZeRO 0-2
     with the optimizer on the GPU or the CPU, ZeRO-3 with the optimizer and weights on the GPU
     or the CPU; gradient accumulation included; Mixtral's MoE blocks (`mixtral_replayed`) and
@@ -579,7 +584,7 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None,
         return None  # too long to replay on a keystroke: the per-phase rule answers
     s = _seq if _seq is not None else _Seq()
     settle_up_to = min(settle_up_to, MAX_REPLAYED_LAYER_PASSES // (model.layers * ga))
-    s.steps_run = _Training(inp, Replay(inp, layout, s, ga)).run(steps, settle_up_to)
+    s.steps_run = _Training(inp, Replay(inp, layout, s, ga)).run(steps, settle_up_to, settle_below)
     return s.events
 
 
@@ -631,6 +636,26 @@ def replayed_peak_reserved(inp, layout, steps: int = 2) -> int | None:
     return _CACHE[key]
 
 
+def _reserved_or_past(inp, layout, steps: int, capacity: int) -> int | None:
+    """`replayed_peak_reserved` where it is at most `capacity`; else some reserve past it (the
+    replay stops settling there: what the card then holds is `replay_at_capacity`'s to say), so
+    a layout whose reserve outgrows the card costs two replayed steps, not a cycle's."""
+    key = _key(inp, layout)
+    if key in _CACHE:
+        return _CACHE[key]
+
+    def replay() -> int | None:
+        seq = _Seq(live=True)
+        if allocation_sequence(inp, layout, steps, seq, SETTLE_STEPS, settle_below=capacity) is None:
+            return None
+        return seq.reserved
+
+    reserved = replay() if lasting_memo is None else lasting_memo.recall(("past", key, steps, capacity), replay)
+    if reserved is not None and reserved <= capacity:
+        _CACHE[key] = reserved  # it settled: the planner's figure
+    return reserved
+
+
 @dataclass(frozen=True)
 class CapacityReplay:
     """Training steps replayed where cudaMalloc has only `capacity` bytes (Device)."""
@@ -651,7 +676,7 @@ def replay_at_capacity(inp, layout, capacity: int, steps: int = 2) -> CapacityRe
     """The default allocator's replay where cudaMalloc has only `capacity` bytes for the large
     pools (Device): whether the steps run, peak reserved, and the retries they make. None
     where the layout is not replayed. Memoised."""
-    unbounded = replayed_peak_reserved(inp, layout, steps)
+    unbounded = _reserved_or_past(inp, layout, steps, capacity)
     if unbounded is None or unbounded <= capacity:
         # the card never fills: the same replay, no retry (and the lasting memo answers it)
         return None if unbounded is None else CapacityReplay(False, unbounded, 0, 0, 0, 0)
