@@ -379,7 +379,8 @@ def test_the_script_contract_gives_the_planners_figures(make_input, tmp_path):
     profile = build_profile(inp, Layout(stage=3), run=RunSettings())
     text = sections(render_runbook(profile))["## What the training script must do"]
     rows = [line for line in text.splitlines() if re.match(r"\| \d+ \|", line)]
-    assert [row.split(" | ")[1].split()[0] for row in rows] == ["Build", "Use", "Feed", "Checkpoint", "Run", "Accept"]
+    assert [row.split(" | ")[1].split()[0] for row in rows] == ["Build", "Use", "Feed", "Checkpoint", "Run", "Accept",
+                                                                    "Leave"]
 
     def changed(**training):
         return predict(inp.model_copy(update={"training": inp.training.model_copy(update=training)}),
@@ -396,6 +397,7 @@ def test_the_script_contract_gives_the_planners_figures(make_input, tmp_path):
     other = changed(loop="trainer").gpu_peak_allocated_bytes
     assert f"the trainer loop gives {gib_figure(other)} GiB" in rows[4]
     assert f"8 ranks on GPU 0 would need {gib_figure(8 * plan.gpu_peak_allocated_bytes)} GiB" in rows[5]
+    assert "destroy_process_group()" in rows[6] and "FAILED" in rows[6]
 
 
 def test_a_runbook_of_a_layout_that_does_not_fit_says_so(tmp_path):

@@ -1,6 +1,8 @@
 """A team's training script in miniature, for the exported launch_slurm.sbatch: it takes
 `--deepspeed_config`, hands it to deepspeed.initialize and trains a small MLP a few steps on
-CPU (gloo), then leaves one JSON report per rank in $TINY_TRAIN_OUT."""
+CPU (gloo), leaves one JSON report per rank in $TINY_TRAIN_OUT, and ends as the runbook's
+"What the training script must do" says (barrier, then destroy the process group: without it a
+gloo rank aborted in its destructor after the last step and SLURM recorded the job FAILED)."""
 
 import argparse
 import json
@@ -38,3 +40,5 @@ report = {"rank": rank, "world": dist.get_world_size(), "global_steps": engine.g
           "zero_stage": engine.zero_optimization_stage(), "loss": losses[-1]}
 Path(os.environ["TINY_TRAIN_OUT"], f"rank{rank}.json").write_text(json.dumps(report))
 print(f"tiny-train rank {rank}: {engine.global_steps} steps, loss {losses[-1]:.4f}", flush=True)
+dist.barrier()
+dist.destroy_process_group()

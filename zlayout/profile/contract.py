@@ -124,4 +124,12 @@ def script_contract(profile: Profile) -> list[Requirement]:
         "`torch.cuda.set_device(local_rank)`; `deepspeed.add_config_arguments(parser)` for `--deepspeed_config`",
         f"one rank per GPU: {gib(gpu_plan)} allocated per GPU; {hw.gpus_per_node} ranks on GPU 0 would need "
         f"{gib(gpu_plan * hw.gpus_per_node)} on one card"))
+
+    out.append(Requirement(
+        "Leave through the process group: after the last step every rank waits for the others, then destroys "
+        "the group",
+        "`torch.distributed.barrier()` then `torch.distributed.destroy_process_group()` at the end of the script",
+        "the job's exit status: a rank that exits with the group alive can abort in NCCL's or gloo's destructors "
+        "(`terminate called without an active exception`, SIGABRT) after every step ran, and the scheduler then "
+        "records a finished run as FAILED (seen on the exported launch_slurm.sbatch with gloo, 2026-12-03)"))
     return out
