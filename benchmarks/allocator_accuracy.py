@@ -243,7 +243,6 @@ def main() -> int:
     print(f"{'run':62} {'alloc':>7} {'pred':>7} {'resv':>7} {'pred':>7} {'used':>7} {'pred':>7}"
           f" {'needs':>7} {'result':>6} {'fits':>5}")
     used_err, resv_err, verdict_ok, verdict_all, alloc_err = [], [], 0, 0, []
-    unconfirmed = 0
     ho, h2 = HeldOut(committed_predictions()), HeldOut(committed_predictions(HELDOUT2_PREDICTIONS))
     later = {tag: HeldOut(committed_predictions(first), committed_predictions(second) if second else None)
              for tag, _, first, _, second, _ in LATER_HELDOUTS}
@@ -283,17 +282,9 @@ def main() -> int:
             every_used.append((est.gpu_device_used_bytes - used) / used * 100)
         verdict_all += 1
         verdict_ok += est.fits_gpu == ran
-        # a run of a few steps that ran where the replay, which goes on until its steps repeat, runs
-        # out of memory in a later step than the run reached: not a wrong verdict until a longer run says
-        ran_out = any(term.name == "allocator_reserve" and "no freed cache makes room" in term.explanation
-                      for term in est.terms)
-        ran_out_later = ran and not est.fits_gpu and ran_out
-        unconfirmed += ran_out_later
-        mark = "" if est.fits_gpu == ran else (f"  <- ran {r.get('steps', 3)} steps; the replay runs out in a later one"
-                                                if ran_out_later else "  <- WRONG")
         print(f"{label[:62]:62} {gib_cell(alloc)} {gib_cell(est.gpu_peak_allocated_bytes)} {gib_cell(resv)} "
               f"{gib_cell(est.gpu_peak_reserved_bytes)} {gib_cell(used)} {gib_cell(est.gpu_device_used_bytes)} {needs:>7} "
-              f"{'ran' if ran else 'OOM':>6} {'yes' if est.fits_gpu else 'no':>5}{mark}")
+              f"{'ran' if ran else 'OOM':>6} {'yes' if est.fits_gpu else 'no':>5}{'' if est.fits_gpu == ran else '  <- WRONG'}")
     print()
     # the layer sweep of shape A as issue 11 reported it (runs not kept as result objects)
     from zlayout.cli import build_parser, plan_input_from_args
@@ -357,9 +348,7 @@ def main() -> int:
     absolute = [abs(e) for e in every_used]
     print(f"device used, every row that ran ({len(every_used)}): {mean(absolute):.1f}% mean, {max(absolute):.1f}% max, "
           f"{sum(a <= 5 for a in absolute)} within 5%, worst under-prediction {min(every_used):+.1f}%")
-    print(f"fit verdict at zero headroom:   {verdict_ok} of {verdict_all} right"
-          + (f"; {unconfirmed} of the others ran fewer steps than the replay needs to run out (unconfirmed)"
-             if unconfirmed else ""))
+    print(f"fit verdict at zero headroom:   {verdict_ok} of {verdict_all} right")
     return 0
 
 

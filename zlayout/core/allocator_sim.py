@@ -546,12 +546,10 @@ class _Training:
                 grads.step()
                 s.mark(f"step{index // r.ga + 1}.step")
                 done += 1
+                if settle_up_to and settle_below is not None and s.reserved > settle_below:
+                    settle_up_to = 0  # past the card: replay_at_capacity replays it on the card
                 if done >= max(steps, settle_up_to):
                     return done
-                if settle_up_to and settle_below is not None and s.reserved > settle_below:
-                    settle_up_to = 0
-                    if done >= steps:
-                        return done
                 if settle_up_to:
                     state = s.pool_state()
                     if done >= steps and state in seen:
@@ -620,39 +618,32 @@ lasting_memo = None
 SETTLE_STEPS = 8
 
 
-def replayed_peak_reserved(inp, layout, steps: int = 2) -> int | None:
+def replayed_peak_reserved(inp, layout, steps: int = 2, settle_below: int | None = None) -> int | None:
     """Peak reserved bytes (large pool) of at least `steps` training steps replayed through the
     default caching allocator, and on until the pools' state cycles (`SETTLE_STEPS`); None
-    where the layout is not replayed. Memoised: planning asks for the same layout many times."""
-    key = _key(inp, layout)
-    if key not in _CACHE:
-        def replay() -> int | None:
-            seq = _Seq(live=True)
-            return None if allocation_sequence(inp, layout, steps, seq, SETTLE_STEPS) is None else seq.reserved
-
-        _CACHE[key] = replay() if lasting_memo is None else lasting_memo.recall((key, steps), replay)
-        if len(_CACHE) > 4096:
-            _CACHE.pop(next(iter(_CACHE)))
-    return _CACHE[key]
-
-
-def _reserved_or_past(inp, layout, steps: int, capacity: int) -> int | None:
-    """`replayed_peak_reserved` where it is at most `capacity`; else some reserve past it (the
-    replay stops settling there: what the card then holds is `replay_at_capacity`'s to say), so
-    a layout whose reserve outgrows the card costs two replayed steps, not a cycle's."""
+    where the layout is not replayed. With `settle_below` (a card's capacity) the replay stops
+    settling once its reserve passes it and answers some reserve past it: a layout whose reserve
+    outgrows the card costs two replayed steps, not a cycle's (`replay_at_capacity` then replays
+    it on the card). Memoised: planning asks for the same layout many times."""
     key = _key(inp, layout)
     if key in _CACHE:
         return _CACHE[key]
+    past = (key, "past", settle_below)
+    if settle_below is not None and past in _CACHE:
+        return _CACHE[past]
 
     def replay() -> int | None:
         seq = _Seq(live=True)
-        if allocation_sequence(inp, layout, steps, seq, SETTLE_STEPS, settle_below=capacity) is None:
+        if allocation_sequence(inp, layout, steps, seq, SETTLE_STEPS, settle_below) is None:
             return None
         return seq.reserved
 
-    reserved = replay() if lasting_memo is None else lasting_memo.recall(("past", key, steps, capacity), replay)
-    if reserved is not None and reserved <= capacity:
-        _CACHE[key] = reserved  # it settled: the planner's figure
+    memo_key = (key, steps) if settle_below is None else ("past", key, steps, settle_below)
+    reserved = replay() if lasting_memo is None else lasting_memo.recall(memo_key, replay)
+    settled = reserved is None or settle_below is None or reserved <= settle_below
+    _CACHE[key if settled else past] = reserved
+    if len(_CACHE) > 4096:
+        _CACHE.pop(next(iter(_CACHE)))
     return reserved
 
 
@@ -667,6 +658,7 @@ class CapacityReplay:
     retries_per_step: int  # in the last step: what every later step repeats
     freed_per_step: int  # bytes the last step's retries gave back
     ran_out_in: str = ""  # out of memory: the phase that asked ("step 4's backward")
+    ran_out_step: int = 0  # out of memory: the step it asked in (0: initialize)
 
 
 _CAPACITY_CACHE: dict[tuple, CapacityReplay | None] = {}
@@ -676,7 +668,7 @@ def replay_at_capacity(inp, layout, capacity: int, steps: int = 2) -> CapacityRe
     """The default allocator's replay where cudaMalloc has only `capacity` bytes for the large
     pools (Device): whether the steps run, peak reserved, and the retries they make. None
     where the layout is not replayed. Memoised."""
-    unbounded = _reserved_or_past(inp, layout, steps, capacity)
+    unbounded = replayed_peak_reserved(inp, layout, steps, settle_below=capacity)
     if unbounded is None or unbounded <= capacity:
         # the card never fills: the same replay, no retry (and the lasting memo answers it)
         return None if unbounded is None else CapacityReplay(False, unbounded, 0, 0, 0, 0)
@@ -698,7 +690,7 @@ def replay_at_capacity(inp, layout, capacity: int, steps: int = 2) -> CapacityRe
                                   *_last_step(seq, steps))
         except OutOfMemory as oom:
             return CapacityReplay(True, device.peak, oom.reserved + oom.request, device.retries, 0, 0,
-                                  _phase_after(list(seq.device_marks)))
+                                  *_phase_after(list(seq.device_marks)))
 
     result = replay() if lasting_memo is None else lasting_memo.recall(
         ("capacity", key), replay, encode=astuple, decode=lambda fields: CapacityReplay(*fields))
@@ -708,14 +700,15 @@ def replay_at_capacity(inp, layout, capacity: int, steps: int = 2) -> CapacityRe
     return result
 
 
-def _phase_after(marks: list[str]) -> str:
-    """The phase that follows the last one marked ("step3.step" -> "step 4's forward")."""
+def _phase_after(marks: list[str]) -> tuple[str, int]:
+    """The phase that follows the last one marked, and its step ("step3.step" -> "step 4's
+    forward", 4; before any step: initialize, 0)."""
     if not marks or not marks[-1].startswith("step"):
-        return "step 1's forward" if marks and marks[-1] == "initialize" else "initialize"
+        return ("step 1's forward", 1) if marks and marks[-1] == "initialize" else ("initialize", 0)
     step, phase = marks[-1][4:].split(".")
     following = {"forward": (int(step), "backward"), "backward": (int(step), "optimizer step"),
                  "step": (int(step) + 1, "forward")}[phase]
-    return f"step {following[0]}'s {following[1]}"
+    return f"step {following[0]}'s {following[1]}", following[0]
 
 
 def _last_step(seq: _Seq, steps: int) -> tuple[int, int]:

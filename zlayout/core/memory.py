@@ -1052,7 +1052,7 @@ def allocator_on_the_card(at_card, phases: dict[str, tuple[int, int]], misc: int
     (small_pool_bytes), beside the replayed large pools."""
     rule = caching_allocator(phases, misc, "default")
     if at_card.out_of_memory:
-        later = at_card.ran_out_in and not at_card.ran_out_in.startswith(("initialize", "step 1'"))
+        later = at_card.ran_out_step > 1
         return None, AllocatorEstimate(max(rule.needed_bytes, at_card.needed + small), rule.reserved_bytes,
                                        "caching allocator on the card: a request no freed cache makes room for"
                                        + (f", in {at_card.ran_out_in} (the steps before it run: a shorter "

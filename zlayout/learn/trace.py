@@ -29,7 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
-from zlayout.core.card import FP32_GEMM_SUFFIX, UNALIGNED_SUFFIX, WIDE_BATCHED_GEMM
+from zlayout.core.card import BATCHED_GEMM_OPS, FP32_GEMM_SUFFIX, UNALIGNED_SUFFIX, WIDE_BATCHED_GEMM
 
 
 @dataclass
@@ -75,7 +75,6 @@ def grouped_mm_flops(mat_a: torch.Tensor, mat_b: torch.Tensor, *args, out_val: t
 # dense GEMM per batch entry, as Llama-4's experts run (`Llama4TextExperts`: one bmm over every
 # expert, each taking every token), and is recorded under another name. (Not "the narrowest side
 # is wide": at short traced sequences an expert's weight gradient contracts over few tokens.)
-BATCHED_MATMULS = frozenset({"bmm", "baddbmm"})
 HEAD_WIDTH_MAX = 256
 
 # FLOP formulas for ops torch's flop counter does not know.
@@ -197,7 +196,7 @@ class StorageLedger(TorchDispatchMode):
         formula = flop_registry.get(packet) or EXTRA_FLOPS.get(packet)
         flops = int(formula(*args, **kwargs, out_val=out)) if formula is not None else 0
         inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
-        if flops and name in BATCHED_MATMULS:
+        if flops and name in BATCHED_GEMM_OPS:
             a, b = args[-2:] if name == "baddbmm" else args[:2]
             m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
             if not any(x == y and z <= HEAD_WIDTH_MAX for x, y, z in ((m, k, n), (m, n, k), (k, n, m))):

@@ -90,15 +90,18 @@ def cpu_model() -> str | None:
     return None
 
 
-def _proc_kib(path: str, field: str) -> int | None:
-    """A `Field:   N kB` line of a /proc file, in bytes (None where the file or line is missing)."""
+def _proc_kib(path: str, *fields: str) -> list[int | None]:
+    """The `Field:   N kB` lines of one read of a /proc file, in bytes (None where the file or a
+    line is missing)."""
+    found: dict[str, int] = {}
     try:
         for line in Path(path).read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
+            name, _, rest = line.partition(":")
+            if name in fields:
+                found[name] = int(rest.split()[0]) * 1024
     except (OSError, ValueError, IndexError):
-        return None
-    return None
+        pass
+    return [found.get(field) for field in fields]
 
 
 def transparent_hugepages() -> str | None:
@@ -121,14 +124,14 @@ def host_facts() -> dict[str, Any]:
     except (AttributeError, OSError):
         usable = None
     return {"host_cores_usable": usable, "host_cpu_model": cpu_model(),
-            "host_mem_available_at_start_bytes": _proc_kib("/proc/meminfo", "MemAvailable"),
+            "host_mem_available_at_start_bytes": _proc_kib("/proc/meminfo", "MemAvailable")[0],
             "host_transparent_hugepages": transparent_hugepages()}
 
 
 def host_memory_after_training() -> dict[str, Any]:
     """What of this rank's memory the kernel backs with huge pages once the steps have run."""
-    return {"host_anon_huge_bytes": _proc_kib("/proc/self/smaps_rollup", "AnonHugePages"),
-            "host_rss_after_training_bytes": _proc_kib("/proc/self/smaps_rollup", "Rss")}
+    huge, rss = _proc_kib("/proc/self/smaps_rollup", "AnonHugePages", "Rss")
+    return {"host_anon_huge_bytes": huge, "host_rss_after_training_bytes": rss}
 
 
 def allocator_peaks(stats: dict[str, Any]) -> dict[str, Any]:
