@@ -332,7 +332,8 @@ def build_result(inp: PlanInput, layout: Layout, reports: list[dict[str, Any]], 
     env.setdefault("hostname", rank0.get("hostname"))
     for key in ("host_cores", "host_cores_usable", "host_cpu_model", "gpu_name", "allocator",
                 "pytorch_cuda_alloc_conf", "host_transparent_hugepages", "host_mem_available_at_start_bytes",
-                "host_anon_huge_bytes"):
+                "host_anon_huge_bytes", "host_minor_faults_training", "host_system_s_training",
+                "thp_mem_alloc_enable"):
         env.setdefault(key, rank0.get(key))
     env.setdefault("gpus", [r.get("gpu_name") for r in sorted(reports, key=lambda r: r["rank"])]
                    if not cpu else [])

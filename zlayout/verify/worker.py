@@ -128,10 +128,15 @@ def host_facts() -> dict[str, Any]:
             "host_transparent_hugepages": transparent_hugepages()}
 
 
-def host_memory_after_training() -> dict[str, Any]:
-    """What of this rank's memory the kernel backs with huge pages once the steps have run."""
+def host_memory_after_training(before: Any) -> dict[str, Any]:
+    """What of this rank's memory the kernel backs with huge pages once the steps have run, and
+    the page faults and kernel time the steps cost since `before` (a `resource.getrusage`): an
+    offloaded step's fresh pageable temporaries are faulted in and zeroed by the kernel each step."""
     huge, rss = _proc_kib("/proc/self/smaps_rollup", "AnonHugePages", "Rss")
-    return {"host_anon_huge_bytes": huge, "host_rss_after_training_bytes": rss}
+    now = resource.getrusage(resource.RUSAGE_SELF)
+    return {"host_anon_huge_bytes": huge, "host_rss_after_training_bytes": rss,
+            "host_minor_faults_training": now.ru_minflt - before.ru_minflt,
+            "host_system_s_training": round(now.ru_stime - before.ru_stime, 3)}
 
 
 def allocator_peaks(stats: dict[str, Any]) -> dict[str, Any]:
@@ -235,6 +240,8 @@ def run(spec: dict[str, Any], out: Path, resume: bool) -> int:
         "hostname": os.uname().nodename, "device": str(device), "status": "running",
         "phase": "build", "torch": torch.__version__, "deepspeed": deepspeed.__version__,
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "torch_threads": torch.get_num_threads(),
+        # PyTorch's switch for 2 MiB-aligned, MADV_HUGEPAGE host allocations (THP mode madvise)
+        "thp_mem_alloc_enable": os.environ.get("THP_MEM_ALLOC_ENABLE"),
         "allocator": planned_allocator, "pytorch_cuda_alloc_conf": conf,
         "emulated_world": emulate_world or None,
         "host_cores": os.cpu_count(), **host_facts(),
@@ -312,7 +319,7 @@ def run(spec: dict[str, Any], out: Path, resume: bool) -> int:
         report.update(steps_run=[], losses=[], step_s=[], forward_s=[], backward_s=[],
                       optimizer_s=[], peak_allocated_bytes=[])
         report["phase"] = "train"
-        train_start = time.time()
+        train_start, usage_at_start = time.time(), resource.getrusage(resource.RUSAGE_SELF)
         for _ in range(steps):
             step_index = int(engine.global_steps)
             synchronize()
@@ -357,7 +364,7 @@ def run(spec: dict[str, Any], out: Path, resume: bool) -> int:
                 emit("checkpoint", rank, step=int(engine.global_steps),
                      save_s=round(report["save_s"], 3), path=spec["checkpoint_dir"])
         report["train_s"] = time.time() - train_start
-        report.update(host_memory_after_training())
+        report.update(host_memory_after_training(usage_at_start))
 
         if not cpu:
             free, total = torch.cuda.mem_get_info()

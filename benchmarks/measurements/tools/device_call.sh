@@ -9,6 +9,7 @@
 #   fam:FILE         zlayout verify --batch FILE (held-out lines, predicted before: see the folder's README)
 #   trace:FILE:LINE  an allocator trace (tools/allocator_trace.py) of line LINE of batch FILE
 #   prof:FILE:LINE   a step-time profile (tools/steptime_profile.py: 3 timed steps, 1 profiled) of that line
+#   env:NAME=VALUE   export NAME=VALUE for the parts after it (a profile's output is named -NAME after it)
 # A batch's cards are read from heldout/cards beside it (heldout/$CARDS when CARDS is set). Every part stops 30 s before DEADLINE
 # (seconds from the start of this call).
 DEADLINE=${DEADLINE:-570}
@@ -57,8 +58,10 @@ for part in "$@"; do
       args=$(line_args $f $n | sed 's/--steps [0-9]*//')
       OUT=$OUT ZLAYOUT_CARDS_DIR=$PWD/$(dirname $f)/heldout/${CARDS:-cards} timeout -s TERM $(( $(left) - 20 )) \
         torchrun --standalone --nproc_per_node 1 benchmarks/measurements/tools/steptime_profile.py \
-        --name prof-$n-$(basename $f .txt) --timed-steps 3 --steps 1 -- $args > $OUT/prof-$n.log 2>&1
-      echo "prof $spec rc=$? $(grep -h '^PROFILE' $OUT/prof-$n.log)" ;;
+        --name prof-$n-$(basename $f .txt)$SUFFIX --timed-steps 3 --steps 1 -- $args > $OUT/prof-$n$SUFFIX.log 2>&1
+      echo "prof $spec$SUFFIX rc=$? $(grep -h '^PROFILE' $OUT/prof-$n$SUFFIX.log)" ;;
+    env:*)
+      kv=${part#env:}; export "$kv"; SUFFIX="$SUFFIX-${kv%%=*}"; echo "exported $kv" ;;
     *) echo "unknown part $part" ;;
   esac
 done

@@ -27,6 +27,7 @@ import dataclasses
 import gc
 import json
 import os
+import resource
 import shlex
 import sys
 import time
@@ -63,7 +64,9 @@ def host_counters() -> dict:
         threads[f"{name}:{task.name}"] = int(fields[11]) + int(fields[12])  # utime + stime
     status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
     cpu = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    usage = resource.getrusage(resource.RUSAGE_SELF)
     return {"threads": threads, "wall": time.perf_counter(),
+            "minflt": usage.ru_minflt, "majflt": usage.ru_majflt, "stime": usage.ru_stime,
             "voluntary": int(status["voluntary_ctxt_switches"]),
             "involuntary": int(status["nonvoluntary_ctxt_switches"]), "cpu": [int(x) for x in cpu]}
 
@@ -82,6 +85,11 @@ def host_usage(before: dict, after: dict) -> dict:
             "voluntary_switches": after["voluntary"] - before["voluntary"],
             "involuntary_switches": after["involuntary"] - before["involuntary"],
             "machine_busy_share": round(1 - (cpu[3] + cpu[4]) / total, 3),
+            "machine_system_share": round(cpu[2] / total, 3),
+            # page faults and kernel time: fresh pageable temporaries are zeroed by the kernel
+            "minor_faults": after["minflt"] - before["minflt"],
+            "major_faults": after["majflt"] - before["majflt"],
+            "process_system_s": round(after["stime"] - before["stime"], 2),
             "machine_steal_share": round(cpu[7] / total, 4) if len(cpu) > 7 else None}
 
 
@@ -231,7 +239,9 @@ def main() -> int:
     host_ops = sorted((ev for ev in prof.key_averages() if not ev.key.startswith("phase:")),
                       key=lambda ev: -ev.self_cpu_time_total)[:25]
     result = {
-        "name": a.name, "argv": shlex.join(argv), "torch": torch.__version__, "deepspeed": deepspeed.__version__,
+        "name": a.name, "argv": shlex.join(argv),
+        "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "THP_MEM_ALLOC_ENABLE", "PYTORCH_CUDA_ALLOC_CONF")},
+        "torch": torch.__version__, "deepspeed": deepspeed.__version__,
         "gpu": torch.cuda.get_device_name(), "cores": os.cpu_count(), "profiled_steps": a.steps,
         "phases": summary,
         "host_during_timed_steps": host,
