@@ -100,6 +100,31 @@ def test_the_default_allocator_at_the_card_trains_76_layers_by_flushing_and_not_
     assert break_even(_qwen_3b_like(40), Layout(stage=2)).max_model.layers == 76
 
 
+def _llama_l18_zero2() -> PlanInput:
+    # h200-2026-12-01 call 3 / h200-2026-12-08 line 1: zlayout's own GPT, 18 Llama-3-8B blocks,
+    # 4 x 4096 tokens, ZeRO-2 on one H200, default allocator, the loss-only loop
+    model = ModelSpec(layers=18, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=128256, mlp="swiglu",
+                      norm="rmsnorm", bias=False)
+    hardware = HardwareSpec(gpu=catalog.load_gpu("h200"), gpus_per_node=1, intra_link=catalog.load_link("nvlink4"))
+    return PlanInput(model=model, hardware=hardware, headroom_fraction=0.0,
+                     training=TrainingSpec(seq=4096, micro_batch=4, loop="trainer"))
+
+
+def test_a_layout_whose_fourth_step_runs_out_does_not_fit():
+    # measured: 3 steps ran (7 retries, 136.41 GiB reserved at the peak); 6 steps ran out of
+    # memory in step 4's backward asking for 7.83 GiB. Two replayed steps said "fits".
+    inp = _llama_l18_zero2()
+    card = inp.hardware.gpu.memory_bytes - inp.hardware.gpu.driver_reserved_bytes \
+        - inp.hardware.gpu.cuda_context_bytes - 20 * MiB
+    replayed = sim.replay_at_capacity(inp, Layout(stage=2), card)
+    assert replayed.out_of_memory and replayed.ran_out_step == 4 and replayed.ran_out_in == "step 4's backward"
+    est = estimate_memory(inp, Layout(stage=2))
+    assert not est.fits
+    reserve = next(t for t in est.gpu_terms() if t.name == "allocator_reserve")
+    assert "in step 4's backward" in reserve.explanation
+    assert round(reserve.bytes / GiB, 2) == 7.83  # the request the run failed on: "Tried to allocate 7.83 GiB"
+
+
 def test_the_card_hands_out_less_than_its_total_and_the_verdict_uses_what_it_hands_out():
     # an H200: nvidia-smi's 143771 MiB, cudaMemGetInfo's 143155 (torch's "total capacity of 139.80 GiB")
     h200 = catalog.load_gpu("h200")

@@ -680,14 +680,15 @@ def replay_at_capacity(inp, layout, capacity: int, steps: int = 2) -> CapacityRe
         device = Device(capacity)
         seq = _Seq(live=True, device=device)
         try:
-            # `steps` only, not on until they repeat: past the second step a replay that retried
-            # (freed the cache) is unmeasured (h200-2026-12-01 call 3's ZeRO-2 L18 h4096 s4096 b4:
-            # three replayed steps make the run's 7 retries and 136.40 GiB, and the fourth runs out
-            # of memory in its backward; the run stopped after three)
-            if allocation_sequence(inp, layout, steps, seq) is None:
+            # on until the pools' state cycles, as the unbounded replay: each retry frees the
+            # cache and leaves the pools elsewhere, so a later step can run out where the first
+            # two did not (h200-2026-12-01 call 3's ZeRO-2 L18 h4096 s4096 b4: replayed, 4 retries
+            # in two steps, 7 in three (the run's 7 and 136.40 GiB), out of memory in step 4's
+            # backward; run for six steps (h200-2026-12-08), it ran out in step 4's backward)
+            if allocation_sequence(inp, layout, steps, seq, SETTLE_STEPS) is None:
                 return None
             return CapacityReplay(False, seq.reserved, device.needed, device.retries,
-                                  *_last_step(seq, steps))
+                                  *_last_step(seq, seq.steps_run))
         except OutOfMemory as oom:
             return CapacityReplay(True, device.peak, oom.reserved + oom.request, device.retries, 0, 0,
                                   *_phase_after(list(seq.device_marks)))

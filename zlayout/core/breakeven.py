@@ -267,6 +267,43 @@ def _on_the_card(inp: PlanInput, layout: Layout, candidate, grid: float | None, 
     return _largest_fitting(inp, layout, candidate, grid, replay=True)
 
 
+MAX_ASKED_STEPS = 8  # grid points the answer may step down to one whose size, asked for, fits
+
+
+def _as_asked(inp: PlanInput, layout: Layout, candidate, grid: float, largest: ModelSpec | None,
+              smallest_failing: ModelSpec | None, limited_by: str):
+    """The largest model that fits and whose size, asked for (`--params N`: the family's shape
+    nearest N), fits too. The family's shapes are not monotone in memory where its width
+    changes, and the shape nearest a size need not be the one the search met there: on 2 H100s
+    at ZeRO-2 the search's largest llama3 is 23 x 4096 (6.07B), and asking for 6.07B gives
+    31 x 3584 (6.01B), whose deeper activations run the card out of memory in the replay's
+    third step. Where that happens the answer steps down the grid to a size that fits both
+    ways, and the shape asked for becomes the smallest that does not."""
+    model = largest
+    for _ in range(MAX_ASKED_STEPS):
+        if model is None:
+            break
+        asked = candidate(math.log(model.params))
+        if asked == model:
+            return model, smallest_failing, limited_by
+        est = estimate_memory(_with_model(inp, asked), layout)
+        if est.fits:
+            return model, smallest_failing, limited_by
+        smallest_failing, limited_by = asked, _binding(est)
+        x, model = _snap(math.log(asked.params)), None
+        while x > math.log(MIN_PARAMS):  # the next fitting shape below the one asked for
+            x -= grid
+            below = candidate(x)
+            if below.params >= asked.params:
+                continue
+            est = estimate_memory(_with_model(inp, below), layout)
+            if est.fits:
+                model = below
+                break
+            smallest_failing, limited_by = below, _binding(est)
+    return model, smallest_failing, limited_by
+
+
 def _fitting_shape_above(hi: float, hi_model: ModelSpec, candidate, judge, grid: float):
     """A shape up to PROBE_WINDOW above `hi_model` that fits after all, or None.
 
@@ -383,6 +420,9 @@ def _break_even(inp: PlanInput, layout: Layout, presets_dirs: tuple[str, ...]) -
     if inp.training.allocator == "default":
         largest, smallest_failing, limited_by = _on_the_card(inp, layout, candidate, grid, largest,
                                                              smallest_failing, limited_by)
+    if rule == "family":
+        largest, smallest_failing, limited_by = _as_asked(inp, layout, candidate, grid, largest,
+                                                          smallest_failing, limited_by)
     return BreakEven(
         max_params=largest.params if largest else 0,
         max_micro_batch=largest_micro_batch(inp, layout),
