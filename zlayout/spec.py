@@ -691,6 +691,11 @@ class Layout(Frozen):
         return " ".join(parts)
 
     @property
+    def offloads(self) -> bool:
+        """The optimizer or the weights live off the GPU (CPU or NVMe, staged through host memory)."""
+        return self.offload_optimizer != "gpu" or self.offload_param != "gpu"
+
+    @property
     def key(self) -> str:
         """A stable short id, e.g. 'z3-opt_cpu-param_cpu'."""
         return f"z{self.stage}-opt_{self.offload_optimizer}-param_{self.offload_param}"
@@ -709,6 +714,19 @@ def recorded_inputs(inputs: dict) -> dict:
     if not isinstance(training, dict) or "loop" in training:
         return inputs
     return {**inputs, "training": {**training, "loop": LOOP_OF_UNMARKED_RECORDS}}
+
+
+# PyTorch's switch (c10/core/alloc_cpu.cpp, torch >= 2.3) for host tensors of 2 MiB or more
+# aligned to 2 MiB and madvised MADV_HUGEPAGE: where the kernel's transparent hugepages are
+# "madvise" (the common default), the rest are faulted in 4 KiB at a time. An offloaded step
+# casts the fp32 master weights into a fresh pageable bf16 temporary every step, so every step
+# faults it in anew: Mixtral-8x7B-L2 at ZeRO-3 with the optimizer on the CPU, one H200 node
+# (h200-2026-12-08, benchmarks/measurements): 1.5 M page faults a step and its optimizer phase
+# 2.93 s, with the switch 4.6 k and 2.32 s; the same layout's step took 3.13-4.46 s in four
+# processes without it, the kernel's share of the faults varying with the host's state. Verify
+# sets it for offloaded layouts (the user's own value wins) and the launchers zlayout writes
+# export it, so what is verified is what runs.
+HOST_HUGEPAGES_ENV = "THP_MEM_ALLOC_ENABLE"
 
 
 def offload_flag(device: Device) -> str:

@@ -159,3 +159,24 @@ def test_expandable_segments_reach_every_launcher_and_keep_the_callers_options(m
     plain = tmp_path / "plain"
     save_profile_dir(build_profile(make_input(), Layout(stage=2)), plain)
     assert all("PYTORCH_CUDA_ALLOC_CONF" not in (plain / n).read_text() for n in SCRIPTS)
+
+
+def test_an_offloaded_layout_runs_on_huge_host_pages_as_verify_did(make_input, tmp_path):
+    """Verify runs an offloaded layout with THP_MEM_ALLOC_ENABLE=1 (its step's fresh host copies
+    on 2 MiB pages): each launcher exports the same, unless the caller chose; a layout that keeps
+    everything on the GPU leaves the variable alone."""
+    d = tmp_path / "offloaded"
+    save_profile_dir(build_profile(make_input(), Layout(stage=3, offload_optimizer="cpu")), d)
+    for name in ("launch_deepspeed.sh", "launch_torchrun.sh"):
+        script = d / name
+        script.write_text(script.read_text().replace("exec ", 'echo "$THP_MEM_ALLOC_ENABLE" > "$THP_OUT"; exec ', 1))
+        for given, expected in ((None, "1"), ("0", "0")):
+            thp_out = tmp_path / f"{name}.{given}.thp"
+            (tmp_path / f"{name}.{given}").mkdir()
+            env = {"THP_OUT": str(thp_out), **({"THP_MEM_ALLOC_ENABLE": given} if given else {})}
+            _run(script, tmp_path / f"{name}.{given}", d, env)
+            assert thp_out.read_text().strip() == expected
+    assert 'export THP_MEM_ALLOC_ENABLE="${THP_MEM_ALLOC_ENABLE:-1}"' in (d / "launch_slurm.sbatch").read_text()
+    plain = tmp_path / "plain"
+    save_profile_dir(build_profile(make_input(), Layout(stage=2)), plain)
+    assert all("THP_MEM_ALLOC_ENABLE" not in (plain / n).read_text() for n in SCRIPTS)

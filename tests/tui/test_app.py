@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
+from textual import events
 from textual.widgets import Input, Log, Select, Static
 
 from tui_fakes import FakeVerifier, fixed_input, settle, stub_planner
@@ -621,6 +622,44 @@ async def test_choosing_the_same_preset_again_after_an_edit_restores_it():
         await settle(pilot)
         assert app.plan.input.model.name == "llama3-8b"
         assert app.query_one("#layers", Input).value == "32"
+
+
+def burst(app, *keys: str) -> None:
+    """Keys that arrive in one read, as a terminal's burst does: all queued at once (Pilot's
+    `press` waits for the app between keys, so a change's news is always in before the next)."""
+    for key in keys:
+        event = events.Key(key, {"enter": "\r", "tab": "\t"}.get(key, key if len(key) == 1 else None))
+        event.set_sender(app)
+        app._driver.send_message(event)
+
+
+@pytest.mark.parametrize("keys, focus, expected", [
+    # Preset: mixtral-8x7b, then Size 13B: Size's news came after the form had been validated
+    # with 13B in it (the preset's news), and was dropped as "not an edit" (Mixtral stayed)
+    (("enter", "down", "down", "enter", "tab", "1", "3", "B", "tab"), "preset", "13B"),
+    # the other way round: Preset's news came after Size's, and Mixtral was never loaded
+    (("1", "3", "B", "shift+tab", "enter", "down", "down", "enter"), "size", "mixtral-8x7b"),
+], ids=["preset-then-size", "size-then-preset"])
+async def test_a_preset_and_a_size_in_one_burst_the_last_one_wins(keys, focus, expected):
+    from zlayout import catalog
+
+    app = make_app(initial=fixed_input().model_copy(update={"model": catalog.load_model("llama3-8b")}),
+                   planner=stub_planner, crossovers=None)
+    async with app.run_test(size=WIDE) as pilot:
+        await settle(pilot)
+        app.query_one(f"#{focus}").focus()
+        await pilot.pause()
+        burst(app, *keys)
+        await settle(pilot)
+        values = app.query_one(InputsPanel).values()
+        model = app.plan.input.model
+        if expected == "13B":
+            sized = catalog.model_for_size(catalog.parse_size("13B"))
+            assert (values["size"], values["preset"], values["layers"]) == ("13B", None, str(sized.layers))
+            assert model.params == sized.params
+        else:
+            assert (values["preset"], values["size"], values["layers"]) == (expected, "", "32")
+            assert model == catalog.load_model(expected)
 
 
 # -- issue 10: a live session ------------------------------------------------------------------

@@ -209,6 +209,25 @@ def test_one_burst_through_every_select_of_hardware_and_training(terminal_app):
     assert_plan_is_the_fields_plan(state)
 
 
+@pytest.mark.parametrize("size", [(160, 48), (80, 24)], ids=["160x48", "80x24"])
+def test_a_size_typed_in_the_burst_that_chose_a_preset_is_applied(terminal_app, size):
+    """QA (tmux 160x48, one burst on Preset): `enter down down enter tab 1 3 B tab` left Size
+    showing 13B beside Mixtral's plan (46.7B). The preset's news came after Size read 13B: the
+    form was validated with 13B in it, and Size's own news then read as "not an edit"."""
+    app = terminal_app(["app", "--preset", "llama3-8b", "--gpu", "h200", "--gpus-per-node", "8"], size)
+    if size[0] < 120:
+        app.write(keys("\x02"))  # ctrl+b: the inputs (hidden at first below 120 columns)
+    app.focus("preset")
+    app.write(keys("\r", "down", "down", "\r", "tab", "13B", "tab"))  # llama3-8b, mistral-7b, mixtral-8x7b
+    state = app.settled(until=lambda s: s["values"]["size"] == "13B" and s["focused"] == "layers")
+    sized = catalog.model_for_size(catalog.parse_size("13B"))
+    values = state["values"]
+    assert (values["layers"], values["hidden"], values["preset"]) == (str(sized.layers), str(sized.hidden), None)
+    assert PlanInput.model_validate(state["plan_input"]).model.params == sized.params
+    assert state["errors"] == {}
+    assert_plan_is_the_fields_plan(state)
+
+
 def test_one_burst_through_the_model_selects(terminal_app):
     """Preset searched and chosen, then MLP and Norm changed by letters on the closed selects,
     in one write, and the focus goes on to Biases (a space ticks it)."""

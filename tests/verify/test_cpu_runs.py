@@ -90,6 +90,9 @@ def test_drill_times_every_phase_and_records_the_host(drill):
     if thp.exists():
         assert f"[{env['host_transparent_hugepages']}]" in thp.read_text()
     assert 0 < env["host_mem_available_at_start_bytes"] and env["host_anon_huge_bytes"] >= 0
+    assert env["host_minor_faults_training"] > 0 and env["host_system_s_training"] >= 0
+    # an offloaded layout's ranks allocate large host tensors on huge pages, as the launch scripts do
+    assert env["thp_mem_alloc_enable"] == os.environ.get("THP_MEM_ALLOC_ENABLE", "1")
     # gloo's two CPU ranks can abort while tearing down after the last step (SIGABRT at
     # shutdown, seen in CI on 2 cores): the runner reports that as a warning, every step measured;
     # any other warning fails here
@@ -131,6 +134,9 @@ def test_every_stage_runs_on_cpu(tmp_path, stage, offload, processes):
     assert len(result["measured"]["losses"]) == 2
     assert json.loads((tmp_path / "ds_config.json").read_text())["zero_optimization"]["stage"] == stage
     assert {e["rank"] for e in events(lines, "done")} == set(range(processes))
+    # PyTorch's huge-page host allocations: offloaded layouts only (the environment's own value wins)
+    expected = os.environ.get("THP_MEM_ALLOC_ENABLE", "1" if offload == "cpu" else None)
+    assert result["environment"]["thp_mem_alloc_enable"] == expected
 
 
 def _alive(pid: int) -> bool:

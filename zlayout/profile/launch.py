@@ -10,6 +10,7 @@ from __future__ import annotations
 import shlex
 
 from zlayout.profile.schema import Profile
+from zlayout.spec import HOST_HUGEPAGES_ENV
 
 DEEPSPEED_SCRIPT = "launch_deepspeed.sh"
 TORCHRUN_SCRIPT = "launch_torchrun.sh"
@@ -66,6 +67,15 @@ def _cpu_threads(profile: Profile) -> str:
     return ("# One rank per GPU: each gets its share of the node's cores (the launchers' default is 1).\n"
             f'export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-$(( $(nproc) / {gpus} > 0 ? $(nproc) / {gpus} : 1 ))}}"\n')
 
+def _host_pages(profile: Profile) -> str:
+    """An offloaded step's host tensors on 2 MiB pages (spec.HOST_HUGEPAGES_ENV: verify ran so)."""
+    if not profile.layout.offloads:
+        return ""
+    return ("# Offload: PyTorch puts host tensors of 2 MiB or more on huge pages (the step's fresh host\n"
+            "# copies are not faulted in 4 KiB at a time); verify measured the step this way.\n"
+            f'export {HOST_HUGEPAGES_ENV}="${{{HOST_HUGEPAGES_ENV}:-1}}"\n')
+
+
 def _allocator(profile: Profile) -> str:
     """The plan judged 'fits' for the allocator it names; the run must use that allocator.
     Expandable segments are appended to whatever options the caller already set."""
@@ -84,7 +94,7 @@ def deepspeed_script(profile: Profile) -> str:
             "# Multi-node: HOSTFILE lists one node per line as 'hostname slots=GPUS'\n"
             f"# ({int(hw.nodes)} lines, slots={int(hw.gpus_per_node)}); the launcher reaches the nodes over ssh.\n"
         )
-    out += "set -euo pipefail\n" + _FIND_CONFIG + _cpu_threads(profile) + _allocator(profile)
+    out += "set -euo pipefail\n" + _FIND_CONFIG + _cpu_threads(profile) + _host_pages(profile) + _allocator(profile)
     out += _default_train_script(profile) + "\n"
     if hw.nodes > 1:
         out += (
@@ -110,7 +120,7 @@ def torchrun_script(profile: Profile) -> str:
             f"# Multi-node: run this once on each of the {int(hw.nodes)} nodes with NODE_RANK=0..{int(hw.nodes) - 1}\n"
             "# and MASTER_ADDR set to node 0's address.\n"
         )
-    out += "set -euo pipefail\n" + _FIND_CONFIG + _cpu_threads(profile) + _allocator(profile)
+    out += "set -euo pipefail\n" + _FIND_CONFIG + _cpu_threads(profile) + _host_pages(profile) + _allocator(profile)
     out += _default_train_script(profile) + "\n"
     if hw.nodes > 1:
         out += (
@@ -145,7 +155,7 @@ def slurm_script(profile: Profile) -> str:
         "# sed, not head: head would close the pipe early and pipefail would end the job\n"
         'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)"\n'
         f'MASTER_PORT="${{MASTER_PORT:-{int(run.master_port)}}}"\n'
-        + _cpu_threads(profile) + _allocator(profile) + "\n"
+        + _cpu_threads(profile) + _host_pages(profile) + _allocator(profile) + "\n"
         "srun --ntasks-per-node=1 --kill-on-bad-exit=1 \\\n"
         f'    torchrun --nnodes "$SLURM_NNODES" --nproc_per_node {int(hw.gpus_per_node)} \\\n'
         '    --rdzv_backend c10d --rdzv_id "$SLURM_JOB_ID" --rdzv_endpoint "$MASTER_ADDR:$MASTER_PORT" \\\n'

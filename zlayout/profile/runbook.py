@@ -454,7 +454,9 @@ def _on_call(p: Profile) -> list[str]:
          (f"the plan says {seconds(a.step_time.step_time_s)} per step ({a.step_time.basis}); "
           if a.step_time else "") + "clocks and throttling (`nvidia-smi -q -d PERFORMANCE`); one slow GPU or node "
          "(DCGM_FI_DEV_GPU_UTIL per GPU); host swapping (`vmstat 1`: si/so); `OMP_NUM_THREADS` per rank "
-         "(the launch scripts set it; CPU Adam needs cores); dataloader wait in the log",
+         "(the launch scripts set it; CPU Adam needs cores); with offload, `THP_MEM_ALLOC_ENABLE=1` "
+         "(the launch scripts set it: the step's host copies on huge pages, not 4 KiB page faults); "
+         "dataloader wait in the log",
          "replace a throttled GPU or a straggler node; give offloading ranks their cores; stop swapping "
          "(less host memory use, see above)"),
         ("NVMe swap slow",

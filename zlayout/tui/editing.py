@@ -240,6 +240,9 @@ class EditingMixin:
         values = panel.values()
         if values.get(field) == self._shown_values.get(field):
             return  # a select announcing the value it was built with, not an edit
+        # other fields typed into since the last validation: their own news is still queued
+        unheard = {f: (v, self._shown_values.get(f)) for f, v in values.items()
+                   if f != field and v != self._shown_values.get(f)}
         if field == "preset":
             self._extra_errors.pop("preset", None)
             if values["preset"] is not None:
@@ -251,6 +254,10 @@ class EditingMixin:
         elif field == "gpu" and values["gpu"]:
             self._follow_gpu_link(values["gpu"])
         self.inputs_edited()
+        # ...so they stay unshown (unless filled just now), or that news would read as "not an
+        # edit": in one burst, Size's 13B typed before Preset's news came was never applied
+        now = panel.values()
+        self._shown_values.update({f: shown for f, (typed, shown) in unheard.items() if now[f] == typed})
 
     def _load_model(self, name: str) -> ModelSpec | None:
         try:

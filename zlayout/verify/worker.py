@@ -209,15 +209,18 @@ def run(spec: dict[str, Any], out: Path, resume: bool) -> int:
         os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     else:  # set before torch is imported: the allocator reads it once, at CUDA's first use
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = conf
+    from zlayout.spec import HOST_HUGEPAGES_ENV, Layout, PlanInput
+
+    layout = Layout.model_validate(spec["layout"])
+    if layout.offloads:  # before torch is imported, as the launchers zlayout writes export it
+        os.environ.setdefault(HOST_HUGEPAGES_ENV, "1")
     import deepspeed
     import torch
     import torch.distributed as dist
 
-    from zlayout.spec import Layout, PlanInput
     from zlayout.verify.worker_model import builder, count_parameters
 
     inp = PlanInput.model_validate(spec["inputs"])
-    layout = Layout.model_validate(spec["layout"])
     cfg = json.loads(json.dumps(spec["ds_config"]))
     if cpu:
         cfg.setdefault("optimizer", {"type": "AdamW", "params": {}})
@@ -241,7 +244,7 @@ def run(spec: dict[str, Any], out: Path, resume: bool) -> int:
         "phase": "build", "torch": torch.__version__, "deepspeed": deepspeed.__version__,
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "torch_threads": torch.get_num_threads(),
         # PyTorch's switch for 2 MiB-aligned, MADV_HUGEPAGE host allocations (THP mode madvise)
-        "thp_mem_alloc_enable": os.environ.get("THP_MEM_ALLOC_ENABLE"),
+        "thp_mem_alloc_enable": os.environ.get(HOST_HUGEPAGES_ENV),
         "allocator": planned_allocator, "pytorch_cuda_alloc_conf": conf,
         "emulated_world": emulate_world or None,
         "host_cores": os.cpu_count(), **host_facts(),

@@ -14,6 +14,9 @@ PROFILE_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 DS_CONFIG="${DS_CONFIG:-$PROFILE_DIR/ds_config.json}"
 # One rank per GPU: each gets its share of the node's cores (the launchers' default is 1).
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(( $(nproc) / 1 > 0 ? $(nproc) / 1 : 1 ))}"
+# Offload: PyTorch puts host tensors of 2 MiB or more on huge pages (the step's fresh host
+# copies are not faulted in 4 KiB at a time); verify measured the step this way.
+export THP_MEM_ALLOC_ENABLE="${THP_MEM_ALLOC_ENABLE:-1}"
 TRAIN_SCRIPT_DEFAULT=train.py
 TRAIN_SCRIPT="${TRAIN_SCRIPT:-$TRAIN_SCRIPT_DEFAULT}"
 
