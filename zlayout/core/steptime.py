@@ -304,8 +304,9 @@ def offload_bound_note(t: StepTimeEstimate) -> str | None:
     if share is None:
         return None
     return (f"{share:.0%} of this step is offload (the CPU optimizer and host copies), whose speed varies "
-            "from process to process on one host (one such layout: 3.19 s and 4.05 s a step in two "
-            "processes); `zlayout calibrate` fits your hosts' factors from verify results")
+            "from process to process on one host (one such layout: 3.13-4.46 s a step over three processes "
+            "on 4 KiB host pages, 2.49-2.83 s over two on huge pages, which verify and the launch scripts "
+            "set); `zlayout calibrate` fits your hosts' factors from verify results")
 
 
 def step_time_parts(t: StepTimeEstimate) -> list[tuple[str, float, str]]:

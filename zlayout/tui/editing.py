@@ -37,6 +37,7 @@ QUICK_FRAME_WAIT_S = 0.5
 UNDO_DEPTH = 100
 ARCHITECTURE_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "mlp", "norm",
                        "bias", "tie_embeddings")
+FILLING_FIELDS = ("preset", "size", "gpu")  # an edit of these fills others (field_changed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,9 +241,9 @@ class EditingMixin:
         values = panel.values()
         if values.get(field) == self._shown_values.get(field):
             return  # a select announcing the value it was built with, not an edit
-        # other fields typed into since the last validation: their own news is still queued
-        unheard = {f: (v, self._shown_values.get(f)) for f, v in values.items()
-                   if f != field and v != self._shown_values.get(f)}
+        # the other fields that fill fields, edited since the last validation: their news is queued
+        unheard = {f: (values[f], self._shown_values.get(f)) for f in FILLING_FIELDS
+                   if f != field and values[f] != self._shown_values.get(f)}
         if field == "preset":
             self._extra_errors.pop("preset", None)
             if values["preset"] is not None:
