@@ -166,8 +166,9 @@ def _first_tensor(values) -> torch.Tensor | None:
 # --------------------------------------------------------------------------- one step
 
 
-def trace_step(model: nn.Module, blocks: nn.ModuleList, tokens: int, checkpointing: bool) -> dict[str, Any]:
-    """One forward and backward of one sequence of `tokens`, its windows and op work."""
+def trace_step(model: nn.Module, blocks: nn.ModuleList, tokens: int, checkpointing: bool,
+               sequences: int = 1) -> dict[str, Any]:
+    """One forward and backward of `sequences` sequences of `tokens`, its windows and op work."""
     ledger = StorageLedger()
     state = {"backward": False, "head_backward": None, "head_forward": None}
     forward_windows: dict[int, Window] = {}
@@ -248,7 +249,7 @@ def trace_step(model: nn.Module, blocks: nn.ModuleList, tokens: int, checkpointi
     else:
         model.activation_checkpointing_disable()
     model.train()
-    ids = torch.zeros(1, tokens, dtype=torch.long, device=next(model.parameters()).device)
+    ids = torch.zeros(sequences, tokens, dtype=torch.long, device=next(model.parameters()).device)
     ledger.exclude([*model.parameters(), *model.buffers(), ids])
     try:
         with _patched(ledger), ledger, torch.autograd.graph.saved_tensors_hooks(
@@ -411,26 +412,68 @@ def regimes_to_trace(config: Mapping[str, Any]) -> list[tuple[int | None, tuple[
             (None, (past, 2 * past, 4 * past), 3 * past)]
 
 
-def _learn_regime(model, blocks, keep, fit_tokens, check_tokens) -> tuple[dict, float]:
-    runs: dict[bool, list[tuple[int, dict]]] = {False: [], True: []}
+def _request_counts(measured: Any) -> Any:
+    """The number of requests in each list of a measurement (its shape, not its sizes)."""
+    if isinstance(measured, dict):
+        return {k: _request_counts(v) for k, v in measured.items()}
+    return len(measured) if isinstance(measured, list) else None
+
+
+def per_sequence(fitted: Any, sequences: int) -> Any:
+    """Polynomials fitted on `sequences` sequences a step as one sequence's: what grows with the
+    tokens is divided by them (the planner multiplies it by the micro-batch, `core.card.bytes_at`),
+    what does not (a weight's gradient, a kernel's launches) stays."""
+    if isinstance(fitted, dict):
+        return {k: per_sequence(v, sequences) for k, v in fitted.items()}
+    if isinstance(fitted, list) and len(fitted) == 3 and all(isinstance(x, float) for x in fitted):
+        q, a, c = fitted
+        return [q / sequences, a / sequences, c]
+    if isinstance(fitted, list):
+        return [per_sequence(v, sequences) for v in fitted]
+    return fitted
+
+
+# Sequences a step holds when its blocks' requests depend on more than the token count: a reshape
+# that merges the batch with the heads is a view for one sequence and a copy for two. Falcon's
+# multi-query attention on the math path expands k and v to every head: at 4 x 2048 each block
+# keeps two float32 copies of 142 MiB that one sequence never makes (h200-2026-12-09, falcon-7b-L8 at
+# ZeRO-3: the plan 4.5 GiB under the run until the card was learned from two sequences).
+BATCHED_SEQUENCES = 2
+
+
+def _learn_regime(model, blocks, keep, fit_tokens, check_tokens) -> tuple[dict, float, set, set, int]:
+    """The regime's fitted requests and work, the fit's worst miss, the parameters trained, the
+    attention kernels, and the sequences a step held (1, or BATCHED_SEQUENCES where two sequences
+    make requests one does not)."""
     trained: set[int] = set()
     kernels: set[str] = set()
-    with _truncated(model, blocks, keep) as traced:
+
+    def traces(sequences: int) -> dict[bool, list[tuple[int, dict]]]:
+        runs: dict[bool, list[tuple[int, dict]]] = {False: [], True: []}
         for checkpointing in (False, True):
             for tokens in (*fit_tokens, check_tokens):
-                step = trace_step(model, traced, tokens, checkpointing)
-                trained |= step["trained"]
-                kernels |= step["attention_kernels"]
+                step = trace_step(model, traced, tokens, checkpointing, sequences)
+                trained.update(step["trained"])
+                kernels.update(step["attention_kernels"])
                 runs[checkpointing].append((tokens, measure(step, len(keep))))
+        return runs
+
+    with _truncated(model, blocks, keep) as traced:
+        runs, sequences = traces(1), 1
+        batched = measure(trace_step(model, traced, fit_tokens[0], False, BATCHED_SEQUENCES), len(keep))
+        # the blocks decide: every head's loss copies its shifted labels for two sequences (a few
+        # bytes a token), which a card learned from one sequence is not meaningfully short of
+        if _request_counts(batched["blocks"]) != _request_counts(runs[False][0][1]["blocks"]):
+            runs, sequences = traces(BATCHED_SEQUENCES), BATCHED_SEQUENCES
     errors: list[tuple[float, float]] = []
-    fitted = {ck: _fit_terms(runs[ck][:-1], runs[ck][-1], errors) for ck in (False, True)}
+    fitted = {ck: per_sequence(_fit_terms(runs[ck][:-1], runs[ck][-1], errors), sequences) for ck in (False, True)}
     # the large terms decide the check: a few-byte term off by a few bytes is not a miss
     scale = max(measured for _, measured in errors)
     worst = max(missed / max(measured, 0.01 * scale) for missed, measured in errors)
     if worst > MAX_FIT_ERROR:
         raise LearnError(f"the fit misses the {check_tokens}-token trace by {worst:.1%}: the model's memory "
                          "is not a function of the token count the card can hold")
-    return fitted, worst, trained, kernels
+    return fitted, worst, trained, kernels, sequences
 
 
 def work(plain: dict, checkpointed: dict) -> dict[str, dict]:
@@ -485,7 +528,7 @@ def _learn(config: Mapping[str, Any]) -> dict[str, Any]:
     in_blocks = {id(p) for p in blocks.parameters()}
     regimes, worst, attention_kernels = [], 0.0, set()
     for max_tokens, fit_tokens, check_tokens in regimes_to_trace(config):
-        fitted, error, trained, kernels = _learn_regime(model, blocks, keep, fit_tokens, check_tokens)
+        fitted, error, trained, kernels, sequences = _learn_regime(model, blocks, keep, fit_tokens, check_tokens)
         attention_kernels |= kernels
         worst = max(worst, error)
         kind_blocks = []
@@ -510,6 +553,8 @@ def _learn(config: Mapping[str, Any]) -> dict[str, Any]:
                            "checkpointed_forward": checkpointed_head["forward"],
                            "checkpointed_backward": checkpointed_head["backward"],
                            "work": work(head, checkpointed_head)}}
+        if sequences > 1:  # learned from two sequences a step, stored per sequence (BATCHED_SEQUENCES)
+            regime = {"sequences_traced": sequences, **regime}
         if max_tokens is not None:
             regime = {"max_tokens": max_tokens, **regime}
         regimes.append(regime)
