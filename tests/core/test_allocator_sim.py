@@ -113,6 +113,7 @@ def test_a_replay_too_long_to_plan_on_a_keystroke_falls_back_to_the_phase_rule()
 # --- the request model against the H200 allocator traces (benchmarks/measurements/tools/allocator_trace.py) ----
 
 import json  # noqa: E402
+import os  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -566,10 +567,18 @@ MEASUREMENTS = TRACES.parent.parent
 
 
 def _trace_at(day: str, name: str):
+    from unittest import mock
+
+    from zlayout.cards import CARDS_DIR_ENV
     from zlayout.cli import build_parser, layout_from_args, plan_input_from_args
-    doc = read_trace(MEASUREMENTS / f"h200-2026-12-{day}" / "traces" / f"{name}.json.gz")
+    folder = MEASUREMENTS / f"h200-2026-12-{day}"
+    doc = read_trace(folder / "traces" / f"{name}.json.gz")
     args = build_parser().parse_args(["verify", *doc["argv"].split(), "--loop", "trainer"])
-    return doc, plan_input_from_args(args).model_copy(update={"headroom_fraction": 0.0}), layout_from_args(args)
+    # an --hf-config layout's card: the folder's, learned again by today's learner (cards-v2) where it was
+    cards = next((d for d in (folder / "heldout" / "cards-v2", folder / "heldout" / "cards") if d.is_dir()), None)
+    with mock.patch.dict(os.environ, {CARDS_DIR_ENV: str(cards)} if cards else {}):
+        inp = plan_input_from_args(args)
+    return doc, inp.model_copy(update={"headroom_fraction": 0.0}), layout_from_args(args)
 
 
 def _large_requests(seq, phase: str, stream: int | None = None) -> list[int]:
@@ -744,14 +753,14 @@ def test_measured_hf_rows_keep_the_step_segment_the_gpu_made():
 
 
 def test_every_traced_layout_reserves_what_its_gpu_did():
-    # the 21 H200 allocator traces: peak reserved within 64 MiB; ZeRO-3 with the optimizer on
+    # the 22 H200 allocator traces: peak reserved within 64 MiB; ZeRO-3 with the optimizer on
     # the host within 2%: its frees wait on host copies and vary run to run (z3-opt-param-cpu
     # and s-z3-opt-param-cpu, one layout traced twice: 11.96 and 12.21 GiB)
     # (the replay of as many steps as the trace ran: the planner's goes on until its steps repeat)
     from zlayout.core.replay_state import _Seq
 
     paths = sorted(MEASUREMENTS.glob("h200-2026-12-0*/traces/*.json.gz"))
-    assert len(paths) == 21
+    assert len(paths) == 22
     for path in paths:
         doc, inp, layout = _trace_at(path.parent.parent.name.removeprefix("h200-2026-12-"), path.name.removesuffix(".json.gz"))
         steps = len({name.split(".")[0] for name, _ in doc["phase_marks"] if name.endswith(".step")})
