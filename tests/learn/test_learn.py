@@ -16,7 +16,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from zlayout import cards
 from zlayout.core.card import CardError
 from zlayout.learn.learner import (LearnError, block_list, evaluate, learn, measure, net_and_peak,
-                                   regimes_to_trace, trace_step)
+                                   regimes_to_trace, trace_step, weights_saved_as_views)
 from zlayout.learn.trace import StorageLedger, cuda_sdpa_kernel, fused_attention
 
 SMALL = Path(__file__).resolve().parent.parent / "hf" / "configs" / "small"
@@ -534,3 +534,21 @@ def test_a_card_holds_the_copies_a_micro_batch_of_several_sequences_makes(name, 
     # the copies: a block of four sequences keeps more than four blocks of one (falcon) or the same
     kept = net_and_peak(fresh["blocks"][index]["forward"])[0]
     assert (kept > sequences * net_and_peak(one["blocks"][index]["forward"])[0] + 1) == batched
+
+
+@pytest.mark.parametrize("name, held", [("falcon-multi-query", 4), ("falcon-sequential", 4), ("gpt2", 0),
+                                        ("llama-defaults", 0)])
+def test_weights_saved_as_views_outside_linear_are_the_ones_zero3_cannot_free(name, held):
+    """FalconLinear multiplies by `self.weight.T`: autograd saves that view, which keeps the
+    gathered storage after ZeRO-3 swaps the parameter's data. nn.Linear goes through F.linear
+    (DeepSpeed's wrapper saves the parameter itself) and GPT-2's Conv1D passes the parameter to
+    addmm: nothing held."""
+    config = small_config(name)
+    card = learn(config)
+    block = card["regimes"][-1]["blocks"][0]
+    assert len(block.get("zero3_held", [])) == held
+    model = built(config, "meta", "sdpa")
+    blocks = block_list(model)
+    matrices = {id(p): p.numel() for p in blocks[0].parameters() if p.dim() == 2}
+    found = weights_saved_as_views(model, blocks, [0, 1])
+    assert sorted(matrices[i] for i in found if i in matrices) == sorted(block.get("zero3_held", []))

@@ -153,6 +153,9 @@ class MicroStep:
     saved: list[dict] = field(default_factory=list)  # per block: what its backward keeps
     inputs: list[int] = field(default_factory=list)  # per block its input, then the last output
     gathered: dict[int, list[int]] = field(default_factory=dict)  # ZeRO-3: weights kept for backward
+    # ZeRO-3: gathered weights released after the forward whose storage autograd's saved views
+    # keep until the block's backward (Gathers.held_by_autograd)
+    held: dict[int, list[int]] = field(default_factory=dict)
     final_kept: list[int] = field(default_factory=list)  # what the final norm keeps for backward
     head_in: int | None = None  # the final norm's output, the head's input
     head_w: list[int] = field(default_factory=list)  # ZeRO-3: the head's gathered weight
@@ -318,7 +321,9 @@ class _Training:
                 m.gathered[layer] = gathers.fetch(r.layer_sizes)
             sv, x = self.blocks.forward(x, layer == 0)
             if m.recording or layer not in gathers.kept_layers:
-                s.f(*m.gathered.pop(layer))
+                released = m.gathered.pop(layer)
+                m.held[layer] = gathers.held_by_autograd(layer, released)
+                s.f(*[b for b in released if b not in m.held[layer]])
             m.saved.append(sv)
             m.inputs.append(x)
 
@@ -434,7 +439,7 @@ class _Training:
             if r.ckpt:
                 sv = self.blocks.recompute(m.inputs[i])
             gin = self.blocks.backward(sv, g, hook)
-            s.f(*layer_w)
+            s.f(*layer_w, *m.held.pop(i, []))
             if r.ckpt:
                 self.release_input(m.inputs[i])
             g = gin

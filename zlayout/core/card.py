@@ -162,6 +162,10 @@ class BlockCard:
     checkpointed_forward: Phase
     checkpointed_backward: Phase
     work: dict[str, WorkPhase] | None = None  # by WORK_PHASES; None: a card learned before work was recorded
+    # element counts of the block's weights autograd saves as views (`input @ self.weight.T`, not
+    # F.linear): ZeRO-3's release swaps the parameter's data, the saved view keeps the gathered
+    # storage until the block's backward (learner.weights_saved_as_views)
+    zero3_held: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +210,12 @@ class ModelCard:
 
     def __hash__(self) -> int:
         return hash((self.key, self.source, self.digest))
+
+    def zero3_held(self, layer: int) -> tuple[int, ...]:
+        """Element counts of block `layer`'s weights whose gathered storage ZeRO-3 cannot free
+        before the block's backward (BlockCard.zero3_held); a deeper model repeats the last kind."""
+        kind = self.layer_kinds[min(layer, len(self.layer_kinds) - 1)]
+        return self.regimes[-1].block(kind).zero3_held
 
     def regime(self, seq: int) -> Regime:
         return next(r for r in self.regimes if r.max_tokens is None or seq <= r.max_tokens)
@@ -394,8 +404,12 @@ def card_from_dict(data: Mapping[str, Any], key: str, source: str = "", digest: 
         at = f"{where} regimes[{r}]"
         blocks = []
         for i, block in enumerate(_get(regime, "blocks", list, at)):
+            held = block.get("zero3_held", [])
+            if not isinstance(held, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0
+                                                    for x in held):
+                raise CardError(f"{at}.blocks[{i}]: zero3_held must be a list of element counts")
             blocks.append(BlockCard(kind=_get(block, "kind", int, f"{at}.blocks[{i}]"),
-                                    work=_work(block.get("work"), f"{at}.blocks[{i}].work"),
+                                    work=_work(block.get("work"), f"{at}.blocks[{i}].work"), zero3_held=tuple(held),
                                     **{name: _phase(block.get(name), f"{at}.blocks[{i}].{name}") for name in (
                                         "forward", "backward", "checkpointed_forward", "checkpointed_backward")}))
         missing = set(kinds) - {b.kind for b in blocks}

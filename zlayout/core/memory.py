@@ -394,6 +394,22 @@ def stage3_kept_elements(model: ModelSpec, zero: ZeroKnobs, world: int, param_of
     return live
 
 
+def stage3_held_elements(model: ModelSpec, zero: ZeroKnobs, world: int, param_offload: bool) -> int:
+    """Gathered weights ZeRO-3 releases after the forward but cannot free: the card's weights
+    autograd saves as views (`BlockCard.zero3_held`, FalconLinear's `input @ self.weight.T`) stay
+    in every block until its backward, which gathers them again beside the output head's (0
+    without such weights, or where a gather is a view of the partition). h200-2026-12-09's
+    falcon-7b-L8 trace held 19, 10 and 9 copies of its three largest weights at the peak."""
+    card = model.card
+    if card is None or not hasattr(card, "zero3_held") or (world == 1 and not param_offload):
+        return 0
+    small = zero.stage3_param_persistence_threshold
+    per_layer = [sum(x for x in card.zero3_held(layer) if x > small) for layer in range(model.layers)]
+    if not any(per_layer):
+        return 0
+    return sum(per_layer) + max(per_layer) + model.vocab * model.hidden
+
+
 def stage3_offload_reduce_bytes(numel: int, zero: ZeroKnobs, world: int, w: int, elements: int) -> int:
     """ZeRO-3 with the optimizer on the host: what reducing one weight gradient of `numel`
     elements adds on the GPU (stage3.py __reduce_and_partition_ipg_grads -> partition_grads ->
@@ -620,11 +636,15 @@ def deepspeed_buffer_terms(c: _Layout, terms: _Terms) -> Buffers:
                   "GPU buffer that stages gradients for the host optimizer (the largest tensor)")
     live = persistent = 0
     if stage == 3:
-        live = terms.add("gpu", "stage3_live_parameters",
-                   w * stage3_kept_elements(model, zero, n, not param_on_gpu), "deepspeed_buffers",
+        kept = stage3_kept_elements(model, zero, n, not param_on_gpu)
+        held = stage3_held_elements(model, zero, n, not param_on_gpu)
+        live = terms.add("gpu", "stage3_live_parameters", w * max(kept, held), "deepspeed_buffers",
                    f"gathered weights kept between forward and backward (stage3_max_reuse_distance and "
                    f"max_live_parameters = {zero.stage3_max_live_parameters:.0e} elements; at least the "
-                   f"output head's weight, whole)")
+                   f"output head's weight, whole)" if held <= kept else
+                   "gathered weights every block holds until its backward: the model saves them as views "
+                   "(not through F.linear), which ZeRO-3's release cannot free; the backward gathers "
+                   "each block's again, beside the output head's")
         persistent = terms.add("gpu", "stage3_persistent_parameters", w * persistent_small_param_elements(model, zero),
                          "deepspeed_buffers",
                          f"tensors under stage3_param_persistence_threshold = "

@@ -47,6 +47,25 @@ class Gathers:
             budget -= sum(big_layer)
         self.head_kept = live >= r.V * r.h
         self.block_modules = block_fetch_modules(model, r.t.impl) if r.gather else None
+        card = model.card if r.t.impl == "hf" else None
+        self.zero3_held = getattr(card, "zero3_held", None)
+
+    def held_by_autograd(self, layer: int, released: list[int]) -> list[int]:
+        """Of a block's gathered weights (`released`, the buffers ZeRO-3 releases after its
+        forward), those whose storage autograd keeps until the block's backward: the card's
+        weights saved as views (`BlockCard.zero3_held`: FalconLinear's `input @ self.weight.T`),
+        matched by size."""
+        if self.zero3_held is None or not released:
+            return []
+        wanted = [x * self.w for x in self.zero3_held(layer) if x > self.small]
+        held = []
+        for buffer in released:
+            size = self.s.sizes[buffer]
+            match = next((x for x in wanted if x <= size < x + self.n * self.w), None)
+            if match is not None:
+                wanted.remove(match)
+                held.append(buffer)
+        return held
 
     def fetch(self, sizes: list[int]) -> list[int]:
         """One module's weights gathered on their own (the first step's, or no prefetcher)."""

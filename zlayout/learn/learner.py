@@ -163,6 +163,44 @@ def _first_tensor(values) -> torch.Tensor | None:
     return None
 
 
+def weights_saved_as_views(model: nn.Module, blocks: nn.ModuleList, keep: list[int], tokens: int = 64) -> set[int]:
+    """The ids of the blocks' weight matrices autograd saves for backward as a view of their
+    storage outside `torch.nn.functional.linear` (FalconLinear's `input @ self.weight.T`). Under
+    ZeRO-3, DeepSpeed replaces F.linear with a function that saves the parameter itself, whose
+    data its release swaps out; a saved view keeps the gathered storage alive until the
+    block's backward, which gathers the weight again (h200-2026-12-09, falcon-7b-L8 with the
+    weights on the CPU: every block's four weights held from the forward to the backward,
+    3.7 GiB the replay had freed)."""
+    weights = {p.untyped_storage()._cdata: id(p) for i in keep for p in blocks[i].parameters() if p.dim() == 2}
+    held: set[int] = set()
+    inside_linear = [0]
+    original_linear = torch.nn.functional.linear
+
+    def linear(input, weight, bias=None):  # as DeepSpeed's zero3_linear_wrap: its saves do not count
+        inside_linear[0] += 1
+        try:
+            return original_linear(input, weight, bias)
+        finally:
+            inside_linear[0] -= 1
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        if not inside_linear[0] and not isinstance(tensor, nn.Parameter):
+            owner = weights.get(tensor.untyped_storage()._cdata)
+            if owner is not None:
+                held.add(owner)
+        return tensor
+
+    ledger = StorageLedger()
+    ids = torch.zeros(1, tokens, dtype=torch.long, device=next(model.parameters()).device)
+    torch.nn.functional.linear = linear
+    try:
+        with _truncated(model, blocks, keep), _patched(ledger), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(input_ids=ids, labels=ids, use_cache=False)
+    finally:
+        torch.nn.functional.linear = original_linear
+    return held
+
+
 # --------------------------------------------------------------------------- one step
 
 
@@ -526,6 +564,7 @@ def _learn(config: Mapping[str, Any]) -> dict[str, Any]:
     model.bfloat16()  # DeepSpeed trains the bf16 copy
 
     in_blocks = {id(p) for p in blocks.parameters()}
+    held = weights_saved_as_views(model, blocks, keep)
     regimes, worst, attention_kernels = [], 0.0, set()
     for max_tokens, fit_tokens, check_tokens in regimes_to_trace(config):
         fitted, error, trained, kernels, sequences = _learn_regime(model, blocks, keep, fit_tokens, check_tokens)
@@ -546,6 +585,9 @@ def _learn(config: Mapping[str, Any]) -> dict[str, Any]:
                 "saved_by_dtype": plain["saved_by_dtype"],
                 "work": work(plain, checkpointed),
             })
+            views = [p.numel() for p in blocks[keep[index]].parameters() if id(p) in held]
+            if views:  # ZeRO-3 keeps these gathered until the block's backward (core.card.BlockCard)
+                kind_blocks[-1]["zero3_held"] = views
         head, checkpointed_head = fitted[False]["head"], fitted[True]["head"]
         regime = {"tokens_fitted": list(fit_tokens), "tokens_checked": check_tokens, "fit_error": round(error, 6),
                   "blocks": kind_blocks,
