@@ -125,12 +125,15 @@ def _cards_beside_config(r: dict) -> Path | None:
 
 def result_input(r: dict) -> tuple[PlanInput, Layout]:
     """A verify result's plan input and layout (its "layout" also holds the label and the flags
-    the Layout model does not take). A card the cards folder lacks is read from the folder its
-    batch keeps beside the configs (`_cards_beside_config`)."""
+    the Layout model does not take). A card is read from the folder its batch keeps beside the
+    configs (`_cards_beside_config`), else from the cards folder."""
     layout = Layout.model_validate({k: r["layout"][k] for k in ("stage", "offload_optimizer", "offload_param")})
     key = (r["inputs"].get("model") or {}).get("card")
     chosen = os.environ.get("ZLAYOUT_CARDS_DIR", "")
-    beside = _cards_beside_config(r) if key and not (Path(chosen) / f"{key}.toml").is_file() else None
+    # the batch's own cards first: one config copied into two batches has one key, and the
+    # default folder's card may be an older learner's (falcon-7b-L8: h200-2026-12-02c's, before
+    # attention kernels were priced, planned h200-2026-12-09's row at 15.56 GiB for 62.84)
+    beside = _cards_beside_config(r) if key else None
     if beside is None:
         return PlanInput.model_validate(recorded_inputs(r["inputs"])), layout
     os.environ["ZLAYOUT_CARDS_DIR"] = str(beside)
