@@ -722,8 +722,9 @@ def recorded_inputs(inputs: dict) -> dict:
 # casts the fp32 master weights into a fresh pageable bf16 temporary every step, so every step
 # faults it in anew: Mixtral-8x7B-L2 at ZeRO-3 with the optimizer on the CPU, one H200 node
 # (h200-2026-12-08, benchmarks/measurements): 1.5 M page faults a step and its optimizer phase
-# 2.93 s, with the switch 4.6 k and 2.32 s; the same layout's step took 3.13-4.46 s in four
-# processes without it, the kernel's share of the faults varying with the host's state. Verify
+# 2.93 s, with the switch 4.6 k and 2.32 s; the same layout's step took 3.13-4.46 s in three
+# verify processes without it (the kernel's cost of the faults varies with the host's state) and
+# 2.49-2.83 s in two with it (h200-2026-12-09). Verify
 # sets it for offloaded layouts (the user's own value wins) and the launchers zlayout writes
 # export it, so what is verified is what runs.
 HOST_HUGEPAGES_ENV = "THP_MEM_ALLOC_ENABLE"
