@@ -494,6 +494,15 @@ def _model_from_args(args: argparse.Namespace):
             _note(args, f"the model card {base.card.source} was learned before zlayout priced the attention "
                         "kernel CUDA runs (the math fallback where no fused kernel takes the inputs, as "
                         f"Falcon's); `zlayout learn --force --hf-config {shlex.quote(args.hf_config)}` learns it again")
+        installed = _installed("transformers") if args.hf_config and base.card is not None else None
+        if installed and base.card.transformers and installed != base.card.transformers:
+            # a release changes what a model's code asks for (5.25.0 runs Falcon's multi-query
+            # attention on a fused kernel where 5.24.0 ran the math path): verify trains the
+            # installed one
+            _note(args, f"the model card {base.card.source} was learned from transformers "
+                        f"{base.card.transformers}'s code; {installed} is installed, whose code may ask for "
+                        f"other tensors: `zlayout learn --force --hf-config {shlex.quote(args.hf_config)}` "
+                        "learns it from this one")
         return ModelSpec.model_validate(data)
     if args.params is not None:
         try:
@@ -511,6 +520,16 @@ def _model_from_args(args: argparse.Namespace):
         raise UsageError(f"the model needs {', '.join(missing)} (or --preset NAME, --params 13B "
                          "or --hf-config config.json)")
     return ModelSpec(**given)
+
+
+def _installed(distribution: str) -> str | None:
+    """An installed package's version, read from its metadata (nothing imported), or None."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def _note(args: argparse.Namespace, text: str) -> None:

@@ -552,3 +552,26 @@ def test_weights_saved_as_views_outside_linear_are_the_ones_zero3_cannot_free(na
     matrices = {id(p): p.numel() for p in blocks[0].parameters() if p.dim() == 2}
     found = weights_saved_as_views(model, blocks, [0, 1])
     assert sorted(matrices[i] for i in found if i in matrices) == sorted(block.get("zero3_held", []))
+
+
+def test_a_card_learned_from_another_transformers_release_is_named(tmp_path):
+    """A release changes what a model's code asks for (5.25.0 expands Falcon's k/v head before
+    sdpa): a card learned from another release's code still plans, with one note naming both
+    releases and how to learn it again; the installed release's card plans without it."""
+    import transformers
+
+    config = small_config("llama-defaults")
+    path = tmp_path / "llama.json"
+    path.write_text(json.dumps(config))
+    card = learn(config)
+    assert card["transformers"] == transformers.__version__
+    key = cards.config_key(config)
+    cards.write_card(tmp_path, key, cards.dumps_card({**card, "transformers": "5.0.0"}, key, "llama.json"),
+                     replace=False)
+    run = zlayout("plan", "--hf-config", str(path), "--gpus-per-node", "1", "--seq", "512", cards_dir=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert f"learned from transformers 5.0.0's code; {transformers.__version__} is installed" in run.stderr
+    assert f"zlayout learn --force --hf-config {path}" in run.stderr
+    cards.write_card(tmp_path, key, cards.dumps_card(card, key, "llama.json"), replace=True)
+    again = zlayout("plan", "--hf-config", str(path), "--gpus-per-node", "1", "--seq", "512", cards_dir=tmp_path)
+    assert again.returncode == 0 and "is installed" not in again.stderr

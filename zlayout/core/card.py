@@ -201,6 +201,7 @@ class ModelCard:
     untrained_params: int | None = None  # their elements
     # the kernels sdpa runs on CUDA ("flash", "efficient", "math"); () for eager attention or an older card
     attention_kernels: tuple[str, ...] = ()
+    transformers: str | None = None  # the release whose model code the card was learned from
 
     # A card rides in the ModelSpec, which the planner hashes and compares for its caches:
     # by its key, file and text's digest, not by walking thousands of requests each time.
@@ -437,4 +438,5 @@ def card_from_dict(data: Mapping[str, Any], key: str, source: str = "", digest: 
         params=count, parameter_numels=tuple(numels), layer_kinds=kinds, regimes=tuple(regimes),
         source=source, digest=digest, untrained_tensors=None if untrained is None else len(untrained),
         untrained_params=untrained_params,
-        attention_kernels=tuple(str(k) for k in data.get("attention_kernels") or ()))
+        attention_kernels=tuple(str(k) for k in data.get("attention_kernels") or ()),
+        transformers=str(data["transformers"]) if data.get("transformers") else None)
