@@ -394,14 +394,15 @@ def stage3_kept_elements(model: ModelSpec, zero: ZeroKnobs, world: int, param_of
     return live
 
 
-def stage3_held_elements(model: ModelSpec, zero: ZeroKnobs, world: int, param_offload: bool) -> int:
+def stage3_held_elements(model: ModelSpec, training: TrainingSpec, zero: ZeroKnobs, world: int,
+                         param_offload: bool) -> int:
     """Gathered weights ZeRO-3 releases after the forward but cannot free: the card's weights
     autograd saves as views (`BlockCard.zero3_held`, FalconLinear's `input @ self.weight.T`) stay
     in every block until its backward, which gathers them again beside the output head's (0
     without such weights, or where a gather is a view of the partition). h200-2026-12-09's
     falcon-7b-L8 trace held 19, 10 and 9 copies of its three largest weights at the peak."""
-    card = model.card
-    if card is None or not hasattr(card, "zero3_held") or (world == 1 and not param_offload):
+    card = card_of(model, training)  # the worker's own model (--impl zlayout) saves no views
+    if card is None or (world == 1 and not param_offload):
         return 0
     small = zero.stage3_param_persistence_threshold
     per_layer = [sum(x for x in card.zero3_held(layer) if x > small) for layer in range(model.layers)]
@@ -637,7 +638,7 @@ def deepspeed_buffer_terms(c: _Layout, terms: _Terms) -> Buffers:
     live = persistent = 0
     if stage == 3:
         kept = stage3_kept_elements(model, zero, n, not param_on_gpu)
-        held = stage3_held_elements(model, zero, n, not param_on_gpu)
+        held = stage3_held_elements(model, training, zero, n, not param_on_gpu)
         live = terms.add("gpu", "stage3_live_parameters", w * max(kept, held), "deepspeed_buffers",
                    f"gathered weights kept between forward and backward (stage3_max_reuse_distance and "
                    f"max_live_parameters = {zero.stage3_max_live_parameters:.0e} elements; at least the "

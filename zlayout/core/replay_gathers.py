@@ -47,8 +47,8 @@ class Gathers:
             budget -= sum(big_layer)
         self.head_kept = live >= r.V * r.h
         self.block_modules = block_fetch_modules(model, r.t.impl) if r.gather else None
-        card = model.card if r.t.impl == "hf" else None
-        self.zero3_held = getattr(card, "zero3_held", None)
+        # the card of the transformers class (memory.card_of): --impl zlayout's model saves no views
+        self.zero3_held = model.card.zero3_held if model.card is not None and r.hf else None
 
     def held_by_autograd(self, layer: int, released: list[int]) -> list[int]:
         """Of a block's gathered weights (`released`, the buffers ZeRO-3 releases after its

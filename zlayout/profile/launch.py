@@ -67,6 +67,7 @@ def _cpu_threads(profile: Profile) -> str:
     return ("# One rank per GPU: each gets its share of the node's cores (the launchers' default is 1).\n"
             f'export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-$(( $(nproc) / {gpus} > 0 ? $(nproc) / {gpus} : 1 ))}}"\n')
 
+
 def _host_pages(profile: Profile) -> str:
     """An offloaded step's host tensors on 2 MiB pages (spec.HOST_HUGEPAGES_ENV: verify ran so)."""
     if not profile.layout.offloads:
@@ -86,6 +87,12 @@ def _allocator(profile: Profile) -> str:
             'expandable_segments:True"\n')
 
 
+def _rank_environment(profile: Profile) -> str:
+    """What every rank's environment needs, in each launcher: its cores, its host pages, the
+    planned allocator."""
+    return _cpu_threads(profile) + _host_pages(profile) + _allocator(profile)
+
+
 def deepspeed_script(profile: Profile) -> str:
     hw, run = profile.inputs.hardware, profile.run
     out = _header(profile, "Launch with DeepSpeed's launcher (`deepspeed`)")
@@ -94,7 +101,7 @@ def deepspeed_script(profile: Profile) -> str:
             "# Multi-node: HOSTFILE lists one node per line as 'hostname slots=GPUS'\n"
             f"# ({int(hw.nodes)} lines, slots={int(hw.gpus_per_node)}); the launcher reaches the nodes over ssh.\n"
         )
-    out += "set -euo pipefail\n" + _FIND_CONFIG + _cpu_threads(profile) + _host_pages(profile) + _allocator(profile)
+    out += "set -euo pipefail\n" + _FIND_CONFIG + _rank_environment(profile)
     out += _default_train_script(profile) + "\n"
     if hw.nodes > 1:
         out += (
@@ -120,7 +127,7 @@ def torchrun_script(profile: Profile) -> str:
             f"# Multi-node: run this once on each of the {int(hw.nodes)} nodes with NODE_RANK=0..{int(hw.nodes) - 1}\n"
             "# and MASTER_ADDR set to node 0's address.\n"
         )
-    out += "set -euo pipefail\n" + _FIND_CONFIG + _cpu_threads(profile) + _host_pages(profile) + _allocator(profile)
+    out += "set -euo pipefail\n" + _FIND_CONFIG + _rank_environment(profile)
     out += _default_train_script(profile) + "\n"
     if hw.nodes > 1:
         out += (
@@ -155,7 +162,7 @@ def slurm_script(profile: Profile) -> str:
         "# sed, not head: head would close the pipe early and pipefail would end the job\n"
         'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)"\n'
         f'MASTER_PORT="${{MASTER_PORT:-{int(run.master_port)}}}"\n'
-        + _cpu_threads(profile) + _host_pages(profile) + _allocator(profile) + "\n"
+        + _rank_environment(profile) + "\n"
         "srun --ntasks-per-node=1 --kill-on-bad-exit=1 \\\n"
         f'    torchrun --nnodes "$SLURM_NNODES" --nproc_per_node {int(hw.gpus_per_node)} \\\n'
         '    --rdzv_backend c10d --rdzv_id "$SLURM_JOB_ID" --rdzv_endpoint "$MASTER_ADDR:$MASTER_PORT" \\\n'
