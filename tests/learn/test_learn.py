@@ -575,3 +575,16 @@ def test_a_card_learned_from_another_transformers_release_is_named(tmp_path):
     cards.write_card(tmp_path, key, cards.dumps_card(card, key, "llama.json"), replace=True)
     again = zlayout("plan", "--hf-config", str(path), "--gpus-per-node", "1", "--seq", "512", cards_dir=tmp_path)
     assert again.returncode == 0 and "is installed" not in again.stderr
+
+
+@pytest.mark.parametrize("release", ["5.24.0\x1b[2J", "5.24.0\nnext line", 524])
+def test_a_card_s_transformers_release_is_a_version_or_the_card_is_refused(tmp_path, release):
+    """plan prints the release a card names: one that is not a version string (an escape
+    sequence, a newline, a number) makes the card a damaged one, one line naming it."""
+    config = small_config("llama-defaults")
+    key = cards.config_key(config)
+    cards.write_card(tmp_path, key, cards.dumps_card({**learn(config), "transformers": release}, key, "llama.json"),
+                     replace=False)
+    with pytest.raises(CardError) as raised:
+        cards.read_card(tmp_path / f"{key}.toml")
+    assert "\n" not in str(raised.value) and "transformers must be a release's version" in str(raised.value)

@@ -20,6 +20,7 @@ with the batch). `WorkPhase.totals` sorts the ops for the step-time model: GEMMs
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping, NamedTuple
 
@@ -439,4 +440,13 @@ def card_from_dict(data: Mapping[str, Any], key: str, source: str = "", digest: 
         source=source, digest=digest, untrained_tensors=None if untrained is None else len(untrained),
         untrained_params=untrained_params,
         attention_kernels=tuple(str(k) for k in data.get("attention_kernels") or ()),
-        transformers=str(data["transformers"]) if data.get("transformers") else None)
+        transformers=_release(data.get("transformers"), where))
+
+
+def _release(value: Any, where: str) -> str | None:
+    """The card's transformers release, which plan prints: a version string or nothing."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or not re.fullmatch(r"[0-9A-Za-z.+\-]{1,40}", value):
+        raise CardError(f"{where}: transformers must be a release's version, like 5.24.0")
+    return value
