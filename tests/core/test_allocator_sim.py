@@ -1047,3 +1047,32 @@ def test_weights_a_model_saves_as_views_stay_gathered_until_their_blocks_backwar
     assert abs(peak - doc["max_allocated_bytes"]) < 0.01 * doc["max_allocated_bytes"]
     planned = estimate_memory(inp, layout).gpu_peak_allocated_bytes
     assert abs(planned - doc["max_allocated_bytes"]) < 0.01 * doc["max_allocated_bytes"]
+
+
+def test_zero3_head_forward_prefetches_the_backwards_first_weight():
+    # falcon-40b-L3, 2 x 2048, ZeRO-3 as rank 0 of 8 (h200-2026-12-10, results-m): at its peak the
+    # run held every block's weights as views, the head's, and one 0.5 GiB MLP weight more. The
+    # module trace is the whole step's, so the head's forward fetch prefetches the backward's
+    # first weight (the last block's dense_4h_to_h) and its backward fetch the next. A term that
+    # held a whole block again beside the head planned 18.24 GiB (+4.0%).
+    from zlayout.cards import CARDS_DIR_ENV
+    from zlayout.cli import build_parser, layout_from_args, plan_input_from_args
+    from zlayout.core.memory import estimate_memory
+    from zlayout.core.tensors import stage3_regathered_elements
+
+    folder = MEASUREMENTS / "h200-2026-12-10"
+    argv = [line for line in (folder / "batch-heldout-m.txt").read_text().splitlines()
+            if line and not line.startswith("#")][0].split()
+    args = build_parser().parse_args(["verify", *argv])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(CARDS_DIR_ENV, str(folder / "heldout" / "cards"))
+        inp, layout = plan_input_from_args(args), layout_from_args(args)
+    inp = inp.model_copy(update={"headroom_fraction": 0.0})
+    peak = json.loads((folder / "results" / "results-m.jsonl").read_text().splitlines()[0])["measured"][
+        "gpu_peak_allocated_bytes"]
+    m = inp.model
+    head, mlp = m.vocab * m.hidden, m.ffn_size * m.hidden
+    regathered = stage3_regathered_elements(m, inp.zero, "hf", False)
+    assert (regathered.loss, regathered.head) == (head + mlp, head + 2 * mlp)
+    planned = estimate_memory(inp, layout).gpu_peak_allocated_bytes
+    assert abs(planned - peak) < 0.01 * peak

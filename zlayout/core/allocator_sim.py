@@ -150,6 +150,8 @@ class MicroStep:
     recording: bool
     keep_head: bool  # ZeRO-3: the head's gathered weights kept from forward to backward
     prefetch: tuple | None = None  # ZeRO-3 after the first step: the forward's Prefetcher, block starts
+    backward_prefetch: tuple | None = None  # and the backward's, from the head's forward on
+    head_prefetches: int = 0  # the head's fetches that prefetched: its forward's, its backward's
     saved: list[dict] = field(default_factory=list)  # per block: what its backward keeps
     inputs: list[int] = field(default_factory=list)  # per block its input, then the last output
     gathered: dict[int, list[int]] = field(default_factory=dict)  # ZeRO-3: weights kept for backward
@@ -342,6 +344,7 @@ class _Training:
         if pf:
             pf[0].fetch(len(pf[0].modules) - 2)  # the final norm: a prefetch
             m.head_w = pf[0].fetch(len(pf[0].modules) - 1)
+            self.head_prefetch(m, 1)
         else:
             m.head_w = self.gathers.fetch([V * h])
         logits = s.a(T * V * w)
@@ -397,6 +400,7 @@ class _Training:
         self.grads.start_backward()
         if m.recording:
             m.head_w = self.gathers.fetch([V * h])
+        self.head_prefetch(m, 2)
         if r.stage == 3:
             # ZeRO-3's LinearFunctionForZeroStage3 backward: the input's gradient first (its
             # matmul takes the thread's cuBLAS workspace), then the weight's (t-z3-L24-h2048
@@ -412,6 +416,20 @@ class _Training:
         if not m.keep_head:
             s.f(*m.head_w)
 
+    def head_prefetch(self, m: MicroStep, fetches: int) -> None:
+        """ZeRO-3 once the trace is complete: the module trace is the whole step's, so the
+        head's forward fetch (fetch_sub_module) prefetches past the forward's end, into the
+        backward's first weights: the last block's last module's (falcon-40b-L3, h200-2026-12-10:
+        its 0.5 GiB MLP weight through the loss's forward); its pre-backward hook, as the
+        logits' gradient arrives, prefetches the next. `fetches`: 1 at the head's forward, 2 at
+        its backward (the card's head calls it before its first weight gradient, and after)."""
+        if m.prefetch and m.head_prefetches < fetches:
+            m.head_prefetches += 1
+            if m.backward_prefetch is None:
+                m.backward_prefetch = self.gathers.backward_prefetcher(m.gathered)
+            if m.backward_prefetch:
+                m.backward_prefetch[0].fetch(0)
+
     def backward_blocks(self, m: MicroStep) -> None:
         """The head's gradient hooked, the final norm's backward, every block's (ZeRO-3: its
         weights gathered again unless kept; checkpointed: recomputed first), the embedding's,
@@ -426,7 +444,7 @@ class _Training:
         # the card's head backward ends with the final norm's
         g = m.g if self.card_head else self.hand.norm_backward(m.g, m.final_kept, [], hook)
         gathered = m.gathered
-        pb = gathers.backward_prefetcher(gathered) if m.prefetch else None
+        pb = m.backward_prefetch
         if pb:
             pb[0].fetch(1)  # the final norm
         for i in reversed(range(r.model.layers)):
@@ -477,6 +495,7 @@ class _Training:
         if pf:
             pf[0].fetch(len(pf[0].modules) - 2)  # the final norm: a prefetch
             m.head_w = pf[0].fetch(len(pf[0].modules) - 1)
+            self.head_prefetch(m, 1)
         else:
             m.head_w = self.gathers.fetch([r.V * r.h])
         last_input = m.inputs[-2] if len(m.inputs) > 2 else None
@@ -509,8 +528,14 @@ class _Training:
         tied = r.model.tie_embeddings
         last_output = [] if r.hf_norm else [m.inputs[-1]]
         outside = [*m.loss_kept, *last_output]
+
+        def head_weight_gradient() -> None:
+            self.head_prefetch(m, 2)
+            r.first_matmul("backward")
+
         live = card.run(None, "checkpointed_backward" if r.ckpt else "backward", outside, self.grads.hook,
-                        first_grad=lambda: r.first_matmul("backward"), hook_left=not tied)
+                        first_grad=head_weight_gradient, hook_left=not tied)
+        self.head_prefetch(m, 2)  # a card whose head makes no weight gradient: at its end
         r.first_matmul("backward")  # a card whose head makes no weight gradient still multiplies
         m.head_grad = card.latest(live, V * h * w) if tied else None
         m.g = card.latest(live, T * h * w)

@@ -24,8 +24,8 @@ from typing import Literal, NamedTuple
 
 from zlayout.core.fit import flush_cost_s
 from zlayout.core.tensors import (  # noqa: F401 (read from here by tests and benchmarks)
-    NORM_PART_ELEMENTS, layer_tensor_sizes, parameter_tensor_sizes, stage3_live_param_elements, stage3_sub_groups,
-    zero3_leaf_moe_tensor_sizes)
+    NORM_PART_ELEMENTS, layer_tensor_sizes, parameter_tensor_sizes, stage3_live_param_elements,
+    stage3_regathered_elements, stage3_sub_groups, zero3_leaf_moe_tensor_sizes)
 from zlayout.spec import GiB, Layout, ModelSpec, PlanInput, TrainingSpec, ZeroKnobs, gib_figure
 
 Where = Literal["gpu", "host", "nvme"]
@@ -395,20 +395,37 @@ def stage3_kept_elements(model: ModelSpec, zero: ZeroKnobs, world: int, param_of
 
 
 def stage3_held_elements(model: ModelSpec, training: TrainingSpec, zero: ZeroKnobs, world: int,
-                         param_offload: bool) -> int:
+                         param_offload: bool) -> tuple[int, int]:
     """Gathered weights ZeRO-3 releases after the forward but cannot free: the card's weights
     autograd saves as views (`BlockCard.zero3_held`, FalconLinear's `input @ self.weight.T`) stay
-    in every block until its backward, which gathers them again beside the output head's (0
-    without such weights, or where a gather is a view of the partition). h200-2026-12-09's
-    falcon-7b-L8 trace held 19, 10 and 9 copies of its three largest weights at the peak."""
+    in every block until its backward, beside what the trace gathers at once from the head's
+    forward on (`stage3_regathered_elements`). Returns (elements held through the loss and the
+    blocks' backward, elements more during the head's backward); (0, 0) without such weights,
+    or where a gather is a view of the partition. h200-2026-12-09's falcon-7b-L8 trace held 19,
+    10 and 9 copies of its three largest weights at the peak; h200-2026-12-10's falcon-40b-L3
+    every block's four, the head's and one MLP weight more (the head's forward prefetch)."""
     card = card_of(model, training)  # the worker's own model (--impl zlayout) saves no views
     if card is None or (world == 1 and not param_offload):
-        return 0
+        return 0, 0
     small = zero.stage3_param_persistence_threshold
     per_layer = [sum(x for x in card.zero3_held(layer) if x > small) for layer in range(model.layers)]
     if not any(per_layer):
+        return 0, 0
+    regathered = stage3_regathered_elements(model, zero, training.impl, training.checkpointing == "full")
+    if regathered is None:  # the block's module order unknown: a whole block beside the head
+        return sum(per_layer) + max(per_layer) + model.vocab * model.hidden, 0
+    most = max(regathered.loss, regathered.block)
+    return sum(per_layer) + most, max(0, regathered.head - most)
+
+
+def head_prefetch(c: _Layout) -> int:
+    """ZeRO-3 with weights saved as views: the elements the head's backward fetch gathers
+    beside `stage3_live_parameters` (its prefetch of the last block's next weight)."""
+    if c.stage != 3:
         return 0
-    return sum(per_layer) + max(per_layer) + model.vocab * model.hidden
+    kept = stage3_kept_elements(c.model, c.zero, c.n, not c.param_on_gpu)
+    held, more = stage3_held_elements(c.model, c.training, c.zero, c.n, not c.param_on_gpu)
+    return more if held > kept else 0
 
 
 def stage3_offload_reduce_bytes(numel: int, zero: ZeroKnobs, world: int, w: int, elements: int) -> int:
@@ -638,14 +655,14 @@ def deepspeed_buffer_terms(c: _Layout, terms: _Terms) -> Buffers:
     live = persistent = 0
     if stage == 3:
         kept = stage3_kept_elements(model, zero, n, not param_on_gpu)
-        held = stage3_held_elements(model, training, zero, n, not param_on_gpu)
+        held, _ = stage3_held_elements(model, training, zero, n, not param_on_gpu)
         live = terms.add("gpu", "stage3_live_parameters", w * max(kept, held), "deepspeed_buffers",
                    f"gathered weights kept between forward and backward (stage3_max_reuse_distance and "
                    f"max_live_parameters = {zero.stage3_max_live_parameters:.0e} elements; at least the "
                    f"output head's weight, whole)" if held <= kept else
                    "gathered weights every block holds until its backward: the model saves them as views "
-                   "(not through F.linear), which ZeRO-3's release cannot free; the backward gathers "
-                   "each block's again, beside the output head's")
+                   "(not through F.linear), which ZeRO-3's release cannot free; beside them the output "
+                   "head's and the backward's next weights, prefetched from the head's forward on")
         persistent = terms.add("gpu", "stage3_persistent_parameters", w * persistent_small_param_elements(model, zero),
                          "deepspeed_buffers",
                          f"tensors under stage3_param_persistence_threshold = "
@@ -750,7 +767,8 @@ def phase_peaks(c: _Layout, states_: ModelStates, buffers: Buffers,
                             + ipg * (stage == 1 and t.grad_accum > 1), loss_request),
         # the head's gradient fires the first hook: stage 1/2 buckets appear
         "backward (head)": (states + carried + live + activations + ipg * (stage in (1, 2))
-                            + head_grad + tokens * model.vocab * w, max(head_grad, tokens * model.vocab * w)),
+                            + head_grad + tokens * model.vocab * w + w * head_prefetch(c),
+                            max(head_grad, tokens * model.vocab * w)),
         "optimizer step": (states + (grads if stage < 3 else 0) + step_fp32,
                            step_fp32 - step_fp32 * w // (w + FP32_BYTES) if stage else step_fp32 // 2),
     }

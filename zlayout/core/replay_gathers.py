@@ -5,24 +5,7 @@ the coordinator's prefetches (`Prefetcher`) once the module trace is complete.""
 from __future__ import annotations
 
 from zlayout.core.replay_state import ALLGATHER_STREAM, Replay
-from zlayout.core.tensors import stage3_live_param_elements
-
-
-def block_fetch_modules(model, impl: str) -> list[list[int]] | None:
-    """One dense block's modules in the order their forward runs (the order ZeRO-3's trace
-    fetches them), each as the element counts of its weights (a module without one: a norm,
-    whose small weights stay gathered). None for the blocks whose order is not written here
-    (MoE, MLA)."""
-    if model.is_moe or model.mla:
-        return None
-    h, q, kv, f = model.hidden, model.q_size, model.kv_size, model.ffn_size
-    if impl == "hf" and model.norm == "rmsnorm" and model.mlp == "swiglu":
-        # LlamaDecoderLayer: input_layernorm, q/k/v/o_proj, post_attention_layernorm,
-        # LlamaMLP: down_proj(act(gate_proj(x)) * up_proj(x))
-        return [[], [h * q], [h * kv], [h * kv], [model.attn_out_size * h], [], [f * h], [f * h], [f * h]]
-    # worker_model.Block: norm1, qkv, proj, norm2, fc1, fc2
-    gate_up = 2 if model.mlp == "swiglu" else 1
-    return [[], [h * (q + 2 * kv)], [model.attn_out_size * h], [], [gate_up * f * h], [f * h]]
+from zlayout.core.tensors import block_fetch_modules, stage3_live_param_elements
 
 
 class Gathers:

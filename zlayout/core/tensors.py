@@ -7,6 +7,7 @@ matters). Pure arithmetic over a `ModelSpec`; imports nothing else of the core, 
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 from zlayout.spec import ModelSpec, ZeroKnobs
 
@@ -23,6 +24,72 @@ def stage3_live_param_elements(model: ModelSpec, zero: ZeroKnobs, world: int, pa
     # (The largest module and the prefetch bucket are not extra: measured on H200, adding
     # them over-predicted one-GPU parameter offload by exactly their size, 0.33-0.79 GiB.)
     return min(zero.stage3_max_reuse_distance, zero.stage3_max_live_parameters, model.params)
+
+
+def block_fetch_modules(model, impl: str) -> list[list[int]] | None:
+    """One dense block's modules in the order their forward runs (the order ZeRO-3's trace
+    fetches them), each as the element counts of its weights (a module without one: a norm,
+    whose small weights stay gathered). None for the blocks whose order is not written here
+    (MoE, MLA)."""
+    if model.is_moe or model.mla:
+        return None
+    h, q, kv, f = model.hidden, model.q_size, model.kv_size, model.ffn_size
+    if impl == "hf" and model.norm == "rmsnorm" and model.mlp == "swiglu":
+        # LlamaDecoderLayer: input_layernorm, q/k/v/o_proj, post_attention_layernorm,
+        # LlamaMLP: down_proj(act(gate_proj(x)) * up_proj(x))
+        return [[], [h * q], [h * kv], [h * kv], [model.attn_out_size * h], [], [f * h], [f * h], [f * h]]
+    # worker_model.Block: norm1, qkv, proj, norm2, fc1, fc2
+    gate_up = 2 if model.mlp == "swiglu" else 1
+    return [[], [h * (q + 2 * kv)], [model.attn_out_size * h], [], [gate_up * f * h], [f * h]]
+
+
+class Regathered(NamedTuple):
+    """Gathered weights ZeRO-3 holds at once from the head's forward through the backward,
+    beside what the forward left (elements): `loss` through the loss's forward and backward,
+    `head` during the head's backward, `block` in a block's backward."""
+
+    loss: int
+    head: int
+    block: int
+
+
+def stage3_regathered_elements(model: ModelSpec, zero: ZeroKnobs, impl: str,
+                               checkpointing: bool) -> Regathered | None:
+    """partitioned_param_coordinator.fetch_sub_module, the trace complete: each module's fetch
+    waits for its weights, then prefetches the trace's next ones until stage3_prefetch_bucket_size
+    elements (at least one weight, however large); release_sub_module frees a module's after it.
+    The trace is the whole step's, so the head's forward fetch prefetches past the forward's end
+    into the backward's first weights (the last block's, in backward order), and its backward
+    fetch the next. None where the block's module order is not written (`block_fetch_modules`)."""
+    modules = block_fetch_modules(model, impl)
+    if modules is None:
+        return None
+    order = modules if checkpointing else modules[::-1]  # a recompute fetches in forward order
+    small = zero.stage3_param_persistence_threshold
+    bucket = min(zero.stage3_prefetch_bucket_size, zero.stage3_max_live_parameters)
+    # the trace from the head's forward: the head (forward), the head (backward), the final
+    # norm, then two blocks' modules (the second repeats the first's window)
+    trace = [[], [], []] + [[x for x in m if x > small] for m in order] * 2
+    queue = [(i, j) for i, m in enumerate(trace) for j, _ in enumerate(m)]
+    gathered: dict[tuple[int, int], int] = {}
+    at, windows = 0, []
+    for i, mine in enumerate(trace):
+        for key in [k for k in gathered if k[0] < i]:  # released after their module
+            del gathered[key]
+        for j, x in enumerate(mine):
+            gathered.setdefault((i, j), x)
+        while at < len(queue) and queue[at][0] <= i:
+            at += 1
+        numel = 0
+        while at < len(queue) and numel < bucket:
+            key = queue[at]
+            at += 1
+            if key not in gathered:
+                gathered[key] = trace[key[0]][key[1]]
+                numel += gathered[key]
+        windows.append(sum(gathered.values()))
+    head = model.vocab * model.hidden
+    return Regathered(head + windows[0], head + windows[1], max(windows[2:]))
 
 
 def layer_tensor_sizes(model: ModelSpec, moe: bool | None = None) -> list[int]:
