@@ -25,7 +25,7 @@ from typing import Literal, NamedTuple
 from zlayout.core.fit import flush_cost_s
 from zlayout.core.tensors import (  # noqa: F401 (read from here by tests and benchmarks)
     NORM_PART_ELEMENTS, layer_tensor_sizes, parameter_tensor_sizes, stage3_live_param_elements,
-    stage3_regathered_elements, stage3_sub_groups, zero3_leaf_moe_tensor_sizes)
+    Regathered, stage3_regathered_elements, stage3_sub_groups, zero3_leaf_moe_tensor_sizes)
 from zlayout.spec import GiB, Layout, ModelSpec, PlanInput, TrainingSpec, ZeroKnobs, gib_figure
 
 Where = Literal["gpu", "host", "nvme"]
@@ -394,38 +394,56 @@ def stage3_kept_elements(model: ModelSpec, zero: ZeroKnobs, world: int, param_of
     return live
 
 
+class Held(NamedTuple):
+    """ZeRO-3's gathered weights held by autograd's views (`stage3_held_elements`), elements:
+    `live` through the loss, `head` more during the head's backward, `block` more in the last
+    block's backward."""
+
+    live: int
+    head: int
+    block: int
+
+
 def stage3_held_elements(model: ModelSpec, training: TrainingSpec, zero: ZeroKnobs, world: int,
-                         param_offload: bool) -> tuple[int, int]:
-    """Gathered weights ZeRO-3 releases after the forward but cannot free: the card's weights
-    autograd saves as views (`BlockCard.zero3_held`, FalconLinear's `input @ self.weight.T`) stay
-    in every block until its backward, beside what the trace gathers at once from the head's
-    forward on (`stage3_regathered_elements`). Returns (elements held through the loss and the
-    blocks' backward, elements more during the head's backward); (0, 0) without such weights,
-    or where a gather is a view of the partition. h200-2026-12-09's falcon-7b-L8 trace held 19,
-    10 and 9 copies of its three largest weights at the peak; h200-2026-12-10's falcon-40b-L3
-    every block's four, the head's and one MLP weight more (the head's forward prefetch)."""
+                         param_offload: bool) -> Held:
+    """Gathered weights ZeRO-3 releases but cannot free: the card's weights autograd saves as
+    views (`BlockCard.zero3_held`, FalconLinear's `input @ self.weight.T`) stay until their
+    block's backward, beside what the trace gathers at once from the head's forward on
+    (`stage3_regathered_elements`). Without checkpointing every block's forward saves them; with
+    it the forward saves nothing and each block's recompute saves its own, held through that
+    block's backward only. Zero without such weights, or where a gather is a view of the
+    partition. h200-2026-12-09's falcon-7b-L8 trace held 19, 10 and 9 copies of its three
+    largest weights at the peak; h200-2026-12-10's falcon-40b-L3 every block's four, the head's
+    and one MLP weight more (the head's forward prefetch); h200-2026-12-11's checkpointed
+    falcon-40b-L4 none of the blocks' through the loss (+22% when every block's were)."""
     card = card_of(model, training)  # the worker's own model (--impl zlayout) saves no views
     if card is None or (world == 1 and not param_offload):
-        return 0, 0
+        return Held(0, 0, 0)
     small = zero.stage3_param_persistence_threshold
     per_layer = [sum(x for x in card.zero3_held(layer) if x > small) for layer in range(model.layers)]
     if not any(per_layer):
-        return 0, 0
-    regathered = stage3_regathered_elements(model, zero, training.impl, training.checkpointing == "full")
+        return Held(0, 0, 0)
+    ckpt = training.checkpointing == "full"
+    regathered = stage3_regathered_elements(model, zero, training.impl, ckpt)
     if regathered is None:  # the block's module order unknown: a whole block beside the head
-        return sum(per_layer) + max(per_layer) + model.vocab * model.hidden, 0
-    most = max(regathered.loss, regathered.block)
-    return sum(per_layer) + most, max(0, regathered.head - most)
+        head = model.vocab * model.hidden
+        regathered = Regathered(head + max(per_layer), head + max(per_layer), 2 * max(per_layer))
+    if ckpt:
+        live = regathered.loss
+        return Held(live, max(0, regathered.head - live), max(0, max(per_layer) + regathered.block - live))
+    live = sum(per_layer) + max(regathered.loss, regathered.block)
+    return Held(live, max(0, sum(per_layer) + regathered.head - live), 0)
 
 
-def head_prefetch(c: _Layout) -> int:
-    """ZeRO-3 with weights saved as views: the elements the head's backward fetch gathers
-    beside `stage3_live_parameters` (its prefetch of the last block's next weight)."""
+def held_beyond_kept(c: _Layout, phase: str) -> int:
+    """ZeRO-3 with weights saved as views: the elements a phase holds beyond
+    `stage3_live_parameters` (`Held`: the head's backward, the last block's)."""
     if c.stage != 3:
         return 0
     kept = stage3_kept_elements(c.model, c.zero, c.n, not c.param_on_gpu)
-    held, more = stage3_held_elements(c.model, c.training, c.zero, c.n, not c.param_on_gpu)
-    return more if held > kept else 0
+    held = stage3_held_elements(c.model, c.training, c.zero, c.n, not c.param_on_gpu)
+    top = max(kept, held.live)
+    return max(0, held.live + (held.head if phase == "head" else held.block) - top)
 
 
 def stage3_offload_reduce_bytes(numel: int, zero: ZeroKnobs, world: int, w: int, elements: int) -> int:
@@ -655,7 +673,7 @@ def deepspeed_buffer_terms(c: _Layout, terms: _Terms) -> Buffers:
     live = persistent = 0
     if stage == 3:
         kept = stage3_kept_elements(model, zero, n, not param_on_gpu)
-        held, _ = stage3_held_elements(model, training, zero, n, not param_on_gpu)
+        held = stage3_held_elements(model, training, zero, n, not param_on_gpu).live
         live = terms.add("gpu", "stage3_live_parameters", w * max(kept, held), "deepspeed_buffers",
                    f"gathered weights kept between forward and backward (stage3_max_reuse_distance and "
                    f"max_live_parameters = {zero.stage3_max_live_parameters:.0e} elements; at least the "
@@ -767,7 +785,7 @@ def phase_peaks(c: _Layout, states_: ModelStates, buffers: Buffers,
                             + ipg * (stage == 1 and t.grad_accum > 1), loss_request),
         # the head's gradient fires the first hook: stage 1/2 buckets appear
         "backward (head)": (states + carried + live + activations + ipg * (stage in (1, 2))
-                            + head_grad + tokens * model.vocab * w + w * head_prefetch(c),
+                            + head_grad + tokens * model.vocab * w + w * held_beyond_kept(c, "head"),
                             max(head_grad, tokens * model.vocab * w)),
         "optimizer step": (states + (grads if stage < 3 else 0) + step_fp32,
                            step_fp32 - step_fp32 * w // (w + FP32_BYTES) if stage else step_fp32 // 2),
@@ -792,7 +810,7 @@ def phase_peaks(c: _Layout, states_: ModelStates, buffers: Buffers,
         # multi-query attention, which no fused kernel takes)
         ckpt = t.checkpointing == "full"
         phases["backward (last block)"] = (states + carried + live + saved + recompute + block_backward
-                                           + ipg * (stage in (1, 2))
+                                           + ipg * (stage in (1, 2)) + w * held_beyond_kept(c, "block")
                                            + head_grad * (stage == 0),
                                            card.largest_block_request(t.micro_batch, t.seq, ckpt))
     if stage == 3 and init == "bf16-gpu":
