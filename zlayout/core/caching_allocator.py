@@ -39,16 +39,20 @@ def allocation_size(size: int) -> int:
 
 
 class _Block:
-    __slots__ = ("segment", "offset", "size", "free", "prev", "next", "pool")
+    # `key`: the block's place in its allocator's free index while it is free (`_key_of`), None
+    # while it is in use; `base`: that key less the size, fixed for the block's life (a block
+    # keeps its segment and offset: a split makes a new block after it, a merge keeps the first)
+    __slots__ = ("segment", "offset", "size", "key", "base", "prev", "next", "pool")
 
     def __init__(self, segment: int, offset: int, size: int, pool: "CachingAllocator | None" = None) -> None:
-        self.segment, self.offset, self.size, self.free = segment, offset, size, True
+        self.segment, self.offset, self.size, self.key = segment, offset, size, None
+        self.base = _key_of(0, segment, offset)
         self.prev: _Block | None = None
         self.next: _Block | None = None
         self.pool = pool  # the allocator whose segment holds it (a replay frees it there)
 
-    def key(self) -> int:
-        return _key_of(self.size, self.segment, self.offset)
+
+_new_block = object.__new__
 
 
 # A free block's place in the best-fit order as one int (ints compare faster than tuples):
@@ -64,13 +68,6 @@ _SEG_MAX = (1 << (_SIZE_SHIFT - _SEG_SHIFT)) - 1
 
 def _key_of(size: int, segment: int, offset: int) -> int:
     return (size << _SIZE_SHIFT) | ((_SEG_MAX - segment) << _SEG_SHIFT) | (offset >> 9)
-
-
-def _remove_key(index: list[int], block: _Block) -> int:
-    """Take a free block's key out of the sorted free index; returns the key."""
-    key = (block.size << _SIZE_SHIFT) | ((_SEG_MAX - block.segment) << _SEG_SHIFT) | (block.offset >> 9)
-    del index[bisect_left(index, key)]
-    return key
 
 
 @dataclass
@@ -89,7 +86,8 @@ class CachingAllocator:
     device: "Device | None" = None  # the card the pools share (replay_at_capacity), or unbounded
 
     # malloc and free run once per request of a replay (tens of thousands per plan): the
-    # free-index updates are written out in place, the hot attributes read into locals.
+    # free-index updates are written out in place, the hot attributes read into locals, and a
+    # free block's key is kept on it (`_Block.key`) rather than computed again.
     def malloc(self, size: int) -> _Block | None:
         """The block that serves `size` bytes (its handle for `free`); requests of 1 MiB or
         less are not replayed (None)."""
@@ -100,30 +98,35 @@ class CachingAllocator:
         i = bisect_left(index, size << _SIZE_SHIFT)
         if i < len(index):
             block = self.free_blocks.pop(index.pop(i))
-            block.free = False
+            block.key = None
         else:
             seg_size = allocation_size(size)
             if self.device is not None:
                 self.device.reserve(seg_size)  # may free the cache and retry, or raise OutOfMemory
             block = _Block(len(self.segment_sizes), 0, seg_size, self)
-            block.free = False
             self.segment_sizes.append(seg_size)
             self.reserved += seg_size
             if self.reserved > self.peak_reserved:
                 self.peak_reserved = self.reserved
         remaining = block.size - size
         if remaining > SMALL_SIZE:  # should_split (large pool)
-            rest = _Block(block.segment, block.offset + size, remaining, self)
-            nxt = block.next
-            rest.prev, rest.next = block, nxt
+            # the rest, a free block after this one: made field by field (about a third of
+            # _Block()'s cost; one per split, the replay's commonest request)
+            rest = _new_block(_Block)
+            rest.segment, rest.offset, rest.size, rest.pool = block.segment, block.offset + size, remaining, self
+            rest.base = block.base + (size >> 9)  # same segment, `size` further on
+            nxt = rest.next = block.next
+            rest.prev = block
             if nxt is not None:
                 nxt.prev = rest
             block.next = rest
             block.size = size
-            key = (remaining << _SIZE_SHIFT) | ((_SEG_MAX - rest.segment) << _SEG_SHIFT) | (rest.offset >> 9)
+            key = rest.key = (remaining << _SIZE_SHIFT) | rest.base
             insort(index, key)
             self.free_blocks[key] = rest
-        allocated = self.allocated = self.allocated + block.size
+        else:
+            size = block.size
+        allocated = self.allocated = self.allocated + size
         if allocated > self.peak_allocated:
             self.peak_allocated = allocated
         return block
@@ -153,22 +156,25 @@ class CachingAllocator:
         self.allocated -= size
         index, blocks = self.free_index, self.free_blocks
         nxt, prev = block.next, block.prev
-        if nxt is not None and nxt.free:  # merge with the free neighbours of its segment
-            del blocks[_remove_key(index, nxt)]
+        if nxt is not None and nxt.key is not None:  # merge with the free neighbours of its segment
+            key = nxt.key
+            del index[bisect_left(index, key)]
+            del blocks[key]
             size += nxt.size
             nxt = block.next = nxt.next
             if nxt is not None:
                 nxt.prev = block
-        if prev is not None and prev.free:
-            del blocks[_remove_key(index, prev)]
+        if prev is not None and prev.key is not None:
+            key = prev.key
+            del index[bisect_left(index, key)]
+            del blocks[key]
             size += prev.size
             prev.next = nxt
             if nxt is not None:
                 nxt.prev = prev
             block = prev
         block.size = size
-        block.free = True
-        key = (size << _SIZE_SHIFT) | ((_SEG_MAX - block.segment) << _SEG_SHIFT) | (block.offset >> 9)
+        key = block.key = (size << _SIZE_SHIFT) | block.base
         insort(index, key)
         blocks[key] = block
 

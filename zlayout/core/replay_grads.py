@@ -148,14 +148,18 @@ class GradientReduction:
             # reuses). A gradient larger than the bucket is not copied into it
             # (__add_grad_to_ipg_bucket copies only what fits): it stays whole as param.grad,
             # reduced alone at the next gradient's hook or the epilogue, freed a bucket later (`flush`)
-            sizes = [s.sizes[gr] // w for gr in weight_grads] + ([small] if small else [])
-            held = [gr for gr in weight_grads if s.sizes[gr] // w > zero.reduce_bucket_size]
-            s.f(*(gr for gr in weight_grads if gr not in held))
-            if self.filled + sum(sizes) > zero.reduce_bucket_size:
+            size_of, bucket = s.sizes, zero.reduce_bucket_size
+            sizes = [size_of[gr] // w for gr in weight_grads]
+            held = [gr for gr, size in zip(weight_grads, sizes) if size > bucket]
+            s.f(*([gr for gr in weight_grads if gr not in held] if held else weight_grads))
+            if small:
+                sizes.append(small)
+            total = sum(sizes)
+            if self.filled + total > bucket:
                 self.flush()
             self.held.extend(held)
             self.in_bucket.extend(sizes)
-            self.filled += sum(sizes)
+            self.filled += total
             return
         if not weight_grads:
             # a norm's gradient: reduced like the others (the first one ready makes the

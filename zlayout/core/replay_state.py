@@ -90,6 +90,9 @@ class _Seq:
                 if name is not None:
                     block = blocks[name]
                     if block is not None:
+                        # forgotten once freed: a free block may be merged into a neighbour,
+                        # and a handle kept here would keep it alive for the cyclic collector
+                        blocks[name] = None
                         block.pool.free(block)
         else:
             self.events.extend(("f", name, 0) for name in names if name is not None)
