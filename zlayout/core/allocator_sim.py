@@ -324,7 +324,8 @@ class _Training:
             sv, x = self.blocks.forward(x, layer == 0)
             if m.recording or layer not in gathers.kept_layers:
                 released = m.gathered.pop(layer)
-                m.held[layer] = gathers.held_by_autograd(layer, released)
+                # a checkpointed forward saves nothing (the recompute saves its block's own)
+                m.held[layer] = [] if r.ckpt else gathers.held_by_autograd(layer, released)
                 s.f(*[b for b in released if b not in m.held[layer]])
             m.saved.append(sv)
             m.inputs.append(x)
