@@ -397,7 +397,7 @@ def stage3_kept_elements(model: ModelSpec, zero: ZeroKnobs, world: int, param_of
 class Held(NamedTuple):
     """ZeRO-3's gathered weights held by autograd's views (`stage3_held_elements`), elements:
     `live` through the loss, `head` more during the head's backward, `block` more in the last
-    block's backward."""
+    block's backward (each phase its own: the trace's gathers differ from phase to phase)."""
 
     live: int
     head: int
@@ -415,7 +415,8 @@ def stage3_held_elements(model: ModelSpec, training: TrainingSpec, zero: ZeroKno
     partition. h200-2026-12-09's falcon-7b-L8 trace held 19, 10 and 9 copies of its three
     largest weights at the peak; h200-2026-12-10's falcon-40b-L3 every block's four, the head's
     and one MLP weight more (the head's forward prefetch); h200-2026-12-11's checkpointed
-    falcon-40b-L4 none of the blocks' through the loss (+22% when every block's were)."""
+    falcon-40b-L4 none of the blocks' through the loss (+22% when every block's were); its
+    falcon-180b-L2 trace, three MLP weights beside the head's in the block's backward."""
     card = card_of(model, training)  # the worker's own model (--impl zlayout) saves no views
     if card is None or (world == 1 and not param_offload):
         return Held(0, 0, 0)
@@ -431,8 +432,8 @@ def stage3_held_elements(model: ModelSpec, training: TrainingSpec, zero: ZeroKno
     if ckpt:
         live = regathered.loss
         return Held(live, max(0, regathered.head - live), max(0, max(per_layer) + regathered.block - live))
-    live = sum(per_layer) + max(regathered.loss, regathered.block)
-    return Held(live, max(0, sum(per_layer) + regathered.head - live), 0)
+    live = sum(per_layer) + regathered.loss
+    return Held(live, regathered.head - regathered.loss, max(0, regathered.block - regathered.loss))
 
 
 def held_beyond_kept(c: _Layout, phase: str) -> int:

@@ -60,16 +60,19 @@ def stage3_regathered_elements(model: ModelSpec, zero: ZeroKnobs, impl: str,
     elements (at least one weight, however large); release_sub_module frees a module's after it.
     The trace is the whole step's, so the head's forward fetch prefetches past the forward's end
     into the backward's first weights (the last block's, in backward order), and its backward
-    fetch the next. None where the block's module order is not written (`block_fetch_modules`)."""
+    fetch the next. A fetch prefetches only while __n_available_params (the weights gathered and
+    not released, the head's until its backward ends) is under stage3_max_live_parameters.
+    None where the block's module order is not written (`block_fetch_modules`)."""
     modules = block_fetch_modules(model, impl)
     if modules is None:
         return None
     order = modules if checkpointing else modules[::-1]  # a recompute fetches in forward order
     small = zero.stage3_param_persistence_threshold
-    bucket = min(zero.stage3_prefetch_bucket_size, zero.stage3_max_live_parameters)
+    head = model.vocab * model.hidden
     # the trace from the head's forward: the head (forward), the head (backward), the final
-    # norm, then two blocks' modules (the second repeats the first's window)
-    trace = [[], [], []] + [[x for x in m if x > small] for m in order] * 2
+    # norm, then three blocks' modules (a norm's fetch prefetches too, so the prefetches run
+    # ahead of the weights used until __n_available_params reaches stage3_max_live_parameters)
+    trace = [[], [], []] + [[x for x in m if x > small] for m in order] * 3
     queue = [(i, j) for i, m in enumerate(trace) for j, _ in enumerate(m)]
     gathered: dict[tuple[int, int], int] = {}
     at, windows = 0, []
@@ -80,15 +83,15 @@ def stage3_regathered_elements(model: ModelSpec, zero: ZeroKnobs, impl: str,
             gathered.setdefault((i, j), x)
         while at < len(queue) and queue[at][0] <= i:
             at += 1
-        numel = 0
-        while at < len(queue) and numel < bucket:
+        available = sum(gathered.values()) + head * (i < 2)  # the head's weight until its backward ends
+        most, numel = min(zero.stage3_prefetch_bucket_size, zero.stage3_max_live_parameters - available), 0
+        while at < len(queue) and numel < most:
             key = queue[at]
             at += 1
             if key not in gathered:
                 gathered[key] = trace[key[0]][key[1]]
                 numel += gathered[key]
         windows.append(sum(gathered.values()))
-    head = model.vocab * model.hidden
     return Regathered(head + windows[0], head + windows[1], max(windows[2:]))
 
 
