@@ -662,6 +662,31 @@ async def test_a_preset_and_a_size_in_one_burst_the_last_one_wins(keys, focus, e
             assert model == catalog.load_model(expected)
 
 
+@pytest.mark.parametrize("keys", [
+    ("enter", "down", "down", "enter", "tab", "ctrl+a", "ctrl+k", "1", "3", "B", "tab"),
+    ("enter", "down", "down", "enter", "tab", "1", "3", "B", "tab"),
+], ids=["cleared-then-typed", "typed"])
+async def test_the_size_shown_typed_again_after_a_preset_in_one_burst_wins(keys):
+    # Size shows 13B; one burst chooses a preset, then types 13B into Size again. Size's keys
+    # were handled before the preset's news came: the preset cleared Size (13B was the text
+    # shown, "unedited") and Size's news then read as "not an edit": the preset's plan stayed
+    from zlayout import catalog
+
+    app = make_app(planner=stub_planner, crossovers=None)
+    async with app.run_test(size=WIDE) as pilot:
+        await settle(pilot)
+        await type_into(pilot, "size", "13B")
+        await settle(pilot)
+        app.query_one("#preset").focus()
+        await pilot.pause()
+        burst(app, *keys)
+        await settle(pilot)
+        values = app.query_one(InputsPanel).values()
+        sized = catalog.model_for_size(catalog.parse_size("13B"))
+        assert (values["size"], values["preset"], values["layers"]) == ("13B", None, str(sized.layers))
+        assert app.plan.input.model.params == sized.params
+
+
 # -- issue 10: a live session ------------------------------------------------------------------
 
 def test_without_a_terminal_the_app_prints_one_line_and_exits_2():

@@ -228,6 +228,27 @@ def test_a_size_typed_in_the_burst_that_chose_a_preset_is_applied(terminal_app, 
     assert_plan_is_the_fields_plan(state)
 
 
+@pytest.mark.parametrize("size", [(160, 48), (80, 24)], ids=["160x48", "80x24"])
+def test_the_size_shown_typed_again_after_a_preset_in_one_burst_is_applied(terminal_app, size):
+    """Size showing 13B, one burst from it: `shift+tab enter down enter tab ctrl+a ctrl+k 1 3 B tab`.
+    Size's keys were handled before the preset's news came, the preset then cleared Size (its
+    13B was the text shown, so "unedited"), and Size's own news read as "not an edit": Mistral's
+    plan stayed with Size empty. The last field typed wins."""
+    app = terminal_app(["app", "--params", "13e9", "--gpu", "h200", "--gpus-per-node", "8"], size)
+    if size[0] < 120:
+        app.write(keys("\x02"))  # ctrl+b: the inputs (hidden at first below 120 columns)
+    app.focus("size")
+    app.write(keys("\x01", "\x0b", "13B"))  # ctrl+a ctrl+k: the field emptied
+    app.settled(until=lambda s: s["values"]["size"] == "13B" and s["values"]["preset"] is None)
+    app.write(keys("shift+tab", "\r", "down", "\r", "tab", "\x01", "\x0b", "13B", "tab"))
+    state = app.settled(until=lambda s: s["focused"] == "layers")
+    sized = catalog.model_for_size(catalog.parse_size("13B"))
+    values = state["values"]
+    assert (values["size"], values["preset"], values["layers"]) == ("13B", None, str(sized.layers))
+    assert PlanInput.model_validate(state["plan_input"]).model.params == sized.params
+    assert_plan_is_the_fields_plan(state)
+
+
 def test_one_burst_through_the_model_selects(terminal_app):
     """Preset searched and chosen, then MLP and Norm changed by letters on the closed selects,
     in one write, and the focus goes on to Biases (a space ticks it)."""

@@ -73,6 +73,7 @@ class EditingMixin:
         self.input_errors: dict[str, str] = {}
         self._extra_errors: dict[str, str] = {}  # preset/size fields: not part of the input
         self._shown_values: dict[str, Any] = {}  # the panel's values last validated
+        self._keep: set[str] = set()  # fields the edit being applied must not fill (field_changed)
         self._valid_input: PlanInput | None = None  # the fields' input, when they are valid
         self._generation = 0  # bumped by every edit; a plan for an older one is dropped
         self._planning_generation = -1  # the edit a worker is planning now (-1: none)
@@ -244,6 +245,30 @@ class EditingMixin:
         # the other fields that fill fields, edited since the last validation: their news is queued
         unheard = {f: (values[f], self._shown_values.get(f)) for f in FILLING_FIELDS
                    if f != field and values[f] != self._shown_values.get(f)}
+        # the fields the user changed after this one, in the order typed (their news may still
+        # be queued): this edit's fills leave them, and a filling one among them is applied
+        # again after it, so the last one typed wins even where its text is the one shown (in
+        # one burst, a preset then Size's 13B typed again: the preset cleared Size)
+        order = panel.edit_order()
+        mine = order.get(field, 0)
+        later = sorted((o, f) for f, o in order.items() if f != field and o > mine)
+        self._keep = {f for _, f in later}
+        try:
+            self._apply_filling(field, values)
+        finally:
+            self._keep = set()
+        self.inputs_edited()
+        for _, other in later:
+            if other in FILLING_FIELDS:
+                self._apply_filling(other, panel.values())
+                self.inputs_edited()
+        # ...so they stay unshown (unless filled just now), or that news would read as "not an
+        # edit": in one burst, Size's 13B typed before Preset's news came was never applied
+        now = panel.values()
+        self._shown_values.update({f: shown for f, (typed, shown) in unheard.items() if now[f] == typed})
+
+    def _apply_filling(self, field: str, values: Mapping[str, Any]) -> None:
+        """What an edit of a field that fills others does (preset, size, GPU)."""
         if field == "preset":
             self._extra_errors.pop("preset", None)
             if values["preset"] is not None:
@@ -254,11 +279,6 @@ class EditingMixin:
                 self._use_model(self._model_of_size(values["size"]), from_size=True)
         elif field == "gpu" and values["gpu"]:
             self._follow_gpu_link(values["gpu"])
-        self.inputs_edited()
-        # ...so they stay unshown (unless filled just now), or that news would read as "not an
-        # edit": in one burst, Size's 13B typed before Preset's news came was never applied
-        now = panel.values()
-        self._shown_values.update({f: shown for f, (typed, shown) in unheard.items() if now[f] == typed})
 
     def _load_model(self, name: str) -> ModelSpec | None:
         try:
@@ -304,7 +324,8 @@ class EditingMixin:
         # `1 3 B tab ... tab` on Size, the focus had reached Hidden before the size's news did,
         # and Hidden kept 8192 beside the 13B shape's heads (36) and FFN
         panel.set_values({field: value for field, value in values.items()
-                          if now.get(field) == self._shown_values.get(field, now.get(field))},
+                          if now.get(field) == self._shown_values.get(field, now.get(field))
+                          and field not in self._keep},
                          into_focused=True)
 
     def _follow_gpu_link(self, gpu_name: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from rich.text import Text
@@ -33,6 +34,9 @@ CATEGORY_STYLES = {
 }
 HEADROOM_STYLES = {"ok": "bold green", "tight": "bold yellow", "over": "bold red"}
 
+
+
+_EDIT_ORDER = itertools.count(1)  # InputsPanel.edit_order: one count for every field
 
 class LayoutTable(KeysInTypedOrder, DataTable):
     """Every layout, one row each; the recommended one starred and bold.
@@ -606,6 +610,11 @@ class InputsPanel(Widget):
         self._inputs: dict[str, Widget] = {}
         self._unmounted: dict[str, Any] = {}  # the values of the fields not mounted yet
         self.fields_mounted = False
+        # per field, the order of the user's last change to it (`edit_order`; 0: none since the
+        # app last wrote it): counted as each key changes a widget, in the order typed, whatever
+        # order the fields' Changed news reaches the app in
+        self._edited: dict[str, int] = {}
+        self._writing = False
 
     def compose(self) -> ComposeResult:
         v = self._initial
@@ -677,6 +686,23 @@ class InputsPanel(Widget):
 
     def on_mount(self) -> None:
         self.set_timer(2.0, self.mount_deferred_soon)  # in case the first plan never comes
+        self._watch_edits(self._inputs)
+
+    def _watch_edits(self, fields: Iterable[str]) -> None:
+        for field in fields:
+            self.watch(self._inputs[field], "value", self._watcher(field), init=False)
+
+    def _watcher(self, field: str):
+        # one parameter: Textual passes a watcher as many values as it takes (old, new)
+        return lambda _value: self._changed(field)
+
+    def _changed(self, field: str) -> None:
+        self._edited[field] = 0 if self._writing else next(_EDIT_ORDER)
+
+    def edit_order(self) -> dict[str, int]:
+        """Per field, when the user last changed it, as an order (higher: later; 0 or absent:
+        not since the app last wrote it)."""
+        return dict(self._edited)
 
     def mount_deferred_soon(self) -> None:
         """Mount the Hardware and Training tabs after the next refresh (the app calls this
@@ -696,6 +722,7 @@ class InputsPanel(Widget):
                 return  # the app quit before its first frame was followed by this
             # from here on values() reads these widgets (a key typed into them counts)
             pending = {field: self._unmounted.pop(field) for field in fields}
+            self._watch_edits(fields)
             self.set_values({field: value for field, value in pending.items() if value != v[field]},
                             into_focused=True)
             marked, self._marked = self._marked, {}
@@ -735,6 +762,13 @@ class InputsPanel(Widget):
         user is in is left alone (never write under someone typing) unless `into_focused`
         (undo and load replace everything on purpose)."""
         focused = self.app.focused
+        self._writing = True
+        try:
+            self._write(values, focused, into_focused)
+        finally:
+            self._writing = False
+
+    def _write(self, values: Mapping[str, Any], focused: Widget | None, into_focused: bool) -> None:
         with self.prevent(Input.Changed, Select.Changed, Checkbox.Changed):
             for field, value in values.items():
                 if field in self._unmounted:
