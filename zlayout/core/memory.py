@@ -679,6 +679,9 @@ def deepspeed_buffer_terms(c: _Layout, terms: _Terms) -> Buffers:
                    f"gathered weights kept between forward and backward (stage3_max_reuse_distance and "
                    f"max_live_parameters = {zero.stage3_max_live_parameters:.0e} elements; at least the "
                    f"output head's weight, whole)" if held <= kept else
+                   "the output head's weight and the backward's first weights, prefetched from the head's "
+                   "forward on (the blocks' own views: from each block's recompute, in its backward)"
+                   if t.checkpointing == "full" else
                    "gathered weights every block holds until its backward: the model saves them as views "
                    "(not through F.linear), which ZeRO-3's release cannot free; beside them the output "
                    "head's and the backward's next weights, prefetched from the head's forward on")
