@@ -1030,20 +1030,10 @@ def test_weights_a_model_saves_as_views_stay_gathered_until_their_blocks_backwar
     # which gathers them again (the trace: 19, 10 and 9 copies of its three largest at the peak).
     # The replay freed them: 59.39 GiB allocated at its peak against the run's 62.84.
     from zlayout.core.memory import estimate_memory
-    from zlayout.core.replay_state import _Seq
 
     doc, inp, layout = _trace_at("09", "trace-3-batch-heldout-l")
     assert len(inp.model.card.zero3_held(0)) == 4  # query_key_value, dense, dense_h_to_4h, dense_4h_to_h
-    seq = _Seq()
-    events = sim.allocation_sequence(inp, layout, 2, seq)
-    live, now, peak = {}, 0, 0
-    for event in events:
-        if event[0] == "a":
-            live[event[1]] = event[2]
-            now += event[2]
-        elif event[0] == "f":
-            now -= live.pop(event[1], 0)
-        peak = max(peak, now)
+    peak = sim.replay(sim.allocation_sequence(inp, layout, 2)).peak_allocated
     assert abs(peak - doc["max_allocated_bytes"]) < 0.01 * doc["max_allocated_bytes"]
     planned = estimate_memory(inp, layout).gpu_peak_allocated_bytes
     assert abs(planned - doc["max_allocated_bytes"]) < 0.01 * doc["max_allocated_bytes"]
@@ -1083,18 +1073,7 @@ def test_a_checkpointed_forward_holds_no_weights_as_views():
     # the checkpointed forward's saved tensors are dropped (non-reentrant checkpoint), so ZeRO-3's
     # release frees every block's gathered weights; the recompute saves its own block's. Holding
     # every block's views from the forward replayed 25.86 GiB against the run's 22.08.
-    from zlayout.core.replay_state import _Seq
-
     doc, inp, layout = _trace_at("11", "trace-n-2-falcon-40b-ckpt")
     assert inp.training.checkpointing == "full" and inp.model.card.zero3_held(0)
-    seq = _Seq()
-    sim.allocation_sequence(inp, layout, 2, seq)
-    live, now, peak = {}, 0, 0
-    for event in seq.events:
-        if event[0] == "a":
-            live[event[1]] = event[2]
-            now += event[2]
-        elif event[0] == "f":
-            now -= live.pop(event[1], 0)
-        peak = max(peak, now)
+    peak = sim.replay(sim.allocation_sequence(inp, layout, 2)).peak_allocated
     assert abs(peak - doc["max_allocated_bytes"]) < 0.01 * doc["max_allocated_bytes"]
