@@ -436,17 +436,6 @@ def stage3_held_elements(model: ModelSpec, training: TrainingSpec, zero: ZeroKno
     return Held(live, regathered.head - regathered.loss, max(0, regathered.block - regathered.loss))
 
 
-def held_beyond_kept(c: _Layout, phase: str) -> int:
-    """ZeRO-3 with weights saved as views: the elements a phase holds beyond
-    `stage3_live_parameters` (`Held`: the head's backward, the last block's)."""
-    if c.stage != 3:
-        return 0
-    kept = stage3_kept_elements(c.model, c.zero, c.n, not c.param_on_gpu)
-    held = stage3_held_elements(c.model, c.training, c.zero, c.n, not c.param_on_gpu)
-    top = max(kept, held.live)
-    return max(0, held.live + (held.head if phase == "head" else held.block) - top)
-
-
 def stage3_offload_reduce_bytes(numel: int, zero: ZeroKnobs, world: int, w: int, elements: int) -> int:
     """ZeRO-3 with the optimizer on the host: what reducing one weight gradient of `numel`
     elements adds on the GPU (stage3.py __reduce_and_partition_ipg_grads -> partition_grads ->
@@ -613,6 +602,10 @@ class Buffers(NamedTuple):
     live: int
     persistent: int
     step_fp32: int
+    # ZeRO-3 with weights saved as views (`Held`): bytes beyond `live` in the head's backward
+    # and in the last block's
+    held_head: int
+    held_block: int
 
 
 class Activations(NamedTuple):
@@ -671,10 +664,13 @@ def deepspeed_buffer_terms(c: _Layout, terms: _Terms) -> Buffers:
     staging = terms.add("gpu", "offload_staging", model.largest_tensor_numel() * w if stage in (1, 2) and not opt_on_gpu
                   else 0, "deepspeed_buffers",
                   "GPU buffer that stages gradients for the host optimizer (the largest tensor)")
-    live = persistent = 0
+    live = persistent = held_head = held_block = 0
     if stage == 3:
         kept = stage3_kept_elements(model, zero, n, not param_on_gpu)
-        held = stage3_held_elements(model, training, zero, n, not param_on_gpu).live
+        views = stage3_held_elements(model, training, zero, n, not param_on_gpu)
+        held = views.live
+        top = max(kept, held)
+        held_head, held_block = (w * max(0, held + more - top) for more in (views.head, views.block))
         live = terms.add("gpu", "stage3_live_parameters", w * max(kept, held), "deepspeed_buffers",
                    f"gathered weights kept between forward and backward (stage3_max_reuse_distance and "
                    f"max_live_parameters = {zero.stage3_max_live_parameters:.0e} elements; at least the "
@@ -701,7 +697,7 @@ def deepspeed_buffer_terms(c: _Layout, terms: _Terms) -> Buffers:
     step_fp32 = terms.add("gpu", "step_fp32_gradients", step_fp32, "deepspeed_buffers",
                     "gradients flattened and cast to fp32 inside step(), freed after the update")
 
-    return Buffers(ipg, staging, live, persistent, step_fp32)
+    return Buffers(ipg, staging, live, persistent, step_fp32, held_head, held_block)
 
 
 def attention_note(model: ModelSpec, training: TrainingSpec) -> str:
@@ -763,7 +759,7 @@ def phase_peaks(c: _Layout, states_: ModelStates, buffers: Buffers,
     training = t
     opt_on_gpu, param_where, init = c.opt_on_gpu, c.param_where, c.init
     params, master, moments, grads, _ = states_
-    ipg, staging, live, persistent, step_fp32 = buffers
+    ipg, staging, live, persistent, step_fp32, held_head, held_block = buffers
     saved, recompute, dispatch, expert_grads, head_in, loss, held, _, block_backward = acts
     resident = params * (param_where == "gpu") + master * opt_on_gpu + staging + persistent
     if stage == 3:
@@ -789,7 +785,7 @@ def phase_peaks(c: _Layout, states_: ModelStates, buffers: Buffers,
                             + ipg * (stage == 1 and t.grad_accum > 1), loss_request),
         # the head's gradient fires the first hook: stage 1/2 buckets appear
         "backward (head)": (states + carried + live + activations + ipg * (stage in (1, 2))
-                            + head_grad + tokens * model.vocab * w + w * held_beyond_kept(c, "head"),
+                            + head_grad + tokens * model.vocab * w + held_head,
                             max(head_grad, tokens * model.vocab * w)),
         "optimizer step": (states + (grads if stage < 3 else 0) + step_fp32,
                            step_fp32 - step_fp32 * w // (w + FP32_BYTES) if stage else step_fp32 // 2),
@@ -814,7 +810,7 @@ def phase_peaks(c: _Layout, states_: ModelStates, buffers: Buffers,
         # multi-query attention, which no fused kernel takes)
         ckpt = t.checkpointing == "full"
         phases["backward (last block)"] = (states + carried + live + saved + recompute + block_backward
-                                           + ipg * (stage in (1, 2)) + w * held_beyond_kept(c, "block")
+                                           + ipg * (stage in (1, 2)) + held_block
                                            + head_grad * (stage == 0),
                                            card.largest_block_request(t.micro_batch, t.seq, ckpt))
     if stage == 3 and init == "bf16-gpu":
