@@ -73,7 +73,9 @@ class EditingMixin:
         self.input_errors: dict[str, str] = {}
         self._extra_errors: dict[str, str] = {}  # preset/size fields: not part of the input
         self._shown_values: dict[str, Any] = {}  # the panel's values last validated
-        self._keep: set[str] = set()  # fields the edit being applied must not fill (field_changed)
+        # the edit order (InputsPanel.edit_order) of the edit field_changed applies: its fills
+        # leave the fields the user changed after it
+        self._editing_order: int | None = None
         self._valid_input: PlanInput | None = None  # the fields' input, when they are valid
         self._generation = 0  # bumped by every edit; a plan for an older one is dropped
         self._planning_generation = -1  # the edit a worker is planning now (-1: none)
@@ -245,23 +247,20 @@ class EditingMixin:
         # the other fields that fill fields, edited since the last validation: their news is queued
         unheard = {f: (values[f], self._shown_values.get(f)) for f in FILLING_FIELDS
                    if f != field and values[f] != self._shown_values.get(f)}
-        # the fields the user changed after this one, in the order typed (their news may still
-        # be queued): this edit's fills leave them, and a filling one among them is applied
-        # again after it, so the last one typed wins even where its text is the one shown (in
-        # one burst, a preset then Size's 13B typed again: the preset cleared Size)
+        # the fields that fill fields changed after this one, in the order typed (their news may
+        # still be queued): applied again after it, so the last one typed wins even where its
+        # text is the one shown (in one burst, a preset then Size's 13B typed again: the preset
+        # cleared Size); each edit's fills leave the fields changed after it
         order = panel.edit_order()
         mine = order.get(field, 0)
-        later = sorted((o, f) for f, o in order.items() if f != field and o > mine)
-        self._keep = {f for _, f in later}
+        later = sorted((o, f) for f, o in order.items() if f in FILLING_FIELDS and o > mine)
         try:
-            self._apply_filling(field, values)
+            for stamp, edited in [(mine, field), *later]:
+                self._editing_order = stamp
+                self._apply_filling(edited, panel.values())
         finally:
-            self._keep = set()
-        self.inputs_edited()
-        for _, other in later:
-            if other in FILLING_FIELDS:
-                self._apply_filling(other, panel.values())
-                self.inputs_edited()
+            self._editing_order = None
+        self.inputs_edited()  # once: validating between them would read a half-applied burst
         # ...so they stay unshown (unless filled just now), or that news would read as "not an
         # edit": in one burst, Size's 13B typed before Preset's news came was never applied
         now = panel.values()
@@ -315,18 +314,17 @@ class EditingMixin:
 
     def _fill_unedited(self, values: dict[str, Any]) -> None:
         """Fill fields for the user (a preset's architecture, a GPU's link), leaving out those
-        edited since the fields were last read: in one burst, `enter qwen2.5 enter tab ... g
-        enter` changed MLP before the preset's news arrived, and the preset then wrote its
-        swiglu over the user's gelu (a GPU's link over the intra link typed after it, too)."""
+        the user changed after the edit being applied (`_editing_order`; the panel counts each
+        change as its key is handled, whatever order the news arrives in): in one burst,
+        `enter qwen2.5 enter tab ... g enter` changed MLP before the preset's news arrived, and
+        the preset then wrote its swiglu over the user's gelu (a GPU's link over the intra link
+        typed after it, too). The field the cursor is in is filled too when nothing was typed
+        into it after: in one burst `1 3 B tab ... tab` on Size, the focus had reached Hidden
+        before the size's news did, and Hidden kept 8192 beside the 13B shape's heads (36)."""
         panel = self.query_one(InputsPanel)
-        now = panel.values()
-        # the field the cursor is in is filled too when nothing was typed into it: in one burst
-        # `1 3 B tab ... tab` on Size, the focus had reached Hidden before the size's news did,
-        # and Hidden kept 8192 beside the 13B shape's heads (36) and FFN
+        order = panel.edit_order()
         panel.set_values({field: value for field, value in values.items()
-                          if now.get(field) == self._shown_values.get(field, now.get(field))
-                          and field not in self._keep},
-                         into_focused=True)
+                          if order.get(field, 0) <= (self._editing_order or 0)}, into_focused=True)
 
     def _follow_gpu_link(self, gpu_name: str) -> None:
         """A new GPU brings its own intra-node link (NVLink generation), as the CLI does."""

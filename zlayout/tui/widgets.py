@@ -33,10 +33,8 @@ CATEGORY_STYLES = {
     "overhead": "#8a8a8a",
 }
 HEADROOM_STYLES = {"ok": "bold green", "tight": "bold yellow", "over": "bold red"}
-
-
-
 _EDIT_ORDER = itertools.count(1)  # InputsPanel.edit_order: one count for every field
+
 
 class LayoutTable(KeysInTypedOrder, DataTable):
     """Every layout, one row each; the recommended one starred and bold.
