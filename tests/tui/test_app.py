@@ -687,6 +687,29 @@ async def test_the_size_shown_typed_again_after_a_preset_in_one_burst_wins(keys)
         assert app.plan.input.model.params == sized.params
 
 
+async def test_a_preset_size_and_layers_in_one_burst_are_applied_in_the_order_typed():
+    # tmux, Size showing 13B: `shift+tab enter m i x enter tab ctrl+a ctrl+k 1 3 B tab 5 0`.
+    # Validating between the preset and the Size typed after it read the half-applied form as an
+    # edited architecture and cleared Size: Mixtral's shape with 50 layers. Typed order: the 13B
+    # shape, then 50 layers
+    from zlayout import catalog
+
+    app = make_app(planner=stub_planner, crossovers=None)
+    async with app.run_test(size=WIDE) as pilot:
+        await settle(pilot)
+        await type_into(pilot, "size", "13B")
+        await settle(pilot)
+        app.query_one("#size").focus()
+        await pilot.pause()
+        burst(app, "shift+tab", "enter", "m", "i", "x", "enter", "tab", "ctrl+a", "ctrl+k", "1", "3", "B",
+              "tab", "ctrl+a", "ctrl+k", "5", "0")
+        await settle(pilot)
+        values = app.query_one(InputsPanel).values()
+        sized = catalog.model_for_size(catalog.parse_size("13B"))
+        assert (values["layers"], values["hidden"], values["ffn"]) == ("50", str(sized.hidden), str(sized.ffn))
+        assert (app.plan.input.model.layers, app.plan.input.model.hidden) == (50, sized.hidden)
+
+
 # -- issue 10: a live session ------------------------------------------------------------------
 
 def test_without_a_terminal_the_app_prints_one_line_and_exits_2():
