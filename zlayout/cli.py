@@ -484,7 +484,14 @@ def _model_from_args(args: argparse.Namespace):
         data = base.model_dump()
         if any(data.get(key) != value for key, value in given.items()):
             data.update(given, name="custom", family=None)
-            return ModelSpec.model_validate(data)
+            custom = ModelSpec.model_validate(data)
+            if base.card is not None and custom.card is None:
+                changed = ", ".join(f"--{key.replace('_', '-')}" for key, value in given.items()
+                                    if base.model_dump().get(key) != value)
+                _note(args, f"the model card {base.card.source} describes {base.name}'s own shape; with "
+                            f"{changed} its activations come from zlayout's hand model of "
+                            f"{base.hf_model_type or 'this architecture'} (--layers alone keeps the card)")
+            return custom
         if args.hf_config and base.card is None:
             _note(args, f"no model card for {args.hf_config}: its activations come from zlayout's hand "
                         f"model of {base.hf_model_type}; `zlayout learn --hf-config {shlex.quote(args.hf_config)}` "

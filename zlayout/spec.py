@@ -336,7 +336,46 @@ class ModelSpec(Frozen):
                 ("dense_layers", self.dense_layers or None)) if value is not None]
             if moe_only:
                 raise ValueError(f"{moe_only[0]} describes a mixture of experts: add --experts N")
+        if self.card is not None:
+            card, extra = self._card_for_shape()
+            if card is not self.card or extra != self.extra_params:
+                object.__setattr__(self, "card", card)  # frozen: set once, while validating
+                object.__setattr__(self, "extra_params", extra)
         return self
+
+    def _card_for_shape(self, layers: int | None = None) -> tuple[Any, int]:
+        """(the card, extra_params) for this shape at `layers` (default: its own). A card
+        describes one config: at another depth (`--layers`, the app's Layers, break-even) its
+        blocks are the same and it is resized (`ModelCard.at_layers`); where the shape no longer
+        matches its tensors (Hidden, Vocab or FFN changed) it describes another model and is
+        dropped (None): the hand model plans it, as any custom shape."""
+        card = self.card
+        layers = self.layers if layers is None else layers
+        shape = self.params - self.extra_params  # at self.layers
+        if layers != self.layers:
+            shape += self.model_copy(update={"layers": layers, "card": None, "extra_params": 0}).blocks_params() \
+                - self.blocks_params()
+        try:
+            fitted = card.at_layers(layers)
+        except ValueError:  # CardError: a card that cannot tell its blocks' tensors apart
+            return None, self.extra_params
+        if fitted.params == shape + self.extra_params:
+            return fitted, self.extra_params  # at the card's own depth, or read back from a profile
+        depth = len(card.layer_kinds)
+        at_depth = self.model_copy(update={"layers": depth, "card": None, "extra_params": 0})
+        if card.params == at_depth.params + self.extra_params:
+            # only the depth changed: a model_type read by its common keys counts per block what
+            # its shape misses (extra_params), which scales with the blocks
+            return fitted, fitted.params - shape
+        return None, self.extra_params
+
+    def with_layers(self, layers: int) -> "ModelSpec":
+        """The same model at another depth, its card resized with it (break-even's depth scan;
+        a bare model_copy would keep the card's blocks)."""
+        if self.card is None:
+            return self.model_copy(update={"layers": layers})
+        card, extra = self._card_for_shape(layers)
+        return self.model_copy(update={"layers": layers, "card": card, "extra_params": extra})
 
     # ------------------------------------------------------------------ shape
 

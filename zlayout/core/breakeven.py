@@ -136,7 +136,7 @@ def scaling_rule(model: ModelSpec, presets_dirs: tuple[str, ...] = ()) -> str:
 
 
 def model_with_layers(model: ModelSpec, layers: int) -> ModelSpec:
-    return model.model_copy(update={"layers": layers})
+    return model.with_layers(layers)
 
 
 def scaled_model(model: ModelSpec, target_params: float, presets_dirs: tuple[str, ...] = ()) -> ModelSpec:

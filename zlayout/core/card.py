@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, NamedTuple
 
 Poly = tuple[float, float, float]
@@ -203,6 +203,10 @@ class ModelCard:
     # the kernels sdpa runs on CUDA ("flash", "efficient", "math"); () for eager attention or an older card
     attention_kernels: tuple[str, ...] = ()
     transformers: str | None = None  # the release whose model code the card was learned from
+    # each parameter tensor's decoder block (parameters() order), -1 before the blocks (the
+    # embedding, a vision tower), -2 after (the final norm, the head); None: the card names no
+    # tensors, or its blocks are not one run of numbered modules (`at_layers` then refuses)
+    parameter_layers: tuple[int, ...] | None = None
 
     # A card rides in the ModelSpec, which the planner hashes and compares for its caches:
     # by its key, file and text's digest, not by walking thousands of requests each time.
@@ -329,6 +333,94 @@ class ModelCard:
         return phase.net_and_peak(micro_batch, seq)[1]
 
 
+    def at_layers(self, layers: int) -> "ModelCard":
+        """This card for the same config at another depth (`--layers`, the app's Layers,
+        break-even's depth scan): the blocks' requests are per block and do not depend on how many
+        there are, so only the block sequence and the parameter tensors change. A shallower model
+        keeps the first `layers` blocks; a deeper one continues the blocks' repeating pattern
+        (`_extend_kinds`), each new block with the tensors of the card's last block of its kind.
+        CardError where the card cannot tell its blocks' tensors apart."""
+        if layers == len(self.layer_kinds):
+            return self
+        return _at_layers(self, layers)
+
+
+@functools.lru_cache(maxsize=256)
+def _at_layers(card: ModelCard, layers: int) -> ModelCard:
+    if card.parameter_layers is None:
+        raise CardError(f"{card.source or card.key}: the card does not name its blocks' tensors, so it "
+                        f"cannot describe the model at {layers} layers: learn that config with zlayout learn")
+    kinds = _extend_kinds(card.layer_kinds, layers)
+    per_layer: list[list[int]] = [[] for _ in card.layer_kinds]
+    before, after = [], []
+    for numel, layer in zip(card.parameter_numels, card.parameter_layers):
+        (before if layer == -1 else after if layer == -2 else per_layer[layer]).append(numel)
+    last_of_kind = {kind: i for i, kind in enumerate(card.layer_kinds)}
+    numels = list(before)
+    for i, kind in enumerate(kinds):
+        numels += per_layer[i if i < len(card.layer_kinds) else last_of_kind[kind]]
+    numels += after
+    layer_of = [-1] * len(before)
+    for i, kind in enumerate(kinds):
+        layer_of += [i] * len(per_layer[i if i < len(card.layer_kinds) else last_of_kind[kind]])
+    layer_of += [-2] * len(after)
+    # another card, not equal to the one learned (the planner's caches tell them apart by digest)
+    return replace(card, params=sum(numels), parameter_numels=tuple(numels), layer_kinds=kinds,
+                   digest=f"{card.digest}@L{layers}", parameter_layers=tuple(layer_of))
+
+
+def _extend_kinds(kinds: tuple[int, ...], layers: int) -> tuple[int, ...]:
+    """The kinds of the first `layers` blocks of the model whose first blocks are `kinds`: the
+    shortest period p with which the blocks repeat from some block on, seen at least twice
+    (every block alike: 1; Gemma 3's five sliding-window blocks and a global one: 6; DeepSeek's
+    dense first block, then MoE blocks: 1 from block 1), continued; else the last kind repeated."""
+    if layers <= len(kinds):
+        return kinds[:layers]
+    n = len(kinds)
+    # the longest repeating run wins (Gemma 3's 26 blocks: period 6 from block 0, not its last
+    # two sliding blocks read as period 1), then the shortest period
+    found = [(start, period) for period in range(1, n // 2 + 1) for start in range(n - 2 * period + 1)
+             if all(kinds[i] == kinds[i - period] for i in range(start + period, n))]
+    if not found:
+        return kinds + (kinds[-1],) * (layers - n)
+    period = min(found)[1]
+    out = list(kinds)
+    while len(out) < layers:
+        out.append(out[-period])
+    return tuple(out)
+
+
+def parameter_layers(names: list[str], layers: int) -> tuple[int, ...] | None:
+    """Each tensor's decoder block from its name (`model.layers.3.mlp.up_proj.weight`: 3), -1
+    before the blocks, -2 after; None unless exactly one numbered module list holds blocks
+    0..layers-1 in order, one run (a vision tower's own numbered layers are outside it)."""
+    numbered: dict[str, set[int]] = {}
+    found = []
+    for name in names:
+        m = _NUMBERED.match(name)
+        found.append(m)
+        if m:
+            numbered.setdefault(m.group(1), set()).add(int(m.group(2)))
+    decoders = [prefix for prefix, seen in numbered.items() if seen == set(range(layers))]
+    if len(decoders) != 1:
+        return None
+    out, at = [], -1
+    for m in found:
+        if m and m.group(1) == decoders[0]:
+            layer = int(m.group(2))
+            if layer < at or at == -2:
+                return None
+            at = layer
+            out.append(layer)
+        else:
+            out.append(-1 if at == -1 else -2)
+            at = -1 if at == -1 else -2
+    return tuple(out)
+
+
+_NUMBERED = re.compile(r"^(.*?)\.(\d+)\.")
+
+
 def _counts(kinds: tuple[int, ...]) -> list[tuple[int, int]]:
     return [(kind, kinds.count(kind)) for kind in sorted(set(kinds))]
 
@@ -440,7 +532,10 @@ def card_from_dict(data: Mapping[str, Any], key: str, source: str = "", digest: 
         source=source, digest=digest, untrained_tensors=None if untrained is None else len(untrained),
         untrained_params=untrained_params,
         attention_kernels=tuple(str(k) for k in data.get("attention_kernels") or ()),
-        transformers=_release(data.get("transformers"), where))
+        transformers=_release(data.get("transformers"), where),
+        parameter_layers=parameter_layers(names, len(kinds))
+        if isinstance(names := params.get("names"), list) and len(names) == len(numels)
+        and all(isinstance(n, str) for n in names) else None)
 
 
 def _release(value: Any, where: str) -> str | None:

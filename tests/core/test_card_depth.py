@@ -1,0 +1,118 @@
+"""A model card describes one config.json; the same config at another depth (`--layers`, the
+app's Layers, break-even's depth scan) has the same blocks, so the card is resized with it
+(`ModelCard.at_layers`), and a shape whose tensors the card does not hold (Hidden changed) is
+planned without it. Before, the card kept its own blocks: Llama-3-8B at `--layers 64` was planned
+with 32 blocks' activations (24.52 GiB where 64 blocks save 49.03), under by half."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from zlayout import hfconfig
+from zlayout.cli import build_parser, main, plan_input_from_args
+from zlayout.core.breakeven import model_with_layers
+from zlayout.core.card import _extend_kinds, parameter_layers
+from zlayout.core.memory import estimate_memory
+from zlayout.spec import Layout
+
+PUBLISHED = Path(__file__).resolve().parents[1] / "hf" / "configs" / "published"
+GiB = 2**30
+
+
+def plan_input(config: str, *flags: str):
+    args = build_parser().parse_args(["plan", "--hf-config", str(PUBLISHED / config), "--gpu", "h200",
+                                      "--gpus-per-node", "1", "--seq", "2048", "--micro-batch", "2", *flags])
+    return plan_input_from_args(args)
+
+
+def activations(inp) -> int:
+    return next(term.bytes for term in estimate_memory(inp, Layout(stage=2)).terms if term.name == "activations")
+
+
+@pytest.mark.parametrize("config", ["Meta-Llama-3-8B.json", "falcon-7b.json", "gemma-3-1b-pt.json"])
+def test_a_cards_activations_scale_with_the_layers_asked_for(config):
+    whole = plan_input(config)
+    assert whole.model.card is not None
+    layers = whole.model.layers
+    deeper, shallower = plan_input(config, "--layers", str(2 * layers)), plan_input(config, "--layers", "6")
+    assert deeper.model.card is not None and shallower.model.card is not None
+    assert len(deeper.model.card.layer_kinds) == 2 * layers and len(shallower.model.card.layer_kinds) == 6
+    # the card's count is the shape's at every depth (the hand reader counts what transformers builds)
+    assert deeper.model.card.params == deeper.model.params
+    assert shallower.model.card.params == shallower.model.params
+    if len(set(whole.model.card.layer_kinds)) == 1:  # every block alike: the saved tensors scale exactly
+        assert activations(deeper) == 2 * activations(whole)
+        assert activations(shallower) * layers == activations(whole) * 6
+    else:
+        assert activations(shallower) < activations(whole) < activations(deeper)
+
+
+def test_gemma3s_sliding_and_global_blocks_keep_their_pattern_at_any_depth():
+    whole = plan_input("gemma-3-1b-pt.json").model.card
+    kinds = whole.layer_kinds  # 26 blocks: five sliding-window ones, then a global one
+    assert kinds[:6] == (0, 0, 0, 0, 0, 1) and len(kinds) == 26
+    deeper = whole.at_layers(40).layer_kinds
+    assert deeper[:26] == kinds
+    assert [i for i, kind in enumerate(deeper) if kind == 1] == [i for i in range(40) if i % 6 == 5]
+    assert whole.at_layers(8).layer_kinds == kinds[:8]
+
+
+def test_the_blocks_repeating_pattern_is_continued():
+    assert _extend_kinds((0, 0, 1, 1), 6) == (0, 0, 1, 1, 1, 1)  # dense first blocks, then MoE
+    assert _extend_kinds((0,) * 4, 6) == (0,) * 6
+    assert _extend_kinds((0, 1, 0, 1, 0, 1), 9) == (0, 1, 0, 1, 0, 1, 0, 1, 0)
+    assert _extend_kinds((0, 1, 2), 5) == (0, 1, 2, 2, 2)  # no pattern seen twice: the last kind
+    assert _extend_kinds((0, 1, 2), 2) == (0, 1)
+
+
+def test_a_vision_towers_numbered_layers_are_not_the_decoders():
+    names = ["model.vision_tower.encoder.layers.0.w", "model.vision_tower.encoder.layers.1.w",
+             "model.embed_tokens.weight", "model.language_model.layers.0.a", "model.language_model.layers.0.b",
+             "model.language_model.layers.1.a", "model.language_model.layers.1.b", "model.language_model.layers.2.a",
+             "model.language_model.layers.2.b", "model.norm.weight", "lm_head.weight"]
+    assert parameter_layers(names, 3) == (-1, -1, -1, 0, 0, 1, 1, 2, 2, -2, -2)
+    two_lists = [n.replace("layers.2", "layers.1") for n in names if "layers.2" not in n]
+    assert parameter_layers(two_lists, 2) is None  # two lists of two blocks: which is the decoder's is unknown
+    assert parameter_layers(names[3:] + ["model.language_model.layers.0.c"], 3) is None  # not one run
+
+
+def test_break_even_scans_a_carded_model_with_its_card_resized():
+    model = plan_input("Meta-Llama-3-8B.json").model
+    scanned = model_with_layers(model, 48)
+    assert scanned.card is not None and len(scanned.card.layer_kinds) == 48
+    assert scanned.card.params == scanned.params
+    asked = plan_input("Meta-Llama-3-8B.json", "--layers", "48").model
+    assert (scanned.card, scanned.params, scanned.extra_params) == (asked.card, asked.params, asked.extra_params)
+
+
+def test_a_shape_the_card_does_not_hold_is_planned_by_the_hand_model_and_says_so():
+    model = plan_input("Meta-Llama-3-8B.json", "--hidden", "2048").model
+    assert model.card is None and model.hidden == 2048
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        main(["plan", "--hf-config", str(PUBLISHED / "Meta-Llama-3-8B.json"), "--hidden", "2048", "--gpu", "h200"])
+    assert "describes Meta-Llama-3-8B's own shape; with --hidden" in err.getvalue()
+
+
+def test_a_profiles_model_read_back_keeps_the_resized_card():
+    """A profile writes the card's key and the model's shape; read back, the card is resized again."""
+    model = plan_input("Meta-Llama-3-8B.json", "--layers", "12").model
+    again = type(model).model_validate(json.loads(model.model_dump_json()))
+    assert again == model and again.card.layer_kinds == model.card.layer_kinds
+
+
+def test_a_card_only_models_extra_parameters_follow_the_depth():
+    """OLMoE has no hand reader: its shape comes from the common keys and the card counts the
+    rest (extra_params); at another depth the card's count is still the model's."""
+    whole = hfconfig.load(PUBLISHED / "OLMoE-1B-7B-0924.json")
+    assert whole.card is not None and whole.extra_params != 0
+    args = build_parser().parse_args(["plan", "--hf-config", str(PUBLISHED / "OLMoE-1B-7B-0924.json"),
+                                      "--layers", "4", "--gpu", "h200"])
+    model = plan_input_from_args(args).model
+    assert model.card is not None and model.params == model.card.params
+    assert model.params < whole.params
