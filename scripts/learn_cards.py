@@ -55,11 +55,17 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         key, text = card_text(path)
         target = args.out / f"{key}.toml"
+        config = hfconfig.read_config(path)[0]
+        dkey = cards.depth_key(config)
+        alias = None if dkey is None else args.out / cards.BY_DEPTH / f"{dkey}.toml"
         if args.check:
             if not target.is_file() or target.read_text() != text:
                 stale.append(f"{path.name} ({target.name})")
+            if alias is not None and (not alias.is_file() or alias.read_text() != f'card = "{key}"\n'):
+                stale.append(f"{path.name} ({cards.BY_DEPTH}/{alias.name})")
             continue
         cards.write_card(args.out, key, text, replace=True)
+        cards.write_depth_alias(args.out, config, key)
         print(f"{target}  {path.name}  {time.perf_counter() - started:.1f} s")
     if stale:
         print("stale cards: " + ", ".join(stale), file=sys.stderr)

@@ -95,9 +95,65 @@ def _card_file(key: str) -> ModelCard | None:
     return None
 
 
+# A config that differs from a learned one only in its number of blocks (a model cut to a few
+# layers to try, or built deeper) has the same blocks: its card is that one, resized by the
+# planner (`ModelCard.at_layers`). Each cards folder keeps, beside KEY.toml, by-depth/DKEY.toml
+# naming the card of every config whose depth-free key is DKEY (`zlayout learn` and
+# scripts/learn_cards.py write them).
+DEPTH_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+BY_DEPTH = "by-depth"
+_ALIAS = re.compile(r'card = "([0-9a-f]{16})"\n')
+
+
+def depth_key(config: Mapping[str, Any]) -> str | None:
+    """The key of this config at any depth: its model keys less the block count (at the top and
+    in a multimodal model's text_config; a vision tower's depth stays). None when it names none."""
+    stripped = {k: v for k, v in config.items() if k not in DEPTH_KEYS}
+    nested = config.get("text_config")
+    if isinstance(nested, Mapping):
+        stripped["text_config"] = {k: v for k, v in nested.items() if k not in DEPTH_KEYS}
+    if stripped == dict(config):
+        return None
+    return config_key({**stripped, "zlayout_depth_free": True})
+
+
+def write_depth_alias(folder: Path, config: Mapping[str, Any], key: str) -> Path | None:
+    """by-depth/DKEY.toml in `folder`, naming card `key` for this config at any depth; None when
+    the config names no depth. Written through a temporary file; a file there that is not such
+    an alias is left alone (None)."""
+    dkey = depth_key(config)
+    if dkey is None:
+        return None
+    path = folder / BY_DEPTH / f"{dkey}.toml"
+    try:
+        current = read_small_file(path, 4096).decode()
+    except (OSError, TooLarge, UnicodeDecodeError):
+        current = None
+    if current is not None and not _ALIAS.fullmatch(current):
+        return None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(f'card = "{key}"\n')
+    os.replace(temporary, path)
+    return path
+
+
 def find_card(config: Mapping[str, Any]) -> ModelCard | None:
-    """The card of this config, from the cache or the shipped cards, or None."""
-    return _card_file(config_key(config))
+    """The card of this config, from the cache or the shipped cards, or None. Where no card was
+    learned from this config, that of the same config at another depth (by-depth/), at the depth
+    it was learned at: callers resize it to the model's (`ModelCard.at_layers`)."""
+    card = _card_file(config_key(config))
+    dkey = None if card is not None else depth_key(config)
+    if dkey is None:
+        return card
+    for folder in card_dirs():
+        try:
+            alias = _ALIAS.fullmatch(read_small_file(folder / BY_DEPTH / f"{dkey}.toml", 4096).decode())
+        except (OSError, TooLarge, UnicodeDecodeError):
+            continue
+        if alias and (card := _card_file(alias.group(1))) is not None:
+            return card
+    return None
 
 
 def card_by_key(key: str) -> ModelCard:

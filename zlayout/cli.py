@@ -492,6 +492,10 @@ def _model_from_args(args: argparse.Namespace):
                             f"{changed} its activations come from zlayout's hand model of "
                             f"{base.hf_model_type or 'this architecture'} (--layers alone keeps the card)")
             return custom
+        if args.hf_config and base.card is not None and base.card.depth_note():
+            # no card was learned from this config; one of the same config at another depth was
+            _note(args, f"{base.card.depth_note()} (`zlayout learn --hf-config {shlex.quote(args.hf_config)}` "
+                        "learns this depth's own)")
         if args.hf_config and base.card is None:
             _note(args, f"no model card for {args.hf_config}: its activations come from zlayout's hand "
                         f"model of {base.hf_model_type}; `zlayout learn --hf-config {shlex.quote(args.hf_config)}` "

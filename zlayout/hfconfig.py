@@ -416,7 +416,19 @@ def _generic(config: Mapping[str, Any], model_type: str, *, where: str, name: st
     spec = _generic_shape(_Reader(keys, where, model_type))
     spec.update(name=name or _config_name(config) or model_type, hf_model_type=model_type, hf_config=source)
     shape = _validated(spec, where)
+    card = _at_depth(card, shape.layers, where)
     return shape.model_copy(update={"extra_params": card.params - shape.params, "card": card})
+
+
+def _at_depth(card, layers: int, where: str):
+    """The card found for this config (cards.find_card: perhaps learned at another depth) at the
+    model's depth; HfConfigError when it cannot be resized."""
+    from zlayout.core.card import CardError
+
+    try:
+        return card.at_layers(layers)
+    except CardError as exc:
+        raise HfConfigError(f"{where}: {exc}") from None
 
 
 def _learn_first(model_type: str, where: str) -> str:
@@ -468,6 +480,7 @@ def _multimodal(config: Mapping[str, Any], model_type: str, *, where: str, name:
         raise HfConfigError(f"{where}: {model_type} is multimodal and only its model card counts the vision "
                             f"tower: run zlayout learn --hf-config {where} first (its language model alone "
                             f"is {language.params:,} parameters)")
+    card = _at_depth(card, language.layers, where)
     if card.params < language.params:
         raise HfConfigError(f"{where}: its model card ({card.source}) counts {card.params:,} parameters, fewer "
                             f"than its language model's {language.params:,}; learn it again with zlayout learn --force")
@@ -576,6 +589,10 @@ def with_card(model: ModelSpec, config: Mapping[str, Any], where: str) -> ModelS
     except card_store.CardError as exc:
         raise HfConfigError(f"{where}: {exc}") from None
     if card is None:
+        return model
+    try:
+        card = card.at_layers(model.layers)  # a card found for this config at another depth
+    except card_store.CardError:
         return model
     if card.params != model.params:
         raise HfConfigError(f"{where}: its model card ({card.source}) counts {card.params:,} parameters, "

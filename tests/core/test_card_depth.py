@@ -116,3 +116,40 @@ def test_a_card_only_models_extra_parameters_follow_the_depth():
     model = plan_input_from_args(args).model
     assert model.card is not None and model.params == model.card.params
     assert model.params < whole.params
+
+
+def sliced(tmp_path: Path, config: str, layers: int) -> Path:
+    data = json.loads((PUBLISHED / config).read_text())
+    data["num_hidden_layers"] = layers
+    path = tmp_path / f"{Path(config).stem}-L{layers}.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_a_config_cut_to_fewer_layers_is_planned_from_its_models_card(tmp_path, monkeypatch):
+    """No card was learned from Falcon-7B at 8 layers; the shipped one of its 32 is found through
+    presets/cards/by-depth and resized. Without it the hand model planned 40.56 GiB where the H200
+    measured 57.23 (h200-2026-12-02e batch b, ZeRO-2, 2 x 2048); with it, 56.65."""
+    monkeypatch.setenv("ZLAYOUT_CARDS_DIR", str(tmp_path / "no-cache"))
+    model = hfconfig.load(sliced(tmp_path, "falcon-7b.json", 8))
+    assert model.card is not None and model.card.learned_layers == 32 and len(model.card.layer_kinds) == 8
+    assert model.card.params == model.params
+    assert "learned from the same model at 32 layers; its blocks are planned at 8" in model.card.depth_note()
+    whole = hfconfig.load(PUBLISHED / "falcon-7b.json")
+    assert whole.card.depth_note() is None
+
+
+def test_a_by_depth_entry_that_is_not_zlayouts_is_read_as_none_and_never_written_over(tmp_path, monkeypatch):
+    from zlayout import cards
+
+    monkeypatch.setenv("ZLAYOUT_CARDS_DIR", str(tmp_path))
+    config = json.loads(sliced(tmp_path, "Qwen3-8B.json", 4).read_text())
+    key = cards.depth_key(config)
+    mine = tmp_path / cards.BY_DEPTH / f"{key}.toml"
+    mine.parent.mkdir()
+    mine.write_text('card = "../../etc/passwd"\n')
+    assert cards.write_depth_alias(tmp_path, config, "0123456789abcdef") is None
+    assert mine.read_text() == 'card = "../../etc/passwd"\n'
+    # the cache's entry does not parse: the shipped one (presets/cards/by-depth) answers
+    assert cards.find_card(config).key == cards.config_key(json.loads((PUBLISHED / "Qwen3-8B.json").read_text()))
+    assert cards.depth_key({"model_type": "llama", "hidden_size": 64}) is None  # no depth named

@@ -276,6 +276,16 @@ def test_learn_writes_the_card_plan_then_takes_its_activations(tmp_path):
     # dropout masks and gelu_new's intermediates: more saved per block than the hand model
     assert carded["activations"] > 1.3 * hand["activations"]
     assert json.loads(after.stdout)["params"] == json.loads(before.stdout)["params"]
+    # the same config cut to other depths finds this card through by-depth/, resized
+    assert [p.parent.name for p in tmp_path.glob("*/*.toml")] == [cards.BY_DEPTH]
+    for layers in (1, 4):
+        deeper = tmp_path / f"gpt2-L{layers}.json"
+        deeper.write_text(json.dumps({**json.loads(config.read_text()), "n_layer": layers}))
+        other = zlayout(*plan[:2], str(deeper), *plan[3:], cards_dir=tmp_path)
+        assert other.returncode == 0, other.stderr
+        assert "learned from the same model at 2 layers; its blocks are planned at" in other.stderr
+        terms = {t["name"]: t["bytes"] for t in json.loads(other.stdout)["terms"]}
+        assert terms["activations"] * 2 == carded["activations"] * layers
 
 
 @pytest.mark.slow  # zlayout learn in a subprocess: transformers' import each time

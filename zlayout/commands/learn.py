@@ -62,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"{path}: {exc}") from None
     try:
         written = cards.write_card(folder, key, cards.dumps_card(card, key, path.name), replace=args.force)
+        cards.write_depth_alias(folder, config, key)  # the same config cut or built to other depths
     except OutFileError as exc:
         raise UsageError(str(exc)) from None
     kinds = len(set(card["layers"]["kinds"]))

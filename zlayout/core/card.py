@@ -207,6 +207,7 @@ class ModelCard:
     # embedding, a vision tower), -2 after (the final norm, the head); None: the card names no
     # tensors, or its blocks are not one run of numbered modules (`at_layers` then refuses)
     parameter_layers: tuple[int, ...] | None = None
+    learned_layers: int | None = None  # resized (`at_layers`): the depth it was learned at
 
     # A card rides in the ModelSpec, which the planner hashes and compares for its caches:
     # by its key, file and text's digest, not by walking thousands of requests each time.
@@ -344,6 +345,13 @@ class ModelCard:
             return self
         return _at_layers(self, layers)
 
+    def depth_note(self) -> str | None:
+        """A line for a card resized from the depth it was learned at; None for one learned at this."""
+        if self.learned_layers is None:
+            return None
+        return (f"the model card {self.source} was learned from the same model at {self.learned_layers} "
+                f"layers; its blocks are planned at {len(self.layer_kinds)}")
+
 
 @functools.lru_cache(maxsize=256)
 def _at_layers(card: ModelCard, layers: int) -> ModelCard:
@@ -366,7 +374,8 @@ def _at_layers(card: ModelCard, layers: int) -> ModelCard:
     layer_of += [-2] * len(after)
     # another card, not equal to the one learned (the planner's caches tell them apart by digest)
     return replace(card, params=sum(numels), parameter_numels=tuple(numels), layer_kinds=kinds,
-                   digest=f"{card.digest}@L{layers}", parameter_layers=tuple(layer_of))
+                   digest=f"{card.digest}@L{layers}", parameter_layers=tuple(layer_of),
+                   learned_layers=card.learned_layers or len(card.layer_kinds))
 
 
 def _extend_kinds(kinds: tuple[int, ...], layers: int) -> tuple[int, ...]:
