@@ -206,3 +206,17 @@ def test_stage_outside_zero_is_one_line(capsys):
     assert main(["breakeven", *REFERENCE_FLAGS, "--stage", "zero3"]) == 2
     err = capsys.readouterr().err.splitlines()
     assert err[0] == "zlayout: error: --stage: 'zero3' is not one of 0, 1, 2, 3 (did you mean 3?)"
+
+
+def test_fits_the_current_model_is_the_plans_own_verdict(capsys):
+    """On the card's edge fitting is not monotone in the micro-batch (mistral-7b ZeRO-1 on H100 at
+    1024 tokens: 52 fits, 53 does not by 3 MiB, 54 fits). At 53 the row was starred because the
+    largest micro-batch found (54) was not below it; plan says 53 does not fit."""
+    flags = ["--preset", "mistral-7b", "--gpu", "h100", "--seq", "1024", "--checkpointing", "full",
+             "--micro-batch", "53", "--stage", "1"]
+    data = run_json(capsys, *flags)
+    inp = plan_input_from_args(build_parser().parse_args(["breakeven", *flags]))
+    for row in data["layouts"]:
+        layout = Layout(stage=row["stage"], offload_optimizer=row["offload_optimizer"], offload_param=row["offload_param"])
+        assert row["fits_current_model"] == estimate_memory(inp, layout).fits
+    assert [row["fits_current_model"] for row in data["layouts"]] == [False, True]

@@ -208,3 +208,33 @@ def test_break_even_stays_inside_the_ranges_zlayout_takes():
         assert be.max_model.layers == BOUNDS["layers"].high
         assert be.max_micro_batch == BOUNDS["micro_batch"].high
         assert scaled_model(tiny, 1e15).layers == BOUNDS["layers"].high
+
+
+def with_micro_batch(inp: PlanInput, micro_batch: int) -> PlanInput:
+    return inp.model_copy(update={"training": inp.training.model_copy(update={"micro_batch": micro_batch})})
+
+
+@pytest.mark.parametrize("model, gpu, gpus, seq, ckpt, headroom, layout", [
+    # the replay's answer 16 and more below the per-phase rule's: 56 and 119 were returned, and did not fit
+    ("mistral-7b", "h100", 8, 1024, "full", 0.05, Layout(stage=1)),
+    ("reference-gpt", "a100-40gb", 1, 512, "none", 0.0, Layout(stage=1, offload_optimizer="cpu")),
+])
+def test_the_largest_micro_batch_is_one_the_plan_says_fits(model, gpu, gpus, seq, ckpt, headroom, layout):
+    inp = make_input(catalog.load_model(model), gpu=gpu, gpus_per_node=gpus, seq=seq, checkpointing=ckpt,
+                     headroom=headroom)
+    best = largest_micro_batch(inp, layout)
+    assert best >= 1
+    assert fits(with_micro_batch(inp, best), layout)
+
+
+def test_a_layout_that_takes_over_fits_where_the_one_before_stops_as_plan_judges_it():
+    """The per-phase rule alone said ZeRO-3 takes over from ZeRO-3 param→cpu at 1.43B on an L40S
+    at 8192 tokens, where plan (the allocator's replay on the card) says ZeRO-3 needs 0.6 GiB more."""
+    inp = make_input(catalog.load_model("mistral-7b"), gpu="l40s", gpus_per_node=1, seq=8192,
+                     host_ram_bytes=256 * GiB)
+    found = crossovers(inp)
+    assert any(c.takes_over is not None for c in found)
+    for c in found:
+        if c.takes_over is not None:
+            bigger = with_model(inp, break_even(inp, c.stops_fitting).next_model)
+            assert fits(bigger, c.takes_over), c.describe()

@@ -19,6 +19,7 @@ from typing import Any
 from zlayout.cli import UsageError, add_plan_arguments, plan_input_from_args
 from zlayout.catalog import PresetFileError, format_params
 from zlayout.core.breakeven import BreakEven, Crossover, break_even, crossovers
+from zlayout.core.memory import estimate_memory
 from zlayout.core.serialize import layout_dict
 from zlayout.spec import Layout, PlanInput, all_layouts
 
@@ -42,7 +43,9 @@ def layout_breakeven_dict(inp: PlanInput, layout: Layout, be: BreakEven) -> dict
         "max_params": be.max_params,
         "max_micro_batch": be.max_micro_batch,
         "limited_by": be.limited_by,
-        "fits_current_model": be.max_micro_batch >= inp.training.micro_batch,
+        # the plan's own verdict: near the card's edge a micro-batch below the largest that fits
+        # may not (fitting is not monotone there)
+        "fits_current_model": estimate_memory(inp, layout).fits,
         "next_params": be.next_params,
         "max_model": None if be.max_model is None else {
             "name": be.max_model.name, "layers": be.max_model.layers, "hidden": be.max_model.hidden,

@@ -339,10 +339,25 @@ def largest_micro_batch(inp: PlanInput, layout: Layout) -> int:
         training = inp.training.model_copy(update={"micro_batch": micro_batch})
         return estimate_memory(inp.model_copy(update={"training": training}), layout).fits
 
-    for _ in range(MAX_CARD_STEPS):
-        if best < 1 or fits(best):
-            break
-        best -= 1
+    if best >= 1 and not fits(best):
+        # down from the rule's answer one at a time, then (a replay further off than that: the
+        # allocator's flushes cost more than the rule counts) by halves below the last that
+        # failed: the answer is always one the replay says fits. Fitting is not monotone in the
+        # micro-batch on the card's edge (a segment size rounds either way), so "largest" is
+        # the largest found fitting, not every one below it.
+        failing, found = best, 0
+        for candidate in range(best - 1, max(best - 1 - MAX_CARD_STEPS, 0), -1):
+            if fits(candidate):
+                found = candidate
+                break
+            failing = candidate
+        if not found:
+            low = 0  # fits (or none does); `failing` does not
+            while failing - low > 1:
+                middle = (low + failing) // 2
+                low, failing = (middle, failing) if fits(middle) else (low, middle)
+            found = low
+        return found
     for _ in range(MAX_CARD_STEPS):
         if best >= MAX_MICRO_BATCH or not fits(best + 1):
             break
@@ -458,9 +473,11 @@ def crossovers(inp: PlanInput, layouts: tuple[Layout, ...] | None = None,
 
         still = [other for other, be in evens.items()
                  if other != layout and (be.max_params >= next_params or be.limited_by == "range")]
-        # fastest first; each checked, since fitting is not monotone in size everywhere
+        # fastest first; each checked, since fitting is not monotone in size everywhere, with
+        # the allocator's replay as `plan` judges it (the per-phase rule alone named layouts
+        # that plan says do not fit)
         takes_over = next((other for other in sorted(still, key=lambda o: (step_s(o), o.key))
-                           if estimate_memory(bigger, other, replay=False).fits), None)
+                           if estimate_memory(bigger, other).fits), None)
         out.append(Crossover(next_params, layout, takes_over))
     return out
 
