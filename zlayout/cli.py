@@ -418,8 +418,9 @@ def add_plan_arguments(parser: argparse.ArgumentParser, with_layout: bool = True
                     help="overlap_comm false: communication does not overlap the backward "
                          "(DeepSpeed's default true)")
     ds.add_argument("--headroom", type=float, default=0.05,
-                    help="fraction of GPU memory kept free when judging 'fits' "
-                         "(default 0.05, i.e. 5%%; '5%%' reads as 0.05)")
+                    help="fraction of the card the step's needs (allocated peak, fragmentation, CUDA "
+                         "context) must leave when judging 'fits' (default 0.05, i.e. 5%%; '5%%' reads as "
+                         "0.05); the caching allocator may still fill it with cache")
 
     if with_layout:
         lay = parser.add_argument_group("layout (without --stage: every layout)")

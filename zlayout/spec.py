@@ -816,5 +816,7 @@ class PlanInput(Frozen):
     training: TrainingSpec
     zero: ZeroKnobs = ZeroKnobs()
     headroom_fraction: float = Field(default=0.05,
-                                     description="GPU memory kept free when judging 'fits'")
+                                     description="fraction of the card the step's needs (allocated peak, "
+                                                 "fragmentation, context) must leave when judging 'fits'; "
+                                                 "the allocator's cache may still fill it")
     calibration: StepTimeCalibration = StepTimeCalibration()

@@ -62,7 +62,8 @@ FLUSH_FIXED_S = 0.04
 FLUSH_S_PER_GIB = 0.0015
 
 # Alerts on device used (DCGM_FI_DEV_FB_USED): "nearly full" at 97% of the card, present whenever
-# the plan's device use is within 10% of the card or the plan flushes; "above plan" 5% over the
+# the plan's device use is within 10% of the card or the plan flushes, unless the plan's own device
+# use is already past 97% (a rule firing on every healthy step); "above plan" 5% over the
 # planned device use (the model's device-used target is 5% at worst), kept below "nearly full".
 
 NEARLY_FULL_FRACTION = 0.97
@@ -146,6 +147,12 @@ class GpuFit:
         return (f"fits; {self.headroom_fraction:.0%} of the card free at the peak (device used "
                 f"{gib_figure(self.device_used_bytes)} of {gib_figure(self.capacity_bytes)} GiB per GPU)")
 
+    @property
+    def fills_alert_range(self) -> bool:
+        """The plan's own device use is at or past the "nearly full" threshold: no device-used
+        threshold can tell a healthy step from trouble."""
+        return self.device_used_bytes >= int(self.capacity_bytes * NEARLY_FULL_FRACTION)
+
     def alert_thresholds(self) -> tuple[AlertThreshold, ...]:
         """Device-used thresholds an alert may fire on, each below the card's memory: "nearly
         full" whenever the plan is near the card (or flushes), "above plan" where it is below
@@ -157,7 +164,11 @@ class GpuFit:
             out.append(AlertThreshold("above_plan", above_plan,
                                       f"device used per GPU more than {ABOVE_PLAN_FRACTION:.0%} above the plan's "
                                       f"{gib_figure(self.device_used_bytes)} GiB"))
-        if self.device_used_bytes >= NEAR_CARD_FRACTION * self.capacity_bytes or self.flushes_per_step:
+        # a plan whose own device use is past "nearly full" (its cache fills the card: device used
+        # is then at the card however healthy the step) would fire it on every step: left out,
+        # and the allocated-peak alert is what tells trouble (`fills_alert_range`)
+        if (self.device_used_bytes >= NEAR_CARD_FRACTION * self.capacity_bytes or self.flushes_per_step) \
+                and not self.fills_alert_range:
             out.append(AlertThreshold("nearly_full", nearly_full,
                                       f"device used per GPU within {1 - NEARLY_FULL_FRACTION:.0%} of the card's "
                                       f"{gib_figure(self.capacity_bytes)} GiB: the next larger request may not fit"))

@@ -13,6 +13,7 @@ import json
 import shlex
 
 from zlayout.catalog import format_params
+from zlayout.core.fit import NEARLY_FULL_FRACTION
 from zlayout.profile.contract import script_contract
 from zlayout.profile.diff import Effect, diff_profiles
 from zlayout.profile.launch import DEEPSPEED_SCRIPT, SLURM_SCRIPT, TORCHRUN_SCRIPT
@@ -359,6 +360,11 @@ def _alerts(p: Profile) -> list[str]:
                      "the plan runs near the card (or its cache fills it and flushes): within 3% of the card the "
                      "next larger request may not fit",
                      "an OOM is near: checkpoint now if the job can, then see On-call notes"))
+    elif g.device_used_bytes >= int(g.capacity_bytes * NEARLY_FULL_FRACTION):
+        out += [f"No \"GPU memory nearly full\" rule: the plan's own device use ({gib(g.device_used_bytes)} of "
+                f"{gib(g.capacity_bytes)}) is past {NEARLY_FULL_FRACTION:.0%} of the card, because the caching "
+                "allocator's cache fills it, so such a rule would fire on every healthy step. The allocated peak "
+                "(first row) tells growth; an out-of-memory error shows in the job's log.", ""]
     rows.append(("Host memory (the job's processes)", f"> {gib(h.warn_above_bytes)} per node",
                  _expr(names, "ZlayoutHostMemoryHigh"), h.why,
                  "find the process growing (`ps -eo rss,cmd --sort=-rss | head`); fewer dataloader workers"))
