@@ -55,6 +55,9 @@ class _Reader:
             if key in self.config and (null or self.config[key] is not None):
                 return key, self.config[key]
         if default is _REQUIRED:
+            null_key = next((key for key in keys if key in self.config), None)
+            if null_key is not None:  # there, but null
+                raise self._fail(f"{null_key!r} is null; model_type {self.model_type!r} needs a number there")
             raise self._fail(f"no {keys[0]!r} key, which model_type {self.model_type!r} needs "
                              "(is this the model's config.json?)")
         return keys[0], default
@@ -327,6 +330,22 @@ READERS: Mapping[str, Callable[[_Reader], dict[str, Any]]] = {
 SUPPORTED_MODEL_TYPES = tuple(sorted(READERS))
 
 
+# Models whose blocks are (or include) a state-space or recurrent scan rather than attention: the
+# planner's memory and step models are a transformer decoder's, and their reference scans (what
+# transformers runs without the CUDA kernels) loop over the tokens, which `zlayout learn` cannot
+# trace in any time (Mamba-130M: over 5 minutes at full CPU, not done).
+RECURRENT_TYPES = frozenset({
+    "mamba", "mamba2", "falcon_mamba", "rwkv", "recurrent_gemma", "xlstm",
+    "jamba", "zamba", "zamba2", "bamba", "falcon_h1", "granitemoehybrid", "nemotron_h", "lfm2"})
+
+
+def recurrent_refusal(model_type: str) -> str:
+    """One line for a model_type in RECURRENT_TYPES (plan and learn say the same)."""
+    return (f"model_type {model_type!r} has state-space or recurrent blocks, not only attention: zlayout plans "
+            "transformer decoders and cannot learn a per-token scan; plan a transformer of its size with "
+            "--layers --hidden --heads --vocab")
+
+
 def model_from_config(config: Mapping[str, Any], *, where: str = CONFIG_FILE, name: str | None = None,
                       source: str | None = None) -> ModelSpec:
     """The model a parsed config.json describes. `where` names it in errors, `source` is
@@ -336,6 +355,10 @@ def model_from_config(config: Mapping[str, Any], *, where: str = CONFIG_FILE, na
     model_type = config.get("model_type")
     if model_type is None:
         raise HfConfigError(f"{where}: no 'model_type' key (is this a transformers config.json?)")
+    if not isinstance(model_type, str):
+        raise HfConfigError(f"{where}: 'model_type' must be a string like \"llama\", not {json.dumps(model_type)[:40]}")
+    if model_type in RECURRENT_TYPES:
+        raise HfConfigError(f"{where}: {recurrent_refusal(model_type)}")
     if model_type not in READERS and model_type in MULTIMODAL_TEXT_TYPES:
         return _multimodal(config, model_type, where=where, name=name, source=source)
     if model_type not in READERS and config.get("auto_map"):
@@ -559,6 +582,9 @@ def read_config(path: str | os.PathLike[str]) -> tuple[Any, Path]:
         raise HfConfigError(f"{exc}: not a model's config.json") from None
     except json.JSONDecodeError as exc:
         raise HfConfigError(f"{p}: not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}") from None
+    except ValueError as exc:  # an integer of more than 4300 digits (Python's int-string limit)
+        raise HfConfigError(f"{p}: not a model's config.json: a number in it is too long "
+                            f"({str(exc).split(':')[0].lower()})") from None
     return config, p
 
 

@@ -155,3 +155,26 @@ def test_a_shortened_flag_is_an_error_naming_the_flag_not_a_guess(capsys, argv, 
     # meant 16 in all, with nothing on screen to say so
     message = assert_one_line_error(*run(capsys, *argv))
     assert "unrecognized arguments" in message and f"did you mean {meant}" in message
+
+
+def test_learn_refuses_remote_code_before_asking_for_force(capsys, tmp_path, monkeypatch):
+    """A remote-code config whose card file exists: learn said "add --force", and with --force
+    refused the remote code. The remote code is the reason: said first, --force or not."""
+    from zlayout import cards
+
+    config = {"model_type": "internlm2", "auto_map": {"AutoModelForCausalLM": "m.M"}, "num_hidden_layers": 2}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    monkeypatch.setenv(cards.CARDS_DIR_ENV, str(tmp_path / "cards"))
+    (tmp_path / "cards").mkdir()
+    (tmp_path / "cards" / f"{cards.config_key(config)}.toml").write_text("# a card that is there\n")
+    for force in ([], ["--force"]):
+        message = assert_one_line_error(*run(capsys, "learn", "--hf-config", str(path), *force))
+        assert "auto_map" in message and "--force" not in message
+
+
+def test_learn_refuses_a_state_space_model_at_once(capsys, tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "mamba", "hidden_size": 768, "num_hidden_layers": 24}))
+    message = assert_one_line_error(*run(capsys, "learn", "--hf-config", str(path), "--out", str(tmp_path / "x")))
+    assert "state-space" in message and not (tmp_path / "x").exists()

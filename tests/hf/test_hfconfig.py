@@ -135,6 +135,11 @@ def _llama(**changes) -> dict:
     (_llama(num_key_value_heads=5), ["heads (32) must be a multiple of kv-heads (5)"]),
     (_llama(model_type="bert"), ["model_type 'bert'", "model card", "zlayout learn --hf-config"]),
     (_llama(model_type=...), ["no 'model_type' key"]),
+    # found by a QA pass: a null read as a missing key, a number as a type to learn
+    (_llama(hidden_size=None), ["'hidden_size' is null", "needs a number"]),
+    (_llama(model_type=123), ["'model_type' must be a string", "123"]),
+    (_llama(model_type="mamba"), ["state-space", "--layers --hidden --heads --vocab"]),
+    ('{"model_type": "llama", "vocab_size": ' + "9" * 5000 + "}", ["a number in it is too long"]),
     ({**json.loads((PUBLISHED / "Mixtral-8x7B-v0.1.json").read_text()), "num_experts_per_tok": 9},
      ["top_k (9) must be at most experts (8)"]),
     ({k: v for k, v in json.loads((PUBLISHED / "Qwen1.5-MoE-A2.7B.json").read_text()).items()

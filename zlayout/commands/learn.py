@@ -38,6 +38,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
         raise UsageError(f"{path}: no 'model_type' key (is this a transformers config.json?)")
+    if config["model_type"] in hfconfig.RECURRENT_TYPES:
+        raise UsageError(f"{path}: {hfconfig.recurrent_refusal(config['model_type'])}")
+    if config.get("auto_map"):  # before the card's target is checked: --force would not help
+        raise UsageError(f"{path}: model_type {config['model_type']!r} is built by the model's own remote code "
+                         "(auto_map), which zlayout does not run; plan it with --layers --hidden --heads --vocab")
     try:
         from zlayout.learn.learner import LearnError, learn
     except ImportError as exc:
