@@ -20,7 +20,8 @@ from typing import NoReturn, Sequence
 from pydantic import ValidationError
 
 import zlayout._pydantic_plugins  # noqa: F401  (before zlayout.spec builds its models: see there)
-from zlayout.messages import exception_text, parse_count_with_unit, parse_whole_number, printable, quoted
+from zlayout.messages import (GIB_PER_UNIT, GIB_UNIT_RE, exception_text, parse_count_with_unit, parse_whole_number,
+                              printable, quoted)
 from zlayout.spec import (BOUNDS, GiB, HardwareSpec, Layout, ModelSpec, PlanInput, TrainingSpec,
                           ZeroKnobs)
 from zlayout.suggest import did_you_mean, did_you_mean_choice, did_you_mean_flag
@@ -203,19 +204,16 @@ def count_with_unit(text: str, bound_field: str | None = None) -> int:
 # flags in GiB that also take a unit: '2T' / '2TiB' is 2,048 GiB, '3.84TB' (decimal, as drives
 # are sold) is 3,576.3 GiB
 GIB_FLAGS = ("--host-ram-gib", "--nvme-gib")
-_GIB_PER_UNIT = {"g": 1.0, "gi": 1.0, "gib": 1.0, "t": 1024.0, "ti": 1024.0, "tib": 1024.0,
-                 "gb": 1e9 / 2**30, "tb": 1e12 / 2**30}
-_GIB_RE = re.compile(r"(.*?)\s*(gib|gi|gb|g|tib|ti|tb|t)", re.I)
 
 
 def gib_amount(text: str, bound_field: str | None = None) -> float:
     """A size in GiB: a number (512), or with a unit: 512G or 512GiB, 2T or 2TiB (binary, the
     flag's unit), 3.84TB or 960GB (decimal bytes, converted)."""
-    match = _GIB_RE.fullmatch(text.strip())
+    match = GIB_UNIT_RE.fullmatch(text.strip())
     if match is None:
         return finite_float(text, bound_field)
     try:
-        return finite_float(match.group(1), bound_field) * _GIB_PER_UNIT[match.group(2).lower()]
+        return finite_float(match.group(1), bound_field) * GIB_PER_UNIT[match.group(2).lower()]
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"{quoted(text)} is not a size"
                                          f"{_expected(bound_field, 'a size')[:-1]}, e.g. 512, 2T or 3.84TB)") from None

@@ -44,6 +44,27 @@ def parse_count_with_unit(text: str) -> int | None:
     return sign * (scaled // divisor) if scaled % divisor == 0 else None
 
 
+# sizes in GiB that also take a unit: '2T' / '2TiB' is 2,048 GiB, '3.84TB' (decimal, as drives
+# are sold) is 3,576.3 GiB (--host-ram-gib, --nvme-gib and the app's fields alike)
+GIB_PER_UNIT = {"g": 1.0, "gi": 1.0, "gib": 1.0, "t": 1024.0, "ti": 1024.0, "tib": 1024.0,
+                "gb": 1e9 / 2**30, "tb": 1e12 / 2**30}
+GIB_UNIT_RE = re.compile(r"(.*?)\s*(gib|gi|gb|g|tib|ti|tb|t)", re.I)
+
+
+def parse_gib_amount(text: str) -> float | None:
+    """A size in GiB, bare (512) or with a unit (512G, 2T, 3.84TB, 960GB); None when it is not
+    a finite number."""
+    import math
+
+    match = GIB_UNIT_RE.fullmatch(str(text).strip())
+    number, factor = (match.group(1), GIB_PER_UNIT[match.group(2).lower()]) if match else (str(text), 1.0)
+    try:
+        value = float(number.strip().replace("_", "").replace(",", ""))
+    except ValueError:
+        return None
+    return value * factor if math.isfinite(value) else None
+
+
 def printable(text: object) -> str:
     """`text` with every character a terminal would act on (escape sequences, line breaks,
     tabs) written as its escape, for text read from files shown in a table."""

@@ -143,6 +143,22 @@ async def test_zero_and_negative_numbers_are_refused():
         assert app.plan is good
 
 
+async def test_the_fields_take_the_units_the_command_line_takes():
+    """--seq 32k and --host-ram-gib 2T plan; the app's fields said "type a whole number" and
+    "type a number of GiB" (found by a QA pass)."""
+    app = make_app()
+    async with app.run_test(size=WIDE) as pilot:
+        await settle(pilot)
+        await type_into(pilot, "seq", "8k")
+        await type_into(pilot, "host_ram_gib", "2T")
+        await settle(pilot)
+        assert "invalid" not in row_classes(app, "seq") and "invalid" not in row_classes(app, "host_ram_gib")
+        assert app.plan.input.training.seq == 8192
+        assert app.plan.input.hardware.host_ram_bytes == 2048 * 2**30
+        await type_into(pilot, "layers", "4k")  # a block count is not a token count
+        assert "invalid" in row_classes(app, "layers")
+
+
 async def test_multi_node_without_an_inter_node_link_is_marked_on_the_link():
     app = make_app()
     async with app.run_test(size=WIDE) as pilot:

@@ -8,14 +8,13 @@ the `base` input, so a loaded profile keeps every value it carried.
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from pydantic import ValidationError
 
-from zlayout.messages import exception_text, parse_whole_number
+from zlayout.messages import exception_text, parse_count_with_unit, parse_gib_amount, parse_whole_number
 from zlayout.spec import BOUNDS, GiB, HardwareSpec, ModelSpec, PlanInput, TrainingSpec
 
 # Architecture fields the panel shows, in order; the rest of ModelSpec comes from the base model.
@@ -27,6 +26,7 @@ HARDWARE_GIB_FIELDS = {"host_ram_gib": "host_ram_bytes", "nvme_gib": "nvme_bytes
 TRAINING_INT_FIELDS = ("seq", "micro_batch", "grad_accum")
 TRAINING_CHOICE_FIELDS = ("precision", "checkpointing", "impl", "allocator", "loop")
 OPTIONAL_INT_FIELDS = ("kv_heads", "ffn")  # empty means "the default" (heads, 4*hidden)
+COUNT_FIELDS = ("seq", "hidden", "ffn", "vocab")  # token counts and widths: 4k is 4,096, as cli.UNIT_FLAGS
 NO_LINK = "none"
 
 FIELD_EXAMPLES = {
@@ -183,9 +183,11 @@ def _parse_int(values: Mapping[str, Any], field: str, out: dict[str, Any],
     if optional and not text:
         out[field] = None
         return
-    number = parse_whole_number(text)  # as the command line reads it ('١٢' is not one)
+    # as the command line reads it ('١٢' is not one; a token count or width also with k: 32k)
+    number = parse_count_with_unit(text) if field in COUNT_FIELDS else parse_whole_number(text)
     if number is None:
-        errors[field] = f"type a whole number, e.g. {FIELD_EXAMPLES.get(field, '8')}"
+        with_unit = ", or with k = 1,024: 4k" if field in COUNT_FIELDS else ""
+        errors[field] = f"type a whole number, e.g. {FIELD_EXAMPLES.get(field, '8')}{with_unit}"
         return
     if number <= 0:
         errors[field] = _out_of_range(field, f"{number:,}")
@@ -194,15 +196,11 @@ def _parse_int(values: Mapping[str, Any], field: str, out: dict[str, Any],
 
 
 def _parse_float(values: Mapping[str, Any], field: str, errors: dict[str, str]) -> float | None:
-    text = str(values[field]).strip().replace("_", "").replace(",", "")
-    # finite, as the command line's finite_float reads it: 'inf' or '1e400' GiB crashed the
-    # plan (no integer of bytes)
-    try:
-        number = float(text)
-    except ValueError:
-        number = math.nan
-    if not math.isfinite(number):
-        errors[field] = f"type a number of GiB, e.g. {FIELD_EXAMPLES.get(field, '0')}"
+    # finite, as the command line's --host-ram-gib reads it ('inf' or '1e400' GiB crashed the plan:
+    # no integer of bytes), also with a unit: 2T is 2,048 GiB, 3.84TB decimal
+    number = parse_gib_amount(values[field])
+    if number is None:
+        errors[field] = f"type a number of GiB, e.g. {FIELD_EXAMPLES.get(field, '0')} or 2T"
         return None
     if number < 0:
         errors[field] = _out_of_range(field, f"{number:g} GiB")
