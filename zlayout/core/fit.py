@@ -137,8 +137,11 @@ class GpuFit:
     def summary(self) -> str:
         """One sentence for every surface (no trailing period)."""
         if not self.fits:
-            return (f"does not fit: needs {gib_figure(self.needed_bytes)} GiB per GPU, "
-                    f"{gib_figure(self.limit_bytes)} of {gib_figure(self.capacity_bytes)} GiB is usable")
+            needs, usable = gib_figure(self.needed_bytes), gib_figure(self.limit_bytes)
+            # a shortfall the figures round away is said in MiB ("needs 75.7, 75.7 is usable" read as a fit)
+            short = f" ({-(-self.short_by_bytes // MiB):,} MiB short)" if needs == usable else ""
+            return (f"does not fit: needs {needs} GiB per GPU, "
+                    f"{usable} of {gib_figure(self.capacity_bytes)} GiB is usable{short}")
         if self.state == "fits-flushing":
             return (f"fits; the device will be full and the allocator flushes its cache about "
                     f"{self.flushes_per_step} time{'s' if self.flushes_per_step != 1 else ''} a step, "
