@@ -69,6 +69,28 @@ def test_force_replaces_and_keeps_the_change_log(tmp_path, capsys):
     assert entry.gpu_peak_bytes_before != entry.gpu_peak_bytes_after
 
 
+def test_force_keeps_a_hand_edited_launch_script_beside_the_new_one(tmp_path, capsys):
+    """Re-exporting wrote over a hand-edited launch script without a word (a QA pass): the edit is
+    the user's. It is kept as NAME.edited (then .edited.1), the new script takes its place, and
+    the export says so; an unedited script is replaced with no copy."""
+    export(tmp_path, capsys)
+    out = tmp_path / "p"
+    script = out / "launch_deepspeed.sh"
+    for round_, kept in enumerate(["launch_deepspeed.sh.edited", "launch_deepspeed.sh.edited.1"]):
+        mine = script.read_text() + f"# the team's edit {round_}\n"
+        script.write_text(mine)
+        capsys.readouterr()
+        code, _ = export(tmp_path, capsys, "--force", "--seq", str(2048 * (round_ + 1)))
+        assert code == 0
+        assert f"your version is kept as {kept}" in capsys.readouterr().out
+        assert (out / kept).read_text() == mine
+        assert "the team's edit" not in script.read_text()
+    capsys.readouterr()
+    export(tmp_path, capsys, "--force")
+    assert "edited by hand" not in capsys.readouterr().out
+    assert sorted(p.name for p in out.glob("*.edited*")) == ["launch_deepspeed.sh.edited", "launch_deepspeed.sh.edited.1"]
+
+
 def test_force_never_overwrites_a_corrupt_profile(tmp_path, capsys):
     _, out = export(tmp_path, capsys)
     corrupt = (out / "profile.toml").read_bytes()[:1500]

@@ -209,6 +209,40 @@ def _unchanged_since_inspected(target: ExportTarget):
     return guard
 
 
+def _keep_hand_edited_files(target: ExportTarget) -> list[str]:
+    """The replaced set's files edited by hand since zlayout wrote them (their sha256 is not the
+    previous manifest's), ds_config.json aside (its team keys are merged, `_team_config`), each
+    copied to NAME.edited (NAME.edited.1, ... when taken) before the new set replaces it: a hand
+    edit of a launch script is the user's, and re-exporting wrote over it unsaid. One note each."""
+    from zlayout.profile.store import sha256_digest
+
+    notes = []
+    for name, digest in (target.previous.manifest if target.previous is not None else {}).items():
+        if name == DS_CONFIG_FILE:
+            continue
+        path = target.path / name
+        try:
+            data = read_small_file(path, 64 * 2**20)
+        except (OSError, TooLarge):
+            continue  # gone or unreadable: nothing of the user's to keep
+        if sha256_digest(data) == digest:
+            continue
+        for n in range(100):
+            keep = path.with_name(f"{name}.edited" + (f".{n}" if n else ""))
+            try:
+                fd = os.open(keep, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:
+                continue
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+            notes.append(f"{name}: edited by hand since it was written; your version is kept as {keep.name}")
+            break
+        else:
+            raise ProfileError(f"{path} was edited by hand and {name}.edited to {name}.edited.99 are taken: "
+                               "move your edits aside, then export again")
+    return notes
+
+
 def export_profile(inp: PlanInput, layout: Layout, path: str | os.PathLike[str], *, replace: bool = False,
                    name: str | None = None, why: str | None = None,
                    run_settings: Mapping[str, Any] | None = None, now: datetime | None = None,
@@ -251,6 +285,8 @@ def export_profile(inp: PlanInput, layout: Layout, path: str | os.PathLike[str],
     except ValidationError as exc:
         raise ProfileError(_one_line(exc)) from None
     guard = _unchanged_since_inspected(target)
+    if not target.single_file:
+        notes = [*notes, *_keep_hand_edited_files(target)]
     if target.single_file:
         written: tuple[Path, ...] = (save_profile(profile, target.profile_file, guard=guard),)
     else:
