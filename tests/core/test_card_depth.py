@@ -24,6 +24,13 @@ PUBLISHED = Path(__file__).resolve().parents[1] / "hf" / "configs" / "published"
 GiB = 2**30
 
 
+@pytest.fixture(autouse=True)
+def shipped_cards_only(tmp_path, monkeypatch):
+    """The shipped cards answer (an empty cache): importing benchmarks/measurements.py, as other
+    tests of this worker do, points $ZLAYOUT_CARDS_DIR at a measurement folder's held-out cards."""
+    monkeypatch.setenv("ZLAYOUT_CARDS_DIR", str(tmp_path / "empty-cache"))
+
+
 def plan_input(config: str, *flags: str):
     args = build_parser().parse_args(["plan", "--hf-config", str(PUBLISHED / config), "--gpu", "h200",
                                       "--gpus-per-node", "1", "--seq", "2048", "--micro-batch", "2", *flags])

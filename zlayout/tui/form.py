@@ -186,7 +186,7 @@ def _parse_int(values: Mapping[str, Any], field: str, out: dict[str, Any],
     # as the command line reads it ('١٢' is not one; a token count or width also with k: 32k)
     number = parse_count_with_unit(text) if field in COUNT_FIELDS else parse_whole_number(text)
     if number is None:
-        with_unit = ", or with k = 1,024: 4k" if field in COUNT_FIELDS else ""
+        with_unit = " or 4k" if field in COUNT_FIELDS else ""  # k = 1,024, as --seq 4k
         errors[field] = f"type a whole number, e.g. {FIELD_EXAMPLES.get(field, '8')}{with_unit}"
         return
     if number <= 0:
