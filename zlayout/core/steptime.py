@@ -73,8 +73,11 @@ from zlayout.spec import Layout, LinkSpec, PlanInput
 # records, and on whole steps where a row has no phases; docs/tradeoffs.md lists the evidence):
 # float32 matmuls without TF32 (PyTorch's default, torch.backends.cuda.matmul.allow_tf32 False) run
 # on the CUDA cores: H100/H200 SXM 67 TFLOP/s against 989 dense bf16 (NVIDIA's H100 datasheet),
-# A100 19.5 against 312. Priced at the same efficiency as bf16 GEMMs.
+# A100 19.5 against 312. Profiled on one H200 (h200-2026-12-12 profiles/, Falcon-7B's math attention at
+# 6 layers, 2 x 2048 and 4 x 1024: cuBLAS's sm80_xmma ffma kernels): 39.6 and 42.4 TFLOP/s in the forward
+# and backward, 59% and 63% of the 67; priced at 0.61 (they were at the bf16 GEMMs' 0.711: 16% fast).
 FP32_NON_TENSOR_FRACTION = 67 / 989
+FP32_GEMM_EFFICIENCY = 0.61
 GEMM_EFFICIENCY = 0.711  # large GEMMs' achieved / peak bf16 FLOP/s (the asymptote in the hidden size)
 # A GEMM of hidden size h reaches GEMM_EFFICIENCY * h / (h + GEMM_HALF_WIDTH): the narrow GEMMs of a
 # small model fill fewer tiles per wave and spend more of their time in prologue and epilogue.
@@ -804,7 +807,7 @@ def phase_kernel_s(inp: PlanInput, work: PhaseWork, c: GpuStepConstants = SHIPPE
             + work.unaligned_gemm_flops / (peak * c.unaligned_head_efficiency)
             + work.attention_flops / (peak * c.attention_efficiency)
             + work.masked_attention_flops / (peak * c.masked_attention_efficiency)
-            + work.fp32_gemm_flops / (peak * FP32_NON_TENSOR_FRACTION * c.gemm_efficiency)
+            + work.fp32_gemm_flops / (peak * FP32_NON_TENSOR_FRACTION * FP32_GEMM_EFFICIENCY)
             + work.hbm_bytes / elementwise_bytes_per_s(inp)
             + work.unaligned_hbm_bytes / (elementwise_bytes_per_s(inp) * UNALIGNED_HBM_FRACTION)
             + work.fixed_s)
