@@ -679,6 +679,22 @@ def _path_error(exc: OSError) -> UsageError:
     return UsageError(f"{shown!r}: {exc.strerror or exc}" if name else str(exc.strerror or exc))
 
 
+_NEGATIVE_VALUE = re.compile(r"-[0-9.][0-9A-Za-z._,%]*")
+
+
+def _negative_values_attached(words: list[str]) -> list[str]:
+    """`--params -5B` as `--params=-5B`: argparse reads a value that starts with '-' and is not a
+    plain number as the next option ("expected one argument"); attached, the flag's own check
+    says what is wrong with it (a negative size). Only for a long flag followed by such a value."""
+    out: list[str] = []
+    for word in words:
+        if out and out[-1].startswith("--") and "=" not in out[-1] and _NEGATIVE_VALUE.fullmatch(word):
+            out[-1] = f"{out[-1]}={word}"
+        else:
+            out.append(word)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         if not (sys.argv[1:] if argv is None else argv):
@@ -693,7 +709,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             # app (it read the flag's value as a command: "unknown command 'llama3-70b'")
             words.insert(0, "app")
         parser = build_parser(only=words[0] if words else None)
-        args = parser.parse_args(words)
+        args = parser.parse_args(_negative_values_attached(words))
         if args.command is None:
             from zlayout.tui.app import run_app
 

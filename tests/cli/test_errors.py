@@ -178,3 +178,12 @@ def test_learn_refuses_a_state_space_model_at_once(capsys, tmp_path):
     path.write_text(json.dumps({"model_type": "mamba", "hidden_size": 768, "num_hidden_layers": 24}))
     message = assert_one_line_error(*run(capsys, "learn", "--hf-config", str(path), "--out", str(tmp_path / "x")))
     assert "state-space" in message and not (tmp_path / "x").exists()
+
+
+def test_a_negative_value_is_the_flags_own_error_not_a_missing_argument(capsys):
+    """argparse read `--params -5B` as a flag with no value ("expected one argument", found by a QA
+    pass); the value is handed to the flag, whose check says what is wrong with it."""
+    message = assert_one_line_error(*run(capsys, "plan", "--params", "-5B"))
+    assert "--params" in message and "-5B" in message and "expected one argument" not in message
+    message = assert_one_line_error(*run(capsys, "plan", *ARCH, "--seq", "-4k"))
+    assert "--seq" in message and "expected one argument" not in message
