@@ -125,6 +125,17 @@ def test_hostile_values_arrive_intact_and_nothing_else_runs(value, tmp_path, cap
     _nothing_ran(tmp_path)
 
 
+def test_a_backtick_in_a_name_keeps_the_runbooks_code_spans_whole(tmp_path, capsys):
+    """A script or directory name with backticks is shown in a code span that holds them (a fence
+    one longer than its longest run): the single backticks broke the span (a QA pass)."""
+    out = tmp_path / "profile"
+    assert main([*TINY, *NVME, "--out", str(out), "--train-script", "x`touch PWNED`.py",
+                 "--checkpoint-dir", "/ckpt/`id`"]) == 0, capsys.readouterr().err
+    runbook = (out / "RUNBOOK.md").read_text()
+    assert "``${TRAIN_SCRIPT:-'x`touch PWNED`.py'} --deepspeed_config ds_config.json``" in runbook
+    assert "Checkpoints: `` /ckpt/`id` ``" in runbook  # padded: CommonMark strips one space each side
+
+
 @pytest.mark.parametrize("flag", ["--train-script", "--nvme-path", "--checkpoint-dir", "--name"])
 @pytest.mark.parametrize("breaker", LINE_BREAKERS, ids=[ascii(c) for c in LINE_BREAKERS])
 def test_line_breaking_values_are_refused_and_nothing_is_written(flag, breaker, tmp_path, capsys):

@@ -10,6 +10,7 @@ rewritten whenever the profile is (export, verify --update-profile, any change-l
 from __future__ import annotations
 
 import json
+import re
 import shlex
 
 from zlayout.catalog import format_params
@@ -246,11 +247,21 @@ def _checklist(p: Profile) -> list[str]:
     return out
 
 
+def _code(text: str) -> str:
+    """`text` as a Markdown code span that holds any backticks in it (a fence one longer than its
+    longest run, padded where it starts or ends with one): a script or directory name is the
+    user's, and a backtick in it broke the span."""
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
 def _launch(p: Profile) -> list[str]:
     hw, run = p.inputs.hardware, p.run
     out = [f"ds_config.json: {team_config_text(p)}.", "",
-           f"From the profile's directory; each runs `${{TRAIN_SCRIPT:-{shlex.quote(run.train_script)}}} --deepspeed_config "
-           "ds_config.json` plus your arguments, one process per GPU "
+           "From the profile's directory; each runs "
+           f"{_code(f'${{TRAIN_SCRIPT:-{shlex.quote(run.train_script)}}} --deepspeed_config ds_config.json')} "
+           "plus your arguments, one process per GPU "
            f"({_count(hw.world, 'process', 'processes')} in all), and gives each rank its share of the node's cores.", "", "```sh"]
     if hw.nodes > 1:
         out += [f"HOSTFILE=hostfile bash {DEEPSPEED_SCRIPT}     # DeepSpeed's launcher over ssh; hostfile: "
@@ -292,7 +303,7 @@ def _script_contract(p: Profile) -> list[str]:
 
 def _restart(p: Profile) -> list[str]:
     run, d, pred = p.run, _dir(p), p.prediction
-    where = f"`{run.checkpoint_dir}`" if run.checkpoint_dir else (
+    where = _code(run.checkpoint_dir) if run.checkpoint_dir else (
         "not named in the profile (re-export with `--checkpoint-dir DIR` so `zlayout check` tests it)")
     size = f"; one checkpoint is about {gib(pred.checkpoint_bytes)} (all ranks)" if pred.checkpoint_bytes else ""
     out = [f"Checkpoints: {where}{size}.", ""]
@@ -337,7 +348,7 @@ def _alerts(p: Profile) -> list[str]:
     g, h = a.gpu_memory, a.host_memory
     names = {r.alert: r for r in rules(p)}
     labels = p.run.alert_labels
-    scope = (f"Every rule selects the job's own series ({', '.join(f'`{k}={v}`' for k, v in labels.items())}, "
+    scope = (f"Every rule selects the job's own series ({', '.join(_code(f'{k}={v}') for k, v in labels.items())}, "
              "from `--alert-labels` at export)." if labels else
              "**The rules are unscoped**: no `--alert-labels` was given at export, so they watch every GPU and node "
              "the Prometheus scrapes, and the GPU-idle rule is left out (it would fire for every idle GPU). "
