@@ -687,7 +687,9 @@ def _negative_values_attached(words: list[str]) -> list[str]:
     plain number as the next option ("expected one argument"); attached, the flag's own check
     says what is wrong with it (a negative size). Only for a long flag followed by such a value."""
     out: list[str] = []
-    for word in words:
+    for index, word in enumerate(words):
+        if word == "--":  # what follows is passed on as written
+            return out + words[index:]
         if out and out[-1].startswith("--") and "=" not in out[-1] and _NEGATIVE_VALUE.fullmatch(word):
             out[-1] = f"{out[-1]}={word}"
         else:
