@@ -1190,6 +1190,20 @@ async def test_app_export_limits_equal_the_cli_export_for_the_same_presets_dir(t
     assert from_cli.limits.scaling == "family" and from_app.limits.max_params > 0
 
 
+async def test_the_app_opens_on_a_config_json_given_on_its_command_line(monkeypatch, tmp_path):
+    """`zlayout app --hf-config config.json` (and `zlayout --hf-config ...`) put the default preset
+    beside the config and refused them as "give one of --preset, --hf-config, not several"."""
+    config = Path(__file__).resolve().parents[1] / "hf" / "configs" / "published" / "falcon-7b.json"
+    for extra, layers in (((), 32), (("--layers", "8"), 8)):
+        monkeypatch.setenv("ZLAYOUT_CARDS_DIR", str(tmp_path / "empty"))  # app_of_command undoes patches
+        app = app_of_command(monkeypatch, "--hf-config", str(config), "--gpu", "h200", *extra)
+        async with app.run_test(size=WIDE) as pilot:
+            await settle(pilot)
+            model = app.plan.input.model
+            assert model.hf_model_type == "falcon" and model.layers == layers
+            assert model.card is not None and len(model.card.layer_kinds) == layers  # the shipped card, resized
+
+
 async def test_app_opens_a_profile_with_a_presets_dir_and_still_refuses_plan_flags(tmp_path, monkeypatch, capsys,
                                                                                   fresh_families):
     # `zlayout app PROFILE --presets-dir DIR` was refused as "a PROFILE and plan flags": the folder

@@ -14,7 +14,7 @@ import shlex
 from zlayout.cli import UsageError, add_plan_arguments, plan_input_from_args
 from zlayout.messages import exception_text
 
-MODEL_FLAGS = ("preset", "params", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab")
+MODEL_FLAGS = ("preset", "hf_config", "params", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab")
 DEFAULT_PRESET = "llama3-8b"
 
 
