@@ -56,12 +56,11 @@ def main(argv: list[str] | None = None) -> int:
         key, text = card_text(path)
         target = args.out / f"{key}.toml"
         config = hfconfig.read_config(path)[0]
-        dkey = cards.depth_key(config)
-        alias = None if dkey is None else args.out / cards.BY_DEPTH / f"{dkey}.toml"
+        alias = cards.depth_alias_path(args.out, config)
         if args.check:
             if not target.is_file() or target.read_text() != text:
                 stale.append(f"{path.name} ({target.name})")
-            if alias is not None and (not alias.is_file() or alias.read_text() != f'card = "{key}"\n'):
+            if alias is not None and cards.read_depth_alias(alias) != key:
                 stale.append(f"{path.name} ({cards.BY_DEPTH}/{alias.name})")
             continue
         cards.write_card(args.out, key, text, replace=True)

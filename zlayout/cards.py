@@ -117,19 +117,29 @@ def depth_key(config: Mapping[str, Any]) -> str | None:
     return config_key({**stripped, "zlayout_depth_free": True})
 
 
+def depth_alias_path(folder: Path, config: Mapping[str, Any]) -> Path | None:
+    """FOLDER/by-depth/DKEY.toml for this config; None when the config names no depth."""
+    dkey = depth_key(config)
+    return None if dkey is None else folder / BY_DEPTH / f"{dkey}.toml"
+
+
+def read_depth_alias(path: Path) -> str | None | bool:
+    """The card key a by-depth entry names; None when there is no readable file, False when the
+    file there is not such an entry."""
+    try:
+        text = read_small_file(path, 4096).decode()
+    except (OSError, TooLarge, UnicodeDecodeError):
+        return None
+    alias = _ALIAS.fullmatch(text)
+    return alias.group(1) if alias else False
+
+
 def write_depth_alias(folder: Path, config: Mapping[str, Any], key: str) -> Path | None:
     """by-depth/DKEY.toml in `folder`, naming card `key` for this config at any depth; None when
     the config names no depth. Written through a temporary file; a file there that is not such
     an alias is left alone (None)."""
-    dkey = depth_key(config)
-    if dkey is None:
-        return None
-    path = folder / BY_DEPTH / f"{dkey}.toml"
-    try:
-        current = read_small_file(path, 4096).decode()
-    except (OSError, TooLarge, UnicodeDecodeError):
-        current = None
-    if current is not None and not _ALIAS.fullmatch(current):
+    path = depth_alias_path(folder, config)
+    if path is None or read_depth_alias(path) is False:
         return None
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.tmp")
@@ -143,15 +153,14 @@ def find_card(config: Mapping[str, Any]) -> ModelCard | None:
     learned from this config, that of the same config at another depth (by-depth/), at the depth
     it was learned at: callers resize it to the model's (`ModelCard.at_layers`)."""
     card = _card_file(config_key(config))
-    dkey = None if card is not None else depth_key(config)
-    if dkey is None:
+    if card is not None:
         return card
     for folder in card_dirs():
-        try:
-            alias = _ALIAS.fullmatch(read_small_file(folder / BY_DEPTH / f"{dkey}.toml", 4096).decode())
-        except (OSError, TooLarge, UnicodeDecodeError):
-            continue
-        if alias and (card := _card_file(alias.group(1))) is not None:
+        path = depth_alias_path(folder, config)
+        if path is None:
+            return None
+        key = read_depth_alias(path)
+        if key and (card := _card_file(key)) is not None:
             return card
     return None
 

@@ -364,13 +364,12 @@ def _at_layers(card: ModelCard, layers: int) -> ModelCard:
     for numel, layer in zip(card.parameter_numels, card.parameter_layers):
         (before if layer == -1 else after if layer == -2 else per_layer[layer]).append(numel)
     last_of_kind = {kind: i for i, kind in enumerate(card.layer_kinds)}
-    numels = list(before)
+    numels, layer_of = list(before), [-1] * len(before)
     for i, kind in enumerate(kinds):
-        numels += per_layer[i if i < len(card.layer_kinds) else last_of_kind[kind]]
+        tensors = per_layer[i if i < len(card.layer_kinds) else last_of_kind[kind]]
+        numels += tensors
+        layer_of += [i] * len(tensors)
     numels += after
-    layer_of = [-1] * len(before)
-    for i, kind in enumerate(kinds):
-        layer_of += [i] * len(per_layer[i if i < len(card.layer_kinds) else last_of_kind[kind]])
     layer_of += [-2] * len(after)
     # another card, not equal to the one learned (the planner's caches tell them apart by digest)
     return replace(card, params=sum(numels), parameter_numels=tuple(numels), layer_kinds=kinds,

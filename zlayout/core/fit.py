@@ -71,6 +71,12 @@ NEAR_CARD_FRACTION = 0.90
 ABOVE_PLAN_FRACTION = 0.05
 
 
+def fills_alert_range(device_used_bytes: int, capacity_bytes: int) -> bool:
+    """The plan's own device use is at or past the "nearly full" threshold: no device-used
+    threshold can tell a healthy step from trouble (the alerts and the runbook ask)."""
+    return device_used_bytes >= int(capacity_bytes * NEARLY_FULL_FRACTION)
+
+
 @dataclass(frozen=True, slots=True)
 class AlertThreshold:
     name: str  # "above_plan" or "nearly_full"
@@ -152,9 +158,7 @@ class GpuFit:
 
     @property
     def fills_alert_range(self) -> bool:
-        """The plan's own device use is at or past the "nearly full" threshold: no device-used
-        threshold can tell a healthy step from trouble."""
-        return self.device_used_bytes >= int(self.capacity_bytes * NEARLY_FULL_FRACTION)
+        return fills_alert_range(self.device_used_bytes, self.capacity_bytes)
 
     def alert_thresholds(self) -> tuple[AlertThreshold, ...]:
         """Device-used thresholds an alert may fire on, each below the card's memory: "nearly

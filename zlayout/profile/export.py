@@ -285,11 +285,10 @@ def export_profile(inp: PlanInput, layout: Layout, path: str | os.PathLike[str],
     except ValidationError as exc:
         raise ProfileError(_one_line(exc)) from None
     guard = _unchanged_since_inspected(target)
-    if not target.single_file:
-        notes = [*notes, *_keep_hand_edited_files(target)]
     if target.single_file:
         written: tuple[Path, ...] = (save_profile(profile, target.profile_file, guard=guard),)
     else:
+        notes = [*notes, *_keep_hand_edited_files(target)]
         written = tuple(save_profile_dir(profile, target.path, guard=guard))
     return ExportResult(profile=load_profile(target.profile_file), target=target, written=written,
                         ds_config_notes=tuple(notes))

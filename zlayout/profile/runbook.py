@@ -14,7 +14,7 @@ import re
 import shlex
 
 from zlayout.catalog import format_params
-from zlayout.core.fit import NEARLY_FULL_FRACTION
+from zlayout.core.fit import NEARLY_FULL_FRACTION, fills_alert_range
 from zlayout.profile.contract import script_contract
 from zlayout.profile.diff import Effect, diff_profiles
 from zlayout.profile.launch import DEEPSPEED_SCRIPT, SLURM_SCRIPT, TORCHRUN_SCRIPT
@@ -371,7 +371,7 @@ def _alerts(p: Profile) -> list[str]:
                      "the plan runs near the card (or its cache fills it and flushes): within 3% of the card the "
                      "next larger request may not fit",
                      "an OOM is near: checkpoint now if the job can, then see On-call notes"))
-    elif g.device_used_bytes >= int(g.capacity_bytes * NEARLY_FULL_FRACTION):
+    elif fills_alert_range(g.device_used_bytes, g.capacity_bytes):
         out += [f"No \"GPU memory nearly full\" rule: the plan's own device use ({gib(g.device_used_bytes)} of "
                 f"{gib(g.capacity_bytes)}) is past {NEARLY_FULL_FRACTION:.0%} of the card, because the caching "
                 "allocator's cache fills it, so such a rule would fire on every healthy step. The allocated peak "
