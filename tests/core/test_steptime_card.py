@@ -195,3 +195,36 @@ def test_misaligned_memory_traffic_is_priced_at_its_lower_bandwidth():
     aligned = steptime.phase_kernel_s(inp, steptime.PhaseWork(hbm_bytes=1e9))
     misaligned = steptime.phase_kernel_s(inp, steptime.PhaseWork(unaligned_hbm_bytes=1e9))
     assert misaligned == pytest.approx(aligned / steptime.UNALIGNED_HBM_FRACTION)
+
+
+def test_strided_memory_traffic_is_priced_at_the_non_vectorized_kernels_bandwidth():
+    """A card's `elementwise_strided` bytes (pointwise ops over a broadcast or strided operand)
+    take 1 / STRIDED_HBM_FRACTION times as long as the same bytes vectorized; a misaligned op is
+    priced as misaligned whatever else it is."""
+    from zlayout.core.card import OpWork, WorkPhase
+
+    args = build_parser().parse_args(["plan", "--preset", "llama3-8b", "--gpu", "h200", "--gpus-per-node", "1"])
+    inp = plan_input_from_args(args)
+    ops = (OpWork("elementwise", (0, 0, 0), (0, 0, 1e9), (0, 0, 1)),
+           OpWork("elementwise_strided", (0, 0, 0), (0, 0, 2e9), (0, 0, 1)),
+           OpWork("elementwise_unaligned", (0, 0, 0), (0, 0, 3e9), (0, 0, 1)))
+    totals = WorkPhase(ops).totals(1, 1024)
+    assert (totals.memory_bytes, totals.strided_memory_bytes, totals.unaligned_memory_bytes) == (1e9, 2e9, 3e9)
+    vectorized = steptime.phase_kernel_s(inp, steptime.PhaseWork(hbm_bytes=1e9))
+    strided = steptime.phase_kernel_s(inp, steptime.PhaseWork(strided_hbm_bytes=1e9))
+    assert strided == pytest.approx(vectorized / steptime.STRIDED_HBM_FRACTION)
+
+
+def test_falcon_s_math_attention_step_is_priced_from_its_strided_and_softmax_work():
+    """Falcon-7B's shipped card (math attention: the mask added over batch and heads, `_safe_softmax`'s
+    fill) at batch r's held-out 1 x 4096, 4 layers, checkpointed, ZeRO-1 on one H200: the run took
+    0.378 s a step (h200-2026-12-12 results/batch-heldout-r-results.jsonl); priced without the
+    strided and softmax work the plan said 0.292 (-22.8%)."""
+    config = Path(__file__).resolve().parents[1] / "hf" / "configs" / "published" / "falcon-7b.json"
+    args = build_parser().parse_args(["plan", "--hf-config", str(config), "--layers", "4", "--seq", "4096",
+                                      "--micro-batch", "1", "--checkpointing", "full", "--gpu", "h200",
+                                      "--gpus-per-node", "1", "--host-cores", "16", "--stage", "1"])
+    inp = plan_input_from_args(args)
+    assert inp.model.card is not None and inp.model.card.key == "81faf173b690f922"
+    t = steptime.estimate_step_time(inp, Layout(stage=1))
+    assert t.step_time_s == pytest.approx(0.378, rel=0.10)

@@ -504,6 +504,47 @@ def test_misaligned_rows_are_recorded_apart_and_labels_one_element_off_are_not()
     assert {"mm_unaligned", "elementwise_unaligned"} <= set(gpt2)
 
 
+def test_pointwise_ops_over_broadcast_or_strided_operands_are_recorded_apart():
+    """PyTorch vectorizes a pointwise kernel only when every operand is contiguous in the output's
+    shape: the mask added over heads and a transposed operand run on the offset-computing kernel
+    and are recorded as `_strided`; the same add over equal contiguous tensors, a reduction and a
+    matmul are not."""
+    ledger = StorageLedger()
+    scores = torch.zeros(2, 4, 64, 64, dtype=torch.bfloat16, device="meta")
+    mask = torch.zeros(2, 1, 64, 64, dtype=torch.bfloat16, device="meta")
+    x = torch.zeros(64, 32, dtype=torch.bfloat16, device="meta")
+    ledger.exclude([scores, mask, x])
+    with ledger:
+        scores + mask  # broadcast over heads
+        scores + scores
+        x.t() * 2.0  # a transposed input, its output laid out alike: one contiguous walk
+        x.t().contiguous() + x.t()  # one operand transposed unlike the output; the copy is a copy
+        x[:, :16].neg_()  # in place on a slice: its output is not one block
+        scores.sum(-1)
+        x @ x.t()
+    assert ledger.op_calls == {"add_strided": 2, "add": 1, "mul": 1, "neg__strided": 1, "sum": 1, "mm": 1,
+                               "clone": 1}
+
+
+def test_safe_softmax_records_its_mask_reduction_and_fill_and_its_backward_the_scratch_kernel():
+    """The math attention's softmax as CUDA runs it (ATen's `_safe_softmax`: softmax, eq(-inf), all,
+    where over a broadcast condition): the `all` and the `where` are work without a request of their
+    own; its backward's T x T scratch is written by a kernel reading two tensors of its size."""
+    ledger = StorageLedger()
+    q = torch.zeros(2, 6, 96, 16, dtype=torch.bfloat16, device="meta", requires_grad=True)
+    k, v = (torch.zeros(2, 1, 96, 16, dtype=torch.bfloat16, device="meta", requires_grad=True) for _ in "kv")
+    mask = torch.ones(96, 96, dtype=torch.bool, device="meta").tril()
+    ledger.exclude([q, k, v, mask])
+    with ledger:
+        torch.ops.aten._scaled_dot_product_attention_math(q, k, v, mask)[0].sum().backward()
+    probabilities = 2 * 6 * 96 * 96 * 4  # float32
+    rows = 2 * 6 * 96
+    assert ledger.op_bytes["all"] == probabilities // 4 + rows
+    assert ledger.op_bytes["where_strided"] == 2 * probabilities + rows
+    assert ledger.op_bytes["softmax_backward_scratch"] == 3 * probabilities
+    assert ledger.op_calls["where_strided"] == ledger.op_calls["all"] == 1
+
+
 def test_a_window_regime_traces_sequences_of_multiples_of_8():
     """Below a window the learner traces sequences as trained, multiples of 8: a T x T tensor's
     rows are aligned as in the run (an odd count would record its ops as misaligned)."""

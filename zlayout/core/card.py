@@ -72,6 +72,9 @@ ATTENTION_OPS = frozenset({"attention_forward", "attention_backward"})
 MASKED_ATTENTION_OPS = frozenset({"masked_attention_forward", "masked_attention_backward"})
 BATCHED_GEMM_OPS = frozenset({"bmm", "baddbmm"})
 UNALIGNED_SUFFIX = "_unaligned"  # an op on a tensor 16-byte loads cannot walk (zlayout.learn.trace._vector_aligned)
+# a pointwise op over a broadcast or strided operand (zlayout.learn.trace._strided): PyTorch's
+# TensorIterator runs it on the offset-computing `elementwise_kernel`, not the vectorized one
+STRIDED_SUFFIX = "_strided"
 WIDE_BATCHED_GEMM = "bmm_wide"  # a batched matmul no side of which is head-narrow: priced as a GEMM
 GROUPED_GEMM_OPS = frozenset({"_grouped_mm"})
 FP32_GEMM_SUFFIX = "_fp32"  # a matmul on float32 inputs (the learner's ledger names them so): the math attention's
@@ -100,6 +103,7 @@ class WorkTotals:
     masked_attention_flops: float = 0.0  # fused attention given an attn_mask (not in attention_flops)
     unaligned_gemm_flops: float = 0.0  # matmuls on misaligned operands (`UNALIGNED_SUFFIX`; not in gemm_flops)
     unaligned_memory_bytes: float = 0.0  # memory-bound ops on misaligned tensors (not in memory_bytes)
+    strided_memory_bytes: float = 0.0  # pointwise ops over broadcast or strided operands (not in memory_bytes)
 
     def __add__(self, other: "WorkTotals") -> "WorkTotals":
         return WorkTotals(*(a + b for a, b in zip(self.astuple(), other.astuple())))
@@ -110,7 +114,7 @@ class WorkTotals:
     def astuple(self) -> tuple[float, ...]:
         return (self.gemm_flops, self.batched_gemm_flops, self.attention_flops, self.memory_bytes, self.kernels,
                 self.grouped_gemm_flops, self.fp32_gemm_flops, self.masked_attention_flops,
-                self.unaligned_gemm_flops, self.unaligned_memory_bytes)
+                self.unaligned_gemm_flops, self.unaligned_memory_bytes, self.strided_memory_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +123,7 @@ class WorkPhase:
 
     def totals(self, micro_batch: int, seq: int) -> WorkTotals:
         gemm = batched = attention = masked = memory = kernels = grouped = fp32 = 0.0
-        unaligned_gemm = unaligned_memory = 0.0
+        unaligned_gemm = unaligned_memory = strided_memory = 0.0
         for op in self.ops:
             flops = bytes_at(op.flops, micro_batch, seq)
             kernels += bytes_at(op.calls, micro_batch, seq)
@@ -130,6 +134,8 @@ class WorkPhase:
                     unaligned_gemm += flops
                 else:
                     unaligned_memory += bytes_at(op.bytes, micro_batch, seq)
+            elif flops == 0 and op.name.endswith(STRIDED_SUFFIX):
+                strided_memory += bytes_at(op.bytes, micro_batch, seq)
             elif op.name in ATTENTION_OPS:
                 attention += flops
             elif op.name in MASKED_ATTENTION_OPS:
@@ -143,7 +149,7 @@ class WorkPhase:
             else:
                 memory += bytes_at(op.bytes, micro_batch, seq)
         return WorkTotals(gemm, batched, attention, memory, kernels, grouped, fp32, masked, unaligned_gemm,
-                          unaligned_memory)
+                          unaligned_memory, strided_memory)
 
 
 class BlockWeightGradient(NamedTuple):

@@ -97,6 +97,14 @@ UNALIGNED_HEAD_EFFICIENCY = 0.127
 # made an op misaligned): four rows within -12.2..+11.2%. Not fitted on, moved by it: GPT-2-medium
 # (h200-2026-12-02c, vocabulary 50257: the loss's passes) -5.7% -> +1.3%.
 UNALIGNED_HBM_FRACTION = 0.347
+# Pointwise ops over a broadcast or strided operand (a card's `elementwise_strided`,
+# zlayout.learn.trace._strided) run on PyTorch's offset-computing elementwise kernel at this share
+# of the vectorized kernels' bandwidth. MEASURED on one profile (h200-2026-12-12 profiles/, Falcon-7B
+# at 6 layers, 4 x 1024, one H200): its math attention's two such ops a block, the causal mask added
+# over batch and heads (float32 + bfloat16, 1.325 ms for 2.39 GB) and `_safe_softmax`'s fill of fully
+# masked rows (0.94 ms for 2.38 GB), moved 4.77 GB in 2.27 ms: 2.11 TB/s, 0.55 of the 3.84 the
+# vectorized rate (HBM_EFFICIENCY) prices.
+STRIDED_HBM_FRACTION = 0.55
 ATTENTION_EFFICIENCY = 0.546  # causal flash attention forward (SDPA): achieved / peak on its halved FLOPs
 # Attention given an explicit attn_mask (transformers' sliding window once the sequence reaches it):
 # every kernel that takes a mask (cuDNN with a bias, memory-efficient) does the full square, read
@@ -462,6 +470,7 @@ class PhaseWork:
     fp32_gemm_flops: float = 0.0  # matmuls on float32 inputs (the math attention's): CUDA cores, not tensor cores
     masked_attention_flops: float = 0.0  # fused attention given an attn_mask: the full square, forward-equivalents
     unaligned_hbm_bytes: float = 0.0  # memory-bound ops on misaligned tensors (a card's `*_unaligned`)
+    strided_hbm_bytes: float = 0.0  # pointwise ops over broadcast or strided operands (a card's `*_strided`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -584,6 +593,7 @@ def card_work(inp: PlanInput, card) -> tuple[PhaseWork, PhaseWork]:
             gemm_flops=whole.gemm_flops - (head.gemm_flops if unaligned else 0.0) + experts,
             unaligned_gemm_flops=whole.unaligned_gemm_flops + (head.gemm_flops if unaligned else 0.0),
             unaligned_hbm_bytes=whole.unaligned_memory_bytes,
+            strided_hbm_bytes=whole.strided_memory_bytes,
             batched_gemm_flops=whole.batched_gemm_flops, attention_flops=whole.attention_flops,
             fp32_gemm_flops=whole.fp32_gemm_flops, masked_attention_flops=whole.masked_attention_flops,
             hbm_bytes=whole.memory_bytes, kernels=whole.kernels, host_kernels=whole.kernels, host_fixed_s=fixed_s))
@@ -810,6 +820,7 @@ def phase_kernel_s(inp: PlanInput, work: PhaseWork, c: GpuStepConstants = SHIPPE
             + work.fp32_gemm_flops / (peak * FP32_NON_TENSOR_FRACTION * FP32_GEMM_EFFICIENCY)
             + work.hbm_bytes / elementwise_bytes_per_s(inp)
             + work.unaligned_hbm_bytes / (elementwise_bytes_per_s(inp) * UNALIGNED_HBM_FRACTION)
+            + work.strided_hbm_bytes / (elementwise_bytes_per_s(inp) * STRIDED_HBM_FRACTION)
             + work.fixed_s)
 
 

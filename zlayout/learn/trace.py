@@ -29,7 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
-from zlayout.core.card import BATCHED_GEMM_OPS, FP32_GEMM_SUFFIX, UNALIGNED_SUFFIX, WIDE_BATCHED_GEMM
+from zlayout.core.card import BATCHED_GEMM_OPS, FP32_GEMM_SUFFIX, STRIDED_SUFFIX, UNALIGNED_SUFFIX, WIDE_BATCHED_GEMM
 
 
 @dataclass
@@ -101,6 +101,40 @@ def _misaligned(tensors: list[torch.Tensor]) -> bool:
     return not all(_vector_aligned(t) for t in tensors if t.is_floating_point())
 
 
+# copies are the layout changes (a transpose's `.contiguous()`, casts) that the vectorized rate was
+# fitted with; PyTorch runs them on their own copy kernels
+COPIES = frozenset({"clone", "_to_copy", "copy_", "copy"})
+
+
+def _strided(func, tensors: list[torch.Tensor], out: torch.Tensor) -> bool:
+    """Whether a pointwise op runs on PyTorch's offset-computing `elementwise_kernel` rather than
+    the vectorized one: TensorIterator vectorizes only when its operands, laid out alike, coalesce
+    into one contiguous dimension (Loops.cuh, `iter.is_contiguous()`). A broadcast operand (the
+    causal mask over batch and heads, RoPE's cos and sin over heads) or one strided unlike the
+    output (a transposed view) does not. Profiled on the H200 (h200-2026-12-12 profiles/, Falcon-7B's
+    math attention): its mask add ran at 1.80 TB/s and the fill of fully masked rows at 2.53, where
+    the vectorized softmax and casts beside them ran at 3.9-4.4."""
+    if torch.Tag.pointwise not in func.tags or func._overloadpacket.__name__ in COPIES:
+        return False
+    return not _dense(out) or any(t.numel() > 1 and _layout(t) != _layout(out) for t in tensors)
+
+
+def _layout(tensor: torch.Tensor) -> tuple:
+    """A tensor's shape and strides, the strides of unit dimensions left out (any value walks them)."""
+    return tuple((size, stride if size > 1 else 0) for size, stride in zip(tensor.shape, tensor.stride()))
+
+
+def _dense(tensor: torch.Tensor) -> bool:
+    """Whether the tensor's elements fill a block of memory in some order of its dimensions (a
+    permuted tensor is; a slice is not)."""
+    expected = 1
+    for size, stride in sorted((d for d in zip(tensor.shape, tensor.stride()) if d[0] > 1), key=lambda d: d[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
 def _bytes(tensor: torch.Tensor) -> int:
     """What a kernel moves for a tensor: its elements, at most its storage (a broadcast
     (expanded) tensor is read once, from its storage)."""
@@ -165,6 +199,10 @@ class StorageLedger(TorchDispatchMode):
             # (h200-2026-12-03 probe_math_attention.py: three T x T float32 gradients at once)
             scratch = torch.empty_like(args[1])
             self._see(scratch)
+            # and a kernel writes it from two tensors of that size: the profile's one vectorized
+            # float BinaryFunctor over T x T a block in the backward (h200-2026-12-12 profiles/,
+            # 0.81 ms at 4 x 1024 x 71 heads: three passes at 4.4 TB/s), beside the softmax's own
+            self.add_work("softmax_backward_scratch", 0, 3 * _bytes(scratch))
         out = func(*args, **kwargs)
         outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         for tensor in outputs:
@@ -184,6 +222,12 @@ class StorageLedger(TorchDispatchMode):
             x = run(aten._to_copy.default, (), (x,), {"dtype": dtype})
         out = run(aten._softmax.default, (), (x, dim, False))
         masked = run(aten.eq.Scalar, (), (x, float("-inf")))
+        # its other two kernels, work without a request of their own there: `all` over the mask's
+        # rows, and `where(masked_rows, 0, out)`, over a broadcast condition (the profile's
+        # reduce_kernel<bool> and non-vectorized elementwise_kernel, one each a block)
+        rows = masked.numel() // max(masked.shape[dim], 1)
+        self.add_work("all", 0, _bytes(masked) + rows)
+        self.add_work("where" + STRIDED_SUFFIX, 0, 2 * _bytes(out) + rows)
         del masked
         self.safe_softmax_outputs.add(out.untyped_storage()._cdata)
         return out
@@ -203,6 +247,8 @@ class StorageLedger(TorchDispatchMode):
                 name = WIDE_BATCHED_GEMM  # each batch entry a dense GEMM (core.card prices it so)
         if _misaligned([*inputs, *outputs]):
             name += UNALIGNED_SUFFIX  # priced apart (core.card): no 16-byte vector loads
+        elif not flops and len(outputs) == 1 and _strided(func, [*inputs, *outputs], outputs[0]):
+            name += STRIDED_SUFFIX  # priced apart (core.card): the non-vectorized kernel
         if flops and inputs and inputs[0].dtype == torch.float32:
             name += FP32_GEMM_SUFFIX  # a float32 matmul in a bf16 step (the math attention's): no tensor cores
         if name in GATHERS and inputs:  # reads the rows it returns, not the whole table
