@@ -1,7 +1,7 @@
 #!/bin/bash
-# Eighteenth session, call 2: a step-time profile of batch t's starcoder2-3b row at a sequence equal to its
-# sliding window (line 3: the plan prices its attention as masked, over the full square), to see the
-# attention kernel the run takes there.
+# Eighteenth session, call 3: step-time profiles (torch.profiler, 3 timed steps, 1 profiled) of batch-prof-u.txt's
+# three rows: the GPU-resident runs the relearned cards still plan beyond 15%.
 F=benchmarks/measurements/h200-2026-12-13
-DEADLINE=${DEADLINE:-580} bash benchmarks/measurements/tools/device_call.sh setup-gpu prof:$F/batch-heldout-t.txt:3
+DEADLINE=${DEADLINE:-580} bash benchmarks/measurements/tools/device_call.sh setup-gpu prof:$F/batch-prof-u.txt:1 \
+  prof:$F/batch-prof-u.txt:2 prof:$F/batch-prof-u.txt:3
 cd $OUT && tar czf profiles.tgz prof-*.json 2>/dev/null; ls -la $OUT
