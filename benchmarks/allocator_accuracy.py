@@ -114,7 +114,7 @@ def verify_rows() -> list[dict]:
         error = r.get("cause") or ""
         if r["status"] == "failed" and "Failed to CUDA calloc" not in json.dumps(r):
             continue  # a crash that says nothing about memory (e.g. a missing package)
-        r["_source"] = path.name
+        r["_source"], r["_results"] = path.name, str(path)
         r["_measured"] = measured = with_peak_device_used(r, measured)
         r["_error"] = error
         rows.append(r)
@@ -257,7 +257,7 @@ def main() -> int:
                  **{results.name: (tag, later[tag]) for tag, results, *_ in LATER_HELDOUTS}}
     every_used: list[float] = []  # signed, every row that ran
     for r in verify_rows():
-        inp, layout = result_input(r)
+        inp, layout = result_input(r, Path(r["_results"]))
         inp = zero_headroom(inp)
         est = estimate_memory(inp, layout)
         m = r["_measured"]

@@ -34,7 +34,7 @@ def rows() -> list[tuple[str, dict, PlanInput, Layout]]:
         m = r.get("measured") or {}
         if r.get("status") == "failed" or not m.get("host_peak_bytes") or not m.get("host_maxrss_bytes_per_rank"):
             continue
-        inp, layout = result_input(r)
+        inp, layout = result_input(r, path)
         out.append((str(path.relative_to(MEASURED)), m, inp, layout))
     return out
 

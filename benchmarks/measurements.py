@@ -108,32 +108,36 @@ def verify_results(emulated: bool = False):
                 yield path, r
 
 
-def _cards_beside_config(r: dict) -> Path | None:
+def _cards_beside_config(r: dict, results: Path | None = None) -> Path | None:
     """The cards folder a held-out batch keeps beside its configs holding the result's card
-    (heldout/cards-bias, the product's learner where the batch kept two, then heldout/cards),
-    or None. The config path is recorded absolute on the machine that ran it: read from its
-    benchmarks/measurements/ part on."""
+    (heldout/cards-bias, the product's learner where the batch kept two, then heldout/cards), else
+    the one beside the results file's batch (a batch of the published configs keeps the cards
+    of those it does not ship there), or None. The config path is recorded absolute on the
+    machine that ran it: read from its benchmarks/measurements/ part on."""
     model = r["inputs"].get("model") or {}
     key, config = model.get("card"), model.get("hf_config")
     marker = "benchmarks/measurements/"
-    if not key or not config or marker not in config:
-        return None
-    heldout = (ROOT / marker / config.split(marker, 1)[1]).parent.parent
-    return next((folder for folder in (heldout / "cards-bias", heldout / "cards")
-                 if (folder / f"{key}.toml").is_file()), None)
+    folders = []
+    if key and config and marker in config:
+        folders.append((ROOT / marker / config.split(marker, 1)[1]).parent.parent)
+    if key and results is not None:
+        batch = results.parent.parent if results.parent.name == "results" else results.parent
+        folders.append(batch / "heldout")
+    return next((held / name for held in folders for name in ("cards-bias", "cards")
+                 if (held / name / f"{key}.toml").is_file()), None)
 
 
-def result_input(r: dict) -> tuple[PlanInput, Layout]:
+def result_input(r: dict, results: Path | None = None) -> tuple[PlanInput, Layout]:
     """A verify result's plan input and layout (its "layout" also holds the label and the flags
     the Layout model does not take). A card is read from the folder its batch keeps beside the
-    configs (`_cards_beside_config`), else from the cards folder."""
+    configs or the results (`_cards_beside_config`), else from the cards folder."""
     layout = Layout.model_validate({k: r["layout"][k] for k in ("stage", "offload_optimizer", "offload_param")})
     key = (r["inputs"].get("model") or {}).get("card")
     chosen = os.environ.get("ZLAYOUT_CARDS_DIR", "")
     # the batch's own cards first: one config copied into two batches has one key, and the
     # default folder's card may be an older learner's (falcon-7b-L8: h200-2026-12-02c's, before
     # attention kernels were priced, planned h200-2026-12-09's row at 15.56 GiB for 62.84)
-    beside = _cards_beside_config(r) if key else None
+    beside = _cards_beside_config(r, results) if key else None
     if beside is None:
         return PlanInput.model_validate(recorded_inputs(r["inputs"])), layout
     os.environ["ZLAYOUT_CARDS_DIR"] = str(beside)

@@ -48,7 +48,7 @@ def card_rows(only: str | None):
         key, config = model.get("card"), config_path(model.get("hf_config"))
         if not key or config is None or r.get("mode") != "gpu" or (only and only not in config.name):
             continue
-        folder = _cards_beside_config(r) or cards.SHIPPED_CARDS_DIR
+        folder = _cards_beside_config(r, path) or cards.SHIPPED_CARDS_DIR
         if not (folder / f"{key}.toml").is_file():
             continue
         files[path] = folder

@@ -741,7 +741,7 @@ def test_measured_hf_rows_keep_the_step_segment_the_gpu_made():
             r = json.loads(line)
             if r.get("layout", {}).get("stage") != stage or r.get("status") != "validated":
                 continue
-            inp, layout = result_input(r)
+            inp, layout = result_input(r, path)
             inp = inp.model_copy(update={"headroom_fraction": 0.0})
             m = inp.model
             if (inp.training.impl, m.layers, m.vocab, layout.offload_optimizer) != ("hf", layers, vocab, "gpu"):

@@ -25,7 +25,7 @@ def verify_rows() -> list[tuple[str, PlanInput, Layout, int]]:
         m = r.get("measured") or {}
         if r.get("status") == "failed" or not m.get("host_maxrss_bytes_per_rank"):
             continue
-        inp, layout = result_input(r)
+        inp, layout = result_input(r, path)
         out.append((path.name, inp, layout, max(m["host_maxrss_bytes_per_rank"])))
     return out
 

@@ -495,13 +495,18 @@ def test_experts_in_one_bmm_are_recorded_as_gemms_not_attention():
 def test_misaligned_rows_are_recorded_apart_and_labels_one_element_off_are_not():
     """GPT-OSS's attention sinks make rows of T + 1 logits: the concatenation, softmax and the
     probabilities' `[..., :-1]` matmul are recorded as misaligned. A multiple-of-8 vocabulary's loss
-    is not (its labels `[..., 1:]` are one element off, its log-probabilities aligned); GPT-2's 300
-    is (its logits' rows are misaligned)."""
+    is not (its labels `[..., 1:]` are one element off, its log-probabilities aligned); GPT-2's
+    50257 is (its log-softmax works row by row on rows off a 16-byte boundary)."""
     oss = learn(json.loads((CARD_ONLY / "gpt_oss.json").read_text()))["regimes"][-1]
     assert {"elementwise_unaligned", "bmm_unaligned"} <= set(oss["blocks"][0]["work"]["forward"])
     assert not any(op.endswith("_unaligned") for op in oss["head"]["work"]["forward"])  # vocabulary 1024
     gpt2 = learn(small_config("gpt2"))["regimes"][0]["head"]["work"]["forward"]  # vocabulary 300
-    assert {"mm_unaligned", "elementwise_unaligned"} <= set(gpt2)
+    # its head's matmul reads bfloat16 rows of 600 bytes; the cast to float32 walks the logits as one
+    # contiguous run from an aligned start (vectorized), and float32 rows of 1200 bytes are aligned
+    assert "mm_unaligned" in gpt2 and "elementwise_unaligned" not in gpt2
+    published = json.loads((SMALL.parent / "published" / "gpt2.json").read_text())  # vocabulary 50257
+    head = learn(published)["regimes"][0]["head"]["work"]["forward"]
+    assert {"mm_unaligned", "elementwise_unaligned"} <= set(head)  # the log-softmax's rows of 201028 bytes
 
 
 def test_pointwise_ops_over_broadcast_or_strided_operands_are_recorded_apart():

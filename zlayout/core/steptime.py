@@ -96,7 +96,14 @@ UNALIGNED_HEAD_EFFICIENCY = 0.127
 # (h200-2026-12-07, predicted with 0.36, fitted when any misaligned tensor, the loss's labels too,
 # made an op misaligned): four rows within -12.2..+11.2%. Not fitted on, moved by it: GPT-2-medium
 # (h200-2026-12-02c, vocabulary 50257: the loss's passes) -5.7% -> +1.3%.
-UNALIGNED_HBM_FRACTION = 0.347
+# REFITTED (same row, in-sample) to 0.305 once an elementwise op or copy walked as one contiguous run
+# counts as misaligned only where an operand starts off a 16-byte boundary (zlayout.learn.trace.
+# _one_walk: GPT-2's logits cast to float32, rows of 50257, runs vectorized; h200-2026-12-13
+# profiles/prof-1: its log-softmax, row by row, ran at 2.3 TB/s forward and 3.0 backward), and the
+# broadcast ops among the sinks' are strided: that row -5.7% at 0.347 -> -1.4%; held out (batch k's
+# GPT-OSS rows) -11.3% -> -11.9% and -5.1% -> -6.4%; GPT-2 at micro-batch 48 (h200-2026-12-05)
+# +16.4% -> +14.0%.
+UNALIGNED_HBM_FRACTION = 0.305
 # Pointwise ops over a broadcast or strided operand (a card's `elementwise_strided`,
 # zlayout.learn.trace._strided) run on PyTorch's offset-computing elementwise kernel at this share
 # of the vectorized kernels' bandwidth. MEASURED on one profile (h200-2026-12-12 profiles/, Falcon-7B

@@ -106,17 +106,30 @@ def _misaligned(tensors: list[torch.Tensor]) -> bool:
 COPIES = frozenset({"clone", "_to_copy", "copy_", "copy"})
 
 
-def _strided(func, tensors: list[torch.Tensor], out: torch.Tensor) -> bool:
-    """Whether a pointwise op runs on PyTorch's offset-computing `elementwise_kernel` rather than
-    the vectorized one: TensorIterator vectorizes only when its operands, laid out alike, coalesce
-    into one contiguous dimension (Loops.cuh, `iter.is_contiguous()`). A broadcast operand (the
-    causal mask over batch and heads, RoPE's cos and sin over heads) or one strided unlike the
-    output (a transposed view) does not. Profiled on the H200 (h200-2026-12-12 profiles/, Falcon-7B's
-    math attention): its mask add ran at 1.80 TB/s and the fill of fully masked rows at 2.53, where
-    the vectorized softmax and casts beside them ran at 3.9-4.4."""
-    if torch.Tag.pointwise not in func.tags or func._overloadpacket.__name__ in COPIES:
+def _pointwise(func) -> bool:
+    """A TensorIterator elementwise op (torch's `pointwise` tag), copies not counted (`COPIES`)."""
+    return torch.Tag.pointwise in func.tags and func._overloadpacket.__name__ not in COPIES
+
+
+def _one_walk(func, tensors: list[torch.Tensor], out: torch.Tensor) -> bool:
+    """Whether TensorIterator walks an elementwise op or a copy as one contiguous dimension: every
+    operand laid out as the dense output (Loops.cuh, `iter.is_contiguous()`). Its vectorized kernel
+    then needs only each operand's start 16-byte aligned (`can_vectorize_up_to` on the data
+    pointers): rows of an odd length do not matter (GPT-2's logits cast to float32). A pointwise op
+    that is not one walk, over a broadcast operand (the causal mask over batch and heads, RoPE's cos
+    and sin over heads) or one strided unlike its output (a transposed view, a slice), runs on the
+    offset-computing `elementwise_kernel`: recorded as strided. Profiled on the H200 (h200-2026-12-12
+    profiles/, Falcon-7B's math attention): its mask add ran at 1.80 TB/s and the fill of fully
+    masked rows at 2.53, where the vectorized softmax and casts beside them ran at 3.9-4.4."""
+    if not (_pointwise(func) or func._overloadpacket.__name__ in COPIES):
         return False
-    return not _dense(out) or any(t.numel() > 1 and _layout(t) != _layout(out) for t in tensors)
+    return _dense(out) and all(t.numel() <= 1 or _layout(t) == _layout(out) for t in tensors)
+
+
+def _misaligned_start(tensors: list[torch.Tensor]) -> bool:
+    """Whether a floating-point operand of a one-walk op starts off a 16-byte boundary."""
+    return any(t.is_floating_point() and t.numel() > 1 and t.storage_offset() * t.element_size() % 16
+               for t in tensors)
 
 
 def _layout(tensor: torch.Tensor) -> tuple:
@@ -245,9 +258,11 @@ class StorageLedger(TorchDispatchMode):
             m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
             if not any(x == y and z <= HEAD_WIDTH_MAX for x, y, z in ((m, k, n), (m, n, k), (k, n, m))):
                 name = WIDE_BATCHED_GEMM  # each batch entry a dense GEMM (core.card prices it so)
-        if _misaligned([*inputs, *outputs]):
+        operands = [*inputs, *outputs]
+        one_walk = not flops and len(outputs) == 1 and _one_walk(func, operands, outputs[0])
+        if _misaligned_start(operands) if one_walk else _misaligned(operands):
             name += UNALIGNED_SUFFIX  # priced apart (core.card): no 16-byte vector loads
-        elif not flops and len(outputs) == 1 and _strided(func, [*inputs, *outputs], outputs[0]):
+        elif not flops and len(outputs) == 1 and not one_walk and _pointwise(func):
             name += STRIDED_SUFFIX  # priced apart (core.card): the non-vectorized kernel
         if flops and inputs and inputs[0].dtype == torch.float32:
             name += FP32_GEMM_SUFFIX  # a float32 matmul in a bf16 step (the math attention's): no tensor cores
