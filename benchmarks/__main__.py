@@ -28,6 +28,7 @@ SUITE = (
     ("accuracy", "host_accuracy"),
     ("accuracy", "steptime_accuracy"),
     ("accuracy", "steptime_families"),
+    ("accuracy", "steptime_relearned"),
     ("accuracy", "steptime_moe"),
     ("accuracy", "steptime_fit"),
     ("speed", "speed_plan"),
