@@ -84,9 +84,9 @@ EXTRA_FLOPS = {torch.ops.aten._grouped_mm: grouped_mm_flops}
 def _vector_aligned(tensor: torch.Tensor) -> bool:
     """Whether a kernel can walk the tensor in 16-byte vector loads: its offset and every stride
     of a dimension longer than one (but a unit innermost one) a multiple of 16 bytes. PyTorch's
-    elementwise and softmax kernels and cuBLAS's tensor-core GEMMs fall back to narrower loads
-    otherwise (Loops.cuh `can_vectorize_up_to`; GPT-OSS's attention sinks: rows of T + 1 logits,
-    and its `[..., :-1]` slice)."""
+    row-wise kernels (softmax), cuBLAS's tensor-core GEMMs and elementwise ops not walked as one
+    contiguous run (`_one_walk`) fall back to narrower loads otherwise (GPT-OSS's attention sinks:
+    rows of T + 1 logits, and its `[..., :-1]` slice)."""
     size = tensor.element_size()
     if tensor.storage_offset() * size % 16:
         return False
