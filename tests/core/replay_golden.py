@@ -43,7 +43,8 @@ def _heldout(name: str) -> list[str]:
     return ["--hf-config", str(HELDOUT / "configs" / name), "--impl", "hf"]
 
 
-# name -> (plan flags, cards folder: "shipped" (presets/cards only) or "heldout", carded)
+# name -> (plan flags, cards folder: "shipped" (presets/cards only), "heldout", or "none" (no card
+# anywhere: the hand model, for a config presets/cards now ships), carded)
 CASES: dict[str, tuple[list[str], str]] = {
     # zlayout's GPT and a Llama-shaped model, hand-written blocks
     "gpt-z0": ([*GPT, "--stage", "0", "--seq", "1024", "--micro-batch", "2"], "shipped"),
@@ -82,7 +83,7 @@ CASES: dict[str, tuple[list[str], str]] = {
     "preset-llama3-8b-hf-z2-w8": (["--preset", "llama3-8b", "--impl", "hf", "--stage", "2", "--gpus-per-node",
                                    "8", "--seq", "1024"], "shipped"),
     # uncarded transformers configs
-    "gpt2-medium-hf-z2": ([*_hf("gpt2-medium.json"), "--stage", "2", "--seq", "1024"], "shipped"),
+    "gpt2-medium-hf-z2": ([*_hf("gpt2-medium.json"), "--stage", "2", "--seq", "1024"], "none"),
     "qwen2.5-1.5b-hf-z1": ([*_hf("Qwen2.5-1.5B.json"), "--stage", "1", "--seq", "1024"], "shipped"),
     # carded transformers configs (presets/cards)
     "gpt2-hf-z0-card": ([*_hf("gpt2.json"), "--stage", "0", "--seq", "1024", "--micro-batch", "4"], "shipped"),
@@ -128,8 +129,14 @@ def plan_input(flags: list[str], cards_from: str):
         os.environ[cards.CARDS_DIR_ENV] = str(HELDOUT / "cards")
     else:
         os.environ[cards.CARDS_DIR_ENV] = tempfile.mkdtemp(prefix="zlayout-golden-cards-")
-    args = build_parser().parse_args(["plan", "--gpu", "h200", *flags])
-    inp = plan_input_from_args(args)
+    shipped = cards.SHIPPED_CARDS_DIR
+    if cards_from == "none":
+        cards.SHIPPED_CARDS_DIR = Path(tempfile.mkdtemp(prefix="zlayout-golden-no-cards-"))
+    try:
+        args = build_parser().parse_args(["plan", "--gpu", "h200", *flags])
+        inp = plan_input_from_args(args)
+    finally:
+        cards.SHIPPED_CARDS_DIR = shipped
     return inp, Layout(stage=args.stage, offload_optimizer=args.offload_optimizer, offload_param=args.offload_param)
 
 
