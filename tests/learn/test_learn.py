@@ -534,7 +534,7 @@ def test_pointwise_ops_over_broadcast_or_strided_operands_are_recorded_apart():
 def test_safe_softmax_records_its_mask_reduction_and_fill_and_its_backward_the_scratch_kernel():
     """The math attention's softmax as CUDA runs it (ATen's `_safe_softmax`: softmax, eq(-inf), all,
     where over a broadcast condition): the `all` and the `where` are work without a request of their
-    own; its backward's T x T scratch is written by a kernel reading two tensors of its size."""
+    own; its backward, as every softmax backward on CUDA, first makes `grad * output`: a T x T tensor and a kernel reading two."""
     ledger = StorageLedger()
     q = torch.zeros(2, 6, 96, 16, dtype=torch.bfloat16, device="meta", requires_grad=True)
     k, v = (torch.zeros(2, 1, 96, 16, dtype=torch.bfloat16, device="meta", requires_grad=True) for _ in "kv")
@@ -546,7 +546,7 @@ def test_safe_softmax_records_its_mask_reduction_and_fill_and_its_backward_the_s
     rows = 2 * 6 * 96
     assert ledger.op_bytes["all"] == probabilities // 4 + rows
     assert ledger.op_bytes["where_strided"] == 2 * probabilities + rows
-    assert ledger.op_bytes["softmax_backward_scratch"] == 3 * probabilities
+    assert ledger.op_bytes["softmax_backward_product"] == 3 * probabilities
     assert ledger.op_calls["where_strided"] == ledger.op_calls["all"] == 1
 
 

@@ -170,7 +170,6 @@ class StorageLedger(TorchDispatchMode):
         self.allocated_by_dtype: Counter = Counter()
         self.external: set[int] = set()
         self.sdpa_kernels: Counter = Counter()  # which kernel each attention call ran (cuda_sdpa_kernel)
-        self.safe_softmax_outputs: set[int] = set()  # storages `_safe_softmax` returned (its backward's extra)
 
     def exclude(self, tensors) -> None:
         """Storages made outside the step (weights, buffers, the input): a view of one (a
@@ -205,24 +204,28 @@ class StorageLedger(TorchDispatchMode):
         kwargs = kwargs or {}
         if func is torch.ops.aten._safe_softmax.default:
             return self._safe_softmax(*args, **kwargs)
-        scratch = None
-        if func is torch.ops.aten._softmax_backward_data.default and \
-                args[1].untyped_storage()._cdata in self.safe_softmax_outputs:
-            # its backward on CUDA holds a second tensor of the probabilities' size while it runs
-            # (h200-2026-12-03 probe_math_attention.py: three T x T float32 gradients at once)
-            scratch = torch.empty_like(args[1])
-            self._see(scratch)
-            # and a kernel writes it from two tensors of that size: the profile's one vectorized
-            # float BinaryFunctor over T x T a block in the backward (h200-2026-12-12 profiles/,
-            # 0.81 ms at 4 x 1024 x 71 heads: three passes at 4.4 TB/s), beside the softmax's own
-            self.add_work("softmax_backward_scratch", 0, 3 * _bytes(scratch))
         out = func(*args, **kwargs)
         outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         for tensor in outputs:
             self._see(tensor)
-        del scratch  # freed once the output is made
+        if func is torch.ops.aten._softmax_backward_data.default:
+            self._softmax_backward_product(*args[:2])
         self.count(func, args, kwargs, out, outputs)
         return out
+
+    def _softmax_backward_product(self, grad: torch.Tensor, output: torch.Tensor) -> None:
+        """CUDA's softmax backward (SoftMax.cu `softmax_backward_cuda_out`) first makes
+        `tmp = grad * output`, after its own output and freed once that is written: a tensor of the
+        gradient's size, and a kernel reading two. Measured on the H200: Gemma-2-2B's eager attention
+        backward holds 256 MiB beyond its inputs and output at 2 x 8 x 2048^2 float32
+        (h200-2026-12-13 probe_op_memory.py); the math attention's, three T x T float32 gradients
+        at once (h200-2026-12-03 probe_math_attention.py), and one vectorized float BinaryFunctor
+        over T x T a block in Falcon-7B's profile (h200-2026-12-12 profiles/: three passes at
+        4.4 TB/s). The meta device's kernel makes neither."""
+        tmp = torch.empty(grad.shape, dtype=torch.promote_types(grad.dtype, output.dtype), device=grad.device)
+        self._see(tmp)
+        self.add_work("softmax_backward_product", 0, 3 * _bytes(tmp))
+        del tmp
 
     def _safe_softmax(self, x: torch.Tensor, dim: int, dtype=None) -> torch.Tensor:
         """The math attention's softmax as CUDA runs it, where the meta device has one kernel of
@@ -242,7 +245,6 @@ class StorageLedger(TorchDispatchMode):
         self.add_work("all", 0, _bytes(masked) + rows)
         self.add_work("where" + STRIDED_SUFFIX, 0, 2 * _bytes(out) + rows)
         del masked
-        self.safe_softmax_outputs.add(out.untyped_storage()._cdata)
         return out
 
     def count(self, func, args, kwargs, out, outputs) -> None:
