@@ -72,7 +72,7 @@ ATTENTION_OPS = frozenset({"attention_forward", "attention_backward"})
 MASKED_ATTENTION_OPS = frozenset({"masked_attention_forward", "masked_attention_backward"})
 BATCHED_GEMM_OPS = frozenset({"bmm", "baddbmm"})
 UNALIGNED_SUFFIX = "_unaligned"  # an op on a tensor 16-byte loads cannot walk (zlayout.learn.trace._vector_aligned)
-# a pointwise op over a broadcast or strided operand (zlayout.learn.trace._strided): PyTorch's
+# a pointwise op over a broadcast or strided operand (not zlayout.learn.trace._one_walk): PyTorch's
 # TensorIterator runs it on the offset-computing `elementwise_kernel`, not the vectorized one
 STRIDED_SUFFIX = "_strided"
 WIDE_BATCHED_GEMM = "bmm_wide"  # a batched matmul no side of which is head-narrow: priced as a GEMM

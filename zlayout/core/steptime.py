@@ -105,7 +105,7 @@ UNALIGNED_HEAD_EFFICIENCY = 0.127
 # +16.4% -> +14.0%.
 UNALIGNED_HBM_FRACTION = 0.305
 # Pointwise ops over a broadcast or strided operand (a card's `elementwise_strided`,
-# zlayout.learn.trace._strided) run on PyTorch's offset-computing elementwise kernel at this share
+# not zlayout.learn.trace._one_walk) run on PyTorch's offset-computing elementwise kernel at this share
 # of the vectorized kernels' bandwidth. MEASURED on one profile (h200-2026-12-12 profiles/, Falcon-7B
 # at 6 layers, 4 x 1024, one H200): its math attention's two such ops a block, the causal mask added
 # over batch and heads (float32 + bfloat16, 1.325 ms for 2.39 GB) and `_safe_softmax`'s fill of fully

@@ -315,7 +315,7 @@ def op_work(flops: Counter, moved: Counter, calls: Counter) -> dict[str, dict[st
     """A phase's work by op: each FLOP-counted op (the matmuls, the attention kernels) on its own,
     every other op (elementwise, norms, copies, reductions: memory-bound) summed as "elementwise"
     ("elementwise_unaligned" those on tensors 16-byte loads cannot walk, `trace._vector_aligned`;
-    "elementwise_strided" the pointwise ops over a broadcast or strided operand, `trace._strided`);
+    "elementwise_strided" the pointwise ops over a broadcast or strided operand, `trace._one_walk`);
     each with its FLOPs, the bytes it moves and its kernel launches."""
     table = {"elementwise": {"flops": 0, "bytes": 0, "calls": 0}}
     for op in sorted(calls):

@@ -88,10 +88,15 @@ def _vector_aligned(tensor: torch.Tensor) -> bool:
     contiguous run (`_one_walk`) fall back to narrower loads otherwise (GPT-OSS's attention sinks:
     rows of T + 1 logits, and its `[..., :-1]` slice)."""
     size = tensor.element_size()
-    if tensor.storage_offset() * size % 16:
+    if not _aligned_start(tensor):
         return False
     return all(stride == 1 or stride * size % 16 == 0 for extent, stride in zip(tensor.shape, tensor.stride())
                if extent > 1)
+
+
+def _aligned_start(tensor: torch.Tensor) -> bool:
+    """Whether the tensor's first element sits on a 16-byte boundary (its storage is allocated so)."""
+    return tensor.storage_offset() * tensor.element_size() % 16 == 0
 
 
 def _misaligned(tensors: list[torch.Tensor]) -> bool:
@@ -121,15 +126,14 @@ def _one_walk(func, tensors: list[torch.Tensor], out: torch.Tensor) -> bool:
     offset-computing `elementwise_kernel`: recorded as strided. Profiled on the H200 (h200-2026-12-12
     profiles/, Falcon-7B's math attention): its mask add ran at 1.80 TB/s and the fill of fully
     masked rows at 2.53, where the vectorized softmax and casts beside them ran at 3.9-4.4."""
-    if not (_pointwise(func) or func._overloadpacket.__name__ in COPIES):
+    if torch.Tag.pointwise not in func.tags and func._overloadpacket.__name__ not in COPIES:
         return False
     return _dense(out) and all(t.numel() <= 1 or _layout(t) == _layout(out) for t in tensors)
 
 
 def _misaligned_start(tensors: list[torch.Tensor]) -> bool:
     """Whether a floating-point operand of a one-walk op starts off a 16-byte boundary."""
-    return any(t.is_floating_point() and t.numel() > 1 and t.storage_offset() * t.element_size() % 16
-               for t in tensors)
+    return any(t.is_floating_point() and t.numel() > 1 and not _aligned_start(t) for t in tensors)
 
 
 def _layout(tensor: torch.Tensor) -> tuple:
@@ -261,10 +265,11 @@ class StorageLedger(TorchDispatchMode):
             if not any(x == y and z <= HEAD_WIDTH_MAX for x, y, z in ((m, k, n), (m, n, k), (k, n, m))):
                 name = WIDE_BATCHED_GEMM  # each batch entry a dense GEMM (core.card prices it so)
         operands = [*inputs, *outputs]
-        one_walk = not flops and len(outputs) == 1 and _one_walk(func, operands, outputs[0])
+        elementwise = not flops and len(outputs) == 1
+        one_walk = elementwise and _one_walk(func, operands, outputs[0])
         if _misaligned_start(operands) if one_walk else _misaligned(operands):
             name += UNALIGNED_SUFFIX  # priced apart (core.card): no 16-byte vector loads
-        elif not flops and len(outputs) == 1 and not one_walk and _pointwise(func):
+        elif elementwise and not one_walk and _pointwise(func):
             name += STRIDED_SUFFIX  # priced apart (core.card): the non-vectorized kernel
         if flops and inputs and inputs[0].dtype == torch.float32:
             name += FP32_GEMM_SUFFIX  # a float32 matmul in a bf16 step (the math attention's): no tensor cores
