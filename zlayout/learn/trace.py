@@ -164,6 +164,11 @@ class StorageLedger(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.live: dict[int, int] = {}
+        # which storage a live address holds, numbered in the order they were seen: an address is
+        # reused once its storage dies, and a set of addresses would take the new storage for the
+        # old (which addresses malloc reuses differs between processes: a card must not)
+        self.serial: dict[int, int] = {}
+        self.seen = 0
         self.current = 0
         self.peak = 0
         self.open: list[Window] = []
@@ -189,6 +194,7 @@ class StorageLedger(TorchDispatchMode):
             return
         nbytes = storage.nbytes()
         self.live[key] = nbytes
+        self.serial[key] = self.seen = self.seen + 1
         self.current += nbytes
         self.peak = max(self.peak, self.current)
         self.allocated_by_dtype[str(tensor.dtype).removeprefix("torch.")] += nbytes
@@ -200,6 +206,7 @@ class StorageLedger(TorchDispatchMode):
     def _free(self, key: int, nbytes: int) -> None:
         if self.live.pop(key, None) is None:
             return
+        del self.serial[key]
         self.current -= nbytes
         for window in self.open:
             window.events.append(-nbytes)
@@ -306,9 +313,11 @@ class StorageLedger(TorchDispatchMode):
     def saved(self, tensor: torch.Tensor) -> None:
         """A tensor autograd saves for backward, counted once per storage per open window."""
         storage = tensor.untyped_storage()
+        # a weight (or another storage made outside the step) keeps its address throughout
+        identity = self.serial.get(storage._cdata, -storage._cdata)
         for window in self.open:
-            if window.phase in ("forward", "recompute") and storage._cdata not in window.saved_storages:
-                window.saved_storages.add(storage._cdata)
+            if window.phase in ("forward", "recompute") and identity not in window.saved_storages:
+                window.saved_storages.add(identity)
                 window.saved_by_dtype[str(tensor.dtype).removeprefix("torch.")] += storage.nbytes()
 
 
