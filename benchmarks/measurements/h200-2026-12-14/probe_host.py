@@ -111,6 +111,8 @@ def main():
     ids = torch.randint(0, 1000, (mb, seq), device="cuda")
 
     # plain: the model alone, bf16, no DeepSpeed
+    if os.environ.get("PROBE_ENGINE_ONLY"):
+        return engine_runs(build, ids, mb, stage)
     model = build().cuda().bfloat16().train()
     fwd = lambda: model(ids)  # noqa: E731 (HFCausalLM: returns the loss)
     bwd = lambda loss: loss.backward()  # noqa: E731
@@ -132,9 +134,23 @@ def main():
     out("syncs", run="plain", stacks=sync_stacks(lambda: (bwd(fwd()), zero())))
     del model, timer, loss
     torch.cuda.empty_cache()
+    engine_runs(build, ids, mb, stage)
 
+
+def op_rows(timer, run):
+    for phase in ("forward", "backward"):
+        rows = sorted(((k[1], v[0], v[1] / 1e3) for k, v in timer.rows.items() if k[0] == phase), key=lambda r: -r[2])
+        out("ops", run=run, phase=phase, ops=sum(r[1] for r in rows if r[0] not in VIEWS),
+            views=sum(r[1] for r in rows if r[0] in VIEWS), host_us=round(sum(r[2] for r in rows)),
+            top=[[r[0], r[1], round(r[2])] for r in rows[:40]])
+
+
+def engine_runs(build, ids, mb, stage):
+    import deepspeed
+
+    # torch's AdamW: no op build (the optimizer step is not what this probe looks at)
     ds = {"train_micro_batch_size_per_gpu": mb, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
-          "zero_optimization": {"stage": stage}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-5}},
+          "zero_optimization": {"stage": stage}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-5, "torch_adam": True}},
           "steps_per_print": 10**9}
     model = build()
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds)
@@ -142,6 +158,14 @@ def main():
     bwd = lambda loss: engine.backward(loss)  # noqa: E731
     timed("engine-warmup", fwd, bwd, engine.step, steps=2)
     timed("engine", fwd, bwd, engine.step)
+    timer = OpTimer()
+    with timer:
+        loss = fwd()
+        timer.phase = "backward"
+        bwd(loss)
+    torch.cuda.synchronize()
+    engine.step()
+    op_rows(timer, "engine")
     out("syncs", run="engine", stacks=sync_stacks(lambda: (bwd(fwd()), engine.step())))
     for phase in ("forward", "backward"):
         prof = cProfile.Profile()
