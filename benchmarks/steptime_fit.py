@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from zlayout.core.calibrate import MeasuredStep  # noqa: E402
 from zlayout.core.comm import estimate_comm  # noqa: E402
 from zlayout.core.steptime import (HBM_EFFICIENCY, HOST_S_PER_KERNEL, STAGE3_GATHER_OVERHEAD_S,  # noqa: E402
+                                   STAGE3_GRAD_HOOK_S,
                                    GpuStepConstants, estimate_step_time, host_floor_s, host_pass_s,
                                    micro_step_work, optimizer_kernels, optimizer_work, pass_weights,
                                    phase_kernel_s)
@@ -259,8 +260,19 @@ def host_floor(steps: list[MeasuredStep]) -> dict[str, float]:
             opt_b.append(step.phases_s[2] - gpu_s)
     fixed_s, kernel_s, hook_s = np.linalg.lstsq(np.array(a), np.array(b), rcond=None)[0]
     opt_a, opt_b = np.array(opt_a, dtype=float), np.array(opt_b)
-    return {"HOST_FORWARD_FIXED_S": fixed_s, "HOST_S_PER_KERNEL": kernel_s, "HOST_GRAD_HOOK_S": hook_s,
-            "ZeRO-0 optimizer per tensor (implied)": float(opt_a @ opt_b / (opt_a @ opt_a))}
+    found = {"HOST_FORWARD_FIXED_S": fixed_s, "HOST_S_PER_KERNEL": kernel_s, "HOST_GRAD_HOOK_S": hook_s,
+             "ZeRO-0 optimizer per tensor (implied)": float(opt_a @ opt_b / (opt_a @ opt_a))}
+    # ZeRO-3's hooks per module each pass implies: the pass less its host floor (and, backward, the
+    # gradient hooks at STAGE3_GRAD_HOOK_S), over its module fetches. Reported, not adopted: the
+    # step rows hold STAGE3_FETCH_OVERHEAD_S for both passes (docs/tradeoffs.md, "ZeRO-3's hooks")
+    for step in (s for s in steps if s.layout.stage == 3):
+        fwd, bwd = micro_step_work(step.inp, step.layout)
+        impl = step.inp.training.impl
+        found[f"ZeRO-3 forward per module ({impl}, implied)"] = (
+            (step.phases_s[0] - host_floor_s(fwd)) / fwd.stage3_fetches)
+        found[f"ZeRO-3 backward per module ({impl}, implied)"] = (
+            (step.phases_s[1] - host_floor_s(bwd) - bwd.stage3_grad_hooks * STAGE3_GRAD_HOOK_S) / bwd.stage3_fetches)
+    return found
 
 
 def load_steps(held_out: bool = False) -> list[MeasuredStep]:
