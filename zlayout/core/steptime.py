@@ -361,9 +361,10 @@ def host_bound_note(t: StepTimeEstimate) -> str | None:
     share = host_bound_share(t.host_overhead_s, t.step_time_s)
     if share is None:
         return None
-    return (f"{share:.0%} of this step is the host's side, which varies from process to process (one "
-            "such layout: -28% to +31% of its prediction over six runs on one host); `zlayout calibrate` "
-            "fits your hosts' factor from verify results")
+    return (f"{share:.0%} of this step is the host's side, which varies from process to process and "
+            "node to node (one such layout: -28% to +31% of its prediction over six runs on one host; a "
+            "ZeRO-3 MoE: +27% and +44% on two nodes); `zlayout calibrate` fits your hosts' factor from "
+            "verify results")
 
 
 def step_time_notes(t: StepTimeEstimate) -> list[tuple[str, str]]:
