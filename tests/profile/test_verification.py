@@ -212,3 +212,21 @@ def test_an_unwritable_profile_directory_is_one_line_before_the_run(tmp_path, ca
         out.chmod(0o755)
     assert code == 2 and err.count("\n") == 1 and "cannot write into" in err
     assert not (tmp_path / "run").exists()  # refused before any run
+
+
+def test_device_used_alert_is_wider_on_a_prediction_than_on_a_measurement(profile_8b, make_verify_result):
+    """A prediction's device use has been under a held-out run by up to 11.7%: its "above plan"
+    alert sits 15% over it (a healthy first run must not page); a verified layout's repeats its
+    measured device use, and the alert sits 5% over that."""
+    from zlayout.core.fit import ABOVE_PLAN_FRACTION, ABOVE_PREDICTION_FRACTION
+
+    predicted = profile_8b.alerts.gpu_memory
+    assert predicted.basis == "predicted"
+    assert predicted.warn_device_used_above_bytes == int(
+        profile_8b.prediction.gpu_device_used_bytes * (1 + ABOVE_PREDICTION_FRACTION))
+    result = make_verify_result(profile_8b)
+    profile = attach_verification(profile_8b, result)
+    measured = profile.alerts.gpu_memory
+    assert measured.basis == "measured"
+    assert measured.warn_device_used_above_bytes == int(
+        result["measured"]["gpu_device_used_bytes"] * (1 + ABOVE_PLAN_FRACTION))

@@ -63,12 +63,17 @@ FLUSH_S_PER_GIB = 0.0015
 
 # Alerts on device used (DCGM_FI_DEV_FB_USED): "nearly full" at 97% of the card, present whenever
 # the plan's device use is within 10% of the card or the plan flushes, unless the plan's own device
-# use is already past 97% (a rule firing on every healthy step); "above plan" 5% over the
-# planned device use (the model's device-used target is 5% at worst), kept below "nearly full".
+# use is already past 97% (a rule firing on every healthy step); "above plan" over the device use
+# the alert follows, kept below "nearly full": 5% over a run's measured device use (a layout repeats
+# its own to within 1%), 15% over a prediction, which has been under the run by up to 11.7% on
+# held-out layouts (Qwen3-8B at ZeRO-3, h200-2026-12-12; Gemma-2-2B eager -7.7%, h200-2026-12-13:
+# the caching allocator's segments follow request orders the meta trace cannot see), so that a
+# healthy first run of an unverified profile does not page.
 
 NEARLY_FULL_FRACTION = 0.97
 NEAR_CARD_FRACTION = 0.90
-ABOVE_PLAN_FRACTION = 0.05
+ABOVE_PLAN_FRACTION = 0.05  # over a measured device use
+ABOVE_PREDICTION_FRACTION = 0.15  # over a predicted one
 
 
 def fills_alert_range(device_used_bytes: int, capacity_bytes: int) -> bool:
@@ -160,16 +165,18 @@ class GpuFit:
     def fills_alert_range(self) -> bool:
         return fills_alert_range(self.device_used_bytes, self.capacity_bytes)
 
-    def alert_thresholds(self) -> tuple[AlertThreshold, ...]:
+    def alert_thresholds(self, measured: bool = False) -> tuple[AlertThreshold, ...]:
         """Device-used thresholds an alert may fire on, each below the card's memory: "nearly
         full" whenever the plan is near the card (or flushes), "above plan" where it is below
-        "nearly full"."""
+        "nearly full" (`measured`: the device use is a run's, not the plan's prediction)."""
         nearly_full = int(self.capacity_bytes * NEARLY_FULL_FRACTION)
         out = []
-        above_plan = min(int(self.device_used_bytes * (1 + ABOVE_PLAN_FRACTION)), nearly_full - MiB)
+        margin = ABOVE_PLAN_FRACTION if measured else ABOVE_PREDICTION_FRACTION
+        above_plan = min(int(self.device_used_bytes * (1 + margin)), nearly_full - MiB)
         if above_plan > self.device_used_bytes:
+            basis = "the measured" if measured else "the plan's"
             out.append(AlertThreshold("above_plan", above_plan,
-                                      f"device used per GPU more than {ABOVE_PLAN_FRACTION:.0%} above the plan's "
+                                      f"device used per GPU more than {margin:.0%} above {basis} "
                                       f"{gib_figure(self.device_used_bytes)} GiB"))
         # a plan whose own device use is past "nearly full" (its cache fills the card: device used
         # is then at the card however healthy the step) would fire it on every step: left out,

@@ -66,7 +66,7 @@ def derive_alerts(inp: PlanInput, prediction: Prediction, verification: Verifica
     fit = GpuFit(capacity_bytes=capacity, needed_bytes=prediction.gpu_needed_bytes or prediction.gpu_device_used_bytes,
                  usable_bytes=prediction.gpu_usable_bytes, device_used_bytes=min(used, capacity),
                  flushes_per_step=prediction.gpu_flushes_per_step or 0)
-    thresholds = {t.name: t.bytes for t in fit.alert_thresholds()}
+    thresholds = {t.name: t.bytes for t in fit.alert_thresholds(measured=used_basis == "measured")}
     gpu = GpuMemoryAlert(
         basis=gpu_basis if gpu_basis == used_basis else "measured",
         peak_allocated_bytes=peak, warn_allocated_above_bytes=warn_below_the_card(peak, capacity),

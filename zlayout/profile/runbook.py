@@ -362,8 +362,14 @@ def _alerts(p: Profile) -> list[str]:
          "look for growth: longer sequences, a larger batch, tensors kept across steps; before the OOM, "
          "lower the micro-batch or resume with checkpointing on")]
     if g.warn_device_used_above_bytes is not None:
+        over = g.warn_device_used_above_bytes / g.device_used_bytes - 1 if g.device_used_bytes else 0.0
+        used_why = (f"the {g.basis} device use per GPU (the allocator's cache and CUDA's context with the "
+                    f"tensors) is {gib(g.device_used_bytes)}; {over:.0%} above it the cache has grown past "
+                    + ("the measured run's" if g.basis == "measured" else
+                       "the plan's (which held-out runs exceeded by up to 11.7%)")
+                    + ": larger requests, fragmentation, or another process")
         rows.append(("GPU memory in use", f"> {gib(g.warn_device_used_above_bytes)} per GPU",
-                     f"{_expr(names, 'ZlayoutGpuMemoryHigh')} (MiB)", g.why,
+                     f"{_expr(names, 'ZlayoutGpuMemoryHigh')} (MiB)", used_why,
                      "as above; also another process on the GPU (`nvidia-smi`)"))
     if g.critical_device_used_above_bytes is not None:
         rows.append(("GPU memory nearly full", f"> {gib(g.critical_device_used_above_bytes)} in use per GPU",
