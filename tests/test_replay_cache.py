@@ -123,3 +123,63 @@ def test_a_kept_record_that_does_not_make_a_replay_record_is_replayed_again():
     kept["entries"] = {key: value and [1, 2] for key, value in kept["entries"].items()}  # too few fields
     cache_file().write_text(json.dumps(kept))
     assert plan_output() == expected
+
+
+PARALLEL_CHECK = r"""
+import json, sys
+from functools import partial
+from zlayout import cli
+from zlayout.core import allocator_sim
+from zlayout.core.memory import estimate_memory
+from zlayout.core.plan import make_plan
+from zlayout.commands.plan import plan_json
+from zlayout.replaycache import open_memo, warm_in_parallel
+from zlayout.spec import all_layouts
+
+args = cli.build_parser(only="plan").parse_args(sys.argv[1:])
+inp = cli.plan_input_from_args(args)
+serial = plan_json(make_plan(inp, with_breakeven=False))  # no memo: every replay in this process
+for memo in ("_CACHE", "_CAPACITY_CACHE"):
+    getattr(allocator_sim, memo).clear()
+memo = allocator_sim.lasting_memo = open_memo()
+kept = warm_in_parallel(memo, [partial(estimate_memory, inp, each) for each in all_layouts()], workers=2)
+
+def no_replay(*args, **kwargs):
+    raise AssertionError("replayed in the parent")
+
+allocator_sim.allocation_sequence = no_replay
+print(json.dumps({"kept": kept, "same": plan_json(make_plan(inp, with_breakeven=False)) == serial}))
+"""
+
+
+def test_replays_run_in_forked_children_answer_as_the_serial_plan(tmp_path):
+    """`zlayout plan` on a deep model splits its layouts' replays over child processes: the
+    parent then replays nothing, and plans exactly what one process replaying each in turn does."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    out = subprocess.run([sys.executable, "-c", PARALLEL_CHECK, "plan", "--preset", "llama3-70b", "--gpu", "h100",
+                          "--gpus-per-node", "8", "--nodes", "8", "--checkpointing", "full"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    answer = json.loads(out.stdout)
+    assert answer["kept"] >= 4 and answer["same"] is True
+
+
+def test_no_children_where_a_fork_is_not_safe(monkeypatch):
+    """Another thread running (the app's workers; a fork copies only the caller), or no memo to
+    carry the answers back: nothing is forked and the caller replays as before."""
+    import threading
+
+    from zlayout.replaycache import LastingMemo, warm_in_parallel
+
+    def never():
+        raise AssertionError("ran")
+
+    memo = LastingMemo(cache_file(), "code", {})
+    assert warm_in_parallel(None, [never, never], workers=2) == 0
+    monkeypatch.setattr(threading, "active_count", lambda: 2)
+    assert warm_in_parallel(memo, [never, never], workers=2) == 0
+    assert memo.entries == {} and memo.added == 0

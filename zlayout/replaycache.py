@@ -21,7 +21,9 @@ import hashlib
 import json
 import os
 import re
+import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Callable, Iterator, TypeVar
 
@@ -169,6 +171,67 @@ def open_memo(path: Path | None = None) -> LastingMemo | None:
         return None
     entries = {} if text is ABSENT else _entries_of(text, code)
     return None if entries is None else LastingMemo(path, code, entries)
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (a job's share of a node, where it has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def warm_in_parallel(memo: LastingMemo | None, jobs: list[Callable[[], object]],
+                     workers: int | None = None) -> int:
+    """Run `jobs` (each plans something, filling `memo` with replay answers) in forked children,
+    at most one a usable CPU, and keep in `memo` the answers they found: the caller's own planning
+    then recalls them instead of replaying one layout after another (llama3-70b on 64 GPUs: four
+    ZeRO-3 replays of 80 layers, about 40 ms each). Returns the answers kept. Runs nothing where
+    that is not safe or not faster: no memo to carry the answers, no fork (Windows), another
+    thread running (a fork copies only the caller's), torch imported, fewer than two CPUs or jobs.
+    A child that fails, or answers in another form, is left out: its layouts replay as before."""
+    if (memo is None or not hasattr(os, "fork") or threading.active_count() > 1 or "torch" in sys.modules
+            or len(jobs) < 2):
+        return 0
+    workers = min(len(jobs), usable_cpus() if workers is None else workers)
+    if workers < 2:
+        return 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    children = []
+    for group in (jobs[i::workers] for i in range(workers)):
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: plan its share, send back what it added, never return
+            code = 1
+            try:
+                os.close(read)
+                known = set(memo.entries)
+                for job in group:
+                    job()
+                added = {key: value for key, value in memo.entries.items() if key not in known}
+                with os.fdopen(write, "w", encoding="utf-8") as out:
+                    out.write(json.dumps(added))
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write)
+        children.append((pid, read))
+    kept = 0
+    for pid, read in children:
+        with os.fdopen(read, "r", encoding="utf-8") as answers:
+            text = answers.read()
+        _, status = os.waitpid(pid, 0)
+        try:
+            added = json.loads(text) if status == 0 else {}
+        except ValueError:
+            added = {}
+        for key, value in added.items() if isinstance(added, dict) else ():
+            if _DIGEST.fullmatch(key) and _well_formed(value) and key not in memo.entries:
+                memo.entries[key] = value
+                memo.added += 1
+                kept += 1
+    return kept
 
 
 @contextlib.contextmanager
