@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zlayout import catalog
+from zlayout.core.calibrate import MeasuredStep
 from zlayout.core.steptime import steady_step_s
+from zlayout.profile.calibration import read_results
 from zlayout.spec import (LOOP_OF_UNMARKED_RECORDS, GiB, HardwareSpec, Layout, ModelSpec, PlanInput, TrainingSpec,
                           recorded_inputs)
 
@@ -168,3 +170,44 @@ def read_trace(path: Path) -> dict:
     import gzip
 
     return json.loads(gzip.decompress(path.read_bytes()))
+
+
+# --------------------------------------------------------------------------- step rows
+
+# The hosts whose rows the step model's constants were fitted on (benchmarks/steptime_fit.py)
+FITTED_ON = ("h200-32core", "h200-16core")
+
+
+def as_step(m: MeasuredLayout) -> MeasuredStep:
+    # benchmark rows: steps only (no phases); alloc_retries where the row has the field
+    return MeasuredStep(label=m.label, inp=m.inp, layout=m.layout, measured_step_s=m.steady_step_s,
+                        cpu_threads_per_rank=m.cpu_threads_per_rank, source=m.source,
+                        alloc_retries=m.row.get("alloc_retries"))
+
+
+class Row:
+    """A measured step on a named host: a benchmark row or a verify result."""
+
+    def __init__(self, host: str, step: MeasuredStep, world: int, held_out: bool = False, floor: bool = False):
+        self.host, self.step, self.world, self.held_out, self.floor = host, step, world, held_out, floor
+        self.label, self.inp, self.layout, self.source = step.label, step.inp, step.layout, step.source
+        self.steady_step_s = step.measured_step_s
+        self.cpu_threads_per_rank = step.cpu_threads_per_rank or step.inp.hardware.cpu_threads_per_rank
+        if step.inp.training.model_dump().get("impl", "zlayout") != "zlayout":
+            self.label = f"{self.label} ({step.inp.training.impl})"
+
+
+def load_rows() -> list[Row]:
+    """Every measured step on a named host: the benchmark rows, then each host's verify results (its
+    held-out batches and host-floor rows marked)."""
+    rows = [Row(m.host, as_step(m), m.row["world"]) for m in load_measured(with_memory=False) if m.steady_step_s]
+    for host, desc in HOSTS.items():
+        files = [ROOT / "benchmarks" / "measurements" / f for f in desc.get("verify_results", [])]
+        if files:
+            steps, _ = read_results(files, default_host_cores=desc["host_cores"])
+            rows += [Row(host, s, s.inp.hardware.world) for s in steps]
+        for key, flags in (("heldout_results", {"held_out": True}), ("host_floor_results", {"floor": True})):
+            files = [ROOT / "benchmarks" / "measurements" / f for f in desc.get(key, [])]
+            steps, _ = read_results([f for f in files if f.exists()], default_host_cores=desc["host_cores"])
+            rows += [Row(host, s, s.inp.hardware.world, **flags) for s in steps]
+    return rows

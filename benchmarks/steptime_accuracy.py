@@ -44,15 +44,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from measurements import HOSTS, ROOT, MeasuredLayout, load_measured  # noqa: E402
+from measurements import FITTED_ON, HOSTS, ROOT, Row, load_rows  # noqa: E402, F401 (FITTED_ON, Row: read from here too)
 
-from zlayout.core.calibrate import MeasuredStep, fit_calibration, predict_step  # noqa: E402
-from zlayout.profile.calibration import read_results  # noqa: E402
+from zlayout.core.calibrate import fit_calibration, predict_step  # noqa: E402
 from zlayout.core.steptime import (CPU_OPTIMIZER_BYTES_PER_PARAM,  # noqa: E402
                                    STAGE3_HOST_CAST_BYTES_PER_PARAM, StepTimeEstimate)
 from zlayout.spec import StepTimeCalibration  # noqa: E402
 
-FITTED_ON = ("h200-32core", "h200-16core")
 PREDICTIONS = ROOT / "benchmarks" / "measurements" / "h200-2026-12-01b" / "heldout2-steptime-predictions.jsonl"
 HELDOUT_BATCH = "benchmarks/measurements/h200-2026-12-01b/batch-h200-heldout2.txt"
 # batch 3 (benchmarks/measurements/h200-2026-12-01c/batch-h200-heldout3.txt): predicted by main at c00c30b before it ran, no
@@ -79,39 +77,6 @@ COMMITTED = {"heldout2-results.jsonl": PREDICTIONS, "heldout3-results.jsonl": PR
              "heldout7-results.jsonl": PREDICTIONS_7, "heldout9-results.jsonl": PREDICTIONS_9,
              "heldout10-results.jsonl": PREDICTIONS_10, "heldout11-results.jsonl": PREDICTIONS_11}
 TARGETS = {"GPU-resident": 0.15, "offloaded": 0.25}
-
-
-def as_step(m: MeasuredLayout) -> MeasuredStep:
-    # benchmark rows: steps only (no phases); alloc_retries where the row has the field
-    return MeasuredStep(label=m.label, inp=m.inp, layout=m.layout, measured_step_s=m.steady_step_s,
-                        cpu_threads_per_rank=m.cpu_threads_per_rank, source=m.source,
-                        alloc_retries=m.row.get("alloc_retries"))
-
-
-class Row:
-    """A measured step on a named host: a benchmark row or a verify result."""
-
-    def __init__(self, host: str, step: MeasuredStep, world: int, held_out: bool = False, floor: bool = False):
-        self.host, self.step, self.world, self.held_out, self.floor = host, step, world, held_out, floor
-        self.label, self.inp, self.layout, self.source = step.label, step.inp, step.layout, step.source
-        self.steady_step_s = step.measured_step_s
-        self.cpu_threads_per_rank = step.cpu_threads_per_rank or step.inp.hardware.cpu_threads_per_rank
-        if step.inp.training.model_dump().get("impl", "zlayout") != "zlayout":
-            self.label = f"{self.label} ({step.inp.training.impl})"
-
-
-def load_rows() -> list[Row]:
-    rows = [Row(m.host, as_step(m), m.row["world"]) for m in load_measured(with_memory=False) if m.steady_step_s]
-    for host, desc in HOSTS.items():
-        files = [ROOT / "benchmarks" / "measurements" / f for f in desc.get("verify_results", [])]
-        if files:
-            steps, _ = read_results(files, default_host_cores=desc["host_cores"])
-            rows += [Row(host, s, s.inp.hardware.world) for s in steps]
-        for key, flags in (("heldout_results", {"held_out": True}), ("host_floor_results", {"floor": True})):
-            files = [ROOT / "benchmarks" / "measurements" / f for f in desc.get(key, [])]
-            steps, _ = read_results([f for f in files if f.exists()], default_host_cores=desc["host_cores"])
-            rows += [Row(host, s, s.inp.hardware.world, **flags) for s in steps]
-    return rows
 
 
 def verify_inputs(flags: str):

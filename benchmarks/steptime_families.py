@@ -55,7 +55,7 @@ def error(predicted: float, measured: float) -> float:
 def in_sample() -> None:
     """The in-sample transformers rows, hand-counted vs carded."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from steptime_accuracy import FITTED_ON, load_rows
+    from measurements import FITTED_ON, load_rows
 
     from zlayout import cards
     from zlayout.core.calibrate import predict_step

@@ -276,7 +276,7 @@ def host_floor(steps: list[MeasuredStep]) -> dict[str, float]:
 
 
 def load_steps(held_out: bool = False) -> list[MeasuredStep]:
-    from steptime_accuracy import load_rows
+    from measurements import load_rows
     return [r.step for r in load_rows() if r.held_out == held_out and not r.floor]
 
 
@@ -309,7 +309,7 @@ def main() -> int:
                              "on the in-sample rows")
     args = parser.parse_args()
     if args.host_floor:
-        from steptime_accuracy import load_rows
+        from measurements import load_rows
         steps = [r.step for r in load_rows() if r.floor]
         for name, value in host_floor(steps).items():
             print(f"  {name:<38} {value:.4g}")

@@ -48,7 +48,7 @@ def with_card(step, card):
 
 def rows():
     """(source, in-sample?, measured step, the config its card is learned from)."""
-    from steptime_accuracy import FITTED_ON, load_rows
+    from measurements import FITTED_ON, load_rows
 
     from zlayout.hfconfig import to_hf_config
     from zlayout.profile.calibration import read_results

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from zlayout import tomlsafe
-from zlayout.catalog import BUILTIN_PRESETS_DIR
+from zlayout.shipped import BUILTIN_PRESETS_DIR
 from zlayout.core.card import CardError, ModelCard, card_from_dict
 from zlayout.smallfile import TooLarge, read_small_file
 

@@ -29,24 +29,11 @@ from pydantic import BaseModel, ValidationError
 
 from zlayout import tomlsafe
 from zlayout.messages import type_error_text
+from zlayout.shipped import BUILTIN_PRESETS_DIR
 from zlayout.smallfile import read_small_file
 from zlayout.spec import BOUNDS, GpuSpec, LinkSpec, ModelSpec, check_model_size
 
 KINDS = ("gpus", "links", "models", "profiles")
-
-
-def _builtin_presets_dir() -> Path:
-    """The shipped presets: inside the package in a wheel, else the checkout's top-level presets/.
-
-    An editable install or PYTHONPATH=<clone> imports zlayout from the checkout, where the
-    data sits beside the package; a wheel maps presets/ into zlayout/presets (pyproject.toml).
-    """
-    package_dir = Path(__file__).resolve().parent
-    inside = package_dir / "presets"
-    return inside if inside.is_dir() else package_dir.parent / "presets"
-
-
-BUILTIN_PRESETS_DIR = _builtin_presets_dir()
 PRESETS_DIR_ENV = "ZLAYOUT_PRESETS_DIR"
 
 METADATA_KEYS = frozenset({"description", "source"})

@@ -195,3 +195,12 @@ def test_a_config_name_with_escape_codes_and_newlines_reaches_no_terminal_raw(tm
     rules = yaml.safe_load((directory / "alerts.yml").read_text())["groups"][0]["rules"]
     # Prometheus expands {{ }} in labels: the name's is written as a template literal
     assert rules[0]["labels"]["profile"].startswith('evil [2J ]0;pwned rm -rf ~ {{ "{{" }} $value }}')
+
+
+def test_a_figure_edited_into_text_is_a_difference_not_a_crash():
+    """A derived figure hand-edited into a string (hypothesis found '[' where a float was) is not
+    the figure: the comparison says so instead of raising TypeError out of `zlayout show`."""
+    from zlayout.profile.integrity import _same
+
+    assert _same(6.0, 6.0 + 1e-12) and not _same(6.0, "[") and not _same("[", 6.0)
+    assert not _same(6.0, None) and _same(3, 3.0)

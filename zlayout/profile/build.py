@@ -15,6 +15,7 @@ from zlayout import __version__
 from zlayout.core.breakeven import break_even, crossovers
 from zlayout.core.plan import plan_layout
 from zlayout.profile.alerts import derive_alerts
+from zlayout.profile.errors import describe_validation_error
 from zlayout.profile.schema import (MEASURED_STATUSES, ChangeEntry, LayoutLimit, Limits, PredictedTerm,
                                     Prediction, Profile, RestartDrill, RunSettings, Verification, utc_now,
                                     without_custom_family)
@@ -291,8 +292,6 @@ def attach_verification(profile: Profile, result: Mapping[str, Any],
             drill = RestartDrill(**{k: v for k, v in drill_fields.items()
                                     if k in RestartDrill.model_fields and v is not None})
     except ValidationError as exc:
-        from zlayout.profile.store import describe_validation_error
-
         raise ValueError(f"verification result: {describe_validation_error(exc)}") from None
 
     before = _figures(profile)

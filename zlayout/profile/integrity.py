@@ -300,9 +300,12 @@ _NEWER_FIGURES = ("host_overhead_s", "gpu_flushes_per_step")
 
 
 def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, float) or isinstance(b, float):
-        if a is None or b is None or isinstance(a, bool) or isinstance(b, bool):
-            return a == b
+    """Equal, floats to within rounding; a hand-edited value of another kind (a string where a
+    number was) is simply not the same."""
+    def number(x: Any) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+    if (isinstance(a, float) or isinstance(b, float)) and number(a) and number(b):
         return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
     return a == b
 
