@@ -207,12 +207,17 @@ def test_strided_memory_traffic_is_priced_at_the_non_vectorized_kernels_bandwidt
     inp = plan_input_from_args(args)
     ops = (OpWork("elementwise", (0, 0, 0), (0, 0, 1e9), (0, 0, 1)),
            OpWork("elementwise_strided", (0, 0, 0), (0, 0, 2e9), (0, 0, 1)),
-           OpWork("elementwise_unaligned", (0, 0, 0), (0, 0, 3e9), (0, 0, 1)))
+           OpWork("elementwise_unaligned", (0, 0, 0), (0, 0, 3e9), (0, 0, 1)),
+           OpWork("elementwise_scatter", (0, 0, 0), (0, 0, 4e9), (0, 0, 1)))
     totals = WorkPhase(ops).totals(1, 1024)
-    assert (totals.memory_bytes, totals.strided_memory_bytes, totals.unaligned_memory_bytes) == (1e9, 2e9, 3e9)
+    assert (totals.memory_bytes, totals.strided_memory_bytes, totals.unaligned_memory_bytes,
+            totals.scatter_memory_bytes) == (1e9, 2e9, 3e9, 4e9)
     vectorized = steptime.phase_kernel_s(inp, steptime.PhaseWork(hbm_bytes=1e9))
     strided = steptime.phase_kernel_s(inp, steptime.PhaseWork(strided_hbm_bytes=1e9))
     assert strided == pytest.approx(vectorized / steptime.STRIDED_HBM_FRACTION)
+    # an accumulating index_put (a MoE block's backward of its gathers by expert): sorted, row by row
+    scatter = steptime.phase_kernel_s(inp, steptime.PhaseWork(scatter_hbm_bytes=1e9))
+    assert scatter == pytest.approx(vectorized / steptime.SCATTER_HBM_FRACTION)
 
 
 def test_falcon_s_math_attention_step_is_priced_from_its_strided_and_softmax_work():

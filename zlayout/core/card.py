@@ -75,6 +75,10 @@ UNALIGNED_SUFFIX = "_unaligned"  # an op on a tensor 16-byte loads cannot walk (
 # a pointwise op over a broadcast or strided operand (not zlayout.learn.trace._one_walk): PyTorch's
 # TensorIterator runs it on the offset-computing `elementwise_kernel`, not the vectorized one
 STRIDED_SUFFIX = "_strided"
+# an accumulating index_put (the backward of a gather by index: a MoE block's tokens sorted by
+# expert): PyTorch sorts the indices and adds each destination row's sources in turn
+# (`indexing_backward_kernel`), not at the bandwidth of an elementwise op
+SCATTER_SUFFIX = "_scatter"
 WIDE_BATCHED_GEMM = "bmm_wide"  # a batched matmul no side of which is head-narrow: priced as a GEMM
 GROUPED_GEMM_OPS = frozenset({"_grouped_mm"})
 FP32_GEMM_SUFFIX = "_fp32"  # a matmul on float32 inputs (the learner's ledger names them so): the math attention's
@@ -104,6 +108,7 @@ class WorkTotals:
     unaligned_gemm_flops: float = 0.0  # matmuls on misaligned operands (`UNALIGNED_SUFFIX`; not in gemm_flops)
     unaligned_memory_bytes: float = 0.0  # memory-bound ops on misaligned tensors (not in memory_bytes)
     strided_memory_bytes: float = 0.0  # pointwise ops over broadcast or strided operands (not in memory_bytes)
+    scatter_memory_bytes: float = 0.0  # accumulating index_puts (`SCATTER_SUFFIX`; not in memory_bytes)
 
     def __add__(self, other: "WorkTotals") -> "WorkTotals":
         return WorkTotals(*(a + b for a, b in zip(self.astuple(), other.astuple())))
@@ -114,7 +119,8 @@ class WorkTotals:
     def astuple(self) -> tuple[float, ...]:
         return (self.gemm_flops, self.batched_gemm_flops, self.attention_flops, self.memory_bytes, self.kernels,
                 self.grouped_gemm_flops, self.fp32_gemm_flops, self.masked_attention_flops,
-                self.unaligned_gemm_flops, self.unaligned_memory_bytes, self.strided_memory_bytes)
+                self.unaligned_gemm_flops, self.unaligned_memory_bytes, self.strided_memory_bytes,
+                self.scatter_memory_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +129,7 @@ class WorkPhase:
 
     def totals(self, micro_batch: int, seq: int) -> WorkTotals:
         gemm = batched = attention = masked = memory = kernels = grouped = fp32 = 0.0
-        unaligned_gemm = unaligned_memory = strided_memory = 0.0
+        unaligned_gemm = unaligned_memory = strided_memory = scatter_memory = 0.0
         for op in self.ops:
             flops = bytes_at(op.flops, micro_batch, seq)
             kernels += bytes_at(op.calls, micro_batch, seq)
@@ -136,6 +142,8 @@ class WorkPhase:
                     unaligned_memory += bytes_at(op.bytes, micro_batch, seq)
             elif flops == 0 and op.name.endswith(STRIDED_SUFFIX):
                 strided_memory += bytes_at(op.bytes, micro_batch, seq)
+            elif flops == 0 and op.name.endswith(SCATTER_SUFFIX):
+                scatter_memory += bytes_at(op.bytes, micro_batch, seq)
             elif op.name in ATTENTION_OPS:
                 attention += flops
             elif op.name in MASKED_ATTENTION_OPS:
@@ -149,7 +157,7 @@ class WorkPhase:
             else:
                 memory += bytes_at(op.bytes, micro_batch, seq)
         return WorkTotals(gemm, batched, attention, memory, kernels, grouped, fp32, masked, unaligned_gemm,
-                          unaligned_memory, strided_memory)
+                          unaligned_memory, strided_memory, scatter_memory)
 
 
 class BlockWeightGradient(NamedTuple):

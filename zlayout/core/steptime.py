@@ -112,6 +112,12 @@ UNALIGNED_HBM_FRACTION = 0.305
 # masked rows (0.94 ms for 2.38 GB), moved 4.77 GB in 2.27 ms: 2.11 TB/s, 0.55 of the 3.84 the
 # vectorized rate (HBM_EFFICIENCY) prices.
 STRIDED_HBM_FRACTION = 0.55
+# Accumulating index_puts (a card's `elementwise_scatter`: autograd's backward of a gather by index, a
+# transformers MoE block's tokens sorted by expert and back, two a block) sort their indices and add
+# each destination row's sources in turn (indexing_backward_kernel), at this share of the vectorized
+# rate. MEASURED on one profile (h200-2026-12-13 profiles/prof-3, granite-3.0-1b-a400m at 4 x 4096 on
+# one H200): 48 such kernels, 16.36 ms, for the 27.47 GB its card records: 1.68 TB/s, 0.437 of 3.84.
+SCATTER_HBM_FRACTION = 0.437
 ATTENTION_EFFICIENCY = 0.546  # causal flash attention forward (SDPA): achieved / peak on its halved FLOPs
 # Attention given an explicit attn_mask (transformers' sliding window once the sequence reaches it):
 # every kernel that takes a mask (cuDNN with a bias, memory-efficient) does the full square, read
@@ -479,6 +485,7 @@ class PhaseWork:
     masked_attention_flops: float = 0.0  # fused attention given an attn_mask: the full square, forward-equivalents
     unaligned_hbm_bytes: float = 0.0  # memory-bound ops on misaligned tensors (a card's `*_unaligned`)
     strided_hbm_bytes: float = 0.0  # pointwise ops over broadcast or strided operands (a card's `*_strided`)
+    scatter_hbm_bytes: float = 0.0  # accumulating index_puts (a card's `*_scatter`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -601,7 +608,7 @@ def card_work(inp: PlanInput, card) -> tuple[PhaseWork, PhaseWork]:
             gemm_flops=whole.gemm_flops - (head.gemm_flops if unaligned else 0.0) + experts,
             unaligned_gemm_flops=whole.unaligned_gemm_flops + (head.gemm_flops if unaligned else 0.0),
             unaligned_hbm_bytes=whole.unaligned_memory_bytes,
-            strided_hbm_bytes=whole.strided_memory_bytes,
+            strided_hbm_bytes=whole.strided_memory_bytes, scatter_hbm_bytes=whole.scatter_memory_bytes,
             batched_gemm_flops=whole.batched_gemm_flops, attention_flops=whole.attention_flops,
             fp32_gemm_flops=whole.fp32_gemm_flops, masked_attention_flops=whole.masked_attention_flops,
             hbm_bytes=whole.memory_bytes, kernels=whole.kernels, host_kernels=whole.kernels, host_fixed_s=fixed_s))
@@ -829,6 +836,7 @@ def phase_kernel_s(inp: PlanInput, work: PhaseWork, c: GpuStepConstants = SHIPPE
             + work.hbm_bytes / elementwise_bytes_per_s(inp)
             + work.unaligned_hbm_bytes / (elementwise_bytes_per_s(inp) * UNALIGNED_HBM_FRACTION)
             + work.strided_hbm_bytes / (elementwise_bytes_per_s(inp) * STRIDED_HBM_FRACTION)
+            + work.scatter_hbm_bytes / (elementwise_bytes_per_s(inp) * SCATTER_HBM_FRACTION)
             + work.fixed_s)
 
 

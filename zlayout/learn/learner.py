@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import nn
 
-from zlayout.core.card import STRIDED_SUFFIX, UNALIGNED_SUFFIX
+from zlayout.core.card import SCATTER_SUFFIX, STRIDED_SUFFIX, UNALIGNED_SUFFIX
 from zlayout.learn.trace import StorageLedger, Window, fused_attention
 
 # Token counts traced (one sequence): three fix a quadratic term (attention's FLOPs; eager
@@ -315,11 +315,12 @@ def op_work(flops: Counter, moved: Counter, calls: Counter) -> dict[str, dict[st
     """A phase's work by op: each FLOP-counted op (the matmuls, the attention kernels) on its own,
     every other op (elementwise, norms, copies, reductions: memory-bound) summed as "elementwise"
     ("elementwise_unaligned" those on tensors 16-byte loads cannot walk, `trace._vector_aligned`;
-    "elementwise_strided" the pointwise ops over a broadcast or strided operand, `trace._one_walk`);
+    "elementwise_strided" the pointwise ops over a broadcast or strided operand, `trace._one_walk`;
+    "elementwise_scatter" the accumulating index_puts, `trace.INDEX_PUTS`);
     each with its FLOPs, the bytes it moves and its kernel launches."""
     table = {"elementwise": {"flops": 0, "bytes": 0, "calls": 0}}
     for op in sorted(calls):
-        suffix = next((end for end in (UNALIGNED_SUFFIX, STRIDED_SUFFIX) if op.endswith(end)), "")
+        suffix = next((end for end in (UNALIGNED_SUFFIX, STRIDED_SUFFIX, SCATTER_SUFFIX) if op.endswith(end)), "")
         memory = "elementwise" + suffix
         entry = table.setdefault(op if flops[op] > 0 else memory, {"flops": 0, "bytes": 0, "calls": 0})
         entry["flops"] += flops[op]

@@ -29,7 +29,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
-from zlayout.core.card import BATCHED_GEMM_OPS, FP32_GEMM_SUFFIX, STRIDED_SUFFIX, UNALIGNED_SUFFIX, WIDE_BATCHED_GEMM
+from zlayout.core.card import (BATCHED_GEMM_OPS, FP32_GEMM_SUFFIX, SCATTER_SUFFIX, STRIDED_SUFFIX, UNALIGNED_SUFFIX,
+                               WIDE_BATCHED_GEMM)
 
 
 @dataclass
@@ -55,6 +56,13 @@ NO_KERNEL = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new
                        "alias", "lift_fresh", "_unsafe_view", "set_", "resize_", "_local_scalar_dense"})
 # Ops that read rows of a table (the embedding lookup): they move their output's bytes, not the table's.
 GATHERS = frozenset({"embedding", "index_select", "gather", "index"})
+# index_put(self, indices, values, accumulate): with accumulate (autograd's backward of `index`), CUDA
+# sorts the indices and runs indexing_backward_kernel (core.card.SCATTER_SUFFIX)
+INDEX_PUTS = frozenset({"index_put", "index_put_", "_index_put_impl_", "_index_put_impl"})
+
+
+def _accumulates(args, kwargs) -> bool:
+    return bool(kwargs.get("accumulate", args[3] if len(args) > 3 else False))
 
 
 def grouped_mm_flops(mat_a: torch.Tensor, mat_b: torch.Tensor, *args, out_val: torch.Tensor, **kwargs) -> int:
@@ -274,7 +282,9 @@ class StorageLedger(TorchDispatchMode):
         operands = [*inputs, *outputs]
         elementwise = not flops and len(outputs) == 1
         one_walk = elementwise and _one_walk(func, operands, outputs[0])
-        if _misaligned_start(operands) if one_walk else _misaligned(operands):
+        if name in INDEX_PUTS and _accumulates(args, kwargs):
+            name += SCATTER_SUFFIX  # priced apart (core.card): sorted, each row's sources added in turn
+        elif _misaligned_start(operands) if one_walk else _misaligned(operands):
             name += UNALIGNED_SUFFIX  # priced apart (core.card): no 16-byte vector loads
         elif elementwise and not one_walk and _pointwise(func):
             name += STRIDED_SUFFIX  # priced apart (core.card): the non-vectorized kernel
