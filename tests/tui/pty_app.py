@@ -26,6 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 KEYS = {
     "tab": "\t", "shift+tab": "\x1b[Z", "backspace": "\x7f", "end": "\x1b[F", "home": "\x1b[H",
     "left": "\x1b[D", "right": "\x1b[C", "up": "\x1b[A", "down": "\x1b[B", "delete": "\x1b[3~", "f12": "\x1b[24~", "ctrl+z": "\x1a", "ctrl+q": "\x11",
+    "enter": "\r", "pageup": "\x1b[5~", "pagedown": "\x1b[6~",
 }
 
 

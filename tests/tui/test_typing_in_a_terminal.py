@@ -327,3 +327,21 @@ def test_a_burst_from_the_table_through_the_lower_views_to_the_size_field(termin
     # a size without a unit plans nothing: the plan on screen stays llama3-70b's, marked stale
     assert state["plan_input"] == before["plan_input"] and state["table"] == before["table"]
     assert "field invalid (Size)" in state["status"]
+
+
+@pytest.mark.parametrize("size", [(160, 48), (80, 24)], ids=["160x48", "80x24"])
+def test_a_burst_of_arrows_scrolls_a_layouts_details_a_line_a_key(terminal_app, size):
+    """Ten ↓ in one write scroll the memory terms ten lines (Textual's own scroll reckoned each
+    key from where the view was at the last refresh: the burst moved them two); page and end
+    keys after them count from there too."""
+    import time
+
+    app = terminal_app(["app", "--preset", "llama3-8b", "--gpu", "h200", "--gpus-per-node", "8"], size)
+    app.write(keys("enter"))  # the table has the focus: the starred layout's details
+    app.state(until=lambda s: s["screen"] == "DetailScreen")
+    app.write(keys(*["down"] * 10))
+    time.sleep(1.0)  # a deferred scroll would have landed by now
+    assert app.state()["scrolled"] == {"detail-body": 10}
+    app.write(keys("up", "up", "up", "end", "up", "home", "down", "down"))
+    time.sleep(1.0)
+    assert app.state()["scrolled"] == {"detail-body": 2}

@@ -29,7 +29,7 @@ from zlayout.tui.actions import LayoutActionsMixin
 from zlayout.tui.backends import ProfileIO, catalog_presets, default_plan_input
 from zlayout.tui.commands import ZLayoutCommands
 from zlayout.tui.editing import EditingMixin, PlanReady
-from zlayout.tui.fields import KeysInTypedOrder, field_label
+from zlayout.tui.fields import KeyScroll, KeysInTypedOrder, field_label
 from zlayout.tui.form import Presets
 from zlayout.tui.screens import DetailScreen, HelpScreen, Verifier
 from zlayout.tui.widgets import (AppHeader, BreakEvenPanel, ComparePanel, InputsPanel, LayoutTable,
@@ -128,7 +128,7 @@ class Body(Horizontal):
         self.app.terminal_resized()
 
 
-class LowerViews(KeysInTypedOrder, VerticalScroll):
+class LowerViews(KeysInTypedOrder, KeyScroll):
     """The chart, break-even and what-if. Below 120 columns they had the 3-9 lines the table
     leaves (break-even took ~30 presses of ↓ in a 4-line window, what-if rows scrolled
     away from their header): while they have the focus there, the table and the status line
@@ -501,6 +501,7 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
             "subtitle": self.sub_title,
             "status": self.query_one(StatusLine).text,
             "screen": type(self.screen).__name__,
+            "scrolled": {w.id: w.scroll_target_y for w in self.screen.query(KeyScroll) if w.id},
             "notifications": [notification.message for notification in self._notifications],
         }
         tmp = f"{path}.tmp"

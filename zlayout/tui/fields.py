@@ -21,7 +21,9 @@ import re
 import time
 
 from textual import events
+from textual.actions import SkipAction
 from textual.app import ComposeResult
+from textual.containers import VerticalScroll
 from textual.widget import Widget
 from textual.widgets import Checkbox, Input, Select, TabbedContent, TabPane
 from textual.widgets._select import SelectCurrent, SelectOverlay
@@ -94,6 +96,36 @@ class KeysInTypedOrder:
             return
         if not passed_on_if_focus_moved(self, event):
             await ran_binding_now(self, event)
+
+
+class KeyScroll(VerticalScroll):
+    """A VerticalScroll that moves for every ↑ ↓ pgup pgdn home end, however fast they come.
+    Textual defers a key's scroll to the next refresh and reckons it from where the view was
+    then: keys arriving faster than the screen refreshes were lost (ten ↓ in one burst moved a
+    layout's memory terms two lines). Here each key scrolls now, from where the last one left it."""
+
+    def _scroll_now(self, y: float) -> None:
+        if not self.allow_vertical_scroll:
+            raise SkipAction()
+        self.scroll_to(y=y, animate=False, immediate=True)
+
+    def action_scroll_down(self) -> None:
+        self._scroll_now(self.scroll_target_y + 1)
+
+    def action_scroll_up(self) -> None:
+        self._scroll_now(self.scroll_target_y - 1)
+
+    def action_page_down(self) -> None:
+        self._scroll_now(self.scroll_target_y + self.scrollable_content_region.height)
+
+    def action_page_up(self) -> None:
+        self._scroll_now(self.scroll_target_y - self.scrollable_content_region.height)
+
+    def action_scroll_home(self) -> None:
+        self._scroll_now(0)
+
+    def action_scroll_end(self) -> None:
+        self._scroll_now(self.max_scroll_y)
 
 
 class FieldInput(Input):

@@ -17,7 +17,7 @@ from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Log, ProgressBar, Static
@@ -25,7 +25,7 @@ from textual.worker import Worker, WorkerState, get_current_worker
 
 from zlayout.spec import Layout, PlanInput
 from zlayout.tui import view
-from zlayout.tui.fields import FieldInput
+from zlayout.tui.fields import FieldInput, KeyScroll
 
 if TYPE_CHECKING:  # the planner is imported after the app's first frame
     from zlayout.core.plan import LayoutPlan
@@ -41,7 +41,10 @@ Verifier = Callable[..., Iterable[str]]
 class DetailScreen(ModalScreen[None]):
     """One layout: every memory term with its reason, and the ds_config it implies."""
 
-    BINDINGS = [Binding("escape,enter,q", "dismiss", "Close", id="detail-close")]
+    # f12: the app's state dump (the pty tests; nothing without $ZLAYOUT_STATE_DUMP), which a
+    # dialog's screen would otherwise stop
+    BINDINGS = [Binding("escape,enter,q", "dismiss", "Close", id="detail-close"),
+                Binding("f12", "app.dump_state", show=False)]
 
     def __init__(self, layout_plan: LayoutPlan, ds_config: dict[str, Any]) -> None:
         super().__init__()
@@ -60,7 +63,7 @@ class DetailScreen(ModalScreen[None]):
             yield Label(Text.assemble((lp.layout.label, "bold"), f"  {mem.gpu_fit.summary()}; "
                                       f"{needs}peak {gpu.peak} GiB allocated during {mem.peak_phase}"),
                         classes="dialog-title")
-            with VerticalScroll(id="detail-body"):
+            with KeyScroll(id="detail-body"):
                 yield Static(self._terms_table(), id="detail-terms")
                 yield Static(self._step_time_table(), id="detail-step-time")
                 yield Label("[b]ds_config.json[/b]")
@@ -230,7 +233,7 @@ class HelpScreen(ModalScreen[None]):
             table.add_row(key, description)
         with Vertical(id="help", classes="dialog"):
             yield Label("[b]zlayout keys[/b]", classes="dialog-title")
-            with VerticalScroll(id="help-keys"):
+            with KeyScroll(id="help-keys"):
                 yield Static(table)
             yield Label("[dim]escape: close · ↑↓ scroll[/dim]", classes="dialog-hint")
 
