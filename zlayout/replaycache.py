@@ -196,8 +196,9 @@ def warm_in_parallel(memo: LastingMemo | None, jobs: list[Callable[[], object]],
     workers = min(len(jobs), usable_cpus() if workers is None else workers)
     if workers < 2:
         return 0
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):  # a child must not print what the parent buffered
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            stream.flush()
     children = []
     for group in (jobs[i::workers] for i in range(workers)):
         read, write = os.pipe()
