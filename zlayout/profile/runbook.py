@@ -14,7 +14,7 @@ import re
 import shlex
 
 from zlayout.catalog import format_params
-from zlayout.core.fit import NEARLY_FULL_FRACTION, fills_alert_range
+from zlayout.core.fit import NEARLY_FULL_FRACTION, PREDICTED_DEVICE_USED_WORST_UNDER, fills_alert_range
 from zlayout.profile.contract import script_contract
 from zlayout.profile.diff import Effect, diff_profiles
 from zlayout.profile.launch import DEEPSPEED_SCRIPT, SLURM_SCRIPT, TORCHRUN_SCRIPT
@@ -366,7 +366,7 @@ def _alerts(p: Profile) -> list[str]:
         used_why = (f"the {g.basis} device use per GPU (the allocator's cache and CUDA's context with the "
                     f"tensors) is {gib(g.device_used_bytes)}; {over:.0%} above it the cache has grown past "
                     + ("the measured run's" if g.basis == "measured" else
-                       "the plan's (which held-out runs exceeded by up to 11.7%)")
+                       f"the plan's (which held-out runs exceeded by up to {PREDICTED_DEVICE_USED_WORST_UNDER:.1%})")
                     + ": larger requests, fragmentation, or another process")
         rows.append(("GPU memory in use", f"> {gib(g.warn_device_used_above_bytes)} per GPU",
                      f"{_expr(names, 'ZlayoutGpuMemoryHigh')} (MiB)", used_why,
