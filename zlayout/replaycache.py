@@ -183,13 +183,14 @@ def usable_cpus() -> int:
 
 def warm_in_parallel(memo: LastingMemo | None, jobs: list[Callable[[], object]],
                      workers: int | None = None) -> int:
-    """Run `jobs` (each plans something, filling `memo` with replay answers) in forked children,
-    at most one a usable CPU, and keep in `memo` the answers they found: the caller's own planning
-    then recalls them instead of replaying one layout after another (llama3-70b on 64 GPUs: four
-    ZeRO-3 replays of 80 layers, about 40 ms each). Returns the answers kept. Runs nothing where
-    that is not safe or not faster: no memo to carry the answers, no fork (Windows), another
-    thread running (a fork copies only the caller's), torch imported, fewer than two CPUs or jobs.
-    A child that fails, or answers in another form, is left out: its layouts replay as before."""
+    """Run `jobs` (each plans something, filling `memo` with replay answers) split over at most
+    one process a usable CPU: this one runs its share while forked children run theirs, and
+    `memo` keeps the answers the children found: the caller's own planning then recalls them
+    instead of replaying one layout after another (llama3-70b on 64 GPUs: four ZeRO-3 replays of
+    80 layers, about 40 ms each). Returns the answers added to `memo`. Runs nothing where that is
+    not safe or not faster: no memo to carry the answers, no fork (Windows), another thread
+    running (a fork copies only the caller's), torch imported, fewer than two CPUs or jobs. A
+    child that fails, or answers in another form, is left out: its layouts replay as before."""
     if (memo is None or not hasattr(os, "fork") or threading.active_count() > 1 or "torch" in sys.modules
             or len(jobs) < 2):
         return 0
@@ -199,40 +200,48 @@ def warm_in_parallel(memo: LastingMemo | None, jobs: list[Callable[[], object]],
     for stream in (sys.stdout, sys.stderr):  # a child must not print what the parent buffered
         with contextlib.suppress(OSError, ValueError, AttributeError):
             stream.flush()
+    added_before = memo.added
     children = []
-    for group in (jobs[i::workers] for i in range(workers)):
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: plan its share, send back what it added, never return
-            code = 1
-            try:
-                os.close(read)
-                known = set(memo.entries)
-                for job in group:
-                    job()
-                added = {key: value for key, value in memo.entries.items() if key not in known}
-                with os.fdopen(write, "w", encoding="utf-8") as out:
-                    out.write(json.dumps(added))
-                code = 0
-            finally:
-                os._exit(code)
-        os.close(write)
-        children.append((pid, read))
-    kept = 0
-    for pid, read in children:
-        with os.fdopen(read, "r", encoding="utf-8") as answers:
-            text = answers.read()
-        _, status = os.waitpid(pid, 0)
-        try:
-            added = json.loads(text) if status == 0 else {}
-        except ValueError:
-            added = {}
-        for key, value in added.items() if isinstance(added, dict) else ():
-            if _DIGEST.fullmatch(key) and _well_formed(value) and key not in memo.entries:
-                memo.entries[key] = value
-                memo.added += 1
-                kept += 1
-    return kept
+    try:
+        for group in (jobs[i::workers] for i in range(1, workers)):
+            read, write = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the child: plan its share, send back what it added, never return
+                code = 1
+                try:
+                    os.close(read)
+                    known = set(memo.entries)
+                    for job in group:
+                        job()
+                    added = {key: value for key, value in memo.entries.items() if key not in known}
+                    with os.fdopen(write, "w", encoding="utf-8") as out:
+                        out.write(json.dumps(added))
+                    code = 0
+                finally:
+                    os._exit(code)
+            os.close(write)
+            children.append((pid, read))
+        for job in jobs[::workers]:  # this process's share, while the children run theirs
+            job()
+    finally:
+        for pid, read in children:
+            _keep_answers(memo, pid, read)
+    return memo.added - added_before
+
+
+def _keep_answers(memo: LastingMemo, pid: int, read: int) -> None:
+    """Wait for one child of `warm_in_parallel` and keep the well-formed answers it sent."""
+    with os.fdopen(read, "r", encoding="utf-8") as answers:
+        text = answers.read()
+    _, status = os.waitpid(pid, 0)
+    try:
+        added = json.loads(text) if status == 0 else {}
+    except ValueError:
+        added = {}
+    for key, value in added.items() if isinstance(added, dict) else ():
+        if _DIGEST.fullmatch(key) and _well_formed(value) and key not in memo.entries:
+            memo.entries[key] = value
+            memo.added += 1
 
 
 @contextlib.contextmanager

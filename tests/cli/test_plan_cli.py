@@ -206,3 +206,14 @@ def test_a_preset_with_a_changed_architecture_is_a_custom_model_of_no_family(cap
     code, out, _ = run_plan(capsys, "--preset", "llama3-70b", "--layers", "48", "--hidden", "4096",
                             "--heads", "32", "--kv-heads", "4")
     assert code == 0 and out.startswith("custom: 19.8B params")
+
+
+def test_only_the_process_command_line_freezes_the_collector(capsys):
+    """`python -m zlayout plan` freezes what its imports made (the process ends after the
+    command); called with arguments, as tests and the app call it, main leaves the collector
+    of the process it runs in as it was."""
+    import gc
+
+    frozen = gc.get_freeze_count()
+    code, _, _ = run_plan(capsys, *REFERENCE_FLAGS, "--stage", "3", "--json")
+    assert code == 0 and gc.get_freeze_count() == frozen
