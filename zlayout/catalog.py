@@ -15,7 +15,6 @@ The TUI calls these functions on every keystroke, so parsed files are cached on
 from __future__ import annotations
 
 import bisect
-import difflib
 import functools
 import math
 import os
@@ -194,6 +193,8 @@ def _shown(name: str) -> str:
 
 def _did_you_mean(name: str, options: Iterable[str]) -> str:
     """' (did you mean llama3-70b?)' for a near miss (aliases resolve to their preset)."""
+    import difflib  # for a name that is not a preset only
+
     close = difflib.get_close_matches(_normalize(name)[:200], list(options), n=1, cutoff=0.6)
     return f" (did you mean {ALIASES.get(close[0], close[0])}?)" if close else ""
 

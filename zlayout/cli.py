@@ -7,25 +7,34 @@ is a one-line message on stderr and exit code 2, never a traceback.
 
 from __future__ import annotations
 
-import argparse
-import errno
 import gc
-import importlib
-import math
-import os
-import re
-import shlex
-import sys
-from typing import NoReturn, Sequence
 
-from pydantic import ValidationError
+# The start imports pydantic and builds zlayout's models: some 30 000 objects that live as long
+# as the process, and next to no garbage. The collector's 60-odd passes over them while they are
+# made cost a plan about 5 ms; it runs again once they are made (and main freezes them).
+_collecting = gc.isenabled()
+gc.disable()
 
-import zlayout._pydantic_plugins  # noqa: F401  (before zlayout.spec builds its models: see there)
-from zlayout.messages import (GIB_PER_UNIT, GIB_UNIT_RE, exception_text, parse_count_with_unit, parse_whole_number,
-                              printable, quoted)
-from zlayout.spec import (BOUNDS, GiB, HardwareSpec, Layout, ModelSpec, PlanInput, TrainingSpec,
+import argparse  # noqa: E402
+import errno  # noqa: E402
+import importlib  # noqa: E402
+import math  # noqa: E402
+import os  # noqa: E402
+import re  # noqa: E402
+import shlex  # noqa: E402
+import sys  # noqa: E402
+from typing import NoReturn, Sequence  # noqa: E402
+
+from pydantic import ValidationError  # noqa: E402
+
+import zlayout._pydantic_plugins  # noqa: F401,E402  (before zlayout.spec builds its models: see there)
+from zlayout.messages import (GIB_PER_UNIT, GIB_UNIT_RE, exception_text, parse_count_with_unit,  # noqa: E402
+                              parse_whole_number, printable, quoted)
+from zlayout.spec import (BOUNDS, GiB, HardwareSpec, Layout, ModelSpec, PlanInput, TrainingSpec,  # noqa: E402
                           ZeroKnobs)
-from zlayout.suggest import did_you_mean, did_you_mean_choice, did_you_mean_flag
+
+if _collecting:
+    gc.enable()
 
 SUBCOMMANDS = ("plan", "breakeven", "presets", "export", "show", "check", "diff", "verify", "calibrate",
                "serve", "app", "learn")
@@ -67,6 +76,9 @@ def _flag_hints(extras: Sequence[str], flags: Sequence[str]) -> str:
     """' (did you mean --seq?)' for one unknown flag; for several, each named, those with the
     same answer together: ' (--num-gpus: did you mean --gpus-per-node?; --mbs: did you mean
     --micro-batch?)'."""
+    # zlayout.suggest (and difflib) is imported where a suggestion is made, for bad input only
+    from zlayout.suggest import did_you_mean_flag
+
     unknown = [arg for arg in extras if arg.startswith("-")] or list(extras[:1])
     grouped: dict[str, list[str]] = {}
     for arg in unknown:
@@ -107,6 +119,8 @@ class ZlayoutParser(argparse.ArgumentParser):
         sub = self._subcommand(args[0]) if args else None
         if sub is None:
             return
+        from zlayout.suggest import did_you_mean_flag
+
         flags = [o for action in sub._actions for o in action.option_strings]
         for arg in args[1:]:
             if arg == "--":
@@ -133,6 +147,8 @@ class ZlayoutParser(argparse.ArgumentParser):
     def _rewrite(self, message: str) -> str:
         choice = re.match(r"argument (\S+?): invalid choice: '?(.*?)'? \(choose from (.*)\)$", message, re.S)
         if choice:
+            from zlayout.suggest import did_you_mean, did_you_mean_choice
+
             flag, value, options = choice.groups()
             names = [o.strip(" '") for o in options.split(",")]
             if flag == "COMMAND":
@@ -255,6 +271,8 @@ def _choice(choices: Sequence[str]):
     def choice(text: str) -> str:
         if text.lower() in choices:
             return text.lower()
+        from zlayout.suggest import did_you_mean_choice
+
         raise argparse.ArgumentTypeError(f"{quoted(text)} is not one of {', '.join(choices)}"
                                          f"{did_you_mean_choice(text, choices)}")
 
@@ -279,6 +297,8 @@ def _typed(parse, action: argparse.Action):
             return parse(text, field)
         except argparse.ArgumentTypeError as exc:
             if choices:  # --stage: the choices are what to type (zero3 and z3 mean 3)
+                from zlayout.suggest import did_you_mean_choice
+
                 raise argparse.ArgumentTypeError(
                     f"{quoted(text)} is not one of {', '.join(map(str, choices))}"
                     f"{did_you_mean_choice(text, choices)}") from None
@@ -711,8 +731,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             # `zlayout --preset llama3-70b` is the app on those inputs, as plain `zlayout` is the
             # app (it read the flag's value as a command: "unknown command 'llama3-70b'")
             words.insert(0, "app")
-        parser = build_parser(only=words[0] if words else None)
-        args = parser.parse_args(_negative_values_attached(words))
+        if argv is None:
+            gc.disable()  # the subcommand's imports, as this module's own (above)
+        try:
+            parser = build_parser(only=words[0] if words else None)
+            args = parser.parse_args(_negative_values_attached(words))
+        finally:
+            if argv is None and _collecting:
+                gc.enable()
         if args.command is None:
             from zlayout.tui.app import run_app
 

@@ -7,12 +7,15 @@ them and the recommendation) do not import each other.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from zlayout.core.breakeven import BreakEven
 from zlayout.core.comm import CommEstimate
 from zlayout.core.memory import MemoryEstimate
 from zlayout.core.steptime import StepTimeEstimate
 from zlayout.spec import Layout
+
+if TYPE_CHECKING:  # a plan without break-even (`zlayout plan`) does not load its searches
+    from zlayout.core.breakeven import BreakEven
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zlayout.core.breakeven import break_even
 from zlayout.core.comm import estimate_comm
 from zlayout.core.layoutplan import LayoutPlan
 from zlayout.core.memory import estimate_memory
@@ -34,13 +33,13 @@ def plan_layout(inp: PlanInput, layout: Layout, with_breakeven: bool = True,
                 presets_dirs: tuple[str, ...] = ()) -> LayoutPlan:
     memory = estimate_memory(inp, layout)
     comm = estimate_comm(inp, layout)
-    return LayoutPlan(
-        layout=layout,
-        memory=memory,
-        comm=comm,
-        time=estimate_step_time(inp, layout, comm, allocator_flush_s=memory.gpu_fit.flush_cost_s),
-        breakeven=break_even(inp, layout, presets_dirs) if with_breakeven else None,
-    )
+    time = estimate_step_time(inp, layout, comm, allocator_flush_s=memory.gpu_fit.flush_cost_s)
+    breakeven = None
+    if with_breakeven:  # imported here: `zlayout plan` plans without it and need not load its searches
+        from zlayout.core.breakeven import break_even
+
+        breakeven = break_even(inp, layout, presets_dirs)
+    return LayoutPlan(layout=layout, memory=memory, comm=comm, time=time, breakeven=breakeven)
 
 
 def make_plan(inp: PlanInput, layouts: tuple[Layout, ...] | None = None,
