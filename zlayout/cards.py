@@ -194,7 +194,7 @@ def _compact(value: Any) -> Any:
     ...": TOML arrays of arrays parse ten times slower, and the planner reads a card every plan.
     The work tables likewise: each op's flops, bytes and calls as "q a c, q a c, q a c"."""
     if isinstance(value, dict):
-        return {k: (_polys_text(v) if k in PHASES and isinstance(v, list)
+        return {k: (_polys_text(v) if (k in PHASES or k.endswith("_reductions")) and isinstance(v, list)
                     else {phase: {op: _polys_text(polys) for op, polys in ops.items()} for phase, ops in v.items()}
                     if k == "work" and isinstance(v, dict) else _compact(v)) for k, v in value.items()}
     if isinstance(value, list):

@@ -607,6 +607,13 @@ class GpuSpec(Frozen):
     host_cores_per_gpu: int = Field(default=14,
                                     description="CPU cores per GPU of the GPU's usual 8-GPU node "
                                                 "(DGX H100/H200: 2 x 56 cores / 8 GPUs = 14)")
+    # what a CUDA reduction's launch heuristics read (cudaDeviceProp): they size the scratch
+    # buffer a norm's or a bias's weight gradient allocates (core.reductions); H100 / H200's default
+    multiprocessors: int = Field(default=132, ge=1, le=4096, description="streaming multiprocessors (SMs)")
+    max_threads_per_multiprocessor: int = Field(default=2048, ge=32, le=8192,
+                                                description="resident threads an SM holds (2048 on sm80 / sm90 "
+                                                            "/ sm100, 1536 on sm86 / sm89)")
+    warp_size: int = Field(default=32, ge=32, le=64, description="32 on NVIDIA, 64 on AMD CDNA")
 
 
 class LinkSpec(Frozen):

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from zlayout import cards
+from zlayout import catalog, cards
+from zlayout.core.reductions import device_of
 from zlayout.cli import build_parser, plan_input_from_args
 from zlayout.core import allocator_sim as sim
 from zlayout.core.memory import estimate_memory
@@ -85,7 +86,7 @@ def test_each_block_replays_the_cards_forward_requests_in_order(carded):
     inp = carded("pythia-1b.json", "--seq", "2048", "--micro-batch", "4")
     layout = Layout(stage=0, offload_optimizer="gpu", offload_param="gpu")
     block = inp.model.card.regime(2048).block(inp.model.card.layer_kinds[0])
-    forward = [x for x in block.forward.sizes(4, 2048) if x > sim.SMALL_SIZE]
+    forward = [x for x in block.forward.sizes(4, 2048, device_of(catalog.load_gpu("h200"))) if x > sim.SMALL_SIZE]
     assert len(forward) > 5
     events = sim.allocation_sequence(inp, layout, steps=1)
     # every block but the first (whose forward also takes the cuBLAS workspace) asks for the

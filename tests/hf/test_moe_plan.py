@@ -11,6 +11,7 @@ from zlayout import catalog, hfconfig
 from zlayout.cli import main
 from zlayout.core.memory import (estimate_memory, layer_activation_bytes, moe_dispatch_bytes,
                                  persistent_small_param_elements, saved_activation_bytes)
+from zlayout.core.reductions import device_of
 from zlayout.core.steptime import estimate_step_time, matmul_params, micro_step_work
 from zlayout.spec import HardwareSpec, Layout, ModelSpec, PlanInput, TrainingSpec, ZeroKnobs
 from tests.hf.conftest import CONFIGS
@@ -75,7 +76,7 @@ def test_dispatch_and_expert_gradients_appear_only_for_moe():
         assert (term(est, "moe_dispatch") > 0) is present
         assert (term(est, "moe_expert_gradients") > 0) is present
     # the one-hot mask: tokens x top_k x (experts + 1) int64, plus the zeroed output
-    assert moe_dispatch_bytes(moe(), TrainingSpec(seq=1000)) == 1000 * (2 * 9 * 8 + 1024 * 2)
+    assert moe_dispatch_bytes(moe(), TrainingSpec(seq=1000), device_of(catalog.load_gpu("h200"))) == 1000 * (2 * 9 * 8 + 1024 * 2)
 
 
 def test_small_routers_persist_under_stage3():

@@ -679,3 +679,41 @@ def test_a_saved_tensor_at_a_dead_storages_address_counts_as_its_own():
     assert len(addresses) < saved_count  # an address came back: the case under test happened
     assert window.saved_by_dtype["bfloat16"] == saved_count * 1024 * 2
     assert ledger.current == 0
+
+
+def test_a_norms_weight_gradient_is_recorded_as_a_reduction_the_planner_sizes_for_its_gpu():
+    """`x * weight` over (batch, seq, hidden): the weight's gradient sums batch x sequence of each
+    column, the reduction CUDA splits over thread blocks with a global scratch buffer (Reduce.cuh).
+    The window holds placeholders of 0 bytes where the kernel allocates and frees it, and the
+    reduction's shape: 2304 columns of 4096 tokens, columns contiguous, four a thread."""
+    from zlayout.core.reductions import REDUCTION_EVENTS, Device, Reduction, scratch_bytes
+
+    ledger = StorageLedger()
+    x = torch.zeros(2, 2048, 2304, device="meta", requires_grad=True)
+    weight = torch.zeros(2304, device="meta", requires_grad=True)
+    ledger.exclude([x, weight])
+    with ledger:
+        window = ledger.open_window("backward", 0)
+        (x * weight).sum().backward()
+        ledger.close_window(window)
+    shapes = [(at, shape) for at, shape in window.reductions.items() if shape["outputs"] == 2304]
+    assert len(shapes) == 1
+    at, shape = shapes[0]
+    assert window.events[at:at + REDUCTION_EVENTS] == [0] * REDUCTION_EVENTS
+    assert shape == {"outputs": 2304, "inputs": 4096, "fastest": 0, "contiguous": 1, "reduce_dims": 1,
+                     "ndim": 2, "output_vec": 4, "acc_bytes": 4, "max_threads": 512}
+    reduction = Reduction((0, 0, 2304), (0, 0, 4096), False, True, 1, 2, 4, 4)
+    assert scratch_bytes(reduction, 2304, 4096, Device(132, 2048))[0] == 72 * 2**20  # as the H200 measured
+
+
+def test_a_config_asking_for_another_attention_is_told_which_the_card_and_verify_use(tmp_path):
+    """A config.json saved with `_attn_implementation: flash_attention_2` (the flash-attn package):
+    the card is learned, and verify trains, with what transformers picks for the class (sdpa), and
+    learn says so in one note instead of printing "sdpa" as if the config had asked for it."""
+    config = tmp_path / "llama-fa2.json"
+    config.write_text(json.dumps({**small_config("llama-defaults"), "_attn_implementation": "flash_attention_2"}))
+    learned = zlayout("learn", "--hf-config", str(config), "--out", str(tmp_path / "cards"), cards_dir=tmp_path)
+    assert learned.returncode == 0, learned.stderr
+    notes = [line for line in learned.stderr.splitlines() if line.startswith("zlayout: note:")]
+    assert len(notes) == 1 and "'flash_attention_2'" in notes[0] and "with 'sdpa'" in notes[0]
+    assert "(sdpa attention)" in learned.stdout

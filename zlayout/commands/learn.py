@@ -70,6 +70,15 @@ def run(args: argparse.Namespace) -> int:
         cards.write_depth_alias(folder, config, key)  # the same config cut or built to other depths
     except OutFileError as exc:
         raise UsageError(str(exc)) from None
+    asked = next((config.get(k) for k in ("attn_implementation", "_attn_implementation") if config.get(k)), None)
+    if isinstance(asked, str) and asked != card["attention"]:
+        from zlayout.cli import _note
+
+        # the verify worker builds the class the same way (zlayout.verify.worker_model.hf_builder)
+        _note(args, f"{path.name} asks for {asked!r} attention; the card is learned, and zlayout verify trains, "
+                    f"with {card['attention']!r}, the implementation transformers picks for this class"
+                    + (" (sdpa runs PyTorch's flash kernel where flash-attn would run its own, keeping the same "
+                       "tensors)" if card["attention"] == "sdpa" and "flash" in asked else ""))
     kinds = len(set(card["layers"]["kinds"]))
     fitted = " / ".join(", ".join(map(str, r["tokens_fitted"])) for r in card["regimes"])
     checked = " / ".join(str(r["tokens_checked"]) for r in card["regimes"])

@@ -80,6 +80,7 @@ from dataclasses import astuple, dataclass, field
 from zlayout.core.caching_allocator import (  # noqa: F401 (the allocator's names, read here by tests)
     DEFAULT_STREAM, LARGE_BUFFER, MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_SIZE, CachingAllocator, Device,
     OutOfMemory, Pools, _Block, allocation_size, replay, round_size)
+from zlayout.core.reductions import device_of
 from zlayout.core.replay_blocks import BIAS_GRAD_TRANSIENT, CardBlocks, HandBlocks  # noqa: F401
 from zlayout.core.replay_gathers import Gathers
 from zlayout.core.replay_grads import ALLREDUCE_BUCKET_ELEMENTS, NORM_PART_ELEMENTS, GradientReduction  # noqa: F401
@@ -132,7 +133,7 @@ def card_blocks(inp, s: _Seq, first_matmul, leaf: tuple[int, ...] = ()) -> CardB
     if not _replays_card(model, t):
         return None
     return CardBlocks(model.card, s, model.layers, t.micro_batch, t.seq, t.checkpointing == "full",
-                      model.norm == "rmsnorm", first_matmul, leaf)
+                      model.norm == "rmsnorm", first_matmul, device_of(inp.hardware.gpu), leaf)
 
 
 @dataclass

@@ -24,6 +24,8 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, NamedTuple
 
+from zlayout.core.reductions import REDUCTION_EVENTS, Device, Reduction, scratch_bytes
+
 Poly = tuple[float, float, float]
 
 
@@ -38,16 +40,25 @@ def bytes_at(poly: Poly, micro_batch: int, seq: int) -> float:
 
 @dataclass(frozen=True, slots=True)
 class Phase:
-    """One phase's requests, in order."""
+    """One phase's requests, in order. A reduction kernel's scratch (core.reductions) is
+    REDUCTION_EVENTS placeholder requests of 0 bytes at the index `reductions` gives it: its size
+    depends on the GPU, which the card does not know, so `sizes` and `net_and_peak` take one."""
 
     requests: tuple[Poly, ...]
+    reductions: tuple[tuple[int, Reduction], ...] = ()
 
-    def net_and_peak(self, micro_batch: int, seq: int) -> tuple[int, int]:
-        return _net_and_peak(self.requests, micro_batch, seq)
+    def net_and_peak(self, micro_batch: int, seq: int, device: Device) -> tuple[int, int]:
+        if not self.reductions:
+            return _net_and_peak(self.requests, micro_batch, seq)
+        return _net_and_peak_sizes(_sizes(self, micro_batch, seq, device))
 
-    def sizes(self, micro_batch: int, seq: int) -> list[int]:
+    def net(self, micro_batch: int, seq: int) -> int:
+        """What the phase leaves allocated: any GPU's (a scratch is freed where it is made)."""
+        return _net_and_peak(self.requests, micro_batch, seq)[0]
+
+    def sizes(self, micro_batch: int, seq: int, device: Device) -> list[int]:
         """The requests' sizes (positive: allocate, negative: free), for an allocator replay."""
-        return [int(round(bytes_at(poly, micro_batch, seq))) for poly in self.requests]
+        return list(_sizes(self, micro_batch, seq, device))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -58,6 +69,26 @@ def _net_and_peak(requests: tuple[Poly, ...], micro_batch: int, seq: int) -> tup
         live += bytes_at(poly, micro_batch, seq)
         peak = max(peak, live)
     return int(round(live)), int(round(peak))
+
+
+@functools.lru_cache(maxsize=4096)
+def _net_and_peak_sizes(sizes: tuple[int, ...]) -> tuple[int, int]:
+    live = peak = 0
+    for size in sizes:
+        live += size
+        peak = max(peak, live)
+    return live, peak
+
+
+@functools.lru_cache(maxsize=4096)
+def _sizes(phase: Phase, micro_batch: int, seq: int, device: Device) -> tuple[int, ...]:
+    sizes = [int(round(bytes_at(poly, micro_batch, seq))) for poly in phase.requests]
+    for at, reduction in phase.reductions:
+        outputs = int(round(bytes_at(reduction.outputs, micro_batch, seq)))
+        inputs = int(round(bytes_at(reduction.inputs, micro_batch, seq)))
+        buffer, semaphores = scratch_bytes(reduction, outputs, inputs, device)
+        sizes[at:at + REDUCTION_EVENTS] = [buffer, semaphores, -semaphores, -buffer]
+    return tuple(sizes)
 
 
 # How the step-time model prices an op's work (core.steptime): the fused attention kernels
@@ -276,25 +307,26 @@ class ModelCard:
         for kind in self.layer_kinds:
             block = regime.block(kind)
             phase = block.checkpointed_forward if checkpointing else block.forward
-            total += phase.net_and_peak(micro_batch, seq)[0]
+            total += phase.net(micro_batch, seq)
         return total
 
-    def largest_block_transient(self, micro_batch: int, seq: int, checkpointing: bool) -> int:
+    def largest_block_transient(self, micro_batch: int, seq: int, checkpointing: bool, device: Device) -> int:
         """The most a block's backward holds above what it started with (with checkpointing:
         its recompute and backward), over the kinds of block."""
-        return max((b.checkpointed_backward if checkpointing else b.backward).net_and_peak(micro_batch, seq)[1]
+        return max((b.checkpointed_backward if checkpointing else b.backward).net_and_peak(micro_batch, seq,
+                                                                                          device)[1]
                    for b in self.regime(seq).blocks)
 
-    def largest_block_request(self, micro_batch: int, seq: int, checkpointing: bool) -> int:
+    def largest_block_request(self, micro_batch: int, seq: int, checkpointing: bool, device: Device) -> int:
         """The largest single request of a block's backward (with checkpointing: with its recompute)."""
-        return max(max((b.checkpointed_backward if checkpointing else b.backward).sizes(micro_batch, seq),
+        return max(max((b.checkpointed_backward if checkpointing else b.backward).sizes(micro_batch, seq, device),
                        default=0) for b in self.regime(seq).blocks)
 
-    def largest_forward_transient(self, micro_batch: int, seq: int, checkpointing: bool) -> int:
+    def largest_forward_transient(self, micro_batch: int, seq: int, checkpointing: bool, device: Device) -> int:
         """The most a block's forward holds above what it keeps."""
         worst = 0
         for b in self.regime(seq).blocks:
-            net, peak = (b.checkpointed_forward if checkpointing else b.forward).net_and_peak(micro_batch, seq)
+            net, peak = (b.checkpointed_forward if checkpointing else b.forward).net_and_peak(micro_batch, seq, device)
             worst = max(worst, peak - net)
         return worst
 
@@ -339,13 +371,13 @@ class ModelCard:
         (the model's outputs dropped, the loss kept)."""
         regime = self.regime(seq)
         phase = regime.head_checkpointed_forward if checkpointing else regime.head_forward
-        return phase.net_and_peak(micro_batch, seq)[0]
+        return phase.net(micro_batch, seq)
 
-    def head_backward_peak_bytes(self, micro_batch: int, seq: int, checkpointing: bool) -> int:
+    def head_backward_peak_bytes(self, micro_batch: int, seq: int, checkpointing: bool, device: Device) -> int:
         """The most the loss's and head's backward hold above what the forward left."""
         regime = self.regime(seq)
         phase = regime.head_checkpointed_backward if checkpointing else regime.head_backward
-        return phase.net_and_peak(micro_batch, seq)[1]
+        return phase.net_and_peak(micro_batch, seq, device)[1]
 
 
     def at_layers(self, layers: int) -> "ModelCard":
@@ -471,8 +503,10 @@ def _work(data: Any, where: str) -> dict[str, WorkPhase] | None:
 
 
 
-def _phase(data: Any, where: str) -> Phase:
-    if isinstance(data, str):  # "q a c, q a c, ..." (zlayout.cards writes requests so)
+def _phase(data: Any, where: str, reductions: Any = None) -> Phase:
+    """A phase's requests, "q a c, q a c, ..." (zlayout.cards writes them so) or [[q, a, c], ...],
+    and its reductions' scratch (`_reductions`)."""
+    if isinstance(data, str):
         try:
             requests = tuple(tuple(float(x) for x in r.split()) for r in data.split(",") if r.strip())
         except ValueError:
@@ -480,14 +514,53 @@ def _phase(data: Any, where: str) -> Phase:
         if any(len(r) != 3 for r in requests) or any(x != x or x in (float("inf"), -float("inf"))
                                                      for r in requests for x in r):
             raise CardError(f"{where}: a request is three finite numbers \"q a c\"")
-        return Phase(requests)
-    if data == []:
-        return Phase(())
-    if not isinstance(data, list) or not all(
+    elif data == []:
+        requests = ()
+    elif not isinstance(data, list) or not all(
             isinstance(r, list) and len(r) == 3 and all(isinstance(x, (int, float)) and not isinstance(x, bool)
                                                         for x in r) for r in data):
         raise CardError(f"{where}: a phase is a list of [q, a, c] requests")
-    return Phase(tuple(tuple(float(x) for x in r) for r in data))
+    else:
+        requests = tuple(tuple(float(x) for x in r) for r in data)
+    return Phase(requests, _reductions(reductions, requests, f"{where}_reductions"))
+
+
+# a reduction's scratch in a card: "index, outputs (q a c), inputs (q a c)" and Reduction's flags
+REDUCTION_FIELDS = 14
+
+
+def _reductions(data: Any, requests: tuple[Poly, ...], where: str) -> tuple[tuple[int, Reduction], ...]:
+    """Each reduction kernel's scratch: "at oq oa oc iq ia ic fastest contiguous reduce_dims ndim
+    output_vec acc_bytes max_threads, ..." (zlayout.learn.learner `reduction_rows`), at placeholder
+    requests of 0 bytes."""
+    if data is None or data == "" or data == []:
+        return ()
+    if isinstance(data, str):  # as zlayout.cards writes them
+        rows = [row.split() for row in data.split(",")]
+    elif isinstance(data, list) and all(isinstance(row, list) for row in data):  # as the learner returns them
+        rows = data
+    else:
+        raise CardError(f"{where}: reductions are a string of numbers")
+    out = []
+    for row in rows:
+        try:
+            numbers = [float(x) for x in row if not isinstance(x, bool)]
+        except (TypeError, ValueError):
+            raise CardError(f"{where}: a reduction is {REDUCTION_FIELDS} numbers") from None
+        if len(numbers) != REDUCTION_FIELDS or any(x != x or abs(x) == float("inf") for x in numbers):
+            raise CardError(f"{where}: a reduction is {REDUCTION_FIELDS} finite numbers")
+        at = int(numbers[0])
+        flags = numbers[7:]
+        if at != numbers[0] or any(f != int(f) or f < 0 for f in flags) or not (
+                0 <= at <= len(requests) - REDUCTION_EVENTS) or any(
+                requests[i] != (0.0, 0.0, 0.0) for i in range(at, at + REDUCTION_EVENTS)):
+            raise CardError(f"{where}: a reduction's index must name {REDUCTION_EVENTS} empty requests")
+        fastest, contiguous, reduce_dims, ndim, output_vec, acc_bytes, max_threads = (int(f) for f in flags)
+        if output_vec not in (1, 2, 4) or acc_bytes not in (1, 2, 4, 8) or max_threads not in (256, 512):
+            raise CardError(f"{where}: a reduction's vector size, accumulator or threads are not Reduce.cuh's")
+        out.append((at, Reduction(tuple(numbers[1:4]), tuple(numbers[4:7]), bool(fastest), bool(contiguous),
+                                  reduce_dims, ndim, output_vec, acc_bytes, max_threads)))
+    return tuple(out)
 
 
 def _get(data: Mapping[str, Any], key: str, kind: type, where: str) -> Any:
@@ -526,7 +599,8 @@ def card_from_dict(data: Mapping[str, Any], key: str, source: str = "", digest: 
                 raise CardError(f"{at}.blocks[{i}]: zero3_held must be a list of element counts")
             blocks.append(BlockCard(kind=_get(block, "kind", int, f"{at}.blocks[{i}]"),
                                     work=_work(block.get("work"), f"{at}.blocks[{i}].work"), zero3_held=tuple(held),
-                                    **{name: _phase(block.get(name), f"{at}.blocks[{i}].{name}") for name in (
+                                    **{name: _phase(block.get(name), f"{at}.blocks[{i}].{name}",
+                                                    block.get(f"{name}_reductions")) for name in (
                                         "forward", "backward", "checkpointed_forward", "checkpointed_backward")}))
         missing = set(kinds) - {b.kind for b in blocks}
         if missing:
@@ -536,7 +610,7 @@ def card_from_dict(data: Mapping[str, Any], key: str, source: str = "", digest: 
         if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)):
             raise CardError(f"{at}: max_tokens must be a whole number")
         regimes.append(Regime(max_tokens=max_tokens, blocks=tuple(blocks), head_work=_work(head.get("work"), f"{at}.head.work"), **{
-            f"head_{name}": _phase(head.get(name), f"{at}.head.{name}")
+            f"head_{name}": _phase(head.get(name), f"{at}.head.{name}", head.get(f"{name}_reductions"))
             for name in ("forward", "backward", "checkpointed_forward", "checkpointed_backward")}))
     if not regimes or regimes[-1].max_tokens is not None:
         raise CardError(f"{where}: the last regime must hold any sequence length (no max_tokens)")

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 from zlayout.core.fit import flush_cost_s
+from zlayout.core.reductions import Device, device_of
 from zlayout.core.tensors import (  # noqa: F401 (read from here by tests and benchmarks)
     NORM_PART_ELEMENTS, layer_tensor_sizes, parameter_tensor_sizes, stage3_live_param_elements,
     Regathered, stage3_regathered_elements, stage3_sub_groups, zero3_leaf_moe_tensor_sizes)
@@ -224,21 +225,21 @@ def moe_mlp_activation_bytes_per_token(model: ModelSpec, training: TrainingSpec)
     return routed + router + shared
 
 
-def moe_dispatch_bytes(model: ModelSpec, training: TrainingSpec) -> int:
+def moe_dispatch_bytes(model: ModelSpec, training: TrainingSpec, device: Device) -> int:
     """Token dispatch of one MoE block's forward: the one-hot expert mask transformers builds
     (tokens x top_k x (experts + 1), int64) and the block's zeroed output (tokens x hidden).
     Transient: freed when the block's forward ends (with checkpointing: its recompute)."""
     card = card_of(model, training)
     if card is not None:  # the card's largest forward transient of a block, MoE dispatch or not
         return card.largest_forward_transient(training.micro_batch, training.seq,
-                                              training.checkpointing == "full") if model.is_moe else 0
+                                              training.checkpointing == "full", device) if model.is_moe else 0
     if not model.is_moe:
         return 0
     tokens = tokens_per_micro_batch(training)
     return tokens * ((model.top_k or 0) * (model.experts + 1) * 8 + model.hidden * weight_bytes_per_param(training))
 
 
-def moe_expert_gradient_bytes(model: ModelSpec, training: TrainingSpec) -> int:
+def moe_expert_gradient_bytes(model: ModelSpec, training: TrainingSpec, device: Device) -> int:
     """transformers (v5) stores a block's experts as two fused tensors and indexes them per
     expert; autograd's index backward makes a full-size gradient for each expert used and
     accumulates them: while a MoE block runs backward, both fused tensors' accumulating
@@ -246,7 +247,7 @@ def moe_expert_gradient_bytes(model: ModelSpec, training: TrainingSpec) -> int:
     card = card_of(model, training)
     if card is not None:  # the card's block backward transient (checkpointing: with its recompute)
         return card.largest_block_transient(training.micro_batch, training.seq,
-                                            training.checkpointing == "full") if model.is_moe else 0
+                                            training.checkpointing == "full", device) if model.is_moe else 0
     if not model.is_moe:
         return 0
     gate_up = model.experts * (2 if model.mlp == "swiglu" else 1) * model.expert_ffn_size * model.hidden
@@ -308,20 +309,20 @@ def saved_activation_bytes(model: ModelSpec, training: TrainingSpec) -> int:
             + model.moe_layer_count * layer_activation_bytes(model, training, moe=True))
 
 
-def recompute_bytes(model: ModelSpec, training: TrainingSpec) -> int:
+def recompute_bytes(model: ModelSpec, training: TrainingSpec, device: Device) -> int:
     """With checkpointing, one block's activations are rebuilt during its backward (a MoE
     block's with its token dispatch)."""
     if training.checkpointing != "full":
         return 0
     card = card_of(model, training)
     if card is not None:  # the largest of a block's recompute and backward, from the card
-        return card.largest_block_transient(training.micro_batch, training.seq, True)
+        return card.largest_block_transient(training.micro_batch, training.seq, True, device)
     if model.is_moe:
-        return layer_activation_bytes(model, training, moe=True) + moe_dispatch_bytes(model, training)
+        return layer_activation_bytes(model, training, moe=True) + moe_dispatch_bytes(model, training, device)
     return layer_activation_bytes(model, training)
 
 
-def block_backward_bytes(model: ModelSpec, training: TrainingSpec) -> int:
+def block_backward_bytes(model: ModelSpec, training: TrainingSpec, device: Device) -> int:
     """Without checkpointing, the most one block's backward holds above its saved activations,
     from the card (a dense model's: a MoE block's is `moe_expert_gradient_bytes`; with
     checkpointing it is `recompute_bytes`). Small where attention is fused; the math attention's
@@ -329,7 +330,7 @@ def block_backward_bytes(model: ModelSpec, training: TrainingSpec) -> int:
     card = card_of(model, training)
     if card is None or model.is_moe or training.checkpointing == "full":
         return 0
-    return card.largest_block_transient(training.micro_batch, training.seq, False)
+    return card.largest_block_transient(training.micro_batch, training.seq, False, device)
 
 
 def head_input_bytes(model: ModelSpec, training: TrainingSpec) -> int:
@@ -342,7 +343,7 @@ def head_input_bytes(model: ModelSpec, training: TrainingSpec) -> int:
         2 * model.hidden * weight_bytes_per_param(training) + hf_norm_extra_bytes_per_token(model, training))
 
 
-def loss_peak_bytes(model: ModelSpec, training: TrainingSpec) -> int:
+def loss_peak_bytes(model: ModelSpec, training: TrainingSpec, device: Device) -> int:
     """Cross-entropy on fp32 logits: at the start of backward three float32 (tokens x vocab)
     tensors are alive at once: the saved log-softmax, the gradient nll_loss hands back, and
     log-softmax's input gradient. (Forward holds less: the bf16 logits, their fp32 cast and the
@@ -350,7 +351,8 @@ def loss_peak_bytes(model: ModelSpec, training: TrainingSpec) -> int:
     vocabulary. From a card: the most the loss's and the head's backward hold."""
     card = card_of(model, training)
     if card is not None:
-        return card.head_backward_peak_bytes(training.micro_batch, training.seq, training.checkpointing == "full")
+        return card.head_backward_peak_bytes(training.micro_batch, training.seq, training.checkpointing == "full",
+                                             device)
     return 3 * FP32_BYTES * tokens_per_micro_batch(training) * model.vocab
 
 
@@ -719,6 +721,7 @@ def activation_terms(c: _Layout, terms: _Terms) -> Activations:
     """What the forward keeps for the backward, the loss's and the loop's tensors, small ones."""
     model, t, hw, zero, w, p, p_shard, n, stage = c.model, c.training, c.hw, c.zero, c.w, c.p, c.p_shard, c.n, c.stage
     training = t
+    device = device_of(hw.gpu)  # a reduction's scratch in a card's phases is sized for it
     moe_note = ""
     if model.is_moe and t.checkpointing != "full":
         moe_note = (f"; {model.moe_layer_count} MoE blocks keep each token's top-{model.top_k} experts' "
@@ -727,24 +730,24 @@ def activation_terms(c: _Layout, terms: _Terms) -> Activations:
                 f"{model.layers} blocks, micro-batch {t.micro_batch} x seq {t.seq}: "
                 + ("only block inputs (checkpointing)" if t.checkpointing == "full"
                    else f"every block's saved tensors ({attention_note(model, t)})") + moe_note)
-    recompute = terms.add("gpu", "recompute", recompute_bytes(model, t), "activations",
+    recompute = terms.add("gpu", "recompute", recompute_bytes(model, t, device), "activations",
                     "one block's activations rebuilt during its backward (checkpointing)"
                     + (", with its token dispatch" if model.is_moe else ""))
-    dispatch = terms.add("gpu", "moe_dispatch", moe_dispatch_bytes(model, t), "activations",
+    dispatch = terms.add("gpu", "moe_dispatch", moe_dispatch_bytes(model, t, device), "activations",
                    "one MoE block's token dispatch in its forward: one-hot expert mask (int64) "
                    "and the zeroed output; transient")
-    expert_grads = terms.add("gpu", "moe_expert_gradients", moe_expert_gradient_bytes(model, t), "activations",
+    expert_grads = terms.add("gpu", "moe_expert_gradients", moe_expert_gradient_bytes(model, t, device), "activations",
                        "one MoE block's backward: the fused expert tensors' gradients accumulated "
                        "expert by expert, plus one full-size fresh one (transformers' per-expert indexing)")
     head_in = terms.add("gpu", "head_activations", head_input_bytes(model, t), "activations",
                   "inputs of the final norm and of the output head")
-    loss = terms.add("gpu", "loss_logits", loss_peak_bytes(model, t), "activations",
+    loss = terms.add("gpu", "loss_logits", loss_peak_bytes(model, t, device), "activations",
                "fp32 log-softmax and its gradients over tokens x vocab when backward starts")
     held = terms.add("gpu", "loop_held_logits", held_outputs_bytes(model, t), "activations",
                "the training loop keeps the model's outputs (bf16 logits, tokens x vocab) until the "
                "next forward replaces them (--loop deepspeed; --loop trainer drops them)")
     misc = terms.add("gpu", "misc", MISC_GPU_BYTES, "overhead", "loss, norms, flags, small NCCL buffers")
-    block_backward = terms.add("gpu", "block_backward", block_backward_bytes(model, t), "activations",
+    block_backward = terms.add("gpu", "block_backward", block_backward_bytes(model, t, device), "activations",
                                "what one block's backward holds above the activations (from the model card): "
                                "the gradients it makes, alive until it has used or reduced them")
 
@@ -812,7 +815,8 @@ def phase_peaks(c: _Layout, states_: ModelStates, buffers: Buffers,
         phases["backward (last block)"] = (states + carried + live + saved + recompute + block_backward
                                            + ipg * (stage in (1, 2)) + held_block
                                            + head_grad * (stage == 0),
-                                           card.largest_block_request(t.micro_batch, t.seq, ckpt))
+                                           card.largest_block_request(t.micro_batch, t.seq, ckpt,
+                                                                      device_of(c.hw.gpu)))
     if stage == 3 and init == "bf16-gpu":
         # the whole model on every GPU before deepspeed.initialize partitions it
         phases["model build"] = (w * p, model.largest_tensor_numel() * w)

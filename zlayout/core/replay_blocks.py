@@ -7,7 +7,7 @@ with each weight gradient as it is made (core/replay_grads.py)."""
 from __future__ import annotations
 
 from zlayout.core.caching_allocator import SMALL_SIZE
-from zlayout.core.card import bytes_at
+from zlayout.core.reductions import REDUCTION_EVENTS, Device
 from zlayout.core.replay_state import MiB, Replay, _Seq
 
 # A biased Linear's backward (AddmmBackward0, zlayout's GPT with biases) takes a transient of
@@ -568,7 +568,8 @@ class CardBlocks:
     replayed."""
 
     def __init__(self, card, s: _Seq, layers: int, micro_batch: int, seq: int, checkpointing: bool,
-                 hf_norm: bool, first_matmul, leaf: tuple[int, ...] = ()) -> None:
+                 hf_norm: bool, first_matmul, device: Device, leaf: tuple[int, ...] = ()) -> None:
+        self.device = device  # the GPU a reduction kernel's scratch is sized for (core.reductions)
         self.leaf = leaf  # ZeRO-3's leaf MoE block's gradients (bytes, parameter order): LeafGradients
         self.regime = card.regime(seq)
         self.kinds = card.layer_kinds
@@ -597,12 +598,15 @@ class CardBlocks:
         key = (kind, phase)
         if key not in self.compiled:
             source = self.regime.block(kind) if kind is not None else None
-            requests = getattr(source, phase).requests if source else getattr(self.regime, f"head_{phase}").requests
+            card_phase = getattr(source, phase) if source else getattr(self.regime, f"head_{phase}")
+            requests = card_phase.requests
+            # a reduction kernel's scratch (sized for the GPU) is never a weight's gradient
+            scratch = {at + i for at, _ in card_phase.reductions for i in range(REDUCTION_EVENTS)}
             backward = "backward" in phase
             ops = []
-            for (q, a, _), size in zip(requests, (int(round(bytes_at(r, self.micro_batch, self.seq)))
-                                                  for r in requests)):
-                grad_sized = backward and abs(size) in self.grad_sizes
+            for index, ((q, a, _), size) in enumerate(zip(requests, card_phase.sizes(self.micro_batch, self.seq,
+                                                                                     self.device))):
+                grad_sized = backward and abs(size) in self.grad_sizes and index not in scratch
                 # a small-pool request touches nothing replayed, unless it is a (norm's) gradient
                 if abs(size) > SMALL_SIZE or grad_sized:
                     # a weight's gradient is as large whatever the tokens: a request that grows

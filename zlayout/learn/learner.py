@@ -351,6 +351,7 @@ def measure(step: dict[str, Any], blocks_traced: int) -> dict[str, Any]:
                 total.update(counted)
         blocks[index] = {
             "forward": fwd.events, "backward": bwd.events, "recompute": rec.events if rec else [],
+            "forward_reductions": fwd.reductions, "backward_reductions": bwd.reductions,
             "saved_by_dtype": dict(fwd.saved_by_dtype),
             "work_forward": op_work(fwd.flops, fwd.moved, fwd.calls),
             "work_backward": op_work(bwd.flops, bwd.moved, bwd.calls),
@@ -362,6 +363,7 @@ def measure(step: dict[str, Any], blocks_traced: int) -> dict[str, Any]:
     for total, forward in zip(step_backward, step_forward):
         total.subtract(forward)
     head = {"forward": head_forward.events, "backward": head_backward.events,
+            "forward_reductions": head_forward.reductions, "backward_reductions": head_backward.reductions,
             "work_forward": op_work(*(Counter(total) - counted
                                       for total, counted in zip(step_forward, in_blocks["forward"]))),
             "work_backward": op_work(*(total - counted
@@ -517,12 +519,37 @@ def _learn_regime(model, blocks, keep, fit_tokens, check_tokens) -> tuple[dict, 
     return fitted, worst, trained, kernels, sequences
 
 
+REDUCTION_FLAGS = ("fastest", "contiguous", "reduce_dims", "ndim", "output_vec", "acc_bytes", "max_threads")
+
+
+def reduction_rows(fitted: dict[int, dict[str, list[float]]], tokens: int) -> list[list[float]]:
+    """A phase's reductions as the card holds them (core.card `_reductions`): the placeholders'
+    index, the outputs' and the inputs' polynomials, then the flags, which do not change with the
+    tokens (where one would, its value at `tokens`, the longest sequence fitted)."""
+    rows = []
+    for at, shape in sorted(fitted.items()):
+        flags = [round(q * tokens * tokens + a * tokens + c) for q, a, c in (shape[f] for f in REDUCTION_FLAGS)]
+        rows.append([at, *shape["outputs"], *shape["inputs"], *flags])
+    return rows
+
+
 def work(plain: dict, checkpointed: dict) -> dict[str, dict]:
     """A block's (or the head's) fitted work per phase: op -> [flops, bytes, calls] polynomials."""
     return {phase: {op: [entry["flops"], entry["bytes"], entry["calls"]] for op, entry in run[f"work_{half}"].items()}
             for phase, run, half in (("forward", plain, "forward"), ("backward", plain, "backward"),
                                      ("checkpointed_forward", checkpointed, "forward"),
                                      ("checkpointed_backward", checkpointed, "backward"))}
+
+
+def _reduction_entries(runs: dict[str, dict], tokens: int) -> dict[str, list]:
+    """`<phase>_reductions` for the phases that have any (a checkpointed_forward's are its run's
+    forward's, a checkpointed_backward's its backward's, the recompute inside it)."""
+    out = {}
+    for phase, run in runs.items():
+        rows = reduction_rows(run[phase.removeprefix("checkpointed_") + "_reductions"], tokens)
+        if rows:
+            out[f"{phase}_reductions"] = rows
+    return out
 
 
 def learn(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -580,11 +607,14 @@ def _learn(config: Mapping[str, Any]) -> dict[str, Any]:
             measured = [i for i, block in enumerate(keep) if kinds[block] == kind]
             index = max([i for i in measured if i < len(keep) - 1] or measured)
             plain, checkpointed = fitted[False]["blocks"][index], fitted[True]["blocks"][index]
+            longest = max(fit_tokens)
             kind_blocks.append({
                 "kind": kind, "traced_block": keep[index],
                 "forward": plain["forward"], "backward": plain["backward"],
                 "checkpointed_forward": checkpointed["forward"], "checkpointed_backward": checkpointed["backward"],
                 "recompute": checkpointed["recompute"],
+                **_reduction_entries({"forward": plain, "backward": plain, "checkpointed_forward": checkpointed,
+                                      "checkpointed_backward": checkpointed}, longest),
                 "saved_by_dtype": plain["saved_by_dtype"],
                 "work": work(plain, checkpointed),
             })
@@ -597,6 +627,9 @@ def _learn(config: Mapping[str, Any]) -> dict[str, Any]:
                   "head": {"forward": head["forward"], "backward": head["backward"],
                            "checkpointed_forward": checkpointed_head["forward"],
                            "checkpointed_backward": checkpointed_head["backward"],
+                           **_reduction_entries({"forward": head, "backward": head,
+                                                 "checkpointed_forward": checkpointed_head,
+                                                 "checkpointed_backward": checkpointed_head}, max(fit_tokens)),
                            "work": work(head, checkpointed_head)}}
         if sequences > 1:  # learned from two sequences a step, stored per sequence (BATCHED_SEQUENCES)
             regime = {"sequences_traced": sequences, **regime}

@@ -31,6 +31,7 @@ from torch.utils.flop_counter import flop_registry
 
 from zlayout.core.card import (BATCHED_GEMM_OPS, FP32_GEMM_SUFFIX, SCATTER_SUFFIX, STRIDED_SUFFIX, UNALIGNED_SUFFIX,
                                WIDE_BATCHED_GEMM)
+from zlayout.core.reductions import REDUCTION_EVENTS
 
 
 @dataclass
@@ -49,6 +50,9 @@ class Window:
     flops: Counter = field(default_factory=Counter)
     moved: Counter = field(default_factory=Counter)
     calls: Counter = field(default_factory=Counter)
+    # reduction kernels' scratch: the index in `events` of its placeholders, and the reduction's
+    # shape at this token count (`reduction_shape`); the planner sizes it for its GPU
+    reductions: dict[int, dict[str, int]] = field(default_factory=dict)
 
 
 # Ops that launch no kernel (views are told apart by their schema, `OpOverload.is_view`).
@@ -229,8 +233,19 @@ class StorageLedger(TorchDispatchMode):
             self._see(tensor)
         if func is torch.ops.aten._softmax_backward_data.default:
             self._softmax_backward_product(*args[:2])
+        shape = reduction_shape(func, args, kwargs)
+        if shape is not None:
+            self._reduction(shape)
         self.count(func, args, kwargs, out, outputs)
         return out
+
+    def _reduction(self, shape: dict[str, int]) -> None:
+        """A reduction kernel that may allocate a global scratch buffer and semaphores for its one
+        launch (core.reductions): after its output, placeholders for the buffer, the semaphores and
+        their frees, which the planner fills in for the GPU it plans."""
+        for window in self.open:
+            window.reductions[len(window.events)] = shape
+            window.events.extend([0] * REDUCTION_EVENTS)
 
     def _softmax_backward_product(self, grad: torch.Tensor, output: torch.Tensor) -> None:
         """CUDA's softmax backward (SoftMax.cu `softmax_backward_cuda_out`) first makes
@@ -329,6 +344,91 @@ class StorageLedger(TorchDispatchMode):
             if window.phase in ("forward", "recompute") and identity not in window.saved_storages:
                 window.saved_storages.add(identity)
                 window.saved_by_dtype[str(tensor.dtype).removeprefix("torch.")] += storage.nbytes()
+
+
+# --------------------------------------------------------------------- reductions
+
+# Reductions CUDA runs through Reduce.cuh's gpu_reduce_kernel, by the bytes of their accumulator
+# (arg_t): a half, bfloat16 or float32 sum accumulates in float32, a float64 one in float64
+# (ReduceSumProdKernel.cu, ReduceMomentKernel.cu, ReduceAMinMaxKernel.cu, ReduceNormKernel.cu).
+# amax / amin accumulate in their own type. Welford (var, std) and the index-returning ones
+# (max.dim, argmax) carry larger accumulators and are not recorded.
+_FLOAT_ACCUMULATING = frozenset({"sum", "nansum", "mean", "prod", "linalg_vector_norm"})
+_OWN_TYPE_ACCUMULATING = frozenset({"amax", "amin"})
+
+
+def _reduced_dims(func, args, kwargs, ndim: int) -> set[int]:
+    """The dimensions a reduction's call reduces (every one where it names none)."""
+    name = func._overloadpacket.__name__
+    if name == "linalg_vector_norm":
+        dim = kwargs.get("dim", args[2] if len(args) > 2 else None)
+    elif func._overloadname == "default" and name in ("sum", "nansum", "mean", "prod"):
+        dim = None  # sum(self, dtype): the whole tensor
+    else:
+        dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
+    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
+        return set(range(ndim))
+    dims = [dim] if isinstance(dim, int) else list(dim)
+    return {d % max(ndim, 1) for d in dims}
+
+
+def reduction_shape(func, args, kwargs) -> dict[str, int] | None:
+    """The TensorIterator a CUDA reduction of this call builds, as `core.reductions.Reduction`
+    reads it (its `outputs` and `inputs` as counts at this shape), or None for an op that is not a
+    recorded reduction. TensorIterator puts the reduced dimensions first, each group in the order
+    of its strides (the input's for the reduced ones, the output's, a new dense tensor, for the
+    kept ones), then merges neighbours that are one run of memory in every operand
+    (TensorIterator.cpp `reorder_dimensions`, `coalesce_dimensions`)."""
+    name = func._overloadpacket.__name__
+    if name not in _FLOAT_ACCUMULATING and name not in _OWN_TYPE_ACCUMULATING:
+        return None
+    x = args[0] if args else None
+    if not isinstance(x, torch.Tensor) or x.numel() == 0 or not x.is_floating_point():
+        return None
+    if name in _OWN_TYPE_ACCUMULATING:
+        acc = x.element_size()
+    else:
+        acc = 8 if x.dtype == torch.float64 else 4
+    reduced = _reduced_dims(func, args, kwargs, x.dim())
+    # (size, input stride, output stride) of each dimension longer than one, fastest first
+    red = sorted(((x.shape[d], x.stride(d), 0) for d in range(x.dim()) if d in reduced and x.shape[d] > 1),
+                 key=lambda dim: (dim[1], dim[0]))
+    kept_dims = [d for d in range(x.dim()) if d not in reduced and x.shape[d] > 1]
+    out_strides, step = {}, 1
+    for d in reversed(kept_dims):  # the output is dense in the kept dimensions' own order
+        out_strides[d] = step
+        step *= x.shape[d]
+    kept = [(x.shape[d], x.stride(d), out_strides[d]) for d in reversed(kept_dims)]
+
+    def coalesce(dims):
+        merged = []
+        for size, stride, out in dims:
+            if merged and merged[-1][1] * merged[-1][0] == stride and merged[-1][2] * merged[-1][0] == out:
+                merged[-1] = (merged[-1][0] * size, merged[-1][1], merged[-1][2])
+            else:
+                merged.append((size, stride, out))
+        return merged
+
+    red, kept = coalesce(red), coalesce(kept)
+    dims = red + kept
+    outputs = 1
+    for size, _, _ in kept:
+        outputs *= size
+    inputs = x.numel() // max(outputs, 1)
+    if not dims:  # one element
+        fastest, contiguous = True, True
+    else:
+        fastest = not kept or (bool(red) and red[0][1] < kept[0][1])
+        contiguous = (red[0] if fastest else kept[0])[1] == 1
+    vec = 4
+    if not fastest and contiguous:  # get_output_vec_size: outputs a thread writes at once
+        checked = [x.storage_offset(), kept[0][0], *(stride for i, (_, stride, _) in enumerate(dims) if i != len(red))]
+        for n in checked:
+            while vec > 1 and n % vec:
+                vec //= 2
+    return {"outputs": outputs, "inputs": inputs, "fastest": int(fastest), "contiguous": int(contiguous),
+            "reduce_dims": len(red), "ndim": len(dims), "output_vec": vec, "acc_bytes": acc,
+            "max_threads": 512}
 
 
 # --------------------------------------------------------------------- attention

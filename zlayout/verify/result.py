@@ -330,7 +330,8 @@ def build_result(inp: PlanInput, layout: Layout, reports: list[dict[str, Any]], 
     env.setdefault("torch", rank0.get("torch"))
     env.setdefault("deepspeed", rank0.get("deepspeed"))
     env.setdefault("hostname", rank0.get("hostname"))
-    for key in ("host_cores", "host_cores_usable", "host_cpu_model", "gpu_name", "allocator",
+    for key in ("host_cores", "host_cores_usable", "host_cpu_model", "gpu_name", "gpu_multiprocessors",
+                "gpu_max_threads_per_multiprocessor", "allocator",
                 "pytorch_cuda_alloc_conf", "host_transparent_hugepages", "host_mem_available_at_start_bytes",
                 "host_anon_huge_bytes", "host_minor_faults_training", "host_system_s_training",
                 "thp_mem_alloc_enable"):
@@ -397,6 +398,7 @@ def reference_row(result: dict[str, Any]) -> dict[str, Any]:
         "host_cores": result["environment"].get("host_cores"),
         "host_cpu_model": result["environment"].get("host_cpu_model"),
         "gpu_name": result["environment"].get("gpu_name"),
+        "gpu_multiprocessors": result["environment"].get("gpu_multiprocessors"),
         "alloc_conf": result["environment"].get("pytorch_cuda_alloc_conf"),
         "host_thp": result["environment"].get("host_transparent_hugepages"),
         "host_anon_huge_gib": gib(result["environment"].get("host_anon_huge_bytes")),

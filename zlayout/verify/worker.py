@@ -377,6 +377,10 @@ def run(spec: dict[str, Any], out: Path, resume: bool) -> int:
                                                               report["max_reserved_bytes"])
             report["device_total_bytes"] = total
             report["gpu_name"] = torch.cuda.get_device_name(local_rank)
+            # what a reduction kernel's launch heuristics read (the plan's GpuSpec.multiprocessors)
+            props = torch.cuda.get_device_properties(local_rank)
+            report["gpu_multiprocessors"] = getattr(props, "multi_processor_count", None)
+            report["gpu_max_threads_per_multiprocessor"] = getattr(props, "max_threads_per_multi_processor", None)
             report["allocator_stats"] = allocator_stats(torch)
             report.update(allocator_peaks(report["allocator_stats"]))
         report["status"] = "ok"
