@@ -43,6 +43,8 @@ def test_no_buffer_where_one_block_reduces_an_output():
     row_mean = Reduction(outputs=(0.0, 1.0, 0.0), inputs=(0.0, 0.0, 4096.0), fastest=True, contiguous=True,
                          reduce_dims=1, ndim=2, output_vec=4, acc_bytes=4)  # RMSNorm's variance over hidden
     assert scratch_bytes(row_mean, 8192, 4096, H200) == (0, 0)
+    # a damaged card's polynomial evaluated below zero is no request, not a negative one
+    assert scratch_bytes(column_sum(4096), -4096, 8192, H200) == (0, 0)
 
 
 def test_the_gpu_presets_carry_what_the_heuristics_read():

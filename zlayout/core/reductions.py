@@ -70,6 +70,8 @@ def scratch_bytes(reduction: Reduction, outputs: int, inputs: int, device: Devic
     """(global buffer, semaphores) in bytes that the reduction's kernel allocates on `device`
     for `outputs` outputs of `inputs` inputs each; (0, 0) where its blocks do not share outputs."""
     r = reduction
+    if outputs < 1 or inputs < 1:  # nothing to reduce (or a damaged card's polynomial below zero)
+        return 0, 0
     if r.ndim > 0:
         dim0, dim1 = (inputs, outputs) if r.fastest else (outputs, inputs)
         fastest = r.fastest
