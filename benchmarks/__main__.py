@@ -23,6 +23,7 @@ SUITE = (
     ("accuracy", "accuracy"),
     ("accuracy", "allocator_accuracy"),
     ("accuracy", "allocator_trace_compare"),
+    ("accuracy", "allocator_model_on_traces"),
     ("accuracy", "breakeven_accuracy"),
     ("accuracy", "card_accuracy"),
     ("accuracy", "host_accuracy"),
