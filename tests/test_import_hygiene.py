@@ -63,6 +63,18 @@ def test_a_plan_imports_neither_the_profile_writer_nor_the_app():
     assert "importlib.metadata" not in loaded
 
 
+def test_a_plan_loads_neither_break_even_nor_the_suggestions():
+    """`zlayout plan` plans without break-even, and suggestions are made for bad input only:
+    their modules load where they are used (a plan's start is most of its time)."""
+    code = ("from zlayout.cli import main\n"
+            "import contextlib, io\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    assert main(['plan', '--preset', 'llama3-8b', '--gpus-per-node', '8', '--json']) == 0\n")
+    loaded = modules_after_import("zlayout", code)
+    assert "zlayout.core.plan" in loaded
+    assert not {"zlayout.core.breakeven", "zlayout.suggest", "difflib"} & loaded
+
+
 def test_planning_from_a_config_json_stays_free_of_transformers():
     config = Path(__file__).resolve().parent / "hf" / "configs" / "published" / "Mixtral-8x7B-v0.1.json"
     code = ("from zlayout.cli import main\n"

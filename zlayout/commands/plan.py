@@ -39,10 +39,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-# Measured on 2 CPUs (whole `zlayout plan --json` processes, empty cache, 9 runs each, medians):
-# llama3-70b (80 layers) on 64 H100s 0.337 s against 0.360 serial; the 8-layer contract plan
-# 0.211 against 0.209.
-PARALLEL_REPLAY_MIN_LAYERS = 32
+# Measured on 2 CPUs (whole `zlayout plan --json` processes, empty cache, medians of 15-21 paired
+# runs): llama3-70b (80 layers) on 64 H100s 0.244 s against 0.320 serial; the 8-layer contract
+# plan 0.176 against 0.181; a 2-layer model 0.165 against 0.160.
+PARALLEL_REPLAY_MIN_LAYERS = 8
 
 
 def run(args: argparse.Namespace) -> int:
