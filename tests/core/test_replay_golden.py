@@ -66,3 +66,20 @@ def test_a_gradient_larger_than_the_bucket_lives_through_its_reduction():
         elif kind == "f":
             live.pop(name, None)
     assert reductions >= 4  # two layers, two steps (the fp32 casts of 419.4M-element buckets match too)
+
+
+@pytest.mark.parametrize("name", sorted(n for n, c in RECORDED.items() if c["replayed"] and c["carded"]))
+def test_a_live_replay_leaves_the_pools_as_its_recorded_requests_do(name):
+    """Planning serves a card's block phases from a compiled program (CardBlocks.program, with
+    transients) rather than request by request: the tensors it numbers and the pools it leaves
+    (segments, free blocks per stream) are those of the recorded events replayed in order."""
+    from zlayout.core import allocator_sim as sim
+
+    inp, layout = golden.plan_input(*golden.CASES[name])
+    recorded, live = sim._Seq(), sim._Seq(live=True)
+    events = sim.allocation_sequence(inp, layout, 2, recorded)
+    sim.allocation_sequence(inp, layout, 2, live)
+    assert live.sizes == recorded.sizes
+    pools = sim.replay(events, track_allocated=False).pools
+    assert {stream: (pool.segment_sizes, pool.free_index) for stream, pool in pools.items()} == \
+        {stream: (pool.segment_sizes, pool.free_index) for stream, pool in live.pools.items()}

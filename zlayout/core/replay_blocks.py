@@ -6,7 +6,7 @@ with each weight gradient as it is made (core/replay_grads.py)."""
 
 from __future__ import annotations
 
-from zlayout.core.caching_allocator import SMALL_SIZE
+from zlayout.core.caching_allocator import DEFAULT_STREAM, SMALL_SIZE
 from zlayout.core.reductions import REDUCTION_EVENTS, Device
 from zlayout.core.replay_state import MiB, Replay, _Seq
 
@@ -553,6 +553,16 @@ class HandBlocks:
     backward = block_backward
 
 
+# `CardBlocks.program`'s opcodes
+_ALLOC, _FREE, _TRANSIENT, _HOOK, _HOOK_SMALL, _OUTSIDE = range(6)
+
+
+def _hook_op(size: int, slot: int) -> tuple[int, int, int]:
+    """A weight gradient handed to the hook: a replayed one by its tensor, a small one by its
+    elements."""
+    return (_HOOK, size, slot) if size > SMALL_SIZE else (_HOOK_SMALL, size, slot)
+
+
 class CardBlocks:
     """A learned model card's per-block requests (core/card.py), replayed in place of the
     hand-written blocks: each phase's allocations and frees in the card's order, sized at the
@@ -578,6 +588,7 @@ class CardBlocks:
         self.first_matmul = first_matmul
         self.grad_sizes = frozenset(2 * n for n in card.parameter_numels)
         self.compiled: dict[tuple[int, str], list[tuple[int, bool]]] = {}
+        self.programs: dict[tuple[int, str], tuple] = {}
         self.layer = 0
         self.backward_layer = 0  # counts down: the block whose backward comes next is this one - 1
         self.freed_inputs: set[int] = set()  # block inputs the card's requests freed
@@ -615,6 +626,93 @@ class CardBlocks:
             self.compiled[key] = ops
         return self.compiled[key]
 
+    def program(self, kind: int | None, phase: str) -> tuple[list[tuple[int, int, int]], int, list]:
+        """A phase's requests for `run_program`: `run`'s matching of frees to tensors, which
+        depends only on the phase's own requests where no `made`, `hold`, `first_grad` or
+        `hook_left` is given (a block's phases), worked out once per phase rather than once per
+        block per step. Returns the instructions (opcode, size, slot: the phase's tensors are
+        numbered in the order made), the number of slots, and the live tensors at the end
+        (size, slots). A replayed allocation that the next request frees again is a transient
+        (`_Seq.transient`: no block of its own, the pools end as they began): a third of a
+        card's allocations."""
+        key = (kind, phase)
+        if key not in self.programs:
+            ops = self.ops(kind, phase)
+            code: list[tuple[int, int, int]] = []
+            own: dict[int, list[int]] = {}
+            grads: dict[int, list[int]] = {}
+            slots = i = 0
+            while i < len(ops):
+                size, grad = ops[i]
+                i += 1
+                if size > 0:
+                    if size > SMALL_SIZE and not grad and i < len(ops) and ops[i] == (-size, False):
+                        code.append((_TRANSIENT, size, 0))
+                        i += 1
+                        continue
+                    (grads if grad else own).setdefault(size, []).append(slots)
+                    if size > SMALL_SIZE:  # a small-pool tensor's slot stays None
+                        code.append((_ALLOC, size, slots))
+                    slots += 1
+                    continue
+                size = -size
+                if grad and grads.get(size):
+                    code.append(_hook_op(size, grads[size].pop(0)))
+                elif own.get(size):
+                    slot = own[size].pop()
+                    if size > SMALL_SIZE:
+                        code.append((_FREE, size, slot))
+                elif size > SMALL_SIZE:
+                    code.append((_OUTSIDE, size, 0))
+            code += [_hook_op(size, slot) for size, left in grads.items() for slot in left]  # at its end
+            live = [(size, left if size > SMALL_SIZE else []) for size, left in own.items()]
+            self.programs[key] = (code, slots, live)
+        return self.programs[key]
+
+    def run_program(self, kind: int | None, outside: list[int], hook, code: list[tuple[int, int, int]],
+                    slots: int, live: list) -> dict[int, list[int]]:
+        """`run` for a phase's `program`, on a live sequence (planning): the same requests, frees
+        and hooks in the same order, with `_Seq.a`, `f` and `transient` written out on the
+        default stream's pool (the card's blocks make most of a carded plan's requests: a tenth
+        of its replay was those calls)."""
+        s = self.s
+        sizes, blocks = s.sizes, s.blocks
+        add_size, add_block = sizes.append, blocks.append
+        pool = s.pools[DEFAULT_STREAM]
+        malloc, transient = pool.malloc, pool.transient
+        names: list = [None] * slots
+        self.held = None
+        for op, size, slot in code:
+            if op == _ALLOC:
+                names[slot] = len(sizes)
+                add_size(size)
+                add_block(malloc(size))
+            elif op == _FREE:
+                name = names[slot]
+                block = blocks[name]
+                if block is not None:
+                    blocks[name] = None  # forgotten once freed, as `_Seq.f` does
+                    block.pool.free(block)
+            elif op == _TRANSIENT:
+                add_size(size)
+                add_block(None)
+                transient(size)
+            elif op == _HOOK:
+                hook([names[slot]])
+            elif op == _HOOK_SMALL:
+                hook([], size // 2)
+            else:  # _OUTSIDE: a live tensor made before the phase, the latest of its size
+                for j in range(len(outside) - 1, -1, -1):
+                    if sizes[outside[j]] == size:
+                        s.f(outside.pop(j))
+                        break
+                else:
+                    if kind is None:
+                        self.head_unmatched += 1
+                    else:
+                        self.unmatched += 1
+        return {size: [names[slot] for slot in left] for size, left in live}
+
     def run(self, kind: int | None, phase: str, outside: list[int], hook=None, *, made: tuple[int, ...] = (),
             hold: int = 0, first_grad=None, hook_left: bool = True) -> dict[int, list[int]]:
         """Replay one phase; `outside`: live tensors made before it that its frees may take
@@ -629,6 +727,8 @@ class CardBlocks:
         own: dict[int, list[int]] = {}
         grads: dict[int, list[int | None]] = {}
         made = list(made)
+        if s.live and DEFAULT_STREAM in s.pools and not (made or hold or first_grad is not None or not hook_left):
+            return self.run_program(kind, outside, hook, *self.program(kind, phase))
         ops = self.ops(kind, phase)
         held_at = max((i for i, (size, _) in enumerate(ops) if size == -hold), default=-1) if hold else -1
         self.held = None
