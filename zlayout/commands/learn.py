@@ -72,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     asked = next((config.get(k) for k in ("attn_implementation", "_attn_implementation") if config.get(k)), None)
     if isinstance(asked, str) and asked != card["attention"]:
+        asked = asked if len(asked) <= 40 else asked[:40] + "..."  # a config's value, shown quoted and short
         from zlayout.cli import _note
 
         # the verify worker builds the class the same way (zlayout.verify.worker_model.hf_builder)
