@@ -79,3 +79,14 @@ def test_a_damaged_reduction_is_one_line_naming_the_phase(text, says):
     with pytest.raises(CardError, match="block.backward_reductions") as caught:
         card_phase(text)
     assert says in str(caught.value)
+
+
+def test_a_bias_gradient_takes_what_the_h200_traces_of_zlayouts_gpt_took():
+    # w2-z0-L6-h2560 (h200-2026-12-02 traces): +132.5 MiB at fc2's bias (2560 columns), +135 at
+    # fc1's (10240), 4 x 2048 tokens; the hand-written replay took 132 MiB for every shape before
+    from zlayout.core.reductions import bias_gradient_scratch
+
+    assert bias_gradient_scratch(2560, 8192, H200) == int(132.5 * MiB)
+    assert bias_gradient_scratch(10240, 8192, H200) == 135 * MiB
+    assert bias_gradient_scratch(10240, 8192, A100) < bias_gradient_scratch(10240, 8192, H200)
+    assert bias_gradient_scratch(1024, 512, H200) == 0  # a short sequence: one block an output

@@ -81,7 +81,7 @@ from zlayout.core.caching_allocator import (  # noqa: F401 (the allocator's name
     DEFAULT_STREAM, LARGE_BUFFER, MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_SIZE, CachingAllocator, Device,
     OutOfMemory, Pools, _Block, allocation_size, replay, round_size)
 from zlayout.core.reductions import device_of
-from zlayout.core.replay_blocks import BIAS_GRAD_TRANSIENT, CardBlocks, HandBlocks  # noqa: F401
+from zlayout.core.replay_blocks import CardBlocks, HandBlocks  # noqa: F401
 from zlayout.core.replay_gathers import Gathers
 from zlayout.core.replay_grads import ALLREDUCE_BUCKET_ELEMENTS, NORM_PART_ELEMENTS, GradientReduction  # noqa: F401
 from zlayout.core.replay_state import (  # noqa: F401 (read here by tests and benchmarks)

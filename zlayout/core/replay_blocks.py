@@ -7,15 +7,8 @@ with each weight gradient as it is made (core/replay_grads.py)."""
 from __future__ import annotations
 
 from zlayout.core.caching_allocator import DEFAULT_STREAM, SMALL_SIZE
-from zlayout.core.reductions import REDUCTION_EVENTS, Device
-from zlayout.core.replay_state import MiB, Replay, _Seq
-
-# A biased Linear's backward (AddmmBackward0, zlayout's GPT with biases) takes a transient of
-# 132-136 MiB after the weight's gradient, freed before the node returns, whatever the shape
-# (seven H200 traces: 132.0 at hidden 2048 for 2048 to 8192 outputs and 8192 or 16384 tokens;
-# 132.5 and 135.0 at hidden 2560; 132.0 and 136.0 at hidden 4096). It never outlives the node,
-# so only its peak matters.
-BIAS_GRAD_TRANSIENT = 132 * MiB
+from zlayout.core.reductions import REDUCTION_EVENTS, Device, bias_gradient_scratch
+from zlayout.core.replay_state import Replay, _Seq
 
 
 class LeafGradients:
@@ -62,6 +55,7 @@ class HandBlocks:
     def __init__(self, r: Replay) -> None:
         model, t = r.model, r.t
         self.s, self.model, self.w, self.T = r.s, model, r.w, r.T
+        self.device = r.device  # a bias gradient's reduction scratch is sized for it
         self.h, self.kv, self.f = r.h, r.kv, r.f
         self.hf, self.hf_norm, self.ckpt = r.hf, r.hf_norm, r.ckpt
         self.swiglu = model.mlp == "swiglu"
@@ -352,15 +346,17 @@ class HandBlocks:
         (DeepSpeed's reduce hook) runs before the next node (traces: 48 then 128 MiB at fc2,
         96 then 48 at fc1, the 48 freed into the reduce bucket before the activation gradients
         follow), then `dies` is freed. With one (AddmmBackward0): the input's
-        gradient, then the weight's, the bias's transient, then `dies` (the incoming gradient and
-        the saved input, in that order) before the weight's hook (w2-z0-L6-h2560 trace: +160
-        +50 +132.5 -132.5 -160 at fc2; +40 +50 +135 -135, the 160 MiB incoming and the 40 MiB
-        norm output freed at fc1)."""
+        gradient, then the weight's, the bias's gradient's reduction scratch (core.reductions:
+        its size follows the GPU's multiprocessors), then `dies` (the incoming gradient and the
+        saved input, in that order) before the weight's hook (w2-z0-L6-h2560 trace: +160 +50
+        +132.5 -132.5 -160 at fc2; +40 +50 +135 -135, the 160 MiB incoming and the 40 MiB norm
+        output freed at fc1)."""
         s, w = self.s, self.w
         if biased:
             gin = s.a(d_input)
             wgrad = s.a(weight * w)
-            s.transient(BIAS_GRAD_TRANSIENT)
+            outputs = weight // (d_input // (self.T * w))  # the weight's rows: out x in elements
+            s.transient(bias_gradient_scratch(outputs, self.T, self.device))
             s.f(*dies)
             hook([wgrad])
         else:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Callable
 
 from zlayout.core.caching_allocator import DEFAULT_STREAM, CachingAllocator, Device, _Block
+from zlayout.core.reductions import device_of
 from zlayout.core.tensors import (block_tensor_sizes, parameter_tensor_sizes, stage3_sub_groups,
                                   zero3_leaf_moe_tensor_sizes)
 
@@ -202,6 +203,7 @@ class Replay:
         self.leaf_gradients = tuple(x * self.w for x in zero3_leaf_moe_tensor_sizes(model, t.impl)) \
             if self.stage == 3 else ()
         self.workspace = cublas_workspace_bytes(inp.hardware.gpu.name)
+        self.device = device_of(inp.hardware.gpu)  # what CUDA's reduction kernels size their scratch by
         self.workspaces: list[str] = []  # the threads whose cuBLAS workspace is allocated
         # --loop deepspeed: the bf16 logits the training loop's `outputs` holds (held_outputs_bytes)
         self.keeps_outputs = t.loop == "deepspeed"
