@@ -20,6 +20,8 @@ with the batch). `WorkPhase.totals` sorts the ops for the step-time model: GEMMs
 from __future__ import annotations
 
 import functools
+import itertools
+import math
 import re
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, NamedTuple
@@ -507,13 +509,16 @@ def _phase(data: Any, where: str, reductions: Any = None) -> Phase:
     """A phase's requests, "q a c, q a c, ..." (zlayout.cards writes them so) or [[q, a, c], ...],
     and its reductions' scratch (`_reductions`)."""
     if isinstance(data, str):
+        # map and zip rather than a generator a number: a plan reads every request of its card
+        rows = [row for row in map(str.split, data.split(",")) if row]
         try:
-            requests = tuple(tuple(float(x) for x in r.split()) for r in data.split(",") if r.strip())
+            numbers = list(map(float, itertools.chain.from_iterable(rows)))
         except ValueError:
             raise CardError(f"{where}: a request is three numbers \"q a c\"") from None
-        if any(len(r) != 3 for r in requests) or any(x != x or x in (float("inf"), -float("inf"))
-                                                     for r in requests for x in r):
+        if (rows and set(map(len, rows)) != {3}) or not all(map(math.isfinite, numbers)):
             raise CardError(f"{where}: a request is three finite numbers \"q a c\"")
+        triples = iter(numbers)
+        requests = tuple(zip(triples, triples, triples))
     elif data == []:
         requests = ()
     elif not isinstance(data, list) or not all(
