@@ -697,17 +697,21 @@ class CardBlocks:
                 hook([names[slot]])
             elif op == _HOOK_SMALL:
                 hook([], size // 2)
-            else:  # _OUTSIDE: a live tensor made before the phase, the latest of its size
-                for j in range(len(outside) - 1, -1, -1):
-                    if sizes[outside[j]] == size:
-                        s.f(outside.pop(j))
-                        break
-                else:
-                    if kind is None:
-                        self.head_unmatched += 1
-                    else:
-                        self.unmatched += 1
+            else:  # _OUTSIDE
+                self.free_outside(kind, outside, size)
         return {size: [names[slot] for slot in left] for size, left in live}
+
+    def free_outside(self, kind: int | None, outside: list[int], size: int) -> None:
+        """A free of a tensor made before the phase: the latest live one of its size in
+        `outside` (taken out of it), else counted as unmatched."""
+        for j in range(len(outside) - 1, -1, -1):
+            if self.s.sizes[outside[j]] == size:
+                self.s.f(outside.pop(j))
+                return
+        if kind is None:
+            self.head_unmatched += 1
+        else:
+            self.unmatched += 1
 
     def run(self, kind: int | None, phase: str, outside: list[int], hook=None, *, made: tuple[int, ...] = (),
             hold: int = 0, first_grad=None, hook_left: bool = True) -> dict[int, list[int]]:
@@ -752,15 +756,7 @@ class CardBlocks:
             elif size <= SMALL_SIZE:
                 pass  # a small-pool tensor made outside the phase
             else:
-                for j in range(len(outside) - 1, -1, -1):
-                    if s.sizes[outside[j]] == size:
-                        s.f(outside.pop(j))
-                        break
-                else:
-                    if kind is None:
-                        self.head_unmatched += 1
-                    else:
-                        self.unmatched += 1
+                self.free_outside(kind, outside, size)
         for size, names in grads.items():  # gradients the phase never dropped: hooked at its end
             for name in names:
                 if not hook_left:
