@@ -80,7 +80,6 @@ from dataclasses import astuple, dataclass, field
 from zlayout.core.caching_allocator import (  # noqa: F401 (the allocator's names, read here by tests)
     DEFAULT_STREAM, LARGE_BUFFER, MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_SIZE, CachingAllocator, Device,
     OutOfMemory, Pools, _Block, allocation_size, replay, round_size)
-from zlayout.core.reductions import device_of
 from zlayout.core.replay_blocks import CardBlocks, HandBlocks  # noqa: F401
 from zlayout.core.replay_gathers import Gathers
 from zlayout.core.replay_grads import ALLREDUCE_BUCKET_ELEMENTS, NORM_PART_ELEMENTS, GradientReduction  # noqa: F401
@@ -126,14 +125,14 @@ def _carded_blocks_replayed(inp, layout) -> bool:
     return _replays_card(inp.model, inp.training) and not gathers
 
 
-def card_blocks(inp, s: _Seq, first_matmul, leaf: tuple[int, ...] = ()) -> CardBlocks | None:
+def card_blocks(inp, s: _Seq, first_matmul, device, leaf: tuple[int, ...] = ()) -> CardBlocks | None:
     """The replay's blocks from the model's learned card, or None (the hand-written blocks);
     `leaf`: Replay.leaf_gradients."""
     model, t = inp.model, inp.training
     if not _replays_card(model, t):
         return None
     return CardBlocks(model.card, s, model.layers, t.micro_batch, t.seq, t.checkpointing == "full",
-                      model.norm == "rmsnorm", first_matmul, device_of(inp.hardware.gpu), leaf)
+                      model.norm == "rmsnorm", first_matmul, device, leaf)
 
 
 @dataclass
@@ -178,7 +177,7 @@ class _Training:
         # The seam for a model's own per-block requests: one block's forward, its checkpoint
         # recompute and its backward, over `s.a` / `s.f`; from a learned model card
         # (core/card.py) where the model has one, the rest of the step unchanged.
-        self.card = card_blocks(inp, r.s, r.first_matmul, r.leaf_gradients)
+        self.card = card_blocks(inp, r.s, r.first_matmul, r.device, r.leaf_gradients)
         self.blocks = self.hand if self.card is None else self.card
         # the final norm, the head and the loss from the card too (`card_head_forward`)
         self.card_head = self.card is not None and heads_from_cards

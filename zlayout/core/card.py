@@ -552,7 +552,7 @@ def _reductions(data: Any, requests: tuple[Poly, ...], where: str) -> tuple[tupl
             numbers = [float(x) for x in row if not isinstance(x, bool)]
         except (TypeError, ValueError):
             raise CardError(f"{where}: a reduction is {REDUCTION_FIELDS} numbers") from None
-        if len(numbers) != REDUCTION_FIELDS or any(x != x or abs(x) == float("inf") for x in numbers):
+        if len(numbers) != REDUCTION_FIELDS or not all(map(math.isfinite, numbers)):
             raise CardError(f"{where}: a reduction is {REDUCTION_FIELDS} finite numbers")
         at = int(numbers[0])
         flags = numbers[7:]

@@ -546,6 +546,7 @@ class _Layout:
 
     def __init__(self, inp: PlanInput, layout: Layout) -> None:
         self.model, self.training, self.hw, self.zero = inp.model, inp.training, inp.hardware, inp.zero
+        self.device = device_of(self.hw.gpu)  # what a card's reduction scratch is sized for
         self.p, self.n, self.stage, self.ranks = self.model.params, self.hw.world, layout.stage, self.hw.gpus_per_node
         self.w = weight_bytes_per_param(self.training)
         self.opt_on_gpu = layout.offload_optimizer == "gpu"
@@ -721,7 +722,7 @@ def activation_terms(c: _Layout, terms: _Terms) -> Activations:
     """What the forward keeps for the backward, the loss's and the loop's tensors, small ones."""
     model, t, hw, zero, w, p, p_shard, n, stage = c.model, c.training, c.hw, c.zero, c.w, c.p, c.p_shard, c.n, c.stage
     training = t
-    device = device_of(hw.gpu)  # a reduction's scratch in a card's phases is sized for it
+    device = c.device
     moe_note = ""
     if model.is_moe and t.checkpointing != "full":
         moe_note = (f"; {model.moe_layer_count} MoE blocks keep each token's top-{model.top_k} experts' "
@@ -815,8 +816,7 @@ def phase_peaks(c: _Layout, states_: ModelStates, buffers: Buffers,
         phases["backward (last block)"] = (states + carried + live + saved + recompute + block_backward
                                            + ipg * (stage in (1, 2)) + held_block
                                            + head_grad * (stage == 0),
-                                           card.largest_block_request(t.micro_batch, t.seq, ckpt,
-                                                                      device_of(c.hw.gpu)))
+                                           card.largest_block_request(t.micro_batch, t.seq, ckpt, c.device))
     if stage == 3 and init == "bf16-gpu":
         # the whole model on every GPU before deepspeed.initialize partitions it
         phases["model build"] = (w * p, model.largest_tensor_numel() * w)
