@@ -125,6 +125,17 @@ def test_a_kept_record_that_does_not_make_a_replay_record_is_replayed_again():
     assert plan_output() == expected
 
 
+def test_a_card_filling_replays_record_is_kept():
+    # its fields end with the phase it ran out in: a record refused for that text was replayed
+    # again by the parent after a forked child had replayed it, and made the whole file unreadable
+    from dataclasses import astuple
+
+    from zlayout.replaycache import _well_formed
+
+    record = allocator_sim.CapacityReplay(True, 2**36, 2**37, 4, 0, 0, "step 4's backward", 4)
+    assert _well_formed(list(astuple(record)))
+    assert _well_formed(list(astuple(allocator_sim.CapacityReplay(False, 2**36, 0, 0, 0, 0))))
+    assert not _well_formed("step 4's backward") and not _well_formed([1, "x" * 1000])
 PARALLEL_CHECK = r"""
 import json, sys
 from functools import partial

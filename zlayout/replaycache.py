@@ -32,6 +32,7 @@ FORMAT = 1
 MAX_ENTRIES = 4096  # about 100 bytes each: the file stays under half a MiB
 MAX_FILE_BYTES = 1 << 20
 _DIGEST = re.compile(r"[0-9a-f]{64}")
+MAX_WORD = 200  # a record's text field (CapacityReplay.ran_out_in: "step 4's backward")
 T = TypeVar("T")
 
 
@@ -73,10 +74,12 @@ def _entries_of(text: str, code: str) -> dict[str, object] | None:
 
 def _well_formed(value: object) -> bool:
     """An answer as the replay gives it: None (not replayed), a byte count, or a record's fields
-    (counts and flags)."""
+    (counts, flags and short words: a card-filling replay names the phase it ran out in, and a
+    record refused here was replayed again in the parent after a child had replayed it)."""
     if value is None or (type(value) is int and value >= 0):
         return True
-    return type(value) is list and all(type(v) is bool or (type(v) is int and v >= 0) for v in value)
+    return type(value) is list and all(type(v) is bool or (type(v) is int and v >= 0)
+                                       or (type(v) is str and len(v) <= MAX_WORD) for v in value)
 
 
 class LastingMemo:
