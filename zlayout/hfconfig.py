@@ -642,13 +642,44 @@ def config_to_build(user_config: Mapping[str, Any], model: ModelSpec) -> dict[st
     config["pad_token_id"] = None
     if own.model_copy(update={"card": model.card}) == model:
         return config
+    if model.card is not None and model.hf_model_type not in READERS:
+        return _card_family_at_depth(config, model)
     shape = to_hf_config(model)
     config.update(shape)
     layers = shape.get("num_hidden_layers") or shape.get("n_layer")
+    if layers:
+        _layer_kinds_at_depth(config, layers)
+    return config
+
+
+def _layer_kinds_at_depth(config: dict[str, Any], layers: int) -> None:
+    """Per-layer kinds (Gemma-3's sliding/full pattern) follow the layer count."""
     pattern = config.get("layer_types")
-    if layers and isinstance(pattern, list) and pattern and len(pattern) != layers:
-        # per-layer kinds (Gemma-3's sliding/full pattern) follow the layer count
+    if isinstance(pattern, list) and pattern and len(pattern) != layers:
         config["layer_types"] = [pattern[i % len(pattern)] for i in range(layers)]
+
+
+GENERIC_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")  # as _generic reads them
+
+
+def _card_family_at_depth(config: dict[str, Any], model: ModelSpec) -> dict[str, Any]:
+    """The user's config.json at the plan's depth, for a family read only through its card
+    (no hand reader writes its shape): the layer count is the one shape flag a card answers
+    for (`Card.at_layers`), so its key is the one laid over the config. The rebuilt model must
+    count the plan's parameters, or the run would not be the layout planned."""
+    key = next((k for k in GENERIC_LAYER_KEYS if k in config), None)
+    if key is None:  # a multimodal config: its layers are its text_config's, its card the whole model's
+        raise HfConfigError(f"{model.name}: {model.hf_model_type} is read through its model card and its "
+                            "config.json names no layer count to change; verify it as that file gives it")
+    config[key] = model.layers
+    _layer_kinds_at_depth(config, model.layers)
+    rebuilt = with_card(model_from_config(config, where=f"{model.name} at {model.layers} layers"), config,
+                        f"{model.name} at {model.layers} layers")
+    if rebuilt.layers != model.layers or rebuilt.params != model.params:
+        raise HfConfigError(f"{model.name}: {model.hf_model_type} is read through its model card, which holds "
+                            f"its config.json's shape and depth only; at {model.layers} layers that config "
+                            f"builds {rebuilt.params:,} parameters, not the plan's {model.params:,}: verify "
+                            "it as the file gives it, or with --layers alone")
     return config
 
 

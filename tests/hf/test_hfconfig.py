@@ -225,3 +225,35 @@ def test_a_type_without_a_hand_reader_or_torch_says_how_to_install_the_learner(t
     message = str(err.value)
     assert "\n" not in message and "'olmoe'" in message and "needs torch and transformers" in message
     assert "pip install" in message and "[learn]" in message
+
+
+def _planned(*flags: str):
+    from zlayout.cli import build_parser, plan_input_from_args
+
+    return plan_input_from_args(build_parser().parse_args(["verify", *flags]))
+
+
+def test_a_family_read_through_its_card_verifies_at_the_planned_depth():
+    # OLMoE has no hand reader: its card is its shape. `--layers 8` must build the user's own
+    # config at 8 layers (h200-2026-12-15: verify stopped its batch with a traceback here)
+    path = CONFIGS / "published" / "OLMoE-1B-7B-0924.json"
+    inp = _planned("--hf-config", str(path), "--layers", "8", "--stage", "3")
+    user, _ = hfconfig.read_config(path)
+    built = hfconfig.config_to_build(user, inp.model)
+    assert built["num_hidden_layers"] == 8 != user["num_hidden_layers"]
+    assert {k: v for k, v in built.items() if k not in ("num_hidden_layers", "pad_token_id")} == \
+        {k: v for k, v in user.items() if k not in ("num_hidden_layers", "pad_token_id") and not k.startswith("_")}
+    rebuilt = hfconfig.with_card(hfconfig.model_from_config(built), built, "test")
+    assert (rebuilt.layers, rebuilt.params) == (8, inp.model.params)
+
+
+def test_a_depth_verify_cannot_build_is_refused_before_the_run_in_one_line():
+    # a multimodal card counts the whole model; its config's layers are its text_config's
+    from zlayout.verify.options import LaunchError, VerifyOptions, check_request
+
+    path = CONFIGS / "published" / "llava-1.5-7b-hf.json"
+    inp = _planned("--hf-config", str(path), "--layers", "8", "--stage", "3", "--cpu")
+    user, _ = hfconfig.read_config(path)
+    with pytest.raises(LaunchError) as exc:
+        check_request(inp, VerifyOptions(cpu=True, processes=1, hf_config=user))
+    assert "llava" in str(exc.value) and "\n" not in str(exc.value)

@@ -127,6 +127,13 @@ def check_request(inp: PlanInput, options: VerifyOptions, gpus_visible: int | No
     processes = world_for(inp, options)
     if processes < 1:
         raise LaunchError("--processes must be at least 1")
+    if options.hf_config:
+        from zlayout.hfconfig import HfConfigError, config_to_build
+
+        try:  # the config.json the ranks will build: refused here, in one line, not in the run
+            config_to_build(dict(options.hf_config), inp.model)
+        except HfConfigError as exc:
+            raise LaunchError(str(exc)) from None
     if not on_this_node:
         return
     if options.cpu:
