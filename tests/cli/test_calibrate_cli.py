@@ -138,3 +138,22 @@ def test_an_emulated_run_is_left_out_of_a_calibration_with_the_reason(tmp_path):
     rows, skipped = read_results([path])
     assert len(rows) == 1
     assert len(skipped) == 1 and "emulated (rank 0 of 8 on one GPU)" in skipped[0]
+
+
+HOST_BOUND = Path(__file__).resolve().parents[2] / "benchmarks" / "measurements" / "h200-2026-12-15"
+
+
+def test_host_bound_rows_are_named_and_repeats_fitted_at_their_median(tmp_path, capsys):
+    # h200-2026-12-15: Qwen3-0.6B at ZeRO-3 on one H200, host-bound, in three processes: 0.686, 0.484, 0.438 s
+    one_run = HOST_BOUND / "results" / "batch-calibrate-c-results.jsonl"
+    assert main(["calibrate", str(one_run), "--out", str(tmp_path / "a.toml")]) == 0
+    printed = capsys.readouterr().out
+    assert "note: 1 of the 3 rows is host-bound and one run" in printed
+    repeats = HOST_BOUND / "results-call2" / "batch-repeat-g-results.jsonl"
+    assert main(["calibrate", str(one_run), str(repeats), "--out", str(tmp_path / "b.toml"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert len(doc["rows"]) == 3
+    qwen = next(r for r in doc["rows"] if "median of 3 runs" in r["label"])
+    assert qwen["measured_step_s"] == pytest.approx(0.484, abs=0.001) and qwen["runs"] == 3
+    assert main(["plan", "--params", "1B", "--calibration", str(tmp_path / "b.toml")]) == 0  # it loads
+    assert any("median of 3 runs" in label for label in doc["host_bound_rows"])

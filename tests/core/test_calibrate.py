@@ -104,3 +104,21 @@ def test_a_group_moves_the_step_by_what_it_does_not_hide():
     sens, parts = group_sensitivities(row, est), group_parts_s(est)
     assert sens["gpu"] < parts["gpu"] / row.measured_step_s - 0.01
     assert sum(sens.values()) == pytest.approx(est.step_time_s / row.measured_step_s, rel=1e-3)
+
+
+def test_runs_of_one_layout_are_fitted_as_their_median():
+    """Three runs of one layout stand as one row at their median run; other layouts stay as they are."""
+    from dataclasses import replace
+
+    from zlayout.core.calibrate import merge_repeats
+
+    rows = real_rows()
+    first = rows[0]
+    repeats = [replace(first, measured_step_s=first.measured_step_s * f) for f in (1.5, 1.0, 0.9)]
+    merged = merge_repeats([*repeats, *rows[1:]])
+    assert len(merged) == len(rows)
+    median = next(r for r in merged if r.runs == 3)
+    assert median.measured_step_s == first.measured_step_s and "median of 3 runs" in median.label
+    assert [r for r in merged if r.runs == 1] == rows[1:]
+    # other threads are another layout's runs, not repeats
+    assert len(merge_repeats([first, replace(first, cpu_threads_per_rank=1)])) == 2

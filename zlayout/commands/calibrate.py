@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from zlayout import __version__
-    from zlayout.core.calibrate import fit_calibration
+    from zlayout.core.calibrate import fit_calibration, merge_repeats
     from zlayout.profile.calibration import (CalibrationError, absurd_fit, calibration_document, read_results,
                                              write_calibration)
 
@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         why = f" ({skipped[0]}{'; ...' if len(skipped) > 1 else ''})" if skipped else ""
         raise UsageError(f"no complete GPU verification in {' '.join(args.results)}{why}: give the "
                          "result.json or results.jsonl of `zlayout verify` runs on GPUs")
-    fit = fit_calibration(rows, source=None)
+    fit = fit_calibration(merge_repeats(rows), source=None)
     absurd = absurd_fit(fit)
     if absurd is not None:
         raise UsageError(f"not writing {args.out}: {absurd}: check that the results' times are seconds of "
@@ -59,9 +59,10 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise UsageError(f"cannot write --out {args.out}: {exc.strerror}; choose another path") from None
     doc = calibration_document(fit, __version__)
+    noisy = host_bound_rows(fit)
     if args.json:
         print(json.dumps({**doc, "created": doc["created"].isoformat(), "path": str(path),
-                          "skipped": skipped}))
+                          "skipped": skipped, "host_bound_rows": noisy}))
         return 0
     print(f"{'layout':<56} {'threads':>7} {'meas s':>8} {'before':>8} {'after':>8}")
     for r in fit.rows:
@@ -73,10 +74,26 @@ def run(args: argparse.Namespace) -> int:
     print(f"\n{len(fit.rows)} rows: mean |error| {mb:.1%} -> {ma:.1%}, max {xb:.1%} -> {xa:.1%}")
     print(f"factors: {factors} (free to move: {', '.join(fit.fitted_groups) or 'none'}; a factor stays "
           "where moving it would leave a row further from its measurement)")
+    single = [r for r in fit.rows if r.row.label in noisy and r.row.runs == 1]
+    if single:
+        print(f"note: {len(single)} of the {len(fit.rows)} rows {'is' if len(single) == 1 else 'are'} host-bound and "
+              f"{'one run' if len(single) == 1 else 'one run each'} (the host's Python sets a quarter or more of the "
+              "step): such a step varies from process to process on one host (one layout: 0.438-0.686 s in three "
+              "processes), so one run is a noisy row. Give several runs of each layout (a verify --batch that "
+              "repeats its line): calibrate fits their median")
     for line in skipped:
         print(f"skipped {line}")
     print(f"wrote {path}; use it with --calibration {path}")
     return 0
+
+
+def host_bound_rows(fit) -> list[str]:
+    """The labels of the rows whose step the shipped model prices host-bound (steptime.host_bound_share)."""
+    from zlayout.core.calibrate import predict_step
+    from zlayout.core.steptime import host_bound_share
+
+    return [r.row.label for r in fit.rows
+            if host_bound_share((est := predict_step(r.row)).host_overhead_s, est.step_time_s) is not None]
 
 
 def check_calibration_out(out: str, force: bool) -> None:

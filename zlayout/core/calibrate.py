@@ -17,7 +17,7 @@ backward) a hidden second does not move the step. Without overlap the two are th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from zlayout.core.comm import estimate_comm
 from zlayout.core.steptime import StepTimeEstimate, estimate_step_time
@@ -44,6 +44,7 @@ class MeasuredStep:
     # the steady forward, backward and optimizer times, where the run timed them apart
     phases_s: tuple[float, float, float] | None = None
     alloc_retries: int | None = None  # the caching allocator's flush-and-retry count, where recorded
+    runs: int = 1  # runs of this layout the row stands for (merge_repeats: their median)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +81,26 @@ class CalibrationFit:
     @property
     def after(self) -> tuple[float, float]:
         return self._stats([r.error_after for r in self.rows])
+
+
+def merge_repeats(rows: list[MeasuredStep]) -> list[MeasuredStep]:
+    """Several runs of one layout (the same inputs, layout and threads) as one row at their median
+    step: a host-bound step varies from process to process (Qwen3-0.6B at ZeRO-3 on one H200: 0.438,
+    0.484 and 0.686 s in three processes), and the fit's rule (no row further from its measurement)
+    would otherwise be held by whichever run lies furthest from the others."""
+    groups: dict[tuple[str, str, int | None], list[MeasuredStep]] = {}
+    for row in rows:
+        key = (row.inp.model_dump_json(), row.layout.key, row.cpu_threads_per_rank)
+        groups.setdefault(key, []).append(row)
+    merged = []
+    for runs in groups.values():
+        if len(runs) == 1:
+            merged.append(runs[0])
+            continue
+        ordered = sorted(runs, key=lambda r: r.measured_step_s)
+        middle = ordered[(len(ordered) - 1) // 2]  # the lower median: a measured run, phases and all
+        merged.append(replace(middle, label=f"{middle.label} (median of {len(runs)} runs)", runs=len(runs)))
+    return merged
 
 
 def group_parts_s(est: StepTimeEstimate) -> dict[str, float]:

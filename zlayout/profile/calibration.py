@@ -254,6 +254,7 @@ def calibration_document(fit: CalibrationFit, version: str) -> dict[str, Any]:
                   **({"cpu_threads_per_rank": r.row.cpu_threads_per_rank} if r.row.cpu_threads_per_rank else {}),
                   "host_cores": r.row.inp.hardware.node_host_cores,
                   "measured_step_s": round(r.row.measured_step_s, 6),
+                  **({"runs": r.row.runs} if r.row.runs > 1 else {}),  # the median run of these (merge_repeats)
                   "predicted_before_s": round(r.before_s, 6), "predicted_after_s": round(r.after_s, 6),
                   "error_before_pct": round(100 * r.error_before, 2),
                   "error_after_pct": round(100 * r.error_after, 2)} for r in fit.rows],
