@@ -71,12 +71,15 @@ def _estimate_each(inp, layouts: list[Layout]) -> None:
 
 def _replay_cost(layouts: list[Layout]) -> int:
     """A rank of a job's replay time, for the order jobs are taken in: not replayed (NVMe) last;
-    a ZeRO-3 replay with the weights on the CPU (gemma-2-2b 40 ms, Qwen3-8B 60) before the other
-    ZeRO-3 ones (32, 40-50), those before ZeRO 0-2's (24-27, 35-41)."""
+    a ZeRO-3 replay with the weights on the CPU (gemma-2-2b 40 ms, Qwen3-8B 50-60) before the
+    other ZeRO-3 ones (32, 40-50; llama3-70b's on 64 H100s fill the card and replay twice), those
+    before ZeRO 0-2's, the optimizer on the CPU first (25, 41) then on the GPU (24-27, 34)."""
     layout = layouts[0]
     if "nvme" in (layout.offload_optimizer, layout.offload_param):
         return 0
-    return 3 if layout.offload_param == "cpu" else 2 if layout.stage == 3 else 1
+    if layout.stage == 3:
+        return 4 if layout.offload_param == "cpu" else 3
+    return 2 if layout.offload_optimizer == "cpu" else 1
 
 
 def replay_jobs(inp) -> list[partial]:
