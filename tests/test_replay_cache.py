@@ -179,6 +179,48 @@ def test_replays_run_in_forked_children_answer_as_the_serial_plan(tmp_path):
     assert answer["kept"] >= 4 and answer["same"] is True
 
 
+PLANNED_CHECK = r"""
+import json, sys
+from zlayout import cli
+from zlayout.core import allocator_sim
+from zlayout.core.plan import make_plan
+from zlayout.commands.plan import plan_json, replay_jobs
+from zlayout.replaycache import open_memo, warm_in_parallel
+
+args = cli.build_parser(only="plan").parse_args(sys.argv[1:])
+inp = cli.plan_input_from_args(args)
+serial = plan_json(make_plan(inp, with_breakeven=False))
+for memo in ("_CACHE", "_CAPACITY_CACHE"):
+    getattr(allocator_sim, memo).clear()
+memo = allocator_sim.lasting_memo = open_memo()
+results = {}
+jobs = replay_jobs(inp)
+warm_in_parallel(memo, jobs, workers=2, results=results)
+done = {lp.layout: lp for plans in results.values() for lp in plans}
+
+def no_plan(*args, **kwargs):
+    raise AssertionError("planned again in the parent")
+
+import zlayout.core.plan as core_plan
+core_plan.plan_layout = no_plan
+print(json.dumps({"jobs": len(jobs), "returned": sorted(results), "planned": len(done),
+                  "same": plan_json(make_plan(inp, with_breakeven=False, planned=done)) == serial}))
+"""
+
+
+def test_the_forked_jobs_plans_come_back_and_answer_as_the_serial_plan(tmp_path):
+    """Each job plans its layouts whole; what a child planned comes back with its replays' answers,
+    and the plan made of them is the one a single process makes."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    out = subprocess.run([sys.executable, "-c", PLANNED_CHECK, "plan", "--preset", "llama3-8b", "--gpu", "h200",
+                          "--gpus-per-node", "8"], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    answer = json.loads(out.stdout)
+    assert answer["returned"] == list(range(answer["jobs"])) and answer["planned"] == 13 and answer["same"] is True
 def test_no_children_where_a_fork_is_not_safe(monkeypatch):
     """Another thread running (the app's workers; a fork copies only the caller), or no memo to
     carry the answers back: nothing is forked and the caller replays as before."""

@@ -185,7 +185,7 @@ def usable_cpus() -> int:
 
 
 def warm_in_parallel(memo: LastingMemo | None, jobs: list[Callable[[], object]],
-                     workers: int | None = None) -> int:
+                     workers: int | None = None, results: dict[int, object] | None = None) -> int:
     """Run `jobs` (each plans something, filling `memo` with replay answers) split over at most
     one process a usable CPU: this one runs its share while forked children run theirs, and
     `memo` keeps the answers the children found: the caller's own planning then recalls them
@@ -198,7 +198,11 @@ def warm_in_parallel(memo: LastingMemo | None, jobs: list[Callable[[], object]],
     The split is dynamic: each process takes the next job not yet taken, in the order given, when
     it is done with its last (a replay's length is known only once it has settled: gemma-2-2b's
     layouts take 24 to 40 ms, and a fixed every-other split left one process 131 ms of them and
-    the other 90). Jobs that share replays must come as one job; the costliest first."""
+    the other 90). Jobs that share replays must come as one job; the costliest first.
+
+    With `results`, what each job returned is kept there by the job's index, whichever process
+    ran it (a child's pickled back to this one: the caller then need not work it out again); a
+    job left out (a child that failed, nothing run) has no entry."""
     if (memo is None or not hasattr(os, "fork") or threading.active_count() > 1 or "torch" in sys.modules
             or len(jobs) < 2):
         return 0
@@ -218,12 +222,12 @@ def warm_in_parallel(memo: LastingMemo | None, jobs: list[Callable[[], object]],
     finally:
         os.close(fill)
 
-    def take() -> Iterator[Callable[[], object]]:
+    def take() -> Iterator[int]:
         if len(jobs) > 256:  # more than one byte names: a fixed every-other split
-            yield from jobs[index::workers]
+            yield from range(index, len(jobs), workers)
             return
         while token := os.read(queue, 1):
-            yield jobs[token[0]]
+            yield token[0]
 
     children = []
     try:
@@ -235,35 +239,55 @@ def warm_in_parallel(memo: LastingMemo | None, jobs: list[Callable[[], object]],
                 try:
                     os.close(read)
                     known = set(memo.entries)
-                    for job in take():
-                        job()
+                    returned = {each: jobs[each]() for each in take()}
                     added = {key: value for key, value in memo.entries.items() if key not in known}
-                    with os.fdopen(write, "w", encoding="utf-8") as out:
-                        out.write(json.dumps(added))
+                    with os.fdopen(write, "wb") as out:
+                        # the answers as JSON (checked as a cache file's are), then on the
+                        # line after it what the jobs returned
+                        out.write(json.dumps(added).encode() + b"\n")
+                        if results is not None:
+                            import pickle
+
+                            out.write(pickle.dumps(returned, protocol=pickle.HIGHEST_PROTOCOL))
                     code = 0
                 finally:
                     os._exit(code)
             os.close(write)
             children.append((pid, read))
         index = 0
-        for job in take():  # this process's share, while the children run theirs
-            job()
+        for each in take():  # this process's share, while the children run theirs
+            value = jobs[each]()
+            if results is not None:
+                results[each] = value
     finally:
         os.close(queue)
         for pid, read in children:
-            _keep_answers(memo, pid, read)
+            _keep_answers(memo, pid, read, results, len(jobs))
     return memo.added - added_before
 
 
-def _keep_answers(memo: LastingMemo, pid: int, read: int) -> None:
-    """Wait for one child of `warm_in_parallel` and keep the well-formed answers it sent."""
-    with os.fdopen(read, "r", encoding="utf-8") as answers:
-        text = answers.read()
+def _keep_answers(memo: LastingMemo, pid: int, read: int, results: dict[int, object] | None = None,
+                  jobs: int = 0) -> None:
+    """Wait for one child of `warm_in_parallel` and keep the well-formed answers it sent (and
+    with `results`, what its jobs returned)."""
+    with os.fdopen(read, "rb") as answers:
+        data = answers.read()
     _, status = os.waitpid(pid, 0)
+    text, _, returned = data.partition(b"\n")
     try:
         added = json.loads(text) if status == 0 else {}
     except ValueError:
         added = {}
+    if results is not None and status == 0 and returned:
+        import pickle
+
+        try:
+            values = pickle.loads(returned)  # written by a fork of this very process
+        except Exception:  # noqa: BLE001  (cut short: its jobs are simply done again)
+            values = {}
+        for each, value in values.items() if isinstance(values, dict) else ():
+            if type(each) is int and 0 <= each < jobs:
+                results.setdefault(each, value)
     for key, value in added.items() if isinstance(added, dict) else ():
         if _DIGEST.fullmatch(key) and _well_formed(value) and key not in memo.entries:
             memo.entries[key] = value

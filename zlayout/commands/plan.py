@@ -16,8 +16,8 @@ from functools import partial
 
 from zlayout.catalog import format_params
 from zlayout.cli import add_plan_arguments, layout_from_args, plan_input_from_args
-from zlayout.core.memory import MemoryEstimate, estimate_memory
-from zlayout.core.plan import Plan, make_plan
+from zlayout.core.memory import MemoryEstimate
+from zlayout.core.plan import LayoutPlan, Plan, make_plan, plan_layout
 from zlayout.core.serialize import layout_plan_dict, model_dict, recommendation_dict
 from zlayout.core.steptime import StepTimeEstimate, step_time_notes, step_time_parts
 from zlayout.replaycache import lasting, warm_in_parallel
@@ -54,8 +54,15 @@ def run(args: argparse.Namespace) -> int:
         # replays the cache does not hold yet run side by side, layouts split over the CPUs
         # (replaycache); a shallow model's replays take less than the forks
         if inp.model.layers >= PARALLEL_REPLAY_MIN_LAYERS:
-            warm_in_parallel(memo, replay_jobs(inp))
-        plan = make_plan(inp, with_breakeven=False)
+            # each job plans its layouts whole (memory, comm, step time): a child's come back
+            # with its replays' answers, and the plan below only gathers them (10 ms of a
+            # carded model's plan when made after the replays, in this process alone)
+            planned: dict[int, object] = {}
+            warm_in_parallel(memo, replay_jobs(inp), results=planned)
+            done = {lp.layout: lp for plans in planned.values() for lp in plans}
+        else:
+            done = None
+        plan = make_plan(inp, with_breakeven=False, planned=done)
     if args.json:
         # allow_nan=False: Infinity/NaN is not JSON; the spec's bounds keep every figure finite
         print(json.dumps(plan_json(plan, layout), indent=None, allow_nan=False))
@@ -64,9 +71,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _estimate_each(inp, layouts: list[Layout]) -> None:
-    for layout in layouts:
-        estimate_memory(inp, layout)
+def _plan_each(inp, layouts: list[Layout]) -> tuple[LayoutPlan, ...]:
+    return tuple(plan_layout(inp, layout, with_breakeven=False) for layout in layouts)
 
 
 def _replay_cost(layouts: list[Layout]) -> int:
@@ -83,7 +89,7 @@ def _replay_cost(layouts: list[Layout]) -> int:
 
 
 def replay_jobs(inp) -> list[partial]:
-    """Every layout's memory estimate as jobs for `warm_in_parallel`: ZeRO-1 and ZeRO-2 with the
+    """Every layout's plan (without break-even) as jobs for `warm_in_parallel`: ZeRO-1 and ZeRO-2 with the
     optimizer in one place in one job (one replay serves both: allocator_sim._key), the costliest
     first, so the process that takes the last job is the least left waiting for."""
     groups: dict[tuple, list[Layout]] = {}
@@ -91,7 +97,7 @@ def replay_jobs(inp) -> list[partial]:
         stage = 2 if layout.stage == 1 else layout.stage
         groups.setdefault((stage, layout.offload_optimizer, layout.offload_param), []).append(layout)
     ordered = sorted(groups.values(), key=_replay_cost, reverse=True)  # stable: ties in layout order
-    return [partial(_estimate_each, inp, layouts) for layouts in ordered]
+    return [partial(_plan_each, inp, layouts) for layouts in ordered]
 
 
 def short_by_bytes(mem: MemoryEstimate) -> dict[str, int]:

@@ -43,8 +43,13 @@ def plan_layout(inp: PlanInput, layout: Layout, with_breakeven: bool = True,
 
 
 def make_plan(inp: PlanInput, layouts: tuple[Layout, ...] | None = None,
-              with_breakeven: bool = True, presets_dirs: tuple[str, ...] = ()) -> Plan:
-    """`presets_dirs`: `--presets-dir`'s folders, where break-even looks for the model's family."""
+              with_breakeven: bool = True, presets_dirs: tuple[str, ...] = (),
+              planned: dict[Layout, LayoutPlan] | None = None) -> Plan:
+    """`presets_dirs`: `--presets-dir`'s folders, where break-even looks for the model's family.
+    `planned`: layouts `plan_layout` has planned already for these inputs, without break-even
+    (`zlayout plan`'s forked replays plan their layouts too)."""
     chosen = layouts if layouts is not None else all_layouts()
-    planned = tuple(plan_layout(inp, layout, with_breakeven, presets_dirs) for layout in chosen)
-    return Plan(input=inp, layouts=planned, recommendation=recommend(inp, planned))
+    done = planned if planned and not with_breakeven else {}
+    plans = tuple(done[layout] if layout in done else plan_layout(inp, layout, with_breakeven, presets_dirs)
+                  for layout in chosen)
+    return Plan(input=inp, layouts=plans, recommendation=recommend(inp, plans))
