@@ -297,11 +297,22 @@ def hf_norm_extra_bytes_per_token(model: ModelSpec, training: TrainingSpec) -> i
     return FP32_BYTES * model.hidden
 
 
+# ModelCard.saved_bytes by card (the object itself: a resized card compares equal to the one it
+# was made from) and shape: the same for every layout, 0.2 ms a call on a 26-block card
+_SAVED_BYTES: dict[tuple[int, int, int, bool], tuple[object, int]] = {}
+
+
 def saved_activation_bytes(model: ModelSpec, training: TrainingSpec) -> int:
     """Activations alive at the end of the forward pass, every block."""
     card = card_of(model, training)
     if card is not None:
-        return card.saved_bytes(training.micro_batch, training.seq, training.checkpointing == "full")
+        key = (id(card), training.micro_batch, training.seq, training.checkpointing == "full")
+        kept = _SAVED_BYTES.get(key)
+        if kept is None or kept[0] is not card:
+            if len(_SAVED_BYTES) > 256:
+                _SAVED_BYTES.clear()
+            kept = _SAVED_BYTES[key] = (card, card.saved_bytes(*key[1:]))
+        return kept[1]
     if training.checkpointing == "full":
         # Non-reentrant checkpointing keeps only each block's input.
         return model.layers * tokens_per_micro_batch(training) * model.hidden * weight_bytes_per_param(training)
