@@ -769,6 +769,28 @@ def _negative_values_attached(words: list[str]) -> list[str]:
     return out
 
 
+# Commands that, once they have printed, have nothing left to do at exit: no thread, no file
+# open, no atexit hook. Python's own shutdown (tearing down pydantic's and the planner's modules
+# and objects) took 7 ms of a `zlayout plan`.
+FAST_EXIT_COMMANDS = ("plan",)
+
+
+def _exit_at_once(code: int) -> None:
+    """End the process now with `code`, its output flushed, without the interpreter's shutdown;
+    returns (leaving the ordinary exit to report it) where the output cannot be flushed or a
+    thread other than this one runs."""
+    import threading
+
+    if threading.active_count() > 1:
+        return
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):  # a closed pipe: the ordinary exit deals with it, as before
+        return
+    os._exit(code)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         if not (sys.argv[1:] if argv is None else argv):
@@ -802,6 +824,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = int(args.func(args) or 0)
         for note in getattr(args, "notes", ()):
             print(f"zlayout: note: {one_line(note)}", file=sys.stderr)
+        if argv is None and args.command in FAST_EXIT_COMMANDS:
+            _exit_at_once(code)
         return code
     except UsageError as exc:
         print(f"zlayout: error: {one_line(str(exc))}", file=sys.stderr)
