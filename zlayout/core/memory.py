@@ -68,8 +68,9 @@ NCCL_ONE_RANK_BYTES = int(0.47 * GiB)
 # model is set up (host_init_transients); on top of it every rank holds 0.68 GiB before CUDA
 # is up (Python, torch, DeepSpeed: each untied ZeRO 0-2 zlayout row is 0.677-0.678 GiB above its
 # cast peak), 0.15 GiB more with transformers imported (--impl hf: 0.828-0.830) and 0.52 GiB more
-# once the CUDA context exists (ZeRO-3 rows sit 1.348-1.352 GiB, hf, above their defragment
-# buffer; zlayout 1.158-1.161: 0.04 GiB to spare).
+# once the CUDA context exists (ZeRO-3 rows sit 1.348-1.359 GiB, hf, above their defragment
+# buffer; zlayout 1.158-1.161: 0.04 GiB to spare; two processes sat higher, 1.393 and 1.432 GiB:
+# gpt-oss-20b-L6, and Llama-3.2-1B in h200-2026-12-15, 2.2% above its plan).
 HOST_BASE_EARLY_BYTES = int(0.68 * GiB)
 HOST_TRANSFORMERS_BYTES = int(0.15 * GiB)
 HOST_CUDA_CONTEXT_BYTES = int(0.52 * GiB)
