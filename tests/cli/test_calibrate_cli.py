@@ -151,7 +151,7 @@ def test_host_bound_rows_are_named_and_repeats_fitted_at_their_median(tmp_path, 
     one_run = HOST_BOUND / "results" / "batch-calibrate-c-results.jsonl"
     assert main(["calibrate", str(one_run), "--out", str(tmp_path / "a.toml")]) == 0
     printed = capsys.readouterr().out
-    assert "note: 1 of the 3 rows is host-bound and one run" in printed
+    assert "note: 2 of the 3 rows are host-bound and one run each" in printed  # granite and Qwen3-0.6B
     repeats = HOST_BOUND / "results-call2" / "batch-repeat-g-results.jsonl"
     assert main(["calibrate", str(one_run), str(repeats), "--out", str(tmp_path / "b.toml"), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)

@@ -233,3 +233,26 @@ def test_falcon_s_math_attention_step_is_priced_from_its_strided_and_softmax_wor
     assert inp.model.card is not None and inp.model.card.key == "81faf173b690f922"
     t = steptime.estimate_step_time(inp, Layout(stage=1))
     assert t.step_time_s == pytest.approx(0.378, rel=0.10)
+
+
+@pytest.mark.parametrize("calls,outside", [("[13, 2]", "6"), ("[-1]", "6"), ("[true]", "6"), ("[13]", "'6'"),
+                                           ("[13]", "1e9"), ("'13'", "6")])
+def test_damaged_module_calls_are_one_line_naming_the_card(tmp_path, calls, outside):
+    """The shipped Llama-3.2-1B card counts 13 module calls a block and 6 outside; any other shape
+    of those two keys is refused in one line, and a card without them reads as before."""
+    from zlayout.core.card import card_from_dict  # noqa: F401 (the parser under test, via read_card)
+
+    shipped = next(p for p in cards.SHIPPED_CARDS_DIR.glob("*.toml") if "Llama-3.2-1B" in p.read_text()[:400])
+    text = shipped.read_text()
+    assert "module_calls = [\n    13,\n]" in text and "module_calls_outside = 6" in text
+    assert cards.read_card(shipped).stage3_modules() == 16 * 13 + 6
+    broken = tmp_path / shipped.name
+    broken.write_text(text.replace("module_calls = [\n    13,\n]", f"module_calls = {calls}")
+                      .replace("module_calls_outside = 6", f"module_calls_outside = {outside}"))
+    with pytest.raises(cards.CardError, match="module_calls") as raised:
+        cards.read_card(broken)
+    assert "\n" not in str(raised.value) and shipped.stem in str(raised.value)
+    older = tmp_path / "older" / shipped.name
+    older.parent.mkdir()
+    older.write_text(text.replace("module_calls = [\n    13,\n]\n", "").replace("module_calls_outside = 6\n", ""))
+    assert cards.read_card(older).stage3_modules() is None

@@ -385,6 +385,30 @@ def test_a_card_records_each_ops_work_and_dropout_lengthens_the_step(tmp_path, m
     assert estimate_step_time(runs["dropout"], layout).step_time_s > estimate_step_time(runs["plain"], layout).step_time_s
 
 
+def test_a_card_counts_the_module_calls_zero3_hooks_run_on(tmp_path, monkeypatch):
+    """DeepSpeed's ZeRO-3 hooks every module; a forward runs them on each module it calls. Llama's
+    decoder layer calls 13 (itself, attention, q/k/v/o, MLP, gate/up/down, the activation, two
+    norms), Qwen3's two more (q_norm, k_norm); outside the blocks the CausalLM, the model, the
+    embedding, the rotary tables, the final norm and the head: 6. The step time reads them."""
+    from zlayout.cli import build_parser, plan_input_from_args
+    from zlayout.core.steptime import stage3_hooked_modules
+
+    assert learn(small_config("llama-defaults"))["layers"]["module_calls"] == [13]
+    config = small_config("qwen3-head-dim")
+    card = learn(config)
+    assert card["layers"]["module_calls"] == [15] and card["layers"]["module_calls_outside"] == 6
+    monkeypatch.setenv(cards.CARDS_DIR_ENV, str(tmp_path / "cards"))
+    key = cards.config_key(config)
+    cards.write_card(tmp_path / "cards", key, cards.dumps_card(card, key, "qwen3"), replace=False)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    for layers in (card["layers"]["count"], 7):  # at its own depth, and resized
+        inp = plan_input_from_args(build_parser().parse_args(
+            ["plan", "--hf-config", str(path), "--layers", str(layers), "--stage", "3"]))
+        assert inp.model.card is not None
+        assert stage3_hooked_modules(inp) == 15 * layers + 6
+
+
 def test_dropout_keeps_a_one_byte_mask_as_on_cuda():
     """CUDA's dropout is the fused kernel, which keeps a boolean mask; on the meta device torch
     draws bf16 noise instead (two bytes an element: h200-2026-12-15's starcoderbase-1b card was

@@ -255,6 +255,10 @@ class ModelCard:
     # tensors, or its blocks are not one run of numbered modules (`at_layers` then refuses)
     parameter_layers: tuple[int, ...] | None = None
     learned_layers: int | None = None  # resized (`at_layers`): the depth it was learned at
+    # module forwards a step calls per block of each kind (by kind) and outside the blocks: what
+    # ZeRO-3's hooks run on (`stage3_modules`); None: a card learned before they were counted
+    module_calls: tuple[int, ...] | None = None
+    module_calls_outside: int | None = None
 
     # A card rides in the ModelSpec, which the planner hashes and compares for its caches:
     # by its key, file and text's digest, not by walking thousands of requests each time.
@@ -381,6 +385,13 @@ class ModelCard:
         phase = regime.head_checkpointed_backward if checkpointing else regime.head_backward
         return phase.net_and_peak(micro_batch, seq, device)[1]
 
+
+    def stage3_modules(self) -> int | None:
+        """The module forwards one forward pass calls at this card's depth (ZeRO-3 fetches each:
+        `steptime.stage3_hooked_modules`), or None for a card that does not count them."""
+        if self.module_calls is None or self.module_calls_outside is None:
+            return None
+        return sum(self.module_calls[kind] for kind in self.layer_kinds) + self.module_calls_outside
 
     def at_layers(self, layers: int) -> "ModelCard":
         """This card for the same config at another depth (`--layers`, the app's Layers,
@@ -593,6 +604,15 @@ def card_from_dict(data: Mapping[str, Any], key: str, source: str = "", digest: 
         raise CardError(f"{where}: the parameter shapes add up to {sum(numels):,}, not the count {count:,}")
     layers = _get(data, "layers", dict, where)
     kinds = tuple(int(k) for k in _get(layers, "kinds", list, where))
+    module_calls, outside = layers.get("module_calls"), layers.get("module_calls_outside")
+    if module_calls is not None or outside is not None:
+        whole = lambda x: isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= 10**6  # noqa: E731
+        if not (isinstance(module_calls, list) and len(module_calls) == len(set(kinds))
+                and set(kinds) == set(range(len(module_calls)))
+                and all(whole(n) for n in module_calls) and whole(outside)):
+            raise CardError(f"{where}: layers.module_calls must give a count of module calls for each of the "
+                            f"{len(set(kinds))} kinds of block, and module_calls_outside one count")
+        module_calls = tuple(module_calls)
     regimes = []
     for r, regime in enumerate(_get(data, "regimes", list, where)):
         at = f"{where} regimes[{r}]"
@@ -630,6 +650,7 @@ def card_from_dict(data: Mapping[str, Any], key: str, source: str = "", digest: 
     return ModelCard(
         key=key, model_type=str(data.get("model_type")), attention=str(data.get("attention")),
         params=count, parameter_numels=tuple(numels), layer_kinds=kinds, regimes=tuple(regimes),
+        module_calls=module_calls, module_calls_outside=outside,
         source=source, digest=digest, untrained_tensors=None if untrained is None else len(untrained),
         untrained_params=untrained_params,
         attention_kernels=tuple(str(k) for k in data.get("attention_kernels") or ()),

@@ -709,6 +709,9 @@ def stage3_hooked_modules(inp: PlanInput) -> int:
     m, t = inp.model, inp.training
     if t.impl != "hf":
         return 7 * m.layers + 4
+    counted = m.card.stage3_modules() if m.card is not None else None
+    if counted is not None:  # the model's own module calls, counted by the learner (Qwen3: 15 a layer)
+        return counted
     dense = 13 if m.mlp == "swiglu" else 9
     attention_half = dense - 5 if m.mlp == "swiglu" else dense - 3
     moe = attention_half + 3 + 5 * m.shared_experts + (1 if m.shared_expert_gate else 0)  # block, router, experts

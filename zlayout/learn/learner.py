@@ -301,6 +301,27 @@ def trace_step(model: nn.Module, blocks: nn.ModuleList, tokens: int, checkpointi
         if parameter.requires_grad:
             handles.append(parameter.register_post_accumulate_grad_hook(took_gradient))
 
+    # every module forward the step calls, by block (-1: outside the blocks), forward only: what
+    # ZeRO-3's pre-forward hook runs on (DeepSpeed hooks every module; one not called fetches nothing)
+    module_calls: Counter = Counter()
+    block_of = {id(block): index for index, block in enumerate(blocks)}
+    inside = [-1]
+
+    def count_call(module, args):
+        if state["backward"]:
+            return
+        index = block_of.get(id(module))
+        if index is not None:
+            inside[0] = index
+        module_calls[inside[0]] += 1
+
+    def leave_block(module, args, output):
+        if id(module) in block_of and not state["backward"]:
+            inside[0] = -1
+
+    handles.append(torch.nn.modules.module.register_module_forward_pre_hook(count_call))
+    handles.append(torch.nn.modules.module.register_module_forward_hook(leave_block))
+
     # as the verify worker: non-reentrant checkpointing of every block
     if checkpointing:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
@@ -327,7 +348,7 @@ def trace_step(model: nn.Module, blocks: nn.ModuleList, tokens: int, checkpointi
         for handle in handles:
             handle.remove()
     return {"windows": ledger.closed, "forward_work": forward_work, "trained": trained,
-            "attention_kernels": set(ledger.sdpa_kernels),
+            "attention_kernels": set(ledger.sdpa_kernels), "module_calls": module_calls,
             "flops": ledger.op_flops, "bytes": ledger.op_bytes, "calls": ledger.op_calls}
 
 
@@ -504,12 +525,13 @@ def per_sequence(fitted: Any, sequences: int) -> Any:
 BATCHED_SEQUENCES = 2
 
 
-def _learn_regime(model, blocks, keep, fit_tokens, check_tokens) -> tuple[dict, float, set, set, int]:
+def _learn_regime(model, blocks, keep, fit_tokens, check_tokens) -> tuple[dict, float, set, set, int, Counter]:
     """The regime's fitted requests and work, the fit's worst miss, the parameters trained, the
-    attention kernels, and the sequences a step held (1, or BATCHED_SEQUENCES where two sequences
-    make requests one does not)."""
+    attention kernels, the sequences a step held (1, or BATCHED_SEQUENCES where two sequences
+    make requests one does not), and a forward's module calls by traced block (-1: outside)."""
     trained: set[int] = set()
     kernels: set[str] = set()
+    module_calls: Counter = Counter()
 
     def traces(sequences: int) -> dict[bool, list[tuple[int, dict]]]:
         runs: dict[bool, list[tuple[int, dict]]] = {False: [], True: []}
@@ -518,6 +540,8 @@ def _learn_regime(model, blocks, keep, fit_tokens, check_tokens) -> tuple[dict, 
                 step = trace_step(model, traced, tokens, checkpointing, sequences)
                 trained.update(step["trained"])
                 kernels.update(step["attention_kernels"])
+                if not module_calls:
+                    module_calls.update(step["module_calls"])
                 runs[checkpointing].append((tokens, measure(step, len(keep))))
         return runs
 
@@ -536,7 +560,7 @@ def _learn_regime(model, blocks, keep, fit_tokens, check_tokens) -> tuple[dict, 
     if worst > MAX_FIT_ERROR:
         raise LearnError(f"the fit misses the {check_tokens}-token trace by {worst:.1%}: the model's memory "
                          "is not a function of the token count the card can hold")
-    return fitted, worst, trained, kernels, sequences
+    return fitted, worst, trained, kernels, sequences, module_calls
 
 
 REDUCTION_FLAGS = ("fastest", "contiguous", "reduce_dims", "ndim", "output_vec", "acc_bytes", "max_threads")
@@ -615,9 +639,12 @@ def _learn(config: Mapping[str, Any]) -> dict[str, Any]:
 
     in_blocks = {id(p) for p in blocks.parameters()}
     held = weights_saved_as_views(model, blocks, keep)
-    regimes, worst, attention_kernels = [], 0.0, set()
+    regimes, worst, attention_kernels, module_calls = [], 0.0, set(), None
     for max_tokens, fit_tokens, check_tokens in regimes_to_trace(config):
-        fitted, error, trained, kernels, sequences = _learn_regime(model, blocks, keep, fit_tokens, check_tokens)
+        fitted, error, trained, kernels, sequences, calls = _learn_regime(model, blocks, keep, fit_tokens, check_tokens)
+        if module_calls is None:  # the same at any token count: the first regime's
+            module_calls = {"per_kind": [calls[keep.index(kinds.index(kind))] for kind in sorted(set(kinds))],
+                            "outside": calls[-1]}
         attention_kernels |= kernels
         worst = max(worst, error)
         kind_blocks = []
@@ -673,6 +700,9 @@ def _learn(config: Mapping[str, Any]) -> dict[str, Any]:
                                      if id(p) not in trained and id(p) not in in_blocks],
                        "names": [n for n, _, _ in parameters], "shapes": [s for _, s, _ in parameters],
                        "dtypes": [d for _, _, d in parameters]},
-        "layers": {"count": len(kinds), "kinds": kinds},
+        # module forwards a step calls (ZeRO-3 runs its hooks on each): per block of each kind, and
+        # outside the blocks (the model, the embedding, rotary tables, the final norm, the head)
+        "layers": {"count": len(kinds), "kinds": kinds, "module_calls": module_calls["per_kind"],
+                   "module_calls_outside": module_calls["outside"]},
         "regimes": regimes,
     }
