@@ -704,8 +704,9 @@ def stage3_hooked_modules(inp: PlanInput) -> int:
     """Modules ZeRO-3's hooks run on in each pass: every module of the model, parameters or not
     (DeepSpeed registers them recursively; a module with only persistent parameters still runs
     the Python that checks them). zlayout's GPT block: itself, 2 norms, qkv, proj, fc1, fc2;
-    a transformers decoder layer: itself, attention, q/k/v/o, MLP, gate/up/down, the activation,
-    2 norms (GPT-2-style fused qkv: 4 fewer)."""
+    a transformers decoder layer: the calls its card counted (`ModelCard.stage3_modules`), else by
+    hand: itself, attention, q/k/v/o, MLP, gate/up/down, the activation, 2 norms (GPT-2-style
+    fused qkv: 4 fewer)."""
     m, t = inp.model, inp.training
     if t.impl != "hf":
         return 7 * m.layers + 4
