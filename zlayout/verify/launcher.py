@@ -24,12 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from zlayout.hfconfig import HfConfigError, config_to_build
 from zlayout.profile.ds_config import ds_config
 from zlayout.spec import Layout, PlanInput
 from zlayout.verify.environment import worker_env
-from zlayout.verify.options import (LaunchError, VerifyOptions, default_out_dir, input_for_run,
-                                    world_for)
+from zlayout.verify.options import (LaunchError, VerifyOptions, default_out_dir, hf_config_to_build,
+                                    input_for_run, world_for)
 
 __all__ = ["LaunchError", "VerifyOptions", "default_out_dir", "input_for_run", "world_for",
            "worker_env", "launch_command", "stream_process", "read_reports", "run_spec"]
@@ -62,18 +61,11 @@ def run_spec(inp: PlanInput, layout: Layout, options: VerifyOptions, checkpoint_
         # rank 0 of this world on torch's fake process group (VerifyOptions.emulate)
         "emulate_world": inp.hardware.world if options.emulate else None,
         "seed": options.seed,
-        "hf_config": _config_to_build(options.hf_config, inp.model) if options.hf_config else None,
+        "hf_config": hf_config_to_build(inp, options),
         "checkpoint_dir": str(checkpoint_dir.resolve()),
         "out_dir": str(options.out_dir) if options.out_dir else None,
         "nvme_path": options.nvme_path,
     }
-
-
-def _config_to_build(config: dict[str, Any], model: Any) -> dict[str, Any]:
-    try:
-        return config_to_build(config, model)
-    except HfConfigError as exc:  # check_request refuses it first; a caller that skipped it gets one line
-        raise LaunchError(str(exc)) from None
 
 
 def _config_for_world(config: dict[str, Any], inp: PlanInput) -> dict[str, Any]:

@@ -127,13 +127,7 @@ def check_request(inp: PlanInput, options: VerifyOptions, gpus_visible: int | No
     processes = world_for(inp, options)
     if processes < 1:
         raise LaunchError("--processes must be at least 1")
-    if options.hf_config:
-        from zlayout.hfconfig import HfConfigError, config_to_build
-
-        try:  # the config.json the ranks will build: refused here, in one line, not in the run
-            config_to_build(dict(options.hf_config), inp.model)
-        except HfConfigError as exc:
-            raise LaunchError(str(exc)) from None
+    hf_config_to_build(inp, options)  # a model verify cannot build: refused here, in one line, not in the run
     if not on_this_node:
         return
     if options.cpu:
@@ -145,6 +139,19 @@ def check_request(inp: PlanInput, options: VerifyOptions, gpus_visible: int | No
     elif gpus_visible and processes > gpus_visible:
         raise LaunchError(f"--processes {processes}: this node has {gpus_visible} GPUs; use "
                           f"--processes {gpus_visible} or fewer (or run on a bigger node)")
+
+
+def hf_config_to_build(inp: PlanInput, options: VerifyOptions) -> dict[str, Any] | None:
+    """The config.json the ranks build (`hfconfig.config_to_build`), None without one; LaunchError
+    (one line) where transformers would not build the model planned."""
+    if not options.hf_config:
+        return None
+    from zlayout.hfconfig import HfConfigError, config_to_build
+
+    try:
+        return config_to_build(options.hf_config, inp.model)
+    except HfConfigError as exc:
+        raise LaunchError(str(exc)) from None
 
 
 def input_for_run(inp: PlanInput, processes: int, emulate: bool = False) -> PlanInput:
