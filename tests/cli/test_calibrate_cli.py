@@ -160,3 +160,19 @@ def test_host_bound_rows_are_named_and_repeats_fitted_at_their_median(tmp_path, 
     assert qwen["measured_step_s"] == pytest.approx(0.484, abs=0.001) and qwen["runs"] == 3
     assert main(["plan", "--params", "1B", "--calibration", str(tmp_path / "b.toml")]) == 0  # it loads
     assert any("median of 3 runs" in label for label in doc["host_bound_rows"])
+
+
+def test_a_host_bound_row_is_named_by_itself_not_by_its_label(tmp_path, monkeypatch):
+    """A label names a layout's shape, not its model: Llama-3.2-1B (not host-bound) given
+    Qwen3-0.6B's label is still not host-bound."""
+    from dataclasses import replace
+
+    from zlayout.commands.calibrate import host_bound_rows
+    from zlayout.core.calibrate import fit_calibration
+
+    monkeypatch.setenv("ZLAYOUT_CARDS_DIR", str(tmp_path / "no-cards"))
+    rows, _ = read_results([HOST_BOUND / "results" / "batch-calibrate-c-results.jsonl"])
+    granite, llama, qwen = rows
+    fit = fit_calibration([granite, replace(llama, label=qwen.label), qwen])
+    named = [r.row for r in host_bound_rows(fit)]
+    assert qwen in named and granite in named and not any(r.inp == llama.inp for r in named)

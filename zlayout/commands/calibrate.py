@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     noisy = host_bound_rows(fit)
     if args.json:
         print(json.dumps({**doc, "created": doc["created"].isoformat(), "path": str(path),
-                          "skipped": skipped, "host_bound_rows": noisy}))
+                          "skipped": skipped, "host_bound_rows": [r.row.label for r in noisy]}))
         return 0
     print(f"{'layout':<56} {'threads':>7} {'meas s':>8} {'before':>8} {'after':>8}")
     for r in fit.rows:
@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"\n{len(fit.rows)} rows: mean |error| {mb:.1%} -> {ma:.1%}, max {xb:.1%} -> {xa:.1%}")
     print(f"factors: {factors} (free to move: {', '.join(fit.fitted_groups) or 'none'}; a factor stays "
           "where moving it would leave a row further from its measurement)")
-    single = [r for r in fit.rows if r.row.label in noisy and r.row.runs == 1]
+    single = [r for r in noisy if r.row.runs == 1]
     if single:
         print(f"note: {len(single)} of the {len(fit.rows)} rows {'is' if len(single) == 1 else 'are'} host-bound and "
               f"{'one run' if len(single) == 1 else 'one run each'} (the host's Python sets a quarter or more of the "
@@ -87,12 +87,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def host_bound_rows(fit) -> list[str]:
-    """The labels of the rows whose step the shipped model prices host-bound (steptime.host_bound_share)."""
+def host_bound_rows(fit) -> list:
+    """The rows (`RowFit`) whose step the shipped model prices host-bound (steptime.host_bound_share);
+    not matched by label: two models of one shape and layout share one."""
     from zlayout.core.calibrate import predict_step
     from zlayout.core.steptime import host_bound_share
 
-    return [r.row.label for r in fit.rows
+    return [r for r in fit.rows
             if host_bound_share((est := predict_step(r.row)).host_overhead_s, est.step_time_s) is not None]
 
 
