@@ -89,13 +89,15 @@ def _replay_cost(layouts: list[Layout]) -> int:
 
 
 def replay_jobs(inp) -> list[partial]:
-    """Every layout's plan (without break-even) as jobs for `warm_in_parallel`: ZeRO-1 and ZeRO-2 with the
-    optimizer in one place in one job (one replay serves both: allocator_sim._key), the costliest
-    first, so the process that takes the last job is the least left waiting for."""
+    """Every layout's plan (without break-even) as jobs for `warm_in_parallel`: layouts one replay
+    serves in one job (ZeRO-1 and ZeRO-2 without accumulation: allocator_sim.replay_stage), the
+    costliest first, so the process that takes the last job is the least left waiting for."""
+    from zlayout.core.allocator_sim import replay_stage
+
     groups: dict[tuple, list[Layout]] = {}
     for layout in all_layouts():
-        stage = 2 if layout.stage == 1 else layout.stage
-        groups.setdefault((stage, layout.offload_optimizer, layout.offload_param), []).append(layout)
+        groups.setdefault((replay_stage(inp, layout), layout.offload_optimizer, layout.offload_param),
+                          []).append(layout)
     ordered = sorted(groups.values(), key=_replay_cost, reverse=True)  # stable: ties in layout order
     return [partial(_plan_each, inp, layouts) for layouts in ordered]
 

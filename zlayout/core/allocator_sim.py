@@ -617,10 +617,15 @@ def allocation_sequence(inp, layout, steps: int = 3, _seq: _Seq | None = None,
     return s.events
 
 
+def replay_stage(inp, layout) -> int:
+    """The stage whose replay answers `layout`: stages 1 and 2 ask the allocator for the same
+    tensors in the same order unless gradients accumulate (stage 1 then keeps them per weight
+    between boundaries), so one replay serves both."""
+    return 2 if layout.stage == 1 and inp.training.grad_accum <= 1 else layout.stage
+
+
 def _key(inp, layout) -> tuple:
-    # stages 1 and 2 ask the allocator for the same tensors in the same order unless gradients
-    # accumulate (stage 1 then keeps them per weight between boundaries): one replay for both
-    stage = 2 if layout.stage == 1 and inp.training.grad_accum <= 1 else layout.stage
+    stage = replay_stage(inp, layout)
     key = (inp.model.model_dump_json(), inp.training.model_dump_json(), inp.zero.model_dump_json(),
            inp.hardware.world, stage, layout.offload_optimizer, layout.offload_param,
            cublas_workspace_bytes(inp.hardware.gpu.name))
