@@ -647,6 +647,7 @@ def _learn(config: Mapping[str, Any]) -> dict[str, Any]:
                             "outside": calls[-1]}
         attention_kernels |= kernels
         worst = max(worst, error)
+        longest = max(fit_tokens)  # the token count a reduction's flags are read at (reduction_rows)
         kind_blocks = []
         for kind in sorted(set(kinds)):
             # the last traced block of this kind with a traced block after it (the most common
@@ -654,7 +655,6 @@ def _learn(config: Mapping[str, Any]) -> dict[str, Any]:
             measured = [i for i, block in enumerate(keep) if kinds[block] == kind]
             index = max([i for i in measured if i < len(keep) - 1] or measured)
             plain, checkpointed = fitted[False]["blocks"][index], fitted[True]["blocks"][index]
-            longest = max(fit_tokens)
             kind_blocks.append({
                 "kind": kind, "traced_block": keep[index],
                 "forward": plain["forward"], "backward": plain["backward"],
@@ -676,7 +676,7 @@ def _learn(config: Mapping[str, Any]) -> dict[str, Any]:
                            "checkpointed_backward": checkpointed_head["backward"],
                            **_reduction_entries({"forward": head, "backward": head,
                                                  "checkpointed_forward": checkpointed_head,
-                                                 "checkpointed_backward": checkpointed_head}, max(fit_tokens)),
+                                                 "checkpointed_backward": checkpointed_head}, longest),
                            "work": work(head, checkpointed_head)}}
         if sequences > 1:  # learned from two sequences a step, stored per sequence (BATCHED_SEQUENCES)
             regime = {"sequences_traced": sequences, **regime}
