@@ -58,7 +58,7 @@ for part in "$@"; do
       args=$(line_args $f $n | sed 's/--steps [0-9]*//')
       OUT=$OUT ZLAYOUT_CARDS_DIR=$PWD/$(dirname $f)/heldout/${CARDS:-cards} timeout -s TERM $(( $(left) - 20 )) \
         torchrun --standalone --nproc_per_node 1 benchmarks/measurements/tools/steptime_profile.py \
-        --name prof-$n-$(basename $f .txt)$SUFFIX --timed-steps 3 --steps 1 -- $args > $OUT/prof-$n$SUFFIX.log 2>&1
+        --name prof-$n-$(basename $f .txt)$SUFFIX --timed-steps ${TIMED_STEPS:-3} --steps 1 ${PROF_FLAGS:-} -- $args > $OUT/prof-$n$SUFFIX.log 2>&1
       echo "prof $spec$SUFFIX rc=$? $(grep -h '^PROFILE' $OUT/prof-$n$SUFFIX.log)" ;;
     env:*)
       kv=${part#env:}; export "$kv"; SUFFIX="$SUFFIX-${kv%%=*}"; echo "exported $kv" ;;

@@ -99,6 +99,9 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=2, help="profiled steps, after two warm-up steps")
     ap.add_argument("--timed-steps", type=int, default=6,
                     help="unprofiled steps after the warm-up: host issue time, wall time, GC time per phase")
+    ap.add_argument("--stacks", action="store_true",
+                    help="record the Python stacks of the host's waits on the GPU in the profiled steps "
+                         "(with_stack: slower profiled steps; the timed steps are unaffected)")
     ap.add_argument("layout", nargs=argparse.REMAINDER, help="-- then zlayout verify arguments")
     a = ap.parse_args()
     argv = [x for x in a.layout if x != "--"]
@@ -177,7 +180,7 @@ def main() -> int:
         one_step(step, None, timed)
     host = host_usage(before, host_counters())
     walls = {phase: 0.0 for phase in PHASES}
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=a.stacks) as prof:
         for step in range(2 + a.timed_steps, 2 + a.timed_steps + a.steps):
             one_step(step, walls)
 
@@ -199,6 +202,19 @@ def main() -> int:
                 return phase
         return None
 
+    # --stacks: with_stack records the Python calls as events around the operators; a runtime call
+    # (cudaMemcpyAsync, ...) names who made the host wait through its enclosing events
+    def caller(ev) -> str:
+        frames, parent = [], ev.cpu_parent
+        while parent is not None and len(frames) < 6:
+            name = parent.name
+            if ".py(" in name and "torch/nn/modules/module.py" not in name and "torch/profiler" not in name:
+                frames.append(name)
+            elif not frames and ".py(" not in name:
+                frames.append(name)  # the operator that waited (aten::item, aten::nonzero, ...)
+            parent = parent.cpu_parent
+        return " <- ".join(frames) or "?"
+
     summary = {}
     for phase in PHASES:
         evs = [ev for ev in device_events if phase_of(ev) == phase]
@@ -216,10 +232,15 @@ def main() -> int:
                                  "cudaMemcpy", "cudaMemcpyAsync", "cudaStreamWaitEvent")
                  and any(s <= ev.time_range.start < e for s, e in windows[phase])]
         sync_calls: dict[str, list[float]] = {}
+        sync_stacks: dict[str, list[float]] = {}  # --stacks: who waited, by its innermost Python frames
         for ev in syncs:
             entry = sync_calls.setdefault(ev.name, [0, 0.0])
             entry[0] += 1
             entry[1] += ev.time_range.elapsed_us()
+            if a.stacks and ev.name != "cudaStreamWaitEvent":  # a stream wait does not block the host
+                entry = sync_stacks.setdefault(f"{ev.name} <- {caller(ev)}", [0, 0.0])
+                entry[0] += 1
+                entry[1] += ev.time_range.elapsed_us()
         rows = timed[phase]
         summary[phase] = {
             # unprofiled: per step, host issue ms / wall ms / GC ms
@@ -228,6 +249,8 @@ def main() -> int:
             "timed_gc_ms": [round(r[2] * 1e3, 2) for r in rows],
             # profiled: the host's waits (the last cudaDeviceSynchronize is the window's own end)
             "sync_calls": {k: [n // a.steps, round(us / 1e3 / a.steps, 3)] for k, (n, us) in sync_calls.items()},
+            "sync_stacks": [[k, n // a.steps, round(us / 1e3 / a.steps, 3)] for k, (n, us)
+                            in sorted(sync_stacks.items(), key=lambda kv: -kv[1][0])[:12]],
             "wall_ms": round(wall_us / 1e3 / a.steps, 3),
             "wall_sync_ms": round(walls[phase] * 1e3 / a.steps, 3),
             "gpu_busy_ms": round(busy_us / 1e3 / a.steps, 3),
