@@ -62,3 +62,23 @@ def test_a_profile_over_the_limits_is_a_profile_error():
         loads_profile("schema_version = 1\n" + DOTTED, "p/profile.toml")
     with pytest.raises(ProfileError, match="nested more than 32 levels"):
         loads_profile("schema_version = 1\n" + DEEP, "p/profile.toml")
+
+
+def test_every_shipped_card_is_within_the_limits_it_is_read_without():
+    # zlayout.cards reads its own cards without the scan (read_card(shipped=True)): this holds
+    # them to it instead
+    from zlayout import cards
+
+    shipped = sorted(cards.SHIPPED_CARDS_DIR.glob("*.toml"))
+    assert shipped
+    for path in shipped:
+        tomlsafe.check_toml_limits(path.read_text(encoding="utf-8"), str(path), max_chars=None)
+
+
+def test_a_card_from_elsewhere_is_scanned(tmp_path):
+    from zlayout import cards
+
+    card = tmp_path / "0123456789abcdef.toml"
+    card.write_text(f"{cards.HEADER}\n" + DEEP)
+    with pytest.raises(cards.CardError, match="nested more than 32 levels deep"):
+        cards.read_card(card)
