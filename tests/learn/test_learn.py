@@ -754,3 +754,64 @@ def test_a_config_asking_for_another_attention_is_told_which_the_card_and_verify
     notes = [line for line in learned.stderr.splitlines() if line.startswith("zlayout: note:")]
     assert len(notes) == 1 and "'flash_attention_2'" in notes[0] and "with 'sdpa'" in notes[0]
     assert "(sdpa attention)" in learned.stdout
+
+
+class _Tap(torch.autograd.Function):
+    """Identity forward; backward notes the address of the gradient it passes on."""
+
+    @staticmethod
+    def forward(ctx, tensor, name, seen):
+        ctx.name, ctx.seen = name, seen
+        return tensor.view_as(tensor)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.seen.append((ctx.name, grad.data_ptr()))
+        return grad, None, None
+
+
+@pytest.mark.parametrize("pattern", ["two products", "three uses", "residual", "transposed use", "gradient kept"])
+def test_a_gradient_reaching_a_tensor_twice_is_summed_in_place_as_without_the_ledger(pattern):
+    """Autograd sums the gradients reaching a tensor twice in place, into the one it holds alone
+    (input_buffer.cpp); under any dispatch mode it sums them into a new tensor. The ledger's trace
+    must make the requests a run makes: the sum lands in the same gradient with the ledger as
+    without it (CPU tensors, whose addresses are real)."""
+    from zlayout.learn.trace import engine_hooks
+
+    kept = []
+
+    def uses(x, seen):
+        tap = lambda name: _Tap.apply(x, name, seen)  # noqa: E731
+        if pattern == "two products":
+            return tap("a") * 2 + tap("b") * 3
+        if pattern == "three uses":
+            return tap("a") * 2 + tap("b") * 3 + tap("c") * 4
+        if pattern == "residual":  # the loss's expanded gradient reaches x unchanged: a view, not summed into
+            return tap("a") + tap("b") * 3
+        if pattern == "transposed use":
+            return (tap("a").t() * 2).t() + tap("b") * 3
+        held = tap("a") * 1.0
+        held.register_hook(kept.append)
+        return held * 2 + tap("b") * 3
+
+    targets = []
+    for ledger in (None, StorageLedger()):
+        seen: list = []
+        weight, base = torch.randn(64, 64, requires_grad=True), torch.randn(64, 64)
+        x = base * weight
+        x.register_hook(lambda grad: seen.append(("sum", grad.data_ptr())))
+        if ledger is None:
+            uses(x, seen).sum().backward()
+        else:
+            ledger.exclude([weight, base])
+            with ledger:
+                loss = uses(x, seen).sum()
+                handles = engine_hooks(ledger, loss.grad_fn)
+                loss.backward()
+            for handle in handles:
+                handle.remove()
+        total = dict(seen)["sum"]
+        targets.append([name for name, address in seen if address == total and name != "sum"])
+    assert targets[0], "autograd summed into a new tensor without the ledger: the pattern tests nothing"
+    assert targets[1] == targets[0]
+

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from zlayout.core.card import SCATTER_SUFFIX, STRIDED_SUFFIX, UNALIGNED_SUFFIX
-from zlayout.learn.trace import StorageLedger, Window, fused_attention
+from zlayout.learn.trace import StorageLedger, Window, engine_hooks, fused_attention
 
 # Token counts traced (one sequence): three fix a quadratic term (attention's FLOPs; eager
 # attention keeps tokens x tokens probabilities); the check count is traced too and compared.
@@ -340,7 +340,9 @@ def trace_step(model: nn.Module, blocks: nn.ModuleList, tokens: int, checkpointi
             head_window = ledger.open_window("head_backward", -1)
             state["head_backward"], state["backward"] = head_window, True
             forward_work = (Counter(ledger.op_flops), Counter(ledger.op_bytes), Counter(ledger.op_calls))
+            handles += engine_hooks(ledger, loss.grad_fn)
             loss.backward()
+            ledger.accumulating = False
             del loss
             if state["head_backward"] is not None:
                 ledger.close_window(head_window)

@@ -164,6 +164,40 @@ def _dense(tensor: torch.Tensor) -> bool:
     return True
 
 
+def _sole_dense(tensor: torch.Tensor) -> bool:
+    """Whether autograd may sum into `tensor` in place: its storage held by it alone and its
+    elements dense and non-overlapping (`can_accumulate_inplace`). Asking for the storage makes
+    one more reference to it (the Python storage object) while the count is read: 2 is 1."""
+    from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
+
+    return (torch._C._storage_Use_Count(tensor.untyped_storage()._cdata) == 2
+            and is_non_overlapping_and_dense(tensor))
+
+
+def engine_hooks(ledger: "StorageLedger", root) -> list:
+    """Hooks on every node of the graph under `root` that tell the ledger when autograd's engine
+    is between one node's backward and the next one's: where it sums a gradient that reached a
+    tensor twice into the tensor's input buffer (`StorageLedger._accumulate`). Returns the
+    handles."""
+    handles, seen, stack = [], set(), [root]
+
+    def started(*_):
+        ledger.accumulating = False
+
+    def finished(*_):
+        ledger.accumulating = True
+
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        handles.append(node.register_prehook(started))
+        handles.append(node.register_hook(finished))
+        stack.extend(child for child, _ in node.next_functions)
+    return handles
+
+
 def _bytes(tensor: torch.Tensor) -> int:
     """What a kernel moves for a tensor: its elements, at most its storage (a broadcast
     (expanded) tensor is read once, from its storage)."""
@@ -191,6 +225,7 @@ class StorageLedger(TorchDispatchMode):
         self.allocated_by_dtype: Counter = Counter()
         self.external: set[int] = set()
         self.sdpa_kernels: Counter = Counter()  # which kernel each attention call ran (cuda_sdpa_kernel)
+        self.accumulating = False  # between a backward node's end and the next one's start (`engine_hooks`)
 
     def exclude(self, tensors) -> None:
         """Storages made outside the step (weights, buffers, the input): a view of one (a
@@ -227,7 +262,10 @@ class StorageLedger(TorchDispatchMode):
         kwargs = kwargs or {}
         if func is torch.ops.aten._safe_softmax.default:
             return self._safe_softmax(*args, **kwargs)
-        out = func(*args, **kwargs)
+        if self.accumulating and func is torch.ops.aten.add.Tensor and not kwargs:
+            out = self._accumulate(*args)
+        else:
+            out = func(*args, **kwargs)
         outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         for tensor in outputs:
             self._see(tensor)
@@ -238,6 +276,20 @@ class StorageLedger(TorchDispatchMode):
             self._reduction(shape)
         self.count(func, args, kwargs, out, outputs)
         return out
+
+    def _accumulate(self, old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        """A gradient summed into autograd's input buffer (input_buffer.cpp `accumulate`), as a run
+        with no dispatch mode sums it. Under any TorchDispatchMode `isTensorSubclassLike` answers
+        yes for every tensor, so the engine takes its out-of-place path, `old + new`: one more
+        tensor of the gradient's size wherever a tensor feeds two ops (the residual stream into a
+        norm, q into RoPE's two products, a norm's float32 input). Without a mode it adds in place
+        into whichever of the two it holds the only reference to, dense and non-overlapping
+        (`can_accumulate_inplace`): `old` first, then `new`."""
+        if isinstance(new, torch.Tensor) and old.shape == new.shape and old.dtype == new.dtype:
+            for into, other in ((old, new), (new, old)):
+                if _sole_dense(into):
+                    return torch.ops.aten.add_.Tensor(into, other)
+        return torch.ops.aten.add.Tensor(old, new)
 
     def _reduction(self, shape: dict[str, int]) -> None:
         """A reduction kernel that may allocate a global scratch buffer and semaphores for its one
