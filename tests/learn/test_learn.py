@@ -815,3 +815,30 @@ def test_a_gradient_reaching_a_tensor_twice_is_summed_in_place_as_without_the_le
     assert targets[0], "autograd summed into a new tensor without the ledger: the pattern tests nothing"
     assert targets[1] == targets[0]
 
+
+
+@pytest.mark.parametrize("select", ["gather by index", "topk"])
+def test_a_gather_or_topk_backward_fills_one_zero_tensor_in_place(select):
+    """autograd's backward of `x[idx]` (a MoE's token gather) and of topk fill a fresh zero tensor of
+    x's size in place (FunctionsManual.cpp `index_backward`: `_index_put_impl_`;
+    `value_selecting_reduction_backward`: `scatter_`), unless a dispatch mode is on, where they
+    fill a copy: one more tensor of x's size. The learner's backward makes the one."""
+    from zlayout.learn.trace import engine_hooks
+
+    weight = torch.randn(512, 64, device="meta", requires_grad=True)
+    index = torch.zeros(1024, dtype=torch.long, device="meta")
+    ledger = StorageLedger()
+    ledger.exclude([weight, index])
+    with ledger:
+        x = weight * 2
+        picked = x[index] if select == "gather by index" else x.topk(8, dim=-1).values
+        loss = picked.sum()
+        window = ledger.open_window("backward", 0)
+        handles = engine_hooks(ledger, loss.grad_fn)
+        ledger.backward = True
+        loss.backward()
+        ledger.close_window(window)
+    for handle in handles:
+        handle.remove()
+    size = x.numel() * x.element_size()
+    assert [e for e in window.events if e > 0].count(size) == 2  # the zeros filled, then weight * 2's gradient

@@ -341,8 +341,9 @@ def trace_step(model: nn.Module, blocks: nn.ModuleList, tokens: int, checkpointi
             state["head_backward"], state["backward"] = head_window, True
             forward_work = (Counter(ledger.op_flops), Counter(ledger.op_bytes), Counter(ledger.op_calls))
             handles += engine_hooks(ledger, loss.grad_fn)
+            ledger.backward = True
             loss.backward()
-            ledger.accumulating = False
+            ledger.accumulating = ledger.backward = False
             del loss
             if state["head_backward"] is not None:
                 ledger.close_window(head_window)

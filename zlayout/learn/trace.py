@@ -164,6 +164,23 @@ def _dense(tensor: torch.Tensor) -> bool:
     return True
 
 
+def _index_put_in_place(zeros, indices, values, accumulate=False):
+    return torch.ops.aten._index_put_impl_.default(zeros, indices, values, accumulate, True)
+
+
+# Backward formulas (FunctionsManual.cpp) that fill a fresh zero tensor in place unless
+# `areAnyTensorSubclassLike`, which any dispatch mode makes true: `index_backward` (autograd's
+# backward of `x[idx]`, a MoE's token gather: `_index_put_impl_` into zeros the size of x, else
+# `index_put`, one more such tensor) and `value_selecting_reduction_backward` (topk's, max's:
+# `scatter_` into zeros, else `scatter`). In backward (grad mode off: not a checkpoint's
+# recompute) the ledger runs them in place where the zeros are held by the formula alone.
+IN_PLACE_IN_BACKWARD = {
+    torch.ops.aten.index_put.default: _index_put_in_place,
+    torch.ops.aten.scatter.src: torch.ops.aten.scatter_.src,
+    torch.ops.aten.scatter.value: torch.ops.aten.scatter_.value,
+}
+
+
 def _sole_dense(tensor: torch.Tensor) -> bool:
     """Whether autograd may sum into `tensor` in place: its storage held by it alone and its
     elements dense and non-overlapping (`can_accumulate_inplace`). Asking for the storage makes
@@ -226,6 +243,7 @@ class StorageLedger(TorchDispatchMode):
         self.external: set[int] = set()
         self.sdpa_kernels: Counter = Counter()  # which kernel each attention call ran (cuda_sdpa_kernel)
         self.accumulating = False  # between a backward node's end and the next one's start (`engine_hooks`)
+        self.backward = False  # set once the step's backward runs (`in_place_in_backward`)
 
     def exclude(self, tensors) -> None:
         """Storages made outside the step (weights, buffers, the input): a view of one (a
@@ -264,6 +282,9 @@ class StorageLedger(TorchDispatchMode):
             return self._safe_softmax(*args, **kwargs)
         if self.accumulating and func is torch.ops.aten.add.Tensor and not kwargs:
             out = self._accumulate(*args)
+        elif self.backward and func in IN_PLACE_IN_BACKWARD and not torch.is_grad_enabled() \
+                and _sole_dense(args[0]):
+            out = IN_PLACE_IN_BACKWARD[func](*args, **kwargs)
         else:
             out = func(*args, **kwargs)
         outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
