@@ -194,10 +194,28 @@ def _polys_text(polys: list) -> str:
     return ", ".join(" ".join(_number(x) for x in poly) for poly in polys)
 
 
+def _parameters_text(params: dict) -> dict:
+    """The parameter tensors' names, shapes and dtypes (hundreds each) as strings "a, b, ...", a
+    shape "d d" like a request: as TOML arrays they were 90% of parsing a card. A list the string
+    cannot hold exactly (a name with a comma or a space, a 0-d shape) stays an array."""
+    out = dict(params)
+    for key in ("names", "dtypes"):
+        items = params.get(key)
+        if items and all(isinstance(x, str) and x and not re.search(r"[,\s]", x) for x in items):
+            out[key] = ", ".join(items)
+    shapes = params.get("shapes")
+    if shapes and all(shapes):
+        out["shapes"] = ", ".join(" ".join(str(d) for d in shape) for shape in shapes)
+    return out
+
+
 def _compact(value: Any) -> Any:
     """Each phase's requests ([q, a, c] lists, hundreds a phase) as one string "q a c, q a c,
     ...": TOML arrays of arrays parse ten times slower, and the planner reads a card every plan.
-    The work tables likewise: each op's flops, bytes and calls as "q a c, q a c, q a c"."""
+    The work tables likewise: each op's flops, bytes and calls as "q a c, q a c, q a c"; and the
+    parameter tensors (`_parameters_text`)."""
+    if isinstance(value, dict) and isinstance(value.get("parameters"), dict):
+        value = {**value, "parameters": _parameters_text(value["parameters"])}
     if isinstance(value, dict):
         return {k: (_polys_text(v) if (k in PHASES or k.endswith("_reductions")) and isinstance(v, list)
                     else {phase: {op: _polys_text(polys) for op, polys in ops.items()} for phase, ops in v.items()}
@@ -214,11 +232,14 @@ def dumps_card(card: Mapping[str, Any], key: str, config_name: str) -> str:
               "# q*T^2 + a*T + c bytes for one sequence of T tokens (+ allocate, - free), in order;\n"
               "# each op of a phase's work: \"flops, bytes moved, kernel launches\", each \"q a c\" likewise\n")
     text = tomli_w.dumps({"key": key, **_compact(card)})
-    # the request strings as TOML literal strings: no escapes to scan for, they parse 5x faster
-    return header + _NUMBER_STRING.sub(lambda m: f"{m.group(1)}'{m.group(2)}'", text)
+    # the request and parameter strings as TOML literal strings: no escapes to scan for, they
+    # parse 5x faster
+    literal = lambda m: f"{m.group(1)}'{m.group(2)}'"  # noqa: E731
+    return header + _NAMES_STRING.sub(literal, _NUMBER_STRING.sub(literal, text))
 
 
 _NUMBER_STRING = re.compile(r'^((?:\w+) = )"([-0-9., e+]*)"$', re.MULTILINE)
+_NAMES_STRING = re.compile(r'^((?:names|dtypes) = )"([^"\\\']*)"$', re.MULTILINE)
 
 
 def check_card_target(folder: Path, key: str, *, replace: bool) -> Path:

@@ -592,12 +592,19 @@ def card_from_dict(data: Mapping[str, Any], key: str, source: str = "", digest: 
     if data.get("format") != 1:
         raise CardError(f"{where}: card format {data.get('format')!r}, this zlayout reads format 1")
     params = _get(data, "parameters", dict, where)
-    shapes = _get(params, "shapes", list, where)
+    shapes = params.get("shapes")
+    if isinstance(shapes, str):  # "d d, d d, ..." as zlayout.cards writes them; cards before: [[d, d], ...]
+        shapes = [shape.split() for shape in shapes.split(",")] if shapes else []
+    if not isinstance(shapes, list):
+        raise CardError(f"{where}: 'shapes' is missing or not a list")
     numels = []
     for shape in shapes:
         n = 1
         for dim in shape:
-            n *= int(dim)
+            try:
+                n *= int(dim)
+            except (TypeError, ValueError):
+                raise CardError(f"{where}: a parameter's shape is whole numbers") from None
         numels.append(n)
     count = _get(params, "count", int, where)
     if sum(numels) != count:
@@ -639,10 +646,12 @@ def card_from_dict(data: Mapping[str, Any], key: str, source: str = "", digest: 
             for name in ("forward", "backward", "checkpointed_forward", "checkpointed_backward")}))
     if not regimes or regimes[-1].max_tokens is not None:
         raise CardError(f"{where}: the last regime must hold any sequence length (no max_tokens)")
+    names = params.get("names")
+    if isinstance(names, str):  # "a, b, ..." as zlayout.cards writes them; cards before: a list
+        names = [name.strip() for name in names.split(",")] if names else []
     untrained = params.get("untrained")  # cards learned before it was recorded: None
     untrained_params = None
     if untrained is not None:
-        names = params.get("names")
         index = {n: i for i, n in enumerate(names)} if isinstance(names, list) and len(names) == len(numels) else {}
         if not isinstance(untrained, list) or any(n not in index for n in untrained):
             raise CardError(f"{where}: parameters.untrained must list names from parameters.names")
@@ -656,7 +665,7 @@ def card_from_dict(data: Mapping[str, Any], key: str, source: str = "", digest: 
         attention_kernels=tuple(str(k) for k in data.get("attention_kernels") or ()),
         transformers=_release(data.get("transformers"), where),
         parameter_layers=parameter_layers(names, len(kinds))
-        if isinstance(names := params.get("names"), list) and len(names) == len(numels)
+        if isinstance(names, list) and len(names) == len(numels)
         and all(isinstance(n, str) for n in names) else None)
 
 

@@ -1,0 +1,76 @@
+"""A card's parameter tensors (names, shapes, dtypes: hundreds each) are written as strings
+"a, b, ...", a shape "d d" (zlayout.cards `_parameters_text`), as the phases' requests are: as
+TOML arrays they were 90% of parsing a card. Cards written before, with the arrays, in users'
+caches and among the shipped ones, read as they did."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import tomllib
+
+import pytest
+import tomli_w
+
+from zlayout import cards
+from zlayout.core.card import CardError
+
+LISTS = ("names", "shapes", "dtypes")
+
+
+def shipped(config_name: str):
+    return next(p for p in cards.SHIPPED_CARDS_DIR.glob("*.toml")
+                if f"({config_name})" in p.read_text()[:200])
+
+
+def as_arrays(text: str) -> str:
+    """The card as zlayout wrote it before: its parameter lists as TOML arrays."""
+    params = tomllib.loads(text)["parameters"]
+    for key in LISTS:
+        line = re.search(rf"^{key} = '.*'\n", text, re.MULTILINE)
+        assert line is not None, key
+        listed = params[key].split(", ")
+        if key == "shapes":
+            listed = [[int(d) for d in shape.split()] for shape in listed]
+        text = text.replace(line.group(0), tomli_w.dumps({key: listed}))
+    return text
+
+
+def fields(card) -> dict:
+    return {f.name: getattr(card, f.name) for f in dataclasses.fields(card) if f.name not in ("source", "digest")}
+
+
+@pytest.mark.parametrize("config_name", ["Qwen3-8B.json", "llava-1.5-7b-hf.json"])
+def test_parameter_strings_and_the_older_arrays_read_alike(tmp_path, config_name):
+    """LLaVA's card names untrained tensors (its vision tower's), looked up among the names."""
+    path = shipped(config_name)
+    text = path.read_text()
+    for key in LISTS:
+        assert re.search(rf"^{key} = '", text, re.MULTILINE), key
+    older = tmp_path / path.name
+    older.write_text(as_arrays(text))
+    assert "names = [\n" in older.read_text()
+    new, old = cards.read_card(path), cards.read_card(older)
+    assert fields(new) == fields(old)
+    assert new.parameter_layers is not None and len(new.parameter_numels) > 100
+    if config_name.startswith("llava"):
+        assert new.untrained_tensors and new.untrained_params
+
+
+def test_lists_a_string_cannot_hold_stay_arrays():
+    """A name with a comma or a space, or a 0-d shape, would not split back into the same list."""
+    text = cards.dumps_card({"format": 1, "parameters": {
+        "count": 5, "names": ["a.b", "odd name"], "shapes": [[2, 2], []], "dtypes": ["float32", "float32"]}},
+        "0" * 16, "x.json")
+    params = tomllib.loads(text)["parameters"]
+    assert params["names"] == ["a.b", "odd name"] and params["shapes"] == [[2, 2], []]
+    assert params["dtypes"] == "float32, float32"
+
+
+def test_a_damaged_shape_string_is_one_line_naming_the_card(tmp_path):
+    path = shipped("Qwen3-8B.json")
+    broken = tmp_path / path.name
+    broken.write_text(re.sub(r"^shapes = '151936 4096, ", "shapes = '151936 x, ", path.read_text(), flags=re.MULTILINE))
+    with pytest.raises(CardError, match="shape") as raised:
+        cards.read_card(broken)
+    assert "\n" not in str(raised.value) and path.stem in str(raised.value)
