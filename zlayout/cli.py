@@ -502,8 +502,12 @@ def _model_from_args(args: argparse.Namespace):
         # One that changes the preset's architecture is a custom model, of no preset's family
         # (break-even then scales its own shape in depth), as in the app.
         data = base.model_dump()
-        if any(data.get(key) != value for key, value in given.items()):
-            data.update(given, name="custom", family=None)
+        changed = [key for key, value in given.items() if data.get(key) != value]
+        if changed:
+            # the same model at another depth keeps its name, said so; any other change makes a
+            # model of its own
+            name = f"{base.name} at {given['layers']} layers" if changed == ["layers"] else "custom"
+            data.update(given, name=name, family=None)
             custom = ModelSpec.model_validate(data)
             if base.card is not None and custom.card is None:
                 changed = ", ".join(f"--{key.replace('_', '-')}" for key, value in given.items()
