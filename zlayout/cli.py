@@ -204,6 +204,7 @@ def whole_number(text: str, bound_field: str | None = None) -> int:
 
 
 # flags counting tokens or widths: '4k' is 4,096 (messages.parse_count_with_unit)
+DEFAULT_SEQ = 2048  # tokens a sequence, where --seq is not given
 UNIT_FLAGS = ("--seq", "--hidden", "--ffn", "--vocab", "--expert-ffn")
 
 
@@ -371,8 +372,8 @@ def add_plan_arguments(parser: argparse.ArgumentParser, with_layout: bool = True
 
     train = parser.add_argument_group("training")
     train.add_argument("--seq", type=int, default=None,
-                       help=f"sequence length in tokens (default 2048; {BOUNDS['seq'].describe()}; "
-                            "k = 1024: 4k = 4096, 32K = 32768)")
+                       help=f"sequence length in tokens (default 2048, or a model's learned positions where "
+                            f"fewer: GPT-2's 1024; {BOUNDS['seq'].describe()}; k = 1024: 4k = 4096, 32K = 32768)")
     train.add_argument("--micro-batch", type=int, default=1,
                        help=f"sequences per GPU per forward pass (default 1; {BOUNDS['micro_batch'].describe()})")
     train.add_argument("--grad-accum", type=int, default=1,
@@ -666,7 +667,13 @@ def plan_input_from_args(args: argparse.Namespace) -> PlanInput:
         if args.host_cores is not None:
             hw_kwargs["host_cores"] = args.host_cores
         hardware = HardwareSpec(**hw_kwargs)
-        training = TrainingSpec(seq=2048 if args.seq is None else args.seq,
+        seq = args.seq
+        if seq is None:
+            seq = DEFAULT_SEQ
+            if 0 < model.position_embeddings < DEFAULT_SEQ:  # GPT-2's 1,024 learned positions
+                seq = model.position_embeddings
+                _note(args, f"--seq defaults to {seq}, {model.name}'s learned positions (n_positions)")
+        training = TrainingSpec(seq=seq,
                                 micro_batch=args.micro_batch,
                                 grad_accum=args.grad_accum, precision=args.precision,
                                 checkpointing=args.checkpointing,

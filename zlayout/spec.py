@@ -829,3 +829,13 @@ class PlanInput(Frozen):
                                                  "fragmentation, context) must leave when judging 'fits'; "
                                                  "the allocator's cache may still fill it")
     calibration: StepTimeCalibration = StepTimeCalibration()
+
+    @model_validator(mode="after")
+    def _sequence_has_positions(self) -> "PlanInput":
+        # learned absolute positions are a table of the model's (GPT-2's 1,024 rows): a longer
+        # sequence indexes past it, which a GPU run stops on (an index assertion); rotary has no table
+        positions = self.model.position_embeddings
+        if positions and self.training.seq > positions:
+            raise ValueError(f"{self.model.name} has {positions:,} learned positions (n_positions): a sequence of "
+                             f"{self.training.seq:,} tokens runs past them; use --seq {positions} or less")
+        return self

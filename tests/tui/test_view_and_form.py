@@ -248,3 +248,16 @@ def test_the_status_line_never_wraps_between_a_figure_and_its_unit(width):
     for line, following in zip(lines, lines[1:]):
         assert not (line.split(" ")[-1].replace(".", "").isdigit()
                     and following.split(" ")[0] in ("s/step", "GiB")), (line, following)
+
+
+def test_a_sequence_past_a_models_learned_positions_is_reported_on_the_seq_field():
+    """GPT-2's 1,024 learned positions: a longer sequence indexes past the table (a GPU run stops
+    on it). PlanInput refuses it; the panel builds its input with model_copy, which validates
+    nothing, so the form says it itself, under Seq."""
+    inp = fixed_input()
+    model = inp.model.model_copy(update={"position_embeddings": 1024, "name": "gpt2"})
+    with pytest.raises(FormInvalid) as caught:
+        plan_input_from_form(values_with(seq="2048"), model, inp, fixed_presets())
+    assert set(caught.value.errors) == {"seq"}
+    assert "1,024" in caught.value.errors["seq"] and "gpt2" in caught.value.errors["seq"]
+    assert plan_input_from_form(values_with(seq="1024"), model, inp, fixed_presets()).training.seq == 1024

@@ -165,6 +165,10 @@ def plan_input_from_form(values: Mapping[str, Any], model_base: ModelSpec, base:
     except ValidationError as exc:
         for field, message in _errors_by_field(exc, lambda loc: loc).items():
             errors.setdefault(field, message)
+    if model is not None and training is not None and 0 < model.position_embeddings < training.seq:
+        # PlanInput's own check (GPT-2's 1,024 learned positions), which model_copy does not run
+        errors.setdefault("seq", f"at most {model.position_embeddings:,}: {model.name}'s learned positions "
+                                 "(n_positions)")
     if errors or model is None or hardware is None or training is None:
         raise FormInvalid(errors or {"layers": "invalid model"})
     return base.model_copy(update={"model": model, "hardware": hardware, "training": training})
