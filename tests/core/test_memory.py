@@ -244,3 +244,35 @@ def test_a_record_without_a_loop_ran_the_trainer_loop_and_a_marked_one_keeps_its
     assert PlanInput.model_validate(recorded_inputs(inputs)).training.loop == "trainer"
     inputs["training"]["loop"] = "deepspeed"
     assert PlanInput.model_validate(recorded_inputs(inputs)).training.loop == "deepspeed"
+
+
+def _shipped_card_input(config: str, *flags: str):
+    from pathlib import Path
+
+    from zlayout.cli import build_parser, plan_input_from_args
+
+    published = Path(__file__).resolve().parents[1] / "hf" / "configs" / "published"
+    return plan_input_from_args(build_parser().parse_args(
+        ["plan", "--hf-config", str(published / config), "--gpu", "h200", *flags]))
+
+
+@pytest.mark.parametrize(("gpus", "accumulation"), [(1, 1), (8, 1), (1, 2)])
+def test_stage_2_holds_zeros_for_the_gradients_a_text_step_gives_a_vision_tower(monkeypatch, gpus, accumulation):
+    """DeepSpeed's end of backward (stage_1_and_2.py get_all_grad_tensors) zero-fills the gradient of
+    every parameter in the rank's partition that got none, in the training dtype, kept to step()
+    (with accumulation, through the window): Qwen2.5-VL-3B's vision tower, 1.25 GiB on one GPU
+    (h200-2026-12-16 call 2: the plan was 1.24 GiB under at the step). At most the rank's share."""
+    monkeypatch.delenv("ZLAYOUT_CARDS_DIR", raising=False)
+    inp = _shipped_card_input("Qwen2.5-VL-3B-Instruct.json", "--seq", "4096", "--gpus-per-node", str(gpus),
+                              "--grad-accum", str(accumulation))
+    card = inp.model.card
+    assert card.untrained_params > 600e6  # the vision tower and its merger
+    share = -(-inp.model.params // gpus)
+    mem = estimate_memory(inp, Layout(stage=2))
+    zeros = {t.name: t.bytes for t in mem.terms}["untrained_zero_gradients"]
+    assert zeros == 2 * min(card.untrained_params, share)
+    without = estimate_memory(inp.model_copy(update={"model": inp.model.model_copy(update={"card": None})}),
+                              Layout(stage=2))
+    assert "untrained_zero_gradients" not in {t.name for t in without.terms}
+    # ZeRO-3 keeps its gradients in its own partition: nothing of the kind
+    assert "untrained_zero_gradients" not in {t.name for t in estimate_memory(inp, Layout(stage=3)).terms}

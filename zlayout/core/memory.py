@@ -621,6 +621,8 @@ class Buffers(NamedTuple):
     # and in the last block's
     held_head: int
     held_block: int
+    # stages 1-2: zeros for the gradients a step gives none (a vision tower's), to step()
+    untrained_zeros: int = 0
 
 
 class Activations(NamedTuple):
@@ -711,8 +713,19 @@ def deepspeed_buffer_terms(c: _Layout, terms: _Terms) -> Buffers:
         step_fp32 = 0
     step_fp32 = terms.add("gpu", "step_fp32_gradients", step_fp32, "deepspeed_buffers",
                     "gradients flattened and cast to fp32 inside step(), freed after the update")
+    card = card_of(model, training)
+    untrained = 0
+    if stage in (1, 2) and opt_on_gpu and card is not None and card.untrained_params:
+        # the end of backward (stage_1_and_2.py ipg epilogue, get_all_grad_tensors) zero-fills the
+        # gradient of every parameter in the rank's partition the step gave none, in the training
+        # dtype, and keeps the zeros to step(): a whole tensor each, on the rank whose partition
+        # holds it (Qwen2.5-VL-3B's vision tower: 1.25 GiB, h200-2026-12-16 call 2 was 1.24 under)
+        untrained = w * min(card.untrained_params, p_shard)
+    untrained = terms.add("gpu", "untrained_zero_gradients", untrained, "deepspeed_buffers",
+                          "zeros DeepSpeed makes at the end of backward for the gradients a text step gives "
+                          "none (the vision tower's), kept to step()")
 
-    return Buffers(ipg, staging, live, persistent, step_fp32, held_head, held_block)
+    return Buffers(ipg, staging, live, persistent, step_fp32, held_head, held_block, untrained)
 
 
 def attention_note(model: ModelSpec, training: TrainingSpec) -> str:
@@ -775,7 +788,7 @@ def phase_peaks(c: _Layout, states_: ModelStates, buffers: Buffers,
     training = t
     opt_on_gpu, param_where, init = c.opt_on_gpu, c.param_where, c.init
     params, master, moments, grads, _ = states_
-    ipg, staging, live, persistent, step_fp32, held_head, held_block = buffers
+    ipg, staging, live, persistent, step_fp32, held_head, held_block, untrained = buffers
     saved, recompute, dispatch, expert_grads, head_in, loss, held, _, block_backward = acts
     resident = params * (param_where == "gpu") + master * opt_on_gpu + staging + persistent
     if stage == 3:
@@ -785,8 +798,9 @@ def phase_peaks(c: _Layout, states_: ModelStates, buffers: Buffers,
         resident, lazy_moments = resident + moments, 0  # built eagerly by the fp16/bf16 wrapper
     after_init = resident
     states = resident + lazy_moments
-    # Gradients carried between micro-steps of one accumulation window.
-    carried = grads if t.grad_accum > 1 and stage < 3 else 0
+    # Gradients carried between micro-steps of one accumulation window (the untrained ones' zeros
+    # too: made at the first micro-step's end, summed into at each later one)
+    carried = grads + untrained if t.grad_accum > 1 and stage < 3 else 0
     activations = saved + head_in
     head_grad = model.vocab * model.hidden * w
     tokens = tokens_per_micro_batch(t)
@@ -803,7 +817,7 @@ def phase_peaks(c: _Layout, states_: ModelStates, buffers: Buffers,
         "backward (head)": (states + carried + live + activations + ipg * (stage in (1, 2))
                             + head_grad + tokens * model.vocab * w + held_head,
                             max(head_grad, tokens * model.vocab * w)),
-        "optimizer step": (states + (grads if stage < 3 else 0) + step_fp32,
+        "optimizer step": (states + (grads if stage < 3 else 0) + untrained + step_fp32,
                            step_fp32 - step_fp32 * w // (w + FP32_BYTES) if stage else step_fp32 // 2),
     }
     if stage in (1, 2) and opt_on_gpu:
