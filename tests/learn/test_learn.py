@@ -842,3 +842,29 @@ def test_a_gather_or_topk_backward_fills_one_zero_tensor_in_place(select):
         handle.remove()
     size = x.numel() * x.element_size()
     assert [e for e in window.events if e > 0].count(size) == 2  # the zeros filled, then weight * 2's gradient
+
+
+def test_an_index_put_in_the_forward_is_differentiated_into_a_copy_as_on_cuda():
+    """index_put_'s own backward, `grad.index_put(indices, zeros, false)`, copies the gradient on
+    CUDA too (no subclass test in its formula): the ledger leaves it out of place."""
+    from zlayout.learn.trace import engine_hooks
+
+    events = []
+    for in_backward in (False, True):
+        weight = torch.randn(1024, 256, device="meta", requires_grad=True)
+        index = torch.zeros(64, dtype=torch.long, device="meta")
+        ledger = StorageLedger()
+        ledger.exclude([weight, index])
+        with ledger:
+            y = (weight * 2).clone()
+            y[index] = 0.0
+            loss = (y * 3).sum()
+            window = ledger.open_window("backward", 0)
+            handles = engine_hooks(ledger, loss.grad_fn)
+            ledger.backward = in_backward
+            loss.backward()
+            ledger.close_window(window)
+        for handle in handles:
+            handle.remove()
+        events.append(window.events)
+    assert events[0] == events[1]

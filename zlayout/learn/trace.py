@@ -165,19 +165,22 @@ def _dense(tensor: torch.Tensor) -> bool:
 
 
 def _index_put_in_place(zeros, indices, values, accumulate=False):
+    if not accumulate:  # index_put_'s own backward, `grad.index_put(indices, zeros, false)`: a copy on CUDA too
+        return torch.ops.aten.index_put.default(zeros, indices, values, accumulate)
     return torch.ops.aten._index_put_impl_.default(zeros, indices, values, accumulate, True)
 
 
 # Backward formulas (FunctionsManual.cpp) that fill a fresh zero tensor in place unless
 # `areAnyTensorSubclassLike`, which any dispatch mode makes true: `index_backward` (autograd's
-# backward of `x[idx]`, a MoE's token gather: `_index_put_impl_` into zeros the size of x, else
-# `index_put`, one more such tensor) and `value_selecting_reduction_backward` (topk's, max's:
-# `scatter_` into zeros, else `scatter`). In backward (grad mode off: not a checkpoint's
-# recompute) the ledger runs them in place where the zeros are held by the formula alone.
+# backward of `x[idx]`, a MoE's token gather: `_index_put_impl_` into zeros the size of x with
+# accumulate, else `index_put`, one more such tensor) and `value_selecting_reduction_backward`
+# (topk's, max's: `scatter_` of the gradient into zeros, else `scatter`). In backward (grad mode
+# off: not a checkpoint's recompute) the ledger runs them in place where the zeros are held by
+# the formula alone. (scatter's own backward, `grad.scatter(dim, index, 0)`, copies on CUDA too:
+# scatter.value is not here.)
 IN_PLACE_IN_BACKWARD = {
     torch.ops.aten.index_put.default: _index_put_in_place,
     torch.ops.aten.scatter.src: torch.ops.aten.scatter_.src,
-    torch.ops.aten.scatter.value: torch.ops.aten.scatter_.value,
 }
 
 
