@@ -15,7 +15,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from zlayout import cards
 from zlayout.core.card import CardError
-from zlayout.learn.learner import (LearnError, block_list, evaluate, learn, measure, net_and_peak,
+from zlayout.learn.learner import (LearnError, block_list, build_model, evaluate, learn, measure, net_and_peak,
                                    regimes_to_trace, trace_step, weights_saved_as_views)
 from zlayout.learn.trace import StorageLedger, cuda_sdpa_kernel, fused_attention
 
@@ -868,3 +868,23 @@ def test_an_index_put_in_the_forward_is_differentiated_into_a_copy_as_on_cuda():
             handle.remove()
         events.append(window.events)
     assert events[0] == events[1]
+
+
+def test_a_model_whose_blocks_cannot_run_alone_is_learned_from_every_block():
+    """Gemma-4 takes each block's per-layer input from one table reshaped by the layer count, so
+    the few blocks the learner runs cannot run without the others (a shape error). It runs every
+    block instead, and takes each kind's entry from a block inside its kind's run."""
+    config = json.loads((CARD_ONLY / "gemma4-tiny.json").read_text())
+    card = learn(config)
+    assert card["layers"]["kinds"] == [0, 0, 1, 0, 0, 1]  # sliding, sliding, full ...
+    assert [kind["traced_block"] for kind in card["regimes"][0]["blocks"]] == [1, 2]
+    model, _ = build_model(config)
+    assert card["parameters"]["count"] == sum(p.numel() for p in model.parameters())
+
+
+def test_blocks_of_one_kind_that_ask_for_different_memory_are_refused_in_one_line():
+    """Gemma-3n's first layers run a sparse activation the others do not (and its last ones reuse
+    earlier layers' keys and values): the same weights, other requests. One card entry per kind
+    cannot hold them, and the learner says so rather than take one block for all."""
+    with pytest.raises(LearnError, match=r"blocks 1 and 4 have the same weights but ask for different memory"):
+        learn(json.loads((CARD_ONLY / "gemma3n-text-tiny.json").read_text()))

@@ -566,6 +566,84 @@ def _learn_regime(model, blocks, keep, fit_tokens, check_tokens) -> tuple[dict, 
     return fitted, worst, trained, kernels, sequences, module_calls
 
 
+def _learn_regimes(config: Mapping[str, Any], model: nn.Module, blocks: nn.ModuleList, kinds: list[int],
+                   keep: list[int], every_block: bool = False) -> tuple[list[dict], float, set, dict, set]:
+    """Each regime's card entries from traces of the `keep` blocks: (regimes, the worst fit error,
+    the attention kernels, the module calls, the parameters a gradient reached). Where `keep` is
+    every block, each kind's blocks must ask for the same (_same_requests); `every_block` (the
+    fallback for models whose blocks cannot run alone) also takes each kind's entry from a block
+    inside its kind's run."""
+    held = weights_saved_as_views(model, blocks, keep)
+    regimes, worst, attention_kernels, module_calls = [], 0.0, set(), None
+    for max_tokens, fit_tokens, check_tokens in regimes_to_trace(config):
+        fitted, error, trained, kernels, sequences, calls = _learn_regime(model, blocks, keep, fit_tokens, check_tokens)
+        if len(keep) == len(blocks):  # every block ran: a kind whose blocks differ is seen, and refused
+            _same_requests(kinds, fitted, config.get("model_type"))
+        if module_calls is None:  # the same at any token count: the first regime's
+            module_calls = {"per_kind": [calls[keep.index(kinds.index(kind))] for kind in sorted(set(kinds))],
+                            "outside": calls[-1]}
+        attention_kernels |= kernels
+        worst = max(worst, error)
+        longest = max(fit_tokens)  # the token count a reduction's flags are read at (reduction_rows)
+        kind_blocks = []
+        for kind in sorted(set(kinds)):
+            # the last traced block of this kind with a traced block after it (the most common
+            # kind's has one before it too)
+            measured = [i for i, block in enumerate(keep) if kinds[block] == kind]
+            index = max([i for i in measured if i < len(keep) - 1] or measured)
+            if every_block and len(measured) >= 3:
+                index = measured[1]  # one inside its kind's run: the first and last free what the kind shares
+            plain, checkpointed = fitted[False]["blocks"][index], fitted[True]["blocks"][index]
+            kind_blocks.append({
+                "kind": kind, "traced_block": keep[index],
+                "forward": plain["forward"], "backward": plain["backward"],
+                "checkpointed_forward": checkpointed["forward"], "checkpointed_backward": checkpointed["backward"],
+                "recompute": checkpointed["recompute"],
+                **_reduction_entries({"forward": plain, "backward": plain, "checkpointed_forward": checkpointed,
+                                      "checkpointed_backward": checkpointed}, longest),
+                "saved_by_dtype": plain["saved_by_dtype"],
+                "work": work(plain, checkpointed),
+            })
+            views = [p.numel() for p in blocks[keep[index]].parameters() if id(p) in held]
+            if views:  # ZeRO-3 keeps these gathered until the block's backward (core.card.BlockCard)
+                kind_blocks[-1]["zero3_held"] = views
+        head, checkpointed_head = fitted[False]["head"], fitted[True]["head"]
+        regime = {"tokens_fitted": list(fit_tokens), "tokens_checked": check_tokens, "fit_error": round(error, 6),
+                  "blocks": kind_blocks,
+                  "head": {"forward": head["forward"], "backward": head["backward"],
+                           "checkpointed_forward": checkpointed_head["forward"],
+                           "checkpointed_backward": checkpointed_head["backward"],
+                           **_reduction_entries({"forward": head, "backward": head,
+                                                 "checkpointed_forward": checkpointed_head,
+                                                 "checkpointed_backward": checkpointed_head}, longest),
+                           "work": work(head, checkpointed_head)}}
+        if sequences > 1:  # learned from two sequences a step, stored per sequence (BATCHED_SEQUENCES)
+            regime = {"sequences_traced": sequences, **regime}
+        if max_tokens is not None:
+            regime = {"max_tokens": max_tokens, **regime}
+        regimes.append(regime)
+    return regimes, worst, attention_kernels, module_calls, trained
+
+
+def _same_requests(kinds: list[int], fitted: dict, model_type: Any) -> None:
+    """With every block traced: LearnError where two blocks of one kind ask for different requests
+    (Gemma-3n's last layers reuse earlier layers' keys and values: the same weights, less memory),
+    which one card entry per kind cannot hold. Each kind's first and last block are left out (the
+    first's backward and the last's forward free what every block of the kind uses: Gemma-4's
+    full-attention rotary tables), and the model's last block (measured up to the final norm)."""
+    runs = {kind: [i for i, k in enumerate(kinds[:-1]) if k == kind] for kind in set(kinds)}
+    for kind, indices in runs.items():
+        inner = indices[1:-1]
+        for index in inner[1:]:
+            for phase in ("forward", "backward"):
+                a, b = fitted[False]["blocks"][inner[0]][phase], fitted[False]["blocks"][index][phase]
+                if len(a) != len(b) or any(abs(x - y) > 1e-6 * max(1.0, abs(x), abs(y))
+                                           for p, q in zip(a, b) for x, y in zip(p, q)):
+                    raise LearnError(f"transformers' {model_type!r} blocks {inner[0]} and {index} have the same "
+                                     f"weights but ask for different memory in their {phase}: not a card this "
+                                     "learner can hold; plan it by shape (--layers, --hidden, ...: the hand model)")
+
+
 REDUCTION_FLAGS = ("fastest", "contiguous", "reduce_dims", "ndim", "output_vec", "acc_bytes", "max_threads")
 
 
@@ -639,53 +717,20 @@ def _learn(config: Mapping[str, Any]) -> dict[str, Any]:
     kinds = block_kinds(blocks, layer_types if isinstance(layer_types, (list, tuple)) else None)
     keep = traced_blocks(kinds)
     model.bfloat16()  # DeepSpeed trains the bf16 copy
-
     in_blocks = {id(p) for p in blocks.parameters()}
-    held = weights_saved_as_views(model, blocks, keep)
-    regimes, worst, attention_kernels, module_calls = [], 0.0, set(), None
-    for max_tokens, fit_tokens, check_tokens in regimes_to_trace(config):
-        fitted, error, trained, kernels, sequences, calls = _learn_regime(model, blocks, keep, fit_tokens, check_tokens)
-        if module_calls is None:  # the same at any token count: the first regime's
-            module_calls = {"per_kind": [calls[keep.index(kinds.index(kind))] for kind in sorted(set(kinds))],
-                            "outside": calls[-1]}
-        attention_kernels |= kernels
-        worst = max(worst, error)
-        longest = max(fit_tokens)  # the token count a reduction's flags are read at (reduction_rows)
-        kind_blocks = []
-        for kind in sorted(set(kinds)):
-            # the last traced block of this kind with a traced block after it (the most common
-            # kind's has one before it too)
-            measured = [i for i, block in enumerate(keep) if kinds[block] == kind]
-            index = max([i for i in measured if i < len(keep) - 1] or measured)
-            plain, checkpointed = fitted[False]["blocks"][index], fitted[True]["blocks"][index]
-            kind_blocks.append({
-                "kind": kind, "traced_block": keep[index],
-                "forward": plain["forward"], "backward": plain["backward"],
-                "checkpointed_forward": checkpointed["forward"], "checkpointed_backward": checkpointed["backward"],
-                "recompute": checkpointed["recompute"],
-                **_reduction_entries({"forward": plain, "backward": plain, "checkpointed_forward": checkpointed,
-                                      "checkpointed_backward": checkpointed}, longest),
-                "saved_by_dtype": plain["saved_by_dtype"],
-                "work": work(plain, checkpointed),
-            })
-            views = [p.numel() for p in blocks[keep[index]].parameters() if id(p) in held]
-            if views:  # ZeRO-3 keeps these gathered until the block's backward (core.card.BlockCard)
-                kind_blocks[-1]["zero3_held"] = views
-        head, checkpointed_head = fitted[False]["head"], fitted[True]["head"]
-        regime = {"tokens_fitted": list(fit_tokens), "tokens_checked": check_tokens, "fit_error": round(error, 6),
-                  "blocks": kind_blocks,
-                  "head": {"forward": head["forward"], "backward": head["backward"],
-                           "checkpointed_forward": checkpointed_head["forward"],
-                           "checkpointed_backward": checkpointed_head["backward"],
-                           **_reduction_entries({"forward": head, "backward": head,
-                                                 "checkpointed_forward": checkpointed_head,
-                                                 "checkpointed_backward": checkpointed_head}, longest),
-                           "work": work(head, checkpointed_head)}}
-        if sequences > 1:  # learned from two sequences a step, stored per sequence (BATCHED_SEQUENCES)
-            regime = {"sequences_traced": sequences, **regime}
-        if max_tokens is not None:
-            regime = {"max_tokens": max_tokens, **regime}
-        regimes.append(regime)
+    try:
+        regimes, worst, attention_kernels, module_calls, trained = _learn_regimes(config, model, blocks, kinds, keep)
+    except LearnError:
+        raise
+    except Exception:  # noqa: BLE001: the model's code, run on a few of its blocks
+        if len(keep) == len(blocks):
+            raise
+        # Gemma-3n's and Gemma-4's per-layer inputs are one table reshaped by the layer count: a
+        # few blocks cannot run alone. Run them all (slower), and keep the card only where every
+        # block of a kind asks for the same (_same_requests)
+        keep = list(range(len(blocks)))
+        regimes, worst, attention_kernels, module_calls, trained = _learn_regimes(
+            config, model, blocks, kinds, keep, every_block=True)
     return {
         "format": 1,
         "model_type": config.get("model_type"),
