@@ -12,6 +12,10 @@ once it has returned; the last block's to its forward hook), its recompute (chec
 its first sub-module's call in backward, its backward from the gradient of its output to the
 gradient of its input.
 
+A dispatch mode changes what autograd does: it sums gradients, and some backward formulas fill
+their zeros, out of place, as for a tensor subclass. The ledger puts those back in place where a run
+without a mode does (`engine_hooks`, `StorageLedger._accumulate`, `IN_PLACE_IN_BACKWARD`).
+
 Each op's work is recorded too, per window: its FLOPs (torch's flop counter: the matmuls, the
 attention kernels; `grouped_mm_flops` for transformers' grouped experts, which the flop counter
 does not count), the bytes it moves (its inputs and outputs) and one kernel launch. Ops that
@@ -246,7 +250,7 @@ class StorageLedger(TorchDispatchMode):
         self.external: set[int] = set()
         self.sdpa_kernels: Counter = Counter()  # which kernel each attention call ran (cuda_sdpa_kernel)
         self.accumulating = False  # between a backward node's end and the next one's start (`engine_hooks`)
-        self.backward = False  # set once the step's backward runs (`in_place_in_backward`)
+        self.backward = False  # set once the step's backward runs (`IN_PLACE_IN_BACKWARD`)
 
     def exclude(self, tensors) -> None:
         """Storages made outside the step (weights, buffers, the input): a view of one (a
