@@ -627,7 +627,7 @@ def _learn_regimes(config: Mapping[str, Any], model: nn.Module, blocks: nn.Modul
 
 def _same_requests(kinds: list[int], fitted: dict, model_type: Any) -> None:
     """With every block traced: LearnError where two blocks of one kind ask for different requests
-    (Gemma-3n's last layers reuse earlier layers' keys and values: the same weights, less memory),
+    (Gemma-3n's first layers run a sparse activation the others do not, on the same weights),
     which one card entry per kind cannot hold. Each kind's first and last block are left out (the
     first's backward and the last's forward free what every block of the kind uses: Gemma-4's
     full-attention rotary tables), and the model's last block (measured up to the final norm)."""
