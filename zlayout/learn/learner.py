@@ -695,6 +695,13 @@ def learn(config: Mapping[str, Any]) -> dict[str, Any]:
                              f"runs ({what}), which a trace on the meta device has none of: this model type "
                              "cannot be learned here; plan it by shape (--layers, --hidden, ...: the hand "
                              "model)") from exc
+        positions = next((config.get(key) for key in ("n_positions", "max_position_embeddings")
+                          if isinstance(config.get(key), int)), None)
+        if positions is not None and positions < max(FIT_TOKENS) and "size" in first_line:
+            # BERT's 512-row position table (its token-type buffer is as long): the learner traces
+            # sequences of 1,024-4,096 tokens, which such a model cannot run
+            what += (f" (this config holds {positions:,} positions; the learner traces sequences of "
+                     f"{min(FIT_TOKENS):,}-{max(FIT_TOKENS):,} tokens)")
         raise LearnError(f"transformers' {config.get('model_type')!r} code cannot run this config: {what}") from exc
 
 
