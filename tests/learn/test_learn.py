@@ -890,11 +890,15 @@ def test_blocks_of_one_kind_that_ask_for_different_memory_are_refused_in_one_lin
         learn(json.loads((CARD_ONLY / "gemma3n-text-tiny.json").read_text()))
 
 
-def test_a_position_table_shorter_than_the_traced_sequences_is_named_in_the_refusal():
-    """BERT's 512 positions (as a causal LM): the learner's 1,024-token trace fails on a shape, and
-    the one line says why, where it said only the shape."""
-    config = {"model_type": "bert", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
-              "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 512, "is_decoder": True}
-    with pytest.raises(LearnError, match=r"this config holds 512 positions; the learner traces sequences of "
-                                         r"1,024-4,096 tokens\)$"):
+@pytest.mark.parametrize(("config", "positions"), [
+    ({"model_type": "bert", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+      "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 512, "is_decoder": True}, "512"),
+    ({"model_type": "mpt", "d_model": 64, "n_layers": 2, "n_heads": 2, "vocab_size": 256, "max_seq_len": 2048,
+      "expansion_ratio": 2}, "2,048"),
+], ids=["bert", "mpt"])
+def test_a_position_table_shorter_than_the_traced_sequences_is_named_in_the_refusal(config, positions):
+    """BERT's 512 positions (as a causal LM), MPT's 2,048-token ALiBi bias: the learner's longer
+    traces fail on a shape, and the one line says why, where it said only the shape."""
+    with pytest.raises(LearnError, match=rf"this config holds {positions} positions; the learner traces "
+                                         r"sequences of 1,024-4,096 tokens\)$"):
         learn(config)

@@ -388,8 +388,10 @@ def measure(step: dict[str, Any], blocks_traced: int) -> dict[str, Any]:
     for index in range(blocks_traced):
         fwd, bwd, rec = one("forward", index), one("backward", index), one("recompute", index)
         if fwd is None or bwd is None:
-            raise LearnError(f"block {index} ran no {'forward' if fwd is None else 'backward'} "
-                             "the hooks could see")
+            # Llama-3.2-Vision's cross-attention blocks skip a step without an image
+            raise LearnError(f"traced block {index} ran no {'forward' if fwd is None else 'backward'} in a "
+                             "text-only step (a block that waits for an image, as Llama-3.2-Vision's "
+                             "cross-attention ones): the learner traces text steps only")
         for phase, window in (("forward", fwd), ("backward", bwd)):  # the recompute runs inside the backward's window
             for total, counted in zip(in_blocks[phase], (window.flops, window.moved, window.calls)):
                 total.update(counted)
@@ -695,11 +697,12 @@ def learn(config: Mapping[str, Any]) -> dict[str, Any]:
                              f"runs ({what}), which a trace on the meta device has none of: this model type "
                              "cannot be learned here; plan it by shape (--layers, --hidden, ...: the hand "
                              "model)") from exc
-        positions = next((config.get(key) for key in ("n_positions", "max_position_embeddings")
+        positions = next((config.get(key) for key in ("n_positions", "max_position_embeddings", "max_seq_len")
                           if isinstance(config.get(key), int)), None)
-        if positions is not None and positions < max(FIT_TOKENS) and "size" in first_line:
-            # BERT's 512-row position table (its token-type buffer is as long): the learner traces
-            # sequences of 1,024-4,096 tokens, which such a model cannot run
+        if positions is not None and positions < max(FIT_TOKENS) and "size" in first_line.lower():
+            # BERT's 512-row position table (its token-type buffer is as long), MPT's 2,048-token
+            # ALiBi bias (max_seq_len): the learner traces sequences of 1,024-4,096 tokens, which
+            # such a model cannot run
             what += (f" (this config holds {positions:,} positions; the learner traces sequences of "
                      f"{min(FIT_TOKENS):,}-{max(FIT_TOKENS):,} tokens)")
         raise LearnError(f"transformers' {config.get('model_type')!r} code cannot run this config: {what}") from exc
