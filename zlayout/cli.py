@@ -511,10 +511,9 @@ def _model_from_args(args: argparse.Namespace):
             data.update(given, name=name, family=None)
             custom = ModelSpec.model_validate(data)
             if base.card is not None and custom.card is None:
-                changed = ", ".join(f"--{key.replace('_', '-')}" for key, value in given.items()
-                                    if base.model_dump().get(key) != value)
+                flags = ", ".join(f"--{key.replace('_', '-')}" for key in changed)
                 _note(args, f"the model card {base.card.source} describes {base.name}'s own shape; with "
-                            f"{changed} its activations come from zlayout's hand model of "
+                            f"{flags} its activations come from zlayout's hand model of "
                             f"{base.hf_model_type or 'this architecture'} (--layers alone keeps the card)")
             return custom
         if args.hf_config and base.card is not None and base.card.depth_note():

@@ -776,8 +776,6 @@ def test_a_gradient_reaching_a_tensor_twice_is_summed_in_place_as_without_the_le
     (input_buffer.cpp); under any dispatch mode it sums them into a new tensor. The ledger's trace
     must make the requests a run makes: the sum lands in the same gradient with the ledger as
     without it (CPU tensors, whose addresses are real)."""
-    from zlayout.learn.trace import engine_hooks
-
     kept = []
 
     def uses(x, seen):
@@ -805,11 +803,7 @@ def test_a_gradient_reaching_a_tensor_twice_is_summed_in_place_as_without_the_le
         else:
             ledger.exclude([weight, base])
             with ledger:
-                loss = uses(x, seen).sum()
-                handles = engine_hooks(ledger, loss.grad_fn)
-                loss.backward()
-            for handle in handles:
-                handle.remove()
+                ledger.run_backward(uses(x, seen).sum())
         total = dict(seen)["sum"]
         targets.append([name for name, address in seen if address == total and name != "sum"])
     assert targets[0], "autograd summed into a new tensor without the ledger: the pattern tests nothing"
@@ -823,8 +817,6 @@ def test_a_gather_or_topk_backward_fills_one_zero_tensor_in_place(select):
     x's size in place (FunctionsManual.cpp `index_backward`: `_index_put_impl_`;
     `value_selecting_reduction_backward`: `scatter_`), unless a dispatch mode is on, where they
     fill a copy: one more tensor of x's size. The learner's backward makes the one."""
-    from zlayout.learn.trace import engine_hooks
-
     weight = torch.randn(512, 64, device="meta", requires_grad=True)
     index = torch.zeros(1024, dtype=torch.long, device="meta")
     ledger = StorageLedger()
@@ -834,12 +826,8 @@ def test_a_gather_or_topk_backward_fills_one_zero_tensor_in_place(select):
         picked = x[index] if select == "gather by index" else x.topk(8, dim=-1).values
         loss = picked.sum()
         window = ledger.open_window("backward", 0)
-        handles = engine_hooks(ledger, loss.grad_fn)
-        ledger.backward = True
-        loss.backward()
+        ledger.run_backward(loss)
         ledger.close_window(window)
-    for handle in handles:
-        handle.remove()
     size = x.numel() * x.element_size()
     assert [e for e in window.events if e > 0].count(size) == 2  # the zeros filled, then weight * 2's gradient
 
@@ -847,10 +835,8 @@ def test_a_gather_or_topk_backward_fills_one_zero_tensor_in_place(select):
 def test_an_index_put_in_the_forward_is_differentiated_into_a_copy_as_on_cuda():
     """index_put_'s own backward, `grad.index_put(indices, zeros, false)`, copies the gradient on
     CUDA too (no subclass test in its formula): the ledger leaves it out of place."""
-    from zlayout.learn.trace import engine_hooks
-
     events = []
-    for in_backward in (False, True):
+    for formulas in (False, True):
         weight = torch.randn(1024, 256, device="meta", requires_grad=True)
         index = torch.zeros(64, dtype=torch.long, device="meta")
         ledger = StorageLedger()
@@ -860,12 +846,8 @@ def test_an_index_put_in_the_forward_is_differentiated_into_a_copy_as_on_cuda():
             y[index] = 0.0
             loss = (y * 3).sum()
             window = ledger.open_window("backward", 0)
-            handles = engine_hooks(ledger, loss.grad_fn)
-            ledger.backward = in_backward
-            loss.backward()
+            ledger.run_backward(loss, formulas=formulas)
             ledger.close_window(window)
-        for handle in handles:
-            handle.remove()
         events.append(window.events)
     assert events[0] == events[1]
 

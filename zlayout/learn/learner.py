@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from zlayout.core.card import SCATTER_SUFFIX, STRIDED_SUFFIX, UNALIGNED_SUFFIX
-from zlayout.learn.trace import StorageLedger, Window, engine_hooks, fused_attention
+from zlayout.learn.trace import StorageLedger, Window, fused_attention
 
 # Token counts traced (one sequence): three fix a quadratic term (attention's FLOPs; eager
 # attention keeps tokens x tokens probabilities); the check count is traced too and compared.
@@ -340,10 +340,7 @@ def trace_step(model: nn.Module, blocks: nn.ModuleList, tokens: int, checkpointi
             head_window = ledger.open_window("head_backward", -1)
             state["head_backward"], state["backward"] = head_window, True
             forward_work = (Counter(ledger.op_flops), Counter(ledger.op_bytes), Counter(ledger.op_calls))
-            handles += engine_hooks(ledger, loss.grad_fn)
-            ledger.backward = True
-            loss.backward()
-            ledger.accumulating = ledger.backward = False
+            ledger.run_backward(loss)
             del loss
             if state["head_backward"] is not None:
                 ledger.close_window(head_window)
@@ -732,8 +729,8 @@ def _learn(config: Mapping[str, Any]) -> dict[str, Any]:
         regimes, worst, attention_kernels, module_calls, trained = _learn_regimes(config, model, blocks, kinds, keep)
     except LearnError:
         raise
-    except Exception:  # noqa: BLE001: the model's code, run on a few of its blocks
-        if len(keep) == len(blocks):
+    except Exception as exc:  # noqa: BLE001: the model's code, run on a few of its blocks
+        if len(keep) == len(blocks) or _reads_tensor_values(exc):  # every block would fail alike
             raise
         # Gemma-3n's and Gemma-4's per-layer inputs are one table reshaped by the layer count: a
         # few blocks cannot run alone. Run them all (slower), and keep the card only where every

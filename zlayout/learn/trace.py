@@ -14,7 +14,7 @@ gradient of its input.
 
 A dispatch mode changes what autograd does: it sums gradients, and some backward formulas fill
 their zeros, out of place, as for a tensor subclass. The ledger puts those back in place where a run
-without a mode does (`engine_hooks`, `StorageLedger._accumulate`, `IN_PLACE_IN_BACKWARD`).
+without a mode does (`StorageLedger.run_backward`).
 
 Each op's work is recorded too, per window: its FLOPs (torch's flop counter: the matmuls, the
 attention kernels; `grouped_mm_flops` for transformers' grouped experts, which the flop counter
@@ -29,6 +29,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
+from torch._prims_common import is_non_overlapping_and_dense_or_false
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
@@ -192,10 +193,8 @@ def _sole_dense(tensor: torch.Tensor) -> bool:
     """Whether autograd may sum into `tensor` in place: its storage held by it alone and its
     elements dense and non-overlapping (`can_accumulate_inplace`). Asking for the storage makes
     one more reference to it (the Python storage object) while the count is read: 2 is 1."""
-    from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
-
     return (torch._C._storage_Use_Count(tensor.untyped_storage()._cdata) == 2
-            and is_non_overlapping_and_dense(tensor))
+            and is_non_overlapping_and_dense_or_false(tensor))
 
 
 def engine_hooks(ledger: "StorageLedger", root) -> list:
@@ -250,7 +249,7 @@ class StorageLedger(TorchDispatchMode):
         self.external: set[int] = set()
         self.sdpa_kernels: Counter = Counter()  # which kernel each attention call ran (cuda_sdpa_kernel)
         self.accumulating = False  # between a backward node's end and the next one's start (`engine_hooks`)
-        self.backward = False  # set once the step's backward runs (`IN_PLACE_IN_BACKWARD`)
+        self.backward = False  # while `run_backward` runs: backward formulas in place (`IN_PLACE_IN_BACKWARD`)
 
     def exclude(self, tensors) -> None:
         """Storages made outside the step (weights, buffers, the input): a view of one (a
@@ -304,6 +303,20 @@ class StorageLedger(TorchDispatchMode):
             self._reduction(shape)
         self.count(func, args, kwargs, out, outputs)
         return out
+
+    def run_backward(self, loss: torch.Tensor, formulas: bool = True) -> None:
+        """`loss.backward()` under the ledger, making the requests a run without a dispatch mode
+        makes: gradients summed in place (`engine_hooks`, `_accumulate`) and, unless `formulas` is
+        False (a test's comparison), the backward formulas that fill fresh zeros in place
+        (`IN_PLACE_IN_BACKWARD`)."""
+        handles = engine_hooks(self, loss.grad_fn)
+        self.backward = formulas
+        try:
+            loss.backward()
+        finally:
+            self.accumulating = self.backward = False
+            for handle in handles:
+                handle.remove()
 
     def _accumulate(self, old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
         """A gradient summed into autograd's input buffer (input_buffer.cpp `accumulate`), as a run
