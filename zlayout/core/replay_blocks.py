@@ -6,7 +6,9 @@ with each weight gradient as it is made (core/replay_grads.py)."""
 
 from __future__ import annotations
 
-from zlayout.core.caching_allocator import DEFAULT_STREAM, SMALL_SIZE
+from itertools import islice
+
+from zlayout.core.caching_allocator import _SIZE_SHIFT, DEFAULT_STREAM, SMALL_SIZE
 from zlayout.core.reductions import REDUCTION_EVENTS, Device, bias_gradient_scratch
 from zlayout.core.replay_state import Replay, _Seq
 
@@ -550,13 +552,50 @@ class HandBlocks:
 
 
 # `CardBlocks.program`'s opcodes
-_ALLOC, _FREE, _TRANSIENT, _HOOK, _HOOK_SMALL, _OUTSIDE = range(6)
+_ALLOC, _FREE, _TRANSIENT, _HOOK, _HOOK_SMALL, _OUTSIDE, _GROUP = range(7)
 
 
 def _hook_op(size: int, slot: int) -> tuple[int, int, int]:
     """A weight gradient handed to the hook: a replayed one by its tensor, a small one by its
     elements."""
     return (_HOOK, size, slot) if size > SMALL_SIZE else (_HOOK_SMALL, size, slot)
+
+
+def _closed_groups(code: list[tuple[int, int, int]]) -> list[tuple[int, int, object]]:
+    """`code` with a (_GROUP, bytes << _SIZE_SHIFT, (length, sizes, Nones)) instruction before
+    each run of two or more instructions that allocate and free only tensors of their own (none
+    made before them, none left after, no hook): such a run that makes no segment leaves the
+    pool as it found it (free blocks are always merged, so the free bytes decide them), and it
+    makes none where one free block holds every allocation in it with 1 MiB more each (each
+    takes at most that of the block's free end, split or taken whole). `run_program` then
+    skips the run, the names its tensors take (`sizes`) still taken. A card's phases are half
+    such runs (Qwen3-8B's backward: 88 of 158 instructions)."""
+    allocated_at = {slot: i for i, (op, _, slot) in enumerate(code) if op == _ALLOC}
+    freed_at = {slot: i for i, (op, _, slot) in enumerate(code) if op == _FREE}
+    out: list[tuple[int, int, object]] = []
+    i = 0
+    while i < len(code):
+        op, _, slot = code[i]
+        end = freed_at.get(slot, -1) if op == _ALLOC else -1
+        j = i
+        while j <= end:  # on until every tensor the run made is freed
+            op, _, slot = code[j]
+            if op == _ALLOC and slot in freed_at:
+                end = max(end, freed_at[slot])
+            elif not (op == _TRANSIENT or (op == _FREE and allocated_at[slot] >= i)):
+                break
+            j += 1
+        if j > end > i:
+            run = code[i:end + 1]
+            sizes = tuple(size for op, size, _ in run if op in (_ALLOC, _TRANSIENT))
+            need = sum(((size + 511) & ~511) + SMALL_SIZE for size in sizes)
+            out.append((_GROUP, need << _SIZE_SHIFT, (len(run), sizes, (None,) * len(sizes))))
+            out += run
+            i = end + 1
+        else:
+            out.append(code[i])
+            i += 1
+    return out
 
 
 class CardBlocks:
@@ -662,7 +701,7 @@ class CardBlocks:
                     code.append((_OUTSIDE, size, 0))
             code += [_hook_op(size, slot) for size, left in grads.items() for slot in left]  # at its end
             live = [(size, left if size > SMALL_SIZE else []) for size, left in own.items()]
-            self.programs[key] = (code, slots, live)
+            self.programs[key] = (_closed_groups(code), slots, live)
         return self.programs[key]
 
     def run_program(self, kind: int | None, outside: list[int], hook, code: list[tuple[int, int, int]],
@@ -670,16 +709,25 @@ class CardBlocks:
         """`run` for a phase's `program`, on a live sequence (planning): the same requests, frees
         and hooks in the same order, with `_Seq.a`, `f` and `transient` written out on the
         default stream's pool (the card's blocks make most of a carded plan's requests: a tenth
-        of its replay was those calls)."""
+        of its replay was those calls). A run that leaves the pool as it found it is skipped
+        (`_closed_groups`: a fifth of a carded plan's replay); the pool's peak allocated, which
+        planning does not read, then leaves it out."""
         s = self.s
         sizes, blocks = s.sizes, s.blocks
         add_size, add_block = sizes.append, blocks.append
         pool = s.pools[DEFAULT_STREAM]
-        malloc, transient = pool.malloc, pool.transient
+        malloc, transient, free_index = pool.malloc, pool.transient, pool.free_index
         names: list = [None] * slots
         self.held = None
-        for op, size, slot in code:
-            if op == _ALLOC:
+        instructions = iter(code)
+        for op, size, slot in instructions:
+            if op == _GROUP:
+                if free_index and free_index[-1] >= size:  # a free block holds the run: skipped
+                    length, made, nones = slot
+                    sizes += made
+                    blocks += nones
+                    next(islice(instructions, length, length), None)
+            elif op == _ALLOC:
                 names[slot] = len(sizes)
                 add_size(size)
                 add_block(malloc(size))
