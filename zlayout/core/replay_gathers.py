@@ -32,6 +32,8 @@ class Gathers:
         self.block_modules = block_fetch_modules(model, r.t.impl) if r.gather else None
         # the card of the transformers class (memory.card_of): --impl zlayout's model saves no views
         self.zero3_held = model.card.zero3_held if model.card is not None and r.hf else None
+        # the prefetchers' module traces (`Trace`), the same every micro-step: made once
+        self.traces: dict[tuple, tuple[Trace, list[int] | dict[int, int]]] = {}
 
     def held_by_autograd(self, layer: int, released: list[int]) -> list[int]:
         """Of a block's gathered weights (`released`, the buffers ZeRO-3 releases after its
@@ -59,16 +61,20 @@ class Gathers:
         and the index of each block's first module."""
         if self.block_modules is None:
             return None
-        modules, starts, kept = [[self.V * self.h]], [], set()
-        for layer in range(self.model.layers):
-            starts.append(len(modules))
-            if layer in self.kept_layers:
-                kept.update(range(len(modules), len(modules) + len(self.block_modules)))
-            modules += [list(m) for m in self.block_modules]
-        modules += [[], [self.V * self.h]]
-        if keep_head:
-            kept.add(len(modules) - 1)
-        return Prefetcher(self, modules, kept), starts
+        key = ("forward", keep_head)
+        if key not in self.traces:
+            modules, starts, kept = [[self.V * self.h]], [], set()
+            for layer in range(self.model.layers):
+                starts.append(len(modules))
+                if layer in self.kept_layers:
+                    kept.update(range(len(modules), len(modules) + len(self.block_modules)))
+                modules += [list(m) for m in self.block_modules]
+            modules += [[], [self.V * self.h]]
+            if keep_head:
+                kept.add(len(modules) - 1)
+            self.traces[key] = (Trace(self.small, modules, kept), starts)
+        trace, starts = self.traces[key]
+        return Prefetcher(self, trace), starts
 
     def backward_prefetcher(self, gathered: dict[int, list[int]]) -> tuple[Prefetcher, dict[int, int]] | None:
         """The backward's module sequence (the head, the final norm, the blocks last first:
@@ -77,15 +83,44 @@ class Gathers:
         head present, and the index of each block's first module."""
         if self.block_modules is None:
             return None
-        modules, starts, present = [[self.V * self.h], []], {}, {0}
-        order = self.block_modules if self.ckpt else self.block_modules[::-1]
-        for layer in reversed(range(self.model.layers)):
-            starts[layer] = len(modules)
-            if layer in gathered:
-                present.update(range(len(modules), len(modules) + len(order)))
-            modules += [list(m) for m in order]
-        modules.append([self.V * self.h])
-        return Prefetcher(self, modules, set(), frozenset(present)), starts
+        key = ("backward", frozenset(gathered))
+        if key not in self.traces:
+            modules, starts, present = [[self.V * self.h], []], {}, {0}
+            order = self.block_modules if self.ckpt else self.block_modules[::-1]
+            for layer in reversed(range(self.model.layers)):
+                starts[layer] = len(modules)
+                if layer in gathered:
+                    present.update(range(len(modules), len(modules) + len(order)))
+                modules += [list(m) for m in order]
+            modules.append([self.V * self.h])
+            self.traces[key] = (Trace(self.small, modules, set(), frozenset(present)), starts)
+        trace, starts = self.traces[key]
+        return Prefetcher(self, trace), starts
+
+
+class Trace:
+    """A prefetcher's module trace and what its fetches read of it, worked out once: the weights
+    to gather (over the persistence threshold, of the modules not `present`) numbered in trace
+    order, the queue the prefetches pop, with each one's elements (`numel`) and module; per module
+    its weights (`mine`) and the elements released after it; the elements gathered already."""
+
+    def __init__(self, small: int, modules: list[list[int]], kept: set[int],
+                 present: frozenset[int] = frozenset()) -> None:
+        self.modules = modules
+        self.kept = kept  # modules whose weights the forward keeps for the backward
+        self.available = sum(x for mi in present for x in modules[mi] if x > small)
+        self.numel: list[int] = []
+        self.module_of: list[int] = []
+        self.mine: list[range] = []
+        self.released: list[int] = []
+        for mi, mod in enumerate(modules):
+            big = [x for x in mod if x > small]
+            self.released.append(sum(big))
+            first = len(self.numel)
+            if mi not in present:  # gathered already (kept by the forward)
+                self.numel += big
+                self.module_of += [mi] * len(big)
+            self.mine.append(range(first, len(self.numel)))
 
 
 class Prefetcher:
@@ -108,25 +143,20 @@ class Prefetcher:
     at the module's end, the frees are the caller's (the end of its block). The backward
     prefetches the same way along the trace's backward half (`backward_prefetcher`)."""
 
-    def __init__(self, g: Gathers, modules: list[list[int]], kept: set[int],
-                 present: frozenset[int] = frozenset()) -> None:
-        self.s, self.n, self.w, self.small = g.s, g.n, g.w, g.small
+    def __init__(self, g: Gathers, trace: Trace) -> None:
+        self.s, self.n, self.w = g.s, g.n, g.w
         self.max_live, self.bucket = g.zero.stage3_max_live_parameters, g.zero.stage3_prefetch_bucket_size
         self.block_length = len(g.block_modules)
-        small = self.small
-        self.modules = modules
-        self.kept = kept
-        self.present = present  # modules whose weights are gathered already (kept by the forward)
-        self.available = sum(x for mi in present for x in modules[mi] if x > small)
-        self.queue = [(mi, j) for mi, mod in enumerate(modules) if mi not in present
-                      for j, x in enumerate(mod) if x > small]
-        self.qp = 0
-        self.state: dict = {}  # (mi, j) -> [group]
-        self.buf: dict = {}
+        self.modules, self.kept = trace.modules, trace.kept
+        self.numel, self.module_of, self.mine, self.released = trace.numel, trace.module_of, trace.mine, trace.released
+        self.available = trace.available
+        self.qp = 0  # the next weight of the queue (`Trace.numel`'s order) a prefetch pops
+        self.state: list[dict | None] = [None] * len(self.numel)  # weight -> its all-gather call
+        self.buf: dict[int, int] = {}
 
-    def gather(self, params: list) -> None:
+    def gather(self, params: list[int]) -> None:
         s, n, w = self.s, self.n, self.w
-        sizes = [self.modules[mi][j] for mi, j in params]
+        sizes = [self.numel[p] for p in params]
         alone = len(params) == 1 or n == 1
         group = {"params": params, "left": len(params), "flat": None, "copied": alone}
         self.available += sum(sizes)
@@ -141,32 +171,33 @@ class Prefetcher:
             self.state[q] = group
 
     def fetch(self, mi: int) -> list[int]:
-        s, w, small = self.s, self.w, self.small
+        s, w, state, numel = self.s, self.w, self.state, self.numel
         if mi > 0 and mi - 1 not in self.kept:
-            self.available -= sum(x for x in self.modules[mi - 1] if x > small)
-        mine = [(mi, j) for j, x in enumerate(self.modules[mi]) if x > small and mi not in self.present]
-        todo = [q for q in mine if q not in self.state]
+            self.available -= self.released[mi - 1]
+        mine = self.mine[mi]
+        todo = [q for q in mine if state[q] is None]
         if todo:
             self.gather(todo)
-        while self.qp < len(self.queue) and self.queue[self.qp][0] <= mi:
-            self.qp += 1
+        qp, module_of, queued = self.qp, self.module_of, len(numel)
+        while qp < queued and module_of[qp] <= mi:
+            qp += 1
         for q in mine:
-            group = self.state[q]
+            group = state[q]
             if not group["copied"]:
                 group["copied"] = True
                 for r in group["params"]:
-                    self.buf[r] = s.a(self.modules[r[0]][r[1]] * w, ALLGATHER_STREAM)
+                    self.buf[r] = s.a(numel[r] * w, ALLGATHER_STREAM)
             group["left"] -= 1
             if group["left"] == 0:
                 s.f(group["flat"])
-        numel, batch = 0, []
+        elements, batch = 0, []
         most = min(self.max_live - self.available, self.bucket)
-        while self.qp < len(self.queue) and numel < most:
-            q = self.queue[self.qp]
-            self.qp += 1
-            if q not in self.state:
-                batch.append(q)
-                numel += self.modules[q[0]][q[1]]
+        while qp < queued and elements < most:
+            if state[qp] is None:
+                batch.append(qp)
+                elements += numel[qp]
+            qp += 1
+        self.qp = qp
         if batch:
             self.gather(batch)
         return [self.buf.pop(q) for q in mine]
