@@ -580,9 +580,43 @@ def test_the_backward_of_a_gather_by_index_is_recorded_as_a_scatter():
         rows = x[perm]
         inverse = torch.empty_like(perm)
         inverse[perm] = torch.arange(256, device="meta")
-        rows.sum().backward()
-    assert ledger.op_calls["index_put_scatter"] == 1 and ledger.op_calls["index_put_"] == 1
+        ledger.run_backward(rows.sum())
+    # the scatter's kernels (zlayout.learn.launches): the index's remainder and stride multiply, the
+    # sum's expanded gradient made contiguous, the divide, an arange, a one-tile radix sort of 256
+    # indices, indexing_backward_kernel
+    assert ledger.op_calls["index_put_scatter"] == 7 and ledger.op_calls["index_put_"] == 1
     assert "index_put" not in ledger.op_calls and ledger.op_calls["index"] == 1
+
+
+def test_a_moe_blocks_routing_ops_count_the_kernels_cuda_launches_for_them():
+    """A MoE block's routing ops at granite-3.0-1b-a400m's shapes (2 x 4096 tokens, 32 experts, top 8)
+    through the ledger, each counted as the kernels PyTorch's CUDA code launches (zlayout.learn.
+    launches), where the card counted one an op: the sort of 65,536 int64 expert ids is the values'
+    copy, an index fill and cub's onesweep radix sort (a histogram, an exclusive sum, a pass per
+    8 bits: the profile's 8 DeviceRadixSortOnesweepKernel a block, h200-2026-12-16 prof-1); a sort
+    of 2,048 runs in shared memory; the backward of the gather by the sorted ids, an accumulating
+    index_put over 8,192 rows, sorts its 65,536 indices over 13 bits (2 passes)."""
+    tokens, experts, top_k, hidden = 8192, 32, 8, 1024
+    ledger = StorageLedger()
+    x = torch.zeros(tokens, hidden, dtype=torch.bfloat16, device="meta", requires_grad=True)
+    logits = torch.zeros(tokens, experts, device="meta")
+    weights = torch.zeros(experts, 2 * hidden, hidden, dtype=torch.bfloat16, device="meta")
+    ledger.exclude([x, logits, weights])
+    with ledger:
+        _, chosen = logits.topk(top_k, dim=-1)
+        ids, perm = torch.sort(chosen.reshape(-1))
+        counts = torch.histc(ids.int(), bins=experts, min=0, max=experts - 1)
+        offsets = torch.cumsum(counts, dim=0, dtype=torch.int32)
+        rows = x[perm // top_k]
+        out = torch._grouped_mm(rows, weights.transpose(-2, -1), offs=offsets)
+        ledger.run_backward(out.float().sum())
+        torch.sort(torch.zeros(2048, dtype=torch.long, device="meta"))
+    assert ledger.op_calls["topk"] == 2  # gatherTopK, then the k results sorted in shared memory
+    assert ledger.op_calls["sort"] == (1 + 1 + 2 + 8) + (1 + 2 + 1 + 1)
+    assert ledger.op_calls["histc"] == 2 and ledger.op_calls["cumsum"] == 2
+    assert ledger.op_calls["index"] == 1
+    assert ledger.op_calls["index_put_scatter"] == 2 + 2 + (2 + 2) + 1
+    assert ledger.op_calls["_grouped_mm"] == 2 * 2  # forward and the input's gradient, prepare + GEMM each
 
 
 def test_safe_softmax_records_its_mask_reduction_and_fill_and_its_backward_the_scratch_kernel():

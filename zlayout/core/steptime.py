@@ -590,7 +590,8 @@ def card_work(inp: PlanInput, card) -> tuple[PhaseWork, PhaseWork]:
     op by op (`ModelCard.pass_work`): layers x each kind of block, and the head. GEMMs, batched
     GEMMs (eager attention's T^2 matmuls) and the fused attention kernels by their FLOPs, every
     other op (dropout, activations, norms, softmax over T^2, casts, the loss) by the bytes it moves,
-    each op one kernel the host issues. With checkpointing the card's backward holds the recompute
+    each op the kernels CUDA launches for it (zlayout.learn.launches: one, a sort's radix passes
+    more), each one the host issues. With checkpointing the card's backward holds the recompute
     as the run does it (non-reentrant: it stops once backward has what it needs)."""
     t = inp.training
     blocks_fwd, blocks_bwd, head_fwd, head_bwd = card.pass_work(t.micro_batch, t.seq, t.checkpointing == "full")

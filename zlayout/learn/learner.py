@@ -452,7 +452,8 @@ def _fit_terms(samples: list[tuple[int, Any]], check: tuple[int, Any], errors: l
     first = samples[0][1]
     if isinstance(first, dict):
         keys = set().union(*(s[1].keys() for s in samples))
-        return {k: _fit_terms([(t, v.get(k, 0)) for t, v in samples], (check[0], check[1].get(k, 0)), errors)
+        return {k: _launches(samples, k) if k == "calls" else
+                _fit_terms([(t, v.get(k, 0)) for t, v in samples], (check[0], check[1].get(k, 0)), errors)
                 for k in sorted(keys)}
     if isinstance(first, list):
         if len({len(v) for _, v in samples} | {len(check[1])}) != 1:
@@ -466,6 +467,16 @@ def _fit_terms(samples: list[tuple[int, Any]], check: tuple[int, Any], errors: l
     poly = fit([(t, float(v)) for t, v in samples])
     errors.append((abs(evaluate(poly, check[0]) - check[1]), abs(check[1])))
     return poly
+
+
+def _launches(samples: list[tuple[int, Any]], key: str) -> list[float]:
+    """An op's kernel launches: a constant, the count at the longest sequence traced. They do not
+    grow with the tokens, but a few ops change kernels with their size (a sort of at most 4,096
+    keys in one kernel, a longer one by radix passes; an index_put's sort over the bits of its
+    rows: zlayout.learn.launches), which a polynomial through the traces would extrapolate; the
+    longest trace is the nearest to the sequences a run trains on."""
+    tokens, value = max(samples, key=lambda sample: sample[0])
+    return [0.0, 0.0, float(value.get(key, 0))]
 
 
 class _PathChanged(LearnError):

@@ -18,8 +18,10 @@ without a mode does (`StorageLedger.run_backward`).
 
 Each op's work is recorded too, per window: its FLOPs (torch's flop counter: the matmuls, the
 attention kernels; `grouped_mm_flops` for transformers' grouped experts, which the flop counter
-does not count), the bytes it moves (its inputs and outputs) and one kernel launch. Ops that
-launch no kernel (views, `empty`) are not work.
+does not count), the bytes it moves (its inputs and outputs) and its kernel launches: one, or as
+many as PyTorch's CUDA code launches for it at those shapes (zlayout.learn.launches: a sort, topk,
+histc, cumsum, an accumulating index_put, a grouped GEMM). Ops that launch no kernel (views,
+`empty`) are not work.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from torch.utils.flop_counter import flop_registry
 from zlayout.core.card import (BATCHED_GEMM_OPS, FP32_GEMM_SUFFIX, SCATTER_SUFFIX, STRIDED_SUFFIX, UNALIGNED_SUFFIX,
                                WIDE_BATCHED_GEMM)
 from zlayout.core.reductions import REDUCTION_EVENTS
+from zlayout.learn.launches import kernel_launches
 
 
 @dataclass
@@ -286,11 +289,12 @@ class StorageLedger(TorchDispatchMode):
         kwargs = kwargs or {}
         if func is torch.ops.aten._safe_softmax.default:
             return self._safe_softmax(*args, **kwargs)
+        in_place = False
         if self.accumulating and func is torch.ops.aten.add.Tensor and not kwargs:
             out = self._accumulate(*args)
         elif self.backward and func in IN_PLACE_IN_BACKWARD and not torch.is_grad_enabled() \
                 and _sole_dense(args[0]):
-            out = IN_PLACE_IN_BACKWARD[func](*args, **kwargs)
+            out, in_place = IN_PLACE_IN_BACKWARD[func](*args, **kwargs), True
         else:
             out = func(*args, **kwargs)
         outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
@@ -301,7 +305,7 @@ class StorageLedger(TorchDispatchMode):
         shape = reduction_shape(func, args, kwargs)
         if shape is not None:
             self._reduction(shape)
-        self.count(func, args, kwargs, out, outputs)
+        self.count(func, args, kwargs, out, outputs, in_place)
         return out
 
     def run_backward(self, loss: torch.Tensor, formulas: bool = True) -> None:
@@ -374,7 +378,7 @@ class StorageLedger(TorchDispatchMode):
         del masked
         return out
 
-    def count(self, func, args, kwargs, out, outputs) -> None:
+    def count(self, func, args, kwargs, out, outputs, in_place: bool = False) -> None:
         name = func._overloadpacket.__name__
         if func.is_view or name in NO_KERNEL:
             return
@@ -403,17 +407,20 @@ class StorageLedger(TorchDispatchMode):
             moved = 2 * sum(_bytes(t) for t in outputs)
         else:
             moved = sum(_bytes(t) for t in outputs)
-        self.add_work(name, flops, moved + sum(_bytes(t) for t in inputs))
+        # the kernels CUDA launches for it (zlayout.learn.launches), the in-place form where the ledger ran it
+        launches = kernel_launches(func, args, kwargs, out, in_place, self.backward)
+        self.add_work(name, flops, moved + sum(_bytes(t) for t in inputs), launches)
 
-    def add_work(self, name: str, flops: int, nbytes: int) -> None:
-        """One kernel's work (also called directly for the attention kernels the meta device cannot run)."""
+    def add_work(self, name: str, flops: int, nbytes: int, launches: int = 1) -> None:
+        """One op's work and its kernel launches (also called directly for the attention kernels the
+        meta device cannot run)."""
         self.op_flops[name] += int(flops)
         self.op_bytes[name] += int(nbytes)
-        self.op_calls[name] += 1
+        self.op_calls[name] += launches
         for window in self.open:
             window.flops[name] += int(flops)
             window.moved[name] += int(nbytes)
-            window.calls[name] += 1
+            window.calls[name] += launches
 
     # --------------------------------------------------------------- windows
 
