@@ -82,12 +82,13 @@ class CachingAllocator:
     reserved: int = 0
     allocated: int = 0
     peak_reserved: int = 0
-    peak_allocated: int = 0
     device: "Device | None" = None  # the card the pools share (replay_at_capacity), or unbounded
 
     # malloc and free run once per request of a replay (tens of thousands per plan): the
     # free-index updates are written out in place, the hot attributes read into locals, and a
-    # free block's key is kept on it (`_Block.key`) rather than computed again.
+    # free block's key is kept on it (`_Block.key`) rather than computed again. The peak
+    # allocated is `replay`'s to follow, from `allocated` after each request: planning reads
+    # only the reserve.
     def malloc(self, size: int) -> _Block | None:
         """The block that serves `size` bytes (its handle for `free`); requests of 1 MiB or
         less are not replayed (None)."""
@@ -126,27 +127,18 @@ class CachingAllocator:
             self.free_blocks[key] = rest
         else:
             size = block.size
-        allocated = self.allocated = self.allocated + size
-        if allocated > self.peak_allocated:
-            self.peak_allocated = allocated
+        self.allocated += size
         return block
 
     def transient(self, size: int) -> None:
-        """`free(malloc(size))`, for a tensor freed before the next request. Served by a cached
-        block, the cache ends as it began: free blocks are always merged with their free
-        neighbours, so the block split off is merged back whole under the same key; only the
-        peak allocated moves. A new segment is made and cached as `malloc` makes it."""
+        """`free(malloc(size))`, for a tensor freed before the next request (planning: its peak
+        allocated is not followed). Served by a cached block, the cache ends as it began: free
+        blocks are always merged with their free neighbours, so the block split off is merged
+        back whole under the same key. A new segment is made and cached as `malloc` makes it."""
         if size <= SMALL_SIZE:
             return
-        size = (size + 511) & ~511
         index = self.free_index
-        i = bisect_left(index, size << _SIZE_SHIFT)
-        if i < len(index):
-            held = index[i] >> _SIZE_SHIFT
-            allocated = self.allocated + (size if held - size > SMALL_SIZE else held)  # should_split
-            if allocated > self.peak_allocated:
-                self.peak_allocated = allocated
-        else:
+        if not index or index[-1] < ((size + 511) & ~511) << _SIZE_SHIFT:  # no cached block holds it
             self.free(self.malloc(size))
 
     def free(self, block: _Block | None) -> None:
@@ -265,13 +257,12 @@ def replay(events: list[tuple[str, object, int]], track_allocated: bool = True) 
     """events: ("a", name, bytes) allocates a tensor called name on the default stream,
     ("a", name, bytes, stream) on another stream; ("f", name, 0) frees it; ("e", None, 0)
     empties every pool's cache (`CachingAllocator.empty_cache`).
-    `track_allocated=False` skips the peak allocated across streams (planning reads only
-    reserved; each pool still keeps its own)."""
+    `track_allocated=False` skips the peak allocated (planning reads only reserved)."""
     out = Pools()
     pools = out.pools
     default = pools[DEFAULT_STREAM] = CachingAllocator()
     handles: dict[object, tuple[CachingAllocator, _Block | None]] = {}
-    several = track_allocated and any(len(event) > 3 for event in events)
+    several = any(len(event) > 3 for event in events)
     peak = 0
     for event in events:
         if event[0] == "a":
@@ -282,8 +273,8 @@ def replay(events: list[tuple[str, object, int]], track_allocated: bool = True) 
             else:
                 pool = default
             handles[event[1]] = (pool, pool.malloc(event[2]))
-            if several:
-                allocated = sum(p.allocated for p in pools.values())
+            if track_allocated:
+                allocated = sum(p.allocated for p in pools.values()) if several else default.allocated
                 if allocated > peak:
                     peak = allocated
         elif event[0] == "f":
@@ -292,6 +283,6 @@ def replay(events: list[tuple[str, object, int]], track_allocated: bool = True) 
         else:
             out.empty_cache()
     out.allocated = sum(p.allocated for p in pools.values())
-    out.peak_allocated = peak if several else default.peak_allocated
+    out.peak_allocated = peak
     return out
 

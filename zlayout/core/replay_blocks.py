@@ -710,8 +710,7 @@ class CardBlocks:
         and hooks in the same order, with `_Seq.a`, `f` and `transient` written out on the
         default stream's pool (the card's blocks make most of a carded plan's requests: a tenth
         of its replay was those calls). A run that leaves the pool as it found it is skipped
-        (`_closed_groups`: a fifth of a carded plan's replay); the pool's peak allocated, which
-        planning does not read, then leaves it out."""
+        (`_closed_groups`: a fifth of a carded plan's replay)."""
         s = self.s
         sizes, blocks = s.sizes, s.blocks
         add_size, add_block = sizes.append, blocks.append

@@ -52,8 +52,8 @@ class _Seq:
         self.blocks: list[_Block | None] = [None]  # live: each name's block (None: small)
         self.marks: list[tuple[str, int]] = []  # (phase, index of its first event): comparisons
         self.released_peak = 0
-        # live: (stream, key, cached blocks) -> the names' sizes and peak allocated (`episode`)
-        self.episodes: dict[tuple, tuple[list[int], int]] = {}
+        # live: (stream, key, cached blocks) -> the names' sizes (`episode`)
+        self.episodes: dict[tuple, list[int]] = {}
 
     def mark(self, phase: str) -> None:
         """The phase that ends here (the allocator trace's `phase_marks`), for comparing the
@@ -118,8 +118,7 @@ class _Seq:
         (a reduced bucket's copies on the reduce stream), decided by `key`. Live, on a pool
         with nothing allocated, the allocator is deterministic: the same requests from the same
         cached blocks (`free_index`) leave them as they were whenever the first such run made
-        no segment, so a repeat is skipped; its names are still taken, and the pool's peak
-        allocated is what that run's was."""
+        no segment, so a repeat is skipped; its names are still taken."""
         if not self.live:
             run()
             return
@@ -128,20 +127,15 @@ class _Seq:
             run()
             return
         cached = tuple(pool.free_index)
-        memo = self.episodes.get((stream, key, cached))
-        if memo is not None:
-            sizes, peak = memo
+        sizes = self.episodes.get((stream, key, cached))
+        if sizes is not None:
             self.sizes.extend(sizes)
             self.blocks.extend([None] * len(sizes))
-            pool.peak_allocated = max(pool.peak_allocated, peak)
             return
-        first, segments, peak_before = len(self.sizes), len(pool.segment_sizes), pool.peak_allocated
-        pool.peak_allocated = 0
+        first, segments = len(self.sizes), len(pool.segment_sizes)
         run()
-        peak = pool.peak_allocated
-        pool.peak_allocated = max(peak_before, peak)
         if not pool.allocated and len(pool.segment_sizes) == segments and tuple(pool.free_index) == cached:
-            self.episodes[(stream, key, cached)] = (self.sizes[first:], peak)
+            self.episodes[(stream, key, cached)] = self.sizes[first:]
 
     def empty_cache(self) -> None:
         """torch.cuda.empty_cache: the pools' unused segments go back to the device."""
