@@ -32,6 +32,8 @@ SUITE = (
     ("accuracy", "steptime_relearned"),
     ("accuracy", "steptime_moe"),
     ("accuracy", "steptime_fit"),
+    ("accuracy", "steptime_masked"),
+    ("accuracy", "peak_relearned"),
     ("speed", "speed_plan"),
     ("speed", "speed_breakeven"),
     ("speed", "tui_startup"),
@@ -39,6 +41,7 @@ SUITE = (
     ("robustness", "fuzz_cli"),
     ("robustness", "fuzz_profiles"),
     ("robustness", "kill_export"),
+    ("robustness", "edge_bands"),
 )
 NAMES = [name for _, name in SUITE]
 

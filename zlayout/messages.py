@@ -169,3 +169,9 @@ def _as_float(text: str) -> str | None:
 
 def _as_bool(text: str) -> str | None:
     return {"true": "true", "false": "false"}.get(text.lower())
+
+
+# The other allocator as each surface names it: the command line's flag and the environment
+# variable it sets; the app's Allocator field (one line shorter in the status at 80x24).
+EXPANDABLE_NOTE = "With --allocator expandable (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)"
+EXPANDABLE_NOTE_IN_APP = "With Allocator: expandable"

@@ -135,8 +135,10 @@ def test_more_gpus_never_shrink_the_largest_model(gpus, more, nodes, layout, fam
                                  host_ram_bytes=AMPLE_HOST), layout)
     # near the card the default allocator's replay decides, and how its segments fragment
     # depends on the partition sizes: llama3-8b's family at ZeRO-3 full offload carries 113
-    # layers on 8 H200s and 112 on 64 (133.59 GiB needed after the cache flush, 133.38 usable)
-    assert many.max_params >= few.max_params * 0.99
+    # layers on 8 H200s and 112 on 64 (133.59 GiB needed after the cache flush, 133.38 usable);
+    # with the step asked to run on the card less the headroom too, 109 x 14336 (273.7B) on 8 and
+    # 107 on 2 x 16: two layers
+    assert few.max_model is None or many.max_params >= few.max_params - 2 * few.max_model.layer_params()
 
 
 # each pair: (less offload, more offload) of the same stage

@@ -184,3 +184,21 @@ def test_shape_d_fits_64_layers_by_flushing_and_not_65_without_a_fitted_margin()
     assert not over.fits
     # what it needs is what the failing request needed on the H200, within 0.1 GiB
     assert abs(over.needed_bytes - (137.99 + 1.95) * GiB) < 0.1 * GiB
+
+
+def test_the_headroom_covers_where_best_fit_places_the_blocks_too():
+    # shape D at 60 layers runs on the whole H200 as replayed; on a card 5% smaller it runs out:
+    # near the edge placement is chaotic in the card's size, so with the default 5% headroom the
+    # step must run on both cards (memory.allocator_on_the_card's `within`)
+    exact = estimate_memory(_shape_d(60), Layout(stage=2))
+    assert exact.gpu_fit.fits
+    with_headroom = estimate_memory(_shape_d(60).model_copy(update={"headroom_fraction": 0.05}), Layout(stage=2))
+    fit = with_headroom.gpu_fit
+    assert not fit.fits and fit.needed_bytes > fit.usable_bytes
+    reserve = next(t for t in with_headroom.gpu_terms() if t.name == "allocator_reserve")
+    assert "on a card 5% smaller (--headroom) a request finds no room" in reserve.explanation
+    # the figures of the whole card stay the run's: the same peak reserved and device used
+    assert with_headroom.gpu_peak_reserved_bytes == exact.gpu_peak_reserved_bytes
+    assert with_headroom.gpu_device_used_bytes == exact.gpu_device_used_bytes
+    # two layers shallower it runs on the smaller card too
+    assert estimate_memory(_shape_d(58).model_copy(update={"headroom_fraction": 0.05}), Layout(stage=2)).fits

@@ -1052,8 +1052,14 @@ def estimate_memory(inp: PlanInput, layout: Layout, replay: bool = True) -> Memo
 
         small = small_pool_bytes(c.model, t)
         flushes = replay_at_capacity(inp, layout, allocatable - context - small)
+        within = None
+        if flushes is not None and not flushes.out_of_memory and flushes.peak_reserved > usable - context - small:
+            # the headroom holds for where best fit puts the blocks too: the step must also run
+            # on the card less the headroom (see allocator_on_the_card)
+            within = replay_at_capacity(inp, layout, usable - context - small)
         if flushes is not None:
-            replayed, allocator = allocator_on_the_card(flushes, phases, misc, peak, usable - context, small)
+            replayed, allocator = allocator_on_the_card(flushes, phases, misc, peak, usable - context, small,
+                                                        within, inp.headroom_fraction)
     # On a card that cannot hold every cached segment the allocator frees them and retries:
     # what it reserves then is bounded by the card, never below what the peak needs.
     reserved = max(peak if replayed else allocator.needed_bytes,
@@ -1128,7 +1134,8 @@ def replayed_reserved_bytes(inp: PlanInput, layout: Layout) -> int | None:
 
 
 def allocator_on_the_card(at_card, phases: dict[str, tuple[int, int]], misc: int, peak: int,
-                          usable: int, small: int = SMALL_POOL_BYTES) -> tuple[int | None, AllocatorEstimate]:
+                          usable: int, small: int = SMALL_POOL_BYTES, within=None,
+                          headroom: float = 0.0) -> tuple[int | None, AllocatorEstimate]:
     """The default allocator's figures from its replay on the card (`allocator_sim.replay_at_capacity`,
     which frees the cache and retries where cudaMalloc fails, as PyTorch does): (peak reserved,
     or None where the replay ran out of memory; the estimate). What the step needs: where a
@@ -1136,7 +1143,16 @@ def allocator_on_the_card(at_card, phases: dict[str, tuple[int, int]], misc: int
     segment), at least the allocated peak; where none was, the per-phase rule's figure, or the
     replay's peak reserved where that is less (the run never pressed the card). `usable`: the
     card less the headroom and the context, which the verdict compares; `small`: the small pool
-    (small_pool_bytes), beside the replayed large pools."""
+    (small_pool_bytes), beside the replayed large pools.
+
+    `within`: the same steps replayed on the card less the `headroom` fraction, where the whole
+    card's reserve reaches into it. Near the edge best fit is chaotic in the card's size: Qwen3-8B
+    at ZeRO-1, 2 x 4096, one H200, runs out of memory at 22 layers on the whole card but runs on
+    one 2-8 GiB smaller, and 23 layers runs on the whole card but not on one 6 GiB smaller
+    (`benchmarks/edge_bands.py`). A headroom that covered the allocated bytes and not where they
+    land would call 23 layers a fit and 22 not; so the step that fits runs on both cards, and one
+    that runs out on the smaller card needs more than it (what that replay's failing request
+    needed)."""
     rule = caching_allocator(phases, misc, "default")
     if at_card.out_of_memory:
         later = at_card.ran_out_step > 1
@@ -1147,19 +1163,29 @@ def allocator_on_the_card(at_card, phases: dict[str, tuple[int, int]], misc: int
     replayed = at_card.peak_reserved + small
     estimate = caching_allocator(phases, misc, "default", replayed)
     if at_card.retries:
-        needed = max(at_card.needed + small, peak)
         every = at_card.retries_per_step
         why = ("caching allocator, replayed on the card until its steps repeat: it fills the card and frees its cache "
                + (f"about {every} time{'s' if every != 1 else ''} a step" if every
                   else f"{at_card.retries} time{'s' if at_card.retries != 1 else ''} while the first step grows it")
                + " (cudaMalloc retries); segments split by smaller tensors stay reserved")
-        return replayed, AllocatorEstimate(needed, estimate.reserved_bytes, why)
-    if rule.needed_bytes > usable:
+        estimate = AllocatorEstimate(max(at_card.needed + small, peak), estimate.reserved_bytes, why)
+    elif rule.needed_bytes > usable:
         # never below the allocated peak: the replay's requests are the hand model's, and a
         # model card's activations (zlayout learn) can be above them
-        return replayed, AllocatorEstimate(min(rule.needed_bytes, max(replayed, peak)),
-                                           estimate.reserved_bytes, estimate.explanation)
-    return replayed, estimate
+        estimate = AllocatorEstimate(min(rule.needed_bytes, max(replayed, peak)),
+                                     estimate.reserved_bytes, estimate.explanation)
+    if within is None:
+        return replayed, estimate
+    if within.out_of_memory:
+        where = f", in {within.ran_out_in}" if within.ran_out_step else ""
+        return replayed, AllocatorEstimate(
+            max(estimate.needed_bytes, within.needed + small), estimate.reserved_bytes,
+            f"caching allocator: the steps run on the whole card, but on a card {headroom:.0%} smaller "
+            f"(--headroom) a request finds no room even after freeing the cache{where}: at this edge "
+            "where best fit places the blocks decides, so the headroom must cover it too")
+    # it ran on the smaller card too: it needs at least what the tightest retry there needed
+    return replayed, AllocatorEstimate(max(estimate.needed_bytes, within.needed + small), estimate.reserved_bytes,
+                                       estimate.explanation)
 
 
 def caching_allocator(phases: dict[str, tuple[int, int]], misc: int, kind: str,

@@ -21,6 +21,7 @@ from zlayout.core.comm import estimate_comm
 from zlayout.core.layoutplan import LayoutPlan
 from zlayout.core.memory import MemoryEstimate, estimate_memory
 from zlayout.core.steptime import estimate_step_time
+from zlayout.messages import EXPANDABLE_NOTE
 from zlayout.spec import GiB, Layout, PlanInput, all_layouts
 
 TIE_FRACTION = 0.03  # step times this close to the fastest are a tie: the simplest layout wins
@@ -140,8 +141,7 @@ def _expandable_note(inp: PlanInput, best: LayoutPlan, planned: "tuple[LayoutPla
     if not faster:
         return ""
     lp = min(faster, key=lambda candidate: candidate.time.step_time_s)
-    return (f" With --allocator expandable (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) "
-            f"{lp.layout.label} fits too, at {lp.time.step_time_s:.2f} s/step.")
+    return f" {EXPANDABLE_NOTE} {lp.layout.label} fits too, at {lp.time.step_time_s:.2f} s/step."
 
 
 def _overshoot(mem: MemoryEstimate) -> float:

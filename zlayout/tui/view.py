@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
+from zlayout.messages import EXPANDABLE_NOTE, EXPANDABLE_NOTE_IN_APP
 from zlayout.spec import Layout, gib_figure
 
 if TYPE_CHECKING:  # the app draws its first frame before the planner is imported
@@ -502,9 +503,10 @@ def recommendation_text(plan: Plan) -> str:
             return f"✗ {rec.reason} (ctrl+p → 'Apply suggestion': {ways} to make it fit)"
         extra = f" Try: {'; '.join(rec.suggestions)}" if rec.suggestions else ""
         return f"✗ {rec.reason}{extra}"
-    if rec.reason.startswith(rec.layout.label):
-        return f"★ {rec.reason}"
-    return f"★ {rec.layout.label}: {rec.reason}"
+    reason = rec.reason.replace(EXPANDABLE_NOTE, EXPANDABLE_NOTE_IN_APP)
+    if reason.startswith(rec.layout.label):
+        return f"★ {reason}"
+    return f"★ {rec.layout.label}: {reason}"
 
 
 def fit_phrase(memory: MemoryEstimate) -> str:
