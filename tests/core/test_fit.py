@@ -196,7 +196,7 @@ def test_the_headroom_covers_where_best_fit_places_the_blocks_too():
     fit = with_headroom.gpu_fit
     assert not fit.fits and fit.needed_bytes > fit.usable_bytes
     reserve = next(t for t in with_headroom.gpu_terms() if t.name == "allocator_reserve")
-    assert "on a card 5% smaller (--headroom) a request finds no room" in reserve.explanation
+    assert "on a card 5% smaller (the headroom asked for) a request finds no room" in reserve.explanation
     # the figures of the whole card stay the run's: the same peak reserved and device used
     assert with_headroom.gpu_peak_reserved_bytes == exact.gpu_peak_reserved_bytes
     assert with_headroom.gpu_device_used_bytes == exact.gpu_device_used_bytes

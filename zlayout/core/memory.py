@@ -1181,7 +1181,7 @@ def allocator_on_the_card(at_card, phases: dict[str, tuple[int, int]], misc: int
         return replayed, AllocatorEstimate(
             max(estimate.needed_bytes, within.needed + small), estimate.reserved_bytes,
             f"caching allocator: the steps run on the whole card, but on a card {headroom:.0%} smaller "
-            f"(--headroom) a request finds no room even after freeing the cache{where}: at this edge "
+            f"(the headroom asked for) a request finds no room even after freeing the cache{where}: at this edge "
             "where best fit places the blocks decides, so the headroom must cover it too")
     # it ran on the smaller card too: it needs at least what the tightest retry there needed
     return replayed, AllocatorEstimate(max(estimate.needed_bytes, within.needed + small), estimate.reserved_bytes,
