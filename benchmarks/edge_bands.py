@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from zlayout.cli import build_parser, layout_from_args, plan_input_from_args  # noqa: E402
+from zlayout.cli import UsageError, build_parser, layout_from_args, plan_input_from_args  # noqa: E402
 from zlayout.core.allocator_sim import replay_at_capacity  # noqa: E402
 from zlayout.core.memory import estimate_memory, small_pool_bytes  # noqa: E402
 
@@ -32,23 +32,41 @@ DEFAULT = ["--hf-config", str(ROOT / "tests" / "hf" / "configs" / "published" / 
            "--seq", "4096", "--micro-batch", "2", "--gpus-per-node", "1", "--gpu", "h200"]
 
 
+def depth_range(text: str) -> tuple[int, int]:
+    first, sep, last = text.partition("-")
+    if not (sep and first.isdigit() and last.isdigit() and 1 <= int(first) <= int(last) <= 1000):
+        raise argparse.ArgumentTypeError(f"{text!r}: FIRST-LAST, 1 <= FIRST <= LAST <= 1000")
+    return int(first), int(last)
+
+
+def gib_steps(text: str) -> int:
+    if not (text.isdigit() and int(text) <= 64):
+        raise argparse.ArgumentTypeError(f"{text!r}: a whole number of GiB, 0-64")
+    return int(text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--layers", default="18-25", help="depths to sweep, FIRST-LAST (default 18-25)")
-    parser.add_argument("--cuts", type=int, default=8, help="cards up to this many GiB smaller (default 8)")
+    parser.add_argument("--layers", type=depth_range, default=(18, 25), help="depths to sweep, FIRST-LAST (default 18-25)")
+    parser.add_argument("--cuts", type=gib_steps, default=8, help="cards up to this many GiB smaller, 0-64 (default 8)")
     parser.add_argument("plan_args", nargs="*", help="after --: `zlayout plan` arguments (one layout: --stage)")
     args = parser.parse_args()
-    first, last = (int(x) for x in args.layers.split("-"))
+    first, last = args.layers
     plan_args = args.plan_args or DEFAULT
     cli = build_parser()
+    try:
+        checked = cli.parse_args(["plan", *plan_args, "--layers", str(first)])
+        plan_input_from_args(checked)
+        if layout_from_args(checked) is None:
+            raise UsageError("name one layout (--stage, --offload-optimizer, --offload-param)")
+    except UsageError as err:
+        sys.exit(f"edge_bands: {err}")
     print(f"{'layers':>6} {'alloc GiB':>9}  " + " ".join(f"{'-' + str(c):>4}" if c else "card" for c in range(args.cuts + 1))
           + "   headroom 0   headroom 5%")
     for layers in range(first, last + 1):
         ns = cli.parse_args(["plan", *plan_args, "--layers", str(layers)])
         inp = plan_input_from_args(ns)
         layout = layout_from_args(ns)
-        if layout is None:
-            sys.exit("edge_bands: name one layout (--stage, --offload-optimizer, --offload-param)")
         exact = estimate_memory(inp.model_copy(update={"headroom_fraction": 0.0}), layout)
         default = estimate_memory(inp.model_copy(update={"headroom_fraction": 0.05}), layout)
         gpu = inp.hardware.gpu
