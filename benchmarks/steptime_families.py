@@ -15,7 +15,8 @@ each predicted twice from its recorded inputs:
 These rows were predicted before they ran (heldout/families-predictions.jsonl) and first scored
 in the README; the card-work model was then written with their errors in view, so they are no
 longer unseen. No constant was fitted on them: the card-work model adds none (its bytes are
-priced at HBM_EFFICIENCY, its kernels at HOST_S_PER_KERNEL, as the hand model's).
+priced at HBM_EFFICIENCY, its kernels at HOST_S_PER_KERNEL, as the hand model's; since, an op's
+kernels past its first at HOST_S_PER_EXTRA_KERNEL, derived from one op's host time).
 Targets (issue 27): within 15% GPU-resident, 25% offloaded.
 
 `--in-sample`: the rows the hand model was written and fitted for (steptime_accuracy.py's in-sample

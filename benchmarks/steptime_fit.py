@@ -13,8 +13,9 @@ OVERLAP_P) of its GPU side
     + elementwise bytes / (HBM * 0.8)                       (counted, not fitted)
     + kernels * KERNEL_OVERHEAD_S
 
-and its host side, the host floor (kernels * HOST_S_PER_KERNEL, a fixed part per forward, stages
-1-2's gradient hooks: measured on the host-floor rows, `--host-floor`, not fitted here) plus
+and its host side, the host floor (ops * HOST_S_PER_KERNEL, an op's further kernels *
+HOST_S_PER_EXTRA_KERNEL, a fixed part per forward, stages 1-2's gradient hooks: measured on the
+host-floor rows, `--host-floor`, not fitted here) plus
 ZeRO-3's fetches * STAGE3_FETCH_OVERHEAD_S + gradient hooks * STAGE3_GRAD_HOOK_S. The smooth
 maximum is homogeneous, so a pass is w_gpu * GPU side + w_host * host side with weights that
 depend only on the sides' ratio (steptime.pass_weights). The optimizer step: bytes / (HBM *
@@ -46,8 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from zlayout.core.calibrate import MeasuredStep  # noqa: E402
 from zlayout.core.comm import estimate_comm  # noqa: E402
-from zlayout.core.steptime import (HBM_EFFICIENCY, HOST_S_PER_KERNEL, STAGE3_GATHER_OVERHEAD_S,  # noqa: E402
-                                   STAGE3_GRAD_HOOK_S,
+from zlayout.core.steptime import (HBM_EFFICIENCY, HOST_S_PER_EXTRA_KERNEL, HOST_S_PER_KERNEL,  # noqa: E402
+                                   STAGE3_GATHER_OVERHEAD_S, STAGE3_GRAD_HOOK_S,
                                    GpuStepConstants, estimate_step_time, host_floor_s, host_pass_s,
                                    micro_step_work, optimizer_kernels, optimizer_work, pass_weights,
                                    phase_kernel_s)
@@ -251,8 +252,11 @@ def host_floor(steps: list[MeasuredStep]) -> dict[str, float]:
     # stages 0-2 only: ZeRO-3's floor rows (call 5) carry its hooks, priced apart and reported
     for step in (s for s in steps if s.layout.stage < 3):
         fwd, bwd = micro_step_work(step.inp, step.layout)
-        a += [[1.0, fwd.host_kernels, fwd.grad_hooks], [0.0, bwd.host_kernels, bwd.grad_hooks]]
-        b += list(step.phases_s[:2])
+        # per op (an op's further kernels at HOST_S_PER_EXTRA_KERNEL, not fitted: none on rows without a card)
+        a += [[1.0, fwd.host_kernels - fwd.host_extra_kernels, fwd.grad_hooks],
+              [0.0, bwd.host_kernels - bwd.host_extra_kernels, bwd.grad_hooks]]
+        b += [phase_s - work.host_extra_kernels * HOST_S_PER_EXTRA_KERNEL
+              for phase_s, work in zip(step.phases_s[:2], (fwd, bwd))]
         if step.layout.stage == 0:
             opt_bytes, tensors = optimizer_work(step.inp, step.layout)
             gpu_s = opt_bytes / (step.inp.hardware.gpu.hbm_gbps * 1e9 * GpuStepConstants().optimizer_hbm_efficiency)

@@ -212,8 +212,8 @@ def _parameters_text(params: dict) -> dict:
 def _compact(value: Any) -> Any:
     """Each phase's requests ([q, a, c] lists, hundreds a phase) as one string "q a c, q a c,
     ...": TOML arrays of arrays parse ten times slower, and the planner reads a card every plan.
-    The work tables likewise: each op's flops, bytes and calls as "q a c, q a c, q a c"; and the
-    parameter tensors (`_parameters_text`)."""
+    The work tables likewise: each op's flops, bytes, kernel launches and ops as "q a c, q a c,
+    q a c, q a c"; and the parameter tensors (`_parameters_text`)."""
     if isinstance(value, dict) and isinstance(value.get("parameters"), dict):
         value = {**value, "parameters": _parameters_text(value["parameters"])}
     if isinstance(value, dict):
@@ -230,7 +230,7 @@ def dumps_card(card: Mapping[str, Any], key: str, config_name: str) -> str:
 
     header = (f"{HEADER} ({config_name}), written by `zlayout learn`: each request \"q a c\" is\n"
               "# q*T^2 + a*T + c bytes for one sequence of T tokens (+ allocate, - free), in order;\n"
-              "# each op of a phase's work: \"flops, bytes moved, kernel launches\", each \"q a c\" likewise\n")
+              "# each op of a phase's work: \"flops, bytes moved, kernel launches, ops\", each \"q a c\" likewise\n")
     text = tomli_w.dumps({"key": key, **_compact(card)})
     # the request and parameter strings as TOML literal strings: no escapes to scan for, they
     # parse 5x faster

@@ -256,3 +256,56 @@ def test_damaged_module_calls_are_one_line_naming_the_card(tmp_path, calls, outs
     older.parent.mkdir()
     older.write_text(text.replace("module_calls = [\n    13,\n]\n", "").replace("module_calls_outside = 6\n", ""))
     assert cards.read_card(older).stage3_modules() is None
+
+
+def test_an_op_of_several_kernels_costs_the_host_one_op_and_a_launch_for_each_further_one(tmp_path, monkeypatch):
+    """A tiny Mixtral (4 experts, top 2) learned by the real learner: its router sorts 2 x 4,096
+    expert ids a block (a copy, an index fill and cub's radix sort: 12 kernels, zlayout.learn.
+    launches) in one op. The card records the ops beside the launches; the host's side of a pass is
+    HOST_S_PER_KERNEL an op and HOST_S_PER_EXTRA_KERNEL a further kernel, the GPU's side every kernel.
+    The same card without its op counts (as cards learned before them) prices each launch an op."""
+    import json
+
+    from zlayout.learn.learner import learn
+
+    config_path = Path(__file__).resolve().parents[1] / "hf" / "configs" / "small" / "mixtral.json"
+    config = json.loads(config_path.read_text())
+    learned = learn(config)
+    key = cards.config_key(config)
+    older = json.loads(json.dumps(learned))  # the op counts dropped: "flops, bytes, calls"
+    for regime in older["regimes"]:
+        for table in [block["work"] for block in regime["blocks"]] + [regime["head"]["work"]]:
+            for ops in table.values():
+                for name in ops:
+                    ops[name] = ops[name][:3]
+    for folder, card in (("cards", learned), ("older", older)):
+        cards.write_card(tmp_path / folder, key, cards.dumps_card(card, key, "mixtral.json"), replace=False)
+    flags = ["--hf-config", str(config_path), "--seq", "4096", "--micro-batch", "1", "--gpu", "h200",
+             "--gpus-per-node", "1", "--stage", "1"]
+    runs = {}
+    for folder in ("cards", "older"):
+        monkeypatch.setenv(cards.CARDS_DIR_ENV, str(tmp_path / folder))
+        inp = plan_input_from_args(build_parser().parse_args(["plan", *flags]))
+        assert inp.model.card is not None and steptime.card_with_work(inp) is inp.model.card
+        runs[folder] = inp
+    layout = Layout(stage=1)
+    layers = config["num_hidden_layers"]
+    blocks_fwd, _, head_fwd, _ = runs["cards"].model.card.pass_work(1, 4096, checkpointing=False)
+    whole = blocks_fwd + head_fwd
+    # the sort's 11 kernels past its first, in every block, and more (topk, the backward's scatters)
+    assert whole.kernels - whole.ops >= 11 * layers
+    assert whole.ops == int(whole.ops) and whole.kernels == int(whole.kernels)
+
+    for new, old in zip(*(steptime.micro_step_work(runs[folder], layout) for folder in ("cards", "older"))):
+        assert new.kernels == old.kernels and new.host_kernels == old.host_kernels  # the GPU's side: every kernel
+        assert old.host_extra_kernels == 0 and new.host_extra_kernels >= 11 * layers
+        ops = new.host_kernels - new.host_extra_kernels
+        assert steptime.host_floor_s(new) == pytest.approx(
+            new.host_fixed_s + ops * steptime.HOST_S_PER_KERNEL
+            + new.host_extra_kernels * steptime.HOST_S_PER_EXTRA_KERNEL + new.grad_hooks * steptime.HOST_GRAD_HOOK_S)
+        assert steptime.host_floor_s(old) - steptime.host_floor_s(new) == pytest.approx(
+            new.host_extra_kernels * (steptime.HOST_S_PER_KERNEL - steptime.HOST_S_PER_EXTRA_KERNEL))
+        assert steptime.phase_kernel_s(runs["cards"], new) == pytest.approx(steptime.phase_kernel_s(runs["older"], old))
+    # a tiny model's step is its host's: the card that knows its ops is the shorter
+    assert steptime.estimate_step_time(runs["cards"], layout).step_time_s \
+        < steptime.estimate_step_time(runs["older"], layout).step_time_s

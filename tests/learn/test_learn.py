@@ -617,6 +617,10 @@ def test_a_moe_blocks_routing_ops_count_the_kernels_cuda_launches_for_them():
     assert ledger.op_calls["index"] == 1
     assert ledger.op_calls["index_put_scatter"] == 2 + 2 + (2 + 2) + 1
     assert ledger.op_calls["_grouped_mm"] == 2 * 2  # forward and the input's gradient, prepare + GEMM each
+    # each op once beside its kernels: the host issues an op once (core.steptime `host_floor_s`)
+    several = {"sort": 2, "_grouped_mm": 2, "topk": 1, "histc": 1, "cumsum": 1, "index_put_scatter": 1}
+    assert {name: ledger.op_ops[name] for name in several} == several
+    assert all(ledger.op_ops[name] == calls for name, calls in ledger.op_calls.items() if name not in several)
 
 
 def test_safe_softmax_records_its_mask_reduction_and_fill_and_its_backward_the_scratch_kernel():

@@ -11,10 +11,12 @@ From the requests: what a phase leaves allocated (their sum) and the most it hol
 above what it started with (the largest running sum).
 
 A card may also record each phase's work (`work`; cards learned before it have none, and the
-step time then takes the hand-counted model): per op its FLOPs, the bytes it moves and its kernel
-launches, the same polynomials (a weight read or a kernel count is the constant: it does not grow
-with the batch). `WorkPhase.totals` sorts the ops for the step-time model: GEMMs, batched GEMMs
-(eager attention's T^2 matmuls), the fused attention kernels, and the memory-bound rest.
+step time then takes the hand-counted model): per op its FLOPs, the bytes it moves, its kernel
+launches and the ops that launched them (a sort is one op of a dozen kernels; cards learned before
+the ops were recorded have three polynomials, and there each launch is an op), the same
+polynomials (a weight read or a kernel count is the constant: it does not grow with the batch).
+`WorkPhase.totals` sorts the ops for the step-time model: GEMMs, batched GEMMs (eager attention's
+T^2 matmuls), the fused attention kernels, and the memory-bound rest.
 """
 
 from __future__ import annotations
@@ -123,7 +125,8 @@ class OpWork:
     name: str
     flops: Poly
     bytes: Poly
-    calls: Poly
+    calls: Poly  # kernel launches
+    ops: Poly | None = None  # the ops that launched them (None: a card learned before they were recorded, one a launch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +137,7 @@ class WorkTotals:
     batched_gemm_flops: float = 0.0
     attention_flops: float = 0.0
     memory_bytes: float = 0.0  # the ops without FLOPs: elementwise, norms, copies, reductions, the loss
-    kernels: float = 0.0
+    kernels: float = 0.0  # kernel launches
     grouped_gemm_flops: float = 0.0  # a MoE block's experts (not in gemm_flops)
     fp32_gemm_flops: float = 0.0  # matmuls on float32 inputs, without tensor cores (not in gemm_flops)
     masked_attention_flops: float = 0.0  # fused attention given an attn_mask (not in attention_flops)
@@ -142,6 +145,7 @@ class WorkTotals:
     unaligned_memory_bytes: float = 0.0  # memory-bound ops on misaligned tensors (not in memory_bytes)
     strided_memory_bytes: float = 0.0  # pointwise ops over broadcast or strided operands (not in memory_bytes)
     scatter_memory_bytes: float = 0.0  # accumulating index_puts (`SCATTER_SUFFIX`; not in memory_bytes)
+    ops: float = 0.0  # the ops that launched `kernels` (the host issues an op once, its kernels each)
 
     def __add__(self, other: "WorkTotals") -> "WorkTotals":
         return WorkTotals(*(a + b for a, b in zip(self.astuple(), other.astuple())))
@@ -153,7 +157,7 @@ class WorkTotals:
         return (self.gemm_flops, self.batched_gemm_flops, self.attention_flops, self.memory_bytes, self.kernels,
                 self.grouped_gemm_flops, self.fp32_gemm_flops, self.masked_attention_flops,
                 self.unaligned_gemm_flops, self.unaligned_memory_bytes, self.strided_memory_bytes,
-                self.scatter_memory_bytes)
+                self.scatter_memory_bytes, self.ops)
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,11 +165,13 @@ class WorkPhase:
     ops: tuple[OpWork, ...]
 
     def totals(self, micro_batch: int, seq: int) -> WorkTotals:
-        gemm = batched = attention = masked = memory = kernels = grouped = fp32 = 0.0
+        gemm = batched = attention = masked = memory = kernels = grouped = fp32 = ops = 0.0
         unaligned_gemm = unaligned_memory = strided_memory = scatter_memory = 0.0
         for op in self.ops:
             flops = bytes_at(op.flops, micro_batch, seq)
-            kernels += bytes_at(op.calls, micro_batch, seq)
+            launches = bytes_at(op.calls, micro_batch, seq)
+            kernels += launches
+            ops += launches if op.ops is None else bytes_at(op.ops, micro_batch, seq)
             if flops > 0 and op.name.endswith(FP32_GEMM_SUFFIX):
                 fp32 += flops
             elif op.name.endswith(UNALIGNED_SUFFIX):
@@ -190,7 +196,7 @@ class WorkPhase:
             else:
                 memory += bytes_at(op.bytes, micro_batch, seq)
         return WorkTotals(gemm, batched, attention, memory, kernels, grouped, fp32, masked, unaligned_gemm,
-                          unaligned_memory, strided_memory, scatter_memory)
+                          unaligned_memory, strided_memory, scatter_memory, ops)
 
 
 class BlockWeightGradient(NamedTuple):
@@ -496,7 +502,9 @@ def _counts(kinds: tuple[int, ...]) -> list[tuple[int, int]]:
 
 
 def _work(data: Any, where: str) -> dict[str, WorkPhase] | None:
-    """A block's or the head's work: per phase, op -> "flops, bytes, calls" (each "q a c")."""
+    """A block's or the head's work: per phase, op -> "flops, bytes, calls, ops" (each "q a c"; the
+    kernel launches, then the ops that launched them; a card learned before the ops were recorded
+    has "flops, bytes, calls", an op a launch)."""
     if data is None:
         return None
     if not isinstance(data, dict) or set(data) != set(WORK_PHASES):
@@ -508,8 +516,8 @@ def _work(data: Any, where: str) -> dict[str, WorkPhase] | None:
         parsed = []
         for name, text in sorted(ops.items()):
             polys = _phase(text, f"{where}.{phase}.{name}").requests
-            if len(polys) != 3:
-                raise CardError(f"{where}.{phase}.{name}: an op's work is \"flops, bytes, calls\", each \"q a c\"")
+            if len(polys) not in (3, 4):
+                raise CardError(f"{where}.{phase}.{name}: an op's work is \"flops, bytes, calls, ops\", each \"q a c\"")
             parsed.append(OpWork(name, *polys))
         phases[phase] = WorkPhase(tuple(parsed))
     return phases

@@ -18,12 +18,14 @@ the values, the evidence, in-sample, leave-one-out and held-out errors), price i
   80% of the HBM bandwidth; transformers classes (`impl = "hf"`) add their unfused RMSNorm,
   rotary and repeat_kv bytes.
 - A carded model (`--impl hf` with a model card that records its work, `card_work`): GEMMs, eager
-  attention's batched matmuls, the fused attention kernels, the memory-bound ops' bytes and the
-  kernel launches come from the card, op by op as the transformers class runs them, priced with
-  the same constants; the per-family counts below (kernels, elementwise bytes, the loss's bytes
-  per logit) are the model for everything else (`hand_work`). docs/memory-model.md, "Model cards".
-- The host's side of a pass (`host_pass_s`): a time per kernel it issues (kernels counted per
-  block: transformers classes launch about three times as many), a fixed part per forward,
+  attention's batched matmuls, the fused attention kernels, the memory-bound ops' bytes, the
+  kernel launches and the ops that launch them come from the card, op by op as the transformers
+  class runs them, priced with the same constants; the per-family counts below (kernels,
+  elementwise bytes, the loss's bytes per logit) are the model for everything else (`hand_work`).
+  docs/memory-model.md, "Model cards".
+- The host's side of a pass (`host_pass_s`): a time per op it issues, one kernel each (kernels
+  counted per block: transformers classes launch about three times as many; an op of several
+  kernels, a sort's radix passes, a launch's time for each further one), a fixed part per forward,
   stages 1-2's gradient hooks, all measured on the host-floor rows (128 tokens a micro-step, where
   the kernels take microseconds); stage 3's hooks (per module per pass: forward, backward, the
   recompute's forward; per parameter tensor: the backward's gradient hook) on top. The host runs
@@ -145,8 +147,24 @@ KERNEL_OVERHEAD_S = 0.0
 # gradient hook per parameter tensor (the copy into the reduction bucket and its bookkeeping:
 # ZeRO-2 against ZeRO-0 at the same model, 30 ms more for 290 tensors). Least squares over the
 # ten passes: within 14% each (the host's own noise: a row's steady steps spread 10-20%). A MoE
-# block's router and experts are not in it (`PhaseWork.host_kernels`).
+# block's router and experts are not in it (`PhaseWork.host_kernels`). Every op of those rows
+# launches one kernel: the 27.5 us is an op's, its Python, dispatch, autograd and one launch.
 HOST_S_PER_KERNEL = 27.5e-6
+# An op that launches more kernels (a card's `calls` above its `ops`: a sort's copy, index fill and
+# radix passes, an accumulating index_put's sort, zlayout.learn.launches) costs the host its op once
+# and only a launch (cudaLaunchKernel, cub's dispatch, a scratch allocation) for each further kernel.
+# DERIVED from one measurement, not fitted to step rows (`python benchmarks/host_extra_kernel.py`):
+# the h200-2026-12-14 host probe timed granite-3.0-1b-a400m's sort of 131,072 int64 expert ids
+# (12 kernels) at 182 us of host time a call (24 a forward, the model alone), so (182 - 27.5) / 11
+# = 14.0 us a further kernel (against the probe's own one-kernel ops, 25.9 us a call: 14.2).
+# Checked, not fitted: OLMoE's sort in the same probe (12 kernels, 180.5 us: 13.9); least squares
+# over every multi-kernel op of every block both models ran (sort, topk, histc, cumsum,
+# _grouped_mm, slice_backward; weighted by calls) 14.6; the two-kernel ops alone 15-30 us over a
+# one-kernel op (mean 20-22: topk's two outputs, _grouped_mm's group table are host work of their
+# own); embedding_dense_backward's 21 kernels, one call a step, 13.0 and 18.4. The profiler's own
+# cudaLaunchKernel took 7.0-9.4 us a call, cuLaunchKernelEx 9.8-16.6 (h200-2026-12-16 prof-1 and
+# prof-2, under CUPTI). The GPU's side prices every kernel as before.
+HOST_S_PER_EXTRA_KERNEL = 14.0e-6
 HOST_FORWARD_FIXED_S = 6.6e-3
 HOST_GRAD_HOOK_S = 0.119e-3
 # How the two sides of a pass combine (`pass_s`): the exponent of their smooth maximum, the one
@@ -478,6 +496,9 @@ class PhaseWork:
     stage3_grad_hooks: float = 0.0  # ZeRO-3 gradient hooks (one per parameter tensor, backward)
     fixed_s: float = 0.0  # GPU time priced per call, not per FLOP or byte (a MoE block's routing)
     host_kernels: float = 0.0  # of `kernels`, those the host floor prices (a MoE block's experts: not)
+    # of `host_kernels`, those beyond their op's first (a sort's radix passes, a card's `calls` less
+    # its `ops`): a launch each (HOST_S_PER_EXTRA_KERNEL), the op's Python and dispatch paid once
+    host_extra_kernels: float = 0.0
     grad_hooks: float = 0.0  # stages 1-2's gradient hooks (one per parameter tensor, backward)
     host_fixed_s: float = 0.0  # the host's Python per pass beyond its kernels (HOST_FORWARD_FIXED_S)
     batched_gemm_flops: float = 0.0  # eager attention's T^2 matmuls (a card's bmm/baddbmm): narrow GEMMs
@@ -591,8 +612,10 @@ def card_work(inp: PlanInput, card) -> tuple[PhaseWork, PhaseWork]:
     GEMMs (eager attention's T^2 matmuls) and the fused attention kernels by their FLOPs, every
     other op (dropout, activations, norms, softmax over T^2, casts, the loss) by the bytes it moves,
     each op the kernels CUDA launches for it (zlayout.learn.launches: one, a sort's radix passes
-    more), each one the host issues. With checkpointing the card's backward holds the recompute
-    as the run does it (non-reentrant: it stops once backward has what it needs)."""
+    more), each on the GPU's side; the host issues the op once and launches its further kernels
+    (`host_floor_s`; a card learned before its ops were recorded: each launch an op). With
+    checkpointing the card's backward holds the recompute as the run does it (non-reentrant: it
+    stops once backward has what it needs)."""
     t = inp.training
     blocks_fwd, blocks_bwd, head_fwd, head_bwd = card.pass_work(t.micro_batch, t.seq, t.checkpointing == "full")
     unaligned = inp.model.vocab % 8 != 0  # the head's GEMMs on the slower kernels (UNALIGNED_HEAD_EFFICIENCY)
@@ -612,7 +635,8 @@ def card_work(inp: PlanInput, card) -> tuple[PhaseWork, PhaseWork]:
             strided_hbm_bytes=whole.strided_memory_bytes, scatter_hbm_bytes=whole.scatter_memory_bytes,
             batched_gemm_flops=whole.batched_gemm_flops, attention_flops=whole.attention_flops,
             fp32_gemm_flops=whole.fp32_gemm_flops, masked_attention_flops=whole.masked_attention_flops,
-            hbm_bytes=whole.memory_bytes, kernels=whole.kernels, host_kernels=whole.kernels, host_fixed_s=fixed_s))
+            hbm_bytes=whole.memory_bytes, kernels=whole.kernels, host_kernels=whole.kernels,
+            host_extra_kernels=max(0.0, whole.kernels - whole.ops), host_fixed_s=fixed_s))
     return passes[0], passes[1]
 
 
@@ -773,9 +797,13 @@ def stage3_hooks_s(inp: PlanInput, work: PhaseWork, c: GpuStepConstants = SHIPPE
 
 
 def host_floor_s(work: PhaseWork) -> float:
-    """The host's time for a pass as the host-floor rows measure it: its kernels (HOST_S_PER_KERNEL
-    each), the forward's fixed Python, stages 1-2's gradient hooks."""
-    return work.host_fixed_s + work.host_kernels * HOST_S_PER_KERNEL + work.grad_hooks * HOST_GRAD_HOOK_S
+    """The host's time for a pass as the host-floor rows measure it: its ops (HOST_S_PER_KERNEL each:
+    the Python, dispatch and autograd of an op and its first kernel's launch) and the further kernels
+    an op launches (HOST_S_PER_EXTRA_KERNEL each: a sort's radix passes), the forward's fixed Python,
+    stages 1-2's gradient hooks."""
+    ops = work.host_kernels - work.host_extra_kernels
+    return (work.host_fixed_s + ops * HOST_S_PER_KERNEL + work.host_extra_kernels * HOST_S_PER_EXTRA_KERNEL
+            + work.grad_hooks * HOST_GRAD_HOOK_S)
 
 
 def host_pass_s(inp: PlanInput, work: PhaseWork, c: GpuStepConstants = SHIPPED) -> float:

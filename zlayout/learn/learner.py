@@ -339,7 +339,8 @@ def trace_step(model: nn.Module, blocks: nn.ModuleList, tokens: int, checkpointi
             ledger.close_window(state["head_forward"])
             head_window = ledger.open_window("head_backward", -1)
             state["head_backward"], state["backward"] = head_window, True
-            forward_work = (Counter(ledger.op_flops), Counter(ledger.op_bytes), Counter(ledger.op_calls))
+            forward_work = (Counter(ledger.op_flops), Counter(ledger.op_bytes), Counter(ledger.op_calls),
+                            Counter(ledger.op_ops))
             ledger.run_backward(loss)
             del loss
             if state["head_backward"] is not None:
@@ -349,24 +350,26 @@ def trace_step(model: nn.Module, blocks: nn.ModuleList, tokens: int, checkpointi
             handle.remove()
     return {"windows": ledger.closed, "forward_work": forward_work, "trained": trained,
             "attention_kernels": set(ledger.sdpa_kernels), "module_calls": module_calls,
-            "flops": ledger.op_flops, "bytes": ledger.op_bytes, "calls": ledger.op_calls}
+            "flops": ledger.op_flops, "bytes": ledger.op_bytes, "calls": ledger.op_calls, "ops": ledger.op_ops}
 
 
-def op_work(flops: Counter, moved: Counter, calls: Counter) -> dict[str, dict[str, int]]:
+def op_work(flops: Counter, moved: Counter, calls: Counter, ops: Counter) -> dict[str, dict[str, int]]:
     """A phase's work by op: each FLOP-counted op (the matmuls, the attention kernels) on its own,
     every other op (elementwise, norms, copies, reductions: memory-bound) summed as "elementwise"
     ("elementwise_unaligned" those on tensors 16-byte loads cannot walk, `trace._vector_aligned`;
     "elementwise_strided" the pointwise ops over a broadcast or strided operand, `trace._one_walk`;
     "elementwise_scatter" the accumulating index_puts, `trace.INDEX_PUTS`);
-    each with its FLOPs, the bytes it moves and its kernel launches."""
-    table = {"elementwise": {"flops": 0, "bytes": 0, "calls": 0}}
+    each with its FLOPs, the bytes it moves, its kernel launches and the ops that launched them (a
+    sort: one op, a dozen kernels; the host issues the op once, `trace.StorageLedger.add_work`)."""
+    table = {"elementwise": {"flops": 0, "bytes": 0, "calls": 0, "ops": 0}}
     for op in sorted(calls):
         suffix = next((end for end in (UNALIGNED_SUFFIX, STRIDED_SUFFIX, SCATTER_SUFFIX) if op.endswith(end)), "")
         memory = "elementwise" + suffix
-        entry = table.setdefault(op if flops[op] > 0 else memory, {"flops": 0, "bytes": 0, "calls": 0})
+        entry = table.setdefault(op if flops[op] > 0 else memory, {"flops": 0, "bytes": 0, "calls": 0, "ops": 0})
         entry["flops"] += flops[op]
         entry["bytes"] += moved[op]
         entry["calls"] += calls[op]
+        entry["ops"] += ops[op]
     return table
 
 
@@ -381,7 +384,7 @@ def measure(step: dict[str, Any], blocks_traced: int) -> dict[str, Any]:
         return found[0] if found else None
 
     blocks = {}
-    in_blocks = {phase: [Counter(), Counter(), Counter()] for phase in ("forward", "backward")}
+    in_blocks = {phase: [Counter(), Counter(), Counter(), Counter()] for phase in ("forward", "backward")}
     for index in range(blocks_traced):
         fwd, bwd, rec = one("forward", index), one("backward", index), one("recompute", index)
         if fwd is None or bwd is None:
@@ -390,19 +393,19 @@ def measure(step: dict[str, Any], blocks_traced: int) -> dict[str, Any]:
                              "text-only step (a block that waits for an image, as Llama-3.2-Vision's "
                              "cross-attention ones): the learner traces text steps only")
         for phase, window in (("forward", fwd), ("backward", bwd)):  # the recompute runs inside the backward's window
-            for total, counted in zip(in_blocks[phase], (window.flops, window.moved, window.calls)):
+            for total, counted in zip(in_blocks[phase], (window.flops, window.moved, window.calls, window.ops)):
                 total.update(counted)
         blocks[index] = {
             "forward": fwd.events, "backward": bwd.events, "recompute": rec.events if rec else [],
             "forward_reductions": fwd.reductions, "backward_reductions": bwd.reductions,
             "saved_by_dtype": dict(fwd.saved_by_dtype),
-            "work_forward": op_work(fwd.flops, fwd.moved, fwd.calls),
-            "work_backward": op_work(bwd.flops, bwd.moved, bwd.calls),
+            "work_forward": op_work(fwd.flops, fwd.moved, fwd.calls, fwd.ops),
+            "work_backward": op_work(bwd.flops, bwd.moved, bwd.calls, bwd.ops),
         }
     head_forward, head_backward = one("head_forward", -1), one("head_backward", -1)
     # the embedding, the final norm, the head and the loss: the step's work outside the blocks
     step_forward = step["forward_work"]
-    step_backward = [Counter(total) for total in (step["flops"], step["bytes"], step["calls"])]
+    step_backward = [Counter(total) for total in (step["flops"], step["bytes"], step["calls"], step["ops"])]
     for total, forward in zip(step_backward, step_forward):
         total.subtract(forward)
     head = {"forward": head_forward.events, "backward": head_backward.events,
@@ -452,7 +455,7 @@ def _fit_terms(samples: list[tuple[int, Any]], check: tuple[int, Any], errors: l
     first = samples[0][1]
     if isinstance(first, dict):
         keys = set().union(*(s[1].keys() for s in samples))
-        return {k: _launches(samples, k) if k == "calls" else
+        return {k: _launches(samples, k) if k in ("calls", "ops") else
                 _fit_terms([(t, v.get(k, 0)) for t, v in samples], (check[0], check[1].get(k, 0)), errors)
                 for k in sorted(keys)}
     if isinstance(first, list):
@@ -470,11 +473,11 @@ def _fit_terms(samples: list[tuple[int, Any]], check: tuple[int, Any], errors: l
 
 
 def _launches(samples: list[tuple[int, Any]], key: str) -> list[float]:
-    """An op's kernel launches: a constant, the count at the longest sequence traced. They do not
-    grow with the tokens, but a few ops change kernels with their size (a sort of at most 4,096
-    keys in one kernel, a longer one by radix passes; an index_put's sort over the bits of its
-    rows: zlayout.learn.launches), which a polynomial through the traces would extrapolate; the
-    longest trace is the nearest to the sequences a run trains on."""
+    """An op's kernel launches (or the ops that launched them): a constant, the count at the longest
+    sequence traced. They do not grow with the tokens, but a few ops change kernels with their size
+    (a sort of at most 4,096 keys in one kernel, a longer one by radix passes; an index_put's sort
+    over the bits of its rows: zlayout.learn.launches), which a polynomial through the traces would
+    extrapolate; the longest trace is the nearest to the sequences a run trains on."""
     tokens, value = max(samples, key=lambda sample: sample[0])
     return [0.0, 0.0, float(value.get(key, 0))]
 
@@ -669,8 +672,10 @@ def reduction_rows(fitted: dict[int, dict[str, list[float]]], tokens: int) -> li
 
 
 def work(plain: dict, checkpointed: dict) -> dict[str, dict]:
-    """A block's (or the head's) fitted work per phase: op -> [flops, bytes, calls] polynomials."""
-    return {phase: {op: [entry["flops"], entry["bytes"], entry["calls"]] for op, entry in run[f"work_{half}"].items()}
+    """A block's (or the head's) fitted work per phase: op -> [flops, bytes, calls, ops] polynomials
+    (kernel launches, and the ops that launched them: core.card `OpWork`)."""
+    return {phase: {op: [entry["flops"], entry["bytes"], entry["calls"], entry["ops"]]
+                    for op, entry in run[f"work_{half}"].items()}
             for phase, run, half in (("forward", plain, "forward"), ("backward", plain, "backward"),
                                      ("checkpointed_forward", checkpointed, "forward"),
                                      ("checkpointed_backward", checkpointed, "backward"))}

@@ -18,10 +18,11 @@ without a mode does (`StorageLedger.run_backward`).
 
 Each op's work is recorded too, per window: its FLOPs (torch's flop counter: the matmuls, the
 attention kernels; `grouped_mm_flops` for transformers' grouped experts, which the flop counter
-does not count), the bytes it moves (its inputs and outputs) and its kernel launches: one, or as
-many as PyTorch's CUDA code launches for it at those shapes (zlayout.learn.launches: a sort, topk,
-histc, cumsum, an accumulating index_put, a grouped GEMM). Ops that launch no kernel (views,
-`empty`) are not work.
+does not count), the bytes it moves (its inputs and outputs), its kernel launches (one, or as
+many as PyTorch's CUDA code launches for it at those shapes: zlayout.learn.launches, a sort, topk,
+histc, cumsum, an accumulating index_put, a grouped GEMM) and the op itself (the host issues an op
+once, its kernels each: core.steptime `host_floor_s`). Ops that launch no kernel (views, `empty`)
+are not work.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ class Window:
     saved_storages: set = field(default_factory=set)
     flops: Counter = field(default_factory=Counter)
     moved: Counter = field(default_factory=Counter)
-    calls: Counter = field(default_factory=Counter)
+    calls: Counter = field(default_factory=Counter)  # kernel launches
+    ops: Counter = field(default_factory=Counter)  # the ops that launched them (the host dispatches an op once)
     # reduction kernels' scratch: the index in `events` of its placeholders, and the reduction's
     # shape at this token count (`reduction_shape`); the planner sizes it for its GPU
     reductions: dict[int, dict[str, int]] = field(default_factory=dict)
@@ -247,7 +249,8 @@ class StorageLedger(TorchDispatchMode):
         self.closed: list[Window] = []
         self.op_flops: Counter = Counter()
         self.op_bytes: Counter = Counter()
-        self.op_calls: Counter = Counter()
+        self.op_calls: Counter = Counter()  # kernel launches
+        self.op_ops: Counter = Counter()  # the ops that launched them (`add_work`)
         self.allocated_by_dtype: Counter = Counter()
         self.external: set[int] = set()
         self.sdpa_kernels: Counter = Counter()  # which kernel each attention call ran (cuda_sdpa_kernel)
@@ -413,14 +416,19 @@ class StorageLedger(TorchDispatchMode):
 
     def add_work(self, name: str, flops: int, nbytes: int, launches: int = 1) -> None:
         """One op's work and its kernel launches (also called directly for the attention kernels the
-        meta device cannot run)."""
+        meta device cannot run). The op itself is counted apart from its launches: the host runs its
+        Python, dispatch and autograd once an op, and only a launch for each further kernel (core.
+        steptime `host_floor_s`); an op that launches nothing (an empty sort) is no op here either."""
+        op = 1 if launches > 0 else 0
         self.op_flops[name] += int(flops)
         self.op_bytes[name] += int(nbytes)
         self.op_calls[name] += launches
+        self.op_ops[name] += op
         for window in self.open:
             window.flops[name] += int(flops)
             window.moved[name] += int(nbytes)
             window.calls[name] += launches
+            window.ops[name] += op
 
     # --------------------------------------------------------------- windows
 
