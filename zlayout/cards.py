@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 from zlayout import tomlsafe
 from zlayout.shipped import BUILTIN_PRESETS_DIR
-from zlayout.core.card import CardError, ModelCard, card_from_dict
+from zlayout.core.card import CardError, ModelCard, card_from_dict, linear_attention_assumed
 from zlayout.smallfile import TooLarge, read_small_file
 
 CARDS_DIR_ENV = "ZLAYOUT_CARDS_DIR"
@@ -46,7 +46,12 @@ def config_key(config: Mapping[str, Any]) -> str:
             return [strip(v) for v in value]
         return value
 
-    text = json.dumps(strip(config), sort_keys=True, separators=(",", ":"), default=str)
+    stripped = strip(config)
+    if (assumed := linear_attention_assumed(config)) is not None:
+        # the card prices kernels the config does not name (core.card.LINEAR_ATTENTION_FLA): a
+        # key of its own, never that of a card of the same config learned without the assumption
+        stripped = {**stripped, "zlayout_linear_attention": assumed}
+    text = json.dumps(stripped, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -83,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
     kinds = len(set(card["layers"]["kinds"]))
     fitted = " / ".join(", ".join(map(str, r["tokens_fitted"])) for r in card["regimes"])
     checked = " / ".join(str(r["tokens_checked"]) for r in card["regimes"])
-    print(f"{written}: {card['model_type']} ({card['attention']} attention), {card['parameters']['count']:,} "
+    linear = f", linear attention as {card['linear_attention']}" if card.get("linear_attention") else ""
+    print(f"{written}: {card['model_type']} ({card['attention']} attention{linear}), {card['parameters']['count']:,} "
           f"parameters in {len(card['parameters']['names'])} tensors, {card['layers']['count']} blocks of "
           f"{kinds} kind{'s' if kinds > 1 else ''}; fitted at {fitted} tokens, {card['fit_error']:.2%} off "
           f"at {checked}; learned in {time.perf_counter() - started:.1f} s")

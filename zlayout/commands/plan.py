@@ -16,7 +16,7 @@ from functools import partial
 
 from zlayout.catalog import format_params
 from zlayout.cli import add_plan_arguments, layout_from_args, plan_input_from_args
-from zlayout.core.memory import MemoryEstimate
+from zlayout.core.memory import MemoryEstimate, card_of
 from zlayout.core.plan import LayoutPlan, Plan, make_plan, plan_layout
 from zlayout.core.serialize import layout_plan_dict, model_dict, recommendation_dict
 from zlayout.core.steptime import StepTimeEstimate, step_time_notes, step_time_parts
@@ -122,11 +122,22 @@ def plan_json(plan: Plan, layout=None) -> dict:
             "host_cores": plan.input.hardware.node_host_cores,
             "calibration": plan.input.calibration.source, "loop": plan.input.training.loop,
             "recommendation": recommendation_dict(plan)}
+    if (linear := linear_attention(plan)) is not None:
+        base["linear_attention"] = linear
     if layout is not None:
         return {**base, **_layout_json(plan.for_layout(layout)),
                 "recommended": plan.recommendation.layout == layout,
                 "recommendation_note": recommendation_note(plan, layout)}
     return {**base, "layouts": [_layout_json(lp) for lp in plan.layouts]}
+
+
+def linear_attention(plan: Plan) -> dict | None:
+    """How the card priced a hybrid model's linear attention (core.card.LINEAR_ATTENTION_NOTE), for
+    --json; None where the plan takes no card or the card has no linear attention."""
+    card = card_of(plan.input.model, plan.input.training)
+    note = card.linear_attention_note() if card is not None else None
+    # the stand-ins (learn/trace.py) are read from fla's and causal-conv1d's code, not measured yet
+    return None if note is None else {"priced_as": card.linear_attention, "measured_on_gpu": False, "note": note}
 
 
 def recommendation_note(plan: Plan, layout: Layout) -> str:
@@ -186,6 +197,8 @@ def plan_table(plan: Plan, layout=None) -> str:
             f"{fits_text(mem)}{mark}")
     lines.append("card free: what the driver hands out of the card less device used at the peak (0: the "
                  "cache fills the card); fits: what the step needs against the card less --headroom")
+    if (linear := linear_attention(plan)) is not None:
+        lines.append(f"Note: {linear['note']}.")
     if layout is not None:
         mem = chosen[0].memory
         lines += ["", f"GPU: {mem.gpu_fit.summary()}."]

@@ -33,6 +33,32 @@ from zlayout.core.reductions import REDUCTION_EVENTS, Device, Reduction, scratch
 Poly = tuple[float, float, float]
 
 
+# ------------------------------------------------------------- hybrid linear attention
+# Qwen3.5 / Qwen3-Next interleave full-attention blocks with gated-delta-rule blocks. transformers
+# (models/qwen3_5/modeling_qwen3_5.py: `torch_chunk_gated_delta_rule`, `causal_conv1d_fn`) runs
+# flash-linear-attention's and causal-conv1d's CUDA kernels when those packages import, else a
+# Python loop over 64-token chunks and F.conv1d (integrations/hub_kernels.py,
+# `use_kernel_func_from_hub_with_fallback`). zlayout learn prices the kernels, which transformers'
+# warning and Qwen's model cards tell users to install; the card says so, and its key differs from
+# the same config's without the assumption (zlayout.cards.config_key), so no other card is served.
+LINEAR_ATTENTION_FLA = "flash-linear-attention + causal-conv1d"
+# config.json model types whose modeling module has those two functions (transformers 5.24)
+LINEAR_ATTENTION_MODEL_TYPES = frozenset({"qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text",
+                                          "qwen3_next"})
+LINEAR_ATTENTION_NOTE = (
+    "linear attention priced as flash-linear-attention's chunked kernels with causal-conv1d (not yet measured "
+    "on a GPU); without them transformers runs a Python loop over 64-token chunks that holds about 1.9x the "
+    "activations (not priced)")
+
+
+def linear_attention_assumed(config: Mapping[str, Any]) -> str | None:
+    """LINEAR_ATTENTION_FLA for a config.json (a multimodal one by its text_config) whose linear
+    attention zlayout prices as those kernels; None for any other."""
+    text = config.get("text_config")
+    types = {config.get("model_type"), text.get("model_type") if isinstance(text, Mapping) else None}
+    return LINEAR_ATTENTION_FLA if types & LINEAR_ATTENTION_MODEL_TYPES else None
+
+
 class CardError(ValueError):
     """A card that is not one this planner reads: one line naming what is wrong."""
 
@@ -265,6 +291,9 @@ class ModelCard:
     # ZeRO-3's hooks run on (`stage3_modules`); None: a card learned before they were counted
     module_calls: tuple[int, ...] | None = None
     module_calls_outside: int | None = None
+    # the kernels its linear-attention blocks were priced as (LINEAR_ATTENTION_FLA); None: none
+    # (no such blocks, or a card learned before they were learnable)
+    linear_attention: str | None = None
 
     # A card rides in the ModelSpec, which the planner hashes and compares for its caches:
     # by its key, file and text's digest, not by walking thousands of requests each time.
@@ -409,6 +438,10 @@ class ModelCard:
         if layers == len(self.layer_kinds):
             return self
         return _at_layers(self, layers)
+
+    def linear_attention_note(self) -> str | None:
+        """The plan's line on how the card priced linear attention; None where it did not."""
+        return LINEAR_ATTENTION_NOTE if self.linear_attention == LINEAR_ATTENTION_FLA else None
 
     def depth_note(self) -> str | None:
         """A line for a card resized from the depth it was learned at; None for one learned at this."""
@@ -672,9 +705,19 @@ def card_from_dict(data: Mapping[str, Any], key: str, source: str = "", digest: 
         untrained_params=untrained_params,
         attention_kernels=tuple(str(k) for k in data.get("attention_kernels") or ()),
         transformers=_release(data.get("transformers"), where),
+        linear_attention=_linear_attention(data.get("linear_attention"), where),
         parameter_layers=parameter_layers(names, len(kinds))
         if isinstance(names, list) and len(names) == len(numels)
         and all(isinstance(n, str) for n in names) else None)
+
+
+def _linear_attention(value: Any, where: str) -> str | None:
+    """The implementation a card's linear attention was priced as (cards without: None)."""
+    if value is None:
+        return None
+    if value != LINEAR_ATTENTION_FLA:
+        raise CardError(f"{where}: linear_attention must be {LINEAR_ATTENTION_FLA!r}, not {value!r}")
+    return value
 
 
 def _release(value: Any, where: str) -> str | None:

@@ -15,8 +15,8 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import nn
 
-from zlayout.core.card import SCATTER_SUFFIX, STRIDED_SUFFIX, UNALIGNED_SUFFIX
-from zlayout.learn.trace import StorageLedger, Window, fused_attention
+from zlayout.core.card import SCATTER_SUFFIX, STRIDED_SUFFIX, UNALIGNED_SUFFIX, linear_attention_assumed
+from zlayout.learn.trace import StorageLedger, Window, fused_attention, linear_kernels_patch
 
 # Token counts traced (one sequence): three fix a quadratic term (attention's FLOPs; eager
 # attention keeps tokens x tokens probabilities); the check count is traced too and compared.
@@ -163,11 +163,13 @@ def _patched(ledger: StorageLedger):
     functional.scaled_dot_product_attention = fused_attention(ledger, original_sdpa)
     functional.dropout = cuda_dropout(original_dropout)
     masking.find_packed_sequence_indices = lambda position_ids: None
+    restore_linear = linear_kernels_patch(ledger)  # Qwen3.5's linear attention: fla's kernels (trace.py)
     try:
         yield
     finally:
         functional.scaled_dot_product_attention, functional.dropout = original_sdpa, original_dropout
         masking.find_packed_sequence_indices = original_packed
+        restore_linear()
 
 
 def _first_tensor(values) -> torch.Tensor | None:
@@ -721,6 +723,21 @@ def learn(config: Mapping[str, Any]) -> dict[str, Any]:
         raise LearnError(f"transformers' {config.get('model_type')!r} code cannot run this config: {what}") from exc
 
 
+def linear_attention_entry(config: Mapping[str, Any], regimes: list[dict]) -> dict[str, str]:
+    """The card's `linear_attention` (core.card.LINEAR_ATTENTION_FLA) where its blocks ran the
+    stand-ins of fla's and causal-conv1d's kernels (trace.linear_kernels_patch), else nothing. The
+    card's key holds the assumption (cards.config_key): the two must agree, or a card priced one
+    way would be served under the other's key."""
+    ran = any("linear_attention_forward" in block["work"]["forward"] for regime in regimes for block in regime["blocks"])
+    assumed = linear_attention_assumed(config)
+    if ran != (assumed is not None):
+        raise LearnError(f"{config.get('model_type')!r}: its linear attention ran "
+                         + ("flash-linear-attention's kernels (as priced), which its model type is not known to"
+                            if ran else "transformers' torch loop, which the card cannot hold")
+                         + " use (zlayout.core.card.LINEAR_ATTENTION_MODEL_TYPES)")
+    return {} if assumed is None else {"linear_attention": assumed}
+
+
 def _reads_tensor_values(exc: BaseException) -> bool:
     """Whether the model's code failed because it read a meta tensor's values (`.item()`,
     `.tolist()`, a data-dependent shape): torch's own messages for it."""
@@ -775,5 +792,6 @@ def _learn(config: Mapping[str, Any]) -> dict[str, Any]:
         # outside the blocks (the model, the embedding, rotary tables, the final norm, the head)
         "layers": {"count": len(kinds), "kinds": kinds, "module_calls": module_calls["per_kind"],
                    "module_calls_outside": module_calls["outside"]},
+        **linear_attention_entry(config, regimes),
         "regimes": regimes,
     }

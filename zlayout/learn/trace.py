@@ -705,3 +705,199 @@ def fused_attention(ledger: StorageLedger, math_sdpa=None):
         return _FusedAttention.apply(query, key, value, attention_bias(attn_mask, query), ledger, bool(is_causal))
 
     return sdpa
+
+
+# --------------------------------------------------------------------- linear attention
+# Qwen3.5 / Qwen3-Next's gated-delta-rule blocks call two module globals of their modeling module,
+# looked up at call time: `torch_chunk_gated_delta_rule` and `causal_conv1d_fn`. transformers
+# (integrations/hub_kernels.py, `use_kernel_func_from_hub_with_fallback`) binds them when the module
+# is imported: to flash-linear-attention's `chunk_gated_delta_rule` and causal-conv1d's
+# `causal_conv1d_fn` where those import (a CUDA node with them installed), else to a torch reference
+# (a Python loop over 64-token chunks: the request count grows with T, and no card could hold it).
+# The learner routes both to the stand-ins below, which make the kernels' allocations on meta, as
+# `fused_attention` does for sdpa; the card records that assumption (core.card.LINEAR_ATTENTION_FLA).
+# Sources: fla-org/flash-linear-attention at bc3b101 (after v0.5.2), Dao-AILab/causal-conv1d at 0d2252d.
+
+# The chunk of flash-linear-attention's chunked kernels (fla.ops.gated_delta_rule.chunk: chunk_size 64).
+FLA_CHUNK = 64
+# transformers' modeling packages whose layers call those globals, as core.card.LINEAR_ATTENTION_MODEL_TYPES
+# names their model types (olmo_hybrid, lara_mini and qwen4_exp have them too; not yet priced)
+LINEAR_ATTENTION_PACKAGES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
+
+
+def _empty(*shape, dtype, like: torch.Tensor) -> torch.Tensor:
+    return torch.empty(*shape, dtype=dtype, device=like.device)
+
+
+class _FlaChunkGatedDeltaRule(torch.autograd.Function):
+    """fla's `ChunkGatedDeltaRuleFunction` (fla/ops/gated_delta_rule/chunk.py: Triton path, chunk 64,
+    no initial or final state, no cu_seqlens, `use_qk_l2norm_in_kernel` as transformers passes it)
+    as its allocations: the kernels are not run, their outputs are `torch.empty` on meta in the
+    order and with the lifetimes fla's Python gives them. All paths below are in fla/.
+
+    q, k: [B, T, H, K]; v: [B, T, HV, V]; g (log decay, float32) and beta: [B, T, HV]; NT = T / 64.
+    Forward (`chunk_gated_delta_rule_fwd`):
+      utils/_decorators.py `input_guard`: every input `.contiguous()` (transformers passes q, k, v
+        as strided views of the conv output: three copies, held until forward returns);
+      modules/l2norm.py `l2norm_fwd` of q and k: y = empty_like(x) and a float32 rstd [B*T*H] each;
+      ops/utils/cumsum.py `chunk_local_cumsum(g)`: float32 [B, T, HV];
+      ops/gated_delta_rule/chunk_fwd.py `chunk_gated_delta_rule_fwd_intra`: A = zeros [B, T, HV, 64]
+        (k's dtype), and wy_fast.py `recompute_w_u_fwd`: w [B, T, HV, K], u [B, T, HV, V];
+      ops/common/chunk_delta_h.py `chunk_gated_delta_rule_fwd_h`: h [B, NT, HV, K, V], v_new = empty_like(u);
+      ops/common/chunk_o.py `chunk_fwd_o`: o = empty_like(v_new); w, u, h, v_new die at return.
+      Saved: q and k normalised, their rstd, v, the g cumsum, beta, A (no per-chunk state).
+    Backward (`chunk_gated_delta_rule_bwd`): `do` made contiguous; w, u, h, v_new recomputed (as
+      above); chunk_o.py `chunk_bwd_dv_local`: dv [B, T, HV, V]; chunk_delta_h.py
+      `chunk_gated_delta_rule_bwd_dhu`: dh [B, NT, HV, K, V], dv2 = empty_like(dv) (dv freed);
+      chunk_o.py `chunk_bwd_dqkwg`: dq, dk [B, T, HV, K], dg float32 [NK, B, T, HV] (NK = K / 128,
+      Hopper's BK), dw = empty_like(w), with HV > H dq and dk summed to [B, T, H, K], dg summed over
+      NK; wy_fast.py `prepare_wy_repr_bwd`: dk2, dv3, dg2, db (dv2 freed); a reverse
+      `chunk_local_cumsum(dg)` (a new float32 tensor); l2norm.py `l2norm_bwd`: dq and dk anew."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, ledger, l2norm):
+        B, T, H, K = q.shape
+        HV, V = v.shape[2], v.shape[3]
+        NT = -(-T // FLA_CHUNK)
+        guard = [t.contiguous() for t in (q, k, v, g, beta)]  # input_guard: a copy where strided
+        qc, kc, vc, gc, bc = guard
+        if l2norm:
+            qn, q_rstd = torch.empty_like(qc), _empty(B * T * H, dtype=torch.float32, like=q)
+            kn, k_rstd = torch.empty_like(kc), _empty(B * T * H, dtype=torch.float32, like=q)
+        else:
+            qn, kn, q_rstd, k_rstd = qc, kc, None, None
+        gcum = torch.empty_like(gc, dtype=torch.float32)
+        A = torch.zeros(B, T, HV, FLA_CHUNK, dtype=k.dtype, device=k.device)
+        w, u = _empty(B, T, HV, K, dtype=k.dtype, like=k), torch.empty_like(vc)
+        h, v_new = _empty(B, NT, HV, K, V, dtype=k.dtype, like=k), torch.empty_like(u)
+        o = torch.empty_like(v_new)
+        del w, u, h, v_new
+        ctx.save_for_backward(qn, q_rstd, kn, k_rstd, vc, gcum, bc, A)
+        ctx.ledger, ctx.l2norm, ctx.heads = ledger, l2norm, H
+        flops = 2 * B * HV * T * (3 * FLA_CHUNK * K + 2 * FLA_CHUNK * V + 3 * K * V)
+        ledger.add_work("linear_attention_forward", flops,
+                        sum(_bytes(t) for t in (qc, kc, vc, gc, bc, A, o)) + 2 * _bytes(o), launches=7)
+        del guard, qc, kc, gc
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        qn, q_rstd, kn, k_rstd, v, g, beta, A = ctx.saved_tensors
+        B, T, H, K = qn.shape
+        HV, V = v.shape[2], v.shape[3]
+        NT = -(-T // FLA_CHUNK)
+        do = do.contiguous()  # input_guard
+        w, u = _empty(B, T, HV, K, dtype=kn.dtype, like=kn), torch.empty_like(v)
+        h, v_new = _empty(B, NT, HV, K, V, dtype=kn.dtype, like=kn), torch.empty_like(u)
+        dv = torch.empty_like(do)
+        dh, dv2 = _empty(B, NT, HV, K, V, dtype=qn.dtype, like=qn), torch.empty_like(dv)
+        dv = dv2
+        del dv2
+        nk = -(-K // 128)  # Hopper's tiling (chunk_o.chunk_bwd_dqkwg: BK = min(next_pow2(K), 128))
+        dq, dk = _empty(B, T, HV, K, dtype=qn.dtype, like=qn), _empty(B, T, HV, K, dtype=kn.dtype, like=kn)
+        dg = _empty(nk, B, T, HV, dtype=torch.float32, like=qn)
+        dw = torch.empty_like(w)
+        if H != HV:
+            dq = dq.view(B, T, H, HV // H, K).sum(3)
+            dk = dk.view(B, T, H, HV // H, K).sum(3)
+        dg = dg.sum(0)
+        dk2, dv3 = _empty(B, T, HV, K, dtype=kn.dtype, like=kn), torch.empty_like(v)
+        dg2, db = torch.empty_like(g), torch.empty_like(beta)
+        if H != HV:
+            dk2 = dk2.view(B, T, H, HV // H, K).sum(3)
+        dv = dv3
+        del dv3
+        dk.add_(dk2)
+        dg.add_(dg2)
+        dg = torch.empty_like(dg)  # chunk_local_cumsum(dg, reverse=True): a new float32 tensor
+        del w, u, h, v_new, dh, dw, dk2, dg2
+        if ctx.l2norm:
+            dq, dk = torch.empty_like(qn), torch.empty_like(kn)
+        flops = 3 * 2 * B * HV * T * (3 * FLA_CHUNK * K + 2 * FLA_CHUNK * V + 3 * K * V)
+        ctx.ledger.add_work("linear_attention_backward", flops,
+                            4 * sum(_bytes(t) for t in (qn, kn, v, A, do)), launches=12)
+        return dq, dk, dv, dg, db, None, None
+
+
+def fla_chunk_gated_delta_rule(ledger: StorageLedger):
+    """A stand-in for transformers' `torch_chunk_gated_delta_rule` (a Python loop over 64-token
+    chunks, saving a [B, HV, K, V] float32 state and a chunk's v per chunk) that makes the requests
+    fla's `chunk_gated_delta_rule` makes on a CUDA GPU (`_FlaChunkGatedDeltaRule`): a fixed number
+    of requests per block whatever the token count."""
+
+    def chunk_gated_delta_rule(query, key, value, g, beta, scale=None, initial_state=None,
+                               output_final_state=False, use_qk_l2norm_in_kernel=False, **kwargs):
+        if initial_state is not None or output_final_state or kwargs.get("cu_seqlens") is not None:
+            raise NotImplementedError("the fla stand-in models training steps without cache or packing")
+        return _FlaChunkGatedDeltaRule.apply(query, key, value, g, beta, ledger, bool(use_qk_l2norm_in_kernel)), None
+
+    return chunk_gated_delta_rule
+
+
+class _CausalConv1d(torch.autograd.Function):
+    """causal-conv1d's `CausalConv1dFn` (causal_conv1d/causal_conv1d_interface.py `forward` /
+    `backward`, the allocations in causal_conv1d/cpp_functions.py): x [B, C, T] made contiguous
+    unless channel-first or channel-last (transformers passes the projection transposed:
+    channel-last, no copy); out = empty_like(x) with SiLU fused (transformers' torch
+    `causal_conv1d_fn` keeps the SiLU's input too: one more [B, C, T]); saves x and the weight.
+    Backward: dout copied to x's layout where it differs, dx = empty_like(x), dweight float32
+    zeros [C, W] cast to the weight's dtype (dbias likewise)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, ledger):
+        if x.stride(2) != 1 and x.stride(1) != 1:
+            x = x.contiguous()
+        out = torch.empty_like(x)
+        ctx.save_for_backward(x, weight, bias)
+        ctx.ledger = ledger
+        ledger.add_work("causal_conv1d_forward", 0, 2 * _bytes(x))
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        x, weight, bias = ctx.saved_tensors
+        channel_last = x.stride(1) == 1 and x.stride(2) > 1
+        if not channel_last and dout.stride(2) != 1:
+            dout = dout.contiguous()
+        if channel_last and dout.stride(1) != 1:
+            dout = dout.transpose(-1, -2).contiguous().transpose(-1, -2)
+        dx = torch.empty_like(x)
+        dweight = torch.zeros_like(weight, dtype=torch.float32).to(weight.dtype)
+        dbias = torch.zeros_like(bias, dtype=torch.float32).to(bias.dtype) if bias is not None else None
+        ctx.ledger.add_work("causal_conv1d_backward", 0, 3 * _bytes(x), launches=3)
+        return dx, dweight, dbias, None
+
+
+def causal_conv1d_standin(ledger: StorageLedger):
+    """A stand-in for transformers' `causal_conv1d_fn` (F.conv1d, a slice, the activation and a cast:
+    the conv's padded output and the activation's input kept for backward) that makes the requests
+    causal-conv1d's fused kernel makes (`_CausalConv1d`)."""
+
+    def causal_conv1d_fn(x, weight, bias=None, activation=None, seq_idx=None, **kwargs):
+        if seq_idx is not None or kwargs.get("initial_states") is not None or kwargs.get("return_final_states"):
+            raise NotImplementedError("the causal-conv1d stand-in models training steps without cache or packing")
+        return _CausalConv1d.apply(x, weight, bias, ledger)
+
+    return causal_conv1d_fn
+
+
+def linear_kernels_patch(ledger: StorageLedger):
+    """Route `torch_chunk_gated_delta_rule` and `causal_conv1d_fn` of every loaded modeling module
+    of LINEAR_ATTENTION_PACKAGES to the stand-ins; returns what puts the originals back."""
+    import sys
+
+    standins = {"torch_chunk_gated_delta_rule": fla_chunk_gated_delta_rule(ledger),
+                "causal_conv1d_fn": causal_conv1d_standin(ledger)}
+    swapped = []
+    for package in LINEAR_ATTENTION_PACKAGES:
+        module = sys.modules.get(f"transformers.models.{package}.modeling_{package}")
+        for name, standin in standins.items():
+            if module is not None and callable(original := module.__dict__.get(name)):
+                swapped.append((module, name, original))
+                setattr(module, name, standin)
+
+    def restore() -> None:
+        for module, name, original in swapped:
+            setattr(module, name, original)
+
+    return restore

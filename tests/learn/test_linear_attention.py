@@ -1,0 +1,127 @@
+"""Qwen3.5's hybrid linear attention: learned with flash-linear-attention's and causal-conv1d's
+kernels as stand-ins (learn/trace.py), the card saying so and keyed apart, the plan saying so.
+Real transformers classes, the real CLI; the kernels themselves are not run (no GPU here)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from zlayout import cards
+from zlayout.core.card import LINEAR_ATTENTION_FLA, CardError, card_from_dict, linear_attention_assumed
+from zlayout.learn.learner import learn
+from zlayout.learn.trace import StorageLedger, causal_conv1d_standin, fla_chunk_gated_delta_rule
+
+from .test_learn import run_cli
+
+TINY = Path(__file__).resolve().parent / "configs" / "qwen3_5_text-tiny.json"
+
+
+def tiny() -> dict:
+    return json.loads(TINY.read_text())
+
+
+def test_a_qwen3_5_card_is_learned_with_a_fixed_request_count_and_says_what_it_priced():
+    """Without the stand-ins transformers' torch loop over 64-token chunks makes more requests
+    the longer the sequence, and the learner refused the model; with them each kind of block asks
+    for the same requests at every token count, and the card records the assumption."""
+    card = learn(tiny())
+    assert card["linear_attention"] == LINEAR_ATTENTION_FLA
+    regime = card["regimes"][-1]
+    assert card["layers"]["kinds"] == [0, 0, 0, 1] and card["fit_error"] == 0.0
+    linear = next(b for b in regime["blocks"] if b["kind"] == 0)
+    assert "linear_attention_forward" in linear["work"]["forward"]
+    assert "linear_attention_backward" in linear["work"]["backward"]
+    # one request list fitted over 1024-4096 tokens (fla's chunked kernels: 112 forward requests
+    # per block at the default width, the torch loop 172 + 14 per chunk)
+    read = card_from_dict(card, "x")
+    assert read.linear_attention == LINEAR_ATTENTION_FLA and read.linear_attention_note()
+    full = next(b for b in regime["blocks"] if b["kind"] == 1)
+    assert "linear_attention_forward" not in full["work"]["forward"]
+
+
+def test_the_stand_in_keeps_what_fla_saves_for_backward():
+    """fla's ChunkGatedDeltaRuleFunction.forward (fla/ops/gated_delta_rule/chunk.py) saves the
+    l2-normalised q and k with their float32 rstd, v (input_guard's contiguous copy of
+    transformers' strided view), the float32 cumsum of g and A [B, T, HV, 64]; beta is the
+    caller's. Add its output: what one call leaves allocated, at the tiny config's shapes."""
+    config = tiny()
+    B, T = 2, 1024
+    H, HV = config["linear_num_key_heads"], config["linear_num_value_heads"]
+    K, V = config["linear_key_head_dim"], config["linear_value_head_dim"]
+    ledger = StorageLedger()
+    bf16 = dict(dtype=torch.bfloat16, device="meta")
+    # as Qwen3_5GatedDeltaNet passes them: q, k, v split from one conv output, beta contiguous
+    mixed = torch.empty(B, T, 2 * H * K + HV * V, **bf16, requires_grad=True)
+    g = torch.empty(B, T, HV, dtype=torch.float32, device="meta", requires_grad=True)
+    beta = torch.empty(B, T, HV, **bf16, requires_grad=True)
+    ledger.exclude([mixed, g, beta])
+    with ledger:
+        q, k, v = torch.split(mixed, [H * K, H * K, HV * V], dim=-1)
+        q, k, v = q.reshape(B, T, H, K), k.reshape(B, T, H, K), v.reshape(B, T, HV, V)
+        out, state = fla_chunk_gated_delta_rule(ledger)(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True)
+    saved = B * T * (2 * H * K * 2 + 2 * H * 4 + HV * V * 2 + HV * 4 + HV * 64 * 2)
+    assert ledger.current == saved + B * T * HV * V * 2  # + the output o
+    assert out.shape == (B, T, HV, V) and state is None
+
+    # causal-conv1d saves its channel-last input (no copy) and returns out = empty_like(x)
+    conv_ledger = StorageLedger()
+    x = torch.empty(B, T, 64, **bf16, requires_grad=True).transpose(1, 2)
+    weight = torch.empty(64, 4, **bf16, requires_grad=True)
+    conv_ledger.exclude([x, weight])
+    with conv_ledger:
+        y = causal_conv1d_standin(conv_ledger)(x, weight, None, activation="silu")
+    assert conv_ledger.current == B * 64 * T * 2 and y.stride() == x.stride()
+
+
+def test_the_assumption_keys_the_card_apart_and_old_cards_still_read(monkeypatch):
+    """A card priced with fla's kernels is never served to a card of the same config learned
+    without them: the key holds the assumption. Other models keep their keys (the shipped cards'
+    are checked by scripts/learn_cards.py --check) and cards without the field read as before."""
+    config = tiny()
+    assert linear_attention_assumed(config) == LINEAR_ATTENTION_FLA
+    assert linear_attention_assumed({"model_type": "qwen3_5", "text_config": {"model_type": "qwen3_5_text"}})
+    assert linear_attention_assumed({"model_type": "qwen3_next"}) == LINEAR_ATTENTION_FLA
+    assert linear_attention_assumed({"model_type": "llama"}) is None
+    llama = {"model_type": "llama", "hidden_size": 8}
+    keyed = cards.config_key(config), cards.config_key(llama)
+    monkeypatch.setattr(cards, "linear_attention_assumed", lambda config: None)
+    assert cards.config_key(config) != keyed[0] and cards.config_key(llama) == keyed[1]
+    assert card_from_dict(learn_free_card(), "x").linear_attention is None
+    with pytest.raises(CardError, match="linear_attention must be"):
+        card_from_dict({**learn_free_card(), "linear_attention": "torch"}, "x")
+
+
+def learn_free_card() -> dict:
+    """The smallest format-1 card (no linear_attention key, as every card before it)."""
+    poly = [0.0, 0.0, 0.0]
+    phase = {"forward": [poly], "backward": [poly], "checkpointed_forward": [poly], "checkpointed_backward": [poly]}
+    return {"format": 1, "model_type": "llama", "attention": "sdpa",
+            "parameters": {"count": 4, "shapes": [[2, 2]]}, "layers": {"count": 1, "kinds": [0]},
+            "regimes": [{"blocks": [{"kind": 0, **phase}], "head": dict(phase)}]}
+
+
+def test_the_plan_says_how_linear_attention_was_priced(tmp_path, monkeypatch):
+    monkeypatch.setenv(cards.CARDS_DIR_ENV, str(tmp_path / "cards"))
+    code, out, err = run_cli(["learn", "--hf-config", str(TINY)])
+    assert code == 0, err
+    plan = ["plan", "--hf-config", str(TINY), "--seq", "4096", "--gpu", "h200", "--gpus-per-node", "1",
+            "--stage", "2"]
+    code, out, err = run_cli(plan)
+    assert code == 0, err
+    notes = [line for line in out.splitlines() if "linear attention" in line]
+    assert len(notes) == 1 and "flash-linear-attention" in notes[0] and "causal-conv1d" in notes[0]
+    assert "not yet measured on a GPU" in notes[0] and "64-token chunks" in notes[0]
+    code, out, err = run_cli([*plan, "--json"])
+    assert code == 0, err
+    linear = json.loads(out)["linear_attention"]
+    assert linear == {"priced_as": LINEAR_ATTENTION_FLA, "measured_on_gpu": False, "note": linear["note"]}
+    # a model without linear attention: no such line, no such key
+    llama = tmp_path / "llama.json"
+    llama.write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+                                 "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 256}))
+    code, out, _ = run_cli(["plan", "--hf-config", str(llama), "--seq", "512", "--stage", "2", "--json"])
+    assert code == 0 and "linear_attention" not in json.loads(out)
