@@ -336,6 +336,8 @@ def build_result(inp: PlanInput, layout: Layout, reports: list[dict[str, Any]], 
                 "host_anon_huge_bytes", "host_minor_faults_training", "host_system_s_training",
                 "thp_mem_alloc_enable"):
         env.setdefault(key, rank0.get(key))
+    if rank0.get("linear_attention") is not None:  # the kernels transformers resolved (worker.check_linear_attention)
+        env.setdefault("linear_attention", rank0["linear_attention"])
     env.setdefault("gpus", [r.get("gpu_name") for r in sorted(reports, key=lambda r: r["rank"])]
                    if not cpu else [])
     result = {

@@ -199,6 +199,25 @@ def allocator_stats(torch: Any) -> dict[str, Any]:
             "segments_end": [list(s) for s in segments[:40]], "segment_count_end": len(segments)}
 
 
+class PlanAssumptionError(RuntimeError):
+    """The node would train something other than what the plan priced (one line)."""
+
+
+def check_linear_attention(report: dict[str, Any], model: Any, build: Any) -> None:
+    """Record which linear-attention kernels transformers resolved for the model built
+    (worker_model.linear_attention_implementation), and stop before training where the card
+    priced flash-linear-attention + causal-conv1d and this node runs the torch fallback."""
+    from zlayout.verify.worker_model import linear_attention_implementation, linear_attention_refusal
+
+    resolved = linear_attention_implementation(getattr(build, "model_module", None))
+    if resolved is None:
+        return
+    report["linear_attention"] = resolved
+    refusal = linear_attention_refusal(getattr(model.card, "linear_attention", None), resolved)
+    if refusal is not None:
+        raise PlanAssumptionError(refusal)
+
+
 def run(spec: dict[str, Any], out: Path, resume: bool) -> int:
     cpu = spec["device"] == "cpu"
     if cpu:
@@ -278,6 +297,7 @@ def run(spec: dict[str, Any], out: Path, resume: bool) -> int:
         loop = t.loop
         report["loop"] = loop
         build = builder(m, checkpointing, impl, t.seq, spec.get("hf_config"), loop=loop)
+        check_linear_attention(report, m, build)
         if layout.stage == 3:
             with deepspeed.zero.Init(config_dict_or_path=cfg):
                 model = build()
@@ -391,7 +411,8 @@ def run(spec: dict[str, Any], out: Path, resume: bool) -> int:
         oom = not isinstance(exc, KeyboardInterrupt) and is_out_of_memory(exc)
         report["status"] = "oom" if oom else "error"
         report["error"] = f"{type(exc).__name__}: {exc}"[:2000]
-        report["traceback"] = traceback.format_exc()[-4000:]
+        # a PlanAssumptionError is its one line: no stack to read
+        report["traceback"] = "" if isinstance(exc, PlanAssumptionError) else traceback.format_exc()[-4000:]
         if not cpu and torch.cuda.is_available():
             report["max_allocated_bytes_at_failure"] = torch.cuda.max_memory_allocated()
             report["allocated_bytes_at_failure"] = torch.cuda.memory_allocated()

@@ -9,7 +9,8 @@ or untied head. Its parameter count equals `ModelSpec.params` exactly; the worke
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import sys
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn as nn
@@ -154,7 +155,53 @@ def hf_builder(config_dict: dict, checkpointing: bool, keep_outputs: bool = Fals
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         return HFCausalLM(model, keep_outputs)
 
+    build_hf.model_module = sys.modules.get(model_class.__module__)  # linear_attention_implementation reads it
     return build_hf
+
+
+# ------------------------------------------------------- hybrid linear attention (Qwen3.5, Qwen3-Next)
+# Which kernels a Qwen3.5 / Qwen3-Next layer runs is fixed when transformers imports its modeling
+# module: `use_kernel_func_from_hub_with_fallback` (transformers/integrations/hub_kernels.py, 5.24)
+# binds the module globals below to the package's function where `import fla` / `import
+# causal_conv1d` succeeds, else to the torch reference, and keeps the choice in its wrapper's closure
+# (`is_new_implementation`). A card learned by zlayout prices the packages' kernels
+# (core.card.LINEAR_ATTENTION_FLA); the torch loop keeps about 1.9x a linear block's activations.
+LINEAR_ATTENTION_FUNCTIONS = {  # module global: (transformers' name for the op, the package that provides it)
+    "torch_chunk_gated_delta_rule": ("chunk_gated_delta_rule", "flash-linear-attention"),
+    "causal_conv1d_fn": ("causal_conv1d_fn", "causal-conv1d"),
+}
+TORCH_FALLBACK = "torch fallback"
+
+
+def linear_attention_implementation(module: Any) -> dict[str, str] | None:
+    """{op: the package whose kernel transformers resolved, TORCH_FALLBACK, or "unknown" (a wrapper
+    of another shape: hub kernels, another release)} for a modeling module with linear attention;
+    None for any other."""
+    found = {}
+    for name, (op, package) in LINEAR_ATTENTION_FUNCTIONS.items():
+        wrapper = getattr(module, name, None)
+        if wrapper is None:
+            continue
+        code, cells = getattr(wrapper, "__code__", None), getattr(wrapper, "__closure__", None) or ()
+        closure = dict(zip(code.co_freevars, (cell.cell_contents for cell in cells))) if code else {}
+        new = closure.get("is_new_implementation")
+        found[op] = "unknown" if not isinstance(new, bool) else package if new else TORCH_FALLBACK
+    return found or None
+
+
+def linear_attention_refusal(assumed: str | None, resolved: dict[str, str] | None) -> str | None:
+    """One line when the card priced the kernels (`assumed`) and transformers on this node resolved
+    the torch fallback for any of them; None when the run trains what was planned."""
+    if assumed is None or not resolved:
+        return None
+    missing = [package for name, (op, package) in LINEAR_ATTENTION_FUNCTIONS.items()
+               if resolved.get(op) == TORCH_FALLBACK]
+    if not missing:
+        return None
+    return (f"the plan priced linear attention as {assumed}, but transformers on this node resolved its torch "
+            f"fallback because {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed (or "
+            f"did not import): install {' and '.join(missing)} in the environment verify runs in; the fallback "
+            "loops over 64-token chunks and keeps about 1.9x the linear blocks' activations, not the plan's")
 
 
 def builder(m: ModelSpec, checkpointing: bool, impl: str = "zlayout", seq: int = 2048,
