@@ -12,7 +12,7 @@ import torch
 
 from zlayout import cards
 from zlayout.core.card import LINEAR_ATTENTION_FLA, CardError, card_from_dict, linear_attention_assumed
-from zlayout.learn.learner import learn
+from zlayout.learn.learner import block_list, build_model, learn, measure, trace_step
 from zlayout.learn.trace import StorageLedger, causal_conv1d_standin, fla_chunk_gated_delta_rule
 
 from .test_learn import run_cli
@@ -41,6 +41,20 @@ def test_a_qwen3_5_card_is_learned_with_a_fixed_request_count_and_says_what_it_p
     assert read.linear_attention == LINEAR_ATTENTION_FLA and read.linear_attention_note()
     full = next(b for b in regime["blocks"] if b["kind"] == 1)
     assert "linear_attention_forward" not in full["work"]["forward"]
+
+
+def test_each_linear_block_asks_for_the_same_requests_at_every_token_count():
+    """The traces themselves: fla's chunked kernels allocate per call, not per 64-token chunk, so a
+    GDN block's request lists have one length at 1024 and 2048 tokens; sizes grow with T."""
+    model, _ = build_model(tiny())
+    model.bfloat16()
+    blocks = block_list(model)
+    traced = {tokens: measure(trace_step(model, blocks, tokens, checkpointing=False), len(blocks))["blocks"][0]
+              for tokens in (1024, 2048)}
+    for phase in ("forward", "backward"):
+        assert len(traced[1024][phase]) == len(traced[2048][phase]) > 0
+    # what it keeps is linear in T (a constant of a few hundred bytes aside)
+    assert sum(traced[2048]["forward"]) == pytest.approx(2 * sum(traced[1024]["forward"]), rel=1e-3)
 
 
 def test_the_stand_in_keeps_what_fla_saves_for_backward():
