@@ -139,3 +139,19 @@ def test_the_plan_says_how_linear_attention_was_priced(tmp_path, monkeypatch):
                                  "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 256}))
     code, out, _ = run_cli(["plan", "--hf-config", str(llama), "--seq", "512", "--stage", "2", "--json"])
     assert code == 0 and "linear_attention" not in json.loads(out)
+
+
+def test_the_runbook_asks_the_team_for_the_kernels_the_plan_priced(tmp_path, monkeypatch):
+    # the handoff: a profile of a card priced with fla's kernels says, in "What the training script
+    # must do", that the job's environment needs them, and what the torch loop costs instead
+    monkeypatch.setenv(cards.CARDS_DIR_ENV, str(tmp_path / "cards"))
+    code, _, err = run_cli(["learn", "--hf-config", str(TINY)])
+    assert code == 0, err
+    out_dir = tmp_path / "profile"
+    code, _, err = run_cli(["export", "--hf-config", str(TINY), "--seq", "4096", "--gpu", "h200",
+                            "--gpus-per-node", "1", "--stage", "2", "--host-ram-gib", "512", "--out", str(out_dir)])
+    assert code == 0, err
+    runbook = (out_dir / "RUNBOOK.md").read_text()
+    rows = [line for line in runbook.splitlines() if "Install flash-linear-attention and causal-conv1d" in line]
+    assert len(rows) == 1 and "about 1.9x the linear blocks' activations" in rows[0]
+    assert "`zlayout verify` stops before training" in rows[0]

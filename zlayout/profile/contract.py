@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zlayout.core.memory import model_init
+from zlayout.core.memory import card_of, model_init
 from zlayout.profile.schema import Profile
 from zlayout.profile.summary import gib
 from zlayout.spec import BOUNDS, PlanInput
@@ -82,6 +82,19 @@ def script_contract(profile: Profile) -> list[Requirement]:
                                          f"gives {gib(eager[0])}{_times(eager[0], gpu_plan)}")
         out.append(Requirement("Use memory-efficient attention", how,
                                f"GPU peak {gib(gpu_plan)} allocated per GPU{cost}"))
+
+    card = card_of(inp.model, t)
+    if card is not None and card.linear_attention_note() is not None:
+        # the card priced fla's and causal-conv1d's kernels (core.card.LINEAR_ATTENTION_FLA); transformers
+        # binds them only where they import when it imports the model (learn/trace.py)
+        out.append(Requirement(
+            "Install flash-linear-attention and causal-conv1d in the environment the job runs in, so that "
+            "transformers binds its fused linear-attention kernels when it imports the model",
+            "`pip install flash-linear-attention causal-conv1d` (causal-conv1d builds against the node's CUDA); "
+            "transformers warns that `chunk_gated_delta_rule` is \"falling back to its reference PyTorch "
+            "implementation\" when they do not import; `zlayout verify` stops before training then",
+            f"GPU peak {gib(gpu_plan)} allocated per GPU, priced with those kernels (not yet measured on a GPU); "
+            "transformers' torch loop keeps about 1.9x the linear blocks' activations"))
 
     longer = int(min(2 * t.seq, BOUNDS["seq"].high))
     long = _peaks(inp, profile, seq=longer) if longer > t.seq else None
