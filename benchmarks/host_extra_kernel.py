@@ -56,6 +56,12 @@ def kernels_per_call(config_path: Path, sequences: int, tokens: int) -> dict[str
     return {name: (launches[name], ops[name]) for name in launches}
 
 
+def slope_through_zero(rows: list[tuple[int, float, float, str]]) -> float:
+    """Least squares through zero of (calls, further kernels, excess us, op) rows: us a further
+    kernel, each op weighted by its calls."""
+    return sum(w * x * y for w, x, y, _ in rows) / sum(w * x * x for w, x, _, _ in rows)
+
+
 def main() -> int:
     sys.path.insert(0, str(ROOT))
     from zlayout.core.steptime import HOST_S_PER_EXTRA_KERNEL, HOST_S_PER_KERNEL
@@ -92,10 +98,8 @@ def main() -> int:
             if calls >= 8:  # an op of every block
                 repeated.append((calls, k - 1, per_call - one_us, name))
         two = [excess for _, extra, excess, _ in repeated if extra == 1]
-        # least squares through zero over every repeated multi-kernel op, weighted by its calls
-        fit = sum(w * x * y for w, x, y, _ in repeated) / sum(w * x * x for w, x, _, _ in repeated)
-        no_sort = [r for r in repeated if r[3] != "sort"]
-        fit_no_sort = sum(w * x * y for w, x, y, _ in no_sort) / sum(w * x * x for w, x, _, _ in no_sort)
+        fit = slope_through_zero(repeated)
+        fit_no_sort = slope_through_zero([r for r in repeated if r[3] != "sort"])
         print(f"  ops of every block: two-kernel ops {min(two):.1f}-{max(two):.1f} us over a one-kernel op "
               f"(mean {sum(two) / len(two):.1f}); least squares over all {fit:.1f} us a further kernel, "
               f"without the sort {fit_no_sort:.1f}")

@@ -45,10 +45,14 @@ LINEAR_ATTENTION_FLA = "flash-linear-attention + causal-conv1d"
 # config.json model types whose modeling module has those two functions (transformers 5.24)
 LINEAR_ATTENTION_MODEL_TYPES = frozenset({"qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text",
                                           "qwen3_next"})
+# What transformers' torch loop saves for backward over what the kernels save, one linear block of the
+# default qwen3_5_text config and 4,096 tokens, bf16, traced on meta: 2,117 MiB against 1,139
+# (docs/memory-model.md, "Hybrid linear attention"). Every message that warns of the loop quotes it.
+TORCH_LOOP_ACTIVATIONS = 2117 / 1139
 LINEAR_ATTENTION_NOTE = (
     "linear attention priced as flash-linear-attention's chunked kernels with causal-conv1d (not yet measured "
-    "on a GPU); without them transformers runs a Python loop over 64-token chunks that holds about 1.9x the "
-    "activations (not priced)")
+    f"on a GPU); without them transformers runs a Python loop over 64-token chunks that holds about "
+    f"{TORCH_LOOP_ACTIVATIONS:.1f}x the activations (not priced)")
 
 
 def linear_attention_assumed(config: Mapping[str, Any]) -> str | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from zlayout.core.card import TORCH_LOOP_ACTIVATIONS
 from zlayout.core.memory import card_of, model_init
 from zlayout.profile.schema import Profile
 from zlayout.profile.summary import gib
@@ -94,7 +95,7 @@ def script_contract(profile: Profile) -> list[Requirement]:
             "transformers warns that `chunk_gated_delta_rule` is \"falling back to its reference PyTorch "
             "implementation\" when they do not import; `zlayout verify` stops before training then",
             f"GPU peak {gib(gpu_plan)} allocated per GPU, priced with those kernels (not yet measured on a GPU); "
-            "transformers' torch loop keeps about 1.9x the linear blocks' activations"))
+            f"transformers' torch loop keeps about {TORCH_LOOP_ACTIVATIONS:.1f}x the linear blocks' activations"))
 
     longer = int(min(2 * t.seq, BOUNDS["seq"].high))
     long = _peaks(inp, profile, seq=longer) if longer > t.seq else None

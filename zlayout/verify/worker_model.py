@@ -17,6 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
+from zlayout.core.card import TORCH_LOOP_ACTIVATIONS
 from zlayout.spec import ModelSpec
 
 
@@ -165,7 +166,7 @@ def hf_builder(config_dict: dict, checkpointing: bool, keep_outputs: bool = Fals
 # binds the module globals below to the package's function where `import fla` / `import
 # causal_conv1d` succeeds, else to the torch reference, and keeps the choice in its wrapper's closure
 # (`is_new_implementation`). A card learned by zlayout prices the packages' kernels
-# (core.card.LINEAR_ATTENTION_FLA); the torch loop keeps about 1.9x a linear block's activations.
+# (core.card.LINEAR_ATTENTION_FLA); the torch loop keeps more (core.card.TORCH_LOOP_ACTIVATIONS).
 LINEAR_ATTENTION_FUNCTIONS = {  # module global: (transformers' name for the op, the package that provides it)
     "torch_chunk_gated_delta_rule": ("chunk_gated_delta_rule", "flash-linear-attention"),
     "causal_conv1d_fn": ("causal_conv1d_fn", "causal-conv1d"),
@@ -201,7 +202,8 @@ def linear_attention_refusal(assumed: str | None, resolved: dict[str, str] | Non
     return (f"the plan priced linear attention as {assumed}, but transformers on this node resolved its torch "
             f"fallback because {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed (or "
             f"did not import): install {' and '.join(missing)} in the environment verify runs in; the fallback "
-            "loops over 64-token chunks and keeps about 1.9x the linear blocks' activations, not the plan's")
+            f"loops over 64-token chunks and keeps about {TORCH_LOOP_ACTIVATIONS:.1f}x the linear blocks' activations, "
+            "not the plan's")
 
 
 def builder(m: ModelSpec, checkpointing: bool, impl: str = "zlayout", seq: int = 2048,
