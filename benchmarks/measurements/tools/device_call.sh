@@ -10,6 +10,12 @@
 #   trace:FILE:LINE  an allocator trace (tools/allocator_trace.py) of line LINE of batch FILE
 #   prof:FILE:LINE   a step-time profile (tools/steptime_profile.py: 3 timed steps, 1 profiled) of that line
 #   env:NAME=VALUE   export NAME=VALUE for the parts after it (a profile's output is named -NAME after it)
+#   setup-fla        install .whl/extra's einops and flash-linear-attention wheels, and start building
+#                    causal-conv1d from its sdist for sm_90 only (its setup.py compiles 6-9 archs) in the background
+#   wait-fla         wait for that build, then record triton, fla, causal_conv1d and what transformers
+#                    resolves for Qwen3.5's linear attention ($OUT/linear-attention.txt)
+#   nofla            the parts after it see neither fla nor causal_conv1d (a shadow package that raises on
+#                    import): transformers resolves its torch fallback, as on a node without them
 # A batch's cards are read from heldout/cards beside it (heldout/$CARDS when CARDS is set). Every part stops 30 s before DEADLINE
 # (seconds from the start of this call).
 DEADLINE=${DEADLINE:-570}
@@ -60,6 +66,42 @@ for part in "$@"; do
         torchrun --standalone --nproc_per_node 1 benchmarks/measurements/tools/steptime_profile.py \
         --name prof-$n-$(basename $f .txt)$SUFFIX --timed-steps ${TIMED_STEPS:-3} --steps 1 ${PROF_FLAGS:-} -- $args > $OUT/prof-$n$SUFFIX.log 2>&1
       echo "prof $spec$SUFFIX rc=$? $(grep -h '^PROFILE' $OUT/prof-$n$SUFFIX.log)" ;;
+    setup-fla)
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+        .whl/extra/einops-*.whl .whl/extra/fla_core-*.whl .whl/extra/flash_linear_attention-*.whl 2>&1 | tail -2
+      rm -rf /tmp/ccb && mkdir -p /tmp/ccb && tar xzf .whl/extra/causal_conv1d-*.tar.gz -C /tmp/ccb
+      CC=$(ls -d /tmp/ccb/causal_conv1d-*)
+      python3 - "$CC/setup.py" <<'PY'
+import sys
+p = sys.argv[1]; s = open(p).read()
+anchor = "    # HACK: The compiler flag"
+assert anchor in s, "causal-conv1d's setup.py changed"
+open(p, "w").write(s.replace(anchor, '    cc_flag = [f for f in cc_flag if not f.startswith(("-gencode", "arch="))] + ["-gencode", "arch=compute_90,code=sm_90"]\n' + anchor, 1))
+PY
+      ( cd $CC && s=$SECONDS; CAUSAL_CONV1D_FORCE_BUILD=TRUE MAX_JOBS=8 python3 setup.py build_ext --inplace \
+          > $R/build-causal-conv1d.log 2>&1; echo "rc $? in $((SECONDS - s)) s" > /tmp/causal-conv1d.done ) &
+      export PYTHONPATH=$PYTHONPATH:$CC
+      echo "setup-fla: wheels installed, causal-conv1d building in $CC" ;;
+    wait-fla)
+      while [ ! -f /tmp/causal-conv1d.done ] && [ $(left) -gt 120 ]; do sleep 5; done
+      echo "build causal-conv1d: $(cat /tmp/causal-conv1d.done 2>/dev/null || echo 'still running: no time left')"
+      python3 - > $OUT/linear-attention.txt 2>&1 <<'PY'
+import importlib, torch, triton
+print("torch", torch.__version__, "triton", triton.__version__)
+for name in ("fla", "causal_conv1d"):
+    try:
+        m = importlib.import_module(name); print(name, getattr(m, "__version__", "?"), m.__file__)
+    except Exception as e:
+        print(name, "does not import:", type(e).__name__, e)
+from transformers.models.qwen3_5 import modeling_qwen3_5
+from zlayout.verify.worker_model import linear_attention_implementation
+print("transformers resolves", linear_attention_implementation(modeling_qwen3_5))
+PY
+      cat $OUT/linear-attention.txt ;;
+    nofla)
+      mkdir -p /tmp/nofla/fla /tmp/nofla/causal_conv1d
+      for p in fla causal_conv1d; do echo "raise ImportError('hidden by device_call.sh nofla')" > /tmp/nofla/$p/__init__.py; done
+      export PYTHONPATH=/tmp/nofla:$PYTHONPATH; SUFFIX="$SUFFIX-nofla"; echo "nofla: fla and causal_conv1d hidden" ;;
     env:*)
       kv=${part#env:}; export "$kv"; SUFFIX="$SUFFIX-${kv%%=*}"; echo "exported $kv" ;;
     *) echo "unknown part $part" ;;
