@@ -129,6 +129,9 @@ def test_the_plan_says_how_linear_attention_was_priced(tmp_path, monkeypatch):
     notes = [line for line in out.splitlines() if "linear attention" in line]
     assert len(notes) == 1 and "flash-linear-attention" in notes[0] and "causal-conv1d" in notes[0]
     assert "not yet measured on a GPU" in notes[0] and "64-token chunks" in notes[0]
+    # the activations term says it too: the app's detail, the web view and the profile show terms
+    activations = [line for line in out.splitlines() if line.split()[1:2] == ["activations"]]
+    assert len(activations) == 1 and f"as {LINEAR_ATTENTION_FLA} kernels" in activations[0], out
     code, out, err = run_cli([*plan, "--json"])
     assert code == 0, err
     linear = json.loads(out)["linear_attention"]

@@ -22,6 +22,7 @@ import functools
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
+from zlayout.core.card import TORCH_LOOP_ACTIVATIONS
 from zlayout.core.fit import flush_cost_s
 from zlayout.core.reductions import Device, device_of
 from zlayout.core.tensors import (  # noqa: F401 (read from here by tests and benchmarks)
@@ -743,6 +744,16 @@ def attention_note(model: ModelSpec, training: TrainingSpec) -> str:
     return "fused attention"
 
 
+def linear_attention_note(model: ModelSpec, training: TrainingSpec) -> str:
+    """Which kernels a hybrid model's linear-attention blocks were priced as (the card's assumption,
+    core.card.LINEAR_ATTENTION_FLA), so every surface that shows the activations term says it."""
+    card = card_of(model, training)
+    if card is None or card.linear_attention_note() is None:
+        return ""
+    return (f"; linear-attention blocks as {card.linear_attention} kernels (transformers' torch fallback "
+            f"keeps about {TORCH_LOOP_ACTIVATIONS:.1f}x theirs)")
+
+
 def activation_terms(c: _Layout, terms: _Terms) -> Activations:
     """What the forward keeps for the backward, the loss's and the loop's tensors, small ones."""
     model, t, hw, zero, w, p, p_shard, n, stage = c.model, c.training, c.hw, c.zero, c.w, c.p, c.p_shard, c.n, c.stage
@@ -755,7 +766,8 @@ def activation_terms(c: _Layout, terms: _Terms) -> Activations:
     saved = terms.add("gpu", "activations", saved_activation_bytes(model, t), "activations",
                 f"{model.layers} blocks, micro-batch {t.micro_batch} x seq {t.seq}: "
                 + ("only block inputs (checkpointing)" if t.checkpointing == "full"
-                   else f"every block's saved tensors ({attention_note(model, t)})") + moe_note)
+                   else f"every block's saved tensors ({attention_note(model, t)})") + moe_note
+                + linear_attention_note(model, t))
     recompute = terms.add("gpu", "recompute", recompute_bytes(model, t, device), "activations",
                     "one block's activations rebuilt during its backward (checkpointing)"
                     + (", with its token dispatch" if model.is_moe else ""))
