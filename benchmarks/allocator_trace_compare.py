@@ -113,7 +113,10 @@ def replay_phases(events: list[tuple], marks: list[tuple[str, int]]) -> dict[str
 
 def layout_of(argv: str):
     from zlayout.cli import build_parser, layout_from_args, plan_input_from_args
-    args = build_parser().parse_args(["verify", *argv.split(), "--loop", "trainer"])  # traced runs: loss-only wrapper
+    # traces recorded before --loop existed ran the loss-only wrapper (the trainer loop); later
+    # ones name their loop in argv
+    loop = [] if "--loop" in argv.split() else ["--loop", "trainer"]
+    args = build_parser().parse_args(["verify", *argv.split(), *loop])
     return plan_input_from_args(args).model_copy(update={"headroom_fraction": 0.0}), layout_from_args(args)
 
 

@@ -1078,3 +1078,31 @@ def test_a_checkpointed_forward_holds_no_weights_as_views():
     assert inp.training.checkpointing == "full" and inp.model.card.zero3_held(0)
     peak = sim.replay(sim.allocation_sequence(inp, layout, 2)).peak_allocated
     assert abs(peak - doc["max_allocated_bytes"]) < 0.01 * doc["max_allocated_bytes"]
+
+
+@pytest.mark.parametrize("name, micro_batch", [("trace-q-3-qwen3-8b-L6", 2), ("trace-q-3-qwen3-8b-L6-mb1", 1)])
+def test_a_carded_forwards_cublas_workspace_follows_its_first_projection(name, micro_batch):
+    # Qwen3-8B-L6, ZeRO-3 as rank 0 of 8, --loop deepspeed (h200-2026-12-12 traces): the forward
+    # thread's 32 MiB workspace is taken by the first block's first matmul, after q_proj's output
+    # (128 128 -128 128 64 64 -128 64, then 32, never freed) and lands in the 1188 MiB segment the
+    # hooks' gathers left on the compute stream; Adam's moments, made at step 1, no longer fit
+    # there and split a cached 4748 MiB logits segment, so step 2's forward makes a third. Taken
+    # before the norm (the replay until then): 39.49 GiB reserved against the run's 44.86.
+    from zlayout.cli import build_parser, layout_from_args, plan_input_from_args
+
+    doc = read_trace(MEASUREMENTS / "h200-2026-12-12" / "traces" / f"{name}.json.gz")
+    args = build_parser().parse_args(["verify", *doc["argv"].split()])
+    inp, layout = plan_input_from_args(args).model_copy(update={"headroom_fraction": 0.0}), layout_from_args(args)
+    assert inp.training.loop == "deepspeed" and inp.training.micro_batch == micro_batch
+    assert inp.model.card is not None
+    seq = sim._Seq()
+    sim.allocation_sequence(inp, layout, 2, seq)
+    forward = seq.events[dict(seq.marks)["initialize"]:]
+    compute = [e[2] for e in forward if e[0] == "a" and len(e) == 3]
+    tokens_hidden = micro_batch * 4096 * inp.model.hidden
+    norm = [4 * tokens_hidden, 4 * tokens_hidden, 4 * tokens_hidden, 2 * tokens_hidden, 2 * tokens_hidden]
+    assert compute[1:8] == [*norm, 2 * tokens_hidden, sim.CUBLAS_WORKSPACE_HOPPER]  # after the embedding's
+    assert sim.CUBLAS_WORKSPACE_HOPPER in _never_freed(seq.events)
+    sim._CACHE.clear()
+    reserved = sim.replayed_peak_reserved(inp, layout)
+    assert abs(reserved - doc["max_reserved_bytes"]) < 0.03 * doc["max_reserved_bytes"], reserved / GiB

@@ -6,6 +6,7 @@ with each weight gradient as it is made (core/replay_grads.py)."""
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from itertools import islice
 
 from zlayout.core.caching_allocator import _SIZE_SHIFT, DEFAULT_STREAM, SMALL_SIZE
@@ -621,8 +622,10 @@ class CardBlocks:
         self.s, self.layers, self.ckpt, self.hf_norm = s, layers, checkpointing, hf_norm
         self.micro_batch, self.seq = micro_batch, seq
         self.first_matmul = first_matmul
+        self.forward_matmul_made = False  # the forward thread's cuBLAS workspace (`first_projection`)
         self.grad_sizes = frozenset(2 * n for n in card.parameter_numels)
         self.compiled: dict[tuple[int, str], list[tuple[int, bool]]] = {}
+        self.op_requests: dict[tuple[int | None, str], list[int]] = {}  # each op's index in the card's phase
         self.programs: dict[tuple[int, str], tuple] = {}
         self.layer = 0
         self.backward_layer = 0  # counts down: the block whose backward comes next is this one - 1
@@ -649,7 +652,7 @@ class CardBlocks:
             # a reduction kernel's scratch (sized for the GPU) is never a weight's gradient
             scratch = {at + i for at, _ in card_phase.reductions for i in range(REDUCTION_EVENTS)}
             backward = "backward" in phase
-            ops = []
+            ops, at = [], []
             for index, ((q, a, _), size) in enumerate(zip(requests, card_phase.sizes(self.micro_batch, self.seq,
                                                                                      self.device))):
                 grad_sized = backward and abs(size) in self.grad_sizes and index not in scratch
@@ -658,8 +661,33 @@ class CardBlocks:
                     # a weight's gradient is as large whatever the tokens: a request that grows
                     # with them is an activation's, even where its size happens to match
                     ops.append((size, grad_sized and q == 0 and a == 0))
+                    at.append(index)
             self.compiled[key] = ops
+            self.op_requests[key] = at
         return self.compiled[key]
+
+    def first_projection(self, kind: int, phase: str, block_input: int) -> int:
+        """How many of a block's forward ops (`ops`) come before its first matmul, which takes the
+        forward thread's cuBLAS workspace (Replay.first_matmul): torch allocates a matmul's output,
+        then asks for the thread's cuBLAS handle, whose first use allocates the workspace
+        (aten/src/ATen/native/cuda/Blas.cpp addmm_out_cuda_impl -> at::cuda::blas::gemm ->
+        getCurrentCUDABlasHandle, CublasHandlePool.cpp: cublasSetWorkspace(getCUDABlasWorkspace())).
+        A decoder block opens with its input norm, whose tensors of the hidden state's size
+        HandBlocks.norm_forward writes (transformers' RMSNorm: five, its fp32 copy, pow, product,
+        cast and output; a LayerNorm: its output), then its attention's first projection: the
+        workspace follows that projection's output, the next such tensor (Qwen3-8B-L6 ZeRO-3
+        trace, h200-2026-12-12: 128 128 -128 128 64 64 -128, q_proj's 64 MiB output, then the
+        32 MiB workspace, never freed). Counted over the card's own requests at this shape
+        (`block_input`: the block's input, the hidden state in bf16), small ones included; a
+        card with fewer such tensors takes it before its first request, as before."""
+        norm = 5 if self.hf_norm else 1
+        self.ops(kind, phase)  # each op's request: `op_requests`
+        card_phase = getattr(self.regime.block(kind), phase)
+        hidden = [i for i, size in enumerate(card_phase.sizes(self.micro_batch, self.seq, self.device))
+                  if 2 * size >= block_input]
+        if len(hidden) <= norm:
+            return 0
+        return bisect_right(self.op_requests[(kind, phase)], hidden[norm])
 
     def program(self, kind: int | None, phase: str) -> tuple[list[tuple[int, int, int]], int, list]:
         """A phase's requests for `run_program`: `run`'s matching of frees to tensors, which
@@ -761,7 +789,7 @@ class CardBlocks:
             self.unmatched += 1
 
     def run(self, kind: int | None, phase: str, outside: list[int], hook=None, *, made: tuple[int, ...] = (),
-            hold: int = 0, first_grad=None, hook_left: bool = True) -> dict[int, list[int]]:
+            hold: int = 0, first_grad=None, hook_left: bool = True, matmul_at: int = -1) -> dict[int, list[int]]:
         """Replay one phase; `outside`: live tensors made before it that its frees may take
         (tried last first; taken ones are removed). Returns the phase's live tensors by size.
         For the head's phases: `made`, sizes whose first free the replay has made already (the
@@ -769,17 +797,22 @@ class CardBlocks:
         is not made (the loop's outputs): the tensor is left in `self.held`; `first_grad`,
         called before the first weight gradient is made (autograd's thread's first matmul);
         `hook_left` False: a gradient the phase never drops (a tied weight's, summed later) is
-        returned among the live tensors, not hooked."""
+        returned among the live tensors, not hooked. For a block's forward: `matmul_at`, the op
+        before which the forward thread's first matmul takes its cuBLAS workspace
+        (`first_projection`)."""
         s = self.s
         own: dict[int, list[int]] = {}
         grads: dict[int, list[int | None]] = {}
         made = list(made)
-        if s.live and DEFAULT_STREAM in s.pools and not (made or hold or first_grad is not None or not hook_left):
+        if s.live and DEFAULT_STREAM in s.pools and not (made or hold or first_grad is not None or not hook_left
+                                                         or matmul_at >= 0):
             return self.run_program(kind, outside, hook, *self.program(kind, phase))
         ops = self.ops(kind, phase)
         held_at = max((i for i, (size, _) in enumerate(ops) if size == -hold), default=-1) if hold else -1
         self.held = None
         for i, (size, grad) in enumerate(ops):
+            if i == matmul_at:
+                self.first_matmul("forward")
             if size > 0:
                 if grad and first_grad is not None:
                     first_grad()
@@ -804,6 +837,8 @@ class CardBlocks:
                 pass  # a small-pool tensor made outside the phase
             else:
                 self.free_outside(kind, outside, size)
+        if matmul_at >= len(ops):
+            self.first_matmul("forward")
         for size, names in grads.items():  # gradients the phase never dropped: hooked at its end
             for name in names:
                 if not hook_left:
@@ -825,10 +860,14 @@ class CardBlocks:
         # the last kind: a MoE model's dense blocks come first
         kind = self.kinds[min(self.layer, len(self.kinds) - 1)]
         self.layer = (self.layer + 1) % self.layers
-        self.first_matmul("forward")
+        phase = "checkpointed_forward" if self.ckpt else "forward"
+        matmul_at = -1
+        if not self.forward_matmul_made:  # the forward's first matmul is this block's
+            self.forward_matmul_made = True
+            matmul_at = self.first_projection(kind, phase, self.s.sizes[x])
         # the first block's input is the model's `inputs_embeds`, which the model's forward frees
         outside = [] if first else [x]
-        live = self.run(kind, "checkpointed_forward" if self.ckpt else "forward", outside)
+        live = self.run(kind, phase, outside, matmul_at=matmul_at)
         if not first and not outside:
             self.freed_inputs.add(x)
         out = self.latest(live, self.s.sizes[x])
