@@ -118,13 +118,28 @@ _ALIAS = re.compile(r'card = "([0-9a-f]{16})"\n')
 def depth_key(config: Mapping[str, Any]) -> str | None:
     """The key of this config at any depth: its model keys less the block count (at the top and
     in a multimodal model's text_config; a vision tower's depth stays). None when it names none."""
-    stripped = {k: v for k, v in config.items() if k not in DEPTH_KEYS}
+    def depth_free(keys: Mapping[str, Any]) -> dict[str, Any]:
+        free = {k: v for k, v in keys.items() if k not in DEPTH_KEYS}
+        if isinstance(kinds := free.get("layer_types"), list) and kinds:
+            # the per-block kinds (Qwen3.5's 3 linear : 1 full) are listed block by block; at
+            # another depth the list is the first blocks of the same repeating pattern
+            free["layer_types"] = _shortest_period(kinds)
+        return free
+
+    stripped = depth_free(config)
     nested = config.get("text_config")
     if isinstance(nested, Mapping):
-        stripped["text_config"] = {k: v for k, v in nested.items() if k not in DEPTH_KEYS}
-    if stripped == dict(config):
+        stripped["text_config"] = depth_free(nested)
+    if not any(k in DEPTH_KEYS for k in config) and not (isinstance(nested, Mapping)
+                                                         and any(k in DEPTH_KEYS for k in nested)):
         return None
     return config_key({**stripped, "zlayout_depth_free": True})
+
+
+def _shortest_period(items: list[Any]) -> list[Any]:
+    """The shortest prefix whose repetition gives `items` (a last repetition may be cut short)."""
+    return next(items[:d] for d in range(1, len(items) + 1)
+                if all(items[i] == items[i % d] for i in range(d, len(items))))
 
 
 def depth_alias_path(folder: Path, config: Mapping[str, Any]) -> Path | None:

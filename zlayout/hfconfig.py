@@ -347,9 +347,10 @@ def recurrent_refusal(model_type: str) -> str:
 
 
 def model_from_config(config: Mapping[str, Any], *, where: str = CONFIG_FILE, name: str | None = None,
-                      source: str | None = None) -> ModelSpec:
+                      source: str | None = None, card: Any = None) -> ModelSpec:
     """The model a parsed config.json describes. `where` names it in errors, `source` is
-    recorded as the spec's `hf_config`."""
+    recorded as the spec's `hf_config`; `card`: the card a family without a hand reader is read
+    through, where the caller holds it (else it is looked up)."""
     if not isinstance(config, Mapping):
         raise HfConfigError(f"{where}: a config.json holds one JSON object, not {type(config).__name__}")
     model_type = config.get("model_type")
@@ -366,7 +367,7 @@ def model_from_config(config: Mapping[str, Any], *, where: str = CONFIG_FILE, na
                             "which zlayout does not run; enter the architecture with --layers --hidden "
                             "--heads --vocab")
     if model_type not in READERS:
-        return _generic(config, model_type, where=where, name=name, source=source)
+        return _generic(config, model_type, where=where, name=name, source=source, card=card)
     spec = READERS[model_type](_Reader(config, where, model_type))
     spec.update(name=name or _config_name(config) or model_type, hf_model_type=model_type, hf_config=source)
     return _validated(spec, where)
@@ -425,13 +426,13 @@ def _generic_shape(r: _Reader) -> dict[str, Any]:
 
 
 def _generic(config: Mapping[str, Any], model_type: str, *, where: str, name: str | None,
-             source: str | None) -> ModelSpec:
+             source: str | None, card: Any = None) -> ModelSpec:
     """A model_type without a hand reader: its shape from the common keys (a nested
     text_config's first: a multimodal model's language model), its exact parameter count from
     the model card (`extra_params`: the card's count less the shape's, of either sign)."""
     from zlayout import cards as card_store
 
-    card = card_store.find_card(config)
+    card = card if card is not None else card_store.find_card(config)
     if card is None:
         raise HfConfigError(f"{where}: {_learn_first(model_type, where)}")
     nested = config.get("text_config")
@@ -673,8 +674,10 @@ def _card_family_at_depth(config: dict[str, Any], model: ModelSpec) -> dict[str,
                             "config.json names no layer count to change; verify it as that file gives it")
     config[key] = model.layers
     _layer_kinds_at_depth(config, model.layers)
-    rebuilt = with_card(model_from_config(config, where=f"{model.name} at {model.layers} layers"), config,
-                        f"{model.name} at {model.layers} layers")
+    # the plan's card, resized: a depth shorter than the blocks' pattern (2 of Qwen3.5's 3 linear :
+    # 1 full) lists kinds no by-depth key finds; `where`, the user's file, is what to learn again
+    where = model.hf_config or model.name
+    rebuilt = with_card(model_from_config(config, where=where, card=model.card), config, where)
     if rebuilt.layers != model.layers or rebuilt.params != model.params:
         raise HfConfigError(f"{model.name}: {model.hf_model_type} is read through its model card, which holds "
                             f"its config.json's shape and depth only; at {model.layers} layers that config "

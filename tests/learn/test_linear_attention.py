@@ -158,3 +158,34 @@ def test_the_runbook_asks_the_team_for_the_kernels_the_plan_priced(tmp_path, mon
     rows = [line for line in runbook.splitlines() if "Install flash-linear-attention and causal-conv1d" in line]
     assert len(rows) == 1 and "about 1.9x the linear blocks' activations" in rows[0]
     assert "`zlayout verify` stops before training" in rows[0]
+
+
+def test_a_hybrid_config_at_another_depth_finds_its_card_and_verify_builds_it(tmp_path, monkeypatch):
+    # Qwen3.5 lists its blocks' kinds one by one (layer_types); at another depth the list is the
+    # same pattern's first blocks. The card learned at 4 layers serves the config at 6 (a file the
+    # user cut or grew), and verify's worker config at --layers 2 finds it: before, verify --batch
+    # refused every truncated Qwen3.5 line ("learn it first") while plan accepted it
+    from zlayout import hfconfig
+    from zlayout.cli import build_parser, plan_input_from_args
+
+    monkeypatch.setenv(cards.CARDS_DIR_ENV, str(tmp_path / "cards"))
+    code, _, err = run_cli(["learn", "--hf-config", str(TINY)])
+    assert code == 0, err
+    deeper = tiny()
+    deeper["num_hidden_layers"] = 6
+    deeper["layer_types"] = (deeper["layer_types"] * 2)[:6]
+    path = tmp_path / "deeper.json"
+    path.write_text(json.dumps(deeper))
+    model = hfconfig.load(path)
+    assert model.card is not None and model.layers == 6 and model.card.learned_layers == 4
+    args = build_parser().parse_args(["verify", "--hf-config", str(TINY), "--layers", "2", "--seq", "256"])
+    planned = plan_input_from_args(args).model
+    assert planned.layers == 2 and planned.card is not None
+    built = hfconfig.config_to_build(tiny(), planned)
+    assert built["num_hidden_layers"] == 2 and built["layer_types"] == ["linear_attention", "linear_attention"]
+    # a pattern that is not the card's is another model: no card, and the error names the user's file
+    other = tiny()
+    other["layer_types"] = ["full_attention", "linear_attention", "linear_attention", "linear_attention"]
+    path.write_text(json.dumps(other))
+    with pytest.raises(hfconfig.HfConfigError, match="learn it first with `zlayout learn --hf-config"):
+        hfconfig.load(path)

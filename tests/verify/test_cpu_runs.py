@@ -368,3 +368,19 @@ def test_the_worker_runs_the_loop_it_is_told_and_the_result_records_it(tmp_path,
     assert result["status"] == "cpu-ok", result["cause"]
     assert result["loop"] == loop and result["inputs"]["training"]["loop"] == loop
     assert [r["loop"] for r in result["ranks"]] == [loop]
+
+
+def test_a_batch_checks_each_line_until_one_passes_preflight(tmp_path):
+    # preflight ran for the first line only: on a node that failed it (no GPU visible) the next
+    # lines started unchecked and DeepSpeed fell back to its CPU accelerator. Here the first line
+    # cannot hold its 70B model in this machine's RAM; the second must be checked, not assumed fit
+    batch = tmp_path / "batch.txt"
+    batch.write_text("--preset llama3-70b --gpus-per-node 1 --stage 2 --cpu --steps 2\n"
+                     + " ".join(TINY_FLAGS) + " --stage 2 --cpu --steps 2\n"
+                     + " ".join(TINY_FLAGS) + " --stage 1 --cpu --steps 2\n")
+    proc = zlayout("verify", "--batch", str(batch), "--out", str(tmp_path / "out"))
+    first, second, third = [json.loads(line) for line in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
+    assert first["status"] == "failed" and first["cause"].startswith("preflight: host ram"), first.get("cause")
+    assert second["status"] == "cpu-ok" and any(c["name"] == "host ram" and c["ok"] for c in second["preflight"])
+    assert "preflight" not in third  # once a line passed, the node is known fit: no second check
+    assert proc.returncode == 1 and proc.stderr.count("preflight PASS gpus") == 2

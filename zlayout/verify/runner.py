@@ -232,10 +232,13 @@ def run_batch(runs: list[BatchRun], base: Path, deadline_s: float | None,
               on_start: Callable[[BatchRun], None] = lambda run: None) -> int:
     """Several verifications one after another (a GPU node's time is scarce); results append
     to base/results.jsonl and, in the shared measurements' format, base/reference.jsonl.
-    Preflight runs for the first only. Returns 0 when every run was validated (or cpu-ok)."""
+    Preflight runs until one passes (the first line, on a node fit to run): a node that failed it
+    (no GPU visible) ran the next lines unchecked, DeepSpeed falling back to its CPU accelerator.
+    Returns 0 when every run was validated (or cpu-ok)."""
     base.mkdir(parents=True, exist_ok=True)
     started = time.time()
     worst = 0
+    preflight_passed = False
     for index, run in enumerate(runs):
         joined = " ".join(run.flags)
         if cancel.is_set():
@@ -253,7 +256,7 @@ def run_batch(runs: list[BatchRun], base: Path, deadline_s: float | None,
         assert run.inp is not None and run.layout is not None
         world = (f"w{run.inp.hardware.world}-emulated" if run.options.emulate
                  else f"w{world_for(run.inp, run.options)}")
-        options = replace(run.options, run_preflight=run.options.run_preflight and index == 0,
+        options = replace(run.options, run_preflight=run.options.run_preflight and not preflight_passed,
                           out_dir=base / f"{index:02d}-{run.layout.key}-{world}")
         on_start(run)
         try:
@@ -263,6 +266,8 @@ def run_batch(runs: list[BatchRun], base: Path, deadline_s: float | None,
             worst = 1
             continue
         on_result(result)
+        preflight_passed = preflight_passed or (options.run_preflight and "preflight" in result
+                                                and not str(result.get("cause", "")).startswith("preflight:"))
         slim = {k: v for k, v in result.items() if k != "output_tail" or v}
         with (base / "results.jsonl").open("a") as f:
             f.write(json.dumps(slim, default=str) + "\n")

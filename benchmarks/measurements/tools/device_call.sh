@@ -70,18 +70,18 @@ for part in "$@"; do
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
         .whl/extra/einops-*.whl .whl/extra/fla_core-*.whl .whl/extra/flash_linear_attention-*.whl 2>&1 | tail -2
       rm -rf /tmp/ccb && mkdir -p /tmp/ccb && tar xzf .whl/extra/causal_conv1d-*.tar.gz -C /tmp/ccb
-      CC=$(ls -d /tmp/ccb/causal_conv1d-*)
-      python3 - "$CC/setup.py" <<'PY'
+      CCDIR=$(ls -d /tmp/ccb/causal_conv1d-*)  # not CC: that names the C compiler nvcc and triton use
+      python3 - "$CCDIR/setup.py" <<'PY'
 import sys
 p = sys.argv[1]; s = open(p).read()
 anchor = "    # HACK: The compiler flag"
 assert anchor in s, "causal-conv1d's setup.py changed"
 open(p, "w").write(s.replace(anchor, '    cc_flag = [f for f in cc_flag if not f.startswith(("-gencode", "arch="))] + ["-gencode", "arch=compute_90,code=sm_90"]\n' + anchor, 1))
 PY
-      ( cd $CC && s=$SECONDS; CAUSAL_CONV1D_FORCE_BUILD=TRUE MAX_JOBS=8 python3 setup.py build_ext --inplace \
+      ( cd $CCDIR && s=$SECONDS; CAUSAL_CONV1D_FORCE_BUILD=TRUE MAX_JOBS=8 python3 setup.py build_ext --inplace \
           > $R/build-causal-conv1d.log 2>&1; echo "rc $? in $((SECONDS - s)) s" > /tmp/causal-conv1d.done ) &
-      export PYTHONPATH=$PYTHONPATH:$CC
-      echo "setup-fla: wheels installed, causal-conv1d building in $CC" ;;
+      export PYTHONPATH=$PYTHONPATH:$CCDIR
+      echo "setup-fla: wheels installed, causal-conv1d building in $CCDIR" ;;
     wait-fla)
       while [ ! -f /tmp/causal-conv1d.done ] && [ $(left) -gt 120 ]; do sleep 5; done
       echo "build causal-conv1d: $(cat /tmp/causal-conv1d.done 2>/dev/null || echo 'still running: no time left')"
