@@ -137,9 +137,16 @@ def depth_key(config: Mapping[str, Any]) -> str | None:
 
 
 def _shortest_period(items: list[Any]) -> list[Any]:
-    """The shortest prefix whose repetition gives `items` (a last repetition may be cut short)."""
-    return next(items[:d] for d in range(1, len(items) + 1)
-                if all(items[i] == items[i % d] for i in range(d, len(items))))
+    """The shortest prefix whose repetition gives `items` (a last repetition may be cut short):
+    the list's length less its longest proper border (Knuth-Morris-Pratt's prefix function), in
+    linear time, so a config.json's long list cannot stall the key."""
+    border = [0] * len(items)
+    for i in range(1, len(items)):
+        k = border[i - 1]
+        while k and items[i] != items[k]:
+            k = border[k - 1]
+        border[i] = k + (items[i] == items[k])
+    return items[:len(items) - border[-1]] if items else items
 
 
 def depth_alias_path(folder: Path, config: Mapping[str, Any]) -> Path | None:

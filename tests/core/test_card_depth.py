@@ -160,3 +160,35 @@ def test_a_by_depth_entry_that_is_not_zlayouts_is_read_as_none_and_never_written
     # the cache's entry does not parse: the shipped one (presets/cards/by-depth) answers
     assert cards.find_card(config).key == cards.config_key(json.loads((PUBLISHED / "Qwen3-8B.json").read_text()))
     assert cards.depth_key({"model_type": "llama", "hidden_size": 64}) is None  # no depth named
+
+
+def test_a_by_depth_key_reads_per_block_kinds_as_their_repeating_pattern():
+    # Qwen3.5's layer_types lists 32 kinds; cut to 4 or 6 blocks (or grown) it is the same model
+    from zlayout import cards
+
+    pattern = ["linear_attention"] * 3 + ["full_attention"]
+    base = {"model_type": "qwen3_5_text", "hidden_size": 64}
+    keys = {cards.depth_key({**base, "num_hidden_layers": n, "layer_types": (pattern * 9)[:n]}) for n in (4, 6, 8, 32)}
+    assert len(keys) == 1 and None not in keys
+    other = cards.depth_key({**base, "num_hidden_layers": 4, "layer_types": pattern[::-1]})
+    assert other not in keys
+    # no layer_types: the key is what it was (shipped by-depth entries stay valid)
+    assert cards.depth_key({**base, "num_hidden_layers": 4}) == cards.config_key({**base, "zlayout_depth_free": True})
+
+
+def test_the_shortest_period_is_the_brute_force_one_and_linear_on_long_lists():
+    import random
+
+    from zlayout.cards import _shortest_period
+
+    def brute(items):
+        return next(items[:d] for d in range(1, len(items) + 1)
+                    if all(items[i] == items[i % d] for i in range(d, len(items))))
+
+    rng = random.Random(7)
+    for _ in range(2000):
+        items = [rng.choice("ab") for _ in range(rng.randint(1, 14))]
+        assert _shortest_period(items) == brute(items), items
+    assert _shortest_period([]) == []
+    # a hostile config.json's 200,000 distinct kinds: the whole list, without a quadratic scan
+    assert len(_shortest_period([str(i) for i in range(200_000)])) == 200_000
