@@ -5,7 +5,8 @@
 
 The trace (benchmarks/measurements/tools/allocator_trace.py) is replayed as recorded: its large requests
 (over 1 MiB, the pool `allocator_sim` replays) and the segments the real allocator made. The
-same layout (the trace's argv, as `zlayout verify` reads it) is written by
+same layout (the trace's argv, as `zlayout verify` reads it, planned with the cards its batch ran
+with: `measurements.batch_cards`, or `--cards DIR`) is written by
 `allocator_sim.allocation_sequence` and served by `allocator_sim.CachingAllocator`, one per
 stream. Per phase (built, initialize, stepN.forward/backward/step) it prints: the number of
 large requests and their bytes, reserved at the phase's end (less what empty_cache returned), the segments each side made
@@ -26,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from measurements import read_trace  # noqa: E402
+from measurements import read_trace, trace_input  # noqa: E402
 from zlayout.core.allocator_sim import (  # noqa: E402
     DEFAULT_STREAM, SMALL_SIZE, CachingAllocator, _Seq, allocation_sequence)
 
@@ -111,24 +112,18 @@ def replay_phases(events: list[tuple], marks: list[tuple[str, int]]) -> dict[str
     return out
 
 
-def layout_of(argv: str):
-    from zlayout.cli import build_parser, layout_from_args, plan_input_from_args
-    # traces recorded before --loop existed ran the loss-only wrapper (the trainer loop); later
-    # ones name their loop in argv
-    loop = [] if "--loop" in argv.split() else ["--loop", "trainer"]
-    args = build_parser().parse_args(["verify", *argv.split(), *loop])
-    return plan_input_from_args(args).model_copy(update={"headroom_fraction": 0.0}), layout_from_args(args)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("trace", type=Path)
     ap.add_argument("--phase", action="append", help="only these phases (repeatable)")
     ap.add_argument("--show", type=int, default=6, help="differing stretches shown per phase")
     ap.add_argument("--segments", type=int, default=12, help="segment creations shown per side and phase")
+    ap.add_argument("--cards", type=Path, help="plan with this cards folder (default: the cards the trace's "
+                    "batch ran with, measurements.batch_cards)")
     a = ap.parse_args()
     doc = read_trace(a.trace)
-    inp, layout = layout_of(doc["argv"])
+    inp, layout = trace_input(a.trace, a.cards)
+    inp = inp.model_copy(update={"headroom_fraction": 0.0})
     seq = _Seq()
     if allocation_sequence(inp, layout, steps=2, _seq=seq) is None:
         print("this layout is not replayed")

@@ -4,7 +4,8 @@ Every row carries the shape, the training setup, the layout and what torch measu
 module turns one into the `PlanInput` + `Layout` zlayout predicts for, so every benchmark
 holds the same prediction against the same measurement. A row names the host it ran on
 (`host`, described in measurements/hosts.toml; rows without one are from the 32-core
-2-GPU host where the first measurements were taken).
+2-GPU host where the first measurements were taken). A row of a config.json model names its model
+card by key and is planned with the cards its batch was predicted and run with (`batch_cards`).
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ from __future__ import annotations
 import json
 import os
 import tomllib
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from zlayout import catalog
+from zlayout.cards import CARDS_DIR_ENV, SHIPPED_CARDS_DIR
 from zlayout.core.calibrate import MeasuredStep
 from zlayout.core.steptime import steady_step_s
 from zlayout.profile.calibration import read_results
@@ -24,10 +27,7 @@ from zlayout.spec import (LOOP_OF_UNMARKED_RECORDS, GiB, HardwareSpec, Layout, M
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = [ROOT / "benchmarks" / "measurements"]
-# Verify results of a config with a learned card name the card by its key; the cards those runs
-# planned with are kept beside them. Read from there unless the caller chose a cards folder.
-HELD_OUT_CARDS = ROOT / "benchmarks" / "measurements" / "h200-2026-12-02c" / "heldout" / "cards"
-os.environ.setdefault("ZLAYOUT_CARDS_DIR", str(HELD_OUT_CARDS))
+MEASURED = SOURCES[0]
 HOSTS = tomllib.loads((ROOT / "benchmarks" / "measurements" / "hosts.toml").read_text())
 DEFAULT_HOST = "h200-32core"
 
@@ -125,43 +125,112 @@ def verify_results(emulated: bool = False):
                 yield path, r
 
 
-def _cards_beside_config(r: dict, results: Path | None = None) -> Path | None:
-    """The cards folder a held-out batch keeps beside its configs holding the result's card
-    (heldout/cards-bias, the product's learner where the batch kept two, then heldout/cards), else
-    the one beside the results file's batch (a batch of the published configs keeps the cards
-    of those it does not ship there), or None. The config path is recorded absolute on the
-    machine that ran it: read from its benchmarks/measurements/ part on."""
-    model = r["inputs"].get("model") or {}
-    key, config = model.get("card"), model.get("hf_config")
+# ------------------------------------------------------------------ which cards a row plans with
+
+# A verify result (or an allocator trace) of a config.json model names its model card by key; the
+# planner reads KEY.toml from $ZLAYOUT_CARDS_DIR, then from the shipped cards (zlayout/cards.py).
+# Each batch was predicted and run with ZLAYOUT_CARDS_DIR at heldout/cards beside its batch file
+# (tools/device_call.sh; the earlier call.sh scripts export the same), so a row is planned with
+# the cards of the batch that ran it, never one folder for all: a key kept in two batches may be
+# two learners' cards (Falcon-7B-L8's in h200-2026-12-02c/heldout/cards, learned before attention
+# kernels were priced, planned h200-2026-12-09's trace at 21.71 GiB reserved for 71.78). A batch
+# folder without heldout/cards (h200-2026-12-12, every batch before h200-2026-12-02c) ran with the
+# shipped cards only; an empty one (h200-2026-12-14, h200-2026-12-16) is the same.
+#
+# The rows whose cards are not heldout/cards beside their own file, each with where its README or
+# call script says so (paths under benchmarks/measurements/; a folder covers what it holds):
+CARDS_NOT_BESIDE = {
+    # call.sh exported ../h200-2026-12-02c/heldout/cards: the eighth session's held-out lines left over
+    "h200-2026-12-02d": "h200-2026-12-02c/heldout/cards",
+    # the calls ran with CARDS=cards-bias (the product's learner; heldout/cards is the learner before it)
+    "h200-2026-12-04": "h200-2026-12-04/heldout/cards-bias",
+    # trace_call.sh: batch m's line (h200-2026-12-10), traced in this session with its batch's cards
+    "h200-2026-12-11/traces/trace-m-1-falcon-40b.json.gz": "h200-2026-12-10/heldout/cards",
+    # h200-2026-12-14's batches c and d, run from that folder (its heldout/cards is empty: the shipped cards)
+    "h200-2026-12-15/results/batch-calibrate-c-results.jsonl": "h200-2026-12-14/heldout/cards",
+    "h200-2026-12-15/results-call2/batch-heldout-d-results.jsonl": "h200-2026-12-14/heldout/cards",
+}
+
+
+def batch_cards(path: Path) -> Path:
+    """The cards folder the row(s) in `path` were predicted and run with: a results file or a trace
+    under benchmarks/measurements/ (CARDS_NOT_BESIDE, else heldout/cards in its batch folder), the
+    shipped cards where that folder has none."""
+    rel = Path(path).resolve().relative_to(MEASURED).as_posix()
+    named = next((folder for where, folder in CARDS_NOT_BESIDE.items()
+                  if rel == where or rel.startswith(where + "/")), None)
+    folder = MEASURED / (named or f"{rel.split('/', 1)[0]}/heldout/cards")
+    return folder if folder.is_dir() else SHIPPED_CARDS_DIR
+
+
+def row_cards(r: dict, results: Path | None = None) -> Path:
+    """The cards folder a verify result was planned with: its results file's batch's (`batch_cards`);
+    without the file, that of the batch folder holding its recorded config, else the shipped cards.
+    The config path is recorded absolute on the machine that ran it: read from its
+    benchmarks/measurements/ part on."""
+    if results is not None:
+        return batch_cards(results)
+    config = str(((r.get("inputs") or {}).get("model") or {}).get("hf_config") or "")
     marker = "benchmarks/measurements/"
-    folders = []
-    if key and config and marker in config:
-        folders.append((ROOT / marker / config.split(marker, 1)[1]).parent.parent)
-    if key and results is not None:
-        batch = results.parent.parent if results.parent.name == "results" else results.parent
-        folders.append(batch / "heldout")
-    return next((held / name for held in folders for name in ("cards-bias", "cards")
-                 if (held / name / f"{key}.toml").is_file()), None)
+    return batch_cards(MEASURED / config.split(marker, 1)[1]) if marker in config else SHIPPED_CARDS_DIR
+
+
+def card_file(folder: Path, key: str) -> Path | None:
+    """KEY.toml as the planner finds it with $ZLAYOUT_CARDS_DIR at `folder`: there, else shipped."""
+    return next((f / f"{key}.toml" for f in (folder, SHIPPED_CARDS_DIR) if (f / f"{key}.toml").is_file()), None)
+
+
+@contextmanager
+def planned_with(folder: Path):
+    """$ZLAYOUT_CARDS_DIR at `folder` while the block reads cards (a plan input reads its card when
+    validated), the caller's value back after it."""
+    saved = os.environ.get(CARDS_DIR_ENV)
+    os.environ[CARDS_DIR_ENV] = str(folder)
+    try:
+        yield folder
+    finally:
+        if saved is None:
+            os.environ.pop(CARDS_DIR_ENV, None)
+        else:
+            os.environ[CARDS_DIR_ENV] = saved
 
 
 def result_input(r: dict, results: Path | None = None) -> tuple[PlanInput, Layout]:
     """A verify result's plan input and layout (its "layout" also holds the label and the flags
-    the Layout model does not take). A card is read from the folder its batch keeps beside the
-    configs or the results (`_cards_beside_config`), else from the cards folder."""
+    the Layout model does not take), its card read from the cards its batch ran with (`row_cards`)."""
     layout = Layout.model_validate({k: r["layout"][k] for k in ("stage", "offload_optimizer", "offload_param")})
-    key = (r["inputs"].get("model") or {}).get("card")
-    chosen = os.environ.get("ZLAYOUT_CARDS_DIR", "")
-    # the batch's own cards first: one config copied into two batches has one key, and the
-    # default folder's card may be an older learner's (falcon-7b-L8: h200-2026-12-02c's, before
-    # attention kernels were priced, planned h200-2026-12-09's row at 15.56 GiB for 62.84)
-    beside = _cards_beside_config(r, results) if key else None
-    if beside is None:
+    with planned_with(row_cards(r, results)):
         return PlanInput.model_validate(recorded_inputs(r["inputs"])), layout
-    os.environ["ZLAYOUT_CARDS_DIR"] = str(beside)
-    try:
-        return PlanInput.model_validate(recorded_inputs(r["inputs"])), layout
-    finally:
-        os.environ["ZLAYOUT_CARDS_DIR"] = chosen
+
+
+def read_batch_results(paths) -> tuple[list[MeasuredStep], list[str]]:
+    """`zlayout.profile.calibration.read_results` of each results file with its batch's cards."""
+    steps: list[MeasuredStep] = []
+    skipped: list[str] = []
+    for path in paths:
+        with planned_with(batch_cards(path)):
+            s, k = read_results([path])
+        steps += s
+        skipped += k
+    return steps, skipped
+
+
+def trace_input(path: Path, cards: Path | None = None):
+    """An allocator trace's plan input and layout, from its argv as `zlayout verify` reads it, with
+    `cards`, by default its batch's (`batch_cards`; a trace kept elsewhere: the caller's
+    $ZLAYOUT_CARDS_DIR). Traces recorded before --loop existed ran the loss-only wrapper (the
+    trainer loop); later ones name their loop in argv."""
+    from zlayout.cli import build_parser, layout_from_args, plan_input_from_args
+
+    argv = read_trace(path)["argv"]
+    loop = [] if "--loop" in argv.split() else ["--loop", "trainer"]
+    args = build_parser().parse_args(["verify", *argv.split(), *loop])
+    if cards is None and Path(path).resolve().is_relative_to(MEASURED):
+        cards = batch_cards(path)
+    if cards is None:
+        return plan_input_from_args(args), layout_from_args(args)
+    with planned_with(cards):
+        return plan_input_from_args(args), layout_from_args(args)
 
 
 def load_measured(with_memory: bool = True) -> list[MeasuredLayout]:
@@ -217,12 +286,11 @@ def load_rows() -> list[Row]:
     held-out batches and host-floor rows marked)."""
     rows = [Row(m.host, as_step(m), m.row["world"]) for m in load_measured(with_memory=False) if m.steady_step_s]
     for host, desc in HOSTS.items():
-        files = [ROOT / "benchmarks" / "measurements" / f for f in desc.get("verify_results", [])]
-        if files:
-            steps, _ = read_results(files, default_host_cores=desc["host_cores"])
-            rows += [Row(host, s, s.inp.hardware.world) for s in steps]
-        for key, flags in (("heldout_results", {"held_out": True}), ("host_floor_results", {"floor": True})):
-            files = [ROOT / "benchmarks" / "measurements" / f for f in desc.get(key, [])]
-            steps, _ = read_results([f for f in files if f.exists()], default_host_cores=desc["host_cores"])
-            rows += [Row(host, s, s.inp.hardware.world, **flags) for s in steps]
+        for key, flags in (("verify_results", {}), ("heldout_results", {"held_out": True}),
+                           ("host_floor_results", {"floor": True})):
+            for f in desc.get(key, []):
+                if (path := MEASURED / f).exists():
+                    with planned_with(batch_cards(path)):
+                        steps, _ = read_results([path], default_host_cores=desc["host_cores"])
+                    rows += [Row(host, s, s.inp.hardware.world, **flags) for s in steps]
     return rows

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", help="only configs whose file name contains this")
     args = parser.parse_args(argv)
 
-    from benchmarks.measurements import _cards_beside_config, verify_results
+    from benchmarks.measurements import card_file, row_cards, verify_results
     from zlayout import cards
     from zlayout.spec import Layout, PlanInput
     from zlayout.verify.result import predicted_figures
@@ -56,8 +56,8 @@ def main(argv: list[str] | None = None) -> int:
                     or not (r.get("measured") or {}).get("gpu_peak_allocated_bytes_per_step"):
                 continue
             key = (r["inputs"].get("model") or {}).get("card")
-            folder = _cards_beside_config(r, path) or cards.SHIPPED_CARDS_DIR
-            if key not in configs or not (folder / f"{key}.toml").is_file():
+            folder = row_cards(r, path)
+            if key not in configs or card_file(folder, key) is None:
                 continue
             peak, used = measured(r)
             lay = r["layout"]

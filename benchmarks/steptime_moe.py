@@ -48,12 +48,11 @@ def with_card(step, card):
 
 def rows():
     """(source, in-sample?, measured step, the config its card is learned from)."""
-    from measurements import FITTED_ON, load_rows
+    from measurements import FITTED_ON, load_rows, read_batch_results
 
     from zlayout.hfconfig import to_hf_config
-    from zlayout.profile.calibration import read_results
 
-    steps, _ = read_results(RESULTS)
+    steps, _ = read_batch_results(RESULTS)  # with the cards h200-2026-12-02d ran with
     for step in steps:
         if step.inp.model.is_moe:
             config = json.loads(Path(step.inp.model.hf_config).read_text()) if step.inp.model.hf_config else None

@@ -6,11 +6,11 @@ is judged on every row at once, not on the rows it was written for).
 
 Rows: every GPU verify result under benchmarks/measurements/ (not emulated) whose model names a
 card and whose config file is in this repository (the recorded path from its
-benchmarks/measurements/ or tests/hf/ part on). "before": the card the batch kept beside its
-configs (heldout/cards), else the shipped one (presets/cards); "after": the config learned now,
-into `--cards DIR` (kept: a second run reuses it; default a temporary folder). Needs
-`zlayout[learn]`; learning takes about ten seconds a config. Targets (issue 27): within 15%
-GPU-resident, 25% offloaded.
+benchmarks/measurements/ or tests/hf/ part on). "before": the card its batch ran with
+(benchmarks/measurements.py, `row_cards`: its batch's heldout/cards, else the shipped one);
+"after": the config learned now, into `--cards DIR` (kept: a second run reuses it; default a
+temporary folder). Needs `zlayout[learn]`; learning takes about ten seconds a config. Targets
+(issue 27): within 15% GPU-resident, 25% offloaded.
 """
 
 from __future__ import annotations
@@ -38,8 +38,7 @@ def config_path(recorded: str | None) -> Path | None:
 def card_rows(only: str | None):
     """(results file, the card folder its batch planned with) for every results file with a carded GPU run."""
     sys.path.insert(0, str(ROOT))
-    from benchmarks.measurements import _cards_beside_config, verify_results
-    from zlayout import cards
+    from benchmarks.measurements import card_file, row_cards, verify_results
 
     files: dict[Path, Path] = {}
     configs: dict[str, Path] = {}
@@ -48,8 +47,8 @@ def card_rows(only: str | None):
         key, config = model.get("card"), config_path(model.get("hf_config"))
         if not key or config is None or r.get("mode") != "gpu" or (only and only not in config.name):
             continue
-        folder = _cards_beside_config(r, path) or cards.SHIPPED_CARDS_DIR
-        if not (folder / f"{key}.toml").is_file():
+        folder = row_cards(r, path)  # the cards its batch ran with (benchmarks/measurements.py)
+        if card_file(folder, key) is None:
             continue
         files[path] = folder
         configs[key] = config
