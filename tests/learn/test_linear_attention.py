@@ -189,3 +189,111 @@ def test_a_hybrid_config_at_another_depth_finds_its_card_and_verify_builds_it(tm
     path.write_text(json.dumps(other))
     with pytest.raises(hfconfig.HfConfigError, match="learn it first with `zlayout learn --hf-config"):
         hfconfig.load(path)
+
+
+# ------------------------------------------- the other GDN models of transformers 5.24
+# OLMo-Hybrid, Lara-Mini and Qwen4-Exp define `torch_chunk_gated_delta_rule` and `causal_conv1d_fn`
+# as qwen3_5 does and call them with the same arguments (learn/trace.py, LINEAR_ATTENTION_PACKAGES).
+# Each tiny config keeps its model's pattern of block kinds: OLMo-Hybrid's 3 linear : 1 full,
+# Lara-Mini's period of 5 (linear, sliding, linear, full, sliding), Qwen4-Exp's 3 linear : 1 indexed.
+CONFIGS = TINY.parent
+
+
+def hybrid(name: str) -> dict:
+    config = json.loads((CONFIGS / f"{name}-tiny.json").read_text())
+    if name == "qwen4_exp_text":
+        # its indexed (QSA) layers select each query's tokens with torch.nonzero, which the meta device
+        # cannot run (test below): its GDN blocks are learned in a config of GDN blocks only
+        config["layer_types"] = ["linear_attention"] * config["num_hidden_layers"]
+    return config
+
+
+HYBRIDS = ("olmo_hybrid", "lara_mini", "qwen4_exp_text")
+
+
+@pytest.mark.parametrize("name", HYBRIDS)
+def test_the_other_gdn_models_learn_with_a_fixed_request_count(name, monkeypatch):
+    """transformers' torch loop makes more requests the longer the sequence (the learner refused
+    these models); with fla's and causal-conv1d's stand-ins a GDN block asks for the same number at
+    1024 and 2048 tokens, the card learns and records the assumption."""
+    from zlayout.learn import trace
+
+    config = hybrid(name)
+    model, _ = build_model(config)
+    model.bfloat16()
+    blocks = block_list(model)
+    first = config["layer_types"].index("linear_attention")
+
+    def gdn_block(tokens: int) -> dict:
+        return measure(trace_step(model, blocks, tokens, checkpointing=False), len(blocks))["blocks"][first]
+
+    traced = {tokens: gdn_block(tokens) for tokens in (1024, 2048)}
+    for phase in ("forward", "backward"):
+        assert len(traced[1024][phase]) == len(traced[2048][phase]) > 0
+    assert sum(traced[2048]["forward"]) == pytest.approx(2 * sum(traced[1024]["forward"]), rel=1e-3)
+    assert "linear_attention_forward" in traced[1024]["work_forward"]
+    # the torch loop (the packages not routed): 14 more forward requests per 64-token chunk
+    monkeypatch.setattr(trace, "LINEAR_ATTENTION_PACKAGES", ())
+    loop = gdn_block(1024)
+    assert len(loop["forward"]) > len(traced[1024]["forward"]) + 14 * (1024 // 64)
+    monkeypatch.undo()
+
+    card = learn(config)
+    assert card["linear_attention"] == LINEAR_ATTENTION_FLA and card["fit_error"] < 0.01
+    linear_kind = card["layers"]["kinds"][first]
+    for regime in card["regimes"]:
+        for block in regime["blocks"]:
+            ran = "linear_attention_forward" in block["work"]["forward"]
+            assert ran == (block["kind"] == linear_kind), (name, block["kind"])
+    assert card_from_dict(card, "x").linear_attention_note()
+    assert linear_attention_assumed(config) == LINEAR_ATTENTION_FLA
+
+
+def test_every_gdn_model_type_is_priced_and_its_package_routed():
+    """A model type in LINEAR_ATTENTION_MODEL_TYPES whose package the learner did not route would
+    learn nothing (the torch loop's requests grow); a routed package whose model types the card
+    does not name would be refused (learner.linear_attention_entry). Multimodal Qwen4-Exp by its
+    text_config."""
+    from transformers.models.auto.configuration_auto import model_type_to_module_name
+
+    from zlayout.core.card import LINEAR_ATTENTION_MODEL_TYPES
+    from zlayout.learn.trace import LINEAR_ATTENTION_PACKAGES
+
+    routed = {model_type_to_module_name(t) for t in LINEAR_ATTENTION_MODEL_TYPES}
+    assert routed == set(LINEAR_ATTENTION_PACKAGES)
+    for model_type in ("olmo_hybrid", "lara_mini", "qwen4_exp_text"):
+        assert linear_attention_assumed({"model_type": model_type}) == LINEAR_ATTENTION_FLA
+    assert linear_attention_assumed({"model_type": "qwen4_exp",
+                                     "text_config": {"model_type": "qwen4_exp_text"}}) == LINEAR_ATTENTION_FLA
+    assert linear_attention_assumed({"model_type": "qwen4_exp_vision"}) is None
+    assert linear_attention_assumed({"model_type": "olmo3"}) is None
+
+
+def test_qwen4_exp_indexed_layers_are_refused_as_reading_tensor_values():
+    # the QSA indexer loops over every query and calls torch.nonzero on its mask row: no meta trace
+    # follows it (and its requests would grow with B x T whatever the kernels); the learner says so
+    from zlayout.learn.learner import LearnError
+
+    config = json.loads((CONFIGS / "qwen4_exp_text-tiny.json").read_text())
+    with pytest.raises(LearnError, match="reads tensor values while it runs.*torch.nonzero"):
+        learn(config)
+
+
+@pytest.mark.parametrize("name", HYBRIDS)
+def test_the_plan_of_the_other_gdn_models_says_how_linear_attention_was_priced(name, tmp_path, monkeypatch):
+    monkeypatch.setenv(cards.CARDS_DIR_ENV, str(tmp_path / "cards"))
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(hybrid(name)))
+    code, out, err = run_cli(["learn", "--hf-config", str(path)])
+    assert code == 0, err
+    assert "linear attention as flash-linear-attention + causal-conv1d" in out + err
+    code, out, err = run_cli(["plan", "--hf-config", str(path), "--seq", "4096", "--gpu", "h200",
+                              "--gpus-per-node", "1", "--stage", "2", "--json"])
+    assert code == 0, err
+    linear = json.loads(out)["linear_attention"]
+    assert linear["priced_as"] == LINEAR_ATTENTION_FLA and linear["measured_on_gpu"] is False
+    code, out, err = run_cli(["plan", "--hf-config", str(path), "--seq", "4096", "--gpu", "h200",
+                              "--gpus-per-node", "1", "--stage", "2"])
+    assert code == 0, err
+    notes = [line for line in out.splitlines() if "linear attention" in line]
+    assert len(notes) == 1 and "not yet measured on a GPU" in notes[0] and "64-token chunks" in notes[0]

@@ -55,3 +55,18 @@ def test_verify_stops_before_training_where_the_plan_assumed_kernels_the_node_la
     assert result["environment"]["linear_attention"] == {"chunk_gated_delta_rule": TORCH_FALLBACK,
                                                          "causal_conv1d_fn": TORCH_FALLBACK}
     assert not any(rank.get("steps_run") for rank in result["ranks"])
+
+
+@pytest.mark.parametrize("name", ["olmo_hybrid", "lara_mini", "qwen4_exp_text"])
+def test_the_worker_reads_the_other_gdn_models_resolution(name):
+    # OLMo-Hybrid, Lara-Mini and Qwen4-Exp bind the same two module globals (learn/trace.py,
+    # LINEAR_ATTENTION_PACKAGES); on this CPU machine both resolve to the torch fallback
+    config = json.loads((TINY.parent / f"{name}-tiny.json").read_text())
+    build = hf_builder({**config, "use_cache": False}, checkpointing=False)
+    model = build()
+    assert build.model_module.__name__.startswith(f"transformers.models.{name.removesuffix('_text')}.")
+    assert type(model.model).__module__ == build.model_module.__name__  # the module the layers call into
+    resolved = linear_attention_implementation(build.model_module)
+    assert resolved == {"chunk_gated_delta_rule": TORCH_FALLBACK, "causal_conv1d_fn": TORCH_FALLBACK}
+    assert "flash-linear-attention and causal-conv1d are not installed" in linear_attention_refusal(
+        LINEAR_ATTENTION_FLA, resolved)

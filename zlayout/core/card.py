@@ -34,17 +34,21 @@ Poly = tuple[float, float, float]
 
 
 # ------------------------------------------------------------- hybrid linear attention
-# Qwen3.5 / Qwen3-Next interleave full-attention blocks with gated-delta-rule blocks. transformers
-# (models/qwen3_5/modeling_qwen3_5.py: `torch_chunk_gated_delta_rule`, `causal_conv1d_fn`) runs
-# flash-linear-attention's and causal-conv1d's CUDA kernels when those packages import, else a
-# Python loop over 64-token chunks and F.conv1d (integrations/hub_kernels.py,
-# `use_kernel_func_from_hub_with_fallback`). zlayout learn prices the kernels, which transformers'
-# warning and Qwen's model cards tell users to install; the card says so, and its key differs from
-# the same config's without the assumption (zlayout.cards.config_key), so no other card is served.
+# Qwen3.5 / Qwen3-Next (and OLMo-Hybrid, Lara-Mini, Qwen4-Exp) interleave full-attention blocks with
+# gated-delta-rule blocks. transformers (models/qwen3_5/modeling_qwen3_5.py and the others':
+# `torch_chunk_gated_delta_rule`, `causal_conv1d_fn`) runs flash-linear-attention's and
+# causal-conv1d's CUDA kernels when those packages import, else a Python loop over 64-token chunks
+# and F.conv1d (integrations/hub_kernels.py, `use_kernel_func_from_hub_with_fallback`). zlayout
+# learn prices the kernels, which transformers' warning and Qwen's model cards tell users to
+# install; the card says so, and its key differs from the same config's without the assumption
+# (zlayout.cards.config_key), so no other card is served.
 LINEAR_ATTENTION_FLA = "flash-linear-attention + causal-conv1d"
-# config.json model types whose modeling module has those two functions (transformers 5.24)
+# config.json model types whose modeling module has those two functions (transformers 5.24), called
+# with the same arguments (learn/trace.py, LINEAR_ATTENTION_PACKAGES): Qwen3.5, Qwen3-Next, OLMo-Hybrid,
+# Lara-Mini and Qwen4-Exp (qwen4_exp_vision, its vision tower's config, has none)
 LINEAR_ATTENTION_MODEL_TYPES = frozenset({"qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text",
-                                          "qwen3_next"})
+                                          "qwen3_next", "olmo_hybrid", "lara_mini", "qwen4_exp",
+                                          "qwen4_exp_text"})
 # What transformers' torch loop saves for backward over what the kernels save, one linear block of the
 # default qwen3_5_text config and 4,096 tokens, bf16, traced on meta: 2,117 MiB against 1,139
 # (docs/memory-model.md, "Hybrid linear attention"). Every message that warns of the loop quotes it.

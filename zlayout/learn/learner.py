@@ -163,7 +163,7 @@ def _patched(ledger: StorageLedger):
     functional.scaled_dot_product_attention = fused_attention(ledger, original_sdpa)
     functional.dropout = cuda_dropout(original_dropout)
     masking.find_packed_sequence_indices = lambda position_ids: None
-    restore_linear = linear_kernels_patch(ledger)  # Qwen3.5's linear attention: fla's kernels (trace.py)
+    restore_linear = linear_kernels_patch(ledger)  # GDN linear attention: fla's kernels (trace.py)
     try:
         yield
     finally:
@@ -740,10 +740,12 @@ def linear_attention_entry(config: Mapping[str, Any], regimes: list[dict]) -> di
 
 def _reads_tensor_values(exc: BaseException) -> bool:
     """Whether the model's code failed because it read a meta tensor's values (`.item()`,
-    `.tolist()`, a data-dependent shape): torch's own messages for it."""
+    `.tolist()`, a data-dependent shape, `torch.nonzero`: Qwen4-Exp's QSA indexer selects each
+    query's visible tokens with it): torch's own messages for it."""
     text = str(exc)
     return ("Cannot copy out of meta tensor" in text or "data-dependent" in text.lower()
-            or "Tensor.item() cannot be called on meta tensors" in text)
+            or "Tensor.item() cannot be called on meta tensors" in text
+            or "register_meta function for torch.nonzero()" in text)
 
 
 def _learn(config: Mapping[str, Any]) -> dict[str, Any]:

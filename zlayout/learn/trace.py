@@ -708,7 +708,8 @@ def fused_attention(ledger: StorageLedger, math_sdpa=None):
 
 
 # --------------------------------------------------------------------- linear attention
-# Qwen3.5 / Qwen3-Next's gated-delta-rule blocks call two module globals of their modeling module,
+# Qwen3.5 / Qwen3-Next's gated-delta-rule blocks (and OLMo-Hybrid's, Lara-Mini's, Qwen4-Exp's: the
+# same two functions, the same arguments) call two module globals of their modeling module,
 # looked up at call time: `torch_chunk_gated_delta_rule` and `causal_conv1d_fn`. transformers
 # (integrations/hub_kernels.py, `use_kernel_func_from_hub_with_fallback`) binds them when the module
 # is imported: to flash-linear-attention's `chunk_gated_delta_rule` and causal-conv1d's
@@ -721,8 +722,15 @@ def fused_attention(ledger: StorageLedger, math_sdpa=None):
 # The chunk of flash-linear-attention's chunked kernels (fla.ops.gated_delta_rule.chunk: chunk_size 64).
 FLA_CHUNK = 64
 # transformers' modeling packages whose layers call those globals, as core.card.LINEAR_ATTENTION_MODEL_TYPES
-# names their model types (olmo_hybrid, lara_mini and qwen4_exp have them too; not yet priced)
-LINEAR_ATTENTION_PACKAGES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
+# names their model types. In 5.24 the three later ones define both globals byte for byte as qwen3_5 does
+# and call them as Qwen3.5 does: q, k [B, T, H, K] and v [B, T, HV, V] split from one channel-last conv
+# output, g float32 log decay, beta a sigmoid, use_qk_l2norm_in_kernel=True, no cache in training.
+# OLMo-Hybrid's differences are outside the calls: q, k, v projected apart and concatenated before the
+# conv (the same channel-last layout), beta doubled (`linear_allow_neg_eigval`: an elementwise op in
+# torch; fla's kernel takes beta in [0, 2] with the same allocations), a separate output gate.
+# Qwen4-Exp's full-attention layers (`indexed_attention`, the QSA indexer) read the mask's values
+# (torch.nonzero per query): the learner still cannot trace them, its GDN blocks are priced as these.
+LINEAR_ATTENTION_PACKAGES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "olmo_hybrid", "lara_mini", "qwen4_exp")
 
 
 def _empty(*shape, dtype, like: torch.Tensor) -> torch.Tensor:

@@ -160,13 +160,15 @@ def hf_builder(config_dict: dict, checkpointing: bool, keep_outputs: bool = Fals
     return build_hf
 
 
-# ------------------------------------------------------- hybrid linear attention (Qwen3.5, Qwen3-Next)
-# Which kernels a Qwen3.5 / Qwen3-Next layer runs is fixed when transformers imports its modeling
-# module: `use_kernel_func_from_hub_with_fallback` (transformers/integrations/hub_kernels.py, 5.24)
-# binds the module globals below to the package's function where `import fla` / `import
-# causal_conv1d` succeeds, else to the torch reference, and keeps the choice in its wrapper's closure
-# (`is_new_implementation`). A card learned by zlayout prices the packages' kernels
-# (core.card.LINEAR_ATTENTION_FLA); the torch loop keeps more (core.card.TORCH_LOOP_ACTIVATIONS).
+# ------------------------------------------------------- hybrid linear attention (Qwen3.5, Qwen3-Next, ...)
+# Which kernels a GDN layer (Qwen3.5, Qwen3-Next, OLMo-Hybrid, Lara-Mini, Qwen4-Exp: learn/trace.py,
+# LINEAR_ATTENTION_PACKAGES; each module names the globals alike) runs is fixed when transformers
+# imports its modeling module: `use_kernel_func_from_hub_with_fallback`
+# (transformers/integrations/hub_kernels.py, 5.24) binds the module globals below to the package's
+# function where `import fla` / `import causal_conv1d` succeeds, else to the torch reference, and
+# keeps the choice in its wrapper's closure (`is_new_implementation`). A card learned by zlayout
+# prices the packages' kernels (core.card.LINEAR_ATTENTION_FLA); the torch loop keeps more
+# (core.card.TORCH_LOOP_ACTIVATIONS).
 LINEAR_ATTENTION_FUNCTIONS = {  # module global: (transformers' name for the op, the package that provides it)
     "torch_chunk_gated_delta_rule": ("chunk_gated_delta_rule", "flash-linear-attention"),
     "causal_conv1d_fn": ("causal_conv1d_fn", "causal-conv1d"),
