@@ -520,6 +520,9 @@ def _model_from_args(args: argparse.Namespace):
             # no card was learned from this config; one of the same config at another depth was
             _note(args, f"{base.card.depth_note()} (`zlayout learn --hf-config {shlex.quote(args.hf_config)}` "
                         "learns this depth's own)")
+        if args.hf_config and (text_only := hfconfig.language_model_only_note(
+                hfconfig.read_config(args.hf_config)[0], args.hf_config)):
+            _note(args, text_only)
         if args.hf_config and base.card is None:
             _note(args, f"no model card for {args.hf_config}: its activations come from zlayout's hand "
                         f"model of {base.hf_model_type}; `zlayout learn --hf-config {shlex.quote(args.hf_config)}` "

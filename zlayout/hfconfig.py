@@ -472,6 +472,29 @@ def _learn_first(model_type: str, where: str) -> str:
             f"transformers: {pip_install_command('learn')}")
 
 
+# Multimodal model types whose AutoModelForCausalLM class, the one `zlayout learn` and verify build
+# (causal LMs first), is the language model alone: no vision tower (transformers 5.24's
+# MODEL_FOR_CAUSAL_LM_MAPPING_NAMES against MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES; a test
+# keeps the two in step with the installed release).
+LANGUAGE_MODEL_ONLY = {"dots3_note": "Dots3NoteForCausalLM", "emu3": "Emu3ForCausalLM",
+                       "llama4": "Llama4ForCausalLM", "mllama": "MllamaForCausalLM",
+                       "qwen3_5": "Qwen3_5ForCausalLM", "qwen3_5_moe": "Qwen3_5MoeForCausalLM",
+                       "qwen4_exp": "Qwen4ExpForCausalLM"}
+
+
+def language_model_only_note(config: Mapping[str, Any], where: str) -> str | None:
+    """A line when the config.json is a multimodal model's (its architectures name another class)
+    but the class zlayout plans and verifies is its language model alone; None otherwise."""
+    built = LANGUAGE_MODEL_ONLY.get(config.get("model_type"))  # type: ignore[arg-type]
+    named = config.get("architectures")
+    named = [a for a in named if isinstance(a, str)] if isinstance(named, list) else []
+    if built is None or not named or built in named:
+        return None
+    return (f"{where} names {named[0]}, with its vision tower; zlayout plans and verify trains {built}, "
+            f"the language model transformers' AutoModelForCausalLM builds from it: a run that also "
+            "trains the vision tower holds more than this plan")
+
+
 # Multimodal types the image-text-to-text auto class builds, and the reader of their language
 # model when its text_config names none (Qwen2.5-VL's files are flat: the text keys at the top)
 MULTIMODAL_TEXT_TYPES = {"llava": "llama", "qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2"}

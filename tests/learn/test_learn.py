@@ -922,3 +922,37 @@ def test_a_position_table_shorter_than_the_traced_sequences_is_named_in_the_refu
     with pytest.raises(LearnError, match=rf"this config holds {positions} positions; the learner traces "
                                          r"sequences of 1,024-4,096 tokens\)$"):
         learn(config)
+
+
+def test_the_language_model_only_types_are_transformers_own():
+    # multimodal types whose AutoModelForCausalLM class (what learn and verify build) is another
+    # class than the image-text-to-text one: the text model alone, no vision tower
+    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as causal,
+                                                        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES as vision)
+
+    from zlayout.hfconfig import LANGUAGE_MODEL_ONLY
+
+    assert LANGUAGE_MODEL_ONLY == {t: causal[t] for t in set(causal) & set(vision) if causal[t] != vision[t]}
+
+
+def test_a_multimodal_config_planned_as_its_language_model_says_so(tmp_path, monkeypatch):
+    # Qwen3.5's published config.json names Qwen3_5ForConditionalGeneration; AutoModelForCausalLM
+    # builds Qwen3_5ForCausalLM from it, without the vision tower: the plan must not pass for both
+    monkeypatch.setenv(cards.CARDS_DIR_ENV, str(tmp_path / "cards"))
+    text = json.loads((Path(__file__).parent / "configs" / "qwen3_5_text-tiny.json").read_text())
+    config = {"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
+              "text_config": {**text, "model_type": "qwen3_5_text"},
+              "vision_config": {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+                                "out_hidden_size": 64}}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    code, _, err = run_cli(["learn", "--hf-config", str(path)])
+    assert code == 0, err
+    code, _, err = run_cli(["plan", "--hf-config", str(path), "--seq", "256", "--gpu", "h200"])
+    assert code == 0 and "names Qwen3_5ForConditionalGeneration, with its vision tower" in err, err
+    assert "Qwen3_5ForCausalLM" in err
+    # the text model's own config.json: nothing to say
+    tiny = str(Path(__file__).parent / "configs" / "qwen3_5_text-tiny.json")
+    assert run_cli(["learn", "--hf-config", tiny])[0] == 0
+    code, _, err = run_cli(["plan", "--hf-config", tiny, "--seq", "256", "--gpu", "h200"])
+    assert code == 0 and "vision tower" not in err, err
