@@ -1458,3 +1458,28 @@ def test_app_ds_config_that_is_not_json_is_one_line_before_the_screen(tmp_path, 
     assert main(["app", "--ds-config", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "--ds-config" in err and "not JSON" in err and len(err.strip().splitlines()) <= 2
+
+
+async def test_the_command_lines_notes_on_the_inputs_show_in_the_app(tmp_path, monkeypatch):
+    # `zlayout app --hf-config X` printed its notes (no model card, a card of another depth or
+    # transformers, a vision tower not planned) only after the app closed, past every decision
+    import json
+
+    from zlayout import cli
+    from zlayout.commands import app as app_command
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "llama", "hidden_size": 256, "intermediate_size": 512,
+                                  "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 1024}))
+    monkeypatch.setenv("ZLAYOUT_CARDS_DIR", str(tmp_path / "cards"))
+    opened = {}
+    monkeypatch.setattr(app_module, "run_app", lambda inp, **kw: opened.update(kw, inp=inp) or 0)
+    assert cli.main(["app", "--hf-config", str(config), "--gpu", "h200"]) == 0
+    notes = list(opened["notes"])
+    assert len(notes) == 1 and notes[0].startswith(f"no model card for {config}")
+    app = make_app(initial=opened["inp"], notes=notes)
+    async with app.run_test(size=WIDE) as pilot:
+        await settle(pilot)
+        shown = [n for n in app._notifications if n.title == "Note on the inputs"]
+        assert len(shown) == 1 and shown[0].severity == "warning"
+        assert "no model card for" in shown[0].message and "zlayout learn" in shown[0].message

@@ -65,7 +65,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     # without a terminal the app names the command that prints these inputs' plan (it named
     # llama3-8b whatever the flags said)
     command = shlex.join(["zlayout", "plan", *_flags_of(args, given), "--json"])
-    return run_app(plan_input_from_args(args), presets_dirs=dirs, script_command=command, team_config=team)
+    inp = plan_input_from_args(args)
+    notes, args.notes = getattr(args, "notes", []), []  # shown in the app, not after it
+    return run_app(inp, presets_dirs=dirs, script_command=command, team_config=team, notes=notes)
 
 
 def _flags_of(args: argparse.Namespace, names: list[str]) -> list[str]:

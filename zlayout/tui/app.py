@@ -183,8 +183,12 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
                  verifier: Verifier | None = None, profile_io: ProfileIO | None = None,
                  presets: Presets | None = None, crossovers: CrossoverFinder | None = _core_crossovers,
                  cursor_blink: bool = True, presets_dirs: Sequence[str] = (),
-                 team_config: dict | None = None) -> None:
+                 team_config: dict | None = None, notes: Sequence[str] = ()) -> None:
         super().__init__()
+        # what the command line says about the inputs it opened on (`zlayout: note:` lines: the
+        # model card learned at another depth or by another transformers, no card, a vision tower
+        # not planned), shown once the app is up: printed on exit they came after every decision
+        self._notes = tuple(notes)
         # `zlayout app --ds-config`: the team's DeepSpeed config, whose optimizer and scheduler
         # every export keeps (zlayout sets the ZeRO, batch and precision keys)
         self._team_config = team_config
@@ -243,6 +247,8 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
                 field.cursor_blink = False
         self.plan_after_first_frame()
         self.query_one(LayoutTable).focus()
+        for note in self._notes:
+            self.notify(note, title="Note on the inputs", severity="warning", timeout=30, markup=False)
 
     @on(events.Ready)
     def _first_frame(self) -> None:
@@ -512,7 +518,7 @@ class ZLayoutApp(EditingMixin, LayoutActionsMixin, App[None]):
 
 def run_app(initial: PlanInput | None = None, presets_dirs: Sequence[str] = (),
             script_command: str = "zlayout plan --preset llama3-8b --json",
-            team_config: dict | None = None) -> int:
+            team_config: dict | None = None, notes: Sequence[str] = ()) -> int:
     """The full-screen app; without a terminal on stdin and stdout, one line and exit 2 that
     names `script_command`, the command printing these same inputs' plan for a script.
     `presets_dirs`: `--presets-dir`'s folders (preset lists, break-even, export)."""
@@ -523,5 +529,5 @@ def run_app(initial: PlanInput | None = None, presets_dirs: Sequence[str] = (),
               f"for output a script can read, run: {script_command}",
               file=sys.stderr)
         return 2
-    ZLayoutApp(initial=initial, presets_dirs=presets_dirs, team_config=team_config).run()
+    ZLayoutApp(initial=initial, presets_dirs=presets_dirs, team_config=team_config, notes=notes).run()
     return 0
