@@ -1106,3 +1106,32 @@ def test_a_carded_forwards_cublas_workspace_follows_its_first_projection(name, m
     sim._CACHE.clear()
     reserved = sim.replayed_peak_reserved(inp, layout)
     assert abs(reserved - doc["max_reserved_bytes"]) < 0.03 * doc["max_reserved_bytes"], reserved / GiB
+
+
+def test_a_carded_heads_rebound_logits_free_the_tensor_before():
+    # Gemma-2-2B L10, ZeRO-2, 2 x 2048, trainer loop (h200-2026-12-13 trace-4): the head's final
+    # logit softcapping rebinds `logits` three times (lm_head, / cap, tanh, * cap: 2000 MiB each);
+    # the run frees the lm_head's output once the division's is made and the division's once
+    # tanh's is, keeping tanh's (saved for its backward). Freeing the latest instead kept the
+    # lm_head's output elsewhere, and step 2's backward found a cached 4000 MiB block the run
+    # had no longer: 48.09 GiB replayed against the run's 52.15.
+    from zlayout.cli import build_parser, layout_from_args, plan_input_from_args
+
+    doc = read_trace(MEASUREMENTS / "h200-2026-12-13" / "traces" / "trace-4-batch-heldout-s.json.gz")
+    args = build_parser().parse_args(["verify", *doc["argv"].split()])
+    inp, layout = plan_input_from_args(args).model_copy(update={"headroom_fraction": 0.0}), layout_from_args(args)
+    assert inp.model.card is not None and inp.training.loop == "trainer"
+    seq = sim._Seq()
+    sim.allocation_sequence(inp, layout, 2, seq)
+    marks = dict(seq.marks)
+    logits = 2 * 2048 * inp.model.vocab * 2
+    made, freed = [], []
+    for e in seq.events[marks["step1.step"]:marks["step2.forward"]]:  # step 2's forward
+        if e[0] == "a" and e[2] == logits:
+            made.append(e[1])
+        elif e[0] == "f" and e[1] in made:
+            freed.append(made.index(e[1]))
+    assert len(made) == 4 and freed == [0, 1, 3]
+    sim._CACHE.clear()
+    reserved = sim.replayed_peak_reserved(inp, layout)
+    assert abs(reserved - doc["max_reserved_bytes"]) < 0.02 * doc["max_reserved_bytes"], reserved / GiB
