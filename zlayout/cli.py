@@ -520,8 +520,10 @@ def _model_from_args(args: argparse.Namespace):
             # no card was learned from this config; one of the same config at another depth was
             _note(args, f"{base.card.depth_note()} (`zlayout learn --hf-config {shlex.quote(args.hf_config)}` "
                         "learns this depth's own)")
-        if args.hf_config and (text_only := hfconfig.language_model_only_note(
-                hfconfig.read_config(args.hf_config)[0], args.hf_config)):
+        # the file is read again only for the few types whose causal-LM class drops a vision tower
+        if args.hf_config and base.hf_model_type in hfconfig.LANGUAGE_MODEL_ONLY and (
+                text_only := hfconfig.language_model_only_note(hfconfig.read_config(args.hf_config)[0],
+                                                               args.hf_config)):
             _note(args, text_only)
         if args.hf_config and base.card is None:
             _note(args, f"no model card for {args.hf_config}: its activations come from zlayout's hand "

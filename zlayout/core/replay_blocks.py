@@ -626,6 +626,7 @@ class CardBlocks:
         self.grad_sizes = frozenset(2 * n for n in card.parameter_numels)
         self.compiled: dict[tuple[int, str], list[tuple[int, bool]]] = {}
         self.op_requests: dict[tuple[int | None, str], list[int]] = {}  # each op's index in the card's phase
+        self.rebound: dict[tuple[int | None, str], frozenset[int]] = {}  # `rebinds`, once per phase
         self.programs: dict[tuple[int, str], tuple] = {}
         self.layer = 0
         self.backward_layer = 0  # counts down: the block whose backward comes next is this one - 1
@@ -683,12 +684,13 @@ class CardBlocks:
         latest. The head's forward only: over the blocks' forward too, the same batch's Falcon-7B
         trace (trace-2) would replay 104.83 GiB against the run's 99.76 (96.91 without), a
         block's ops being less often rebindings than the head's softcapping."""
-        if kind is not None or "forward" not in phase:
-            return frozenset()
-        ops = self.ops(kind, phase)
-        at = self.op_requests[(kind, phase)]
-        return frozenset(i for i in range(1, len(ops)) if ops[i][0] < 0 and ops[i - 1][0] == -ops[i][0]
-                         and not ops[i - 1][1] and at[i - 1] == at[i] - 1)
+        key = (kind, phase)
+        if key not in self.rebound:
+            ops, at = self.ops(kind, phase), self.op_requests.get(key)
+            self.rebound[key] = frozenset() if kind is not None or "forward" not in phase else frozenset(
+                i for i in range(1, len(ops)) if ops[i][0] < 0 and ops[i - 1][0] == -ops[i][0]
+                and not ops[i - 1][1] and at[i - 1] == at[i] - 1)
+        return self.rebound[key]
 
     def first_projection(self, kind: int, phase: str, block_input: int) -> int:
         """How many of a block's forward ops (`ops`) come before its first matmul, which takes the
@@ -828,12 +830,13 @@ class CardBlocks:
         own: dict[int, list[int]] = {}
         grads: dict[int, list[int | None]] = {}
         made = list(made)
-        # the head's phases (`kind` None) run here: their frees follow `rebinds`
-        if kind is not None and s.live and DEFAULT_STREAM in s.pools and not (
-                made or hold or first_grad is not None or not hook_left or matmul_at >= 0):
+        # a phase with rebinding frees runs here: its program would free each tensor as the next is
+        # made (a transient), where `rebinds` frees the one before
+        rebinds = self.rebinds(kind, phase)
+        if s.live and DEFAULT_STREAM in s.pools and not (
+                made or hold or first_grad is not None or not hook_left or matmul_at >= 0 or rebinds):
             return self.run_program(kind, outside, hook, *self.program(kind, phase))
         ops = self.ops(kind, phase)
-        rebinds = self.rebinds(kind, phase)
         held_at = max((i for i, (size, _) in enumerate(ops) if size == -hold), default=-1) if hold else -1
         self.held = None
         for i, (size, grad) in enumerate(ops):

@@ -266,7 +266,8 @@ def run_batch(runs: list[BatchRun], base: Path, deadline_s: float | None,
             worst = 1
             continue
         on_result(result)
-        preflight_passed = preflight_passed or (options.run_preflight and "preflight" in result
+        # "preflight" is in a result whose run preflighted (`run_verification`'s extra)
+        preflight_passed = preflight_passed or ("preflight" in result
                                                 and not str(result.get("cause", "")).startswith("preflight:"))
         slim = {k: v for k, v in result.items() if k != "output_tail" or v}
         with (base / "results.jsonl").open("a") as f:
