@@ -838,4 +838,13 @@ class PlanInput(Frozen):
         if positions and self.training.seq > positions:
             raise ValueError(f"{self.model.name} has {positions:,} learned positions (n_positions): a sequence of "
                              f"{self.training.seq:,} tokens runs past them; use --seq {positions} or less")
+        shortest = getattr(self.model.card, "shortest_sequence", None)
+        if shortest is not None and self.training.seq < shortest:
+            raise ValueError(f"{self.model.name}'s model card holds sequences of {shortest:,} tokens or more (its "
+                             f"memory steps with shorter ones: zlayout learn); use --seq {shortest} or more")
+        largest = getattr(self.model.card, "largest_micro_batch", None)
+        if largest is not None and self.training.micro_batch > largest:
+            raise ValueError(f"{self.model.name}'s memory grows faster than the micro-batch (its model card is "
+                             f"exact at {largest} sequences a step: zlayout learn); use --micro-batch {largest} or "
+                             "less and a larger --grad-accum")
         return self

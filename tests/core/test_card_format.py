@@ -13,7 +13,7 @@ import pytest
 import tomli_w
 
 from zlayout import cards
-from zlayout.core.card import CardError
+from zlayout.core.card import CardError, card_from_dict
 
 LISTS = ("names", "shapes", "dtypes")
 
@@ -74,3 +74,26 @@ def test_a_damaged_shape_string_is_one_line_naming_the_card(tmp_path):
     with pytest.raises(CardError, match="shape") as raised:
         cards.read_card(broken)
     assert "\n" not in str(raised.value) and path.stem in str(raised.value)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda regimes: regimes[-1].update(min_tokens=2048), "only the first regime may set min_tokens"),
+    (lambda regimes: regimes[0].update(min_tokens=0), "min_tokens must be a whole number of tokens"),
+    (lambda regimes: regimes[0].update(min_tokens="2048"), "min_tokens must be a whole number of tokens"),
+    (lambda regimes: regimes[1].update(max_micro_batch=True), "max_micro_batch must be a whole number of sequences"),
+])
+def test_a_card_s_shortest_sequence_is_its_first_regime_s_whole_number(tmp_path, edit, message):
+    path = shipped("Qwen3-8B.json")
+    data = tomllib.loads(path.read_text())
+    data["regimes"] = [dict(data["regimes"][0]), *data["regimes"]]
+    data["regimes"][0]["max_tokens"] = 1023
+    assert card_from_dict(data, "k").shortest_sequence is None
+    edit(data["regimes"])
+    with pytest.raises(CardError, match=message):
+        card_from_dict(data, "k")
+
+
+def test_a_card_from_a_shortest_sequence_on_says_so():
+    data = tomllib.loads(shipped("Qwen3-8B.json").read_text())
+    data["regimes"][0]["min_tokens"] = 2048
+    assert card_from_dict(data, "k").shortest_sequence == 2048

@@ -222,6 +222,59 @@ def test_a_card_predicts_a_token_count_it_was_not_fitted_on():
     assert kinds == [0, 0] and card["parameters"]["count"] == sum(p.numel() for p in model.parameters())
 
 
+def test_an_indexer_whose_top_k_stops_growing_is_learned_past_it_and_shorter_sequences_refused(tmp_path):
+    """DeepSeek-V3.2's indexer keeps min(T, index_topk) tokens a query: at 1,536 the kink lies inside
+    1,024-4,096 tokens, where a quadratic through the three counts bends away past them. The long
+    check (16,384 tokens) sees it; the card is learned from 2,048 tokens on, holds a fresh trace at
+    20,000 tokens, and plan refuses a shorter sequence (or a micro-batch its memory outgrows) in one
+    line instead of extrapolating."""
+    path = CARD_ONLY / "deepseek_v32-tiny.json"
+    config = json.loads(path.read_text())
+    card = learn(config)
+    assert [r.get("min_tokens") for r in card["regimes"]] == [2048]
+    regime = card["regimes"][0]
+    assert regime["tokens_fitted"] == [2048, 4096, 8192] and card["layers"]["kinds"] == [0, 1, 1]
+    # one sequence takes another path than two (learned from two); from two on the requests grow with
+    # the micro-batch (_linear_in_sequences: no max_micro_batch)
+    assert regime["sequences_traced"] == 2 and "max_micro_batch" not in regime
+    model = built(config, "meta", card["attention"])
+    model.bfloat16()
+    fresh = measure(trace_step(model, block_list(model), 20000, checkpointing=False, sequences=2), 3)
+    block = regime["blocks"][1]
+    for phase in ("forward", "backward"):
+        predicted = net_and_peak([2 * (q * 20000**2 + a * 20000) + c for q, a, c in block[phase]])
+        measured = net_and_peak(fresh["blocks"][block["traced_block"]][phase])
+        assert predicted == pytest.approx(measured, rel=0.01), phase
+    key = cards.config_key(config)
+    regime["max_micro_batch"] = 2  # as a card whose memory outgrows the micro-batch records it
+    cards.write_card(tmp_path / "cards", key, cards.dumps_card(card, key, path.name), replace=False)
+    short = zlayout("plan", "--hf-config", str(path), "--gpu", "h200", "--seq", "1024", cards_dir=tmp_path / "cards")
+    assert short.returncode == 2
+    assert short.stderr.strip().splitlines()[-1].endswith(
+        "model card holds sequences of 2,048 tokens or more (its memory steps with shorter ones: zlayout "
+        "learn); use --seq 2048 or more")
+    long = zlayout("plan", "--hf-config", str(path), "--gpu", "h200", "--seq", "32768", "--micro-batch", "2",
+                   cards_dir=tmp_path / "cards")
+    assert long.returncode == 0, long.stderr
+    wide = zlayout("plan", "--hf-config", str(path), "--gpu", "h200", "--seq", "4096", "--micro-batch", "4",
+                   cards_dir=tmp_path / "cards")
+    assert wide.returncode == 2 and "grows faster than the micro-batch" in wide.stderr
+    assert wide.stderr.strip().splitlines()[-1].endswith("use --micro-batch 2 or less and a larger --grad-accum")
+
+
+def test_blocks_the_config_types_differently_are_kinds_apart_even_with_the_same_weights():
+    """DeepSeek-V4's first blocks route tokens to experts by a hash of their ids (mlp_layer_types
+    'hash_moe'), the rest by a learned gate, with the same parameter shapes."""
+    from zlayout.learn.learner import block_kinds, per_block_types
+
+    blocks = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(4))
+    config = {"layer_types": ["full", "sliding", "full", "full"], "mlp_layer_types": ["hash", "moe", "moe", "moe"],
+              "expert_types": ["a", "b"], "other": ["x", "x", "x", "x"]}
+    assert per_block_types(config, 4) == [config["layer_types"], config["mlp_layer_types"]]
+    assert block_kinds(blocks, per_block_types(config, 4)) == [0, 1, 2, 2]
+    assert block_kinds(blocks) == [0, 0, 0, 0]
+
+
 def test_a_sliding_window_model_gets_a_regime_up_to_the_window_and_one_past_it():
     config = small_config("gemma2")  # sliding_window 128, eager attention
     assert [r[0] for r in regimes_to_trace(config)] == [127, None]

@@ -84,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
     fitted = " / ".join(", ".join(map(str, r["tokens_fitted"])) for r in card["regimes"])
     checked = " / ".join(str(r["tokens_checked"]) for r in card["regimes"])
     linear = f", linear attention as {card['linear_attention']}" if card.get("linear_attention") else ""
+    if (shortest := card["regimes"][0].get("min_tokens")) is not None:  # learner._learn_regimes
+        checked += f" (sequences of {shortest:,} tokens or more: its memory steps with shorter ones)"
     print(f"{written}: {card['model_type']} ({card['attention']} attention{linear}), {card['parameters']['count']:,} "
           f"parameters in {len(card['parameters']['names'])} tensors, {card['layers']['count']} blocks of "
           f"{kinds} kind{'s' if kinds > 1 else ''}; fitted at {fitted} tokens, {card['fit_error']:.2%} off "

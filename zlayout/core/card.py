@@ -259,7 +259,9 @@ class BlockCard:
 @dataclass(frozen=True, slots=True)
 class Regime:
     """The requests for sequences up to `max_tokens` (None: any length). A model with a
-    sliding window takes another path past the window (a mask it builds only then)."""
+    sliding window takes another path past the window (a mask it builds only then). `min_tokens`
+    (the first regime's only): the shortest sequence the card holds, where the model's memory is
+    no polynomial of shorter ones (learner._learn_regimes)."""
 
     max_tokens: int | None
     blocks: tuple[BlockCard, ...]
@@ -268,6 +270,10 @@ class Regime:
     head_checkpointed_forward: Phase
     head_checkpointed_backward: Phase
     head_work: dict[str, WorkPhase] | None = None
+    min_tokens: int | None = None
+    # the largest micro-batch the requests hold (None: any): a model whose memory grows faster
+    # than the micro-batch is exact at the sequences it was traced with (learner._linear_in_sequences)
+    max_micro_batch: int | None = None
 
     def block(self, kind: int) -> BlockCard:
         return next(b for b in self.blocks if b.kind == kind)
@@ -320,6 +326,17 @@ class ModelCard:
 
     def regime(self, seq: int) -> Regime:
         return next(r for r in self.regimes if r.max_tokens is None or seq <= r.max_tokens)
+
+    @property
+    def shortest_sequence(self) -> int | None:
+        """The fewest tokens a sequence may have for this card to hold it (None: any)."""
+        return self.regimes[0].min_tokens
+
+    @property
+    def largest_micro_batch(self) -> int | None:
+        """The largest micro-batch this card holds (None: any)."""
+        limits = [r.max_micro_batch for r in self.regimes if r.max_micro_batch is not None]
+        return min(limits) if limits else None
 
     # ---------------------------------------------------------- the planner's terms
 
@@ -687,10 +704,17 @@ def card_from_dict(data: Mapping[str, Any], key: str, source: str = "", digest: 
         if missing:
             raise CardError(f"{at}: layer kinds {sorted(missing)} have no block entry")
         head = _get(regime, "head", dict, at)
-        max_tokens = regime.get("max_tokens")
-        if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)):
-            raise CardError(f"{at}: max_tokens must be a whole number")
-        regimes.append(Regime(max_tokens=max_tokens, blocks=tuple(blocks), head_work=_work(head.get("work"), f"{at}.head.work"), **{
+        max_tokens, min_tokens = regime.get("max_tokens"), regime.get("min_tokens")
+        max_micro_batch = regime.get("max_micro_batch")
+        for name, value, unit in (("max_tokens", max_tokens, "tokens"), ("min_tokens", min_tokens, "tokens"),
+                                  ("max_micro_batch", max_micro_batch, "sequences")):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise CardError(f"{at}: {name} must be a whole number of {unit}")
+        if min_tokens is not None and r > 0:
+            raise CardError(f"{at}: only the first regime may set min_tokens")
+        regimes.append(Regime(max_tokens=max_tokens, min_tokens=min_tokens, max_micro_batch=max_micro_batch,
+                              blocks=tuple(blocks),
+                              head_work=_work(head.get("work"), f"{at}.head.work"), **{
             f"head_{name}": _phase(head.get(name), f"{at}.head.{name}", head.get(f"{name}_reductions"))
             for name in ("forward", "backward", "checkpointed_forward", "checkpointed_backward")}))
     if not regimes or regimes[-1].max_tokens is not None:

@@ -73,20 +73,29 @@ def block_list(model: nn.Module) -> nn.ModuleList:
     return max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))
 
 
-def block_kinds(blocks: nn.ModuleList, layer_types: Sequence[str] | None = None) -> list[int]:
-    """Each block's kind: blocks with the same parameter names and shapes, and the same layer
-    type where the config lists one per block (Gemma-3's full-attention layers among its sliding
-    ones run without the sliding mask's bias: same weights, different requests), are one kind."""
-    if layer_types is not None and len(layer_types) != len(blocks):
-        layer_types = None
+def block_kinds(blocks: nn.ModuleList, layer_types: Sequence[Sequence[str]] = ()) -> list[int]:
+    """Each block's kind: blocks with the same parameter names and shapes, and the same types
+    where the config lists them per block (`per_block_types`: Gemma-3's full-attention layers
+    among its sliding ones run without the sliding mask's bias; DeepSeek-V4's first blocks route
+    tokens to experts by a hash of their id: same weights, different requests), are one kind."""
+    layer_types = [types for types in layer_types if len(types) == len(blocks)]
     signatures: dict[tuple, int] = {}
     kinds = []
     for index, block in enumerate(blocks):
         signature = tuple((name, tuple(p.shape)) for name, p in block.named_parameters())
-        if layer_types is not None:
-            signature += (str(layer_types[index]),)
+        signature += tuple(str(types[index]) for types in layer_types)
         kinds.append(signatures.setdefault(signature, len(signatures)))
     return kinds
+
+
+def per_block_types(config: Any, blocks: int) -> list[list[str]]:
+    """The config's lists of one type name per block: `layer_types` (attention), `mlp_layer_types`
+    (dense or sparse, DeepSeek-V4's hash or learned routing), `indexer_types` (HY-V4's blocks that
+    share the indexer before them), in the config's order."""
+    values = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    return [list(value) for key, value in values.items()
+            if key.endswith("types") and isinstance(value, (list, tuple)) and len(value) == blocks
+            and all(isinstance(name, str) for name in value)]
 
 
 def traced_blocks(kinds: list[int]) -> list[int]:
@@ -457,12 +466,19 @@ def _fit_terms(samples: list[tuple[int, Any]], check: tuple[int, Any], errors: l
     first = samples[0][1]
     if isinstance(first, dict):
         keys = set().union(*(s[1].keys() for s in samples))
+
+        def absent(k: str) -> Any:
+            # a term one token count does not have: an op a short sequence never runs is no work
+            # there (an empty entry), a number is 0
+            present = next(v[k] for _, v in samples if k in v)
+            return {} if isinstance(present, dict) else 0
         return {k: _launches(samples, k) if k in ("calls", "ops") else
-                _fit_terms([(t, v.get(k, 0)) for t, v in samples], (check[0], check[1].get(k, 0)), errors)
+                _fit_terms([(t, v.get(k, absent(k))) for t, v in samples],
+                           (check[0], check[1].get(k, absent(k))), errors)
                 for k in sorted(keys)}
     if isinstance(first, list):
         if len({len(v) for _, v in samples} | {len(check[1])}) != 1:
-            raise LearnError("the blocks' requests differ in number between token counts "
+            raise _PathChanged("the blocks' requests differ in number between token counts "
                              f"({sorted({len(v) for _, v in samples})}): not a card this learner can fit")
         polys = [fit([(t, v[i]) for t, v in samples]) for i in range(len(first))]
         predicted = net_and_peak([evaluate(poly, check[0]) for poly in polys])
@@ -485,7 +501,8 @@ def _launches(samples: list[tuple[int, Any]], key: str) -> list[float]:
 
 
 class _PathChanged(LearnError):
-    """The code took another path between token counts (a sliding window's mask)."""
+    """The code took another path between token counts (a sliding window's mask), so no polynomial
+    holds the requests over the counts traced."""
 
 
 def sliding_window(config: Mapping[str, Any]) -> int | None:
@@ -543,10 +560,14 @@ def per_sequence(fitted: Any, sequences: int) -> Any:
 BATCHED_SEQUENCES = 2
 
 
-def _learn_regime(model, blocks, keep, fit_tokens, check_tokens) -> tuple[dict, float, set, set, int, Counter]:
+def _learn_regime(model, blocks, keep, fit_tokens, check_tokens,
+                  long_tokens: int | None = None) -> tuple[dict, float, set, set, int, Counter]:
     """The regime's fitted requests and work, the fit's worst miss, the parameters trained, the
     attention kernels, the sequences a step held (1, or BATCHED_SEQUENCES where two sequences
-    make requests one does not), and a forward's module calls by traced block (-1: outside)."""
+    make requests one does not), and a forward's module calls by traced block (-1: outside).
+    `long_tokens`: a second check past the longest count fitted, which a kink inside the counts
+    fitted misses by far (DeepSeek-V3.2's indexer keeps min(T, 2048) tokens: a quadratic through
+    1,024, 2,048 and 4,096 tokens bends down past them); the meta device traces any length alike."""
     trained: set[int] = set()
     kernels: set[str] = set()
     module_calls: Counter = Counter()
@@ -554,7 +575,7 @@ def _learn_regime(model, blocks, keep, fit_tokens, check_tokens) -> tuple[dict, 
     def traces(sequences: int) -> dict[bool, list[tuple[int, dict]]]:
         runs: dict[bool, list[tuple[int, dict]]] = {False: [], True: []}
         for checkpointing in (False, True):
-            for tokens in (*fit_tokens, check_tokens):
+            for tokens in (*fit_tokens, check_tokens, *([long_tokens] if long_tokens else [])):
                 step = trace_step(model, traced, tokens, checkpointing, sequences)
                 trained.update(step["trained"])
                 kernels.update(step["attention_kernels"])
@@ -570,28 +591,66 @@ def _learn_regime(model, blocks, keep, fit_tokens, check_tokens) -> tuple[dict, 
         # bytes a token), which a card learned from one sequence is not meaningfully short of
         if _request_counts(batched["blocks"]) != _request_counts(runs[False][0][1]["blocks"]):
             runs, sequences = traces(BATCHED_SEQUENCES), BATCHED_SEQUENCES
-    errors: list[tuple[float, float]] = []
-    fitted = {ck: per_sequence(_fit_terms(runs[ck][:-1], runs[ck][-1], errors), sequences) for ck in (False, True)}
-    # the large terms decide the check: a few-byte term off by a few bytes is not a miss
-    scale = max(measured for _, measured in errors)
-    worst = max(missed / max(measured, 0.01 * scale) for missed, measured in errors)
-    if worst > MAX_FIT_ERROR:
-        raise LearnError(f"the fit misses the {check_tokens}-token trace by {worst:.1%}: the model's memory "
-                         "is not a function of the token count the card can hold")
+    fitted_at = len(fit_tokens)
+    fitted, worst = {}, 0.0
+    for checked, tokens in enumerate(t for t in (check_tokens, long_tokens) if t):
+        errors: list[tuple[float, float]] = []
+        fits = {ck: _fit_terms(runs[ck][:fitted_at], runs[ck][fitted_at + checked], errors) for ck in (False, True)}
+        # the large terms decide the check: a few-byte term off by a few bytes is not a miss
+        scale = max(measured for _, measured in errors)
+        miss = max(missed / max(measured, 0.01 * scale) for missed, measured in errors)
+        if miss > MAX_FIT_ERROR:
+            raise _PathChanged(f"the fit misses the {tokens}-token trace by {miss:.1%}: the model's memory "
+                               "is not a function of the token count the card can hold")
+        if not checked:  # the card records the fit and its miss at check_tokens
+            fitted = {ck: per_sequence(fits[ck], sequences) for ck in (False, True)}
+            worst = miss
+    if sequences > 1 and not _linear_in_sequences(model, blocks, keep, fitted[False], check_tokens, 2 * sequences):
+        sequences = -sequences
     return fitted, worst, trained, kernels, sequences, module_calls
 
 
+def _linear_in_sequences(model, blocks, keep, fitted: dict, tokens: int, sequences: int) -> bool:
+    """Whether the blocks' requests at `sequences` sequences a step are the per-sequence fit's
+    (bytes_at: linear in the micro-batch). DeepSeek-V3.2's and GLM-5's indexer mask the (B, S, T)
+    scores with a (B, 1, S, T) mask: a (B, B, S, T) tensor, which no card linear in B holds."""
+    with _truncated(model, blocks, keep) as traced:
+        step = measure(trace_step(model, traced, tokens, False, sequences), len(keep))
+    for index in range(len(keep)):
+        block, measured = fitted["blocks"][index], step["blocks"][index]
+        for phase in ("forward", "backward"):
+            predicted = net_and_peak([sequences * (q * tokens * tokens + a * tokens) + c for q, a, c in block[phase]])
+            actual = net_and_peak(measured[phase])
+            if any(abs(p - m) > MAX_FIT_ERROR * max(abs(m), 1.0) for p, m in zip(predicted, actual)):
+                return False
+    return True
+
+
 def _learn_regimes(config: Mapping[str, Any], model: nn.Module, blocks: nn.ModuleList, kinds: list[int],
-                   keep: list[int], every_block: bool = False) -> tuple[list[dict], float, set, dict, set]:
+                   keep: list[int], every_block: bool = False,
+                   to_trace: list[tuple[int | None, tuple[int, ...], int]] | None = None,
+                   ) -> tuple[list[dict], float, set, dict, set]:
     """Each regime's card entries from traces of the `keep` blocks: (regimes, the worst fit error,
     the attention kernels, the module calls, the parameters a gradient reached). Where `keep` is
     every block, each kind's blocks must ask for the same (_same_requests); `every_block` (the
     fallback for models whose blocks cannot run alone) also takes each kind's entry from a block
-    inside its kind's run."""
+    inside its kind's run. `to_trace`: the regimes (default `regimes_to_trace`)."""
     held = weights_saved_as_views(model, blocks, keep)
     regimes, worst, attention_kernels, module_calls = [], 0.0, set(), None
-    for max_tokens, fit_tokens, check_tokens in regimes_to_trace(config):
-        fitted, error, trained, kernels, sequences, calls = _learn_regime(model, blocks, keep, fit_tokens, check_tokens)
+    for max_tokens, fit_tokens, check_tokens in to_trace or regimes_to_trace(config):
+        try:
+            fitted, error, trained, kernels, sequences, calls = _learn_regime(
+                model, blocks, keep, fit_tokens, check_tokens,
+                long_tokens=LONG_CHECK * max(fit_tokens) if max_tokens is None else None)
+        except _PathChanged:
+            if to_trace is not None:
+                raise
+            # The model's memory steps with the sequence where these counts were traced: a short
+            # window's regimes (DeepSeek-V4: a window of 128 and KV compressed every 4 and 128
+            # tokens), or an indexer's top-k that stops growing inside the counts fitted
+            # (DeepSeek-V3.2: min(T, 2048) tokens; V4: min(T / 4, 512)). One regime traced at
+            # longer sequences holds it past those, and the card holds no shorter one (min_tokens).
+            return _learn_long_regime(config, model, blocks, kinds, keep, every_block)
         if len(keep) == len(blocks):  # every block ran: a kind whose blocks differ is seen, and refused
             _same_requests(kinds, fitted, config.get("model_type"))
         if module_calls is None:  # the same at any token count: the first regime's
@@ -632,12 +691,40 @@ def _learn_regimes(config: Mapping[str, Any], model: nn.Module, blocks: nn.Modul
                                                  "checkpointed_forward": checkpointed_head,
                                                  "checkpointed_backward": checkpointed_head}, longest),
                            "work": work(head, checkpointed_head)}}
-        if sequences > 1:  # learned from two sequences a step, stored per sequence (BATCHED_SEQUENCES)
-            regime = {"sequences_traced": sequences, **regime}
+        if abs(sequences) > 1:  # learned from two sequences a step, stored per sequence (BATCHED_SEQUENCES)
+            regime = {"sequences_traced": abs(sequences), **regime}
+        if sequences < 0:  # exact at the sequences traced only: planned at no larger micro-batch
+            regime = {"max_micro_batch": -sequences, **regime}
         if max_tokens is not None:
             regime = {"max_tokens": max_tokens, **regime}
         regimes.append(regime)
     return regimes, worst, attention_kernels, module_calls, trained
+
+
+# The unbounded regime's second check, at this many times its longest count fitted (16,384 tokens
+# for FIT_TOKENS). Where the regimes fail, `_learn_long_regime` fits from each of these counts on
+# until one holds: a card learned from 8,192 tokens covers the long-context runs that have such kinks.
+LONG_CHECK = 4
+LONG_REGIME_STARTS = (1024, 2048, 4096, 8192)
+
+
+def _learn_long_regime(config: Mapping[str, Any], model: nn.Module, blocks: nn.ModuleList, kinds: list[int],
+                       keep: list[int], every_block: bool) -> tuple[list[dict], float, set, dict, set]:
+    """`_learn_regimes` for a model whose memory no polynomial holds over the usual token counts:
+    one regime fitted at (T, 2T, 4T) for the first T of LONG_REGIME_STARTS past the sliding window
+    that its two checks pass, marked as holding sequences of T tokens or more."""
+    window = sliding_window(config) or 0
+    failed: _PathChanged | None = None
+    for start in (t for t in LONG_REGIME_STARTS if t >= window):
+        try:
+            regimes, *rest = _learn_regimes(config, model, blocks, kinds, keep, every_block, to_trace=[
+                (None, (start, 2 * start, 4 * start), 3 * start)])
+        except _PathChanged as exc:
+            failed = exc
+            continue
+        return [{"min_tokens": start, **regimes[0]}], *rest
+    raise failed or _PathChanged(f"its sliding window ({window:,} tokens) is longer than the sequences the "
+                                 "learner traces")
 
 
 def _same_requests(kinds: list[int], fitted: dict, model_type: Any) -> None:
@@ -755,8 +842,7 @@ def _learn(config: Mapping[str, Any]) -> dict[str, Any]:
     parameters = [(name, list(p.shape), str(p.dtype).removeprefix("torch."))
                   for name, p in model.named_parameters()]
     blocks = block_list(model)
-    layer_types = getattr(_owner_config(model, blocks), "layer_types", None)
-    kinds = block_kinds(blocks, layer_types if isinstance(layer_types, (list, tuple)) else None)
+    kinds = block_kinds(blocks, per_block_types(_owner_config(model, blocks), len(blocks)))
     keep = traced_blocks(kinds)
     model.bfloat16()  # DeepSpeed trains the bf16 copy
     in_blocks = {id(p) for p in blocks.parameters()}
