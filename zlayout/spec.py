@@ -838,6 +838,11 @@ class PlanInput(Frozen):
         if positions and self.training.seq > positions:
             raise ValueError(f"{self.model.name} has {positions:,} learned positions (n_positions): a sequence of "
                              f"{self.training.seq:,} tokens runs past them; use --seq {positions} or less")
+        longest = getattr(self.model.card, "longest_sequence", None)
+        if longest is not None and self.training.seq > longest:
+            raise ValueError(f"{self.model.name} holds {longest:,} positions (its config.json; the model card was "
+                             f"learned within them): a sequence of {self.training.seq:,} tokens runs past them; "
+                             f"use --seq {longest} or less")
         shortest = getattr(self.model.card, "shortest_sequence", None)
         if shortest is not None and self.training.seq < shortest:
             raise ValueError(f"{self.model.name}'s model card holds sequences of {shortest:,} tokens or more (its "

@@ -81,6 +81,7 @@ def test_a_damaged_shape_string_is_one_line_naming_the_card(tmp_path):
     (lambda regimes: regimes[0].update(min_tokens=0), "min_tokens must be a whole number of tokens"),
     (lambda regimes: regimes[0].update(min_tokens="2048"), "min_tokens must be a whole number of tokens"),
     (lambda regimes: regimes[1].update(max_micro_batch=True), "max_micro_batch must be a whole number of sequences"),
+    (lambda regimes: regimes[1].update(max_positions=-1), "max_positions must be a whole number of tokens"),
 ])
 def test_a_card_s_shortest_sequence_is_its_first_regime_s_whole_number(tmp_path, edit, message):
     path = shipped("Qwen3-8B.json")

@@ -262,6 +262,22 @@ def test_an_indexer_whose_top_k_stops_growing_is_learned_past_it_and_shorter_seq
     assert wide.stderr.strip().splitlines()[-1].endswith("use --micro-batch 2 or less and a larger --grad-accum")
 
 
+def test_a_model_holding_fewer_positions_than_the_counts_traced_is_learned_within_them(tmp_path):
+    """GPT-Neo's causal mask buffer holds max_position_embeddings rows: 1,024-4,096 tokens cannot run
+    (nor train). Traced within its 512 positions, the card says so and plan refuses a longer --seq."""
+    path = CARD_ONLY / "gpt_neo-tiny.json"
+    done = zlayout("learn", "--hf-config", str(path), cards_dir=tmp_path / "cards")
+    assert done.returncode == 0, done.stderr
+    assert "fitted at 128, 256, 512 tokens" in done.stdout and "within the 512 positions" in done.stdout
+    card = cards.read_card(next((tmp_path / "cards").glob("*.toml")))
+    assert card.longest_sequence == 512 and card.regimes[-1].max_tokens is None
+    fits = zlayout("plan", "--hf-config", str(path), "--gpu", "h200", "--seq", "512", cards_dir=tmp_path / "cards")
+    assert fits.returncode == 0, fits.stderr
+    past = zlayout("plan", "--hf-config", str(path), "--gpu", "h200", "--seq", "1024", cards_dir=tmp_path / "cards")
+    assert past.returncode == 2
+    assert past.stderr.strip().splitlines()[-1].endswith("a sequence of 1,024 tokens runs past them; use --seq 512 or less")
+
+
 def test_blocks_the_config_types_differently_are_kinds_apart_even_with_the_same_weights():
     """DeepSeek-V4's first blocks route tokens to experts by a hash of their ids (mlp_layer_types
     'hash_moe'), the rest by a learned gate, with the same parameter shapes."""
@@ -969,11 +985,20 @@ def test_blocks_of_one_kind_that_ask_for_different_memory_are_refused_in_one_lin
     ({"model_type": "mpt", "d_model": 64, "n_layers": 2, "n_heads": 2, "vocab_size": 256, "max_seq_len": 2048,
       "expansion_ratio": 2}, "2,048"),
 ], ids=["bert", "mpt"])
-def test_a_position_table_shorter_than_the_traced_sequences_is_named_in_the_refusal(config, positions):
-    """BERT's 512 positions (as a causal LM), MPT's 2,048-token ALiBi bias: the learner's longer
-    traces fail on a shape, and the one line says why, where it said only the shape."""
-    with pytest.raises(LearnError, match=rf"this config holds {positions} positions; the learner traces "
-                                         r"sequences of 1,024-4,096 tokens\)$"):
+def test_a_position_table_shorter_than_the_traced_sequences_is_learned_within_it(config, positions):
+    """BERT's 512 positions (as a causal LM), MPT's 2,048-token ALiBi bias: 1,024-4,096 tokens fail
+    on a shape; traced at a quarter, half and all of the positions, the card records them."""
+    held = int(positions.replace(",", ""))
+    regime, = learn(config)["regimes"]
+    assert regime["max_positions"] == held and regime["tokens_fitted"] == [held // 4, held // 2, held]
+    assert regime["tokens_checked"] == held * 3 // 4
+
+
+def test_a_model_failing_within_its_positions_too_says_so_with_that_error():
+    config = {"model_type": "openai-gpt", "n_embd": 64, "n_layer": 2, "n_head": 2, "vocab_size": 256,
+              "n_positions": 512}
+    with pytest.raises(LearnError, match=r"does not support activation checkpointing\. \(traced within the 512 "
+                                         r"positions this config holds\)$"):
         learn(config)
 
 

@@ -274,6 +274,8 @@ class Regime:
     # the largest micro-batch the requests hold (None: any): a model whose memory grows faster
     # than the micro-batch is exact at the sequences it was traced with (learner._linear_in_sequences)
     max_micro_batch: int | None = None
+    # the positions the model holds where fewer than the learner's token counts: it was traced within them
+    max_positions: int | None = None
 
     def block(self, kind: int) -> BlockCard:
         return next(b for b in self.blocks if b.kind == kind)
@@ -331,6 +333,11 @@ class ModelCard:
     def shortest_sequence(self) -> int | None:
         """The fewest tokens a sequence may have for this card to hold it (None: any)."""
         return self.regimes[0].min_tokens
+
+    @property
+    def longest_sequence(self) -> int | None:
+        """The most tokens a sequence may have: the model's positions, where it was learned within them."""
+        return self.regimes[-1].max_positions
 
     @property
     def largest_micro_batch(self) -> int | None:
@@ -705,14 +712,16 @@ def card_from_dict(data: Mapping[str, Any], key: str, source: str = "", digest: 
             raise CardError(f"{at}: layer kinds {sorted(missing)} have no block entry")
         head = _get(regime, "head", dict, at)
         max_tokens, min_tokens = regime.get("max_tokens"), regime.get("min_tokens")
-        max_micro_batch = regime.get("max_micro_batch")
+        max_micro_batch, max_positions = regime.get("max_micro_batch"), regime.get("max_positions")
         for name, value, unit in (("max_tokens", max_tokens, "tokens"), ("min_tokens", min_tokens, "tokens"),
-                                  ("max_micro_batch", max_micro_batch, "sequences")):
+                                  ("max_micro_batch", max_micro_batch, "sequences"),
+                                  ("max_positions", max_positions, "tokens")):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise CardError(f"{at}: {name} must be a whole number of {unit}")
         if min_tokens is not None and r > 0:
             raise CardError(f"{at}: only the first regime may set min_tokens")
         regimes.append(Regime(max_tokens=max_tokens, min_tokens=min_tokens, max_micro_batch=max_micro_batch,
+                              max_positions=max_positions,
                               blocks=tuple(blocks),
                               head_work=_work(head.get("work"), f"{at}.head.work"), **{
             f"head_{name}": _phase(head.get(name), f"{at}.head.{name}", head.get(f"{name}_reductions"))

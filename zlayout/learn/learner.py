@@ -515,18 +515,30 @@ def sliding_window(config: Mapping[str, Any]) -> int | None:
     return None
 
 
+def model_positions(config: Mapping[str, Any]) -> int | None:
+    """The longest sequence a config says its model holds, if it says (its text model's for a multimodal one)."""
+    for source in (config, config.get("text_config") or {}):
+        for key in ("n_positions", "max_position_embeddings", "max_seq_len"):
+            value = source.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return None
+
+
 def regimes_to_trace(config: Mapping[str, Any]) -> list[tuple[int | None, tuple[int, ...], int]]:
     """(the longest sequence a regime holds, the token counts fitted, the count checked):
     one regime; with a sliding window, one up to the window and one past it."""
-    window = sliding_window(config)
-    if window is None or window >= 2 * max(FIT_TOKENS):
+    window, positions = sliding_window(config), model_positions(config)
+    if window is None or (positions is not None and window >= positions):  # Phi-3.5-MoE's window: all 131,072
         return [(None, FIT_TOKENS, CHECK_TOKENS)]
+    past = -(-window // 8) * 8  # Phi-3's window of 2047: 2048
+    if window > 2 * max(FIT_TOKENS):  # CWM's 8,192: the usual counts below it (the meta device traces any length)
+        return [(window - 1, FIT_TOKENS, CHECK_TOKENS), (None, (past, 2 * past, 4 * past), 3 * past)]
     # transformers builds the window's mask once a sequence is as long as the window. The counts
     # traced below it are multiples of 8, as sequences are trained: a T x T tensor's rows are then
     # 16-byte aligned in bf16 as they are in the run (an odd count would record its ops as
     # misaligned, `trace._vector_aligned`, and the fit would see them change kind).
     below = [n // 8 * 8 for n in (window // 4, window // 2, 3 * window // 4, window - 1)]
-    past = -(-window // 8) * 8  # Phi-3's window of 2047: 2048
     return [(window - 1, tuple(below[:3]), below[3]),
             (None, (past, 2 * past, 4 * past), 3 * past)]
 
@@ -629,19 +641,20 @@ def _linear_in_sequences(model, blocks, keep, fitted: dict, tokens: int, sequenc
 def _learn_regimes(config: Mapping[str, Any], model: nn.Module, blocks: nn.ModuleList, kinds: list[int],
                    keep: list[int], every_block: bool = False,
                    to_trace: list[tuple[int | None, tuple[int, ...], int]] | None = None,
-                   ) -> tuple[list[dict], float, set, dict, set]:
+                   long_check: bool = True) -> tuple[list[dict], float, set, dict, set]:
     """Each regime's card entries from traces of the `keep` blocks: (regimes, the worst fit error,
     the attention kernels, the module calls, the parameters a gradient reached). Where `keep` is
     every block, each kind's blocks must ask for the same (_same_requests); `every_block` (the
     fallback for models whose blocks cannot run alone) also takes each kind's entry from a block
-    inside its kind's run. `to_trace`: the regimes (default `regimes_to_trace`)."""
+    inside its kind's run. `to_trace`: the regimes (default `regimes_to_trace`); `long_check`:
+    check the unbounded one past its counts too (not for a model that holds no longer sequence)."""
     held = weights_saved_as_views(model, blocks, keep)
     regimes, worst, attention_kernels, module_calls = [], 0.0, set(), None
     for max_tokens, fit_tokens, check_tokens in to_trace or regimes_to_trace(config):
         try:
             fitted, error, trained, kernels, sequences, calls = _learn_regime(
                 model, blocks, keep, fit_tokens, check_tokens,
-                long_tokens=LONG_CHECK * max(fit_tokens) if max_tokens is None else None)
+                long_tokens=LONG_CHECK * max(fit_tokens) if max_tokens is None and long_check else None)
         except _PathChanged:
             if to_trace is not None:
                 raise
@@ -701,6 +714,8 @@ def _learn_regimes(config: Mapping[str, Any], model: nn.Module, blocks: nn.Modul
     return regimes, worst, attention_kernels, module_calls, trained
 
 
+# The fewest positions a model may hold for the learner to trace within them (positions_regime)
+MIN_POSITIONS = 128
 # The unbounded regime's second check, at this many times its longest count fitted (16,384 tokens
 # for FIT_TOKENS). Where the regimes fail, `_learn_long_regime` fits from each of these counts on
 # until one holds: a card learned from 8,192 tokens covers the long-context runs that have such kinks.
@@ -712,7 +727,8 @@ def _learn_long_regime(config: Mapping[str, Any], model: nn.Module, blocks: nn.M
                        keep: list[int], every_block: bool) -> tuple[list[dict], float, set, dict, set]:
     """`_learn_regimes` for a model whose memory no polynomial holds over the usual token counts:
     one regime fitted at (T, 2T, 4T) for the first T of LONG_REGIME_STARTS past the sliding window
-    that its two checks pass, marked as holding sequences of T tokens or more."""
+    that its two checks pass, and one up to T fitted at (T/4, T/2, 3T/4) where its check at 7T/8
+    passes; where it does not, the card holds sequences of T tokens or more (min_tokens)."""
     window = sliding_window(config) or 0
     failed: _PathChanged | None = None
     for start in (t for t in LONG_REGIME_STARTS if t >= window):
@@ -722,6 +738,17 @@ def _learn_long_regime(config: Mapping[str, Any], model: nn.Module, blocks: nn.M
         except _PathChanged as exc:
             failed = exc
             continue
+        # below the start, where the model's memory may still be a polynomial (up to DeepSeek-V3.2's
+        # kink the indexer keeps every token): a regime up to it, or none and the card starts there
+        below = (start - 1, (start // 4, start // 2, 3 * start // 4), 7 * start // 8)
+        if window < start // 4:
+            try:
+                shorter, error, kernels, *_ = _learn_regimes(config, model, blocks, kinds, keep, every_block,
+                                                            to_trace=[below])
+                worst, attention_kernels, *others = rest
+                return [*shorter, *regimes], max(worst, error), attention_kernels | kernels, *others
+            except _PathChanged:
+                pass
         return [{"min_tokens": start, **regimes[0]}], *rest
     raise failed or _PathChanged(f"its sliding window ({window:,} tokens) is longer than the sequences the "
                                  "learner traces")
@@ -799,14 +826,20 @@ def learn(config: Mapping[str, Any]) -> dict[str, Any]:
                              f"runs ({what}), which a trace on the meta device has none of: this model type "
                              "cannot be learned here; plan it by shape (--layers, --hidden, ...: the hand "
                              "model)") from exc
-        positions = next((config.get(key) for key in ("n_positions", "max_position_embeddings", "max_seq_len")
-                          if isinstance(config.get(key), int)), None)
-        if positions is not None and positions < max(FIT_TOKENS) and "size" in first_line.lower():
-            # BERT's 512-row position table (its token-type buffer is as long), MPT's 2,048-token
-            # ALiBi bias (max_seq_len): the learner traces sequences of 1,024-4,096 tokens, which
-            # such a model cannot run
-            what += (f" (this config holds {positions:,} positions; the learner traces sequences of "
-                     f"{min(FIT_TOKENS):,}-{max(FIT_TOKENS):,} tokens)")
+        positions = model_positions(config)
+        if positions is not None and MIN_POSITIONS <= positions < max(FIT_TOKENS) \
+                and (sliding_window(config) or positions) >= positions:
+            # GPT-Neo's and MPT's 2,048-token causal mask and ALiBi buffers, BERT's 512-row token-type
+            # buffer: such a model cannot run the 1,024-4,096 tokens traced, nor train on them.
+            # Traced within its positions, the card holds what it can train on
+            try:
+                return _learn(config, positions)
+            except LearnError:
+                raise
+            except Exception as within:  # noqa: BLE001: its code fails within its positions too
+                line = next((line for line in str(within).splitlines() if line.strip()), "")
+                what = (f"{type(within).__name__}{': ' + line.strip() if line else ''} (traced within the "
+                        f"{positions:,} positions this config holds)")
         raise LearnError(f"transformers' {config.get('model_type')!r} code cannot run this config: {what}") from exc
 
 
@@ -835,7 +868,15 @@ def _reads_tensor_values(exc: BaseException) -> bool:
             or "register_meta function for torch.nonzero()" in text)
 
 
-def _learn(config: Mapping[str, Any]) -> dict[str, Any]:
+def positions_regime(positions: int) -> list[tuple[None, tuple[int, ...], int]]:
+    """The regime to trace for a model that cannot run FIT_TOKENS (a table or mask buffer of
+    `positions` rows): fitted at a quarter, half and all of them, checked at three quarters."""
+    fit = tuple(positions * k // 4 // 8 * 8 for k in (1, 2, 4))
+    return [(None, fit, positions * 3 // 4 // 8 * 8)]
+
+
+def _learn(config: Mapping[str, Any], positions: int | None = None) -> dict[str, Any]:
+    """`learn`; `positions`: trace sequences within that many tokens (positions_regime)."""
     import transformers
 
     model, attention = build_model(config)
@@ -846,8 +887,10 @@ def _learn(config: Mapping[str, Any]) -> dict[str, Any]:
     keep = traced_blocks(kinds)
     model.bfloat16()  # DeepSpeed trains the bf16 copy
     in_blocks = {id(p) for p in blocks.parameters()}
+    within = {} if positions is None else {"to_trace": positions_regime(positions), "long_check": False}
     try:
-        regimes, worst, attention_kernels, module_calls, trained = _learn_regimes(config, model, blocks, kinds, keep)
+        regimes, worst, attention_kernels, module_calls, trained = _learn_regimes(config, model, blocks, kinds, keep,
+                                                                                  **within)
     except LearnError:
         raise
     except Exception as exc:  # noqa: BLE001: the model's code, run on a few of its blocks
@@ -858,7 +901,9 @@ def _learn(config: Mapping[str, Any]) -> dict[str, Any]:
         # block of a kind asks for the same (_same_requests)
         keep = list(range(len(blocks)))
         regimes, worst, attention_kernels, module_calls, trained = _learn_regimes(
-            config, model, blocks, kinds, keep, every_block=True)
+            config, model, blocks, kinds, keep, every_block=True, **within)
+    if positions is not None:  # plan refuses a longer sequence (core.card.ModelCard.longest_sequence)
+        regimes = [{"max_positions": positions, **regimes[0]}]
     return {
         "format": 1,
         "model_type": config.get("model_type"),
