@@ -711,6 +711,17 @@ def test_safe_softmax_records_its_mask_reduction_and_fill_and_its_backward_the_s
     assert ledger.op_calls["where_strided"] == ledger.op_calls["all"] == 1
 
 
+def test_a_long_window_gets_its_regimes_and_one_as_long_as_the_positions_none():
+    """A window past 8,192 tokens still changes the path there (the learner's long check would cross
+    it); a window as long as the model's positions never applies (Phi-3.5-MoE: 131,072 of 131,072); a
+    rotary model's nominal positions shorter than its window do not hide it (OLMo-3's defaults)."""
+    assert regimes_to_trace({"sliding_window": 16384}) == [
+        (16383, (1024, 2048, 4096), 3072), (None, (16384, 32768, 65536), 49152)]
+    assert regimes_to_trace({"sliding_window": 131072, "max_position_embeddings": 131072}) == [
+        (None, (1024, 2048, 4096), 3072)]
+    assert [r[0] for r in regimes_to_trace({"sliding_window": 4096, "max_position_embeddings": 2048})] == [4095, None]
+
+
 def test_a_window_regime_traces_sequences_of_multiples_of_8():
     """Below a window the learner traces sequences as trained, multiples of 8: a T x T tensor's
     rows are aligned as in the run (an odd count would record its ops as misaligned)."""

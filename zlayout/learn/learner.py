@@ -528,11 +528,16 @@ def model_positions(config: Mapping[str, Any]) -> int | None:
 def regimes_to_trace(config: Mapping[str, Any]) -> list[tuple[int | None, tuple[int, ...], int]]:
     """(the longest sequence a regime holds, the token counts fitted, the count checked):
     one regime; with a sliding window, one up to the window and one past it."""
-    window, positions = sliding_window(config), model_positions(config)
-    if window is None or (positions is not None and window >= positions):  # Phi-3.5-MoE's window: all 131,072
+    window = sliding_window(config)
+    if window is None:
         return [(None, FIT_TOKENS, CHECK_TOKENS)]
     past = -(-window // 8) * 8  # Phi-3's window of 2047: 2048
-    if window > 2 * max(FIT_TOKENS):  # CWM's 8,192: the usual counts below it (the meta device traces any length)
+    if window > 2 * max(FIT_TOKENS):
+        positions = model_positions(config)
+        if positions is not None and window >= positions:  # Phi-3.5-MoE's window: all 131,072 positions
+            return [(None, FIT_TOKENS, CHECK_TOKENS)]
+        # a window longer than 8,192 tokens: the usual counts below it, and past it (the meta device
+        # traces any length at the same cost)
         return [(window - 1, FIT_TOKENS, CHECK_TOKENS), (None, (past, 2 * past, 4 * past), 3 * past)]
     # transformers builds the window's mask once a sequence is as long as the window. The counts
     # traced below it are multiples of 8, as sequences are trained: a T x T tensor's rows are then
