@@ -677,6 +677,13 @@ def plan_input_from_args(args: argparse.Namespace) -> PlanInput:
             if 0 < model.position_embeddings < DEFAULT_SEQ:  # GPT-2's 1,024 learned positions
                 seq = model.position_embeddings
                 _note(args, f"--seq defaults to {seq}, {model.name}'s learned positions (n_positions)")
+            longest, shortest = (getattr(model.card, name, None) for name in ("longest_sequence", "shortest_sequence"))
+            if longest is not None and longest < seq:  # BERT's 512 (core.card.ModelCard)
+                seq = longest
+                _note(args, f"--seq defaults to {seq}, the positions {model.name} holds")
+            if shortest is not None and shortest > seq:  # a card learned from longer sequences on
+                seq = shortest
+                _note(args, f"--seq defaults to {seq}, the shortest sequence {model.name}'s model card holds")
         training = TrainingSpec(seq=seq,
                                 micro_batch=args.micro_batch,
                                 grad_accum=args.grad_accum, precision=args.precision,

@@ -413,6 +413,8 @@ def _generic_shape(r: _Reader) -> dict[str, Any]:
         spec["kv_heads"] = heads
     experts = r.int("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts",
                     default=0, minimum=0)
+    if r.config.get("is_moe") is False:  # Doge's defaults name 16,384 experts its dense model never builds
+        experts = 0
     if experts:
         top_k = r.int("num_experts_per_tok", "moe_top_k", "num_selected_experts", default=min(2, experts))
         spec.update(experts=experts, top_k=min(top_k, experts),
@@ -421,6 +423,9 @@ def _generic_shape(r: _Reader) -> dict[str, Any]:
                     shared_experts=r.int("n_shared_experts", "num_shared_experts", default=0, minimum=0))
         first_dense = r.int("first_k_dense_replace", default=0, minimum=0)
         mlp_only = {i for i in r.int_list("mlp_only_layers", default=[]) if 0 <= i < spec["layers"]}
+        types = r.config.get("mlp_layer_types")  # beam's and axk's: "dense" or "sparse" per block
+        if isinstance(types, list) and len(types) == spec["layers"]:
+            mlp_only |= {i for i, kind in enumerate(types) if kind == "dense"}
         spec["dense_layers"] = tuple(sorted(mlp_only | set(range(min(first_dense, spec["layers"])))))
     return spec
 

@@ -527,7 +527,11 @@ class ModelSpec(Frozen):
     @property
     def active_params(self) -> int:
         """Parameters one token's forward uses (what compute and MFU count); `params` for dense."""
-        return self.params - self.blocks_params() + self.active_blocks_params()
+        # a card-planned model's shape is read from common keys: where it counts more block parameters
+        # than the card's exact total (beam's defaults), its active share is no figure to subtract
+        # from that total, and every parameter counts (the step's FLOPs over, not under)
+        active = self.params - self.blocks_params() + self.active_blocks_params()
+        return active if 0 < active <= self.params else self.params
 
     def largest_tensor_numel(self) -> int:
         """The largest single parameter (sizes DeepSpeed's stage-3 fetch of one module).
@@ -838,18 +842,28 @@ class PlanInput(Frozen):
         if positions and self.training.seq > positions:
             raise ValueError(f"{self.model.name} has {positions:,} learned positions (n_positions): a sequence of "
                              f"{self.training.seq:,} tokens runs past them; use --seq {positions} or less")
-        longest = getattr(self.model.card, "longest_sequence", None)
-        if longest is not None and self.training.seq > longest:
-            raise ValueError(f"{self.model.name} holds {longest:,} positions (its config.json; the model card was "
-                             f"learned within them): a sequence of {self.training.seq:,} tokens runs past them; "
-                             f"use --seq {longest} or less")
-        shortest = getattr(self.model.card, "shortest_sequence", None)
-        if shortest is not None and self.training.seq < shortest:
-            raise ValueError(f"{self.model.name}'s model card holds sequences of {shortest:,} tokens or more (its "
-                             f"memory steps with shorter ones: zlayout learn); use --seq {shortest} or more")
-        largest = getattr(self.model.card, "largest_micro_batch", None)
-        if largest is not None and self.training.micro_batch > largest:
-            raise ValueError(f"{self.model.name}'s memory grows faster than the micro-batch (its model card is "
-                             f"exact at {largest} sequences a step: zlayout learn); use --micro-batch {largest} or "
-                             "less and a larger --grad-accum")
+        for _field, message in card_limits(self.model, self.training.seq, self.training.micro_batch):
+            raise ValueError(message)
         return self
+
+
+def card_limits(model: ModelSpec, seq: int, micro_batch: int) -> list[tuple[str, str]]:
+    """(field, message) for each limit of the model's card a sequence or micro-batch passes (the
+    positions it was learned within, the shortest sequence it holds, the largest micro-batch):
+    PlanInput's check, and the app's form, whose model_copy does not run it."""
+    card, out = model.card, []
+    longest = getattr(card, "longest_sequence", None)
+    if longest is not None and seq > longest:
+        out.append(("seq", f"{model.name} holds {longest:,} positions (its config.json; the model card was "
+                           f"learned within them): a sequence of {seq:,} tokens runs past them; "
+                           f"use --seq {longest} or less"))
+    shortest = getattr(card, "shortest_sequence", None)
+    if shortest is not None and seq < shortest:
+        out.append(("seq", f"{model.name}'s model card holds sequences of {shortest:,} tokens or more (its "
+                           f"memory steps with shorter ones: zlayout learn); use --seq {shortest} or more"))
+    largest = getattr(card, "largest_micro_batch", None)
+    if largest is not None and micro_batch > largest:
+        out.append(("micro_batch", f"{model.name}'s memory grows faster than the micro-batch (its model card is "
+                                   f"exact at {largest} sequences a step: zlayout learn); use --micro-batch "
+                                   f"{largest} or less and a larger --grad-accum"))
+    return out

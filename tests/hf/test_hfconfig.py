@@ -257,3 +257,19 @@ def test_a_depth_verify_cannot_build_is_refused_before_the_run_in_one_line():
     with pytest.raises(LaunchError) as exc:
         check_request(inp, VerifyOptions(cpu=True, processes=1, hf_config=user))
     assert "llava" in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_the_common_keys_read_a_dense_model_that_names_experts_and_dense_blocks_by_type():
+    """Doge's defaults name 16,384 experts with is_moe false (a dense model: the shape read 3.3T
+    'active' parameters below zero); beam's and axk2's mark their dense first blocks only in
+    mlp_layer_types (the shape counted them as expert blocks: beam's active count below zero)."""
+    from zlayout.hfconfig import _generic_shape, _Reader
+
+    base = {"hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4, "intermediate_size": 128,
+            "vocab_size": 256}
+    dense = _generic_shape(_Reader({**base, "num_experts": 16384, "num_experts_per_tok": 64, "is_moe": False},
+                                   "config.json", "doge"))
+    assert "experts" not in dense
+    typed = _generic_shape(_Reader({**base, "n_routed_experts": 8, "num_experts_per_tok": 2,
+                                    "mlp_layer_types": ["dense", "dense", "sparse", "sparse"]}, "config.json", "beam"))
+    assert typed["experts"] == 8 and typed["dense_layers"] == (0, 1)

@@ -253,6 +253,9 @@ def test_an_indexer_whose_top_k_stops_growing_is_learned_past_it_and_shorter_seq
     assert short.stderr.strip().splitlines()[-1].endswith(
         "model card holds sequences of 2,048 tokens or more (its memory steps with shorter ones: zlayout "
         "learn); use --seq 2048 or more")
+    default = zlayout("plan", "--hf-config", str(path), "--gpu", "h200", cards_dir=tmp_path / "cards")
+    assert default.returncode == 0, default.stderr
+    assert ", seq 2048," in default.stdout  # the default, the shortest this card holds
     long = zlayout("plan", "--hf-config", str(path), "--gpu", "h200", "--seq", "32768", "--micro-batch", "2",
                    cards_dir=tmp_path / "cards")
     assert long.returncode == 0, long.stderr
@@ -273,6 +276,8 @@ def test_a_model_holding_fewer_positions_than_the_counts_traced_is_learned_withi
     assert card.longest_sequence == 512 and card.regimes[-1].max_tokens is None
     fits = zlayout("plan", "--hf-config", str(path), "--gpu", "h200", "--seq", "512", cards_dir=tmp_path / "cards")
     assert fits.returncode == 0, fits.stderr
+    default = zlayout("plan", "--hf-config", str(path), "--gpu", "h200", cards_dir=tmp_path / "cards")
+    assert default.returncode == 0 and "--seq defaults to 512, the positions gpt_neo-tiny holds" in default.stderr
     past = zlayout("plan", "--hf-config", str(path), "--gpu", "h200", "--seq", "1024", cards_dir=tmp_path / "cards")
     assert past.returncode == 2
     assert past.stderr.strip().splitlines()[-1].endswith("a sequence of 1,024 tokens runs past them; use --seq 512 or less")

@@ -174,7 +174,8 @@ def plan_table(plan: Plan, layout=None) -> str:
     lines = [
         f"{m.name}: {format_params(m.params)} params (L{m.layers} h{m.hidden} heads {m.heads}"
         f"{f'/{m.num_kv_heads} kv' if m.num_kv_heads != m.heads else ''} ffn {m.ffn_size} vocab {m.vocab}"
-        + (f"; {m.experts} experts, top-{m.top_k}, {format_params(m.active_params)} active" if m.is_moe else "")
+        + (f"; {m.experts} experts, top-{m.top_k}"
+           + (f", {format_params(m.active_params)} active" if m.active_params < m.params else "") if m.is_moe else "")
         + ")",
         f"{hw.nodes} x {hw.gpus_per_node} {hw.gpu.name} ({hw.gpu.memory_bytes / GiB:.0f} GiB), "
         f"seq {t.seq}, micro-batch {t.micro_batch}, accumulation {t.grad_accum}, {t.precision}, "
