@@ -393,11 +393,13 @@ def _generic_shape(r: _Reader) -> dict[str, Any]:
     from the model card. A model without attention keys (a state-space model) reads as one
     head over the whole width."""
     hidden = r.int("hidden_size", "n_embd", "d_model", "model_dim")
-    heads = r.int("num_attention_heads", "n_head", "n_heads", "num_heads", default=1)
+    # an encoder-decoder family's ForCausalLM class is its decoder alone (Whisper's, BART's, TrOCR's)
+    heads = r.int("num_attention_heads", "n_head", "n_heads", "num_heads", "decoder_attention_heads", default=1)
     spec: dict[str, Any] = dict(
-        layers=r.int("num_hidden_layers", "n_layer", "num_layers", "n_layers"), hidden=hidden, heads=heads,
+        layers=r.int("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers"), hidden=hidden,
+        heads=heads,
         kv_heads=r.int("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num", default=heads),
-        ffn=r.int("intermediate_size", "ffn_hidden_size", "n_inner", "d_ff", default=4 * hidden),
+        ffn=r.int("intermediate_size", "ffn_hidden_size", "n_inner", "d_ff", "decoder_ffn_dim", default=4 * hidden),
         vocab=r.int("vocab_size", "padded_vocab_size", "n_vocab"),
         tie_embeddings=r.bool("tie_word_embeddings", default=False), bias=False)
     act = r.config.get("hidden_act", r.config.get("activation_function"))

@@ -273,3 +273,13 @@ def test_the_common_keys_read_a_dense_model_that_names_experts_and_dense_blocks_
     typed = _generic_shape(_Reader({**base, "n_routed_experts": 8, "num_experts_per_tok": 2,
                                     "mlp_layer_types": ["dense", "dense", "sparse", "sparse"]}, "config.json", "beam"))
     assert typed["experts"] == 8 and typed["dense_layers"] == (0, 1)
+
+
+def test_the_common_keys_read_an_encoder_decoder_family_s_causal_lm_as_its_decoder():
+    """Whisper's, BART's and TrOCR's ForCausalLM classes are their decoders: the shape from
+    decoder_layers, decoder_attention_heads and decoder_ffn_dim (plan had refused 'no num_hidden_layers')."""
+    from zlayout.hfconfig import _generic_shape, _Reader
+
+    shape = _generic_shape(_Reader({"d_model": 384, "decoder_layers": 4, "encoder_layers": 6, "decoder_attention_heads": 6,
+                                    "decoder_ffn_dim": 1536, "vocab_size": 51865}, "config.json", "whisper"))
+    assert (shape["layers"], shape["heads"], shape["ffn"]) == (4, 6, 1536)

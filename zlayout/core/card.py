@@ -486,8 +486,10 @@ class ModelCard:
 @functools.lru_cache(maxsize=256)
 def _at_layers(card: ModelCard, layers: int) -> ModelCard:
     if card.parameter_layers is None:
-        raise CardError(f"{card.source or card.key}: the card does not name its blocks' tensors, so it "
-                        f"cannot describe the model at {layers} layers: learn that config with zlayout learn")
+        raise CardError(f"{card.source or card.key}: the card holds {len(card.layer_kinds)} blocks, not the {layers} "
+                        "layers the config names, and names no block tensors to resize by: learn this config again "
+                        "(zlayout learn --force); a model whose blocks are not one run of numbered layers (HRM's "
+                        "cycled stacks) cannot be planned by its card")
     kinds = _extend_kinds(card.layer_kinds, layers)
     per_layer: list[list[int]] = [[] for _ in card.layer_kinds]
     before, after = [], []
