@@ -835,35 +835,36 @@ class PlanInput(Frozen):
     calibration: StepTimeCalibration = StepTimeCalibration()
 
     @model_validator(mode="after")
-    def _sequence_has_positions(self) -> "PlanInput":
-        # learned absolute positions are a table of the model's (GPT-2's 1,024 rows): a longer
-        # sequence indexes past it, which a GPU run stops on (an index assertion); rotary has no table
-        positions = self.model.position_embeddings
-        if positions and self.training.seq > positions:
-            raise ValueError(f"{self.model.name} has {positions:,} learned positions (n_positions): a sequence of "
-                             f"{self.training.seq:,} tokens runs past them; use --seq {positions} or less")
-        for _field, message in card_limits(self.model, self.training.seq, self.training.micro_batch):
-            raise ValueError(message)
+    def _sequence_within_limits(self) -> "PlanInput":
+        for _field, what, hint in sequence_limits(self.model, self.training.seq, self.training.micro_batch):
+            raise ValueError(f"{what}; {hint}")
         return self
 
 
-def card_limits(model: ModelSpec, seq: int, micro_batch: int) -> list[tuple[str, str]]:
-    """(field, message) for each limit of the model's card a sequence or micro-batch passes (the
-    positions it was learned within, the shortest sequence it holds, the largest micro-batch):
-    PlanInput's check, and the app's form, whose model_copy does not run it."""
-    card, out = model.card, []
+def sequence_limits(model: ModelSpec, seq: int, micro_batch: int) -> list[tuple[str, str, str]]:
+    """(field, what is wrong, the CLI flag that mends it) for each limit of the model a sequence or
+    micro-batch passes: PlanInput's check, and the app's form, whose model_copy does not run it."""
+    out = []
+    # learned absolute positions are a table of the model's (GPT-2's 1,024 rows): a longer
+    # sequence indexes past it, which a GPU run stops on (an index assertion); rotary has no table
+    positions = model.position_embeddings
+    if positions and seq > positions:
+        out.append(("seq", f"{model.name} has {positions:,} learned positions (n_positions): a sequence of "
+                           f"{seq:,} tokens runs past them", f"use --seq {positions} or less"))
+    # the limits a model card records (zlayout learn: core.card.ModelCard)
+    card = model.card
     longest = getattr(card, "longest_sequence", None)
     if longest is not None and seq > longest:
         out.append(("seq", f"{model.name} holds {longest:,} positions (its config.json; the model card was "
-                           f"learned within them): a sequence of {seq:,} tokens runs past them; "
-                           f"use --seq {longest} or less"))
+                           f"learned within them): a sequence of {seq:,} tokens runs past them",
+                    f"use --seq {longest} or less"))
     shortest = getattr(card, "shortest_sequence", None)
     if shortest is not None and seq < shortest:
         out.append(("seq", f"{model.name}'s model card holds sequences of {shortest:,} tokens or more (its "
-                           f"memory steps with shorter ones: zlayout learn); use --seq {shortest} or more"))
+                           "memory steps with shorter ones: zlayout learn)", f"use --seq {shortest} or more"))
     largest = getattr(card, "largest_micro_batch", None)
     if largest is not None and micro_batch > largest:
         out.append(("micro_batch", f"{model.name}'s memory grows faster than the micro-batch (its model card is "
-                                   f"exact at {largest} sequences a step: zlayout learn); use --micro-batch "
-                                   f"{largest} or less and a larger --grad-accum"))
+                                   f"exact at {largest} sequences a step: zlayout learn)",
+                    f"use --micro-batch {largest} or less and a larger --grad-accum"))
     return out

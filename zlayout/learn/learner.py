@@ -578,10 +578,11 @@ BATCHED_SEQUENCES = 2
 
 
 def _learn_regime(model, blocks, keep, fit_tokens, check_tokens,
-                  long_tokens: int | None = None) -> tuple[dict, float, set, set, int, Counter]:
+                  long_tokens: int | None = None) -> tuple[dict, float, set, set, int, bool, Counter]:
     """The regime's fitted requests and work, the fit's worst miss, the parameters trained, the
     attention kernels, the sequences a step held (1, or BATCHED_SEQUENCES where two sequences
-    make requests one does not), and a forward's module calls by traced block (-1: outside).
+    make requests one does not), whether the requests grow as the micro-batch from there
+    (_linear_in_sequences), and a forward's module calls by traced block (-1: outside).
     `long_tokens`: a second check past the longest count fitted, which a kink inside the counts
     fitted misses by far (DeepSeek-V3.2's indexer keeps min(T, 2048) tokens: a quadratic through
     1,024, 2,048 and 4,096 tokens bends down past them); the meta device traces any length alike."""
@@ -622,9 +623,8 @@ def _learn_regime(model, blocks, keep, fit_tokens, check_tokens,
         if not checked:  # the card records the fit and its miss at check_tokens
             fitted = {ck: per_sequence(fits[ck], sequences) for ck in (False, True)}
             worst = miss
-    if sequences > 1 and not _linear_in_sequences(model, blocks, keep, fitted[False], check_tokens, 2 * sequences):
-        sequences = -sequences
-    return fitted, worst, trained, kernels, sequences, module_calls
+    linear = sequences == 1 or _linear_in_sequences(model, blocks, keep, fitted[False], check_tokens, 2 * sequences)
+    return fitted, worst, trained, kernels, sequences, linear, module_calls
 
 
 def _linear_in_sequences(model, blocks, keep, fitted: dict, tokens: int, sequences: int) -> bool:
@@ -657,7 +657,7 @@ def _learn_regimes(config: Mapping[str, Any], model: nn.Module, blocks: nn.Modul
     regimes, worst, attention_kernels, module_calls = [], 0.0, set(), None
     for max_tokens, fit_tokens, check_tokens in to_trace or regimes_to_trace(config):
         try:
-            fitted, error, trained, kernels, sequences, calls = _learn_regime(
+            fitted, error, trained, kernels, sequences, linear, calls = _learn_regime(
                 model, blocks, keep, fit_tokens, check_tokens,
                 long_tokens=LONG_CHECK * max(fit_tokens) if max_tokens is None and long_check else None)
         except _PathChanged:
@@ -709,10 +709,10 @@ def _learn_regimes(config: Mapping[str, Any], model: nn.Module, blocks: nn.Modul
                                                  "checkpointed_forward": checkpointed_head,
                                                  "checkpointed_backward": checkpointed_head}, longest),
                            "work": work(head, checkpointed_head)}}
-        if abs(sequences) > 1:  # learned from two sequences a step, stored per sequence (BATCHED_SEQUENCES)
-            regime = {"sequences_traced": abs(sequences), **regime}
-        if sequences < 0:  # exact at the sequences traced only: planned at no larger micro-batch
-            regime = {"max_micro_batch": -sequences, **regime}
+        if sequences > 1:  # learned from two sequences a step, stored per sequence (BATCHED_SEQUENCES)
+            regime = {"sequences_traced": sequences, **regime}
+        if not linear:  # exact at the sequences traced only: planned at no larger micro-batch
+            regime = {"max_micro_batch": sequences, **regime}
         if max_tokens is not None:
             regime = {"max_tokens": max_tokens, **regime}
         regimes.append(regime)
@@ -908,7 +908,7 @@ def _learn(config: Mapping[str, Any], positions: int | None = None) -> dict[str,
         regimes, worst, attention_kernels, module_calls, trained = _learn_regimes(
             config, model, blocks, kinds, keep, every_block=True, **within)
     if positions is not None:  # plan refuses a longer sequence (core.card.ModelCard.longest_sequence)
-        regimes = [{"max_positions": positions, **regimes[0]}]
+        regimes[-1] = {"max_positions": positions, **regimes[-1]}
     return {
         "format": 1,
         "model_type": config.get("model_type"),

@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping
 from pydantic import ValidationError
 
 from zlayout.messages import exception_text, parse_count_with_unit, parse_gib_amount, parse_whole_number
-from zlayout.spec import BOUNDS, GiB, HardwareSpec, ModelSpec, PlanInput, TrainingSpec, card_limits
+from zlayout.spec import BOUNDS, GiB, HardwareSpec, ModelSpec, PlanInput, TrainingSpec, sequence_limits
 
 # Architecture fields the panel shows, in order; the rest of ModelSpec comes from the base model.
 MODEL_INT_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab")
@@ -165,13 +165,11 @@ def plan_input_from_form(values: Mapping[str, Any], model_base: ModelSpec, base:
     except ValidationError as exc:
         for field, message in _errors_by_field(exc, lambda loc: loc).items():
             errors.setdefault(field, message)
-    if model is not None and training is not None and 0 < model.position_embeddings < training.seq:
-        # PlanInput's own check (GPT-2's 1,024 learned positions), which model_copy does not run
-        errors.setdefault("seq", f"at most {model.position_embeddings:,}: {model.name}'s learned positions "
-                                 "(n_positions)")
     if model is not None and training is not None:
-        for field, message in card_limits(model, training.seq, training.micro_batch):
-            errors.setdefault(field, message.split("; use --")[0])  # the flag is the CLI's
+        # PlanInput's own check (GPT-2's learned positions, a model card's limits), which model_copy
+        # does not run; the flag that mends it is the CLI's
+        for field, what, _hint in sequence_limits(model, training.seq, training.micro_batch):
+            errors.setdefault(field, what)
     if errors or model is None or hardware is None or training is None:
         raise FormInvalid(errors or {"layers": "invalid model"})
     return base.model_copy(update={"model": model, "hardware": hardware, "training": training})
