@@ -415,6 +415,12 @@ class ModelSpec(Frozen):
         return self.experts > 0
 
     @property
+    def can_checkpoint(self) -> bool:
+        """Whether its blocks can be checkpointed: a model card says no for a class transformers'
+        gradient_checkpointing_enable refuses (CTRL, openai-gpt)."""
+        return getattr(self.card, "checkpointing", True)
+
+    @property
     def expert_ffn_size(self) -> int:
         return self.expert_ffn or self.ffn_size
 
@@ -835,15 +841,17 @@ class PlanInput(Frozen):
     calibration: StepTimeCalibration = StepTimeCalibration()
 
     @model_validator(mode="after")
-    def _sequence_within_limits(self) -> "PlanInput":
-        for _field, what, hint in sequence_limits(self.model, self.training.seq, self.training.micro_batch):
+    def _training_within_limits(self) -> "PlanInput":
+        for _field, what, hint in training_limits(self.model, self.training):
             raise ValueError(f"{what}; {hint}")
         return self
 
 
-def sequence_limits(model: ModelSpec, seq: int, micro_batch: int) -> list[tuple[str, str, str]]:
-    """(field, what is wrong, the CLI flag that mends it) for each limit of the model a sequence or
-    micro-batch passes: PlanInput's check, and the app's form, whose model_copy does not run it."""
+def training_limits(model: ModelSpec, training: TrainingSpec) -> list[tuple[str, str, str]]:
+    """(field, what is wrong, the CLI flag that mends it) for each limit of the model a sequence,
+    micro-batch or checkpointing passes: PlanInput's check, and the app's form, whose model_copy
+    does not run it."""
+    seq, micro_batch = training.seq, training.micro_batch
     out = []
     # learned absolute positions are a table of the model's (GPT-2's 1,024 rows): a longer
     # sequence indexes past it, which a GPU run stops on (an index assertion); rotary has no table
@@ -854,9 +862,9 @@ def sequence_limits(model: ModelSpec, seq: int, micro_batch: int) -> list[tuple[
     # the limits a model card records (zlayout learn: core.card.ModelCard)
     card = model.card
     longest = getattr(card, "longest_sequence", None)
-    if longest is not None and seq > longest:
-        out.append(("seq", f"{model.name} holds {longest:,} positions (its config.json; the model card was "
-                           f"learned within them): a sequence of {seq:,} tokens runs past them",
+    if longest is not None and seq > longest and not (positions and seq > positions):
+        out.append(("seq", f"{model.name} holds {longest:,} positions (its model card, learned from its "
+                           f"config and code): a sequence of {seq:,} tokens runs past them",
                     f"use --seq {longest} or less"))
     shortest = getattr(card, "shortest_sequence", None)
     if shortest is not None and seq < shortest:
@@ -867,4 +875,7 @@ def sequence_limits(model: ModelSpec, seq: int, micro_batch: int) -> list[tuple[
         out.append(("micro_batch", f"{model.name}'s memory grows faster than the micro-batch (its model card is "
                                    f"exact at {largest} sequences a step: zlayout learn)",
                     f"use --micro-batch {largest} or less and a larger --grad-accum"))
+    if training.checkpointing != "none" and not model.can_checkpoint:
+        out.append(("checkpointing", f"transformers' {card.model_type} class cannot checkpoint its blocks "
+                                     "(gradient_checkpointing_enable refuses it)", "use --checkpointing none"))
     return out

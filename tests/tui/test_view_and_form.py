@@ -265,7 +265,8 @@ def test_a_sequence_past_a_models_learned_positions_is_reported_on_the_seq_field
 
 def test_a_sequence_or_micro_batch_past_the_model_cards_limits_is_reported_on_its_field(tmp_path, monkeypatch):
     """A card learned from 2,048 tokens on (a top-k indexer's kink below: zlayout learn), exact at
-    micro-batches of up to two: PlanInput refuses past them, and so does the form, field by field."""
+    micro-batches of up to two, of a class that cannot checkpoint its blocks (openai-gpt's): PlanInput
+    refuses past them, and so does the form, field by field."""
     from pathlib import Path
 
     from zlayout import cards, hfconfig
@@ -275,18 +276,21 @@ def test_a_sequence_or_micro_batch_past_the_model_cards_limits_is_reported_on_it
     text = (cards.SHIPPED_CARDS_DIR / f"{key}.toml").read_text()
     assert text.count("[[regimes]]\n") == 1
     (tmp_path / "cards").mkdir()
-    (tmp_path / "cards" / f"{key}.toml").write_text(
-        text.replace("[[regimes]]\n", "[[regimes]]\nmin_tokens = 2048\nmax_micro_batch = 2\n"))
+    (tmp_path / "cards" / f"{key}.toml").write_text(text.replace(
+        "[[regimes]]\n", "[[regimes]]\nmin_tokens = 2048\nmax_micro_batch = 2\n", 1).replace(
+        "\nformat = 1\n", "\nformat = 1\ncheckpointing = false\n", 1))
     monkeypatch.setenv(cards.CARDS_DIR_ENV, str(tmp_path / "cards"))
     model = hfconfig.load(published)
     assert model.card.shortest_sequence == 2048
     inp = fixed_input().model_copy(update={"model": model})
-    values = {**form_values(inp), "seq": "1024", "micro_batch": "4"}
+    values = {**form_values(inp), "seq": "1024", "micro_batch": "4", "checkpointing": "full"}
     with pytest.raises(FormInvalid) as caught:
         plan_input_from_form(values, model, inp, fixed_presets())
-    assert set(caught.value.errors) == {"seq", "micro_batch"}
+    assert set(caught.value.errors) == {"seq", "micro_batch", "checkpointing"}
     assert "sequences of 2,048 tokens or more" in caught.value.errors["seq"]
     assert "exact at 2 sequences a step" in caught.value.errors["micro_batch"]
+    assert "cannot checkpoint its blocks" in caught.value.errors["checkpointing"]
     assert "--" not in caught.value.errors["seq"] + caught.value.errors["micro_batch"]
-    done = plan_input_from_form({**values, "seq": "2048", "micro_batch": "2"}, model, inp, fixed_presets())
+    done = plan_input_from_form({**values, "seq": "2048", "micro_batch": "2", "checkpointing": "none"}, model, inp,
+                                fixed_presets())
     assert (done.training.seq, done.training.micro_batch) == (2048, 2)

@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     checked = " / ".join(str(r["tokens_checked"]) for r in card["regimes"])
     linear = f", linear attention as {card['linear_attention']}" if card.get("linear_attention") else ""
     if (positions := card["regimes"][-1].get("max_positions")) is not None:  # learner.positions_regime
-        checked += f" (within the {positions:,} positions the model holds)"
+        checked += f" (the model holds {positions:,} positions: plan refuses longer sequences)"
     if (shortest := card["regimes"][0].get("min_tokens")) is not None:  # learner._learn_regimes
         checked += f" (sequences of {shortest:,} tokens or more: its memory steps with shorter ones)"
     print(f"{written}: {card['model_type']} ({card['attention']} attention{linear}), {card['parameters']['count']:,} "

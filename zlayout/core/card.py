@@ -310,6 +310,8 @@ class ModelCard:
     # the kernels its linear-attention blocks were priced as (LINEAR_ATTENTION_FLA); None: none
     # (no such blocks, or a card learned before they were learnable)
     linear_attention: str | None = None
+    # whether transformers' gradient_checkpointing_enable accepts the class (CTRL, openai-gpt: no)
+    checkpointing: bool = True
 
     # A card rides in the ModelSpec, which the planner hashes and compares for its caches:
     # by its key, file and text's digest, not by walking thousands of requests each time.
@@ -749,6 +751,7 @@ def card_from_dict(data: Mapping[str, Any], key: str, source: str = "", digest: 
         attention_kernels=tuple(str(k) for k in data.get("attention_kernels") or ()),
         transformers=_release(data.get("transformers"), where),
         linear_attention=_linear_attention(data.get("linear_attention"), where),
+        checkpointing=_checkpointing(data.get("checkpointing", True), where),
         parameter_layers=parameter_layers(names, len(kinds))
         if isinstance(names, list) and len(names) == len(numels)
         and all(isinstance(n, str) for n in names) else None)
@@ -760,6 +763,13 @@ def _linear_attention(value: Any, where: str) -> str | None:
         return None
     if value != LINEAR_ATTENTION_FLA:
         raise CardError(f"{where}: linear_attention must be {LINEAR_ATTENTION_FLA!r}, not {value!r}")
+    return value
+
+
+def _checkpointing(value: Any, where: str) -> bool:
+    """Whether the card's class can checkpoint its blocks (cards learned before it was recorded: yes)."""
+    if not isinstance(value, bool):
+        raise CardError(f"{where}: checkpointing must be true or false, not {value!r}")
     return value
 
 

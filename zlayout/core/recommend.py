@@ -272,7 +272,7 @@ def _expandable_segments(inp: PlanInput, layouts: tuple[Layout, ...]) -> Fix | N
 
 
 def _checkpointing(inp: PlanInput, layouts: tuple[Layout, ...]) -> Fix | None:
-    if inp.training.checkpointing != "none":
+    if inp.training.checkpointing != "none" or not inp.model.can_checkpoint:
         return None
     return _fix(_with_training(inp, checkpointing="full"), layouts, "--checkpointing full",
                 "turn on activation checkpointing (a third more compute)")
@@ -292,7 +292,7 @@ def suggest_fixes(inp: PlanInput, layouts: tuple[Layout, ...] | None = None) -> 
     if found:
         return found
     lighter, flags, changes = inp, [], []
-    if inp.training.checkpointing == "none":
+    if inp.training.checkpointing == "none" and inp.model.can_checkpoint:
         lighter = _with_training(lighter, checkpointing="full")
         flags.append("--checkpointing full")
         changes.append("turn on activation checkpointing")

@@ -9,6 +9,7 @@ that the block measured has a block before it, as every block but the first has 
 from __future__ import annotations
 
 import contextlib
+import re
 from collections import Counter
 from typing import Any, Mapping, Sequence
 
@@ -590,9 +591,13 @@ def _learn_regime(model, blocks, keep, fit_tokens, check_tokens,
     kernels: set[str] = set()
     module_calls: Counter = Counter()
 
+    # a class transformers cannot checkpoint (CTRL, openai-gpt) is traced without: its card's
+    # checkpointed phases repeat the plain ones, which plan never reads (ModelCard.checkpointing)
+    checkpointable = getattr(model, "supports_gradient_checkpointing", False)
+
     def traces(sequences: int) -> dict[bool, list[tuple[int, dict]]]:
         runs: dict[bool, list[tuple[int, dict]]] = {False: [], True: []}
-        for checkpointing in (False, True):
+        for checkpointing in (False, True) if checkpointable else (False,):
             for tokens in (*fit_tokens, check_tokens, *([long_tokens] if long_tokens else [])):
                 step = trace_step(model, traced, tokens, checkpointing, sequences)
                 trained.update(step["trained"])
@@ -600,6 +605,8 @@ def _learn_regime(model, blocks, keep, fit_tokens, check_tokens,
                 if not module_calls:
                     module_calls.update(step["module_calls"])
                 runs[checkpointing].append((tokens, measure(step, len(keep))))
+        if not checkpointable:
+            runs[True] = runs[False]
         return runs
 
     with _truncated(model, blocks, keep) as traced:
@@ -628,9 +635,11 @@ def _learn_regime(model, blocks, keep, fit_tokens, check_tokens,
 
 
 def _linear_in_sequences(model, blocks, keep, fitted: dict, tokens: int, sequences: int) -> bool:
-    """Whether the blocks' requests at `sequences` sequences a step are the per-sequence fit's
-    (bytes_at: linear in the micro-batch). DeepSeek-V3.2's and GLM-5's indexer mask the (B, S, T)
-    scores with a (B, 1, S, T) mask: a (B, B, S, T) tensor, which no card linear in B holds."""
+    """Whether the blocks' requests at `sequences` sequences a step are no more than the per-sequence
+    fit's (bytes_at: linear in the micro-batch). DeepSeek-V3.2's and GLM-5's indexer mask the
+    (B, S, T) scores with a (B, 1, S, T) mask: a (B, B, S, T) tensor, which no card linear in B
+    holds. Less is safe: openai-gpt's (1, 1, T, T) mask is made once a step, which the card prices
+    once a sequence (a few MiB over at a large micro-batch, transient in the forward)."""
     with _truncated(model, blocks, keep) as traced:
         step = measure(trace_step(model, traced, tokens, False, sequences), len(keep))
     for index in range(len(keep)):
@@ -638,7 +647,7 @@ def _linear_in_sequences(model, blocks, keep, fitted: dict, tokens: int, sequenc
         for phase in ("forward", "backward"):
             predicted = net_and_peak([sequences * (q * tokens * tokens + a * tokens) + c for q, a, c in block[phase]])
             actual = net_and_peak(measured[phase])
-            if any(abs(p - m) > MAX_FIT_ERROR * max(abs(m), 1.0) for p, m in zip(predicted, actual)):
+            if any(m - p > MAX_FIT_ERROR * max(abs(m), 1.0) for p, m in zip(predicted, actual)):
                 return False
     return True
 
@@ -873,11 +882,44 @@ def _reads_tensor_values(exc: BaseException) -> bool:
             or "register_meta function for torch.nonzero()" in text)
 
 
+# The names transformers gives a learned absolute-position table (GPT-2's wpe, OPT's and Whisper's
+# embed_positions, BERT's position_embeddings, openai-gpt's positions_embed): a longer sequence
+# indexes past its rows. A fixed table of sines computed once (CTRL's pos_encoding, GPT-J's and
+# CodeGen's rotary embed_positions) is a floating buffer with "pos" in its name, indexed alike.
+POSITION_TABLE_NAME = re.compile(r"(^|\.)(wpe|embed_positions|position_embeddings|positions_embed)$")
+
+
+def position_table(model: nn.Module) -> int | None:
+    """The positions the language model's position tables hold (the fewest, where it has several),
+    if it has one: an embedding's rows less the offset some classes keep in front (OPT's and BART's
+    2), a table buffer's rows. On the meta device an index past the table runs; on a GPU it stops
+    the step (Whisper's decoder: 448 rows, which no config key the learner reads says). Rotary
+    models computing their angles each step, and ALiBi ones, have none. Tables of a vision or
+    audio tower (Moss's 1,500 audio positions) are not the text's: only those inside the module
+    that holds both the blocks and the input embedding (`transformer.`, `roformer.`, Moss's
+    `model.language_model.`) count."""
+    names = {id(m): n for n, m in model.named_modules()}
+    embedding = names.get(id(model.get_input_embeddings()), "")
+    owner = names.get(id(block_list(model)), "")
+    while owner and not embedding.startswith(owner + "."):
+        owner = owner.rpartition(".")[0]
+    prefix = owner + "." if owner else ""
+    rows = [module.num_embeddings - int(getattr(module, "offset", 0) or 0)
+            for n, module in model.named_modules()
+            if n.startswith(prefix) and isinstance(module, nn.Embedding) and POSITION_TABLE_NAME.search(n)]
+    rows += [buffer.shape[0] for n, buffer in model.named_buffers()
+             if n.startswith(prefix) and buffer.is_floating_point() and buffer.dim() == 2
+             and "pos" in n.rpartition(".")[2].lower()]
+    return min(rows) if rows else None
+
+
 def positions_regime(positions: int) -> list[tuple[None, tuple[int, ...], int]]:
     """The regime to trace for a model that cannot run FIT_TOKENS (a table or mask buffer of
-    `positions` rows): fitted at a quarter, half and all of them, checked at three quarters."""
-    fit = tuple(positions * k // 4 // 8 * 8 for k in (1, 2, 4))
-    return [(None, fit, positions * 3 // 4 // 8 * 8)]
+    `positions` rows): fitted at a quarter, half and three quarters of them, checked at seven
+    eighths. Not at all of them: a mask sliced from a buffer of `positions` rows is a strided view
+    below them and the whole buffer at them (openai-gpt's elementwise work changes kind there)."""
+    fit = tuple(positions * k // 8 // 8 * 8 for k in (2, 4, 6))
+    return [(None, fit, positions * 7 // 8 // 8 * 8)]
 
 
 def _learn(config: Mapping[str, Any], positions: int | None = None) -> dict[str, Any]:
@@ -907,6 +949,9 @@ def _learn(config: Mapping[str, Any], positions: int | None = None) -> dict[str,
         keep = list(range(len(blocks)))
         regimes, worst, attention_kernels, module_calls, trained = _learn_regimes(
             config, model, blocks, kinds, keep, every_block=True, **within)
+    table = position_table(model)
+    if table is not None and (positions is None or table < positions):
+        positions = table
     if positions is not None:  # plan refuses a longer sequence (core.card.ModelCard.longest_sequence)
         regimes[-1] = {"max_positions": positions, **regimes[-1]}
     return {
@@ -931,5 +976,8 @@ def _learn(config: Mapping[str, Any], positions: int | None = None) -> dict[str,
         "layers": {"count": len(kinds), "kinds": kinds, "module_calls": module_calls["per_kind"],
                    "module_calls_outside": module_calls["outside"]},
         **linear_attention_entry(config, regimes),
+        # transformers' gradient_checkpointing_enable refuses the class (CTRL, openai-gpt): plan
+        # then refuses --checkpointing full (core.card.ModelCard.checkpointing)
+        **({} if getattr(model, "supports_gradient_checkpointing", False) else {"checkpointing": False}),
         "regimes": regimes,
     }

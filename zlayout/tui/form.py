@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping
 from pydantic import ValidationError
 
 from zlayout.messages import exception_text, parse_count_with_unit, parse_gib_amount, parse_whole_number
-from zlayout.spec import BOUNDS, GiB, HardwareSpec, ModelSpec, PlanInput, TrainingSpec, sequence_limits
+from zlayout.spec import BOUNDS, GiB, HardwareSpec, ModelSpec, PlanInput, TrainingSpec, training_limits
 
 # Architecture fields the panel shows, in order; the rest of ModelSpec comes from the base model.
 MODEL_INT_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab")
@@ -168,7 +168,7 @@ def plan_input_from_form(values: Mapping[str, Any], model_base: ModelSpec, base:
     if model is not None and training is not None:
         # PlanInput's own check (GPT-2's learned positions, a model card's limits), which model_copy
         # does not run; the flag that mends it is the CLI's
-        for field, what, _hint in sequence_limits(model, training.seq, training.micro_batch):
+        for field, what, _hint in training_limits(model, training):
             errors.setdefault(field, what)
     if errors or model is None or hardware is None or training is None:
         raise FormInvalid(errors or {"layers": "invalid model"})
