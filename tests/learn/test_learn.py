@@ -318,6 +318,24 @@ def test_a_class_transformers_cannot_checkpoint_is_learned_without_and_planned_w
         "use --checkpointing none")
 
 
+def test_a_package_kernel_with_no_stand_in_is_refused_at_its_first_call():
+    """Kimi-Linear's delta attention calls fla's `chunk_kda`, which transformers runs as a torch loop
+    over 64-token chunks where fla is not installed: a card of that loop would price neither. The
+    learner stops at the first call, in one line (it traced for 300 s before)."""
+    with pytest.raises(LearnError, match=r"its layers call `chunk_kda` \(flash-linear-attention's kernel; "
+                                         r".*which zlayout has no stand-in for: this model type cannot be learned"):
+        learn(json.loads((CARD_ONLY / "kimi_linear-tiny.json").read_text()))
+
+
+def test_requests_that_grow_in_number_with_the_tokens_are_refused_from_the_first_two_traces():
+    """MiniMax's lightning attention loops over 256-token blocks in Python: its requests grow in
+    number with the tokens. Each regime stops at its second trace (1,024 and 2,048 tokens, then
+    each longer start), and the error names the counts."""
+    with pytest.raises(LearnError, match=r"requests differ in number between token counts \(2,609 at 8,192 "
+                                         r"tokens, 4,465 at 16,384\)"):
+        learn(json.loads((CARD_ONLY / "minimax-tiny.json").read_text()))
+
+
 def test_blocks_the_config_types_differently_are_kinds_apart_even_with_the_same_weights():
     """DeepSeek-V4's first blocks route tokens to experts by a hash of their ids (mlp_layer_types
     'hash_moe'), the rest by a learned gate, with the same parameter shapes."""

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from zlayout.core.card import SCATTER_SUFFIX, STRIDED_SUFFIX, UNALIGNED_SUFFIX, linear_attention_assumed
-from zlayout.learn.trace import StorageLedger, Window, fused_attention, linear_kernels_patch
+from zlayout.learn.trace import StorageLedger, UnpricedKernel, Window, fused_attention, linear_kernels_patch
 
 # Token counts traced (one sequence): three fix a quadratic term (attention's FLOPs; eager
 # attention keeps tokens x tokens probabilities); the check count is traced too and compared.
@@ -549,6 +549,13 @@ def regimes_to_trace(config: Mapping[str, Any]) -> list[tuple[int | None, tuple[
             (None, (past, 2 * past, 4 * past), 3 * past)]
 
 
+def _total_requests(measured: Any) -> int:
+    """The number of requests in all of a measurement's lists."""
+    if isinstance(measured, dict):
+        return sum(_total_requests(v) for v in measured.values())
+    return len(measured) if isinstance(measured, list) else 0
+
+
 def _request_counts(measured: Any) -> Any:
     """The number of requests in each list of a measurement (its shape, not its sizes)."""
     if isinstance(measured, dict):
@@ -604,7 +611,16 @@ def _learn_regime(model, blocks, keep, fit_tokens, check_tokens,
                 kernels.update(step["attention_kernels"])
                 if not module_calls:
                     module_calls.update(step["module_calls"])
-                runs[checkpointing].append((tokens, measure(step, len(keep))))
+                measured = measure(step, len(keep))
+                # another number of requests is another path, which no fit holds (_fit_terms): said
+                # at once, before the longer traces (MiniMax's lightning attention loops over
+                # 256-token blocks: 1,660 requests at 1,024 tokens, 3,100 at 2,048)
+                if runs[checkpointing] and (_request_counts(measured) != _request_counts(runs[checkpointing][0][1])):
+                    first, count = runs[checkpointing][0], _total_requests(measured)
+                    raise _PathChanged(f"the blocks' requests differ in number between token counts "
+                                       f"({_total_requests(first[1]):,} at {first[0]:,} tokens, {count:,} at "
+                                       f"{tokens:,}): not a card this learner can fit")
+                runs[checkpointing].append((tokens, measured))
         if not checkpointable:
             runs[True] = runs[False]
         return runs
@@ -829,6 +845,9 @@ def learn(config: Mapping[str, Any]) -> dict[str, Any]:
         return _learn(config)
     except LearnError:
         raise
+    except UnpricedKernel as exc:
+        raise LearnError(f"transformers' {config.get('model_type')!r}: {exc}: this model type cannot be learned "
+                         "yet; plan it by shape (--layers, --hidden, ...: the hand model)") from None
     except Exception as exc:  # noqa: BLE001: the model's own code fails in its own ways
         # (DeepSeek-V3 with more expert groups than routed experts: topk's "k not in range")
         first_line = next((line for line in str(exc).splitlines() if line.strip()), "")
@@ -938,7 +957,7 @@ def _learn(config: Mapping[str, Any], positions: int | None = None) -> dict[str,
     try:
         regimes, worst, attention_kernels, module_calls, trained = _learn_regimes(config, model, blocks, kinds, keep,
                                                                                   **within)
-    except LearnError:
+    except (LearnError, UnpricedKernel):
         raise
     except Exception as exc:  # noqa: BLE001: the model's code, run on a few of its blocks
         if len(keep) == len(blocks) or _reads_tensor_values(exc):  # every block would fail alike

@@ -30,6 +30,7 @@ from __future__ import annotations
 import weakref
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch._prims_common import is_non_overlapping_and_dense_or_false
@@ -889,9 +890,43 @@ def causal_conv1d_standin(ledger: StorageLedger):
     return causal_conv1d_fn
 
 
+class UnpricedKernel(Exception):
+    """A model called a kernel transformers takes from a package (flash-linear-attention,
+    causal-conv1d, mamba-ssm) and falls back to a torch loop without it, for which the learner has
+    no stand-in (Kimi-Linear's `chunk_kda`)."""
+
+
+def _package_fallback(function: Any) -> tuple[str, str] | None:
+    """(the package's kernel name, the package) of a function transformers' hub_kernels wrapped to
+    take a package's kernel where it imports, and its own torch code where not (5.24:
+    `use_kernel_func_from_hub_with_fallback` keeps both in the wrapper's closure), if it is one."""
+    code = getattr(function, "__code__", None)
+    if code is None or "is_new_implementation" not in code.co_freevars or not function.__closure__:
+        return None
+    cells = dict(zip(code.co_freevars, (cell.cell_contents for cell in function.__closure__)))
+    name, package = cells.get("func_name"), cells.get("package")
+    return (name, package) if isinstance(name, str) and isinstance(package, str) else None
+
+
+def _unpriced(name: str, package: str):
+    try:  # transformers' own names for the packages' distributions ("fla": flash-linear-attention)
+        from transformers.integrations.hub_kernels import _PACKAGE_TO_DISTRIBUTION as distributions
+    except ImportError:
+        distributions = {}
+    distribution = distributions.get(package, package)
+
+    def raises(*args, **kwargs):
+        raise UnpricedKernel(f"its layers call `{name}` ({distribution}'s kernel; transformers' torch loop where "
+                             f"{distribution} is not installed), which zlayout has no stand-in for")
+    return raises
+
+
 def linear_kernels_patch(ledger: StorageLedger):
     """Route `torch_chunk_gated_delta_rule` and `causal_conv1d_fn` of every loaded modeling module
-    of LINEAR_ATTENTION_PACKAGES to the stand-ins; returns what puts the originals back."""
+    of LINEAR_ATTENTION_PACKAGES to the stand-ins, and every other package kernel a loaded modeling
+    module falls back from to a function that stops the trace (UnpricedKernel: a card of the torch
+    loop would price neither what the package runs nor, its requests growing with the chunks of the
+    sequence, anything a card holds); returns what puts the originals back."""
     import sys
 
     standins = {"torch_chunk_gated_delta_rule": fla_chunk_gated_delta_rule(ledger),
@@ -903,6 +938,14 @@ def linear_kernels_patch(ledger: StorageLedger):
             if module is not None and callable(original := module.__dict__.get(name)):
                 swapped.append((module, name, original))
                 setattr(module, name, standin)
+    for module_name, module in list(sys.modules.items()):
+        if not module_name.startswith("transformers.models.") or ".modeling_" not in module_name or module is None:
+            continue
+        for name, original in list(vars(module).items()):
+            fallback = _package_fallback(original)
+            if fallback is not None and name not in standins:
+                swapped.append((module, name, original))
+                setattr(module, name, _unpriced(*fallback))
 
     def restore() -> None:
         for module, name, original in swapped:
