@@ -85,7 +85,7 @@ def test_gemma2_eager_attention_probabilities_are_replayed_at_their_size(carded)
 def test_each_block_replays_the_cards_forward_requests_in_order(carded):
     inp = carded("pythia-1b.json", "--seq", "2048", "--micro-batch", "4")
     layout = Layout(stage=0, offload_optimizer="gpu", offload_param="gpu")
-    block = inp.model.card.regime(2048).block(inp.model.card.layer_kinds[0])
+    block = inp.model.card.regime(2048, 4).block(inp.model.card.layer_kinds[0])
     forward = [x for x in block.forward.sizes(4, 2048, device_of(catalog.load_gpu("h200"))) if x > sim.SMALL_SIZE]
     assert len(forward) > 5
     events = sim.allocation_sequence(inp, layout, steps=1)

@@ -245,7 +245,21 @@ def test_an_indexer_whose_top_k_stops_growing_is_learned_past_it_and_shorter_seq
         predicted = net_and_peak([2 * (q * 20000**2 + a * 20000) + c for q, a, c in block[phase]])
         measured = net_and_peak(fresh["blocks"][block["traced_block"]][phase])
         assert predicted == pytest.approx(measured, rel=0.01), phase
+    # one sequence's own requests, held apart for a micro-batch of 1: exact at 20,000 tokens too,
+    # where the per-sequence card of two is a quarter over at the forward's peak
+    one = measure(trace_step(model, block_list(model), 20000, checkpointing=False, sequences=1), 3)
+    single = regime["single_sequence"]["blocks"][1]
+    for phase in ("forward", "backward"):
+        predicted = net_and_peak([q * 20000**2 + a * 20000 + c for q, a, c in single[phase]])
+        measured = net_and_peak(one["blocks"][single["traced_block"]][phase])
+        assert predicted == pytest.approx(measured, rel=0.01), phase
+    per_sequence = net_and_peak([q * 20000**2 + a * 20000 + c for q, a, c in block["forward"]])
+    assert per_sequence[1] > 1.2 * net_and_peak(one["blocks"][block["traced_block"]]["forward"])[1]
     key = cards.config_key(config)
+    written = cards.read_card(cards.write_card(tmp_path / "exact", key, cards.dumps_card(card, key, path.name),
+                                               replace=False))
+    assert written.regime(4096, 1) is written.regimes[0].single_sequence is not None
+    assert written.regime(4096, 2) is written.regimes[0]
     regime["max_micro_batch"] = 2  # as a card whose memory outgrows the micro-batch records it
     cards.write_card(tmp_path / "cards", key, cards.dumps_card(card, key, path.name), replace=False)
     short = zlayout("plan", "--hf-config", str(path), "--gpu", "h200", "--seq", "1024", cards_dir=tmp_path / "cards")

@@ -276,6 +276,10 @@ class Regime:
     max_micro_batch: int | None = None
     # the positions the model holds where fewer than the learner's token counts: it was traced within them
     max_positions: int | None = None
+    # a card learned from two sequences a step (its blocks ask for other requests with one: DeepSeek-V3.2's
+    # indexer masks (B, S, T) scores with a (B, B, S, T) tensor) holds what one sequence asks for apart:
+    # the requests and work a micro-batch of 1 plans with (ModelCard.regime); None: the same path
+    single_sequence: "Regime | None" = None
 
     def block(self, kind: int) -> BlockCard:
         return next(b for b in self.blocks if b.kind == kind)
@@ -328,8 +332,11 @@ class ModelCard:
         kind = self.layer_kinds[min(layer, len(self.layer_kinds) - 1)]
         return self.regimes[-1].block(kind).zero3_held
 
-    def regime(self, seq: int) -> Regime:
-        return next(r for r in self.regimes if r.max_tokens is None or seq <= r.max_tokens)
+    def regime(self, seq: int, micro_batch: int) -> Regime:
+        """The requests for sequences of `seq` tokens, `micro_batch` a step (one sequence: its own
+        requests where the card holds them apart, Regime.single_sequence)."""
+        regime = next(r for r in self.regimes if r.max_tokens is None or seq <= r.max_tokens)
+        return regime.single_sequence if micro_batch == 1 and regime.single_sequence is not None else regime
 
     @property
     def shortest_sequence(self) -> int | None:
@@ -364,7 +371,7 @@ class ModelCard:
         """One micro-step's work: the blocks' forward and backward (with checkpointing: the backward
         holds the recompute, as far as backward needs it), then the head's (the embedding, the
         final norm, the head and the loss: never recomputed) forward and backward."""
-        regime = self.regime(seq)
+        regime = self.regime(seq, micro_batch)
         forward, backward = ("checkpointed_forward", "checkpointed_backward") if checkpointing else (
             "forward", "backward")
         blocks = [WorkTotals(), WorkTotals()]
@@ -377,7 +384,7 @@ class ModelCard:
 
     def saved_bytes(self, micro_batch: int, seq: int, checkpointing: bool) -> int:
         """Every block's saved activations at the end of the forward pass."""
-        regime = self.regime(seq)
+        regime = self.regime(seq, micro_batch)
         total = 0
         for kind in self.layer_kinds:
             block = regime.block(kind)
@@ -390,17 +397,17 @@ class ModelCard:
         its recompute and backward), over the kinds of block."""
         return max((b.checkpointed_backward if checkpointing else b.backward).net_and_peak(micro_batch, seq,
                                                                                           device)[1]
-                   for b in self.regime(seq).blocks)
+                   for b in self.regime(seq, micro_batch).blocks)
 
     def largest_block_request(self, micro_batch: int, seq: int, checkpointing: bool, device: Device) -> int:
         """The largest single request of a block's backward (with checkpointing: with its recompute)."""
         return max(max((b.checkpointed_backward if checkpointing else b.backward).sizes(micro_batch, seq, device),
-                       default=0) for b in self.regime(seq).blocks)
+                       default=0) for b in self.regime(seq, micro_batch).blocks)
 
     def largest_forward_transient(self, micro_batch: int, seq: int, checkpointing: bool, device: Device) -> int:
         """The most a block's forward holds above what it keeps."""
         worst = 0
-        for b in self.regime(seq).blocks:
+        for b in self.regime(seq, micro_batch).blocks:
             net, peak = (b.checkpointed_forward if checkpointing else b.forward).net_and_peak(micro_batch, seq, device)
             worst = max(worst, peak - net)
         return worst
@@ -416,7 +423,7 @@ class ModelCard:
         than its IPG bucket (stage3.py reduce_independent_p_g_buckets_and_remove_grads)."""
         sizes = {numel * weight_bytes for numel in self.parameter_numels}
         best = None
-        for block in self.regime(seq).blocks:
+        for block in self.regime(seq, micro_batch).blocks:
             requests = (block.checkpointed_backward if checkpointing else block.backward).requests
             made = [(i, int(poly[2])) for i, poly in enumerate(requests)
                     if poly[0] == 0 and poly[1] == 0 and int(poly[2]) in sizes]
@@ -444,13 +451,13 @@ class ModelCard:
     def head_saved_bytes(self, micro_batch: int, seq: int, checkpointing: bool) -> int:
         """What the final norm, the head and the loss keep at the end of the forward pass
         (the model's outputs dropped, the loss kept)."""
-        regime = self.regime(seq)
+        regime = self.regime(seq, micro_batch)
         phase = regime.head_checkpointed_forward if checkpointing else regime.head_forward
         return phase.net(micro_batch, seq)
 
     def head_backward_peak_bytes(self, micro_batch: int, seq: int, checkpointing: bool, device: Device) -> int:
         """The most the loss's and head's backward hold above what the forward left."""
-        regime = self.regime(seq)
+        regime = self.regime(seq, micro_batch)
         phase = regime.head_checkpointed_backward if checkpointing else regime.head_backward
         return phase.net_and_peak(micro_batch, seq, device)[1]
 
@@ -700,21 +707,6 @@ def card_from_dict(data: Mapping[str, Any], key: str, source: str = "", digest: 
     regimes = []
     for r, regime in enumerate(_get(data, "regimes", list, where)):
         at = f"{where} regimes[{r}]"
-        blocks = []
-        for i, block in enumerate(_get(regime, "blocks", list, at)):
-            held = block.get("zero3_held", [])
-            if not isinstance(held, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0
-                                                    for x in held):
-                raise CardError(f"{at}.blocks[{i}]: zero3_held must be a list of element counts")
-            blocks.append(BlockCard(kind=_get(block, "kind", int, f"{at}.blocks[{i}]"),
-                                    work=_work(block.get("work"), f"{at}.blocks[{i}].work"), zero3_held=tuple(held),
-                                    **{name: _phase(block.get(name), f"{at}.blocks[{i}].{name}",
-                                                    block.get(f"{name}_reductions")) for name in (
-                                        "forward", "backward", "checkpointed_forward", "checkpointed_backward")}))
-        missing = set(kinds) - {b.kind for b in blocks}
-        if missing:
-            raise CardError(f"{at}: layer kinds {sorted(missing)} have no block entry")
-        head = _get(regime, "head", dict, at)
         max_tokens, min_tokens = regime.get("max_tokens"), regime.get("min_tokens")
         max_micro_batch, max_positions = regime.get("max_micro_batch"), regime.get("max_positions")
         for name, value, unit in (("max_tokens", max_tokens, "tokens"), ("min_tokens", min_tokens, "tokens"),
@@ -724,12 +716,13 @@ def card_from_dict(data: Mapping[str, Any], key: str, source: str = "", digest: 
                 raise CardError(f"{at}: {name} must be a whole number of {unit}")
         if min_tokens is not None and r > 0:
             raise CardError(f"{at}: only the first regime may set min_tokens")
-        regimes.append(Regime(max_tokens=max_tokens, min_tokens=min_tokens, max_micro_batch=max_micro_batch,
-                              max_positions=max_positions,
-                              blocks=tuple(blocks),
-                              head_work=_work(head.get("work"), f"{at}.head.work"), **{
-            f"head_{name}": _phase(head.get(name), f"{at}.head.{name}", head.get(f"{name}_reductions"))
-            for name in ("forward", "backward", "checkpointed_forward", "checkpointed_backward")}))
+        single = regime.get("single_sequence")
+        if single is not None and not isinstance(single, dict):
+            raise CardError(f"{at}: single_sequence must be a table of blocks and a head")
+        limits = {"max_tokens": max_tokens, "min_tokens": min_tokens, "max_micro_batch": max_micro_batch,
+                  "max_positions": max_positions}
+        regimes.append(_regime(regime, kinds, at, **limits, single_sequence=None if single is None else _regime(
+            single, kinds, f"{at}.single_sequence", **limits)))
     if not regimes or regimes[-1].max_tokens is not None:
         raise CardError(f"{where}: the last regime must hold any sequence length (no max_tokens)")
     names = params.get("names")
@@ -755,6 +748,29 @@ def card_from_dict(data: Mapping[str, Any], key: str, source: str = "", digest: 
         parameter_layers=parameter_layers(names, len(kinds))
         if isinstance(names, list) and len(names) == len(numels)
         and all(isinstance(n, str) for n in names) else None)
+
+
+def _regime(regime: dict, kinds: tuple[int, ...], at: str, **fields: Any) -> Regime:
+    """A regime's blocks (one entry a kind) and head, as a card holds them (a regime's own, or the
+    one sequence's apart: Regime.single_sequence)."""
+    blocks = []
+    for i, block in enumerate(_get(regime, "blocks", list, at)):
+        held = block.get("zero3_held", [])
+        if not isinstance(held, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0
+                                                for x in held):
+            raise CardError(f"{at}.blocks[{i}]: zero3_held must be a list of element counts")
+        blocks.append(BlockCard(kind=_get(block, "kind", int, f"{at}.blocks[{i}]"),
+                                work=_work(block.get("work"), f"{at}.blocks[{i}].work"), zero3_held=tuple(held),
+                                **{name: _phase(block.get(name), f"{at}.blocks[{i}].{name}",
+                                                block.get(f"{name}_reductions")) for name in (
+                                    "forward", "backward", "checkpointed_forward", "checkpointed_backward")}))
+    missing = set(kinds) - {b.kind for b in blocks}
+    if missing:
+        raise CardError(f"{at}: layer kinds {sorted(missing)} have no block entry")
+    head = _get(regime, "head", dict, at)
+    return Regime(blocks=tuple(blocks), head_work=_work(head.get("work"), f"{at}.head.work"), **fields, **{
+        f"head_{name}": _phase(head.get(name), f"{at}.head.{name}", head.get(f"{name}_reductions"))
+        for name in ("forward", "backward", "checkpointed_forward", "checkpointed_backward")})
 
 
 def _linear_attention(value: Any, where: str) -> str | None:

@@ -617,7 +617,7 @@ class CardBlocks:
                  hf_norm: bool, first_matmul, device: Device, leaf: tuple[int, ...] = ()) -> None:
         self.device = device  # the GPU a reduction kernel's scratch is sized for (core.reductions)
         self.leaf = leaf  # ZeRO-3's leaf MoE block's gradients (bytes, parameter order): LeafGradients
-        self.regime = card.regime(seq)
+        self.regime = card.regime(seq, micro_batch)
         self.kinds = card.layer_kinds
         self.s, self.layers, self.ckpt, self.hf_norm = s, layers, checkpointing, hf_norm
         self.micro_batch, self.seq = micro_batch, seq

@@ -586,11 +586,12 @@ BATCHED_SEQUENCES = 2
 
 
 def _learn_regime(model, blocks, keep, fit_tokens, check_tokens,
-                  long_tokens: int | None = None) -> tuple[dict, float, set, set, int, bool, Counter]:
+                  long_tokens: int | None = None) -> tuple[dict, float, set, set, int, bool, Counter, dict | None]:
     """The regime's fitted requests and work, the fit's worst miss, the parameters trained, the
     attention kernels, the sequences a step held (1, or BATCHED_SEQUENCES where two sequences
     make requests one does not), whether the requests grow as the micro-batch from there
-    (_linear_in_sequences), and a forward's module calls by traced block (-1: outside).
+    (_linear_in_sequences), a forward's module calls by traced block (-1: outside), and, where
+    two sequences were traced, one sequence's own fit (None: the same path, or none fits).
     `long_tokens`: a second check past the longest count fitted, which a kink inside the counts
     fitted misses by far (DeepSeek-V3.2's indexer keeps min(T, 2048) tokens: a quadratic through
     1,024, 2,048 and 4,096 tokens bends down past them); the meta device traces any length alike."""
@@ -626,15 +627,31 @@ def _learn_regime(model, blocks, keep, fit_tokens, check_tokens,
         return runs
 
     with _truncated(model, blocks, keep) as traced:
-        runs, sequences = traces(1), 1
+        single = runs = traces(1)
+        sequences = 1
         batched = measure(trace_step(model, traced, fit_tokens[0], False, BATCHED_SEQUENCES), len(keep))
         # the blocks decide: every head's loss copies its shifted labels for two sequences (a few
         # bytes a token), which a card learned from one sequence is not meaningfully short of
         if _request_counts(batched["blocks"]) != _request_counts(runs[False][0][1]["blocks"]):
             runs, sequences = traces(BATCHED_SEQUENCES), BATCHED_SEQUENCES
-    fitted_at = len(fit_tokens)
+    checks = [t for t in (check_tokens, long_tokens) if t]
+    fits, worst = _fit_runs(runs, len(fit_tokens), checks)
+    fitted = {ck: per_sequence(fits[ck], sequences) for ck in (False, True)}
+    one = None
+    if sequences > 1:  # the one sequence's own requests, which a micro-batch of 1 plans with
+        try:
+            one = _fit_runs(single, len(fit_tokens), checks)[0]
+        except _PathChanged:  # its path changes with the tokens: the per-sequence card holds it
+            one = None
+    linear = sequences == 1 or _linear_in_sequences(model, blocks, keep, fitted[False], check_tokens, 2 * sequences)
+    return fitted, worst, trained, kernels, sequences, linear, module_calls, one
+
+
+def _fit_runs(runs: dict[bool, list[tuple[int, dict]]], fitted_at: int, checks: list[int]) -> tuple[dict, float]:
+    """Each mode's (plain, checkpointed) terms fitted through its first `fitted_at` traces, and the
+    fit's miss at the first check; _PathChanged where a check misses by more than MAX_FIT_ERROR."""
     fitted, worst = {}, 0.0
-    for checked, tokens in enumerate(t for t in (check_tokens, long_tokens) if t):
+    for checked, tokens in enumerate(checks):
         errors: list[tuple[float, float]] = []
         fits = {ck: _fit_terms(runs[ck][:fitted_at], runs[ck][fitted_at + checked], errors) for ck in (False, True)}
         # the large terms decide the check: a few-byte term off by a few bytes is not a miss
@@ -643,11 +660,9 @@ def _learn_regime(model, blocks, keep, fit_tokens, check_tokens,
         if miss > MAX_FIT_ERROR:
             raise _PathChanged(f"the fit misses the {tokens}-token trace by {miss:.1%}: the model's memory "
                                "is not a function of the token count the card can hold")
-        if not checked:  # the card records the fit and its miss at check_tokens
-            fitted = {ck: per_sequence(fits[ck], sequences) for ck in (False, True)}
-            worst = miss
-    linear = sequences == 1 or _linear_in_sequences(model, blocks, keep, fitted[False], check_tokens, 2 * sequences)
-    return fitted, worst, trained, kernels, sequences, linear, module_calls
+        if not checked:  # the card records the fit and its miss at the first check
+            fitted, worst = fits, miss
+    return fitted, worst
 
 
 def _linear_in_sequences(model, blocks, keep, fitted: dict, tokens: int, sequences: int) -> bool:
@@ -682,7 +697,7 @@ def _learn_regimes(config: Mapping[str, Any], model: nn.Module, blocks: nn.Modul
     regimes, worst, attention_kernels, module_calls = [], 0.0, set(), None
     for max_tokens, fit_tokens, check_tokens in to_trace or regimes_to_trace(config):
         try:
-            fitted, error, trained, kernels, sequences, linear, calls = _learn_regime(
+            fitted, error, trained, kernels, sequences, linear, calls, one = _learn_regime(
                 model, blocks, keep, fit_tokens, check_tokens,
                 long_tokens=LONG_CHECK * max(fit_tokens) if max_tokens is None and long_check else None)
         except _PathChanged:
@@ -702,38 +717,10 @@ def _learn_regimes(config: Mapping[str, Any], model: nn.Module, blocks: nn.Modul
         attention_kernels |= kernels
         worst = max(worst, error)
         longest = max(fit_tokens)  # the token count a reduction's flags are read at (reduction_rows)
-        kind_blocks = []
-        for kind in sorted(set(kinds)):
-            # the last traced block of this kind with a traced block after it (the most common
-            # kind's has one before it too)
-            measured = [i for i, block in enumerate(keep) if kinds[block] == kind]
-            index = max([i for i in measured if i < len(keep) - 1] or measured)
-            if every_block and len(measured) >= 3:
-                index = measured[1]  # one inside its kind's run: the first and last free what the kind shares
-            plain, checkpointed = fitted[False]["blocks"][index], fitted[True]["blocks"][index]
-            kind_blocks.append({
-                "kind": kind, "traced_block": keep[index],
-                "forward": plain["forward"], "backward": plain["backward"],
-                "checkpointed_forward": checkpointed["forward"], "checkpointed_backward": checkpointed["backward"],
-                "recompute": checkpointed["recompute"],
-                **_reduction_entries({"forward": plain, "backward": plain, "checkpointed_forward": checkpointed,
-                                      "checkpointed_backward": checkpointed}, longest),
-                "saved_by_dtype": plain["saved_by_dtype"],
-                "work": work(plain, checkpointed),
-            })
-            views = [p.numel() for p in blocks[keep[index]].parameters() if id(p) in held]
-            if views:  # ZeRO-3 keeps these gathered until the block's backward (core.card.BlockCard)
-                kind_blocks[-1]["zero3_held"] = views
-        head, checkpointed_head = fitted[False]["head"], fitted[True]["head"]
         regime = {"tokens_fitted": list(fit_tokens), "tokens_checked": check_tokens, "fit_error": round(error, 6),
-                  "blocks": kind_blocks,
-                  "head": {"forward": head["forward"], "backward": head["backward"],
-                           "checkpointed_forward": checkpointed_head["forward"],
-                           "checkpointed_backward": checkpointed_head["backward"],
-                           **_reduction_entries({"forward": head, "backward": head,
-                                                 "checkpointed_forward": checkpointed_head,
-                                                 "checkpointed_backward": checkpointed_head}, longest),
-                           "work": work(head, checkpointed_head)}}
+                  **_regime_entries(fitted, kinds, keep, blocks, held, every_block, longest)}
+        if one is not None:  # a micro-batch of 1 plans with these (core.card.Regime.single_sequence)
+            regime["single_sequence"] = _regime_entries(one, kinds, keep, blocks, held, every_block, longest)
         if sequences > 1:  # learned from two sequences a step, stored per sequence (BATCHED_SEQUENCES)
             regime = {"sequences_traced": sequences, **regime}
         if not linear:  # exact at the sequences traced only: planned at no larger micro-batch
@@ -742,6 +729,42 @@ def _learn_regimes(config: Mapping[str, Any], model: nn.Module, blocks: nn.Modul
             regime = {"max_tokens": max_tokens, **regime}
         regimes.append(regime)
     return regimes, worst, attention_kernels, module_calls, trained
+
+
+def _regime_entries(fitted: dict, kinds: list[int], keep: list[int], blocks: nn.ModuleList, held: set[int],
+                    every_block: bool, longest: int) -> dict[str, Any]:
+    """A regime's card entries from its fitted terms: one block a kind, and the head."""
+    kind_blocks = []
+    for kind in sorted(set(kinds)):
+        # the last traced block of this kind with a traced block after it (the most common
+        # kind's has one before it too)
+        measured = [i for i, block in enumerate(keep) if kinds[block] == kind]
+        index = max([i for i in measured if i < len(keep) - 1] or measured)
+        if every_block and len(measured) >= 3:
+            index = measured[1]  # one inside its kind's run: the first and last free what the kind shares
+        plain, checkpointed = fitted[False]["blocks"][index], fitted[True]["blocks"][index]
+        kind_blocks.append({
+            "kind": kind, "traced_block": keep[index],
+            "forward": plain["forward"], "backward": plain["backward"],
+            "checkpointed_forward": checkpointed["forward"], "checkpointed_backward": checkpointed["backward"],
+            "recompute": checkpointed["recompute"],
+            **_reduction_entries({"forward": plain, "backward": plain, "checkpointed_forward": checkpointed,
+                                  "checkpointed_backward": checkpointed}, longest),
+            "saved_by_dtype": plain["saved_by_dtype"],
+            "work": work(plain, checkpointed),
+        })
+        views = [p.numel() for p in blocks[keep[index]].parameters() if id(p) in held]
+        if views:  # ZeRO-3 keeps these gathered until the block's backward (core.card.BlockCard)
+            kind_blocks[-1]["zero3_held"] = views
+    head, checkpointed_head = fitted[False]["head"], fitted[True]["head"]
+    return {"blocks": kind_blocks,
+            "head": {"forward": head["forward"], "backward": head["backward"],
+                     "checkpointed_forward": checkpointed_head["forward"],
+                     "checkpointed_backward": checkpointed_head["backward"],
+                     **_reduction_entries({"forward": head, "backward": head,
+                                           "checkpointed_forward": checkpointed_head,
+                                           "checkpointed_backward": checkpointed_head}, longest),
+                     "work": work(head, checkpointed_head)}}
 
 
 # The fewest positions a model may hold for the learner to trace within them (positions_regime)
