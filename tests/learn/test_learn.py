@@ -312,6 +312,31 @@ def test_a_learned_position_table_no_config_key_names_limits_the_sequence(tmp_pa
     assert past.stderr.strip().splitlines()[-1].endswith("a sequence of 512 tokens runs past them; use --seq 448 or less")
 
 
+def test_a_position_table_with_a_padding_row_holds_the_rows_after_it():
+    """RoBERTa's positions start at padding_idx + 1: of 514 rows (xlm-roberta-xl's), 512 hold
+    positions; a sequence of 513 would index past the table on a GPU."""
+    from zlayout.learn.learner import position_table
+
+    config = {"model_type": "xlm-roberta-xl", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+              "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 514, "pad_token_id": 1,
+              "is_decoder": True}
+    model, _ = build_model(config)
+    assert position_table(model) == 512
+    assert learn(config)["regimes"][-1]["max_positions"] == 512
+
+
+def test_a_buffer_the_first_step_grows_is_grown_before_the_traces():
+    """XGLM's sinusoidal table holds 2,048 rows and is made again, longer, by a step past them, as a
+    run's first step does once. The traces are of the steps after it (before: the 4,096-token trace
+    made more requests than the 1,024-token one, and the card was refused as another path)."""
+    config = {"model_type": "xglm", "d_model": 64, "num_layers": 2, "attention_heads": 4, "ffn_dim": 128,
+              "vocab_size": 256, "max_position_embeddings": 2048, "dropout": 0.0, "attention_dropout": 0.0,
+              "activation_dropout": 0.0}
+    card = learn(config)
+    regime, = card["regimes"]
+    assert regime["tokens_fitted"] == [1024, 2048, 4096] and "min_tokens" not in regime
+
+
 def test_a_class_transformers_cannot_checkpoint_is_learned_without_and_planned_without(tmp_path):
     """openai-gpt's class refuses gradient_checkpointing_enable (as its training run would): the
     learner traces it without checkpointing, and plan refuses --checkpointing full in one line. Its

@@ -627,6 +627,7 @@ def _learn_regime(model, blocks, keep, fit_tokens, check_tokens,
         return runs
 
     with _truncated(model, blocks, keep) as traced:
+        _settle(traced_model=model, tokens=max(fit_tokens + (check_tokens, long_tokens or 0)))
         single = runs = traces(1)
         sequences = 1
         batched = measure(trace_step(model, traced, fit_tokens[0], False, BATCHED_SEQUENCES), len(keep))
@@ -645,6 +646,17 @@ def _learn_regime(model, blocks, keep, fit_tokens, check_tokens,
             one = None
     linear = sequences == 1 or _linear_in_sequences(model, blocks, keep, fitted[False], check_tokens, 2 * sequences)
     return fitted, worst, trained, kernels, sequences, linear, module_calls, one
+
+
+def _settle(traced_model: nn.Module, tokens: int) -> None:
+    """One forward of `tokens` tokens without autograd before a regime's traces. A model that grows a
+    buffer to the sequence in its first step (XGLM's sinusoidal table, past its 2,048 rows) grows it
+    here, as a run's first step does: the traces are of the steps after it, which a run repeats
+    (traced as they came, the longest count's requests outnumbered the others' by the growth)."""
+    ledger = StorageLedger()
+    ids = torch.zeros(1, tokens, dtype=torch.long, device=next(traced_model.parameters()).device)
+    with _patched(ledger), ledger, torch.no_grad():
+        traced_model(input_ids=ids, use_cache=False)
 
 
 def _fit_runs(runs: dict[bool, list[tuple[int, dict]]], fitted_at: int, checks: list[int]) -> tuple[dict, float]:
@@ -933,8 +945,8 @@ POSITION_TABLE_NAME = re.compile(r"(^|\.)(wpe|embed_positions|position_embedding
 
 def position_table(model: nn.Module) -> int | None:
     """The positions the language model's position tables hold (the fewest, where it has several),
-    if it has one: an embedding's rows less the offset some classes keep in front (OPT's and BART's
-    2), a table buffer's rows. On the meta device an index past the table runs; on a GPU it stops
+    if it has one: an embedding's rows less those no position reads (`_rows_in_front`), a table
+    buffer's rows. On the meta device an index past the table runs; on a GPU it stops
     the step (Whisper's decoder: 448 rows, which no config key the learner reads says). Rotary
     models computing their angles each step, and ALiBi ones, have none. Tables of a vision or
     audio tower (Moss's 1,500 audio positions) are not the text's: only those inside the module
@@ -946,13 +958,20 @@ def position_table(model: nn.Module) -> int | None:
     while owner and not embedding.startswith(owner + "."):
         owner = owner.rpartition(".")[0]
     prefix = owner + "." if owner else ""
-    rows = [module.num_embeddings - int(getattr(module, "offset", 0) or 0)
-            for n, module in model.named_modules()
+    rows = [module.num_embeddings - _rows_in_front(module) for n, module in model.named_modules()
             if n.startswith(prefix) and isinstance(module, nn.Embedding) and POSITION_TABLE_NAME.search(n)]
     rows += [buffer.shape[0] for n, buffer in model.named_buffers()
              if n.startswith(prefix) and buffer.is_floating_point() and buffer.dim() == 2
              and "pos" in n.rpartition(".")[2].lower()]
     return min(rows) if rows else None
+
+
+def _rows_in_front(table: nn.Embedding) -> int:
+    """The rows of a position table no position reads: OPT's and BART's `offset` (2), and where the
+    table has a padding row, it and those before it (RoBERTa's positions start at padding_idx + 1:
+    514 rows hold 512 positions; ProphetNet's at 1)."""
+    offset = int(getattr(table, "offset", 0) or 0)
+    return max(offset, table.padding_idx + 1 if table.padding_idx is not None else 0)
 
 
 def positions_regime(positions: int) -> list[tuple[None, tuple[int, ...], int]]:
