@@ -627,7 +627,7 @@ def _learn_regime(model, blocks, keep, fit_tokens, check_tokens,
         return runs
 
     with _truncated(model, blocks, keep) as traced:
-        _settle(traced_model=model, tokens=max(fit_tokens + (check_tokens, long_tokens or 0)))
+        _settle(model, max(fit_tokens + (check_tokens, long_tokens or 0)))  # its blocks are the kept ones here
         single = runs = traces(1)
         sequences = 1
         batched = measure(trace_step(model, traced, fit_tokens[0], False, BATCHED_SEQUENCES), len(keep))
@@ -640,23 +640,22 @@ def _learn_regime(model, blocks, keep, fit_tokens, check_tokens,
     fitted = {ck: per_sequence(fits[ck], sequences) for ck in (False, True)}
     one = None
     if sequences > 1:  # the one sequence's own requests, which a micro-batch of 1 plans with
-        try:
+        # where its path changes with the tokens, none: the per-sequence card holds it
+        with contextlib.suppress(_PathChanged):
             one = _fit_runs(single, len(fit_tokens), checks)[0]
-        except _PathChanged:  # its path changes with the tokens: the per-sequence card holds it
-            one = None
     linear = sequences == 1 or _linear_in_sequences(model, blocks, keep, fitted[False], check_tokens, 2 * sequences)
     return fitted, worst, trained, kernels, sequences, linear, module_calls, one
 
 
-def _settle(traced_model: nn.Module, tokens: int) -> None:
+def _settle(model: nn.Module, tokens: int) -> None:
     """One forward of `tokens` tokens without autograd before a regime's traces. A model that grows a
     buffer to the sequence in its first step (XGLM's sinusoidal table, past its 2,048 rows) grows it
     here, as a run's first step does: the traces are of the steps after it, which a run repeats
     (traced as they came, the longest count's requests outnumbered the others' by the growth)."""
     ledger = StorageLedger()
-    ids = torch.zeros(1, tokens, dtype=torch.long, device=next(traced_model.parameters()).device)
+    ids = torch.zeros(1, tokens, dtype=torch.long, device=next(model.parameters()).device)
     with _patched(ledger), ledger, torch.no_grad():
-        traced_model(input_ids=ids, use_cache=False)
+        model(input_ids=ids, use_cache=False)
 
 
 def _fit_runs(runs: dict[bool, list[tuple[int, dict]]], fitted_at: int, checks: list[int]) -> tuple[dict, float]:
