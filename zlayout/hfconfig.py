@@ -386,6 +386,13 @@ def _validated(spec: dict[str, Any], where: str) -> ModelSpec:
 # --------------------------------------------------------------------------- any other model_type
 
 
+# The layer count of a model_type without a hand reader: the first of these keys its config holds.
+# An encoder-decoder family's ForCausalLM is its decoder alone, and its config names no
+# num_hidden_layers: BART's and Whisper's decoder_layers, ProphetNet's num_decoder_layers.
+GENERIC_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers",
+                      "num_decoder_layers")
+
+
 def _generic_shape(r: _Reader) -> dict[str, Any]:
     """The shape the keys most config classes share give (the first key present of each list),
     for a model_type without a hand reader. Only the plan's header, its MoE figures (experts,
@@ -394,9 +401,10 @@ def _generic_shape(r: _Reader) -> dict[str, Any]:
     head over the whole width."""
     hidden = r.int("hidden_size", "n_embd", "d_model", "model_dim")
     # an encoder-decoder family's ForCausalLM class is its decoder alone (Whisper's, BART's, TrOCR's)
-    heads = r.int("num_attention_heads", "n_head", "n_heads", "num_heads", "decoder_attention_heads", default=1)
+    heads = r.int("num_attention_heads", "n_head", "n_heads", "num_heads", "decoder_attention_heads",
+                  "num_decoder_attention_heads", default=1)
     spec: dict[str, Any] = dict(
-        layers=r.int("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers"), hidden=hidden,
+        layers=r.int(*GENERIC_LAYER_KEYS), hidden=hidden,
         heads=heads,
         kv_heads=r.int("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num", default=heads),
         ffn=r.int("intermediate_size", "ffn_hidden_size", "n_inner", "d_ff", "decoder_ffn_dim", default=4 * hidden),
@@ -689,8 +697,6 @@ def _layer_kinds_at_depth(config: dict[str, Any], layers: int) -> None:
     if isinstance(pattern, list) and pattern and len(pattern) != layers:
         config["layer_types"] = [pattern[i % len(pattern)] for i in range(layers)]
 
-
-GENERIC_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")  # as _generic reads them
 
 
 def _card_family_at_depth(config: dict[str, Any], model: ModelSpec) -> dict[str, Any]:

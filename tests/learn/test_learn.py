@@ -312,6 +312,22 @@ def test_a_learned_position_table_no_config_key_names_limits_the_sequence(tmp_pa
     assert past.stderr.strip().splitlines()[-1].endswith("a sequence of 512 tokens runs past them; use --seq 448 or less")
 
 
+def test_a_decoder_only_causal_lm_of_an_encoder_decoder_family_is_planned_at_its_decoder_depth(tmp_path, monkeypatch):
+    """ProphetNet's ForCausalLM is its decoder, whose depth is num_decoder_layers (no num_hidden_layers
+    in its config): the plan reads that key, and `--layers` changes it in the config verify builds."""
+    from zlayout import hfconfig
+
+    path = CARD_ONLY / "prophetnet-tiny.json"
+    assert zlayout("learn", "--hf-config", str(path), cards_dir=tmp_path / "cards").returncode == 0
+    planned = zlayout("plan", "--hf-config", str(path), "--gpu", "h200", "--seq", "256", cards_dir=tmp_path / "cards")
+    assert planned.returncode == 0, planned.stderr
+    assert "(L2 h64 heads 4 " in planned.stdout
+    monkeypatch.setenv(cards.CARDS_DIR_ENV, str(tmp_path / "cards"))
+    model = hfconfig.load(str(path)).with_layers(1)
+    built = hfconfig.config_to_build(json.loads(path.read_text()), model)
+    assert (built["num_decoder_layers"], built["num_encoder_layers"]) == (1, 3)
+
+
 def test_a_position_table_with_a_padding_row_holds_the_rows_after_it():
     """RoBERTa's positions start at padding_idx + 1: of 514 rows (xlm-roberta-xl's), 512 hold
     positions; a sequence of 513 would index past the table on a GPU."""
