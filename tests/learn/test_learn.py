@@ -297,6 +297,20 @@ def test_a_model_holding_fewer_positions_than_the_counts_traced_is_learned_withi
     assert past.stderr.strip().splitlines()[-1].endswith("a sequence of 1,024 tokens runs past them; use --seq 512 or less")
 
 
+def test_a_padding_mask_a_model_makes_of_ones_is_all_ones_on_the_meta_device():
+    """BART's decoder (its ForCausalLM) makes an all-ones padding mask when given none, and
+    transformers asks whether it is all ones (`fast_all`, an `.item()`) to skip the causal mask for
+    sdpa's is_causal: on a GPU it is, so flash runs. On meta the question had no answer and the
+    learn was refused ("reads tensor values")."""
+    config = {"model_type": "bart", "architectures": ["BartForCausalLM"], "d_model": 64, "decoder_layers": 2,
+              "encoder_layers": 2, "decoder_attention_heads": 4, "encoder_attention_heads": 4,
+              "decoder_ffn_dim": 128, "encoder_ffn_dim": 128, "vocab_size": 256, "max_position_embeddings": 1024,
+              "dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0}
+    card = learn(config)
+    assert card["attention_kernels"] == ["flash"]
+    assert card["regimes"][-1]["max_positions"] == 1024
+
+
 def test_a_learned_position_table_no_config_key_names_limits_the_sequence(tmp_path):
     """Whisper's decoder (its ForCausalLM) holds max_target_positions rows of positions, a key the
     learner does not read: its traces run past them on the meta device, where an index does not

@@ -162,23 +162,26 @@ def cuda_dropout(original):
 @contextlib.contextmanager
 def _patched(ledger: StorageLedger):
     """What the meta device cannot run as CUDA does: the fused attention kernels (priced by
-    `fused_attention`), dropout's fused kernel (`cuda_dropout`), and transformers'
-    packed-sequence check, which reads a value (`.item()`); one unpadded sequence per row is not
-    packed, so it answers None as a real run's check does."""
+    `fused_attention`), dropout's fused kernel (`cuda_dropout`), and two checks of transformers'
+    masks that read a value (`.item()`), answered as a real run's are for the learner's input, one
+    unpadded sequence per row: it is not packed (`find_packed_sequence_indices`: None), and a
+    padding mask a model makes for it (BART's decoder: `torch.ones`) is all ones (`fast_all`:
+    True, so the causal mask is skipped for sdpa's is_causal, as on a GPU)."""
     import transformers.masking_utils as masking
 
     functional = torch.nn.functional
     original_sdpa, original_dropout = functional.scaled_dot_product_attention, functional.dropout
-    original_packed = masking.find_packed_sequence_indices
+    original_packed, original_all = masking.find_packed_sequence_indices, masking.fast_all
     functional.scaled_dot_product_attention = fused_attention(ledger, original_sdpa)
     functional.dropout = cuda_dropout(original_dropout)
     masking.find_packed_sequence_indices = lambda position_ids: None
+    masking.fast_all = lambda tensor: True if tensor.is_meta else original_all(tensor)
     restore_linear = linear_kernels_patch(ledger)  # GDN linear attention: fla's kernels (trace.py)
     try:
         yield
     finally:
         functional.scaled_dot_product_attention, functional.dropout = original_sdpa, original_dropout
-        masking.find_packed_sequence_indices = original_packed
+        masking.find_packed_sequence_indices, masking.fast_all = original_packed, original_all
         restore_linear()
 
 
