@@ -158,6 +158,7 @@ def test_the_runbook_asks_the_team_for_the_kernels_the_plan_priced(tmp_path, mon
     rows = [line for line in runbook.splitlines() if "Install flash-linear-attention and causal-conv1d" in line]
     assert len(rows) == 1 and "about 1.9x the linear blocks' activations" in rows[0]
     assert "`zlayout verify` stops before training" in rows[0]
+    assert "on Hopper GPUs (H100, H200) also `pip install tilelang`" in rows[0]
 
 
 def test_a_hybrid_config_at_another_depth_finds_its_card_and_verify_builds_it(tmp_path, monkeypatch):

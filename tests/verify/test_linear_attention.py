@@ -70,3 +70,46 @@ def test_the_worker_reads_the_other_gdn_models_resolution(name):
     assert resolved == {"chunk_gated_delta_rule": TORCH_FALLBACK, "causal_conv1d_fn": TORCH_FALLBACK}
     assert "flash-linear-attention and causal-conv1d are not installed" in linear_attention_refusal(
         LINEAR_ATTENTION_FLA, resolved)
+
+
+def test_fla_gated_backward_on_hopper_is_refused_with_a_triton_that_computes_it_wrong():
+    """fla 0.6.0 raises in the first backward of a GDN block on Hopper under Triton 3.4.0 up to 3.7.1
+    (fla issue #640) unless tilelang takes the kernel: measured on an H100 with torch 2.11's Triton
+    3.6.0 after a 92-second engine build. The rule, as the preflight and the worker apply it."""
+    from zlayout.verify.environment import fla_hopper_refusal
+
+    refusal = fla_hopper_refusal([9], "3.6.0", tilelang=False)
+    assert "\n" not in refusal and "Hopper" in refusal and "Triton 3.6.0" in refusal
+    assert "pip install tilelang" in refusal and "3.7.1 or later" in refusal
+    assert fla_hopper_refusal([9], "3.7.0+git1234", tilelang=False) is not None
+    assert fla_hopper_refusal([9], "3.4.0", tilelang=False) is not None
+    assert fla_hopper_refusal([9], "3.7.1", tilelang=False) is None  # fixed there
+    assert fla_hopper_refusal([9], "3.3.1", tilelang=False) is None  # before the regression
+    assert fla_hopper_refusal([9], "3.6.0", tilelang=True) is None  # fla runs TileLang's kernel
+    assert fla_hopper_refusal([8], "3.6.0", tilelang=False) is None  # an A100
+    assert fla_hopper_refusal([10], "3.6.0", tilelang=False) is None  # a B200
+    assert fla_hopper_refusal([9], None, tilelang=False) is None  # no Triton: fla does not import either
+
+
+def test_the_preflight_refuses_a_hopper_node_whose_triton_fla_cannot_train_with(tmp_path, monkeypatch):
+    """The preflight's check, on the facts the probe records (an H100 with Triton 3.6.0, as measured),
+    for a plan from the learned Qwen3.5 card; a model without linear attention is not checked."""
+    from zlayout.cli import build_parser, main, plan_input_from_args
+    from zlayout.verify.preflight import check_linear_attention_kernels
+
+    def plan_input(config: Path):
+        return plan_input_from_args(build_parser().parse_args(["verify", "--hf-config", str(config), "--gpu", "h100",
+                                                               "--gpus-per-node", "1", "--seq", "1024"]))
+
+    monkeypatch.setenv(cards.CARDS_DIR_ENV, str(tmp_path / "cards"))
+    assert main(["learn", "--hf-config", str(TINY)]) == 0
+    inp = plan_input(TINY)
+    h100 = {"cuda_devices": 1, "cuda_capability_majors": [9], "triton": "3.6.0", "tilelang": False}
+    [check] = check_linear_attention_kernels(inp, h100)
+    assert not check.ok and check.blocking and "Triton 3.6.0" in check.line()
+    assert check.line().startswith("preflight FAIL linear attention kernels: ")
+    [check] = check_linear_attention_kernels(inp, {**h100, "tilelang": True})
+    assert check.ok and "tilelang installed" in check.detail
+    assert check_linear_attention_kernels(inp, {**h100, "cuda_devices": 0}) == []  # CPU mode
+    llama = plan_input(Path(__file__).resolve().parents[1] / "hf" / "configs" / "published" / "Llama-3.2-1B.json")
+    assert check_linear_attention_kernels(llama, h100) == []

@@ -92,6 +92,8 @@ def script_contract(profile: Profile) -> list[Requirement]:
             "Install flash-linear-attention and causal-conv1d in the environment the job runs in, so that "
             "transformers binds its fused linear-attention kernels when it imports the model",
             "`pip install flash-linear-attention causal-conv1d` (causal-conv1d builds against the node's CUDA); "
+            "on Hopper GPUs (H100, H200) also `pip install tilelang`, or a torch built with Triton 3.7.1 or later: "
+            "fla's gated backward stops under Triton 3.4.0 up to 3.7.1 there (fla issue #640); "
             "transformers warns that `chunk_gated_delta_rule` is \"falling back to its reference PyTorch "
             "implementation\" when they do not import; `zlayout verify` stops before training then",
             f"GPU peak {gib(gpu_plan)} allocated per GPU, priced with those kernels (not yet measured on a GPU); "

@@ -110,3 +110,43 @@ def worker_env_notes(options: VerifyOptions, base: dict[str, str] | None = None)
     env = dict(os.environ) if base is None else dict(base)
     env.update(options.extra_env)
     return corrected_env(env)[1]
+
+
+# flash-linear-attention's gated-delta-rule backward on Hopper (sm_90): Triton 3.4.0 up to 3.7.1
+# computes its `chunk_bwd_dqkwg` kernel wrong (fla issue #640), and fla 0.6.0 raises there
+# (fla/ops/common/chunk_o.py) unless its TileLang backend (the `tilelang` package and nvcc) takes
+# the kernel. Measured: an H100 with torch 2.11.0+cu130's Triton 3.6.0 and fla 0.6.0 built
+# Qwen3.5's engine (92 s) and stopped in the first backward (h200-2026-12-17, results-h100-call2).
+FLA_HOPPER_BAD_TRITON = ((3, 4, 0), (3, 7, 1))  # [from, to)
+
+
+def _version_tuple(version: str) -> tuple[int, ...] | None:
+    found = re.match(r"^(\d+)\.(\d+)(?:\.(\d+))?", version.strip())
+    return tuple(int(part or 0) for part in found.groups()) if found else None
+
+
+def triton_and_tilelang() -> tuple[str | None, bool]:
+    """The installed Triton's version (read from its metadata: importing triton starts its driver)
+    and whether tilelang is importable, as fla_hopper_refusal takes them."""
+    import importlib.metadata
+    import importlib.util
+
+    try:
+        triton = importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        triton = None
+    return triton, importlib.util.find_spec("tilelang") is not None
+
+
+def fla_hopper_refusal(capability_majors: list[int], triton: str | None, tilelang: bool) -> str | None:
+    """One line where flash-linear-attention's gated backward cannot train on these GPUs with this
+    Triton (FLA_HOPPER_BAD_TRITON), None where it can or the node has no Hopper GPU."""
+    version = _version_tuple(triton) if triton else None
+    low, high = FLA_HOPPER_BAD_TRITON
+    if 9 not in capability_majors or version is None or not low <= version < high or tilelang:
+        return None
+    return (f"flash-linear-attention's gated-delta-rule backward does not run on Hopper GPUs (sm_90) with "
+            f"Triton {triton} (fla issue #640: Triton {'.'.join(map(str, low))} up to {'.'.join(map(str, high))} "
+            "computes it wrong, and fla raises in the first backward): install tilelang (`pip install tilelang`, "
+            "it needs nvcc), which fla runs that kernel with instead, or a torch built with Triton "
+            f"{'.'.join(map(str, high))} or later")

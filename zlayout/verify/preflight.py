@@ -30,7 +30,7 @@ from zlayout.catalog import format_params
 from zlayout.core.memory import estimate_memory
 from zlayout.spec import GiB, Layout, PlanInput
 from zlayout.verify import oplocks
-from zlayout.verify.environment import worker_env, worker_env_notes
+from zlayout.verify.environment import fla_hopper_refusal, worker_env, worker_env_notes
 from zlayout.verify.options import VerifyOptions, checkpoint_bytes
 
 PROBE_MODULE = "zlayout.verify.probe"
@@ -155,6 +155,21 @@ def check_versions(python: str, cpu: bool, ops: list[str] | None = None,
     fix = "" if ok else f"the memory model follows DeepSpeed 0.19.8: {shlex.quote(python)} -m pip install deepspeed==0.19.8"
     return Check("torch+deepspeed", True, detail, fix) if ok else \
         Check("torch+deepspeed", False, detail, fix, blocking=False), facts
+
+
+def check_linear_attention_kernels(inp: PlanInput, facts: dict[str, Any]) -> list[Check]:
+    """Where the card priced flash-linear-attention's kernels (Qwen3.5's GDN blocks), whether
+    they can train on these GPUs with this Triton (environment.fla_hopper_refusal): checked
+    before the engine is built, not in the first backward."""
+    card = getattr(inp.model, "card", None)
+    if getattr(card, "linear_attention", None) is None or not facts.get("cuda_devices"):
+        return []
+    refusal = fla_hopper_refusal(facts.get("cuda_capability_majors") or [], facts.get("triton"),
+                                 bool(facts.get("tilelang")))
+    detail = f"Triton {facts.get('triton') or 'not installed'}, tilelang {'installed' if facts.get('tilelang') else 'not installed'}"
+    if refusal is None:
+        return [Check("linear attention kernels", True, detail)]
+    return [Check("linear attention kernels", False, refusal)]
 
 
 def ops_for(layout: Layout, cpu: bool) -> list[str]:
@@ -431,6 +446,7 @@ def run_checks(inp: PlanInput, layout: Layout, options: VerifyOptions, processes
     checks.append(version_check)
     if facts:
         checks += check_arch_list(options, facts)
+        checks += check_linear_attention_kernels(inp, facts)
         if ops and not build:
             checks.append(Check("deepspeed ops", False, f"{', '.join(ops)} not built",
                                 "fix the FAIL lines first", blocking=False))

@@ -30,12 +30,17 @@ def versions() -> dict[str, Any]:
     import deepspeed
     import torch
 
+    from zlayout.verify.environment import triton_and_tilelang
+
     count = torch.cuda.device_count()
+    triton, tilelang = triton_and_tilelang()
     return {"torch": torch.__version__, "deepspeed": deepspeed.__version__,
             "cuda": torch.version.cuda, "cuda_devices": count,
             "cuda_names": [torch.cuda.get_device_name(i) for i in range(count)],
             "cuda_total_bytes": [torch.cuda.get_device_properties(i).total_memory
-                                 for i in range(count)]}
+                                 for i in range(count)],
+            "cuda_capability_majors": [torch.cuda.get_device_capability(i)[0] for i in range(count)],
+            "triton": triton, "tilelang": tilelang}
 
 
 def arch_parse(value: str) -> dict[str, Any]:

@@ -207,6 +207,8 @@ def check_linear_attention(report: dict[str, Any], model: Any, build: Any) -> No
     """Record which linear-attention kernels transformers resolved for the model built
     (worker_model.linear_attention_implementation), and stop before training where the card
     priced flash-linear-attention + causal-conv1d and this node runs the torch fallback."""
+    import torch
+
     from zlayout.verify.worker_model import linear_attention_implementation, linear_attention_refusal
 
     resolved = linear_attention_implementation(getattr(build, "model_module", None))
@@ -214,6 +216,11 @@ def check_linear_attention(report: dict[str, Any], model: Any, build: Any) -> No
         return
     report["linear_attention"] = resolved
     refusal = linear_attention_refusal(getattr(model.card, "linear_attention", None), resolved)
+    if refusal is None and "flash-linear-attention" in resolved.values() and torch.cuda.is_available():
+        # fla's gated backward on Hopper with a Triton it refuses: stop here, not in the first backward
+        from zlayout.verify.environment import fla_hopper_refusal, triton_and_tilelang
+
+        refusal = fla_hopper_refusal([torch.cuda.get_device_capability()[0]], *triton_and_tilelang())
     if refusal is not None:
         raise PlanAssumptionError(refusal)
 
