@@ -83,6 +83,9 @@ PY
       export PYTHONPATH=$PYTHONPATH:$CCDIR
       echo "setup-fla: wheels installed, causal-conv1d building in $CCDIR" ;;
     wait-fla)
+      # a later call on the warm node: the build's folder is not on PYTHONPATH yet (twenty-seventh session)
+      CCDIR=$(ls -d /tmp/ccb/causal_conv1d-* 2>/dev/null | head -1)
+      [ -n "$CCDIR" ] && case ":$PYTHONPATH:" in *":$CCDIR:"*) ;; *) export PYTHONPATH=$PYTHONPATH:$CCDIR ;; esac
       while [ ! -f /tmp/causal-conv1d.done ] && [ $(left) -gt 120 ]; do sleep 5; done
       echo "build causal-conv1d: $(cat /tmp/causal-conv1d.done 2>/dev/null || echo 'still running: no time left')"
       python3 - > $OUT/linear-attention.txt 2>&1 <<'PY'
