@@ -311,6 +311,21 @@ def test_a_padding_mask_a_model_makes_of_ones_is_all_ones_on_the_meta_device():
     assert card["regimes"][-1]["max_positions"] == 1024
 
 
+@pytest.mark.parametrize("is_decoder", [False, True])
+def test_a_bert_like_causal_lm_learns_without_reading_its_input(is_decoder):
+    """RoFormer's ForCausalLM asks whether its first or last token is padding (a warning:
+    `warn_if_padding_and_no_attention_mask`) and, as a bidirectional model (its config's default),
+    whether its padding mask is all ones (`_ignore_bidirectional_mask_sdpa`): both read a value,
+    and the learn was refused. Neither changes a tensor of the learner's unpadded input."""
+    config = {"model_type": "roformer", "architectures": ["RoFormerForCausalLM"], "hidden_size": 64,
+              "embedding_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128,
+              "vocab_size": 256, "max_position_embeddings": 512, "pad_token_id": 0, "is_decoder": is_decoder,
+              "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+    card = learn(config)
+    assert card["parameters"]["count"] == sum(p.numel() for p in build_model(config)[0].parameters())
+    assert card["regimes"][-1]["max_positions"] == 512
+
+
 def test_a_learned_position_table_no_config_key_names_limits_the_sequence(tmp_path):
     """Whisper's decoder (its ForCausalLM) holds max_target_positions rows of positions, a key the
     learner does not read: its traces run past them on the meta device, where an index does not

@@ -166,22 +166,33 @@ def _patched(ledger: StorageLedger):
     masks that read a value (`.item()`), answered as a real run's are for the learner's input, one
     unpadded sequence per row: it is not packed (`find_packed_sequence_indices`: None), and a
     padding mask a model makes for it (BART's decoder: `torch.ones`) is all ones (`fast_all`:
-    True, so the causal mask is skipped for sdpa's is_causal, as on a GPU)."""
+    True, so the causal mask is skipped for sdpa's is_causal, as on a GPU; a bidirectional
+    model's, read by `_ignore_bidirectional_mask_sdpa`, is as none). The check behind a
+    warning that reads the input's first and last token (`warn_if_padding_and_no_attention_mask`:
+    RoFormer, BigBird, MegatronBERT, RemBERT) is skipped: it changes no tensor."""
     import transformers.masking_utils as masking
+    from transformers.modeling_utils import PreTrainedModel
 
     functional = torch.nn.functional
     original_sdpa, original_dropout = functional.scaled_dot_product_attention, functional.dropout
     original_packed, original_all = masking.find_packed_sequence_indices, masking.fast_all
+    original_warn = PreTrainedModel.warn_if_padding_and_no_attention_mask
+    original_bidirectional = masking._ignore_bidirectional_mask_sdpa
     functional.scaled_dot_product_attention = fused_attention(ledger, original_sdpa)
     functional.dropout = cuda_dropout(original_dropout)
     masking.find_packed_sequence_indices = lambda position_ids: None
     masking.fast_all = lambda tensor: True if tensor.is_meta else original_all(tensor)
+    PreTrainedModel.warn_if_padding_and_no_attention_mask = lambda self, input_ids, attention_mask: None
+    masking._ignore_bidirectional_mask_sdpa = lambda padding_mask, *args, **kwargs: original_bidirectional(
+        None if padding_mask is not None and padding_mask.is_meta else padding_mask, *args, **kwargs)
     restore_linear = linear_kernels_patch(ledger)  # GDN linear attention: fla's kernels (trace.py)
     try:
         yield
     finally:
         functional.scaled_dot_product_attention, functional.dropout = original_sdpa, original_dropout
         masking.find_packed_sequence_indices, masking.fast_all = original_packed, original_all
+        PreTrainedModel.warn_if_padding_and_no_attention_mask = original_warn
+        masking._ignore_bidirectional_mask_sdpa = original_bidirectional
         restore_linear()
 
 
