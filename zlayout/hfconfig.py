@@ -655,6 +655,15 @@ def with_card(model: ModelSpec, config: Mapping[str, Any], where: str) -> ModelS
         raise HfConfigError(f"{where}: {exc}") from None
     if card is None:
         return model
+    if card.key == card_store.config_key(config) and len(card.layer_kinds) != model.layers:
+        # learned from this very config, yet another depth: transformers builds the model otherwise
+        # than its keys read (Dory's config class halves a layer_types count that lists "mlp"
+        # entries, and runs its middle blocks in loops; HRM cycles its stacks). Resizing would
+        # plan another model (Dory's 3.98B parameters planned as 7.28B)
+        raise HfConfigError(f"{where}: the config names {model.layers} layers, but transformers builds "
+                            f"{len(card.layer_kinds)} blocks from it ({card.source}): its blocks are not one run "
+                            "of numbered layers (blocks run more than once, or a config class that reads its own "
+                            "keys otherwise), which zlayout cannot plan from its card")
     try:
         card = card.at_layers(model.layers)  # a card found for this config at another depth
     except card_store.CardError:

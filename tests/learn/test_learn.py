@@ -326,6 +326,20 @@ def test_a_bert_like_causal_lm_learns_without_reading_its_input(is_decoder):
     assert card["regimes"][-1]["max_positions"] == 512
 
 
+def test_a_config_whose_class_builds_another_depth_than_its_keys_read_is_refused(tmp_path):
+    """Dory's config class halves a layer_types list that names "mlp" entries (8 listed, 4 blocks
+    built) and runs its middle blocks in loops: the card learned from the file holds 4 blocks, and
+    resizing it to the 8 layers the keys read planned another model (its default config: 3.98B
+    parameters planned as 7.28B). The plan refuses in one line."""
+    path = CARD_ONLY / "dory-tiny.json"
+    assert zlayout("learn", "--hf-config", str(path), cards_dir=tmp_path / "cards").returncode == 0
+    planned = zlayout("plan", "--hf-config", str(path), "--gpu", "h200", "--seq", "1024", cards_dir=tmp_path / "cards")
+    assert planned.returncode == 2 and planned.stdout == ""
+    line = planned.stderr.strip().splitlines()[-1]
+    assert "the config names 8 layers, but transformers builds 4 blocks from it" in line
+    assert "cannot plan from its card" in line
+
+
 def test_a_learned_position_table_no_config_key_names_limits_the_sequence(tmp_path):
     """Whisper's decoder (its ForCausalLM) holds max_target_positions rows of positions, a key the
     learner does not read: its traces run past them on the meta device, where an index does not
