@@ -56,7 +56,8 @@ TORCH_LOOP_ACTIVATIONS = 2117 / 1139
 LINEAR_ATTENTION_NOTE = (
     "linear attention priced as flash-linear-attention's chunked kernels with causal-conv1d (not yet measured "
     f"on a GPU); without them transformers runs a Python loop over 64-token chunks that holds about "
-    f"{TORCH_LOOP_ACTIVATIONS:.1f}x the activations (not priced)")
+    f"{TORCH_LOOP_ACTIVATIONS:.1f}x the activations (not priced); on Hopper GPUs fla's gated backward needs "
+    "tilelang or Triton 3.7.1 or later (fla issue #640)")
 
 
 def linear_attention_assumed(config: Mapping[str, Any]) -> str | None:
