@@ -1060,7 +1060,7 @@ def estimate_memory(inp: PlanInput, layout: Layout, replay: bool = True) -> Memo
     usable = min(int(hw.gpu.memory_bytes * (1 - inp.headroom_fraction)), allocatable)
     if replay and t.allocator == "default" and peak + context < allocatable:
         # only a layout whose allocated peak fits the card is replayed, on the card
-        from zlayout.core.allocator_sim import replay_at_capacity
+        from zlayout.core.allocator_sim import replay_at_capacity, replayed_allocated_counts
 
         small = small_pool_bytes(c.model, t)
         flushes = replay_at_capacity(inp, layout, allocatable - context - small)
@@ -1069,6 +1069,13 @@ def estimate_memory(inp: PlanInput, layout: Layout, replay: bool = True) -> Memo
             # the headroom holds for where best fit puts the blocks too: the step must also run
             # on the card less the headroom (see allocator_on_the_card)
             within = replay_at_capacity(inp, layout, usable - context - small)
+        if flushes is not None and flushes.peak_allocated > peak and replayed_allocated_counts(inp, layout):
+            # the card's requests in their order hold more at once than the per-phase sum
+            # (Falcon-7B, h200-2026-12-18): the run's max_memory_allocated is the replay's
+            terms.add("gpu", "request_order", flushes.peak_allocated - peak, "overhead",
+                      "what the replayed requests hold at once above the per-phase peak: tensors of "
+                      "two phases alive together")
+            peak = flushes.peak_allocated
         if flushes is not None:
             replayed, allocator = allocator_on_the_card(flushes, phases, misc, peak, usable - context, small,
                                                         within, inp.headroom_fraction)

@@ -562,8 +562,25 @@ def _hook_op(size: int, slot: int) -> tuple[int, int, int]:
     return (_HOOK, size, slot) if size > SMALL_SIZE else (_HOOK_SMALL, size, slot)
 
 
+def _held_above(run: list[tuple[int, int, int]]) -> int:
+    """The most a closed run of requests holds at once above what was held before it (a skipped
+    run's part of the replay's allocated peak, `_Seq.peak_allocated`)."""
+    held = above = 0
+    made: dict[int, int] = {}
+    for op, size, slot in run:
+        if op == _ALLOC:
+            made[slot] = size
+            held += size
+            above = max(above, held)
+        elif op == _TRANSIENT:
+            above = max(above, held + size)
+        elif op == _FREE:
+            held -= made.pop(slot, 0)
+    return above
+
+
 def _closed_groups(code: list[tuple[int, int, int]]) -> list[tuple[int, int, object]]:
-    """`code` with a (_GROUP, bytes << _SIZE_SHIFT, (length, sizes, Nones)) instruction before
+    """`code` with a (_GROUP, bytes << _SIZE_SHIFT, (length, sizes, Nones, Falses, held above)) instruction before
     each run of two or more instructions that allocate and free only tensors of their own (none
     made before them, none left after, no hook): such a run that makes no segment leaves the
     pool as it found it (free blocks are always merged, so the free bytes decide them), and it
@@ -590,7 +607,8 @@ def _closed_groups(code: list[tuple[int, int, int]]) -> list[tuple[int, int, obj
             run = code[i:end + 1]
             sizes = tuple(size for op, size, _ in run if op in (_ALLOC, _TRANSIENT))
             need = sum(((size + 511) & ~511) + SMALL_SIZE for size in sizes)
-            out.append((_GROUP, need << _SIZE_SHIFT, (len(run), sizes, (None,) * len(sizes))))
+            out.append((_GROUP, need << _SIZE_SHIFT, (len(run), sizes, (None,) * len(sizes), (False,) * len(sizes),
+                                                      _held_above(run))))
             out += run
             i = end + 1
         else:
@@ -766,8 +784,8 @@ class CardBlocks:
         of its replay was those calls). A run that leaves the pool as it found it is skipped
         (`_closed_groups`: a fifth of a carded plan's replay)."""
         s = self.s
-        sizes, blocks = s.sizes, s.blocks
-        add_size, add_block = sizes.append, blocks.append
+        sizes, blocks, held = s.sizes, s.blocks, s.held
+        add_size, add_block, add_held = sizes.append, blocks.append, held.append
         pool = s.pools[DEFAULT_STREAM]
         malloc, transient, free_index = pool.malloc, pool.transient, pool.free_index
         names: list = [None] * slots
@@ -776,16 +794,26 @@ class CardBlocks:
         for op, size, slot in instructions:
             if op == _GROUP:
                 if free_index and free_index[-1] >= size:  # a free block holds the run: skipped
-                    length, made, nones = slot
+                    length, made, nones, falses, above = slot
                     sizes += made
                     blocks += nones
+                    held += falses
+                    if s.allocated + above > s.peak_allocated:
+                        s.peak_allocated = s.allocated + above
                     next(islice(instructions, length, length), None)
             elif op == _ALLOC:
                 names[slot] = len(sizes)
                 add_size(size)
                 add_block(malloc(size))
+                add_held(True)
+                s.allocated += size
+                if s.allocated > s.peak_allocated:
+                    s.peak_allocated = s.allocated
             elif op == _FREE:
                 name = names[slot]
+                if held[name]:
+                    held[name] = False
+                    s.allocated -= sizes[name]
                 block = blocks[name]
                 if block is not None:
                     blocks[name] = None  # forgotten once freed, as `_Seq.f` does
@@ -793,6 +821,9 @@ class CardBlocks:
             elif op == _TRANSIENT:
                 add_size(size)
                 add_block(None)
+                add_held(False)
+                if s.allocated + size > s.peak_allocated:
+                    s.peak_allocated = s.allocated + size
                 transient(size)
             elif op == _HOOK:
                 hook([names[slot]])

@@ -52,6 +52,11 @@ class _Seq:
         self.blocks: list[_Block | None] = [None]  # live: each name's block (None: small)
         self.marks: list[tuple[str, int]] = []  # (phase, index of its first event): comparisons
         self.released_peak = 0
+        # live: the bytes the replayed tensors hold (every request, small ones too, as
+        # torch.cuda.max_memory_allocated counts them) and their peak; `held[name]`: not freed yet
+        self.allocated = 0
+        self.peak_allocated = 0
+        self.held: list[bool] = [False]
         # live: (stream, key, cached blocks) -> the names' sizes (`episode`)
         self.episodes: dict[tuple, list[int]] = {}
 
@@ -69,6 +74,10 @@ class _Seq:
         name = len(sizes)
         sizes.append(size)
         if self.live:
+            self.held.append(True)
+            self.allocated += size
+            if self.allocated > self.peak_allocated:
+                self.peak_allocated = self.allocated
             # the block knows its pool (`_Block.pool`): `f` frees it there; None: not replayed
             try:
                 self.blocks.append(self.pools[stream].malloc(size))
@@ -86,9 +95,12 @@ class _Seq:
 
     def f(self, *names: int | None) -> None:
         if self.live:
-            blocks = self.blocks
+            blocks, held = self.blocks, self.held
             for name in names:
                 if name is not None:
+                    if held[name]:
+                        held[name] = False
+                        self.allocated -= self.sizes[name]
                     block = blocks[name]
                     if block is not None:
                         # forgotten once freed: a free block may be merged into a neighbour,
@@ -107,6 +119,8 @@ class _Seq:
         size = int(size)
         self.sizes.append(size)
         self.blocks.append(None)
+        self.held.append(False)
+        self.peak_allocated = max(self.peak_allocated, self.allocated + size)
         try:
             pool = self.pools[stream]
         except KeyError:
@@ -127,15 +141,22 @@ class _Seq:
             run()
             return
         cached = tuple(pool.free_index)
-        sizes = self.episodes.get((stream, key, cached))
-        if sizes is not None:
+        seen = self.episodes.get((stream, key, cached))
+        if seen is not None:  # its names, and the most it held at once above what was held before it
+            sizes, above = seen
             self.sizes.extend(sizes)
             self.blocks.extend([None] * len(sizes))
+            self.held.extend([False] * len(sizes))
+            self.peak_allocated = max(self.peak_allocated, self.allocated + above)
             return
         first, segments = len(self.sizes), len(pool.segment_sizes)
+        before, outer_peak = self.allocated, self.peak_allocated
+        self.peak_allocated = before
         run()
+        above = self.peak_allocated - before
+        self.peak_allocated = max(outer_peak, self.peak_allocated)
         if not pool.allocated and len(pool.segment_sizes) == segments and tuple(pool.free_index) == cached:
-            self.episodes[(stream, key, cached)] = self.sizes[first:]
+            self.episodes[(stream, key, cached)] = (self.sizes[first:], above)
 
     def empty_cache(self) -> None:
         """torch.cuda.empty_cache: the pools' unused segments go back to the device."""
