@@ -707,7 +707,6 @@ def _layer_kinds_at_depth(config: dict[str, Any], layers: int) -> None:
         config["layer_types"] = [pattern[i % len(pattern)] for i in range(layers)]
 
 
-
 def _card_family_at_depth(config: dict[str, Any], model: ModelSpec) -> dict[str, Any]:
     """The user's config.json at the plan's depth, for a family read only through its card
     (no hand reader writes its shape): the layer count is the one shape flag a card answers

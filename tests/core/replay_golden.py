@@ -151,6 +151,15 @@ def record(name: str) -> dict:
     if events is None:
         return {"carded": inp.model.card is not None, "replayed": False}
     digest = hashlib.sha256(json.dumps([events, seq.marks], separators=(",", ":")).encode()).hexdigest()
+    replay = sim._Seq(live=True)
+    sim.allocation_sequence(inp, layout, 2, replay)
+    return {"carded": inp.model.card is not None and sim._replays_card(inp.model, inp.training),
+            "replayed": True, "digest": digest[:24], "events": len(events),
+            "peak_allocated": events_peak_allocated(events), "peak_reserved": replay.reserved}
+
+
+def events_peak_allocated(events: list) -> int:
+    """The most a recorded request sequence holds at once (torch.cuda.max_memory_allocated)."""
     live = peak = 0
     sizes: dict = {}
     for kind, tensor, size, *_ in events:
@@ -160,11 +169,7 @@ def record(name: str) -> dict:
             peak = max(peak, live)
         elif kind == "f":
             live -= sizes.pop(tensor)
-    replay = sim._Seq(live=True)
-    sim.allocation_sequence(inp, layout, 2, replay)
-    return {"carded": inp.model.card is not None and sim._replays_card(inp.model, inp.training),
-            "replayed": True, "digest": digest[:24], "events": len(events),
-            "peak_allocated": peak, "peak_reserved": replay.reserved}
+    return peak
 
 
 def main(argv: list[str] | None = None) -> int:

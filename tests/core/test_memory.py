@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -9,6 +12,8 @@ from hypothesis import strategies as st
 from zlayout import catalog
 from zlayout.core.memory import estimate_memory
 from zlayout.spec import GiB, HardwareSpec, Layout, ModelSpec, PlanInput, TrainingSpec, all_layouts
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/core/replay_golden.py, the grid's recorder
 
 REFERENCE_PARAMS = 1_873_190_912  # benchmarks/measurements/README.md
 
@@ -292,6 +297,8 @@ def test_a_carded_gpu_resident_peak_is_what_the_replayed_requests_hold_at_once()
     max_memory_allocated was 45,942,680,576 bytes; the per-phase sum said 44.30e9 (3.6% under), the
     card's requests replayed in their order hold 45.94e9 at once. The live replay's count (blocks
     written out in `run_program`, closed groups skipped whole) is the event list's, byte for byte."""
+    from replay_golden import events_peak_allocated  # tests/core/replay_golden.py
+
     from zlayout.core.allocator_sim import allocation_sequence, replay_at_capacity, replayed_allocated_counts
     from zlayout.core.replay_state import _Seq
 
@@ -302,15 +309,7 @@ def test_a_carded_gpu_resident_peak_is_what_the_replayed_requests_hold_at_once()
     assert abs(est.gpu_peak_allocated_bytes / 45_942_680_576 - 1) < 0.001
     [order] = [t for t in est.terms if t.name == "request_order"]
     assert order.where == "gpu" and order.bytes > 1.4 * GiB
-    events = allocation_sequence(inp, layout, steps=2, _seq=_Seq())
-    held, peak, sizes = 0, 0, {}
-    for op, name, size, *_ in events:
-        if op == "a":
-            sizes[name] = size
-            held += size
-            peak = max(peak, held)
-        elif op == "f":
-            held -= sizes.pop(name, 0)
+    peak = events_peak_allocated(allocation_sequence(inp, layout, steps=2, _seq=_Seq()))
     capacity = replay_at_capacity(inp, layout, 1 << 50)
     assert capacity.peak_allocated == peak
 

@@ -174,25 +174,25 @@ def _patched(ledger: StorageLedger):
     from transformers.modeling_utils import PreTrainedModel
 
     functional = torch.nn.functional
-    original_sdpa, original_dropout = functional.scaled_dot_product_attention, functional.dropout
-    original_packed, original_all = masking.find_packed_sequence_indices, masking.fast_all
-    original_warn = PreTrainedModel.warn_if_padding_and_no_attention_mask
-    original_bidirectional = masking._ignore_bidirectional_mask_sdpa
-    functional.scaled_dot_product_attention = fused_attention(ledger, original_sdpa)
-    functional.dropout = cuda_dropout(original_dropout)
-    masking.find_packed_sequence_indices = lambda position_ids: None
-    masking.fast_all = lambda tensor: True if tensor.is_meta else original_all(tensor)
-    PreTrainedModel.warn_if_padding_and_no_attention_mask = lambda self, input_ids, attention_mask: None
-    masking._ignore_bidirectional_mask_sdpa = lambda padding_mask, *args, **kwargs: original_bidirectional(
-        None if padding_mask is not None and padding_mask.is_meta else padding_mask, *args, **kwargs)
+    fast_all, bidirectional = masking.fast_all, masking._ignore_bidirectional_mask_sdpa
+    stand_ins = [  # (owner, attribute, what runs in its place), put back as linear_kernels_patch's are
+        (functional, "scaled_dot_product_attention", fused_attention(ledger, functional.scaled_dot_product_attention)),
+        (functional, "dropout", cuda_dropout(functional.dropout)),
+        (masking, "find_packed_sequence_indices", lambda position_ids: None),
+        (masking, "fast_all", lambda tensor: True if tensor.is_meta else fast_all(tensor)),
+        (masking, "_ignore_bidirectional_mask_sdpa", lambda padding_mask, *args, **kwargs: bidirectional(
+            None if padding_mask is not None and padding_mask.is_meta else padding_mask, *args, **kwargs)),
+        (PreTrainedModel, "warn_if_padding_and_no_attention_mask", lambda self, input_ids, attention_mask: None),
+    ]
+    swapped = [(owner, name, getattr(owner, name)) for owner, name, _ in stand_ins]
+    for owner, name, stand_in in stand_ins:
+        setattr(owner, name, stand_in)
     restore_linear = linear_kernels_patch(ledger)  # GDN linear attention: fla's kernels (trace.py)
     try:
         yield
     finally:
-        functional.scaled_dot_product_attention, functional.dropout = original_sdpa, original_dropout
-        masking.find_packed_sequence_indices, masking.fast_all = original_packed, original_all
-        PreTrainedModel.warn_if_padding_and_no_attention_mask = original_warn
-        masking._ignore_bidirectional_mask_sdpa = original_bidirectional
+        for owner, name, original in swapped:
+            setattr(owner, name, original)
         restore_linear()
 
 
