@@ -113,3 +113,11 @@ def test_the_preflight_refuses_a_hopper_node_whose_triton_fla_cannot_train_with(
     assert check_linear_attention_kernels(inp, {**h100, "cuda_devices": 0}) == []  # CPU mode
     llama = plan_input(Path(__file__).resolve().parents[1] / "hf" / "configs" / "published" / "Llama-3.2-1B.json")
     assert check_linear_attention_kernels(llama, h100) == []
+
+
+def test_a_triton_version_a_terminal_would_act_on_is_shown_escaped():
+    """The version is read from the node's package metadata and printed in the preflight's line."""
+    from zlayout.verify.environment import fla_hopper_refusal
+
+    refusal = fla_hopper_refusal([9], "3.6.0\x1b[2J\nrm -rf", tilelang=False)
+    assert "\x1b" not in refusal and "\n" not in refusal and "Triton 3.6.0\\x1b[2J\\nrm -rf" in refusal

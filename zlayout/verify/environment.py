@@ -18,6 +18,7 @@ import os
 import re
 from pathlib import Path
 
+from zlayout.messages import printable
 from zlayout.verify.options import VerifyOptions
 
 # PyTorch's architecture names (torch.utils.cpp_extension._get_cuda_arch_flags): DeepSpeed
@@ -146,7 +147,7 @@ def fla_hopper_refusal(capability_majors: list[int], triton: str | None, tilelan
     if 9 not in capability_majors or version is None or not low <= version < high or tilelang:
         return None
     return (f"flash-linear-attention's gated-delta-rule backward does not run on Hopper GPUs (sm_90) with "
-            f"Triton {triton} (fla issue #640: Triton {'.'.join(map(str, low))} up to {'.'.join(map(str, high))} "
+            f"Triton {printable(triton)} (fla issue #640: Triton {'.'.join(map(str, low))} up to {'.'.join(map(str, high))} "
             "computes it wrong, and fla raises in the first backward): install tilelang (`pip install tilelang`, "
             "it needs nvcc), which fla runs that kernel with instead, or a torch built with Triton "
             f"{'.'.join(map(str, high))} or later")

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from zlayout.catalog import format_params
+from zlayout.messages import printable
 from zlayout.core.memory import estimate_memory
 from zlayout.spec import GiB, Layout, PlanInput
 from zlayout.verify import oplocks
@@ -166,7 +167,7 @@ def check_linear_attention_kernels(inp: PlanInput, facts: dict[str, Any]) -> lis
         return []
     refusal = fla_hopper_refusal(facts.get("cuda_capability_majors") or [], facts.get("triton"),
                                  bool(facts.get("tilelang")))
-    detail = f"Triton {facts.get('triton') or 'not installed'}, tilelang {'installed' if facts.get('tilelang') else 'not installed'}"
+    detail = f"Triton {printable(facts.get('triton') or 'not installed')}, tilelang {'installed' if facts.get('tilelang') else 'not installed'}"
     if refusal is None:
         return [Check("linear attention kernels", True, detail)]
     return [Check("linear attention kernels", False, refusal)]
