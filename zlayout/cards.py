@@ -214,7 +214,7 @@ def _number(x: float) -> str:
     return str(int(round(x))) if abs(x - round(x)) < 1e-6 else repr(float(x))
 
 
-PHASES = ("forward", "backward", "checkpointed_forward", "checkpointed_backward", "recompute")
+PHASES = ("preamble", "forward", "backward", "checkpointed_forward", "checkpointed_backward", "recompute")
 
 
 def _polys_text(polys: list) -> str:

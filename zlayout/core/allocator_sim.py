@@ -174,6 +174,7 @@ class MicroStep:
     head_in: int | None = None  # the final norm's output, the head's input
     head_w: list[int] = field(default_factory=list)  # ZeRO-3: the head's gathered weight
     loss_kept: list = field(default_factory=list)  # what the head and loss keep for their backward
+    preamble: list[int] = field(default_factory=list)  # the card's masks and tables, held to the forward's return
     g: int | None = None  # the gradient flowing back: the head's input's, then each block's
     head_grad: int | None = None  # the output head's weight gradient
 
@@ -325,8 +326,7 @@ class _Training:
         V, h, w, T = r.V, r.h, r.w, r.T
         pf = m.prefetch = gathers.forward_prefetcher(m.keep_head) if not m.recording else None
         emb_w = pf[0].fetch(0) if pf else gathers.fetch([V * h])
-        x = s.a(T * h * w)  # embedding
-        s.f(*emb_w)
+        x = self.preamble(m, T * h * w, emb_w)
         m.inputs = [x]
         for layer in range(r.model.layers):
             if pf:
@@ -341,6 +341,28 @@ class _Training:
                 s.f(*[b for b in released if b not in m.held[layer]])
             m.saved.append(sv)
             m.inputs.append(x)
+
+    def preamble(self, m: MicroStep, hidden: int, embedding_weight: list[int]) -> int:
+        """The model's forward before its first block: the embedding's output (the first block's
+        input), then ZeRO-3's release of the embedding's gathered weight, then, from a card that
+        recorded them (`Regime.head_preamble`), the attention masks and rotary tables the model
+        makes there, held to its return (`card_head_forward` frees them). Falcon-7B's (1, 1, T, T)
+        bool mask, which transformers materializes for it (`allow_is_causal_skip=False`): 16 MiB at
+        4,096 tokens; Qwen3-8B's rotary tables, 2 MiB each at 2 x 4,096 (made once a step: the
+        h200-2026-12-19 H100 traces and the h200-2026-12-12 ones, request for request)."""
+        s, card = self.r.s, self.card
+        x = s.a(hidden)
+        s.f(*embedding_weight)
+        if not self.card_head or card.regime.head_preamble is None:
+            return x
+        ops = card.ops(None, "preamble")
+        live = card.run(None, "preamble", [], made_first=bool(ops) and ops[0] == (hidden, False))
+        later = card.latest(live, hidden)  # a scaled embedding (Gemma's): the first block's input
+        m.preamble = sorted(n for names in live.values() for n in names if n is not None)
+        if later is not None:
+            m.preamble.append(x)  # `inputs_embeds`, held to the forward's return
+            x = later
+        return x
 
     def head_forward(self, m: MicroStep) -> None:
         """The final norm, the output head's logits and the loss's forward; the logits the
@@ -513,7 +535,7 @@ class _Training:
             m.head_w = self.gathers.fetch([r.V * r.h])
         last_input = m.inputs[-2] if len(m.inputs) > 2 else None
         made = (s.sizes[last_input],) if last_input in card.freed_inputs else ()
-        outside = []
+        outside = list(m.preamble)
         if r.hf_norm:
             if not r.ckpt and m.inputs[0] not in card.freed_inputs:
                 outside.append(m.inputs[0])

@@ -85,14 +85,20 @@ class Phase:
 
     requests: tuple[Poly, ...]
     reductions: tuple[tuple[int, Reduction], ...] = ()
+    # requests made once a step whatever the micro-batch (a preamble's (1, 1, T, T) mask, its rotary
+    # tables over (1, T) positions): their bytes are not multiplied by it (`_sizes`)
+    per_step: frozenset[int] = frozenset()
 
     def net_and_peak(self, micro_batch: int, seq: int, device: Device) -> tuple[int, int]:
-        if not self.reductions:
+        if not self.reductions and not self.per_step:
             return _net_and_peak(self.requests, micro_batch, seq)
         return _net_and_peak_sizes(_sizes(self, micro_batch, seq, device))
 
     def net(self, micro_batch: int, seq: int) -> int:
         """What the phase leaves allocated: any GPU's (a scratch is freed where it is made)."""
+        if self.per_step:
+            return sum(int(round(bytes_at(poly, 1 if i in self.per_step else micro_batch, seq)))
+                       for i, poly in enumerate(self.requests))
         return _net_and_peak(self.requests, micro_batch, seq)[0]
 
     def sizes(self, micro_batch: int, seq: int, device: Device) -> list[int]:
@@ -121,7 +127,9 @@ def _net_and_peak_sizes(sizes: tuple[int, ...]) -> tuple[int, int]:
 
 @functools.lru_cache(maxsize=4096)
 def _sizes(phase: Phase, micro_batch: int, seq: int, device: Device) -> tuple[int, ...]:
-    sizes = [int(round(bytes_at(poly, micro_batch, seq))) for poly in phase.requests]
+    per_step = phase.per_step
+    sizes = [int(round(bytes_at(poly, 1 if i in per_step else micro_batch, seq)))
+             for i, poly in enumerate(phase.requests)]
     for at, reduction in phase.reductions:
         outputs = int(round(bytes_at(reduction.outputs, micro_batch, seq)))
         inputs = int(round(bytes_at(reduction.inputs, micro_batch, seq)))
@@ -281,6 +289,9 @@ class Regime:
     # indexer masks (B, S, T) scores with a (B, B, S, T) tensor) holds what one sequence asks for apart:
     # the requests and work a micro-batch of 1 plans with (ModelCard.regime); None: the same path
     single_sequence: "Regime | None" = None
+    # the model's forward before its first block (the embedding's output, the attention masks, the
+    # rotary tables: made once a step, held to the forward's return); None: a card learned before
+    head_preamble: Phase | None = None
 
     def block(self, kind: int) -> BlockCard:
         return next(b for b in self.blocks if b.kind == kind)
@@ -769,9 +780,21 @@ def _regime(regime: dict, kinds: tuple[int, ...], at: str, **fields: Any) -> Reg
     if missing:
         raise CardError(f"{at}: layer kinds {sorted(missing)} have no block entry")
     head = _get(regime, "head", dict, at)
+    preamble = head.get("preamble")
     return Regime(blocks=tuple(blocks), head_work=_work(head.get("work"), f"{at}.head.work"), **fields, **{
         f"head_{name}": _phase(head.get(name), f"{at}.head.{name}", head.get(f"{name}_reductions"))
-        for name in ("forward", "backward", "checkpointed_forward", "checkpointed_backward")})
+        for name in ("forward", "backward", "checkpointed_forward", "checkpointed_backward")},
+        head_preamble=None if preamble is None else _preamble(head, f"{at}.head"))
+
+
+def _preamble(head: dict, at: str) -> Phase:
+    """The head's preamble phase and which of its requests are made once a step (`preamble_per_step`)."""
+    phase = _phase(head["preamble"], f"{at}.preamble", head.get("preamble_reductions"))
+    per_step = head.get("preamble_per_step", [])
+    if not isinstance(per_step, list) or not all(
+            isinstance(i, int) and not isinstance(i, bool) and 0 <= i < len(phase.requests) for i in per_step):
+        raise CardError(f"{at}.preamble_per_step: indices of the preamble's requests")
+    return replace(phase, per_step=frozenset(per_step)) if per_step else phase
 
 
 def _linear_attention(value: Any, where: str) -> str | None:

@@ -846,7 +846,8 @@ class CardBlocks:
             self.unmatched += 1
 
     def run(self, kind: int | None, phase: str, outside: list[int], hook=None, *, made: tuple[int, ...] = (),
-            hold: int = 0, first_grad=None, hook_left: bool = True, matmul_at: int = -1) -> dict[int, list[int]]:
+            hold: int = 0, first_grad=None, hook_left: bool = True, matmul_at: int = -1,
+            made_first: bool = False) -> dict[int, list[int]]:
         """Replay one phase; `outside`: live tensors made before it that its frees may take
         (tried last first; taken ones are removed). Returns the phase's live tensors by size.
         For the head's phases: `made`, sizes whose first free the replay has made already (the
@@ -856,7 +857,8 @@ class CardBlocks:
         `hook_left` False: a gradient the phase never drops (a tied weight's, summed later) is
         returned among the live tensors, not hooked. For a block's forward: `matmul_at`, the op
         before which the forward thread's first matmul takes its cuBLAS workspace
-        (`first_projection`)."""
+        (`first_projection`). `made_first`: the phase's first request was made by the caller (the
+        preamble's embedding output, before ZeRO-3 releases the embedding's weight)."""
         s = self.s
         own: dict[int, list[int]] = {}
         grads: dict[int, list[int | None]] = {}
@@ -865,9 +867,9 @@ class CardBlocks:
         # made (a transient), where `rebinds` frees the one before
         rebinds = self.rebinds(kind, phase)
         if s.live and DEFAULT_STREAM in s.pools and not (
-                made or hold or first_grad is not None or not hook_left or matmul_at >= 0 or rebinds):
+                made or hold or first_grad is not None or not hook_left or matmul_at >= 0 or rebinds or made_first):
             return self.run_program(kind, outside, hook, *self.program(kind, phase))
-        ops = self.ops(kind, phase)
+        ops = self.ops(kind, phase)[1:] if made_first else self.ops(kind, phase)
         held_at = max((i for i, (size, _) in enumerate(ops) if size == -hold), default=-1) if hold else -1
         self.held = None
         for i, (size, grad) in enumerate(ops):

@@ -254,7 +254,7 @@ def trace_step(model: nn.Module, blocks: nn.ModuleList, tokens: int, checkpointi
                sequences: int = 1) -> dict[str, Any]:
     """One forward and backward of `sequences` sequences of `tokens`, its windows and op work."""
     ledger = StorageLedger()
-    state = {"backward": False, "head_backward": None, "head_forward": None}
+    state = {"backward": False, "head_backward": None, "head_forward": None, "preamble": None}
     forward_windows: dict[int, Window] = {}
     backward_windows: dict[int, Window] = {}
     recompute_windows: dict[int, Window] = {}
@@ -279,6 +279,9 @@ def trace_step(model: nn.Module, blocks: nn.ModuleList, tokens: int, checkpointi
     for index, block in enumerate(blocks):
         def pre(module, args, kwargs, index=index):
             phase = "recompute" if state["backward"] else "forward"
+            if phase == "forward" and index == 0 and state["preamble"] is not None:
+                ledger.close_window(state["preamble"])
+                state["preamble"] = None
             if phase == "forward" and index - 1 in forward_windows:
                 # the previous block's window ends here: its input (the hidden state before
                 # it) is freed once it has returned, and the window must see that free
@@ -359,6 +362,9 @@ def trace_step(model: nn.Module, blocks: nn.ModuleList, tokens: int, checkpointi
     try:
         with _patched(ledger), ledger, torch.autograd.graph.saved_tensors_hooks(
                 lambda t: (ledger.saved(t), t)[1], lambda t: t):
+            # the model's forward up to its first block: the embedding, the attention masks, the
+            # rotary tables (held to its return: core.card.Regime.head_preamble)
+            state["preamble"] = ledger.open_window("preamble", -1)
             outputs = model(input_ids=ids, labels=ids, use_cache=False)
             loss = outputs.loss
             del outputs  # dropped as HF Trainer's compute_loss does; the loss alone is kept
@@ -428,14 +434,16 @@ def measure(step: dict[str, Any], blocks_traced: int) -> dict[str, Any]:
             "work_forward": op_work(fwd.flops, fwd.moved, fwd.calls, fwd.ops),
             "work_backward": op_work(bwd.flops, bwd.moved, bwd.calls, bwd.ops),
         }
-    head_forward, head_backward = one("head_forward", -1), one("head_backward", -1)
+    head_forward, head_backward, preamble = one("head_forward", -1), one("head_backward", -1), one("preamble", -1)
     # the embedding, the final norm, the head and the loss: the step's work outside the blocks
     step_forward = step["forward_work"]
     step_backward = [Counter(total) for total in (step["flops"], step["bytes"], step["calls"], step["ops"])]
     for total, forward in zip(step_backward, step_forward):
         total.subtract(forward)
     head = {"forward": head_forward.events, "backward": head_backward.events,
+            "preamble": preamble.events if preamble else [],
             "forward_reductions": head_forward.reductions, "backward_reductions": head_backward.reductions,
+            "preamble_reductions": preamble.reductions if preamble else {},
             "work_forward": op_work(*(Counter(total) - counted
                                       for total, counted in zip(step_forward, in_blocks["forward"]))),
             "work_backward": op_work(*(total - counted
@@ -658,7 +666,23 @@ def _learn_regime(model, blocks, keep, fit_tokens, check_tokens,
         with contextlib.suppress(_PathChanged):
             one = _fit_runs(single, len(fit_tokens), checks)[0]
     linear = sequences == 1 or _linear_in_sequences(model, blocks, keep, fitted[False], check_tokens, 2 * sequences)
+    per_step = _per_step_requests(single[False][0][1]["head"]["preamble"], batched["head"]["preamble"])
+    for fit, traced_sequences in [*((f, sequences) for f in fitted.values()), *((f, 1) for f in (one or {}).values())]:
+        # a request made once a step is held as made, not per sequence of the traces
+        fit["head"]["preamble"] = [[q * traced_sequences, a * traced_sequences, c] if i in per_step else [q, a, c]
+                                   for i, (q, a, c) in enumerate(fit["head"]["preamble"])]
+        fit["head"]["preamble_per_step"] = sorted(per_step)
     return fitted, worst, trained, kernels, sequences, linear, module_calls, one
+
+
+def _per_step_requests(one: list[int], two: list[int]) -> set[int]:
+    """The preamble's requests made once a step: those as large with two sequences as with one
+    (a (1, 1, T, T) mask, rotary tables over positions of shape (1, T)), where the card holds the
+    rest per sequence (`per_sequence`). Qwen3-8B's rotary tables at 2 x 4,096 tokens are 2 MiB
+    each on the H200, not 4 (h200-2026-12-12 trace-q-3). None where the two paths differ."""
+    if len(one) != len(two):
+        return set()
+    return {i for i, (a, b) in enumerate(zip(one, two)) if a == b and a != 0}
 
 
 def _settle(model: nn.Module, tokens: int) -> None:
@@ -783,10 +807,11 @@ def _regime_entries(fitted: dict, kinds: list[int], keep: list[int], blocks: nn.
             kind_blocks[-1]["zero3_held"] = views
     head, checkpointed_head = fitted[False]["head"], fitted[True]["head"]
     return {"blocks": kind_blocks,
-            "head": {"forward": head["forward"], "backward": head["backward"],
+            "head": {"preamble": head["preamble"], "preamble_per_step": head["preamble_per_step"],
+                     "forward": head["forward"], "backward": head["backward"],
                      "checkpointed_forward": checkpointed_head["forward"],
                      "checkpointed_backward": checkpointed_head["backward"],
-                     **_reduction_entries({"forward": head, "backward": head,
+                     **_reduction_entries({"preamble": head, "forward": head, "backward": head,
                                            "checkpointed_forward": checkpointed_head,
                                            "checkpointed_backward": checkpointed_head}, longest),
                      "work": work(head, checkpointed_head)}}

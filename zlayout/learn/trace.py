@@ -257,6 +257,7 @@ class StorageLedger(TorchDispatchMode):
         self.sdpa_kernels: Counter = Counter()  # which kernel each attention call ran (cuda_sdpa_kernel)
         self.accumulating = False  # between a backward node's end and the next one's start (`engine_hooks`)
         self.backward = False  # while `run_backward` runs: backward formulas in place (`IN_PLACE_IN_BACKWARD`)
+        self.math_mask_add = False  # inside the math attention until its mask is added (`_mask_add`)
 
     def exclude(self, tensors) -> None:
         """Storages made outside the step (weights, buffers, the input): a view of one (a
@@ -294,7 +295,9 @@ class StorageLedger(TorchDispatchMode):
         if func is torch.ops.aten._safe_softmax.default:
             return self._safe_softmax(*args, **kwargs)
         in_place = False
-        if self.accumulating and func is torch.ops.aten.add.Tensor and not kwargs:
+        if self.math_mask_add and func is torch.ops.aten.add.Tensor and not kwargs:
+            out, in_place = self._mask_add(*args)
+        elif self.accumulating and func is torch.ops.aten.add.Tensor and not kwargs:
             out = self._accumulate(*args)
         elif self.backward and func in IN_PLACE_IN_BACKWARD and not torch.is_grad_enabled() \
                 and _sole_dense(args[0]):
@@ -339,6 +342,19 @@ class StorageLedger(TorchDispatchMode):
                 if _sole_dense(into):
                     return torch.ops.aten.add_.Tensor(into, other)
         return torch.ops.aten.add.Tensor(old, new)
+
+    def _mask_add(self, attn: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        """The math attention's mask, added into the scores in place as a run without a mode adds
+        it (attention.cpp `_scaled_dot_product_attention_math`: `attn.add_(*attn_mask)` unless
+        `areAnyTensorSubclassLike`, which any dispatch mode makes true: then `attn.add(mask)`, one
+        more heads x T x T tensor a block). Measured on an H100 (h200-2026-12-19 traces, Falcon-7B
+        at 4096 tokens): the run makes the scores and the softmax's output, 4,544 MiB each, and no
+        third. Autograd is not hurt: add saves nothing, and the scores' own node saved its inputs."""
+        self.math_mask_add = False
+        if attn.dtype != torch.promote_types(attn.dtype, mask.dtype) or \
+                torch.broadcast_shapes(attn.shape, mask.shape) != attn.shape:
+            return torch.ops.aten.add.Tensor(attn, mask), False  # add_ would refuse it: CUDA's math path too
+        return torch.ops.aten.add_.Tensor(attn, mask), True
 
     def _reduction(self, shape: dict[str, int]) -> None:
         """A reduction kernel that may allocate a global scratch buffer and semaphores for its one
@@ -700,8 +716,12 @@ def fused_attention(ledger: StorageLedger, math_sdpa=None):
         kernel = cuda_sdpa_kernel(query, key, value, attn_mask, is_causal, enable_gqa)
         ledger.sdpa_kernels[kernel] += 1
         if kernel == "math" and math_sdpa is not None:
-            return math_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
-                             scale=scale, enable_gqa=enable_gqa)
+            ledger.math_mask_add = attn_mask is not None or bool(is_causal)
+            try:
+                return math_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                                 scale=scale, enable_gqa=enable_gqa)
+            finally:
+                ledger.math_mask_add = False
         # grouped k/v heads (enable_gqa) are expanded inside the kernels; gradients come back at k/v's size
         return _FusedAttention.apply(query, key, value, attention_bias(attn_mask, query), ledger, bool(is_causal))
 

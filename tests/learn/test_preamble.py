@@ -1,0 +1,117 @@
+"""What a model's forward makes before its first block (the embedding's output, the attention
+masks, the rotary tables) and the math attention's mask add, as a CUDA run makes them: the card's
+`head.preamble` with the requests made once a step whatever the micro-batch, and the scores the
+mask is added into in place (h200-2026-12-19 traces of Falcon-7B on an H100)."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from zlayout import cards
+from zlayout.cli import build_parser, layout_from_args, plan_input_from_args
+from zlayout.core.allocator_sim import _Seq, allocation_sequence
+from zlayout.core.card import CardError, card_from_dict
+from zlayout.learn.learner import learn
+from zlayout.learn.trace import StorageLedger, fused_attention
+
+SMALL = Path(__file__).resolve().parents[1] / "hf" / "configs" / "small"
+PUBLISHED = Path(__file__).resolve().parents[1] / "hf" / "configs" / "published"
+
+
+def small_config(name: str) -> dict:
+    return json.loads((SMALL / f"{name}.json").read_text())
+
+
+def _attention(device: str, stand_in: bool):
+    """Falcon's multi-query attention with a mask (the math path), its forward's requests and q's gradient."""
+    torch.manual_seed(0)
+    q = torch.randn(1, 6, 64, 16, device=device, requires_grad=True)
+    k = torch.randn(1, 1, 64, 16, device=device, requires_grad=True)
+    mask = torch.zeros(1, 1, 64, 64, device=device)
+    ledger = StorageLedger()
+    ledger.exclude([q, k, mask])
+    sdpa = fused_attention(ledger, F.scaled_dot_product_attention) if stand_in else F.scaled_dot_product_attention
+    window = ledger.open_window("forward", 0)
+    with ledger:
+        out = sdpa(q, k, k, attn_mask=mask)  # one kv head against six: no fused kernel takes it
+        ledger.close_window(window)
+        out.sum().backward()
+    return window.events, q.grad
+
+
+def test_the_math_attention_adds_its_mask_into_the_scores_in_place():
+    """attention.cpp adds the mask with `attn.add_` unless a tensor is subclass-like, which a
+    dispatch mode makes every tensor: the stand-in puts the in-place add back. One heads x T x T
+    float32 tensor fewer a block, and the gradient unchanged."""
+    scores = 6 * 64 * 64 * 4
+    for device in ("meta", "cpu"):
+        plain, _ = _attention(device, stand_in=False)
+        ours, _ = _attention(device, stand_in=True)
+        assert plain.count(scores) == 3  # the scores, the sum with the mask, softmax's output
+        assert ours.count(scores) == 2
+    (_, reference), (_, grad) = _attention("cpu", False), _attention("cpu", True)
+    assert torch.allclose(reference, grad)
+
+
+@pytest.mark.parametrize("name", ["falcon-multi-query", "llama-defaults"])
+def test_the_preamble_is_recorded_with_what_it_makes_once_a_step(name):
+    """Falcon materializes a (1, 1, T, T) bool mask before its blocks (transformers'
+    `allow_is_causal_skip=False`); Llama's rotary tables are over positions (1, T): both once a
+    step, which the card marks; the embedding's output is one a sequence."""
+    config = small_config(name)
+    head = learn(config)["regimes"][-1]["head"]
+    preamble, per_step = head["preamble"], set(head["preamble_per_step"])
+    hidden = 2 * config["hidden_size"]  # bf16 bytes a token
+    embedding = next(i for i, (q, a, c) in enumerate(preamble) if a == hidden and q == 0)
+    assert embedding not in per_step
+    assert per_step and all(preamble[i] != [0.0, 0.0, 0.0] for i in per_step)
+    quadratic = [i for i, (q, _, _) in enumerate(preamble) if q > 0]
+    if name.startswith("falcon"):
+        assert quadratic and set(quadratic) <= per_step  # the mask, 1 byte a position pair, allocated and freed
+        assert [preamble[i][0] for i in quadratic if preamble[i][0] > 0] == [1.0]
+    else:
+        assert not quadratic
+
+
+def test_a_card_prices_the_once_a_step_requests_once_at_any_micro_batch():
+    head = {"preamble": [[0, 100, 0], [1, 0, 0], [0, 0, 4096]], "preamble_per_step": [1],
+            "forward": [], "backward": [], "checkpointed_forward": [], "checkpointed_backward": []}
+    card = card_from_dict(_card(head), "k")
+    phase = card.regimes[-1].head_preamble
+    assert phase.sizes(4, 64, None) == [4 * 100 * 64, 64 * 64, 4096]
+    assert phase.net(4, 64) == 4 * 100 * 64 + 64 * 64 + 4096
+    with pytest.raises(CardError, match="preamble_per_step"):
+        card_from_dict(_card({**head, "preamble_per_step": [3]}), "k")
+    older = {k: v for k, v in head.items() if not k.startswith("preamble")}
+    assert card_from_dict(_card(older), "k").regimes[-1].head_preamble is None
+
+
+def _card(head: dict) -> dict:
+    """The shipped Falcon-7B card with this head in its unbounded regime."""
+    path = next(p for p in cards.SHIPPED_CARDS_DIR.glob("*.toml") if "(falcon-7b.json)" in p.read_text()[:200])
+    data = tomllib.loads(path.read_text())
+    data["regimes"][-1]["head"] = head
+    return data
+
+
+def test_the_replay_holds_falcons_mask_through_the_forward():
+    """Falcon-7B's shipped card: the step's forward makes the embedding's output, then the 16 MiB
+    mask at 4,096 tokens (once, at a micro-batch of 2 too), which dies before the backward."""
+    args = build_parser().parse_args(["plan", "--hf-config", str(PUBLISHED / "falcon-7b.json"), "--layers", "2",
+                                      "--stage", "0", "--seq", "4096", "--micro-batch", "2",
+                                      "--gpus-per-node", "1", "--gpu", "h200"])
+    seq = _Seq()
+    assert allocation_sequence(plan_input_from_args(args), layout_from_args(args), steps=1, _seq=seq) is not None
+    marks = dict(seq.marks)
+    forward = seq.events[marks["initialize"]:marks["step1.forward"]]
+    masks = [e[1] for e in forward if e[0] == "a" and e[2] == 4096 * 4096]
+    assert len(masks) == 1
+    assert any(e[0] == "f" and e[1] == masks[0] for e in forward)
+    embedding = next(e for e in forward if e[0] == "a" and e[2] > 2**20)
+    assert embedding[2] == 2 * 4096 * 4544 * 2
