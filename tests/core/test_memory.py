@@ -314,6 +314,23 @@ def test_a_carded_gpu_resident_peak_is_what_the_replayed_requests_hold_at_once()
     assert capacity.peak_allocated == peak
 
 
+def test_expandable_segments_take_the_replayed_requests_peak_too():
+    """A tensor's bytes do not depend on where the allocator puts it: with `--allocator expandable`
+    the same Falcon-7B layout's peak allocated is the default allocator's replayed one (the run's,
+    45.94e9), and expandable segments reserve it plus their page slack, not the per-phase sum."""
+    flags = ("--hf-config tests/hf/configs/published/falcon-7b.json --layers 8 --stage 2 --seq 2048 "
+             "--micro-batch 1 --gpus-per-node 1 --gpu h100 --loop trainer --host-cores 16")
+    default = estimate_memory(*_planned(flags))
+    expandable = estimate_memory(*_planned(flags + " --allocator expandable"))
+    [order] = [t for t in expandable.terms if t.name == "request_order"]
+    assert order.bytes > 1.4 * GiB
+    assert expandable.gpu_peak_allocated_bytes == default.gpu_peak_allocated_bytes
+    assert expandable.gpu_peak_reserved_bytes > expandable.gpu_peak_allocated_bytes
+    # without the replay (break-even's searches) the per-phase sum, as before
+    unreplayed = estimate_memory(*_planned(flags + " --allocator expandable"), replay=False)
+    assert unreplayed.gpu_peak_allocated_bytes == default.gpu_peak_allocated_bytes - order.bytes
+
+
 def test_the_hand_models_peak_stays_the_per_phase_sum():
     """The hand-written blocks' requests are sized for what the allocator reserves: their replay's
     allocated peak is not taken (on h200-2026-12-01's GPU-resident rows it was 1-21% over the runs,

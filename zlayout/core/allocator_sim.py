@@ -137,6 +137,17 @@ def replayed_allocated_counts(inp, layout) -> bool:
             and layout.offload_optimizer == "gpu" and layout.offload_param == "gpu")
 
 
+def replayed_peak_allocated(inp, layout) -> int | None:
+    """The most the replayed requests hold at once where that is the run's
+    (`replayed_allocated_counts`), whatever the allocator: tensors' bytes do not depend on where
+    they are placed, so `--allocator expandable` takes it from the default allocator's unbounded
+    replay (memoised with its reserve). None where it does not count."""
+    if not replayed_allocated_counts(inp, layout):
+        return None
+    replayed = _replayed(inp, layout)
+    return None if replayed is None else replayed[1]
+
+
 def card_blocks(inp, s: _Seq, first_matmul, device, leaf: tuple[int, ...] = ()) -> CardBlocks | None:
     """The replay's blocks from the model's learned card, or None (the hand-written blocks);
     `leaf`: Replay.leaf_gradients."""

@@ -1034,6 +1034,10 @@ def host_terms(c: _Layout, terms: _Terms, inp: PlanInput, layout: Layout, states
     return host_peak
 
 
+REQUEST_ORDER = ("what the replayed requests hold at once above the per-phase peak: tensors of two phases "
+                 "alive together")
+
+
 def estimate_memory(inp: PlanInput, layout: Layout, replay: bool = True) -> MemoryEstimate:
     """Peak GPU (allocated and reserved), host and NVMe bytes for one layout: the terms by kind
     (model_state_terms, deepspeed_buffer_terms, activation_terms, outside_allocator_terms,
@@ -1053,6 +1057,15 @@ def estimate_memory(inp: PlanInput, layout: Layout, replay: bool = True) -> Memo
     peak_phase = max(phases, key=lambda name: phases[name][0])
     peak = int(phases[peak_phase][0]) + misc
     context = outside_allocator_terms(c, terms)
+    if replay and t.allocator == "expandable":
+        # the requests in their order hold what they hold whatever the allocator places them in
+        from zlayout.core.allocator_sim import replayed_peak_allocated
+
+        ordered = replayed_peak_allocated(inp, layout)
+        if ordered is not None and ordered > peak:
+            terms.add("gpu", "request_order", ordered - peak, "overhead", REQUEST_ORDER)
+            misc += ordered - peak  # expandable segments reserve the peak: every phase's share of it
+            peak = ordered
     allocator = caching_allocator(phases, misc, t.allocator)
     replayed, flushes = None, None
     # cudaMalloc hands out the card less what the driver keeps (cudaMemGetInfo's total)
@@ -1072,9 +1085,7 @@ def estimate_memory(inp: PlanInput, layout: Layout, replay: bool = True) -> Memo
         if flushes is not None and flushes.peak_allocated > peak and replayed_allocated_counts(inp, layout):
             # the card's requests in their order hold more at once than the per-phase sum
             # (Falcon-7B, h200-2026-12-18): the run's max_memory_allocated is the replay's
-            terms.add("gpu", "request_order", flushes.peak_allocated - peak, "overhead",
-                      "what the replayed requests hold at once above the per-phase peak: tensors of "
-                      "two phases alive together")
+            terms.add("gpu", "request_order", flushes.peak_allocated - peak, "overhead", REQUEST_ORDER)
             peak = flushes.peak_allocated
         if flushes is not None:
             replayed, allocator = allocator_on_the_card(flushes, phases, misc, peak, usable - context, small,
