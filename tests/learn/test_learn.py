@@ -371,6 +371,20 @@ def test_a_decoder_only_causal_lm_of_an_encoder_decoder_family_is_planned_at_its
     assert (built["num_decoder_layers"], built["num_encoder_layers"]) == (1, 3)
 
 
+def test_parameters_the_device_context_does_not_reach_are_moved_to_the_meta_device():
+    """DiffLlama makes its attention's lambdas with `torch.normal(0, std, size=...)`, which the
+    meta device context does not reach: they were CPU tensors, and their gradients' copy back
+    from the meta device stopped the backward ("Cannot copy out of meta tensor"). The learner
+    moves them as the run's `model.to(device)` does: the model learns, every parameter counted."""
+    config = json.loads((CARD_ONLY / "diffllama-tiny.json").read_text())
+    model, _ = build_model(config)
+    assert {p.device.type for p in model.parameters()} == {"meta"}
+    assert any(name.endswith("lambda_q1") for name, _ in model.named_parameters())
+    card = learn(config)
+    assert card["parameters"]["count"] == sum(p.numel() for p in model.parameters())
+    assert [tuple(shape) for shape in card["parameters"]["shapes"]] == [tuple(p.shape) for p in model.parameters()]
+
+
 def test_a_position_table_with_a_padding_row_holds_the_rows_after_it():
     """RoBERTa's positions start at padding_idx + 1: of 514 rows (xlm-roberta-xl's), 512 hold
     positions; a sequence of 513 would index past the table on a GPU."""

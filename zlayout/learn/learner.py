@@ -9,6 +9,7 @@ that the block measured has a block before it, as every block but the first has 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import re
 from collections import Counter
 from typing import Any, Mapping, Sequence
@@ -61,6 +62,11 @@ def build_model(config: Mapping[str, Any]) -> tuple[nn.Module, str]:
         attention = "sdpa" if getattr(auto._model_mapping[type(hf_config)], "_supports_sdpa", False) else "eager"
         with torch.device("meta"):
             model = auto.from_config(hf_config, attn_implementation=attention)
+        if any(t.device.type != "meta" for t in itertools.chain(model.parameters(), model.buffers())):
+            # a tensor the device context does not reach (DiffLlama's lambdas: `torch.normal` with
+            # float mean and std makes them on the CPU) goes where the run's `model.to(device)`
+            # moves it; on the CPU, its gradient's copy back from the meta device fails
+            model.to("meta")
         return model, attention
     raise LearnError(f"transformers has no causal-LM or image-text-to-text class for model_type {model_type!r}")
 
