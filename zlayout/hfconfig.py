@@ -336,7 +336,7 @@ SUPPORTED_MODEL_TYPES = tuple(sorted(READERS))
 # trace in any time (Mamba-130M: over 5 minutes at full CPU, not done).
 RECURRENT_TYPES = frozenset({
     "mamba", "mamba2", "falcon_mamba", "rwkv", "recurrent_gemma", "xlstm",
-    "jamba", "zamba", "zamba2", "bamba", "falcon_h1", "granitemoehybrid", "nemotron_h", "lfm2"})
+    "jamba", "zamba", "zamba2", "bamba", "falcon_h1", "granitemoehybrid", "nemotron_h"})
 
 
 def recurrent_refusal(model_type: str) -> str:

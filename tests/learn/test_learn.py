@@ -22,6 +22,7 @@ from zlayout.learn.trace import StorageLedger, cuda_sdpa_kernel, fused_attention
 SMALL = Path(__file__).resolve().parent.parent / "hf" / "configs" / "small"
 # types planned from their cards only (no hand reader: tests/hf's small fixtures are the hand readers')
 CARD_ONLY = Path(__file__).resolve().parent / "configs"
+PUBLISHED = Path(__file__).resolve().parent.parent / "hf" / "configs" / "published"
 
 
 def zlayout(*argv: str, cards_dir: Path) -> subprocess.CompletedProcess:
@@ -383,6 +384,26 @@ def test_parameters_the_device_context_does_not_reach_are_moved_to_the_meta_devi
     card = learn(config)
     assert card["parameters"]["count"] == sum(p.numel() for p in model.parameters())
     assert [tuple(shape) for shape in card["parameters"]["shapes"]] == [tuple(p.shape) for p in model.parameters()]
+
+
+def test_lfm2s_short_convolution_is_learned_from_transformers_torch_code():
+    """LFM2's conv blocks call `causal_conv1d_fn`, which transformers binds to causal-conv1d's kernel
+    where it imports and to its own torch code (a depthwise conv1d, a slice) where not. No scan:
+    the learner runs the torch code, what a node without causal-conv1d trains, as any other op.
+    LFM2-1.2B: its two kinds of block (conv, attention), every parameter, the conv's padded output
+    (T + 2 positions) in the conv block's forward."""
+    path = PUBLISHED / "LFM2-1.2B.json"
+    config = json.loads(path.read_text())
+    card = learn(config)
+    assert card["parameters"]["count"] == 1_170_340_608
+    regime = card["regimes"][-1]
+    assert sorted(block["kind"] for block in regime["blocks"]) == [0, 1]
+    conv, attention = sorted(regime["blocks"], key=lambda b: b["kind"])  # layer 0 is a conv block
+    hidden = config["hidden_size"]
+    # the conv's output before the slice: T and a few padded positions x hidden in bf16, one sequence
+    padded = [c for q, a, c in conv["forward"] if q == 0 and a == 2 * hidden and c > 0]
+    assert padded and all(c <= 8 * hidden for c in padded)
+    assert not any(q == 0 and a == 2 * hidden and c > 0 for q, a, c in attention["forward"])
 
 
 def test_a_position_table_with_a_padding_row_holds_the_rows_after_it():

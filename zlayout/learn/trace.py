@@ -752,6 +752,12 @@ FLA_CHUNK = 64
 # Qwen4-Exp's full-attention layers (`indexed_attention`, the QSA indexer) read the mask's values
 # (torch.nonzero per query): the learner still cannot trace them, its GDN blocks are priced as these.
 LINEAR_ATTENTION_PACKAGES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "olmo_hybrid", "lara_mini", "qwen4_exp")
+# LFM2's short convolution blocks call the same `causal_conv1d_fn` global, without a scan: its torch
+# code (a depthwise F.conv1d over the sequence, a slice, a cast) runs as any other op, and the card
+# prices it, what a node without causal-conv1d runs (a node with it runs the fused kernel, which
+# keeps no padded output: less than the card). The learner calls the torch code the wrapper keeps
+# (`torch_function`), whatever this machine has installed.
+TORCH_CONV_PACKAGES = ("lfm2", "lfm2_moe")
 
 
 def _empty(*shape, dtype, like: torch.Tensor) -> torch.Tensor:
@@ -920,12 +926,19 @@ def _package_fallback(function: Any) -> tuple[str, str] | None:
     """(the package's kernel name, the package) of a function transformers' hub_kernels wrapped to
     take a package's kernel where it imports, and its own torch code where not (5.24:
     `use_kernel_func_from_hub_with_fallback` keeps both in the wrapper's closure), if it is one."""
-    code = getattr(function, "__code__", None)
-    if code is None or "is_new_implementation" not in code.co_freevars or not function.__closure__:
+    cells = _closure(function)
+    if "is_new_implementation" not in cells:
         return None
-    cells = dict(zip(code.co_freevars, (cell.cell_contents for cell in function.__closure__)))
     name, package = cells.get("func_name"), cells.get("package")
     return (name, package) if isinstance(name, str) and isinstance(package, str) else None
+
+
+def _closure(function: Any) -> dict[str, Any]:
+    """A function's closure by name (empty for anything else)."""
+    code, cells = getattr(function, "__code__", None), getattr(function, "__closure__", None)
+    if code is None or not cells:
+        return {}
+    return dict(zip(code.co_freevars, (cell.cell_contents for cell in cells)))
 
 
 def _unpriced(name: str, package: str):
@@ -958,6 +971,13 @@ def linear_kernels_patch(ledger: StorageLedger):
             if module is not None and callable(original := module.__dict__.get(name)):
                 swapped.append((module, name, original))
                 setattr(module, name, standin)
+    for package in TORCH_CONV_PACKAGES:
+        module = sys.modules.get(f"transformers.models.{package}.modeling_{package}")
+        original = module.__dict__.get("causal_conv1d_fn") if module is not None else None
+        torch_code = _closure(original).get("torch_function")
+        if callable(torch_code):
+            swapped.append((module, "causal_conv1d_fn", original))
+            setattr(module, "causal_conv1d_fn", torch_code)
     for module_name, module in list(sys.modules.items()):
         if not module_name.startswith("transformers.models.") or ".modeling_" not in module_name or module is None:
             continue
