@@ -244,7 +244,7 @@ def _compact(value: Any) -> Any:
     if isinstance(value, dict) and isinstance(value.get("parameters"), dict):
         value = {**value, "parameters": _parameters_text(value["parameters"])}
     if isinstance(value, dict):
-        return {k: (_polys_text(v) if (k in PHASES or k.endswith("_reductions")) and isinstance(v, list)
+        return {k: (_polys_text(v) if (k in PHASES or k.endswith(("_reductions", "_frees"))) and isinstance(v, list)
                     else {phase: {op: _polys_text(polys) for op, polys in ops.items()} for phase, ops in v.items()}
                     if k == "work" and isinstance(v, dict) else _compact(v)) for k, v in value.items()}
     if isinstance(value, list):

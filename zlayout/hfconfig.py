@@ -671,7 +671,8 @@ def with_card(model: ModelSpec, config: Mapping[str, Any], where: str) -> ModelS
     if card.params != model.params:
         raise HfConfigError(f"{where}: its model card ({card.source}) counts {card.params:,} parameters, "
                             f"the config reads as {model.params:,}; learn it again with zlayout learn --force")
-    return model.model_copy(update={"card": card})
+    tie, extra = model.tied_as_built(card)  # model_copy validates nothing: as ModelSpec's validator does
+    return model.model_copy(update={"card": card, "tie_embeddings": tie, "extra_params": extra})
 
 
 # --------------------------------------------------------------------------- spec -> config.json

@@ -343,7 +343,23 @@ class ModelSpec(Frozen):
             if card is not self.card or extra != self.extra_params:
                 object.__setattr__(self, "card", card)  # frozen: set once, while validating
                 object.__setattr__(self, "extra_params", extra)
+            tie, extra = self.tied_as_built(self.card)
+            if tie != self.tie_embeddings:
+                object.__setattr__(self, "tie_embeddings", tie)
+                object.__setattr__(self, "extra_params", extra)
         return self
+
+    def tied_as_built(self, card: Any) -> tuple[bool, int]:
+        """(tie_embeddings, extra_params) as transformers built the model its card was learned from
+        (`ModelCard.tied_embeddings`), where a config says it under a key of its own (LFM2's
+        `tie_embedding`; the common keys read `tie_word_embeddings`): the count stays the card's,
+        the head's tensor moving into extra_params. A tied head's fp32 weight is made before it is
+        tied (the host's build: h200-2026-12-21, 5.69 GiB measured, 5.44 planned untied)."""
+        tied = getattr(card, "tied_embeddings", None)
+        if tied is None or tied == self.tie_embeddings:
+            return self.tie_embeddings, self.extra_params
+        flipped = self.model_copy(update={"tie_embeddings": tied})
+        return tied, self.extra_params + self.params - flipped.params
 
     def _card_for_shape(self, layers: int | None = None) -> tuple[Any, int]:
         """(the card, extra_params) for this shape at `layers` (default: its own). A card

@@ -1111,6 +1111,24 @@ def test_a_carded_forwards_cublas_workspace_follows_its_first_projection(name, m
     assert abs(reserved - doc["max_reserved_bytes"]) < 0.03 * doc["max_reserved_bytes"], reserved / GiB
 
 
+@pytest.mark.parametrize("name", ["trace-1-batch-one-sequence-h100", "trace-2-batch-request-order-h100"])
+def test_a_cards_named_frees_place_falcons_blocks_where_the_run_did(name):
+    # Falcon-7B on an H100 (h200-2026-12-19 traces, ZeRO-2 1 x 2048 and ZeRO-0 1 x 4096): the
+    # forward's requests equal the run's, but with every free taking the latest live tensor of its
+    # size the replay kept each block's scores and freed its softmax output, placed the blocks'
+    # saved probabilities elsewhere and made one more step segment: 55.20 and 75.65 GiB reserved
+    # against the run's 47.94 and 69.94. The card names the tensors those frees take (Phase.frees).
+    from zlayout.cli import build_parser, layout_from_args, plan_input_from_args
+
+    doc = read_trace(MEASUREMENTS / "h200-2026-12-19" / "results-h100" / "traces" / f"{name}.json.gz")
+    args = build_parser().parse_args(["verify", *doc["argv"].split()])
+    inp, layout = plan_input_from_args(args).model_copy(update={"headroom_fraction": 0.0}), layout_from_args(args)
+    assert inp.model.card is not None and any(b.forward.frees for b in inp.model.card.regimes[-1].blocks)
+    sim._CACHE.clear()
+    reserved = sim.replayed_peak_reserved(inp, layout)
+    assert abs(reserved - doc["max_reserved_bytes"]) < 0.005 * doc["max_reserved_bytes"], reserved / GiB
+
+
 def test_a_carded_heads_rebound_logits_free_the_tensor_before():
     # Gemma-2-2B L10, ZeRO-2, 2 x 2048, trainer loop (h200-2026-12-13 trace-4): the head's final
     # logit softcapping rebinds `logits` three times (lm_head, / cap, tanh, * cap: 2000 MiB each);

@@ -404,6 +404,14 @@ def test_lfm2s_short_convolution_is_learned_from_transformers_torch_code():
     padded = [c for q, a, c in conv["forward"] if q == 0 and a == 2 * hidden and c > 0]
     assert padded and all(c <= 8 * hidden for c in padded)
     assert not any(q == 0 and a == 2 * hidden and c > 0 for q, a, c in attention["forward"])
+    # LFM2 ties its head under a key of its own (`tie_embedding`): the card says what was built, and
+    # the plan takes it with the card's parameter count (the host builds the head's fp32 weight
+    # before tying it: h200-2026-12-21 measured 5.69 GiB, the plan said 5.44 untied)
+    assert card["parameters"]["tied_embeddings"] is True
+    from zlayout import hfconfig
+
+    model = hfconfig.load(path)
+    assert model.tie_embeddings and model.params == 1_170_340_608 and model.card.tied_embeddings
 
 
 def test_a_position_table_with_a_padding_row_holds_the_rows_after_it():

@@ -115,3 +115,35 @@ def test_the_replay_holds_falcons_mask_through_the_forward():
     assert any(e[0] == "f" and e[1] == masks[0] for e in forward)
     embedding = next(e for e in forward if e[0] == "a" and e[2] > 2**20)
     assert embedding[2] == 2 * 4096 * 4544 * 2
+
+
+def test_a_free_names_the_tensor_it_takes_where_the_latest_of_its_size_is_not_it():
+    """A card records sizes; the replay frees the latest live tensor of a free's size unless the card
+    names another (`exceptional_frees`). `attn = softmax(attn)`: the scores, made first, die."""
+    from zlayout.learn.trace import exceptional_frees
+
+    assert exceptional_frees([8, 8, -8], {2: 0}) == [[2, 0]]
+    assert exceptional_frees([8, 8, -8], {2: 1}) == []
+    assert exceptional_frees([8, 4, -8, -4], {2: 0, 3: 1}) == []
+    assert exceptional_frees([-8, 8], {}) == []  # a tensor made before the window: the replay's own matching
+
+
+def test_falcons_card_names_the_math_attentions_scores_as_what_its_softmax_frees():
+    """Falcon-7B's shipped card: in its block's forward the float32 scores (heads x T x T) die once the
+    softmax's output of their size is made, which the latest-of-its-size rule got the wrong way round."""
+    path = next(p for p in cards.SHIPPED_CARDS_DIR.glob("*.toml") if "(falcon-7b.json)" in p.read_text()[:200])
+    card = cards.read_card(path)
+    forward = card.regimes[-1].blocks[0].forward
+    scores = 71 * 4  # bytes a position pair, float32, one sequence: the T^2 term
+    quadratic = [i for i, (q, _, _) in enumerate(forward.requests) if q == scores]
+    assert any(made in quadratic and free in [i for i, (q, _, _) in enumerate(forward.requests) if q == -scores]
+               for free, made in forward.frees)
+
+
+def test_a_cards_frees_must_name_an_earlier_request_of_the_phase():
+    head = {"forward": [[0, 1, 0], [0, 1, 0], [0, -1, 0]], "forward_frees": "2 0", "backward": [],
+            "checkpointed_forward": [], "checkpointed_backward": []}
+    assert card_from_dict(_card(head), "k").regimes[-1].head_forward.frees == ((2, 0),)
+    for bad in ("0 2", "3 0", "2", "a b"):
+        with pytest.raises(CardError, match="forward_frees"):
+            card_from_dict(_card({**head, "forward_frees": bad}), "k")

@@ -88,6 +88,9 @@ class Phase:
     # requests made once a step whatever the micro-batch (a preamble's (1, 1, T, T) mask, its rotary
     # tables over (1, T) positions): their bytes are not multiplied by it (`_sizes`)
     per_step: frozenset[int] = frozenset()
+    # (free's index, allocation's index) where a free takes another of its phase's tensors than the
+    # latest live one of its size (the replay's rule; zlayout.learn.trace.exceptional_frees)
+    frees: tuple[tuple[int, int], ...] = ()
 
     def net_and_peak(self, micro_batch: int, seq: int, device: Device) -> tuple[int, int]:
         if not self.reductions and not self.per_step:
@@ -311,6 +314,7 @@ class ModelCard:
     # parameter tensors a text-only step gives no gradient (a vision tower's); None: not recorded
     untrained_tensors: int | None = None
     untrained_params: int | None = None  # their elements
+    tied_embeddings: bool | None = None  # the output head is the input embedding (None: not recorded)
     # the kernels sdpa runs on CUDA ("flash", "efficient", "math"); () for eager attention or an older card
     attention_kernels: tuple[str, ...] = ()
     transformers: str | None = None  # the release whose model code the card was learned from
@@ -612,7 +616,7 @@ def _work(data: Any, where: str) -> dict[str, WorkPhase] | None:
 
 
 
-def _phase(data: Any, where: str, reductions: Any = None) -> Phase:
+def _phase(data: Any, where: str, reductions: Any = None, frees: Any = None) -> Phase:
     """A phase's requests, "q a c, q a c, ..." (zlayout.cards writes them so) or [[q, a, c], ...],
     and its reductions' scratch (`_reductions`)."""
     if isinstance(data, str):
@@ -634,7 +638,28 @@ def _phase(data: Any, where: str, reductions: Any = None) -> Phase:
         raise CardError(f"{where}: a phase is a list of [q, a, c] requests")
     else:
         requests = tuple(tuple(float(x) for x in r) for r in data)
-    return Phase(requests, _reductions(reductions, requests, f"{where}_reductions"))
+    return Phase(requests, _reductions(reductions, requests, f"{where}_reductions"),
+                 frees=_frees(frees, len(requests), f"{where}_frees"))
+
+
+def _frees(data: Any, requests: int, where: str) -> tuple[tuple[int, int], ...]:
+    """A phase's exceptional frees: "i j, ..." (zlayout.cards writes them so) or [[i, j], ...], each a
+    free's index and the earlier allocation's it takes."""
+    if data is None or data == "" or data == []:
+        return ()
+    if isinstance(data, str):
+        pairs = [row.split() for row in data.split(",")]
+        try:
+            pairs = [[int(x) for x in row] for row in pairs]
+        except ValueError:
+            raise CardError(f"{where}: a free is two indices \"i j\"") from None
+    else:
+        pairs = data
+    if not isinstance(pairs, list) or not all(
+            isinstance(p, list) and len(p) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in p)
+            and 0 <= p[1] < p[0] < requests for p in pairs):
+        raise CardError(f"{where}: pairs of a free's index and an earlier allocation's, within the phase")
+    return tuple((i, j) for i, j in pairs)
 
 
 # a reduction's scratch in a card: "index, outputs (q a c), inputs (q a c)" and Reduction's flags
@@ -752,7 +777,7 @@ def card_from_dict(data: Mapping[str, Any], key: str, source: str = "", digest: 
         params=count, parameter_numels=tuple(numels), layer_kinds=kinds, regimes=tuple(regimes),
         module_calls=module_calls, module_calls_outside=outside,
         source=source, digest=digest, untrained_tensors=None if untrained is None else len(untrained),
-        untrained_params=untrained_params,
+        untrained_params=untrained_params, tied_embeddings=_tied_embeddings(params.get("tied_embeddings"), where),
         attention_kernels=tuple(str(k) for k in data.get("attention_kernels") or ()),
         transformers=_release(data.get("transformers"), where),
         linear_attention=_linear_attention(data.get("linear_attention"), where),
@@ -774,7 +799,8 @@ def _regime(regime: dict, kinds: tuple[int, ...], at: str, **fields: Any) -> Reg
         blocks.append(BlockCard(kind=_get(block, "kind", int, f"{at}.blocks[{i}]"),
                                 work=_work(block.get("work"), f"{at}.blocks[{i}].work"), zero3_held=tuple(held),
                                 **{name: _phase(block.get(name), f"{at}.blocks[{i}].{name}",
-                                                block.get(f"{name}_reductions")) for name in (
+                                                block.get(f"{name}_reductions"), block.get(f"{name}_frees"))
+                                   for name in (
                                     "forward", "backward", "checkpointed_forward", "checkpointed_backward")}))
     missing = set(kinds) - {b.kind for b in blocks}
     if missing:
@@ -782,19 +808,26 @@ def _regime(regime: dict, kinds: tuple[int, ...], at: str, **fields: Any) -> Reg
     head = _get(regime, "head", dict, at)
     preamble = head.get("preamble")
     return Regime(blocks=tuple(blocks), head_work=_work(head.get("work"), f"{at}.head.work"), **fields, **{
-        f"head_{name}": _phase(head.get(name), f"{at}.head.{name}", head.get(f"{name}_reductions"))
+        f"head_{name}": _phase(head.get(name), f"{at}.head.{name}", head.get(f"{name}_reductions"),
+                               head.get(f"{name}_frees"))
         for name in ("forward", "backward", "checkpointed_forward", "checkpointed_backward")},
         head_preamble=None if preamble is None else _preamble(head, f"{at}.head"))
 
 
 def _preamble(head: dict, at: str) -> Phase:
     """The head's preamble phase and which of its requests are made once a step (`preamble_per_step`)."""
-    phase = _phase(head["preamble"], f"{at}.preamble", head.get("preamble_reductions"))
+    phase = _phase(head["preamble"], f"{at}.preamble", head.get("preamble_reductions"), head.get("preamble_frees"))
     per_step = head.get("preamble_per_step", [])
     if not isinstance(per_step, list) or not all(
             isinstance(i, int) and not isinstance(i, bool) and 0 <= i < len(phase.requests) for i in per_step):
         raise CardError(f"{at}.preamble_per_step: indices of the preamble's requests")
     return replace(phase, per_step=frozenset(per_step)) if per_step else phase
+
+
+def _tied_embeddings(value: Any, where: str) -> bool | None:
+    if value is not None and not isinstance(value, bool):
+        raise CardError(f"{where}: parameters.tied_embeddings must be true or false")
+    return value
 
 
 def _linear_attention(value: Any, where: str) -> str | None:

@@ -645,6 +645,7 @@ class CardBlocks:
         self.compiled: dict[tuple[int, str], list[tuple[int, bool]]] = {}
         self.op_requests: dict[tuple[int | None, str], list[int]] = {}  # each op's index in the card's phase
         self.rebound: dict[tuple[int | None, str], frozenset[int]] = {}  # `rebinds`, once per phase
+        self.paired: dict[tuple[int | None, str], dict[int, int]] = {}  # `pairs`, once per phase
         self.programs: dict[tuple[int, str], tuple] = {}
         self.layer = 0
         self.backward_layer = 0  # counts down: the block whose backward comes next is this one - 1
@@ -684,6 +685,20 @@ class CardBlocks:
             self.compiled[key] = ops
             self.op_requests[key] = at
         return self.compiled[key]
+
+    def pairs(self, kind: int | None, phase: str) -> dict[int, int]:
+        """The phase's frees (indices into `ops`) that take a named earlier tensor of the phase, not
+        the latest live one of their size (`Phase.frees`, recorded by the learner where the two differ):
+        {free: the allocation it takes}."""
+        key = (kind, phase)
+        if key not in self.paired:
+            self.ops(kind, phase)
+            source = self.regime.block(kind) if kind is not None else None
+            card_phase = getattr(source, phase) if source else getattr(self.regime, f"head_{phase}")
+            op_of = {request: i for i, request in enumerate(self.op_requests[key])}
+            self.paired[key] = {op_of[free]: op_of[made] for free, made in card_phase.frees
+                                if free in op_of and made in op_of}
+        return self.paired[key]
 
     def rebinds(self, kind: int | None, phase: str) -> frozenset[int]:
         """The head's forward frees (indices into `ops`) that take the tensor made before the
@@ -745,25 +760,35 @@ class CardBlocks:
         key = (kind, phase)
         if key not in self.programs:
             ops = self.ops(kind, phase)
+            paired = self.pairs(kind, phase)
             code: list[tuple[int, int, int]] = []
             own: dict[int, list[int]] = {}
             grads: dict[int, list[int]] = {}
+            slot_of: dict[int, int] = {}  # an own tensor's op -> its slot (`pairs`)
             slots = i = 0
             while i < len(ops):
                 size, grad = ops[i]
                 i += 1
                 if size > 0:
-                    if size > SMALL_SIZE and not grad and i < len(ops) and ops[i] == (-size, False):
+                    if size > SMALL_SIZE and not grad and i < len(ops) and ops[i] == (-size, False) \
+                            and paired.get(i, i - 1) == i - 1:
                         code.append((_TRANSIENT, size, 0))
                         i += 1
                         continue
                     (grads if grad else own).setdefault(size, []).append(slots)
+                    if not grad:
+                        slot_of[i - 1] = slots
                     if size > SMALL_SIZE:  # a small-pool tensor's slot stays None
                         code.append((_ALLOC, size, slots))
                     slots += 1
                     continue
                 size = -size
-                if grad and grads.get(size):
+                named = slot_of.get(paired.get(i - 1, -1)) if not grad else None
+                if named is not None and named in own.get(size, ()):
+                    own[size].remove(named)
+                    if size > SMALL_SIZE:
+                        code.append((_FREE, size, named))
+                elif grad and grads.get(size):
                     code.append(_hook_op(size, grads[size].pop(0)))
                 elif own.get(size):
                     slot = own[size].pop()
@@ -852,9 +877,9 @@ class CardBlocks:
         (tried last first; taken ones are removed). Returns the phase's live tensors by size.
         For the head's phases: `made`, sizes whose first free the replay has made already (the
         last block's input, freed in the card's block window); `hold`, a size whose last free
-        is not made (the loop's outputs): the tensor is left in `self.held`; `first_grad`,
-        called before the first weight gradient is made (autograd's thread's first matmul);
-        `hook_left` False: a gradient the phase never drops (a tied weight's, summed later) is
+        is not made (the loop's outputs): the tensor is left in `self.held`; `first_grad`, called
+        once the first weight gradient is allocated (autograd's thread's first matmul: its output,
+        then the workspace; h200-2026-12-19 traces); `hook_left` False: a gradient the phase never drops (a tied weight's, summed later) is
         returned among the live tensors, not hooked. For a block's forward: `matmul_at`, the op
         before which the forward thread's first matmul takes its cuBLAS workspace
         (`first_projection`). `made_first`: the phase's first request was made by the caller (the
@@ -870,20 +895,31 @@ class CardBlocks:
                 made or hold or first_grad is not None or not hook_left or matmul_at >= 0 or rebinds or made_first):
             return self.run_program(kind, outside, hook, *self.program(kind, phase))
         ops = self.ops(kind, phase)[1:] if made_first else self.ops(kind, phase)
+        shift = 1 if made_first else 0
+        paired = {free - shift: made - shift for free, made in self.pairs(kind, phase).items() if made >= shift}
+        name_of: dict[int, int | None] = {}  # an own tensor's op -> its name (`pairs`)
         held_at = max((i for i, (size, _) in enumerate(ops) if size == -hold), default=-1) if hold else -1
         self.held = None
         for i, (size, grad) in enumerate(ops):
             if i == matmul_at:
                 self.first_matmul("forward")
             if size > 0:
+                name = s.a(size) if size > SMALL_SIZE else None
                 if grad and first_grad is not None:
                     first_grad()
                     first_grad = None
-                name = s.a(size) if size > SMALL_SIZE else None
                 (grads if grad else own).setdefault(size, []).append(name)
+                if not grad:
+                    name_of[i] = name
                 continue
             size = -size
-            if i == held_at and own.get(size):
+            if not grad and i in paired and i != held_at and paired[i] in name_of \
+                    and name_of[paired[i]] in own.get(size, ()):
+                named = name_of.pop(paired[i])
+                own[size].remove(named)
+                if named is not None:
+                    s.f(named)
+            elif i == held_at and own.get(size):
                 self.held = own[size].pop()
             elif grad and grads.get(size):
                 name = grads[size].pop(0)

@@ -18,7 +18,8 @@ import torch
 from torch import nn
 
 from zlayout.core.card import SCATTER_SUFFIX, STRIDED_SUFFIX, UNALIGNED_SUFFIX, linear_attention_assumed
-from zlayout.learn.trace import StorageLedger, UnpricedKernel, Window, fused_attention, linear_kernels_patch
+from zlayout.learn.trace import (StorageLedger, UnpricedKernel, Window, exceptional_frees, fused_attention,
+                                 linear_kernels_patch)
 
 # Token counts traced (one sequence): three fix a quadratic term (attention's FLOPs; eager
 # attention keeps tokens x tokens probabilities); the check count is traced too and compared.
@@ -69,6 +70,13 @@ def build_model(config: Mapping[str, Any]) -> tuple[nn.Module, str]:
             model.to("meta")
         return model, attention
     raise LearnError(f"transformers has no causal-LM or image-text-to-text class for model_type {model_type!r}")
+
+
+def _tied(model: nn.Module) -> bool:
+    """Whether the output head's weight is the input embedding's (what the config's keys say under
+    names of their own: LFM2's `tie_embedding`)."""
+    head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
+    return head is not None and embedding is not None and head.weight is embedding.weight
 
 
 def block_list(model: nn.Module) -> nn.ModuleList:
@@ -435,6 +443,8 @@ def measure(step: dict[str, Any], blocks_traced: int) -> dict[str, Any]:
                 total.update(counted)
         blocks[index] = {
             "forward": fwd.events, "backward": bwd.events, "recompute": rec.events if rec else [],
+            "frees": {"forward": exceptional_frees(fwd.events, fwd.frees),
+                      "backward": exceptional_frees(bwd.events, bwd.frees)},
             "forward_reductions": fwd.reductions, "backward_reductions": bwd.reductions,
             "saved_by_dtype": dict(fwd.saved_by_dtype),
             "work_forward": op_work(fwd.flops, fwd.moved, fwd.calls, fwd.ops),
@@ -448,6 +458,9 @@ def measure(step: dict[str, Any], blocks_traced: int) -> dict[str, Any]:
         total.subtract(forward)
     head = {"forward": head_forward.events, "backward": head_backward.events,
             "preamble": preamble.events if preamble else [],
+            "frees": {"forward": exceptional_frees(head_forward.events, head_forward.frees),
+                      "backward": exceptional_frees(head_backward.events, head_backward.frees),
+                      "preamble": exceptional_frees(preamble.events, preamble.frees) if preamble else []},
             "forward_reductions": head_forward.reductions, "backward_reductions": head_backward.reductions,
             "preamble_reductions": preamble.reductions if preamble else {},
             "work_forward": op_work(*(Counter(total) - counted
@@ -501,9 +514,9 @@ def _fit_terms(samples: list[tuple[int, Any]], check: tuple[int, Any], errors: l
             # there (an empty entry), a number is 0
             present = next(v[k] for _, v in samples if k in v)
             return {} if isinstance(present, dict) else 0
-        return {k: _launches(samples, k) if k in ("calls", "ops") else
-                _fit_terms([(t, v.get(k, absent(k))) for t, v in samples],
-                           (check[0], check[1].get(k, absent(k))), errors)
+        return {k: _launches(samples, k) if k in ("calls", "ops") else _same_frees(samples, check, k) if k == "frees"
+                else _fit_terms([(t, v.get(k, absent(k))) for t, v in samples],
+                                (check[0], check[1].get(k, absent(k))), errors)
                 for k in sorted(keys)}
     if isinstance(first, list):
         if len({len(v) for _, v in samples} | {len(check[1])}) != 1:
@@ -517,6 +530,13 @@ def _fit_terms(samples: list[tuple[int, Any]], check: tuple[int, Any], errors: l
     poly = fit([(t, float(v)) for t, v in samples])
     errors.append((abs(evaluate(poly, check[0]) - check[1]), abs(check[1])))
     return poly
+
+
+def _same_frees(samples: list[tuple[int, Any]], check: tuple[int, Any], key: str) -> dict:
+    """A phase's exceptional frees (`trace.exceptional_frees`), each phase's where every trace has the
+    same pairs (the same code at another length), else none for it (the replay's own rule)."""
+    traced = [v.get(key, {}) for _, v in samples] + [check[1].get(key, {})]
+    return {phase: pairs for phase, pairs in traced[0].items() if all(t.get(phase) == pairs for t in traced)}
 
 
 def _launches(samples: list[tuple[int, Any]], key: str) -> list[float]:
@@ -580,14 +600,14 @@ def regimes_to_trace(config: Mapping[str, Any]) -> list[tuple[int | None, tuple[
 def _total_requests(measured: Any) -> int:
     """The number of requests in all of a measurement's lists."""
     if isinstance(measured, dict):
-        return sum(_total_requests(v) for v in measured.values())
+        return sum(_total_requests(v) for k, v in measured.items() if k != "frees")
     return len(measured) if isinstance(measured, list) else 0
 
 
 def _request_counts(measured: Any) -> Any:
     """The number of requests in each list of a measurement (its shape, not its sizes)."""
     if isinstance(measured, dict):
-        return {k: _request_counts(v) for k, v in measured.items()}
+        return {k: _request_counts(v) for k, v in measured.items() if k != "frees"}
     return len(measured) if isinstance(measured, list) else None
 
 
@@ -803,6 +823,8 @@ def _regime_entries(fitted: dict, kinds: list[int], keep: list[int], blocks: nn.
             "forward": plain["forward"], "backward": plain["backward"],
             "checkpointed_forward": checkpointed["forward"], "checkpointed_backward": checkpointed["backward"],
             "recompute": checkpointed["recompute"],
+            **_free_entries({"forward": plain, "backward": plain, "checkpointed_forward": checkpointed,
+                             "checkpointed_backward": checkpointed}),
             **_reduction_entries({"forward": plain, "backward": plain, "checkpointed_forward": checkpointed,
                                   "checkpointed_backward": checkpointed}, longest),
             "saved_by_dtype": plain["saved_by_dtype"],
@@ -817,6 +839,9 @@ def _regime_entries(fitted: dict, kinds: list[int], keep: list[int], blocks: nn.
                      "forward": head["forward"], "backward": head["backward"],
                      "checkpointed_forward": checkpointed_head["forward"],
                      "checkpointed_backward": checkpointed_head["backward"],
+                     **_free_entries({"preamble": head, "forward": head, "backward": head,
+                                      "checkpointed_forward": checkpointed_head,
+                                      "checkpointed_backward": checkpointed_head}),
                      **_reduction_entries({"preamble": head, "forward": head, "backward": head,
                                            "checkpointed_forward": checkpointed_head,
                                            "checkpointed_backward": checkpointed_head}, longest),
@@ -904,6 +929,16 @@ def work(plain: dict, checkpointed: dict) -> dict[str, dict]:
             for phase, run, half in (("forward", plain, "forward"), ("backward", plain, "backward"),
                                      ("checkpointed_forward", checkpointed, "forward"),
                                      ("checkpointed_backward", checkpointed, "backward"))}
+
+
+def _free_entries(runs: dict[str, dict]) -> dict[str, list]:
+    """`<phase>_frees` for the phases that have exceptional frees (a checkpointed phase's are its run's)."""
+    out = {}
+    for phase, run in runs.items():
+        pairs = run.get("frees", {}).get(phase.removeprefix("checkpointed_"))
+        if pairs:
+            out[f"{phase}_frees"] = pairs
+    return out
 
 
 def _reduction_entries(runs: dict[str, dict], tokens: int) -> dict[str, list]:
@@ -1070,6 +1105,8 @@ def _learn(config: Mapping[str, Any], positions: int | None = None) -> dict[str,
         "torch": torch.__version__.split("+")[0],
         "fit_error": round(worst, 6),
         "parameters": {"count": sum(p.numel() for p in model.parameters()),
+                       # the output head is the input embedding's tensor (transformers tied them)
+                       "tied_embeddings": _tied(model),
                        # outside the blocks (every block's are trained): the tensors no gradient
                        # reached in a text-only step, whose hooks never fire (a vision tower's)
                        "untrained": [name for name, p in model.named_parameters()

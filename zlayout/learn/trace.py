@@ -64,6 +64,32 @@ class Window:
     # reduction kernels' scratch: the index in `events` of its placeholders, and the reduction's
     # shape at this token count (`reduction_shape`); the planner sizes it for its GPU
     reductions: dict[int, dict[str, int]] = field(default_factory=dict)
+    # which allocation each free takes, where the window made it: {free's index: allocation's index}
+    # in `events` (a card records sizes; the replay's rule, the latest live tensor of the size,
+    # is not always the tensor that died: `exceptional_frees`)
+    frees: dict[int, int] = field(default_factory=dict)
+    made_at: dict[int, int] = field(default_factory=dict)  # storage -> its allocation's index, while live
+
+
+def exceptional_frees(events: list[int], frees: dict[int, int]) -> list[list[int]]:
+    """The frees that do not take the latest live tensor of their size among the window's own: [free's
+    index, allocation's index] pairs, what the card records for the replay (`core.card.Phase.frees`).
+    A math attention's `attn = softmax(attn)` frees the scores, made before the softmax's output of
+    the same size; the replay's rule kept the scores and freed the output, and placed every block's
+    saved probabilities elsewhere (h200-2026-12-19 trace-2: 5.7 GiB more reserved than the run)."""
+    live: dict[int, list[int]] = {}
+    out = []
+    for index, event in enumerate(events):
+        if event > 0:
+            live.setdefault(event, []).append(index)
+        elif event < 0 and index in frees:
+            stack, made = live.get(-event, []), frees[index]
+            if made not in stack:
+                continue
+            if stack[-1] != made:
+                out.append([index, made])
+            stack.remove(made)
+    return out
 
 
 # Ops that launch no kernel (views are told apart by their schema, `OpOverload.is_view`).
@@ -279,6 +305,7 @@ class StorageLedger(TorchDispatchMode):
         self.allocated_by_dtype[str(tensor.dtype).removeprefix("torch.")] += nbytes
         for window in self.open:
             window.peak = max(window.peak, self.current)
+            window.made_at[key] = len(window.events)
             window.events.append(nbytes)
         weakref.finalize(storage, self._free, key, nbytes)
 
@@ -288,6 +315,9 @@ class StorageLedger(TorchDispatchMode):
         del self.serial[key]
         self.current -= nbytes
         for window in self.open:
+            made = window.made_at.pop(key, None)
+            if made is not None:
+                window.frees[len(window.events)] = made
             window.events.append(-nbytes)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
