@@ -99,9 +99,8 @@ class Phase:
 
     def net(self, micro_batch: int, seq: int) -> int:
         """What the phase leaves allocated: any GPU's (a scratch is freed where it is made)."""
-        if self.per_step:
-            return sum(int(round(bytes_at(poly, 1 if i in self.per_step else micro_batch, seq)))
-                       for i, poly in enumerate(self.requests))
+        if self.per_step:  # a reduction's scratch is freed where it is made: the requests alone
+            return sum(_request_sizes(self, micro_batch, seq))
         return _net_and_peak(self.requests, micro_batch, seq)[0]
 
     def sizes(self, micro_batch: int, seq: int, device: Device) -> list[int]:
@@ -128,11 +127,15 @@ def _net_and_peak_sizes(sizes: tuple[int, ...]) -> tuple[int, int]:
     return live, peak
 
 
+def _request_sizes(phase: Phase, micro_batch: int, seq: int) -> list[int]:
+    """Each request's bytes at this shape, a reduction's placeholders 0 (`_sizes` fills them in)."""
+    per_step = phase.per_step
+    return [int(round(bytes_at(poly, 1 if i in per_step else micro_batch, seq))) for i, poly in enumerate(phase.requests)]
+
+
 @functools.lru_cache(maxsize=4096)
 def _sizes(phase: Phase, micro_batch: int, seq: int, device: Device) -> tuple[int, ...]:
-    per_step = phase.per_step
-    sizes = [int(round(bytes_at(poly, 1 if i in per_step else micro_batch, seq)))
-             for i, poly in enumerate(phase.requests)]
+    sizes = _request_sizes(phase, micro_batch, seq)
     for at, reduction in phase.reductions:
         outputs = int(round(bytes_at(reduction.outputs, micro_batch, seq)))
         inputs = int(round(bytes_at(reduction.inputs, micro_batch, seq)))

@@ -661,13 +661,18 @@ class CardBlocks:
         made = [size for size, grad in self.ops(kind, phase) if grad and size > 0]
         return all(made.count(size) >= self.leaf.count(size) for size in self.leaf)
 
+    def card_phase(self, kind: int | None, phase: str):
+        """The card's phase for a block of this kind, or with `kind` None the head's (`Regime.head_*`)."""
+        if kind is None:
+            return getattr(self.regime, f"head_{phase}")
+        return getattr(self.regime.block(kind), phase)
+
     def ops(self, kind: int | None, phase: str) -> list[tuple[int, bool]]:
         """(signed size, whether it allocates or frees a weight's gradient) per request of a block's
         phase, or with `kind` None of the head's and loss's (`Regime.head_*`)."""
         key = (kind, phase)
         if key not in self.compiled:
-            source = self.regime.block(kind) if kind is not None else None
-            card_phase = getattr(source, phase) if source else getattr(self.regime, f"head_{phase}")
+            card_phase = self.card_phase(kind, phase)
             requests = card_phase.requests
             # a reduction kernel's scratch (sized for the GPU) is never a weight's gradient
             scratch = {at + i for at, _ in card_phase.reductions for i in range(REDUCTION_EVENTS)}
@@ -693,8 +698,7 @@ class CardBlocks:
         key = (kind, phase)
         if key not in self.paired:
             self.ops(kind, phase)
-            source = self.regime.block(kind) if kind is not None else None
-            card_phase = getattr(source, phase) if source else getattr(self.regime, f"head_{phase}")
+            card_phase = self.card_phase(kind, phase)
             op_of = {request: i for i, request in enumerate(self.op_requests[key])}
             self.paired[key] = {op_of[free]: op_of[made] for free, made in card_phase.frees
                                 if free in op_of and made in op_of}
@@ -741,7 +745,7 @@ class CardBlocks:
         card with fewer such tensors takes it before its first request, as before."""
         norm = 5 if self.hf_norm else 1
         self.ops(kind, phase)  # each op's request: `op_requests`
-        card_phase = getattr(self.regime.block(kind), phase)
+        card_phase = self.card_phase(kind, phase)
         hidden = [i for i, size in enumerate(card_phase.sizes(self.micro_batch, self.seq, self.device))
                   if 2 * size >= block_input]
         if len(hidden) <= norm:

@@ -818,15 +818,14 @@ def _regime_entries(fitted: dict, kinds: list[int], keep: list[int], blocks: nn.
         if every_block and len(measured) >= 3:
             index = measured[1]  # one inside its kind's run: the first and last free what the kind shares
         plain, checkpointed = fitted[False]["blocks"][index], fitted[True]["blocks"][index]
+        runs = {"forward": plain, "backward": plain, "checkpointed_forward": checkpointed,
+                "checkpointed_backward": checkpointed}  # the trace each phase's entries come from
         kind_blocks.append({
             "kind": kind, "traced_block": keep[index],
             "forward": plain["forward"], "backward": plain["backward"],
             "checkpointed_forward": checkpointed["forward"], "checkpointed_backward": checkpointed["backward"],
             "recompute": checkpointed["recompute"],
-            **_free_entries({"forward": plain, "backward": plain, "checkpointed_forward": checkpointed,
-                             "checkpointed_backward": checkpointed}),
-            **_reduction_entries({"forward": plain, "backward": plain, "checkpointed_forward": checkpointed,
-                                  "checkpointed_backward": checkpointed}, longest),
+            **_free_entries(runs), **_reduction_entries(runs, longest),
             "saved_by_dtype": plain["saved_by_dtype"],
             "work": work(plain, checkpointed),
         })
@@ -834,17 +833,14 @@ def _regime_entries(fitted: dict, kinds: list[int], keep: list[int], blocks: nn.
         if views:  # ZeRO-3 keeps these gathered until the block's backward (core.card.BlockCard)
             kind_blocks[-1]["zero3_held"] = views
     head, checkpointed_head = fitted[False]["head"], fitted[True]["head"]
+    head_runs = {"preamble": head, "forward": head, "backward": head, "checkpointed_forward": checkpointed_head,
+                 "checkpointed_backward": checkpointed_head}
     return {"blocks": kind_blocks,
             "head": {"preamble": head["preamble"], "preamble_per_step": head["preamble_per_step"],
                      "forward": head["forward"], "backward": head["backward"],
                      "checkpointed_forward": checkpointed_head["forward"],
                      "checkpointed_backward": checkpointed_head["backward"],
-                     **_free_entries({"preamble": head, "forward": head, "backward": head,
-                                      "checkpointed_forward": checkpointed_head,
-                                      "checkpointed_backward": checkpointed_head}),
-                     **_reduction_entries({"preamble": head, "forward": head, "backward": head,
-                                           "checkpointed_forward": checkpointed_head,
-                                           "checkpointed_backward": checkpointed_head}, longest),
+                     **_free_entries(head_runs), **_reduction_entries(head_runs, longest),
                      "work": work(head, checkpointed_head)}}
 
 
