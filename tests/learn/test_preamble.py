@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from zlayout import cards
 from zlayout.cli import build_parser, layout_from_args, plan_input_from_args
 from zlayout.core.allocator_sim import _Seq, allocation_sequence
-from zlayout.core.card import CardError, card_from_dict
+from zlayout.core.card import FREED_OUTSIDE, CardError, card_from_dict
 from zlayout.learn.learner import learn
 from zlayout.learn.trace import StorageLedger, fused_attention
 
@@ -125,7 +125,39 @@ def test_a_free_names_the_tensor_it_takes_where_the_latest_of_its_size_is_not_it
     assert exceptional_frees([8, 8, -8], {2: 0}) == [[2, 0]]
     assert exceptional_frees([8, 8, -8], {2: 1}) == []
     assert exceptional_frees([8, 4, -8, -4], {2: 0, 3: 1}) == []
-    assert exceptional_frees([-8, 8], {}) == []  # a tensor made before the window: the replay's own matching
+    # a tensor made before the window: the replay's own matching takes one made before it, unless one of
+    # the window's own of that size lives
+    assert exceptional_frees([-8, 8], {0: FREED_OUTSIDE}) == []
+    assert exceptional_frees([8, -8], {1: FREED_OUTSIDE}) == [[1, FREED_OUTSIDE]]
+    assert exceptional_frees([4, -8], {1: FREED_OUTSIDE}) == []
+
+
+def test_the_losss_backward_frees_the_log_softmax_its_forward_saved():
+    """Cross-entropy over float32 logits (transformers' ForCausalLMLoss): the forward saves the
+    log-softmax; the backward makes nll_loss's gradient and log_softmax's, both its size, and frees
+    the saved one while its own gradient lives. The rule (the latest of the size) freed the gradient
+    and kept the saved one: a gemma-3-1b step reserved one tokens x vocab x 4 segment less than the
+    run (h200-2026-12-02c gemma3_text trace: free, free of the forward's, then the bf16 gradient)."""
+    from zlayout.learn.trace import exceptional_frees
+
+    logits = torch.randn(64, 1000, dtype=torch.bfloat16, requires_grad=True)
+    labels = torch.randint(0, 1000, (64,))
+    ledger = StorageLedger()
+    ledger.exclude([logits, labels])
+    with ledger:
+        forward = ledger.open_window("head_forward", -1)
+        loss = F.cross_entropy(logits.float(), labels)
+        ledger.close_window(forward)
+        backward = ledger.open_window("head_backward", -1)
+        loss.backward()
+        ledger.close_window(backward)
+    fp32 = 64 * 1000 * 4
+    assert forward.events.count(fp32) == 2 and forward.events.count(-fp32) == 1  # the float copy dies
+    pairs = exceptional_frees(backward.events, backward.frees)
+    outside = [free for free, made in pairs if made == FREED_OUTSIDE and backward.events[free] == -fp32]
+    assert len(outside) == 1
+    made = [i for i, e in enumerate(backward.events) if e == fp32]
+    assert len(made) == 2 and made[0] < made[1] < outside[0]
 
 
 def test_falcons_card_names_the_math_attentions_scores_as_what_its_softmax_frees():
@@ -144,6 +176,23 @@ def test_a_cards_frees_must_name_an_earlier_request_of_the_phase():
     head = {"forward": [[0, 1, 0], [0, 1, 0], [0, -1, 0]], "forward_frees": "2 0", "backward": [],
             "checkpointed_forward": [], "checkpointed_backward": []}
     assert card_from_dict(_card(head), "k").regimes[-1].head_forward.frees == ((2, 0),)
-    for bad in ("0 2", "3 0", "2", "a b"):
+    assert card_from_dict(_card({**head, "forward_frees": "2 -1"}), "k").regimes[-1].head_forward.frees == \
+        ((2, FREED_OUTSIDE),)
+    for bad in ("0 2", "3 0", "2", "a b", "2 -2"):
         with pytest.raises(CardError, match="forward_frees"):
             card_from_dict(_card({**head, "forward_frees": bad}), "k")
+
+
+def test_the_replay_frees_the_saved_log_softmax_where_the_card_names_it_made_before():
+    """gemma-3-1b (262,144-entry vocabulary) at 2 x 8,192 tokens: each loss tensor is 16 GiB in float32.
+    The run (h200-2026-12-04, ZeRO-2 on an H200) made five 16 GiB segments (and released the 8 GiB
+    one of step 1's logits in its one retry); with the saved log-softmax kept into the bf16
+    gradient's cast (the latest-of-its-size rule) the replay made four, and reserved 6 GiB less
+    than the card-filling run."""
+    args = build_parser().parse_args(["plan", "--hf-config", str(PUBLISHED / "gemma-3-1b-pt.json"), "--stage", "2", "--seq", "8192", "--micro-batch", "2",
+                                      "--gpus-per-node", "1", "--gpu", "h200"])
+    seq = _Seq(live=True)
+    assert allocation_sequence(plan_input_from_args(args), layout_from_args(args), steps=2, _seq=seq) is not None
+    segments = sorted((size for pool in seq.pools.values() for size in pool.segment_sizes), reverse=True)
+    fp32_logits = 2 * 8192 * 262144 * 4
+    assert segments[:6] == [fp32_logits] * 5 + [fp32_logits // 2]  # and step 1's bf16 logits'

@@ -68,6 +68,11 @@ def linear_attention_assumed(config: Mapping[str, Any]) -> str | None:
     return LINEAR_ATTENTION_FLA if types & LINEAR_ATTENTION_MODEL_TYPES else None
 
 
+# `Phase.frees`' allocation index for a tensor made before the phase (the forward's saved log-softmax
+# that the loss's backward frees)
+FREED_OUTSIDE = -1
+
+
 class CardError(ValueError):
     """A card that is not one this planner reads: one line naming what is wrong."""
 
@@ -89,7 +94,8 @@ class Phase:
     # tables over (1, T) positions): their bytes are not multiplied by it (`_sizes`)
     per_step: frozenset[int] = frozenset()
     # (free's index, allocation's index) where a free takes another of its phase's tensors than the
-    # latest live one of its size (the replay's rule; zlayout.learn.trace.exceptional_frees)
+    # latest live one of its size (the replay's rule; zlayout.learn.trace.exceptional_frees), or
+    # (free's index, FREED_OUTSIDE) where it takes one made before the phase though one of its own lives
     frees: tuple[tuple[int, int], ...] = ()
 
     def net_and_peak(self, micro_batch: int, seq: int, device: Device) -> tuple[int, int]:
@@ -647,7 +653,7 @@ def _phase(data: Any, where: str, reductions: Any = None, frees: Any = None) -> 
 
 def _frees(data: Any, requests: int, where: str) -> tuple[tuple[int, int], ...]:
     """A phase's exceptional frees: "i j, ..." (zlayout.cards writes them so) or [[i, j], ...], each a
-    free's index and the earlier allocation's it takes."""
+    free's index and the earlier allocation's it takes (FREED_OUTSIDE: one made before the phase)."""
     if data is None or data == "" or data == []:
         return ()
     if isinstance(data, str):
@@ -660,8 +666,9 @@ def _frees(data: Any, requests: int, where: str) -> tuple[tuple[int, int], ...]:
         pairs = data
     if not isinstance(pairs, list) or not all(
             isinstance(p, list) and len(p) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in p)
-            and 0 <= p[1] < p[0] < requests for p in pairs):
-        raise CardError(f"{where}: pairs of a free's index and an earlier allocation's, within the phase")
+            and FREED_OUTSIDE <= p[1] < p[0] < requests for p in pairs):
+        raise CardError(f"{where}: pairs of a free's index and an earlier allocation's, within the phase "
+                        f"({FREED_OUTSIDE}: before it)")
     return tuple((i, j) for i, j in pairs)
 
 

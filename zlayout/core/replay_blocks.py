@@ -10,6 +10,7 @@ from bisect import bisect_right
 from itertools import islice
 
 from zlayout.core.caching_allocator import _SIZE_SHIFT, DEFAULT_STREAM, SMALL_SIZE
+from zlayout.core.card import FREED_OUTSIDE
 from zlayout.core.reductions import REDUCTION_EVENTS, Device, bias_gradient_scratch
 from zlayout.core.replay_state import Replay, _Seq
 
@@ -700,8 +701,9 @@ class CardBlocks:
             self.ops(kind, phase)
             card_phase = self.card_phase(kind, phase)
             op_of = {request: i for i, request in enumerate(self.op_requests[key])}
-            self.paired[key] = {op_of[free]: op_of[made] for free, made in card_phase.frees
-                                if free in op_of and made in op_of}
+            self.paired[key] = {op_of[free]: FREED_OUTSIDE if made == FREED_OUTSIDE else op_of[made]
+                                for free, made in card_phase.frees
+                                if free in op_of and (made in op_of or made == FREED_OUTSIDE)}
         return self.paired[key]
 
     def rebinds(self, kind: int | None, phase: str) -> frozenset[int]:
@@ -787,6 +789,10 @@ class CardBlocks:
                     slots += 1
                     continue
                 size = -size
+                if not grad and paired.get(i - 1) == FREED_OUTSIDE:  # made before the phase, though one of its own lives
+                    if size > SMALL_SIZE:
+                        code.append((_OUTSIDE, size, 0))
+                    continue
                 named = slot_of.get(paired.get(i - 1, -1)) if not grad else None
                 if named is not None and named in own.get(size, ()):
                     own[size].remove(named)
@@ -900,7 +906,8 @@ class CardBlocks:
             return self.run_program(kind, outside, hook, *self.program(kind, phase))
         ops = self.ops(kind, phase)[1:] if made_first else self.ops(kind, phase)
         shift = 1 if made_first else 0
-        paired = {free - shift: made - shift for free, made in self.pairs(kind, phase).items() if made >= shift}
+        paired = {free - shift: made if made == FREED_OUTSIDE else made - shift
+                  for free, made in self.pairs(kind, phase).items() if made >= shift or made == FREED_OUTSIDE}
         name_of: dict[int, int | None] = {}  # an own tensor's op -> its name (`pairs`)
         held_at = max((i for i, (size, _) in enumerate(ops) if size == -hold), default=-1) if hold else -1
         self.held = None
@@ -925,6 +932,9 @@ class CardBlocks:
                     s.f(named)
             elif i == held_at and own.get(size):
                 self.held = own[size].pop()
+            elif not grad and paired.get(i) == FREED_OUTSIDE and size not in made:
+                if size > SMALL_SIZE:  # made before the phase, though one of its own lives
+                    self.free_outside(kind, outside, size)
             elif grad and grads.get(size):
                 name = grads[size].pop(0)
                 if name is None:

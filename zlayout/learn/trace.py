@@ -38,8 +38,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
-from zlayout.core.card import (BATCHED_GEMM_OPS, FP32_GEMM_SUFFIX, SCATTER_SUFFIX, STRIDED_SUFFIX, UNALIGNED_SUFFIX,
-                               WIDE_BATCHED_GEMM)
+from zlayout.core.card import (BATCHED_GEMM_OPS, FP32_GEMM_SUFFIX, FREED_OUTSIDE, SCATTER_SUFFIX, STRIDED_SUFFIX,
+                               UNALIGNED_SUFFIX, WIDE_BATCHED_GEMM)
 from zlayout.core.reductions import REDUCTION_EVENTS
 from zlayout.learn.launches import kernel_launches
 
@@ -64,19 +64,23 @@ class Window:
     # reduction kernels' scratch: the index in `events` of its placeholders, and the reduction's
     # shape at this token count (`reduction_shape`); the planner sizes it for its GPU
     reductions: dict[int, dict[str, int]] = field(default_factory=dict)
-    # which allocation each free takes, where the window made it: {free's index: allocation's index}
-    # in `events` (a card records sizes; the replay's rule, the latest live tensor of the size,
-    # is not always the tensor that died: `exceptional_frees`)
+    # which allocation each free takes: {free's index: allocation's index} in `events`, or
+    # FREED_OUTSIDE for a tensor made before the window opened (a card records sizes; the replay's
+    # rule, the latest live tensor of the size, is not always the tensor that died: `exceptional_frees`)
     frees: dict[int, int] = field(default_factory=dict)
     made_at: dict[int, int] = field(default_factory=dict)  # storage -> its allocation's index, while live
 
 
 def exceptional_frees(events: list[int], frees: dict[int, int]) -> list[list[int]]:
     """The frees that do not take the latest live tensor of their size among the window's own: [free's
-    index, allocation's index] pairs, what the card records for the replay (`core.card.Phase.frees`).
+    index, allocation's index] pairs, what the card records for the replay (`core.card.Phase.frees`),
+    the index FREED_OUTSIDE for a tensor made before the window while one of its own of that size lives.
     A math attention's `attn = softmax(attn)` frees the scores, made before the softmax's output of
     the same size; the replay's rule kept the scores and freed the output, and placed every block's
-    saved probabilities elsewhere (h200-2026-12-19 trace-2: 5.7 GiB more reserved than the run)."""
+    saved probabilities elsewhere (h200-2026-12-19 trace-2: 5.7 GiB more reserved than the run).
+    The loss's backward frees the log-softmax the forward saved while its own gradient of that size
+    lives (nll_loss_backward's, then _log_softmax_backward_data's, both tokens x vocab fp32): the rule
+    freed the gradient and kept the saved one (gemma3_text trace, h200-2026-12-02c family-truth)."""
     live: dict[int, list[int]] = {}
     out = []
     for index, event in enumerate(events):
@@ -84,6 +88,10 @@ def exceptional_frees(events: list[int], frees: dict[int, int]) -> list[list[int
             live.setdefault(event, []).append(index)
         elif event < 0 and index in frees:
             stack, made = live.get(-event, []), frees[index]
+            if made == FREED_OUTSIDE:
+                if stack:
+                    out.append([index, FREED_OUTSIDE])
+                continue
             if made not in stack:
                 continue
             if stack[-1] != made:
@@ -316,8 +324,7 @@ class StorageLedger(TorchDispatchMode):
         self.current -= nbytes
         for window in self.open:
             made = window.made_at.pop(key, None)
-            if made is not None:
-                window.frees[len(window.events)] = made
+            window.frees[len(window.events)] = FREED_OUTSIDE if made is None else made
             window.events.append(-nbytes)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
