@@ -275,14 +275,23 @@ class _Training:
             s.a(zero.reduce_bucket_size * w)  # the IPG bucket, allocated once
         if opt_on_gpu:
             s.a(p_shard * w)  # grad_partitions_flat_buffer (made after the IPG bucket: same trace)
-        if n > 1:
-            # _create_reduce_and_remove_grad_hooks: each trainable weight is param.all_gather()ed
-            # (_all_gather_sequential: a buffer of ceil(numel / n) * n on the default stream),
-            # its hook registered, then param.partition() frees it (w2-z3-L8-h4096 trace: 250,
-            # 96, 32, 128, 128 MiB ..., each freed before the next). Small ones are persistent.
-            for x in tensors:
-                if x > small:
-                    s.transient(-(-x // n) * n * w)
+        # create_reduce_and_remove_grad_hooks: each trainable weight is param.all_gather()ed
+        # (_all_gather_sequential: a buffer of ceil(numel / n) * n on the default stream), its
+        # hook registered, then param.partition() frees it (w2-z3-L8-h4096 trace: 250, 96, 32,
+        # 128, 128 MiB ..., each freed before the next), on one GPU too (t-z3-L12-h3072,
+        # t-z3-hf-L6-h4096; Mixtral-8x7B's 1792 MiB experts made a segment the replay lacked:
+        # h200-2026-12-24 trace-1). With the weights on the host the partition is first copied to
+        # the GPU and freed before the buffer (s-z3-opt-param-L16-h3072, s-w2-z3-opt-param-L8-h4096:
+        # 96, 48, -48, -96). Small ones are persistent.
+        for x in tensors:
+            if x > small:
+                part = -(-x // n)
+                if param_on_gpu:
+                    s.transient(part * n * w)
+                else:
+                    gathered = s.a(part * n * w)
+                    s.transient(part * w)
+                    s.f(gathered)
 
     def initialize_engine(self) -> None:
         """Stages 0-2: the module moved to the GPU, flattened, the fp32 master (and at stage 0

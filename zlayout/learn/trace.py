@@ -616,12 +616,14 @@ def _output_like_query(query: torch.Tensor, dim_v: int) -> torch.Tensor:
     (partial rotary's `torch.cat`: gpt_neox, stablelm, phi; MLA's q) it copies the output, and
     the next projection saves the copy while attention saves its own output: one more output's
     bytes per block (h200-2026-12-03 probe_blocks: pythia-6.9b-L8 and deepseek-v3-L3 on the H200).
-    The memory-efficient kernel allocates (batch, seq, heads, dim) whatever q's layout
-    (attention.cu `_efficient_attention_forward`): `_FusedAttention` keeps that for masked calls
-    (the row once taken for evidence, h200-2026-12-02c phi3-mini-L8, ran Phi3Config's default, no
-    window, before verify built the user's config: it measured an unmasked call). MLA's unmasked
-    calls (q and v head sizes differ: no flash) run cuDNN on the H200 (probe_blocks: deepseek-v3-L3) and take q's order here; a pre-sm90 GPU runs
-    the memory-efficient kernel for them, one output's bytes per block less than the card holds."""
+    Masked calls (a sliding window) run cuDNN too and keep q's order: Phi-3's window mask with its
+    partial rotary's (batch, heads, seq, dim) q copies the output after attention (h200-2026-12-02c
+    phi3 allocator trace, sdpa_attention.py's `.contiguous()`; h200-2026-12-24 trace-2,
+    Phi-3-medium on an H100: the o_proj saves the copy), Gemma-3's (batch, seq, heads, dim) q does
+    not (gemma3_text trace). MLA's unmasked calls (q and v head sizes differ: no flash) run cuDNN on
+    the H200 (probe_blocks: deepseek-v3-L3). A pre-sm90 GPU runs the memory-efficient kernel for
+    masked and MLA calls, whose (batch, seq, heads, dim) output copies nothing: one output's bytes per
+    block less than the card holds."""
     batch, heads, seq, _ = query.shape
     order = sorted(range(4), key=lambda dim: query.stride(dim), reverse=True)  # outermost first
     shape = (batch, heads, seq, dim_v)
@@ -629,19 +631,31 @@ def _output_like_query(query: torch.Tensor, dim_v: int) -> torch.Tensor:
     return out.permute([order.index(dim) for dim in range(4)])
 
 
+def workspace_like(batch: int, heads: int, seq: int, dim: int, device) -> torch.Tensor:
+    """The attention backward's workspace on sm90 (cuDNN: `_output_like_query`): one byte buffer of a
+    float32 dq accumulator (batch, heads, seq, dim), the float32 row sums (batch, heads, seq) and 256
+    bytes, made after dq, dk and dv and freed before the kernel returns. Allocator traces, torch
+    2.11: 67,633,408 bytes for 1 x 32 x 4096 x 128 unmasked (h200-2026-12-02c llama-ctl),
+    50,856,192 for 1 x 32 x 4096 x 96 and 33,685,760 for 1 x 8 x 4096 x 256 with a sliding-window
+    mask (phi3, gemma3_text), 169,083,136 for 2 x 40 x 4096 x 128 masked (h200-2026-12-24 trace-2,
+    Phi-3-medium on an H100)."""
+    return torch.empty(4 * batch * heads * seq * dim + 4 * batch * heads * seq + 256, dtype=torch.uint8,
+                       device=device)
+
+
 class _FusedAttention(torch.autograd.Function):
     """scaled_dot_product_attention as the CUDA kernels run it, on the meta device.
 
     On meta, sdpa falls back to the math path, which saves the (tokens x tokens) probabilities;
-    the fused kernels do not. From PyTorch's source (aten/src/ATen/native/transformers/cuda):
-    flash attention (`_scaled_dot_product_flash_attention`, no mask) returns the output in
-    query's memory order, as cuDNN does (`_output_like_query`), and a float32 logsumexp (batch,
-    heads, seq), and saves q, k, v, out and logsumexp; its
-    backward (flash_api.cpp mha_bwd) allocates dq, dk, dv, a float32 softmax_d (batch, heads,
-    seq rounded to 128) and a float32 dq accumulator (batch, seq rounded to 128, heads, dim
-    rounded to 32). With a mask the memory-efficient kernel runs instead: its output in (batch,
-    seq, heads, dim) memory, logsumexp with the sequence rounded to 32, and a float32 delta
-    (batch, heads, seq) in backward.
+    the fused kernels do not. On sm90 torch 2.11 runs cuDNN's attention first, with or without a
+    mask (`_output_like_query`): the output in query's memory order and float32 row statistics
+    (batch, heads, seq), both saved with q, k and v; its backward allocates dq, dk and dv, then one
+    workspace (`workspace_like`) freed before it returns. Allocator traces of torch 2.11 on the
+    H200 and the H100 show exactly that for unmasked and masked calls alike (h200-2026-12-02c
+    family-truth llama-ctl, phi3, gemma3_text; h200-2026-12-24 trace-2); the card once priced
+    flash's backward (a softmax_d and a dq accumulator made before the gradients) and, with a
+    mask, the memory-efficient kernel's (batch, seq, heads, dim) output, which copied nothing where
+    the run copies Phi-3's (80 MiB a block on Phi-3-medium at 2 x 4096: -2.2% reserved).
 
     The work: 4 (forward) and 10 (backward) x batch x heads x q x k x dim FLOPs, halved with
     is_causal (the kernels skip the tiles above the diagonal). An explicit attn_mask (transformers
@@ -655,13 +669,8 @@ class _FusedAttention(torch.autograd.Function):
     def forward(ctx, query, key, value, bias, ledger, causal):
         masked = bias is not None
         batch, heads, seq, _ = query.shape
-        dim_v = value.shape[-1]
-        if masked:  # the memory-efficient kernel's (batch, seq, heads, dim) output
-            out = torch.empty(batch, seq, heads, dim_v, dtype=query.dtype, device=query.device).transpose(1, 2)
-        else:
-            out = _output_like_query(query, dim_v)
-        lse_seq = _round_up(seq, 32) if masked else seq
-        lse = torch.empty(batch, heads, lse_seq, dtype=torch.float32, device=query.device)
+        out = _output_like_query(query, value.shape[-1])
+        lse = torch.empty(batch, heads, seq, dtype=torch.float32, device=query.device)
         ctx.save_for_backward(query, key, value, out, lse, bias)
         ctx.ledger, ctx.masked, ctx.causal = ledger, masked, causal
         flops = 4 * batch * heads * seq * key.shape[2] * query.shape[-1] // (2 if causal else 1)
@@ -673,14 +682,9 @@ class _FusedAttention(torch.autograd.Function):
     def backward(ctx, grad_out):
         query, key, value, out, lse, _bias = ctx.saved_tensors
         batch, heads, seq, dim = query.shape
-        if ctx.masked:
-            workspace = [torch.empty(batch, heads, seq, dtype=torch.float32, device=query.device)]
-        else:
-            seq_r = _round_up(seq, 128)
-            workspace = [torch.empty(batch, heads, seq_r, dtype=torch.float32, device=query.device),
-                         torch.empty(batch, seq_r, heads, _round_up(dim, 32), dtype=torch.float32,
-                                     device=query.device)]
         grads = (torch.empty_like(query), torch.empty_like(key), torch.empty_like(value))
+        # one workspace after the gradients, freed at once: float32 dq accumulator and row sums
+        workspace = workspace_like(batch, heads, seq, dim, query.device)
         del workspace
         flops = 10 * batch * heads * seq * key.shape[2] * dim // (2 if ctx.causal else 1)
         ctx.ledger.add_work(_attention_op("backward", ctx.masked), flops, sum(t.numel() * t.element_size()
