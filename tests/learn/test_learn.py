@@ -120,27 +120,31 @@ def test_a_masked_fused_attention_output_keeps_the_querys_layout():
     assert out.transpose(1, 2).is_contiguous()
 
 
-@pytest.mark.parametrize("masked", [False, True])
-def test_the_attention_backward_makes_one_workspace_after_the_gradients(masked):
-    """dq, dk, dv, then one workspace of a float32 dq accumulator, float32 row sums and 256 bytes,
-    freed at once, masked or not: 50,856,192 bytes at 1 x 32 heads x 4096 x 96 (the phi3 allocator
-    trace, h200-2026-12-02c), 169,083,136 at 2 x 40 x 4096 x 128 (Phi-3-medium, h200-2026-12-24)."""
+@pytest.mark.parametrize("masked, kv_heads", [(False, 4), (True, 4), (False, 2)])
+def test_the_attention_backward_makes_one_workspace_after_the_gradients(masked, kv_heads):
+    """dq, dk, dv, then one workspace of a float32 dq accumulator, float32 row sums and 256 bytes (and
+    with grouped key/value heads dk and dv expanded to every query head), freed at once, masked or
+    not: 50,856,192 bytes at 1 x 32 heads x 4096 x 96 (the phi3 allocator trace, h200-2026-12-02c),
+    169,083,136 at 2 x 40 x 4096 x 128 (Phi-3-medium, h200-2026-12-24), 134,742,272 at 2 x 32 x 2048
+    x 128 over 8 key/value heads (Mixtral-8x7B, h200-2026-12-25)."""
     batch, heads, seq, dim = 2, 4, 64, 32
-    q, k, v = (torch.empty(batch, seq, heads, dim, dtype=torch.bfloat16, device="meta").transpose(1, 2)
-               .requires_grad_() for _ in range(3))
+    q, k, v = (torch.empty(batch, seq, n, dim, dtype=torch.bfloat16, device="meta").transpose(1, 2)
+               .requires_grad_() for n in (heads, kv_heads, kv_heads))
     mask = torch.empty(batch, 1, seq, seq, dtype=torch.bfloat16, device="meta") if masked else None
     ledger = StorageLedger()
     ledger.exclude([q, k, v] + ([mask] if masked else []))
     with ledger:
-        out = fused_attention(ledger)(q, k, v, attn_mask=mask)
+        out = fused_attention(ledger)(q, k, v, attn_mask=mask, enable_gqa=kv_heads != heads)
         grad = torch.empty_like(out)
         window = ledger.open_window("backward", 0)
         out.backward(grad)
         ledger.close_window(window)
-    workspace = 4 * batch * heads * seq * dim + 4 * batch * heads * seq + 256
-    grad_bytes = batch * heads * seq * dim * 2
+    rows = batch * heads * seq
+    expanded = 2 * rows * dim * 2 if kv_heads != heads else 0
+    workspace = 4 * rows * dim + 4 * rows + 256 + expanded
+    grad_bytes = [rows * dim * 2, batch * kv_heads * seq * dim * 2, batch * kv_heads * seq * dim * 2]
     made = [e for e in window.events if e > 0]
-    assert made[:4] == [grad_bytes] * 3 + [workspace]
+    assert made[:4] == grad_bytes + [workspace]
     assert window.events[window.events.index(workspace) + 1] == -workspace
 
 

@@ -533,10 +533,15 @@ def _fit_terms(samples: list[tuple[int, Any]], check: tuple[int, Any], errors: l
 
 
 def _same_frees(samples: list[tuple[int, Any]], check: tuple[int, Any], key: str) -> dict:
-    """A phase's exceptional frees (`trace.exceptional_frees`), each phase's where every trace has the
-    same pairs (the same code at another length), else none for it (the replay's own rule)."""
+    """A phase's exceptional frees (`trace.exceptional_frees`): the pairs every trace has (the same code
+    at another length). A pair only some traces have is two tensors whose sizes meet at that length
+    (Mixtral's logits gradient and head weight gradient at as many tokens as the hidden size, 4,096),
+    which the replay's own rule orders at any other; it no longer drops the phase's other pairs
+    (Mixtral-8x7B's head backward lost its saved log-softmax's free: h200-2026-12-25 trace-4)."""
     traced = [v.get(key, {}) for _, v in samples] + [check[1].get(key, {})]
-    return {phase: pairs for phase, pairs in traced[0].items() if all(t.get(phase) == pairs for t in traced)}
+    common = {phase: [pair for pair in pairs if all(pair in t.get(phase, []) for t in traced)]
+              for phase, pairs in traced[0].items()}
+    return {phase: pairs for phase, pairs in common.items() if pairs}
 
 
 def _launches(samples: list[tuple[int, Any]], key: str) -> list[float]:

@@ -631,16 +631,20 @@ def _output_like_query(query: torch.Tensor, dim_v: int) -> torch.Tensor:
     return out.permute([order.index(dim) for dim in range(4)])
 
 
-def workspace_like(batch: int, heads: int, seq: int, dim: int, device) -> torch.Tensor:
+def workspace_like(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     """The attention backward's workspace on sm90 (cuDNN: `_output_like_query`): one byte buffer of a
     float32 dq accumulator (batch, heads, seq, dim), the float32 row sums (batch, heads, seq) and 256
-    bytes, made after dq, dk and dv and freed before the kernel returns. Allocator traces, torch
-    2.11: 67,633,408 bytes for 1 x 32 x 4096 x 128 unmasked (h200-2026-12-02c llama-ctl),
-    50,856,192 for 1 x 32 x 4096 x 96 and 33,685,760 for 1 x 8 x 4096 x 256 with a sliding-window
-    mask (phi3, gemma3_text), 169,083,136 for 2 x 40 x 4096 x 128 masked (h200-2026-12-24 trace-2,
-    Phi-3-medium on an H100)."""
-    return torch.empty(4 * batch * heads * seq * dim + 4 * batch * heads * seq + 256, dtype=torch.uint8,
-                       device=device)
+    bytes, and with fewer key/value heads than query heads (`enable_gqa`) dk and dv expanded to every
+    query head in q's dtype; made after dq, dk and dv and freed before the kernel returns. Allocator
+    traces, torch 2.11: 67,633,408 bytes for 1 x 32 x 4096 x 128 unmasked (h200-2026-12-02c
+    llama-ctl), 50,856,192 for 1 x 32 x 4096 x 96 and 33,685,760 for 1 x 8 x 4096 x 256 with a
+    sliding-window mask (phi3, gemma3_text), 169,083,136 for 2 x 40 x 4096 x 128 masked
+    (h200-2026-12-24 trace-2, Phi-3-medium on an H100), 134,742,272 for 2 x 32 x 2048 x 128 over 8
+    key/value heads (h200-2026-12-25 trace-4, Mixtral-8x7B on an H100: 64 MiB of expanded dk, dv)."""
+    batch, heads, seq, dim = query.shape
+    rows = batch * heads * seq
+    expanded = rows * (key.shape[-1] + value.shape[-1]) * query.element_size() if key.shape[-3] != heads else 0
+    return torch.empty(4 * rows * dim + 4 * rows + 256 + expanded, dtype=torch.uint8, device=query.device)
 
 
 class _FusedAttention(torch.autograd.Function):
@@ -684,7 +688,7 @@ class _FusedAttention(torch.autograd.Function):
         batch, heads, seq, dim = query.shape
         grads = (torch.empty_like(query), torch.empty_like(key), torch.empty_like(value))
         # one workspace after the gradients, freed at once: float32 dq accumulator and row sums
-        workspace = workspace_like(batch, heads, seq, dim, query.device)
+        workspace = workspace_like(query, key, value)
         del workspace
         flops = 10 * batch * heads * seq * key.shape[2] * dim // (2 if ctx.causal else 1)
         ctx.ledger.add_work(_attention_op("backward", ctx.masked), flops, sum(t.numel() * t.element_size()
