@@ -771,9 +771,15 @@ def peak_flops(inp: PlanInput) -> float:
     return inp.hardware.gpu.peak_bf16_flops * (0.5 if inp.training.precision == "fp32" else 1.0)
 
 
+def hbm_bytes_per_s(gpu) -> float:
+    """The GPU's nominal HBM bandwidth, in the H200's terms (`GpuSpec.hbm_efficiency_factor`): what the
+    model's HBM efficiencies, fitted on H200 runs, are shares of."""
+    return gpu.hbm_gbps * gpu.hbm_efficiency_factor * 1e9
+
+
 def elementwise_bytes_per_s(inp: PlanInput) -> float:
     """HBM bytes per second that elementwise, norm and loss kernels stream."""
-    return inp.hardware.gpu.hbm_gbps * HBM_EFFICIENCY * 1e9
+    return hbm_bytes_per_s(inp.hardware.gpu) * HBM_EFFICIENCY
 
 
 def gemm_seconds_per_flop(inp: PlanInput, c: GpuStepConstants = SHIPPED) -> float:
@@ -939,7 +945,7 @@ def estimate_step_time(inp: PlanInput, layout: Layout, comm: CommEstimate | None
 
     # The GPU optimizer step: memory-bound passes over the rank's partition, and Python per tensor
     opt_bytes, tensors = optimizer_work(inp, layout)
-    gpu_optimizer_s = opt_bytes / (hw.gpu.hbm_gbps * c.optimizer_hbm_efficiency * 1e9) * cal.gpu_factor
+    gpu_optimizer_s = opt_bytes / (hbm_bytes_per_s(hw.gpu) * c.optimizer_hbm_efficiency) * cal.gpu_factor
     if layout.stage == 0 and layout.offload_optimizer == "gpu":  # FP16_Optimizer: per tensor, no fixed part
         base_s, per_tensor_s = 0.0, c.stage0_step_overhead_per_tensor_s
     else:
