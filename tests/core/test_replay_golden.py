@@ -17,9 +17,11 @@ RECORDED = json.loads(golden.GOLDEN.read_text())
 
 
 @pytest.fixture(autouse=True)
-def _own_cards_dir(monkeypatch):
-    # replay_golden points ZLAYOUT_CARDS_DIR at presets' or heldout's cards per case
-    monkeypatch.delenv("ZLAYOUT_CARDS_DIR", raising=False)
+def _own_cards_dir(monkeypatch, tmp_path):
+    # replay_golden points ZLAYOUT_CARDS_DIR at presets' or heldout's cards per case; set here first so
+    # that monkeypatch puts the caller's value back after the test (a delenv of an unset variable records
+    # nothing: the heldout folder's older cards stayed the cache of every later test in the worker)
+    monkeypatch.setenv("ZLAYOUT_CARDS_DIR", str(tmp_path / "no-cards"))
 
 
 def test_the_grid_covers_what_the_replay_distinguishes():

@@ -24,6 +24,12 @@ SMALL = Path(__file__).resolve().parents[1] / "hf" / "configs" / "small"
 PUBLISHED = Path(__file__).resolve().parents[1] / "hf" / "configs" / "published"
 
 
+@pytest.fixture(autouse=True)
+def shipped_cards_only(tmp_path, monkeypatch):
+    """The shipped cards answer: an empty cards cache, whatever an earlier test of the worker left."""
+    monkeypatch.setenv(cards.CARDS_DIR_ENV, str(tmp_path / "empty-cache"))
+
+
 def small_config(name: str) -> dict:
     return json.loads((SMALL / f"{name}.json").read_text())
 
