@@ -106,7 +106,7 @@ def in_sample_replays(rows: list[dict], configs: dict, cards_dir: Path) -> None:
 def held_out_replays() -> None:
     """Calls 3-4's validated rows, planned from their recorded inputs and heldout/cards."""
     from zlayout import cards
-    from zlayout.spec import Layout, PlanInput
+    from zlayout.spec import Layout, PlanInput, recorded_inputs
 
     os.environ[cards.CARDS_DIR_ENV] = str(HELDOUT / "cards")
     print("\nheld-out (calls 3-4, heldout/): the replay's blocks, head and loss from the card against the hand-written ones")
@@ -117,7 +117,7 @@ def held_out_replays() -> None:
             result = json.loads(line)
             if result["status"] != "validated":
                 continue
-            inp = PlanInput.model_validate(result["inputs"])
+            inp = PlanInput.model_validate(recorded_inputs(result["inputs"]))
             layout = Layout(**{k: result["layout"][k] for k in ("stage", "offload_optimizer", "offload_param")})
             measured = result["measured"]
             t = inp.training

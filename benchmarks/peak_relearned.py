@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from benchmarks.measurements import card_file, row_cards, verify_results
     from zlayout import cards
-    from zlayout.spec import Layout, PlanInput
+    from zlayout.spec import Layout, PlanInput, recorded_inputs
     from zlayout.verify.result import predicted_figures
 
     files, configs = card_rows(args.only)  # the results files and configs with a carded GPU run
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             cells, used_cells = [], []
             for which, cards_dir in (("before", folder), ("after", out)):
                 os.environ[cards.CARDS_DIR_ENV] = str(cards_dir)
-                fig = predicted_figures(PlanInput.model_validate(r["inputs"]), layout)
+                fig = predicted_figures(PlanInput.model_validate(recorded_inputs(r["inputs"])), layout)
                 e = error(fig["gpu_peak_allocated_bytes"], peak)
                 errs.setdefault((which, "peak allocated"), []).append(e)
                 cells.append(f"{fig['gpu_peak_allocated_bytes'] / GiB:7.2f} {e:+6.1f}%")

@@ -791,11 +791,30 @@ LOOP_OF_UNMARKED_RECORDS: TrainingLoop = "trainer"
 def recorded_inputs(inputs: dict) -> dict:
     """A stored record's plan inputs (the dict a result or profile keeps), with the training
     loop it ran filled in where it predates the `loop` field (LOOP_OF_UNMARKED_RECORDS). New
-    plans default to "deepspeed"; a record that says nothing ran the trainer-like loop."""
+    plans default to "deepspeed"; a record that says nothing ran the trainer-like loop. A record
+    of a shipped GPU from before `GpuSpec.hbm_efficiency_factor` takes today's preset's factor,
+    where its nominal figures are the preset's (it is that GPU, as the catalog then described it)."""
     training = inputs.get("training")
-    if not isinstance(training, dict) or "loop" in training:
-        return inputs
-    return {**inputs, "training": {**training, "loop": LOOP_OF_UNMARKED_RECORDS}}
+    if isinstance(training, dict) and "loop" not in training:
+        inputs = {**inputs, "training": {**training, "loop": LOOP_OF_UNMARKED_RECORDS}}
+    hardware = inputs.get("hardware")
+    gpu = hardware.get("gpu") if isinstance(hardware, dict) else None
+    if isinstance(gpu, dict) and "hbm_efficiency_factor" not in gpu:
+        preset = _shipped_gpu(gpu.get("name"))
+        if preset is not None and all(gpu.get(k) == getattr(preset, k)
+                                      for k in ("memory_bytes", "peak_bf16_flops", "hbm_gbps")):
+            gpu = {**gpu, "hbm_efficiency_factor": preset.hbm_efficiency_factor}
+            inputs = {**inputs, "hardware": {**hardware, "gpu": gpu}}
+    return inputs
+
+
+def _shipped_gpu(name: Any) -> GpuSpec | None:
+    from zlayout import catalog  # the catalog reads presets into this module's models
+
+    try:
+        return catalog.load_gpu(name) if isinstance(name, str) else None
+    except (KeyError, ValueError, OSError):
+        return None
 
 
 # PyTorch's switch (c10/core/alloc_cpu.cpp, torch >= 2.3) for host tensors of 2 MiB or more

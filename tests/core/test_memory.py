@@ -251,6 +251,27 @@ def test_a_record_without_a_loop_ran_the_trainer_loop_and_a_marked_one_keeps_its
     assert PlanInput.model_validate(recorded_inputs(inputs)).training.loop == "deepspeed"
 
 
+def test_a_record_of_a_shipped_gpu_from_before_its_hbm_factor_takes_todays_preset():
+    """H100 results and profiles recorded before `hbm_efficiency_factor` are that GPU as the catalog
+    then described it: they take today's factor (1.12), and the step-time model's H100 pricing with
+    it. A GPU of that name with other figures (the user's own preset) and a record that has the field
+    keep theirs."""
+    from zlayout import catalog
+    from zlayout.spec import HardwareSpec, recorded_inputs
+
+    h100 = catalog.load_gpu("h100")
+    assert h100.hbm_efficiency_factor == pytest.approx(1.12)
+    hardware = HardwareSpec(gpu=h100, gpus_per_node=1, intra_link=catalog.load_link("nvlink4"))
+    inputs = reference_input().model_copy(update={"hardware": hardware}).model_dump(mode="json")
+    del inputs["hardware"]["gpu"]["hbm_efficiency_factor"]
+    assert PlanInput.model_validate(inputs).hardware.gpu.hbm_efficiency_factor == 1.0
+    assert PlanInput.model_validate(recorded_inputs(inputs)).hardware.gpu.hbm_efficiency_factor == pytest.approx(1.12)
+    inputs["hardware"]["gpu"]["hbm_gbps"] = 2000.0  # an H100 PCIe someone named h100
+    assert PlanInput.model_validate(recorded_inputs(inputs)).hardware.gpu.hbm_efficiency_factor == 1.0
+    inputs["hardware"]["gpu"].update(hbm_gbps=h100.hbm_gbps, hbm_efficiency_factor=1.3)
+    assert PlanInput.model_validate(recorded_inputs(inputs)).hardware.gpu.hbm_efficiency_factor == 1.3
+
+
 def _shipped_card_input(config: str, *flags: str):
     from pathlib import Path
 

@@ -26,7 +26,7 @@ from zlayout.core.steptime import steady_step_s
 from zlayout import tomlsafe
 from zlayout.smallfile import NotARegularFile, TooLarge, read_small_file
 from zlayout.messages import type_error_text
-from zlayout.spec import Layout, PlanInput, StepTimeCalibration
+from zlayout.spec import Layout, PlanInput, StepTimeCalibration, recorded_inputs
 
 SCHEMA = "zlayout-calibration/1"
 USABLE_STATUSES = ("validated", "mismatch")  # complete GPU runs: their step time is real
@@ -199,7 +199,7 @@ def read_results(paths: Iterable[str | os.PathLike[str]],
                 skipped.append(f"{where}: no measured step time")
                 continue
             try:
-                inp = PlanInput.model_validate(result["inputs"])
+                inp = PlanInput.model_validate(recorded_inputs(result["inputs"]))
                 lay = result["layout"]
                 layout = Layout(stage=lay["stage"], offload_optimizer=lay["offload_optimizer"],
                                 offload_param=lay["offload_param"])
