@@ -622,8 +622,9 @@ class CardBlocks:
     """A learned model card's per-block requests (core/card.py), replayed in place of the
     hand-written blocks: each phase's allocations and frees in the card's order, sized at the
     layout's micro-batch and sequence length. The card records sizes, not tensors, so a free
-    goes to a live tensor of its size: one the phase made (the latest), else one made before it
-    (what the block's forward left for its backward, the block's input, the incoming gradient).
+    goes to a live tensor of its size: one the phase made (the latest, unless the card names another
+    or names one made before it: `pairs`), else one made before it (what the block's forward left for
+    its backward, the block's input, the incoming gradient).
     In backward, a constant-size allocation the size of one of the model's weights is that
     weight's gradient: the card's free of it (the learner drops each gradient after its
     AccumulateGrad) becomes DeepSpeed's hook. Requests of 1 MiB or less stay in the small pool
@@ -695,7 +696,7 @@ class CardBlocks:
     def pairs(self, kind: int | None, phase: str) -> dict[int, int]:
         """The phase's frees (indices into `ops`) that take a named earlier tensor of the phase, not
         the latest live one of their size (`Phase.frees`, recorded by the learner where the two differ):
-        {free: the allocation it takes}."""
+        {free: the allocation it takes, or FREED_OUTSIDE for one made before the phase (`free_outside`)}."""
         key = (kind, phase)
         if key not in self.paired:
             self.ops(kind, phase)
