@@ -120,11 +120,14 @@ CASES: dict[str, tuple[list[str], str]] = {
 
 def plan_input(flags: list[str], cards_from: str):
     """The case's PlanInput and layout, its card (if any) from presets/cards or heldout/cards
-    only (never the user's cache)."""
+    only (never the user's cache). The card is read while the input is built; $ZLAYOUT_CARDS_DIR
+    and the shipped folder are the caller's again after it (heldout/cards holds older cards of
+    shipped keys: left set, it was the cache of every later test in the worker)."""
     from zlayout import cards
     from zlayout.cli import build_parser, plan_input_from_args
     from zlayout.spec import Layout
 
+    saved = os.environ.get(cards.CARDS_DIR_ENV)
     if cards_from == "heldout":
         os.environ[cards.CARDS_DIR_ENV] = str(HELDOUT / "cards")
     else:
@@ -137,6 +140,10 @@ def plan_input(flags: list[str], cards_from: str):
         inp = plan_input_from_args(args)
     finally:
         cards.SHIPPED_CARDS_DIR = shipped
+        if saved is None:
+            os.environ.pop(cards.CARDS_DIR_ENV, None)
+        else:
+            os.environ[cards.CARDS_DIR_ENV] = saved
     return inp, Layout(stage=args.stage, offload_optimizer=args.offload_optimizer, offload_param=args.offload_param)
 
 

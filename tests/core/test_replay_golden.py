@@ -5,6 +5,7 @@ of allocation_sequence that means to change nothing changes no digest."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -18,10 +19,24 @@ RECORDED = json.loads(golden.GOLDEN.read_text())
 
 @pytest.fixture(autouse=True)
 def _own_cards_dir(monkeypatch, tmp_path):
-    # replay_golden points ZLAYOUT_CARDS_DIR at presets' or heldout's cards per case; set here first so
-    # that monkeypatch puts the caller's value back after the test (a delenv of an unset variable records
-    # nothing: the heldout folder's older cards stayed the cache of every later test in the worker)
+    # replay_golden points ZLAYOUT_CARDS_DIR at presets' or heldout's cards per case, and gives the
+    # caller's value back (`plan_input`); set here too, so no test of this module sees another's
     monkeypatch.setenv("ZLAYOUT_CARDS_DIR", str(tmp_path / "no-cards"))
+
+
+@pytest.mark.parametrize("outside", [None, "elsewhere"])
+def test_a_case_leaves_the_cards_folder_as_it_found_it(monkeypatch, outside):
+    """heldout/cards holds older cards of shipped keys (gemma-3-1b's without its outside frees):
+    left as the cards folder, it answered every later test of the worker (ci83)."""
+    from zlayout import cards
+
+    if outside is None:
+        monkeypatch.delenv(cards.CARDS_DIR_ENV)
+    else:
+        monkeypatch.setenv(cards.CARDS_DIR_ENV, outside)
+    inp, _ = golden.plan_input(*golden.CASES["phimoe-L2-z3-opt-cpu-heldout"])
+    assert inp.model.card is not None  # read from heldout/cards while the input was built
+    assert os.environ.get(cards.CARDS_DIR_ENV) == outside
 
 
 def test_the_grid_covers_what_the_replay_distinguishes():
