@@ -794,7 +794,7 @@ class CardBlocks:
                     if size > SMALL_SIZE:
                         code.append((_OUTSIDE, size, 0))
                     continue
-                named = slot_of.get(paired.get(i - 1, -1)) if not grad else None
+                named = slot_of.get(paired.get(i - 1)) if not grad else None
                 if named is not None and named in own.get(size, ()):
                     own[size].remove(named)
                     if size > SMALL_SIZE:
