@@ -529,8 +529,10 @@ def _model_from_args(args: argparse.Namespace):
             _note(args, f"no model card for {args.hf_config}: its activations come from zlayout's hand "
                         f"model of {base.hf_model_type}; `zlayout learn --hf-config {shlex.quote(args.hf_config)}` "
                         "learns them from the transformers class")
+        from zlayout.core.card import STATE_SPACE_TORCH  # a card of Mamba-2 blocks alone runs no attention
+
         if args.hf_config and base.card is not None and base.card.attention == "sdpa" \
-                and not base.card.attention_kernels:
+                and not base.card.attention_kernels and base.card.linear_attention != STATE_SPACE_TORCH:
             _note(args, f"the model card {base.card.source} was learned before zlayout priced the attention "
                         "kernel CUDA runs (the math fallback where no fused kernel takes the inputs, as "
                         f"Falcon's); `zlayout learn --force --hf-config {shlex.quote(args.hf_config)}` learns it again")

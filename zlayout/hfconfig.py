@@ -330,19 +330,19 @@ READERS: Mapping[str, Callable[[_Reader], dict[str, Any]]] = {
 SUPPORTED_MODEL_TYPES = tuple(sorted(READERS))
 
 
-# Models whose blocks are (or include) a state-space or recurrent scan rather than attention: the
-# planner's memory and step models are a transformer decoder's, and their reference scans (what
-# transformers runs without the CUDA kernels) loop over the tokens, which `zlayout learn` cannot
-# trace in any time (Mamba-130M: over 5 minutes at full CPU, not done).
+# Models whose blocks are (or include) a recurrent scan that transformers' reference (what it runs
+# without the CUDA kernels) writes as a loop over the tokens: their requests grow in number with the
+# sequence, no card holds them, and `zlayout learn` cannot trace them in any time (Mamba-130M: over
+# 5 minutes at full CPU, not done). zamba2 shares one block's weights between layers whose backward
+# asks for different memory. Mamba-2 and its hybrids are learned (core.card.STATE_SPACE_MODEL_TYPES).
 RECURRENT_TYPES = frozenset({
-    "mamba", "mamba2", "falcon_mamba", "rwkv", "recurrent_gemma", "xlstm",
-    "jamba", "zamba", "zamba2", "bamba", "falcon_h1", "granitemoehybrid", "nemotron_h"})
+    "mamba", "falcon_mamba", "rwkv", "recurrent_gemma", "xlstm", "jamba", "zamba", "zamba2"})
 
 
 def recurrent_refusal(model_type: str) -> str:
     """One line for a model_type in RECURRENT_TYPES (plan and learn say the same)."""
     return (f"model_type {model_type!r} has state-space or recurrent blocks, not only attention: zlayout plans "
-            "transformer decoders and cannot learn a per-token scan; plan a transformer of its size with "
+            "transformer decoders and Mamba-2 hybrids and cannot learn a per-token scan; plan a transformer of its size with "
             "--layers --hidden --heads --vocab")
 
 
@@ -403,8 +403,15 @@ def _generic_shape(r: _Reader) -> dict[str, Any]:
     # an encoder-decoder family's ForCausalLM class is its decoder alone (Whisper's, BART's, TrOCR's)
     heads = r.int("num_attention_heads", "n_head", "n_heads", "num_heads", "decoder_attention_heads",
                   "num_decoder_attention_heads", default=1)
+    layers = r.int(*GENERIC_LAYER_KEYS, default=None)
+    # Nemotron-H's config class reads its depth from its block pattern (a list, or the letters of
+    # the older `hybrid_override_pattern`, "M-M*-...": one block each)
+    pattern = r.config.get("layers_block_type", r.config.get("hybrid_override_pattern"))
+    if layers is None and isinstance(pattern, (list, str)) and 0 < len(pattern) <= 100_000 \
+            and all(isinstance(k, str) for k in pattern):
+        layers = len(pattern)
     spec: dict[str, Any] = dict(
-        layers=r.int(*GENERIC_LAYER_KEYS), hidden=hidden,
+        layers=r.int(*GENERIC_LAYER_KEYS) if layers is None else layers, hidden=hidden,
         heads=heads,
         kv_heads=r.int("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num", default=heads),
         ffn=r.int("intermediate_size", "ffn_hidden_size", "n_inner", "d_ff", "decoder_ffn_dim", default=4 * hidden),

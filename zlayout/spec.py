@@ -306,8 +306,6 @@ class ModelSpec(Frozen):
 
     @model_validator(mode="after")
     def _shape_is_consistent(self) -> "ModelSpec":
-        if self.params < 1:
-            raise ValueError(f"extra_params ({self.extra_params:,}) leaves the model {self.params:,} parameters")
         if self.head_size is None and self.mla is None and self.hidden % self.heads:
             flag, value = _likeliest_shape_fix(self.hidden, self.heads)
             raise ValueError(
@@ -347,6 +345,10 @@ class ModelSpec(Frozen):
             if tie != self.tie_embeddings:
                 object.__setattr__(self, "tie_embeddings", tie)
                 object.__setattr__(self, "extra_params", extra)
+        # after the card's resizing: a shape read by common keys that overcounts a state-space
+        # block (Mamba-2's) has a negative extra_params, which a shallower --layers scales down
+        if self.params < 1:
+            raise ValueError(f"extra_params ({self.extra_params:,}) leaves the model {self.params:,} parameters")
         return self
 
     def tied_as_built(self, card: Any) -> tuple[bool, int]:

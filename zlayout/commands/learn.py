@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from zlayout.cli import UsageError
+from zlayout.core.card import STATE_SPACE_TORCH
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -83,7 +84,9 @@ def run(args: argparse.Namespace) -> int:
     kinds = len(set(card["layers"]["kinds"]))
     fitted = " / ".join(", ".join(map(str, r["tokens_fitted"])) for r in card["regimes"])
     checked = " / ".join(str(r["tokens_checked"]) for r in card["regimes"])
-    linear = f", linear attention as {card['linear_attention']}" if card.get("linear_attention") else ""
+    linear = "" if not card.get("linear_attention") else (
+        f", {'state-space blocks' if card['linear_attention'] == STATE_SPACE_TORCH else 'linear attention'} "
+        f"as {card['linear_attention']}")
     if (positions := card["regimes"][-1].get("max_positions")) is not None:  # learner.positions_regime
         checked += f" (the model holds {positions:,} positions: plan refuses longer sequences)"
     if (shortest := card["regimes"][0].get("min_tokens")) is not None:  # learner._learn_regimes

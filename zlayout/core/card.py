@@ -60,12 +60,33 @@ LINEAR_ATTENTION_NOTE = (
     "tilelang or Triton 3.7.1 or later (fla issue #640)")
 
 
+# ------------------------------------------------------------- Mamba-2 state-space blocks
+# Mamba-2 and the hybrids built on its mixer (transformers 5.24: mamba2, bamba, granitemoehybrid,
+# nemotron_h, falcon_h1) bind mamba-ssm's fused scan and causal-conv1d's kernel where those import,
+# else transformers' torch reference: a chunked scan written as einsums over (chunk, position) with
+# no Python loop in training (`mamba2_chunk_scan`, `torch_forward`), so its requests are fixed in
+# number at every token count and a card holds them. The learner prices that reference, which is
+# what a node without the packages trains and what verify can measure there; mamba-ssm's kernels
+# keep less (their Triton scan saves its inputs, not the (chunk, 256, 256) decay and score tensors)
+# and step faster, neither priced. Mamba-1's reference (mamba, falcon_mamba, jamba, zamba) loops
+# over the tokens and stays refused (hfconfig.RECURRENT_TYPES); zamba2 shares one block's weights
+# between layers whose backward asks for different memory, which a card cannot hold.
+STATE_SPACE_TORCH = "transformers' torch reference (no mamba-ssm, no causal-conv1d)"
+STATE_SPACE_MODEL_TYPES = frozenset({"mamba2", "bamba", "granitemoehybrid", "nemotron_h", "falcon_h1"})
+STATE_SPACE_NOTE = (
+    "state-space (Mamba-2) blocks priced as transformers' torch reference scan, what a node without mamba-ssm "
+    "and causal-conv1d trains; with them installed the run keeps less and steps faster (not priced: "
+    "zlayout verify stops there rather than compare)")
+
+
 def linear_attention_assumed(config: Mapping[str, Any]) -> str | None:
-    """LINEAR_ATTENTION_FLA for a config.json (a multimodal one by its text_config) whose linear
-    attention zlayout prices as those kernels; None for any other."""
+    """How zlayout prices a config.json's linear-attention or state-space blocks (a multimodal one by
+    its text_config): LINEAR_ATTENTION_FLA, STATE_SPACE_TORCH, or None for a model without them."""
     text = config.get("text_config")
     types = {config.get("model_type"), text.get("model_type") if isinstance(text, Mapping) else None}
-    return LINEAR_ATTENTION_FLA if types & LINEAR_ATTENTION_MODEL_TYPES else None
+    if types & LINEAR_ATTENTION_MODEL_TYPES:
+        return LINEAR_ATTENTION_FLA
+    return STATE_SPACE_TORCH if types & STATE_SPACE_MODEL_TYPES else None
 
 
 # `Phase.frees`' allocation index for a tensor made before the phase (the forward's saved log-softmax
@@ -336,7 +357,8 @@ class ModelCard:
     # ZeRO-3's hooks run on (`stage3_modules`); None: a card learned before they were counted
     module_calls: tuple[int, ...] | None = None
     module_calls_outside: int | None = None
-    # the kernels its linear-attention blocks were priced as (LINEAR_ATTENTION_FLA); None: none
+    # how its linear-attention or state-space blocks were priced (LINEAR_ATTENTION_FLA or
+    # STATE_SPACE_TORCH); None: none
     # (no such blocks, or a card learned before they were learnable)
     linear_attention: str | None = None
     # whether transformers' gradient_checkpointing_enable accepts the class (CTRL, openai-gpt: no)
@@ -507,7 +529,8 @@ class ModelCard:
 
     def linear_attention_note(self) -> str | None:
         """The plan's line on how the card priced linear attention; None where it did not."""
-        return LINEAR_ATTENTION_NOTE if self.linear_attention == LINEAR_ATTENTION_FLA else None
+        return {LINEAR_ATTENTION_FLA: LINEAR_ATTENTION_NOTE, STATE_SPACE_TORCH: STATE_SPACE_NOTE}.get(
+            self.linear_attention or "")
 
     def depth_note(self) -> str | None:
         """A line for a card resized from the depth it was learned at; None for one learned at this."""
@@ -844,8 +867,9 @@ def _linear_attention(value: Any, where: str) -> str | None:
     """The implementation a card's linear attention was priced as (cards without: None)."""
     if value is None:
         return None
-    if value != LINEAR_ATTENTION_FLA:
-        raise CardError(f"{where}: linear_attention must be {LINEAR_ATTENTION_FLA!r}, not {value!r}")
+    if value not in (LINEAR_ATTENTION_FLA, STATE_SPACE_TORCH):
+        raise CardError(f"{where}: linear_attention must be {LINEAR_ATTENTION_FLA!r} or {STATE_SPACE_TORCH!r}, "
+                        f"not {value!r}")
     return value
 
 

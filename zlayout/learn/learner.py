@@ -17,7 +17,8 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import nn
 
-from zlayout.core.card import SCATTER_SUFFIX, STRIDED_SUFFIX, UNALIGNED_SUFFIX, linear_attention_assumed
+from zlayout.core.card import (LINEAR_ATTENTION_FLA, SCATTER_SUFFIX, STRIDED_SUFFIX, UNALIGNED_SUFFIX,
+                               linear_attention_assumed)
 from zlayout.learn.trace import (StorageLedger, UnpricedKernel, Window, exceptional_frees, fused_attention,
                                  linear_kernels_patch)
 
@@ -992,13 +993,14 @@ def learn(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def linear_attention_entry(config: Mapping[str, Any], regimes: list[dict]) -> dict[str, str]:
-    """The card's `linear_attention` (core.card.LINEAR_ATTENTION_FLA) where its blocks ran the
-    stand-ins of fla's and causal-conv1d's kernels (trace.linear_kernels_patch), else nothing. The
-    card's key holds the assumption (cards.config_key): the two must agree, or a card priced one
-    way would be served under the other's key."""
+    """The card's `linear_attention`: core.card.LINEAR_ATTENTION_FLA where its blocks ran the
+    stand-ins of fla's and causal-conv1d's kernels (trace.linear_kernels_patch), STATE_SPACE_TORCH
+    for a Mamba-2 model (transformers' torch reference ran), else nothing. The card's key holds the
+    assumption (cards.config_key): the two must agree, or a card priced one way would be served
+    under the other's key."""
     ran = any("linear_attention_forward" in block["work"]["forward"] for regime in regimes for block in regime["blocks"])
     assumed = linear_attention_assumed(config)
-    if ran != (assumed is not None):
+    if ran != (assumed == LINEAR_ATTENTION_FLA):
         raise LearnError(f"{config.get('model_type')!r}: its linear attention ran "
                          + ("flash-linear-attention's kernels (as priced), which its model type is not known to"
                             if ran else "transformers' torch loop, which the card cannot hold")

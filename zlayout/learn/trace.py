@@ -803,6 +803,13 @@ LINEAR_ATTENTION_PACKAGES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "olmo_hybri
 # keeps no padded output: less than the card). The learner calls the torch code the wrapper keeps
 # (`torch_function`), whatever this machine has installed.
 TORCH_CONV_PACKAGES = ("lfm2", "lfm2_moe")
+# Mamba-2's mixer and the hybrids built on it (core.card.STATE_SPACE_MODEL_TYPES) wrap five globals
+# each (causal_conv1d_fn / _update, mamba2_split_conv1d_scan_combined, mamba2_chunk_scan,
+# mamba2_selective_state_update): the learner calls every one's torch code (the fused training
+# path's returns None, and the mixer goes on to the unfused one), a chunked scan without a Python
+# loop whose requests a card holds; the card prices that reference (core.card.STATE_SPACE_TORCH),
+# whatever this machine has installed.
+TORCH_SCAN_PACKAGES = ("mamba2", "bamba", "granitemoehybrid", "nemotron_h", "falcon_h1")
 
 
 def _empty(*shape, dtype, like: torch.Tensor) -> torch.Tensor:
@@ -1001,7 +1008,8 @@ def _unpriced(name: str, package: str):
 
 def linear_kernels_patch(ledger: StorageLedger):
     """Route `torch_chunk_gated_delta_rule` and `causal_conv1d_fn` of every loaded modeling module
-    of LINEAR_ATTENTION_PACKAGES to the stand-ins, and every other package kernel a loaded modeling
+    of LINEAR_ATTENTION_PACKAGES to the stand-ins, TORCH_CONV_PACKAGES' convolution and
+    TORCH_SCAN_PACKAGES' every kernel wrapper to transformers' torch code, and every other package kernel a loaded modeling
     module falls back from to a function that stops the trace (UnpricedKernel: a card of the torch
     loop would price neither what the package runs nor, its requests growing with the chunks of the
     sequence, anything a card holds); returns what puts the originals back."""
@@ -1023,6 +1031,13 @@ def linear_kernels_patch(ledger: StorageLedger):
         if callable(torch_code):
             swapped.append((module, "causal_conv1d_fn", original))
             setattr(module, "causal_conv1d_fn", torch_code)
+    for package in TORCH_SCAN_PACKAGES:
+        module = sys.modules.get(f"transformers.models.{package}.modeling_{package}")
+        for name, original in list(vars(module).items()) if module is not None else ():
+            torch_code = _closure(original).get("torch_function") if _package_fallback(original) else None
+            if callable(torch_code):
+                swapped.append((module, name, original))
+                setattr(module, name, torch_code)
     for module_name, module in list(sys.modules.items()):
         if not module_name.startswith("transformers.models.") or ".modeling_" not in module_name or module is None:
             continue

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zlayout.core.card import TORCH_LOOP_ACTIVATIONS
+from zlayout.core.card import STATE_SPACE_TORCH, TORCH_LOOP_ACTIVATIONS
 from zlayout.core.memory import card_of, model_init
 from zlayout.profile.schema import Profile
 from zlayout.profile.summary import gib
@@ -85,7 +85,17 @@ def script_contract(profile: Profile) -> list[Requirement]:
                                f"GPU peak {gib(gpu_plan)} allocated per GPU{cost}"))
 
     card = card_of(inp.model, t)
-    if card is not None and card.linear_attention_note() is not None:
+    if card is not None and card.linear_attention == STATE_SPACE_TORCH:
+        # the card priced transformers' torch reference scan (core.card.STATE_SPACE_TORCH)
+        out.append(Requirement(
+            "Train the Mamba-2 blocks with transformers' torch reference, as planned: an environment without "
+            "mamba-ssm and causal-conv1d (transformers warns that `mamba_chunk_scan_combined` is \"falling back to "
+            "its reference PyTorch implementation\")",
+            "`python -c 'import mamba_ssm'` fails in the job's environment; with mamba-ssm installed the run keeps "
+            "less and steps faster than this profile says, and `zlayout verify` stops before training rather than "
+            "compare",
+            f"GPU peak {gib(gpu_plan)} allocated per GPU, priced as the torch reference"))
+    elif card is not None and card.linear_attention_note() is not None:
         # the card priced fla's and causal-conv1d's kernels (core.card.LINEAR_ATTENTION_FLA); transformers
         # binds them only where they import when it imports the model (learn/trace.py)
         out.append(Requirement(

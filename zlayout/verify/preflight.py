@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 from zlayout.catalog import format_params
 from zlayout.messages import printable
+from zlayout.core.card import LINEAR_ATTENTION_FLA
 from zlayout.core.memory import estimate_memory
 from zlayout.spec import GiB, Layout, PlanInput
 from zlayout.verify import oplocks
@@ -163,7 +164,7 @@ def check_linear_attention_kernels(inp: PlanInput, facts: dict[str, Any]) -> lis
     they can train on these GPUs with this Triton (environment.fla_hopper_refusal): checked
     before the engine is built, not in the first backward."""
     card = getattr(inp.model, "card", None)
-    if getattr(card, "linear_attention", None) is None or not facts.get("cuda_devices"):
+    if getattr(card, "linear_attention", None) != LINEAR_ATTENTION_FLA or not facts.get("cuda_devices"):
         return []
     refusal = fla_hopper_refusal(facts.get("cuda_capability_majors") or [], facts.get("triton"),
                                  bool(facts.get("tilelang")))

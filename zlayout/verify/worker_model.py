@@ -17,7 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
-from zlayout.core.card import TORCH_LOOP_ACTIVATIONS
+from zlayout.core.card import STATE_SPACE_TORCH, TORCH_LOOP_ACTIVATIONS
 from zlayout.spec import ModelSpec
 
 
@@ -169,9 +169,13 @@ def hf_builder(config_dict: dict, checkpointing: bool, keep_outputs: bool = Fals
 # keeps the choice in its wrapper's closure (`is_new_implementation`). A card learned by zlayout
 # prices the packages' kernels (core.card.LINEAR_ATTENTION_FLA); the torch loop keeps more
 # (core.card.TORCH_LOOP_ACTIVATIONS).
+# Mamba-2 and its hybrids (learn/trace.py, TORCH_SCAN_PACKAGES) bind their scan the same way, to
+# mamba-ssm's; a card prices transformers' torch reference there (core.card.STATE_SPACE_TORCH).
 LINEAR_ATTENTION_FUNCTIONS = {  # module global: (transformers' name for the op, the package that provides it)
     "torch_chunk_gated_delta_rule": ("chunk_gated_delta_rule", "flash-linear-attention"),
     "causal_conv1d_fn": ("causal_conv1d_fn", "causal-conv1d"),
+    "mamba2_split_conv1d_scan_combined": ("mamba_split_conv1d_scan_combined", "mamba-ssm"),
+    "mamba2_chunk_scan": ("mamba_chunk_scan_combined", "mamba-ssm"),
 }
 TORCH_FALLBACK = "torch fallback"
 
@@ -194,9 +198,19 @@ def linear_attention_implementation(module: Any) -> dict[str, str] | None:
 
 def linear_attention_refusal(assumed: str | None, resolved: dict[str, str] | None) -> str | None:
     """One line when the card priced the kernels (`assumed`) and transformers on this node resolved
-    the torch fallback for any of them; None when the run trains what was planned."""
+    the torch fallback for any of them, or the card priced the torch reference (STATE_SPACE_TORCH)
+    and it resolved a package's kernel; None when the run trains what was planned."""
     if assumed is None or not resolved:
         return None
+    if assumed == STATE_SPACE_TORCH:
+        kernels = sorted({package for name, (op, package) in LINEAR_ATTENTION_FUNCTIONS.items()
+                          if resolved.get(op) == package})
+        if not kernels:
+            return None
+        return (f"the plan priced the state-space blocks as {assumed}, but transformers on this node resolved "
+                f"{' and '.join(kernels)}'s kernel{'s' if len(kernels) > 1 else ''}, which keep{'' if len(kernels) > 1 else 's'} "
+                "less than the plan: verify in an environment without mamba-ssm and causal-conv1d (the figures "
+                "would not compare)")
     missing = [package for name, (op, package) in LINEAR_ATTENTION_FUNCTIONS.items()
                if resolved.get(op) == TORCH_FALLBACK]
     if not missing:
