@@ -9,6 +9,7 @@ or untied head. Its parameter count equals `ModelSpec.params` exactly; the worke
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import Any, NamedTuple
 
@@ -151,7 +152,18 @@ def hf_builder(config_dict: dict, checkpointing: bool, keep_outputs: bool = Fals
     attention = "sdpa" if getattr(model_class, "_supports_sdpa", False) else "eager"
 
     def build_hf() -> nn.Module:
-        model = auto.from_config(config, attn_implementation=attention, dtype=torch.float32)
+        # Inside zero.Init (ZeRO-3) each module's weights are partitioned as it is built, and
+        # transformers' initialiser would write whole tensors into empty partitions (Mamba-2's
+        # `init.copy_(A_log, log(arange(heads)))` fails there): build without it, as transformers
+        # does under ZeRO-3 itself (`no_init_weights`), and the worker initialises the gathered
+        # weights afterwards (worker.initialise_partitioned_hf_weights). Memory is the same: the
+        # initialisers write in place.
+        from deepspeed.runtime.zero import partition_parameters
+        from transformers.initialization import no_init_weights
+
+        partitioned = partition_parameters.zero_init_context > 0
+        with no_init_weights() if partitioned else contextlib.nullcontext():
+            model = auto.from_config(config, attn_implementation=attention, dtype=torch.float32)
         if checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         return HFCausalLM(model, keep_outputs)
