@@ -121,3 +121,46 @@ def test_a_triton_version_a_terminal_would_act_on_is_shown_escaped():
 
     refusal = fla_hopper_refusal([9], "3.6.0\x1b[2J\nrm -rf", tilelang=False)
     assert "\x1b" not in refusal and "\n" not in refusal and "Triton 3.6.0\\x1b[2J\\nrm -rf" in refusal
+
+
+# ------------------------------------------- Mamba-2 and its hybrids: priced as the torch reference
+MAMBA2 = Path(__file__).resolve().parent.parent / "learn" / "configs" / "mamba2-tiny.json"
+
+
+def test_a_mamba2_card_stops_verify_where_mamba_ssm_would_run_instead():
+    """The card priced transformers' torch reference (core.card.STATE_SPACE_TORCH): on this CPU
+    machine transformers resolves the fallback too, so the run trains what was planned; a node
+    where mamba-ssm imports would train its kernels, which keep less: one line, before training."""
+    from zlayout.core.card import STATE_SPACE_TORCH
+
+    build = hf_builder({**json.loads(MAMBA2.read_text()), "use_cache": False}, checkpointing=False)
+    resolved = linear_attention_implementation(build.model_module)
+    assert resolved == {"causal_conv1d_fn": TORCH_FALLBACK, "mamba_split_conv1d_scan_combined": TORCH_FALLBACK,
+                        "mamba_chunk_scan_combined": TORCH_FALLBACK}
+    assert linear_attention_refusal(STATE_SPACE_TORCH, resolved) is None
+    kernels = {**resolved, "mamba_split_conv1d_scan_combined": "mamba-ssm", "mamba_chunk_scan_combined": "mamba-ssm"}
+    refusal = linear_attention_refusal(STATE_SPACE_TORCH, kernels)
+    assert "\n" not in refusal and "resolved mamba-ssm's kernel," in refusal
+    assert "verify in an environment without mamba-ssm and causal-conv1d" in refusal
+    both = {**kernels, "causal_conv1d_fn": "causal-conv1d"}
+    assert "causal-conv1d and mamba-ssm's kernels" in linear_attention_refusal(STATE_SPACE_TORCH, both)
+
+
+@pytest.mark.slow
+def test_a_mamba2_hybrid_trains_at_zero3_on_a_real_engine(tmp_path, monkeypatch):
+    """ZeRO-3 builds the model inside zero.Init: transformers' initialiser wrote Mamba-2's A_log
+    (a whole tensor) into an empty partition and the build failed; it is built without it and
+    initialised on the gathered weights, as transformers does under ZeRO-3."""
+    from zlayout.cli import main
+
+    config = MAMBA2.parent / "nemotron_h-tiny.json"  # Mamba-2, MoE, attention and MLP blocks
+    monkeypatch.setenv(cards.CARDS_DIR_ENV, str(tmp_path / "cards"))
+    assert main(["learn", "--hf-config", str(config)]) == 0
+    code = main(["verify", "--hf-config", str(config), "--stage", "3", "--cpu", "--seq", "128",
+                 "--micro-batch", "1", "--steps", "2", "--out", str(tmp_path / "run")])
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert code == 0 and result["status"] != "failed", result.get("cause")
+    rank = result["ranks"][0]
+    # the loss of random tokens over a 256-token vocabulary: ln 256 = 5.55, finite (initialised weights)
+    assert rank["steps_run"] == [1, 2] and all(5.0 < loss < 6.2 for loss in rank["losses"])
+    assert result["environment"]["linear_attention"]["mamba_chunk_scan_combined"] == TORCH_FALLBACK

@@ -1,0 +1,121 @@
+"""Mamba-2 and the hybrids built on its mixer (mamba2, bamba, granitemoehybrid, nemotron_h,
+falcon_h1): learned from transformers' torch reference scan, a chunked scan with no Python loop in
+training, so each block asks for the same requests at every token count; the card, the plan, the
+runbook and verify say what was priced. Real transformers classes, the real CLI, a real DeepSpeed
+engine on CPU."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from zlayout import cards, hfconfig
+from zlayout.core.card import STATE_SPACE_MODEL_TYPES, STATE_SPACE_TORCH, card_from_dict
+from zlayout.learn.learner import build_model, learn
+
+from .test_learn import run_cli
+
+CONFIGS = Path(__file__).resolve().parent / "configs"
+TYPES = ("mamba2", "bamba", "granitemoehybrid", "nemotron_h", "falcon_h1")
+
+
+def tiny(name: str) -> dict:
+    return json.loads((CONFIGS / f"{name}-tiny.json").read_text())
+
+
+def test_every_state_space_type_has_a_tiny_config_and_none_is_refused():
+    assert set(TYPES) == STATE_SPACE_MODEL_TYPES
+    assert not STATE_SPACE_MODEL_TYPES & hfconfig.RECURRENT_TYPES
+    # Mamba-1's reference loops over the tokens: still one line
+    assert {"mamba", "falcon_mamba", "jamba", "zamba", "zamba2"} <= hfconfig.RECURRENT_TYPES
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_a_mamba2_card_is_learned_from_the_torch_reference_with_a_fixed_request_count(name):
+    card = learn(tiny(name))
+    assert card["linear_attention"] == STATE_SPACE_TORCH
+    # one request list per phase fits 1024-4096 tokens and predicts 3072 exactly: the scan's
+    # requests do not grow in number with the chunks
+    assert card["fit_error"] == 0.0
+    model, _ = build_model(tiny(name))
+    assert card["parameters"]["count"] == sum(p.numel() for p in model.parameters())
+    read = card_from_dict(card, "x")
+    assert read.linear_attention == STATE_SPACE_TORCH
+    assert "torch reference scan" in read.linear_attention_note()
+
+
+def test_the_plan_says_the_blocks_were_priced_as_the_torch_reference(tmp_path, monkeypatch):
+    monkeypatch.setenv(cards.CARDS_DIR_ENV, str(tmp_path / "cards"))
+    path = CONFIGS / "nemotron_h-tiny.json"
+    code, out, err = run_cli(["learn", "--hf-config", str(path)])
+    assert code == 0, err
+    assert "state-space blocks as transformers' torch reference" in out
+    plan = ["plan", "--hf-config", str(path), "--seq", "1024", "--gpu", "h200", "--gpus-per-node", "1", "--stage", "2"]
+    code, out, err = run_cli(plan)
+    assert code == 0, err
+    notes = [line for line in out.splitlines() if line.startswith("Note: state-space")]
+    assert len(notes) == 1 and "without mamba-ssm and causal-conv1d" in notes[0]
+    # a card of a model with attention blocks records the kernels: no "learned before" note
+    assert "learned before zlayout priced" not in err
+    activations = [line for line in out.splitlines() if line.split()[1:2] == ["activations"]]
+    assert len(activations) == 1 and "torch reference scan" in activations[0]
+    code, out, err = run_cli([*plan, "--json"])
+    assert code == 0, err
+    assert json.loads(out)["linear_attention"]["priced_as"] == STATE_SPACE_TORCH
+    # the exact parameter count is transformers' own
+    model, _ = build_model(tiny("nemotron_h"))
+    assert json.loads(out)["params"] == sum(p.numel() for p in model.parameters())
+
+
+def test_a_pure_mamba2_card_runs_no_attention_and_is_not_called_stale(tmp_path, monkeypatch):
+    monkeypatch.setenv(cards.CARDS_DIR_ENV, str(tmp_path / "cards"))
+    path = CONFIGS / "mamba2-tiny.json"
+    assert run_cli(["learn", "--hf-config", str(path)])[0] == 0
+    code, out, err = run_cli(["plan", "--hf-config", str(path), "--seq", "1024", "--stage", "0"])
+    assert code == 0, err
+    assert "learned before zlayout priced" not in err
+
+
+def test_a_shallower_cut_of_a_card_whose_shape_overcounts_keeps_the_exact_count(tmp_path, monkeypatch):
+    """Mamba-2's common keys read as a transformer block overcount it (extra_params < 0); at
+    --layers 1 that correction scales with the blocks instead of leaving a negative model."""
+    from zlayout.cli import build_parser, plan_input_from_args
+
+    monkeypatch.setenv(cards.CARDS_DIR_ENV, str(tmp_path / "cards"))
+    path = CONFIGS / "mamba2-tiny.json"
+    assert run_cli(["learn", "--hf-config", str(path)])[0] == 0
+    full = hfconfig.load(path)
+    assert full.extra_params < 0
+    args = build_parser().parse_args(["plan", "--hf-config", str(path), "--layers", "1"])
+    cut = plan_input_from_args(args).model
+    model, _ = build_model({**tiny("mamba2"), "num_hidden_layers": 1})
+    assert cut.layers == 1 and cut.params == sum(p.numel() for p in model.parameters())
+
+
+def test_nemotron_h_reads_its_depth_from_its_block_pattern(tmp_path, monkeypatch):
+    monkeypatch.setenv(cards.CARDS_DIR_ENV, str(tmp_path / "cards"))
+    config = tiny("nemotron_h")
+    assert "num_hidden_layers" not in config and len(config["layers_block_type"]) == 4
+    path = CONFIGS / "nemotron_h-tiny.json"
+    assert run_cli(["learn", "--hf-config", str(path)])[0] == 0
+    assert hfconfig.load(path).layers == 4
+    # the older spelling: one letter a block
+    r = hfconfig._Reader({"hybrid_override_pattern": "M-*E", "hidden_size": 64, "vocab_size": 256},
+                         "x", "nemotron_h")
+    assert hfconfig._generic_shape(r)["layers"] == 4
+
+
+def test_the_runbook_states_the_environment_the_plan_priced(tmp_path, monkeypatch):
+    monkeypatch.setenv(cards.CARDS_DIR_ENV, str(tmp_path / "cards"))
+    path = CONFIGS / "bamba-tiny.json"
+    assert run_cli(["learn", "--hf-config", str(path)])[0] == 0
+    out_dir = tmp_path / "profile"
+    code, _, err = run_cli(["export", "--hf-config", str(path), "--seq", "1024", "--gpu", "h200",
+                            "--gpus-per-node", "1", "--stage", "2", "--out", str(out_dir)])
+    assert code == 0, err
+    rows = [line for line in (out_dir / "RUNBOOK.md").read_text().splitlines()
+            if "Train the Mamba-2 blocks with transformers' torch reference" in line]
+    assert len(rows) == 1 and "`python -c 'import mamba_ssm'` fails" in rows[0]
+    assert "Install flash-linear-attention" not in (out_dir / "RUNBOOK.md").read_text()
