@@ -915,6 +915,13 @@ def training_limits(model: ModelSpec, training: TrainingSpec) -> list[tuple[str,
     if shortest is not None and seq < shortest:
         out.append(("seq", f"{model.name}'s model card holds sequences of {shortest:,} tokens or more (its "
                            "memory steps with shorter ones: zlayout learn)", f"use --seq {shortest} or more"))
+    quantum = getattr(card, "token_quantum", None)
+    if quantum and seq % quantum:
+        lower, upper = seq - seq % quantum, seq - seq % quantum + quantum
+        fix = f"use --seq {upper}" + (f" or {lower}" if lower else "")
+        out.append(("seq", f"{model.name}'s state-space blocks pad a sequence to a multiple of their scan's chunk "
+                           f"({quantum} tokens: {seq:,} runs as {upper:,}), which its model card prices at "
+                           "multiples only", fix))
     largest = getattr(card, "largest_micro_batch", None)
     if largest is not None and micro_batch > largest:
         out.append(("micro_batch", f"{model.name}'s memory grows faster than the micro-batch (its model card is "

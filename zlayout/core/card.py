@@ -361,6 +361,9 @@ class ModelCard:
     # STATE_SPACE_TORCH); None: none
     # (no such blocks, or a card learned before they were learnable)
     linear_attention: str | None = None
+    # the tokens a sequence is padded to a multiple of inside the blocks (Mamba-2's torch reference
+    # scan: its chunk); the card's requests, fitted at multiples, hold there only. None: any length
+    token_quantum: int | None = None
     # whether transformers' gradient_checkpointing_enable accepts the class (CTRL, openai-gpt: no)
     checkpointing: bool = True
 
@@ -814,6 +817,7 @@ def card_from_dict(data: Mapping[str, Any], key: str, source: str = "", digest: 
         attention_kernels=tuple(str(k) for k in data.get("attention_kernels") or ()),
         transformers=_release(data.get("transformers"), where),
         linear_attention=_linear_attention(data.get("linear_attention"), where),
+        token_quantum=_token_quantum(data.get("token_quantum"), where),
         checkpointing=_checkpointing(data.get("checkpointing", True), where),
         parameter_layers=parameter_layers(names, len(kinds))
         if isinstance(names, list) and len(names) == len(numels)
@@ -860,6 +864,14 @@ def _preamble(head: dict, at: str) -> Phase:
 def _tied_embeddings(value: Any, where: str) -> bool | None:
     if value is not None and not isinstance(value, bool):
         raise CardError(f"{where}: parameters.tied_embeddings must be true or false")
+    return value
+
+
+def _token_quantum(value: Any, where: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65536:
+        raise CardError(f"{where}: token_quantum must be a whole number of tokens from 1 to 65536, not {value!r}")
     return value
 
 

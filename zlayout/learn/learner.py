@@ -17,8 +17,8 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import nn
 
-from zlayout.core.card import (LINEAR_ATTENTION_FLA, SCATTER_SUFFIX, STRIDED_SUFFIX, UNALIGNED_SUFFIX,
-                               linear_attention_assumed)
+from zlayout.core.card import (LINEAR_ATTENTION_FLA, SCATTER_SUFFIX, STATE_SPACE_TORCH, STRIDED_SUFFIX,
+                               UNALIGNED_SUFFIX, linear_attention_assumed)
 from zlayout.learn.trace import (StorageLedger, UnpricedKernel, Window, exceptional_frees, fused_attention,
                                  linear_kernels_patch)
 
@@ -1005,7 +1005,16 @@ def linear_attention_entry(config: Mapping[str, Any], regimes: list[dict]) -> di
                          + ("flash-linear-attention's kernels (as priced), which its model type is not known to"
                             if ran else "transformers' torch loop, which the card cannot hold")
                          + " use (zlayout.core.card.LINEAR_ATTENTION_MODEL_TYPES)")
-    return {} if assumed is None else {"linear_attention": assumed}
+    if assumed != STATE_SPACE_TORCH:
+        return {} if assumed is None else {"linear_attention": assumed}
+    # the torch reference pads the sequence to a multiple of the scan's chunk (`pad_tensor_by_size`):
+    # the card's requests, fitted at multiples, hold there only (spec.training_limits says so)
+    text = config.get("text_config") if isinstance(config.get("text_config"), Mapping) else config
+    chunk = next((text[k] for k in ("chunk_size", "mamba_chunk_size") if isinstance(text.get(k), int)), None)
+    if chunk is None or isinstance(chunk, bool) or not 1 <= chunk <= max(FIT_TOKENS):
+        raise LearnError(f"{config.get('model_type')!r}: no chunk_size or mamba_chunk_size of 1-{max(FIT_TOKENS)} "
+                         "tokens, which its state-space scan pads the sequence to")
+    return {"linear_attention": assumed, "token_quantum": chunk}
 
 
 def _reads_tensor_values(exc: BaseException) -> bool:
