@@ -119,3 +119,17 @@ def test_the_runbook_states_the_environment_the_plan_priced(tmp_path, monkeypatc
             if "Train the Mamba-2 blocks with transformers' torch reference" in line]
     assert len(rows) == 1 and "`python -c 'import mamba_ssm'` fails" in rows[0]
     assert "Install flash-linear-attention" not in (out_dir / "RUNBOOK.md").read_text()
+
+
+def test_a_sequence_the_scan_would_pad_is_refused_with_the_two_nearest(tmp_path, monkeypatch):
+    """The torch reference pads the sequence to a multiple of its chunk (64 tokens in the tiny
+    config); the card, fitted at multiples, would price the padded tensors short: one line."""
+    monkeypatch.setenv(cards.CARDS_DIR_ENV, str(tmp_path / "cards"))
+    path = CONFIGS / "mamba2-tiny.json"
+    assert run_cli(["learn", "--hf-config", str(path)])[0] == 0
+    assert hfconfig.load(path).card.token_quantum == 64
+    code, out, err = run_cli(["plan", "--hf-config", str(path), "--seq", "1000", "--stage", "0"])
+    assert code == 2 and out == ""
+    assert "chunk (64 tokens: 1,000 runs as 1,024)" in err and "use --seq 1024 or 960" in err
+    assert "\n" not in err.strip()
+    assert run_cli(["plan", "--hf-config", str(path), "--seq", "1024", "--stage", "0"])[0] == 0
