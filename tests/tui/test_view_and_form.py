@@ -294,3 +294,23 @@ def test_a_sequence_or_micro_batch_past_the_model_cards_limits_is_reported_on_it
     done = plan_input_from_form({**values, "seq": "2048", "micro_batch": "2", "checkpointing": "none"}, model, inp,
                                 fixed_presets())
     assert (done.training.seq, done.training.micro_batch) == (2048, 2)
+
+
+def test_a_sequence_a_mamba2_scan_would_pad_is_reported_on_the_seq_field(tmp_path, monkeypatch):
+    """Mamba-2's torch reference pads the sequence to its chunk (64 tokens in the tiny config):
+    its card prices multiples only, and the form says so under Seq, as the CLI does."""
+    from pathlib import Path
+
+    from zlayout import cards, hfconfig
+    from zlayout.cli import main
+
+    config = Path(__file__).resolve().parent.parent / "learn" / "configs" / "mamba2-tiny.json"
+    monkeypatch.setenv(cards.CARDS_DIR_ENV, str(tmp_path / "cards"))
+    assert main(["learn", "--hf-config", str(config)]) == 0
+    model = hfconfig.load(config)
+    inp = fixed_input().model_copy(update={"model": model})
+    with pytest.raises(FormInvalid) as caught:
+        plan_input_from_form({**form_values(inp), "seq": "1000"}, model, inp, fixed_presets())
+    assert set(caught.value.errors) == {"seq"}
+    assert "chunk (64 tokens: 1,000 runs as 1,024)" in caught.value.errors["seq"]
+    assert plan_input_from_form({**form_values(inp), "seq": "1024"}, model, inp, fixed_presets()).training.seq == 1024
