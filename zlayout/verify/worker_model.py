@@ -164,6 +164,8 @@ def hf_builder(config_dict: dict, checkpointing: bool, keep_outputs: bool = Fals
         partitioned = partition_parameters.zero_init_context > 0
         with no_init_weights() if partitioned else contextlib.nullcontext():
             model = auto.from_config(config, attn_implementation=attention, dtype=torch.float32)
+        if partitioned:
+            model.tie_weights()  # init_weights ties them, and no_init_weights skipped it (as transformers does)
         if checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         return HFCausalLM(model, keep_outputs)
