@@ -342,8 +342,8 @@ RECURRENT_TYPES = frozenset({
 def recurrent_refusal(model_type: str) -> str:
     """One line for a model_type in RECURRENT_TYPES (plan and learn say the same)."""
     return (f"model_type {model_type!r} has state-space or recurrent blocks, not only attention: zlayout plans "
-            "transformer decoders and Mamba-2 hybrids and cannot learn a per-token scan; plan a transformer of its size with "
-            "--layers --hidden --heads --vocab")
+            "transformer decoders and Mamba-2 hybrids and cannot learn a per-token scan; plan a transformer of its "
+            "size with --layers --hidden --heads --vocab")
 
 
 def model_from_config(config: Mapping[str, Any], *, where: str = CONFIG_FILE, name: str | None = None,

@@ -1008,9 +1008,9 @@ def _unpriced(name: str, package: str):
 
 def linear_kernels_patch(ledger: StorageLedger):
     """Route `torch_chunk_gated_delta_rule` and `causal_conv1d_fn` of every loaded modeling module
-    of LINEAR_ATTENTION_PACKAGES to the stand-ins, TORCH_CONV_PACKAGES' convolution and
-    TORCH_SCAN_PACKAGES' every kernel wrapper to transformers' torch code, and every other package kernel a loaded modeling
-    module falls back from to a function that stops the trace (UnpricedKernel: a card of the torch
+    of LINEAR_ATTENTION_PACKAGES to the stand-ins, TORCH_CONV_PACKAGES' convolution and every
+    kernel wrapper of TORCH_SCAN_PACKAGES to transformers' torch code, and every other package kernel
+    a loaded modeling module falls back from to a function that stops the trace (UnpricedKernel: a card of the torch
     loop would price neither what the package runs nor, its requests growing with the chunks of the
     sequence, anything a card holds); returns what puts the originals back."""
     import sys

@@ -221,8 +221,9 @@ def linear_attention_refusal(assumed: str | None, resolved: dict[str, str] | Non
                           if resolved.get(op) == package})
         if not kernels:
             return None
+        several = len(kernels) > 1
         return (f"the plan priced the state-space blocks as {assumed}, but transformers on this node resolved "
-                f"{' and '.join(kernels)}'s kernel{'s' if len(kernels) > 1 else ''}, which keep{'' if len(kernels) > 1 else 's'} "
+                f"{' and '.join(kernels)}'s kernel{'s' if several else ''}, which keep{'' if several else 's'} "
                 "less than the plan: verify in an environment without mamba-ssm and causal-conv1d (the figures "
                 "would not compare)")
     missing = [package for name, (op, package) in LINEAR_ATTENTION_FUNCTIONS.items()
