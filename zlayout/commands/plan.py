@@ -15,7 +15,6 @@ import json
 from functools import partial
 
 from zlayout.catalog import format_params
-from zlayout.core.card import STATE_SPACE_TORCH
 from zlayout.cli import add_plan_arguments, layout_from_args, plan_input_from_args
 from zlayout.core.memory import MemoryEstimate, card_of
 from zlayout.core.plan import LayoutPlan, Plan, make_plan, plan_layout
@@ -137,10 +136,9 @@ def linear_attention(plan: Plan) -> dict | None:
     --json; None where the plan takes no card or the card has no linear attention."""
     card = card_of(plan.input.model, plan.input.training)
     note = card.linear_attention_note() if card is not None else None
-    # fla's stand-ins (learn/trace.py) are read from fla's and causal-conv1d's code, not measured yet;
-    # the Mamba-2 torch reference was (benchmarks/measurements/h200-2026-12-27)
-    measured = card.linear_attention == STATE_SPACE_TORCH if card is not None else False
-    return None if note is None else {"priced_as": card.linear_attention, "measured_on_gpu": measured, "note": note}
+    # fla's stand-ins (learn/trace.py) are read from fla's and causal-conv1d's code, and the Mamba-2
+    # torch reference traced on the CPU: neither measured on a GPU yet (h200-2026-12-27 is predicted)
+    return None if note is None else {"priced_as": card.linear_attention, "measured_on_gpu": False, "note": note}
 
 
 def recommendation_note(plan: Plan, layout: Layout) -> str:
