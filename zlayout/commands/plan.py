@@ -15,6 +15,7 @@ import json
 from functools import partial
 
 from zlayout.catalog import format_params
+from zlayout.core.card import STATE_SPACE_TORCH
 from zlayout.cli import add_plan_arguments, layout_from_args, plan_input_from_args
 from zlayout.core.memory import MemoryEstimate, card_of
 from zlayout.core.plan import LayoutPlan, Plan, make_plan, plan_layout
@@ -136,9 +137,12 @@ def linear_attention(plan: Plan) -> dict | None:
     --json; None where the plan takes no card or the card has no linear attention."""
     card = card_of(plan.input.model, plan.input.training)
     note = card.linear_attention_note() if card is not None else None
-    # fla's stand-ins (learn/trace.py) are read from fla's and causal-conv1d's code, and the Mamba-2
-    # torch reference traced on the CPU: neither measured on a GPU yet (h200-2026-12-27 is predicted)
-    return None if note is None else {"priced_as": card.linear_attention, "measured_on_gpu": False, "note": note}
+    # fla's stand-ins (learn/trace.py) are read from fla's and causal-conv1d's code, not measured on a GPU
+    # yet; the Mamba-2 torch reference was (benchmarks/measurements/h200-2026-12-27: six held-out lines)
+    if note is None:
+        return None
+    return {"priced_as": card.linear_attention, "measured_on_gpu": card.linear_attention == STATE_SPACE_TORCH,
+            "note": note}
 
 
 def recommendation_note(plan: Plan, layout: Layout) -> str:
