@@ -135,3 +135,13 @@ def test_a_sequence_the_scan_would_pad_is_refused_with_the_two_nearest(tmp_path,
     assert "chunk (64 tokens: 1,000 runs as 1,024)" in err and "use --seq 1024 or 960" in err
     assert "\n" not in err.strip()
     assert run_cli(["plan", "--hf-config", str(path), "--seq", "1024", "--stage", "0"])[0] == 0
+
+
+@pytest.mark.parametrize("value", [0, -64, True, 2.5, "64", "$(id)", 10**9])
+def test_a_card_with_a_token_quantum_that_is_not_a_token_count_is_refused(value):
+    from zlayout.core.card import CardError
+
+    card = learn(tiny("mamba2"))
+    assert card["token_quantum"] == 64
+    with pytest.raises(CardError, match="token_quantum must be a whole number of tokens"):
+        card_from_dict({**card, "token_quantum": value}, "x")
