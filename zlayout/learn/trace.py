@@ -38,8 +38,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
-from zlayout.core.card import (BATCHED_GEMM_OPS, FP32_GEMM_SUFFIX, FREED_OUTSIDE, SCATTER_SUFFIX, STRIDED_SUFFIX,
-                               UNALIGNED_SUFFIX, WIDE_BATCHED_GEMM)
+from zlayout.core.card import (BATCHED_GEMM_OPS, FP32_GEMM_SUFFIX, FREED_OUTSIDE, SCATTER_SUFFIX,
+                               STATE_SPACE_MODEL_TYPES, STRIDED_SUFFIX, UNALIGNED_SUFFIX, WIDE_BATCHED_GEMM)
 from zlayout.core.reductions import REDUCTION_EVENTS
 from zlayout.learn.launches import kernel_launches
 
@@ -808,8 +808,8 @@ TORCH_CONV_PACKAGES = ("lfm2", "lfm2_moe")
 # mamba2_selective_state_update): the learner calls every one's torch code (the fused training
 # path's returns None, and the mixer goes on to the unfused one), a chunked scan without a Python
 # loop whose requests a card holds; the card prices that reference (core.card.STATE_SPACE_TORCH),
-# whatever this machine has installed.
-TORCH_SCAN_PACKAGES = ("mamba2", "bamba", "granitemoehybrid", "nemotron_h", "falcon_h1")
+# whatever this machine has installed. Each of those model types' modeling package has its name.
+TORCH_SCAN_PACKAGES = tuple(sorted(STATE_SPACE_MODEL_TYPES))
 
 
 def _empty(*shape, dtype, like: torch.Tensor) -> torch.Tensor:
