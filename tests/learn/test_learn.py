@@ -784,15 +784,37 @@ def test_a_config_the_model_code_cannot_run_is_one_line_exit_2(tmp_path, monkeyp
 
 
 def test_a_model_whose_code_reads_tensor_values_is_one_line_saying_so():
-    """JetMoE's router turns its expert counts into Python ints: on the meta device there are no
-    values. learn says that (not that the config is wrong), in one line."""
-    config = {**AutoConfig.for_model("jetmoe", num_hidden_layers=1, hidden_size=64, kv_channels=16,
-                                     num_key_value_heads=2, intermediate_size=64, vocab_size=128).to_dict()}
+    """XLM checks its lengths' largest value (`assert lengths.max().item() <= slen`): on the meta
+    device there are no values. learn says that (not that the config is wrong), in one line."""
+    config = AutoConfig.for_model("xlm", n_layers=1, emb_dim=64, n_heads=2, vocab_size=128).to_dict()
     with pytest.raises(LearnError) as caught:
         learn(config)
     message = str(caught.value)
-    assert "'jetmoe' code reads tensor values" in message and "meta device" in message
+    assert "'xlm' code reads tensor values" in message and "meta device" in message
     assert "cannot run this config" not in message and "\n" not in message
+
+
+def test_jetmoe_routing_read_as_python_ints_is_learned_as_an_even_split():
+    """JetMoE's router turns its per-expert counts into Python ints (`.tolist()`) to cut the
+    token-expert rows: the learner answers an even split within the router only, so the card is
+    learned with transformers' parameter count, every expert's GEMMs together doing the whole
+    rows' work, and `Tensor.tolist` is torch's own again afterwards (and for any other tensor)."""
+    from zlayout.learn.trace import even_split
+
+    assert even_split(10, 4) == [3, 3, 2, 2] and sum(even_split(4096 * 2, 8)) == 8192
+    original = torch.Tensor.tolist
+    config = AutoConfig.for_model("jetmoe", num_hidden_layers=2, hidden_size=64, kv_channels=16,
+                                  num_key_value_heads=2, intermediate_size=64, vocab_size=128).to_dict()
+    card = learn(config)
+    assert torch.Tensor.tolist is original and torch.tensor([1, 2]).tolist() == [1, 2]
+    assert card["parameters"]["count"] == sum(p.numel() for p in build_model(config)[0].parameters())
+    assert len(card["regimes"][0]["blocks"]) >= 1
+    # GEMM FLOPs per token: each of top-k rows through one expert of the MoE (h -> 2f, f -> h) and of the
+    # MoA (h -> kv, kv -> h), two routers (h -> experts) and the shared k/v projection (h -> 2 kv)
+    h, f, kv = config["hidden_size"], config["intermediate_size"], config["kv_channels"] * config["num_key_value_heads"]
+    top_k, experts = config["num_experts_per_tok"], config["num_local_experts"]
+    forward = card["regimes"][0]["blocks"][0]["work"]["forward"]
+    assert forward["mm"][0][1] == 2 * (top_k * (h * 2 * f + f * h + h * kv + kv * h) + 2 * h * experts + h * 2 * kv)
 
 
 def test_a_card_learned_before_attention_kernels_were_priced_is_named(tmp_path):

@@ -968,6 +968,54 @@ def causal_conv1d_standin(ledger: StorageLedger):
     return causal_conv1d_fn
 
 
+# ---------------------------------------------------------------- routing read as Python ints
+# JetMoE's router (transformers 5.24 jetmoe/modeling_jetmoe.py `JetMoeTopKGating.forward`) turns its
+# per-expert token counts into Python ints (`expert_size.tolist()`) to split the sorted token-expert
+# rows between experts. The meta device holds no values. The counts only decide where the rows are
+# cut: every expert's input, output and gradient are pieces of the same tokens x top-k rows, so the
+# block's requests add to the same bytes whatever the routing. The learner cuts them evenly (as
+# `grouped_mm_flops` takes the offsets to), what a freshly initialised router does on average.
+
+
+def even_split(total: int, parts: int) -> list[int]:
+    """`total` rows cut into `parts` pieces as evenly as integers allow (the first get one more)."""
+    return [total // parts + (i < total % parts) for i in range(parts)]
+
+
+def routed_counts_patch():
+    """Run JetMoE's router with its per-expert counts read as an even split of the token-expert rows;
+    returns what puts the original back (nothing where JetMoE's modeling module is not loaded)."""
+    import sys
+
+    module = sys.modules.get("transformers.models.jetmoe.modeling_jetmoe")
+    gating = getattr(module, "JetMoeTopKGating", None)
+    if gating is None:
+        return lambda: None
+    original = gating.forward
+
+    def forward(self, hidden_states):
+        rows = hidden_states.shape[0] * self.top_k
+        tolist = torch.Tensor.tolist
+
+        def counts(tensor):  # only the router's own [num_experts] count is answered
+            if tensor.is_meta and tensor.shape == (self.num_experts,) and not tensor.is_floating_point():
+                return even_split(rows, self.num_experts)
+            return tolist(tensor)
+
+        torch.Tensor.tolist = counts
+        try:
+            return original(self, hidden_states)
+        finally:
+            torch.Tensor.tolist = tolist
+
+    gating.forward = forward
+
+    def restore() -> None:
+        gating.forward = original
+
+    return restore
+
+
 class UnpricedKernel(Exception):
     """A model called a kernel transformers takes from a package (flash-linear-attention,
     causal-conv1d, mamba-ssm) and falls back to a torch loop without it, for which the learner has
