@@ -460,6 +460,26 @@ def test_a_position_table_with_a_padding_row_holds_the_rows_after_it():
     assert learn(config)["regimes"][-1]["max_positions"] == 512
 
 
+def test_bigbird_keeps_the_block_sparse_attention_it_trains_with_at_its_4096_positions():
+    """BigBird turns its block-sparse attention into full attention, in the model and for good, on a
+    sequence of 704 tokens or fewer. The learner's first short probe did that, and the next trace
+    failed (gather() of None); and its 4,096-row table could not run the long check (16,384 tokens).
+    It is now probed at the first count traced and learned within its positions: the card prices
+    block-sparse attention (no FLOPs growing with T x T), where the same config in full attention
+    has them."""
+    def card(attention_type):
+        config = AutoConfig.for_model("big_bird", num_hidden_layers=2, hidden_size=64, num_attention_heads=2,
+                                      intermediate_size=128, vocab_size=128, attention_type=attention_type)
+        return learn(config.to_dict())["regimes"][-1]
+
+    def quadratic_flops(regime):
+        return sum(entry[0][0] for entry in regime["blocks"][0]["work"]["forward"].values())
+
+    sparse, full = card("block_sparse"), card("original_full")
+    assert sparse["max_positions"] == full["max_positions"] == 4096
+    assert quadratic_flops(sparse) == 0 and quadratic_flops(full) > 0
+
+
 def test_a_buffer_the_first_step_grows_is_grown_before_the_traces():
     """XGLM's sinusoidal table holds 2,048 rows and is made again, longer, by a step past them, as a
     run's first step does once. The traces are of the steps after it (before: the 4,096-token trace

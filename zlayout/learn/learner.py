@@ -776,9 +776,12 @@ def _learn_regimes(config: Mapping[str, Any], model: nn.Module, blocks: nn.Modul
     fallback for models whose blocks cannot run alone) also takes each kind's entry from a block
     inside its kind's run. `to_trace`: the regimes (default `regimes_to_trace`); `long_check`:
     check the unbounded one past its counts too (not for a model that holds no longer sequence)."""
-    held = weights_saved_as_views(model, blocks, keep)
+    traced = to_trace or regimes_to_trace(config)
+    # probed at the first count traced: a shorter probe can switch the model for good (BigBird turns
+    # its block-sparse attention into full attention below 704 tokens, in the model, not the call)
+    held = weights_saved_as_views(model, blocks, keep, tokens=min(traced[0][1]))
     regimes, worst, attention_kernels, module_calls = [], 0.0, set(), None
-    for max_tokens, fit_tokens, check_tokens in to_trace or regimes_to_trace(config):
+    for max_tokens, fit_tokens, check_tokens in traced:
         try:
             fitted, error, trained, kernels, sequences, linear, calls, one = _learn_regime(
                 model, blocks, keep, fit_tokens, check_tokens,
@@ -978,7 +981,7 @@ def learn(config: Mapping[str, Any]) -> dict[str, Any]:
                              "cannot be learned here; plan it by shape (--layers, --hidden, ...: the hand "
                              "model)") from exc
         positions = model_positions(config)
-        if positions is not None and MIN_POSITIONS <= positions < max(FIT_TOKENS) \
+        if positions is not None and MIN_POSITIONS <= positions < LONG_CHECK * max(FIT_TOKENS) \
                 and (sliding_window(config) or positions) >= positions:
             # GPT-Neo's and MPT's 2,048-token causal mask and ALiBi buffers, BERT's 512-row token-type
             # buffer: such a model cannot run the 1,024-4,096 tokens traced, nor train on them.
