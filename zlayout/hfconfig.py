@@ -399,7 +399,7 @@ def _generic_shape(r: _Reader) -> dict[str, Any]:
     top-k) and the hand fallbacks read it: the parameter count and every block's requests come
     from the model card. A model without attention keys (a state-space model) reads as one
     head over the whole width."""
-    hidden = r.int("hidden_size", "n_embd", "d_model", "model_dim")
+    hidden = r.int("hidden_size", "n_embd", "d_model", "model_dim", "emb_dim")  # emb_dim: XLM
     # an encoder-decoder family's ForCausalLM class is its decoder alone (Whisper's, BART's, TrOCR's)
     heads = r.int("num_attention_heads", "n_head", "n_heads", "num_heads", "decoder_attention_heads",
                   "num_decoder_attention_heads", default=1)

@@ -803,15 +803,34 @@ def test_a_config_the_model_code_cannot_run_is_one_line_exit_2(tmp_path, monkeyp
     assert not (tmp_path / "cards").exists() or not list((tmp_path / "cards").iterdir())
 
 
-def test_a_model_whose_code_reads_tensor_values_is_one_line_saying_so():
-    """XLM checks its lengths' largest value (`assert lengths.max().item() <= slen`): on the meta
-    device there are no values. learn says that (not that the config is wrong), in one line."""
-    config = AutoConfig.for_model("xlm", n_layers=1, emb_dim=64, n_heads=2, vocab_size=128).to_dict()
-    with pytest.raises(LearnError) as caught:
-        learn(config)
-    message = str(caught.value)
-    assert "'xlm' code reads tensor values" in message and "meta device" in message
-    assert "cannot run this config" not in message and "\n" not in message
+def test_a_model_whose_code_reads_tensor_values_is_one_line_saying_so(tmp_path, monkeypatch):
+    """Qwen4-Exp's indexer selects each query's tokens with torch.nonzero: on the meta device there
+    are no values. learn says that (not that the config is wrong), in one line, exit 2."""
+    monkeypatch.setenv(cards.CARDS_DIR_ENV, str(tmp_path / "cards"))
+    code, out, err = run_cli(["learn", "--hf-config", str(CARD_ONLY / "qwen4_exp_text-tiny.json")])
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "'qwen4_exp_text' code reads tensor values" in err and "meta device" in err
+    assert "cannot run this config" not in err and "Traceback" not in err
+
+
+def test_xlm_asserting_on_its_longest_length_is_learned_and_planned(tmp_path, monkeypatch):
+    """XLM asserts `lengths.max().item() <= slen` (and again in get_masks): the learner answers the
+    sequence's length, what an unpadded row's is, inside XLMModel.forward only; the card has
+    transformers' parameter count and `Tensor.item` is torch's own again afterwards. The plan reads
+    its width from `emb_dim` (no hidden_size key)."""
+    original = torch.Tensor.item
+    config = AutoConfig.for_model("xlm", n_layers=2, emb_dim=64, n_heads=2, vocab_size=128).to_dict()
+    card = learn(config)
+    assert torch.Tensor.item is original and torch.tensor(3).item() == 3
+    assert card["parameters"]["count"] == sum(p.numel() for p in build_model(config)[0].parameters())
+    assert card["layers"]["count"] == 2 and card["regimes"][-1]["max_positions"] == 512
+    monkeypatch.setenv(cards.CARDS_DIR_ENV, str(tmp_path / "cards"))
+    path = tmp_path / "xlm.json"
+    path.write_text(json.dumps(config))
+    assert run_cli(["learn", "--hf-config", str(path)])[0] == 0
+    code, out, err = run_cli(["plan", "--hf-config", str(path), "--gpus-per-node", "1", "--seq", "512"])
+    assert code == 0, err
+    assert out.startswith("xlm: 141K params (L2 h64 heads 2 ffn 256 vocab 128)")
 
 
 def test_jetmoe_routing_read_as_python_ints_is_learned_as_an_even_split():

@@ -20,7 +20,7 @@ from torch import nn
 from zlayout.core.card import (LINEAR_ATTENTION_FLA, SCATTER_SUFFIX, STATE_SPACE_TORCH, STRIDED_SUFFIX,
                                UNALIGNED_SUFFIX, linear_attention_assumed)
 from zlayout.learn.trace import (StorageLedger, UnpricedKernel, Window, exceptional_frees, fused_attention,
-                                 linear_kernels_patch, routed_counts_patch)
+                                 linear_kernels_patch, value_answers_patch)
 
 # Token counts traced (one sequence): three fix a quadratic term (attention's FLOPs; eager
 # attention keeps tokens x tokens probabilities); the check count is traced too and compared.
@@ -203,14 +203,14 @@ def _patched(ledger: StorageLedger):
     for owner, name, stand_in in stand_ins:
         setattr(owner, name, stand_in)
     restore_linear = linear_kernels_patch(ledger)  # GDN linear attention: fla's kernels (trace.py)
-    restore_routing = routed_counts_patch()  # JetMoE's router counts: an even split (trace.py)
+    restore_values = value_answers_patch()  # JetMoE's router counts, XLM's longest length (trace.py)
     try:
         yield
     finally:
         for owner, name, original in swapped:
             setattr(owner, name, original)
         restore_linear()
-        restore_routing()
+        restore_values()
 
 
 def _first_tensor(values) -> torch.Tensor | None:
@@ -974,8 +974,8 @@ def learn(config: Mapping[str, Any]) -> dict[str, Any]:
         first_line = next((line for line in str(exc).splitlines() if line.strip()), "")
         what = f"{type(exc).__name__}{': ' + first_line.strip() if first_line else ''}"
         if _reads_tensor_values(exc):
-            # XLM checks its lengths' largest value (`.item()`): the meta device holds no values,
-            # so no trace without data can follow it (JetMoE's router counts are answered: trace.py)
+            # Qwen4-Exp selects tokens with torch.nonzero: the meta device holds no values,
+            # so no trace without data can follow it (JetMoE's and XLM's reads are answered: trace.py)
             raise LearnError(f"transformers' {config.get('model_type')!r} code reads tensor values while it "
                              f"runs ({what}), which a trace on the meta device has none of: this model type "
                              "cannot be learned here; plan it by shape (--layers, --hidden, ...: the hand "

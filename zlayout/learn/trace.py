@@ -27,6 +27,7 @@ are not work.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections import Counter
 from dataclasses import dataclass, field
@@ -968,13 +969,18 @@ def causal_conv1d_standin(ledger: StorageLedger):
     return causal_conv1d_fn
 
 
-# ---------------------------------------------------------------- routing read as Python ints
-# JetMoE's router (transformers 5.24 jetmoe/modeling_jetmoe.py `JetMoeTopKGating.forward`) turns its
-# per-expert token counts into Python ints (`expert_size.tolist()`) to split the sorted token-expert
-# rows between experts. The meta device holds no values. The counts only decide where the rows are
-# cut: every expert's input, output and gradient are pieces of the same tokens x top-k rows, so the
-# block's requests add to the same bytes whatever the routing. The learner cuts them evenly (as
-# `grouped_mm_flops` takes the offsets to), what a freshly initialised router does on average.
+# ---------------------------------------------------------------- values read as Python numbers
+# Two models read a tensor's values into Python while they run, which the meta device holds none of;
+# each is answered inside its own forward only, as a real run's are for the learner's input (one
+# unpadded sequence per row), and nowhere else:
+# - JetMoE's router (transformers 5.24 jetmoe/modeling_jetmoe.py `JetMoeTopKGating.forward`) turns its
+#   per-expert token counts into Python ints (`expert_size.tolist()`) to cut the sorted token-expert
+#   rows between experts. The counts only decide where the rows are cut: every expert's input, output
+#   and gradient are pieces of the same tokens x top-k rows, so the block's requests add to the same
+#   bytes whatever the routing. The learner cuts them evenly (as `grouped_mm_flops` takes the offsets
+#   to), what a freshly initialised router does on average.
+# - XLM (xlm/modeling_xlm.py `XLMModel.forward` and its `get_masks`) asserts that its lengths' largest
+#   (`lengths.max().item()`) is at most the sequence: for a sequence without padding it is the sequence.
 
 
 def even_split(total: int, parts: int) -> list[int]:
@@ -982,36 +988,71 @@ def even_split(total: int, parts: int) -> list[int]:
     return [total // parts + (i < total % parts) for i in range(parts)]
 
 
-def routed_counts_patch():
-    """Run JetMoE's router with its per-expert counts read as an even split of the token-expert rows;
-    returns what puts the original back (nothing where JetMoE's modeling module is not loaded)."""
-    import sys
+@contextlib.contextmanager
+def _answering(method: str, answer):
+    """torch.Tensor.`method` answers `answer(tensor)` for a meta tensor where that is not None, and is
+    torch's own everywhere else; put back on leaving."""
+    original = getattr(torch.Tensor, method)
 
-    module = sys.modules.get("transformers.models.jetmoe.modeling_jetmoe")
-    gating = getattr(module, "JetMoeTopKGating", None)
-    if gating is None:
-        return lambda: None
-    original = gating.forward
+    def answered(tensor, *args, **kwargs):
+        value = answer(tensor) if tensor.is_meta and not args and not kwargs else None
+        return original(tensor, *args, **kwargs) if value is None else value
 
+    setattr(torch.Tensor, method, answered)
+    try:
+        yield
+    finally:
+        setattr(torch.Tensor, method, original)
+
+
+def _jetmoe_router(original):
     def forward(self, hidden_states):
         rows = hidden_states.shape[0] * self.top_k
-        tolist = torch.Tensor.tolist
 
-        def counts(tensor):  # only the router's own [num_experts] count is answered
-            if tensor.is_meta and tensor.shape == (self.num_experts,) and not tensor.is_floating_point():
+        def counts(tensor):  # only the router's own [num_experts] count
+            if tensor.shape == (self.num_experts,) and not tensor.is_floating_point():
                 return even_split(rows, self.num_experts)
-            return tolist(tensor)
+            return None
 
-        torch.Tensor.tolist = counts
-        try:
+        with _answering("tolist", counts):
             return original(self, hidden_states)
-        finally:
-            torch.Tensor.tolist = tolist
+    return forward
 
-    gating.forward = forward
+
+def _xlm_model(original):
+    def forward(self, input_ids=None, *args, **kwargs):
+        embeds = kwargs.get("inputs_embeds")
+        length = (input_ids if input_ids is not None else embeds).shape[1]
+
+        def longest(tensor):  # only an integer scalar: the lengths' largest
+            return length if tensor.dim() == 0 and not tensor.is_floating_point() else None
+
+        with _answering("item", longest):
+            return original(self, input_ids, *args, **kwargs)
+    return forward
+
+
+# (modeling module, class, method, what wraps the original)
+VALUE_ANSWERS = (("jetmoe", "JetMoeTopKGating", "forward", _jetmoe_router),
+                 ("xlm", "XLMModel", "forward", _xlm_model))
+
+
+def value_answers_patch():
+    """Wrap VALUE_ANSWERS' methods of the loaded modeling modules; returns what puts them back."""
+    import sys
+
+    swapped = []
+    for package, owner_name, method, wrap in VALUE_ANSWERS:
+        module = sys.modules.get(f"transformers.models.{package}.modeling_{package}")
+        owner = getattr(module, owner_name, None)
+        if owner is not None:
+            original = owner.__dict__[method]
+            swapped.append((owner, method, original))
+            setattr(owner, method, wrap(original))
 
     def restore() -> None:
-        gating.forward = original
+        for owner, method, original in swapped:
+            setattr(owner, method, original)
 
     return restore
 
