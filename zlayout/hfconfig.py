@@ -692,10 +692,11 @@ def config_to_build(user_config: Mapping[str, Any], model: ModelSpec) -> dict[st
     (`to_hf_config`) is laid over it, so the model that trains is the model planned."""
     config = {k: v for k, v in user_config.items() if not k.startswith("_")}
     own = model_from_config(config, name=model.name, source=model.hf_config)
-    # No padding id: it only zeroes one embedding row at initialisation, which transformers does
-    # by indexing the weight that zero.Init has already partitioned to nothing (IndexError:
-    # command-r's pad_token_id 0 at ZeRO-3, 2026-12-02). Memory and step time do not depend on it.
-    config["pad_token_id"] = None
+    # The padding id stays as given: XLM's forward reads it (`pad_index`, its alias, counts each row's
+    # tokens). It once was dropped: transformers zeroed its embedding row by indexing a weight
+    # zero.Init had partitioned to nothing (command-r's pad_token_id 0 at ZeRO-3, 2026-12-02); the
+    # worker now builds under ZeRO-3 without transformers' initialiser and initialises the gathered
+    # weights (worker.initialise_partitioned_hf_weights), the padding row included.
     if own.model_copy(update={"card": model.card}) == model:
         return config
     if model.card is not None and model.hf_model_type not in READERS:

@@ -241,8 +241,10 @@ def test_a_family_read_through_its_card_verifies_at_the_planned_depth():
     user, _ = hfconfig.read_config(path)
     built = hfconfig.config_to_build(user, inp.model)
     assert built["num_hidden_layers"] == 8 != user["num_hidden_layers"]
-    assert {k: v for k, v in built.items() if k not in ("num_hidden_layers", "pad_token_id")} == \
-        {k: v for k, v in user.items() if k not in ("num_hidden_layers", "pad_token_id") and not k.startswith("_")}
+    # the user's own keys, the padding id included (XLM's forward reads it: 'pad_index' is its alias)
+    assert {k: v for k, v in built.items() if k != "num_hidden_layers"} == \
+        {k: v for k, v in user.items() if k != "num_hidden_layers" and not k.startswith("_")}
+    assert built["pad_token_id"] == user["pad_token_id"] == 1
     rebuilt = hfconfig.with_card(hfconfig.model_from_config(built), built, "test")
     assert (rebuilt.layers, rebuilt.params) == (8, inp.model.params)
 

@@ -1312,6 +1312,17 @@ def test_a_model_failing_within_its_positions_too_says_so_with_that_error(monkey
         learn(config)
 
 
+def test_a_model_failing_alike_within_its_positions_says_the_error_alone():
+    """A config whose code fails for another reason than its positions (DeepSeek-V3 with more expert
+    groups than routed experts) fails alike when traced within its 2,048 positions: the error is
+    said as it is, not as if the positions were the cause."""
+    config = {**small_config("deepseek_v3"), "n_routed_experts": 12, "n_group": 8, "topk_group": 4,
+              "max_position_embeddings": 2048}
+    with pytest.raises(LearnError, match="k not in range") as caught:
+        learn(config)
+    assert "traced within" not in str(caught.value)
+
+
 def test_the_language_model_only_types_are_transformers_own():
     # multimodal types whose AutoModelForCausalLM class (what learn and verify build) is another
     # class than the image-text-to-text one: the text model alone, no vision tower

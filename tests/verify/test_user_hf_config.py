@@ -35,7 +35,7 @@ def test_the_worker_builds_the_users_config_as_written(tmp_path):
     assert built["activation_function"] == "gelu_fast" and built["attn_pdrop"] == 0.1
     assert built["bos_token_id"] == 999 and built["n_layer"] == 4
     assert not any(k.startswith("_") for k in built)
-    assert built["pad_token_id"] is None  # transformers' init of its row fails under zero.Init
+    assert "pad_token_id" not in built  # none in the user's file, and verify adds none
 
 
 def test_a_shape_flag_beside_the_config_changes_the_shape_only(tmp_path):
@@ -55,18 +55,27 @@ def test_a_model_without_a_config_builds_from_the_plans_shape(tmp_path):
 COHERE_WITH_PAD = {"model_type": "cohere", "hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
                    "num_key_value_heads": 2, "intermediate_size": 256, "vocab_size": 1000, "use_qk_norm": True,
                    "pad_token_id": 0}
+# XLM counts each row's tokens with its padding id (`pad_index`, the alias of pad_token_id): without it
+# its forward fails (`(input_ids != None).sum`), as verify's once did where it dropped the id
+XLM_WITH_PAD = {"model_type": "xlm", "n_layers": 2, "emb_dim": 64, "n_heads": 2, "vocab_size": 128, "pad_index": 2}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("config_json", "stage"), [(SANTACODER_LIKE, "2"), (COHERE_WITH_PAD, "3")],
-                         ids=["gpt_bigcode-gelu_fast-zero2", "cohere-pad-id-zero3"])
-def test_the_users_config_trains_with_the_planned_parameter_count(tmp_path, config_json, stage):
+@pytest.mark.parametrize(("config_json", "stage"), [(SANTACODER_LIKE, "2"), (COHERE_WITH_PAD, "3"),
+                                                   (XLM_WITH_PAD, "3")],
+                         ids=["gpt_bigcode-gelu_fast-zero2", "cohere-pad-id-zero3", "xlm-pad-index-zero3"])
+def test_the_users_config_trains_with_the_planned_parameter_count(tmp_path, monkeypatch, config_json, stage):
     """A real DeepSpeed engine on CPU builds the user's config (the worker asserts the count);
-    a padding id in it does not break the ZeRO-3 build (command-r's did on the H200)."""
+    a padding id in it does not break the ZeRO-3 build (command-r's did on the H200), and reaches
+    the model that reads it (XLM, planned from its card: learned first)."""
+    from zlayout import cards
     from zlayout.cli import main
 
     config = tmp_path / "config.json"
     config.write_text(json.dumps(config_json))
+    monkeypatch.setenv(cards.CARDS_DIR_ENV, str(tmp_path / "cards"))
+    if config_json is XLM_WITH_PAD:
+        assert main(["learn", "--hf-config", str(config)]) == 0
     code = main(["verify", "--hf-config", str(config), "--stage", stage, "--cpu", "--seq", "64",
                  "--micro-batch", "1", "--steps", "2", "--out", str(tmp_path / "run")])
     result = json.loads((tmp_path / "run" / "result.json").read_text())

@@ -980,7 +980,7 @@ def learn(config: Mapping[str, Any]) -> dict[str, Any]:
                              f"runs ({what}), which a trace on the meta device has none of: this model type "
                              "cannot be learned here; plan it by shape (--layers, --hidden, ...: the hand "
                              "model)") from exc
-        positions = model_positions(config)
+        positions = model_positions(config) or model_positions(_class_defaults(config))
         if positions is not None and MIN_POSITIONS <= positions < LONG_CHECK * max(FIT_TOKENS) \
                 and (sliding_window(config) or positions) >= positions:
             # GPT-Neo's and MPT's 2,048-token causal mask and ALiBi buffers, BERT's 512-row token-type
@@ -992,8 +992,9 @@ def learn(config: Mapping[str, Any]) -> dict[str, Any]:
                 raise
             except Exception as within:  # noqa: BLE001: its code fails within its positions too
                 line = next((line for line in str(within).splitlines() if line.strip()), "")
-                what = (f"{type(within).__name__}{': ' + line.strip() if line else ''} (traced within the "
-                        f"{positions:,} positions this config holds)")
+                if (type(within), line) != (type(exc), first_line):  # else the same error: not the positions
+                    what = (f"{type(within).__name__}{': ' + line.strip() if line else ''} (traced within the "
+                            f"{positions:,} positions this config holds)")
         raise LearnError(f"transformers' {config.get('model_type')!r} code cannot run this config: {what}") from exc
 
 
@@ -1020,6 +1021,19 @@ def linear_attention_entry(config: Mapping[str, Any], regimes: list[dict]) -> di
         raise LearnError(f"{config.get('model_type')!r}: no chunk_size or mamba_chunk_size of 1-{max(FIT_TOKENS)} "
                          "tokens, which its state-space scan pads the sequence to")
     return {"linear_attention": assumed, "token_quantum": chunk}
+
+
+def _class_defaults(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The config as transformers' config class completes it (a config.json may leave a key to the
+    class's default: XLM's 512 positions); empty where the class cannot read it."""
+    from transformers import AutoConfig
+
+    given = {k: v for k, v in config.items() if k not in ("model_type", "_name_or_path", "transformers_version",
+                                                          "architectures")}
+    try:
+        return AutoConfig.for_model(config.get("model_type"), **given).to_dict()
+    except Exception:  # noqa: BLE001: build_model has said what is wrong with it
+        return {}
 
 
 def _reads_tensor_values(exc: BaseException) -> bool:

@@ -237,6 +237,17 @@ def linear_attention_refusal(assumed: str | None, resolved: dict[str, str] | Non
             "not the plan's")
 
 
+def class_default(config: dict, key: str):
+    """What transformers' config class of `config`'s model type gives `key` where the file leaves it
+    out (XLM's 512 positions, a learned table: raising it to the sequence would shrink the model)."""
+    from transformers import AutoConfig
+
+    try:
+        return getattr(AutoConfig.for_model(config["model_type"]), key, None)
+    except Exception:  # noqa: BLE001: hf_builder says what is wrong with the config
+        return None
+
+
 def builder(m: ModelSpec, checkpointing: bool, impl: str = "zlayout", seq: int = 2048,
             hf_config: dict | None = None, loop: str = "trainer"):
     """What builds zlayout's GPT, or (`--impl hf`) the transformers class of `m`'s
@@ -251,7 +262,8 @@ def builder(m: ModelSpec, checkpointing: bool, impl: str = "zlayout", seq: int =
         # rotary caches must cover the planned sequence (learned positions are parameters:
         # their count is the model's, and the plan's sequence must fit them)
         if "n_positions" not in config:
-            config["max_position_embeddings"] = max(int(config.get("max_position_embeddings") or 0), seq)
+            given = config.get("max_position_embeddings") or class_default(config, "max_position_embeddings")
+            config["max_position_embeddings"] = max(int(given or 0), seq)
         config["use_cache"] = False
         return hf_builder(config, checkpointing, keep_outputs)
     return lambda: GPT(m, checkpointing, keep_outputs)
