@@ -40,6 +40,12 @@ class HfConfigError(ValueError):
 _REQUIRED = object()
 
 
+def _shown(value: Any, limit: int = 60) -> str:
+    """A value as an error shows it: its repr, cut to `limit` characters (a config's list may be long)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
 class _Reader:
     """Typed access to one config's keys; errors name the key and the file."""
 
@@ -67,21 +73,31 @@ class _Reader:
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, int):
-            raise self._fail(f"{key!r} must be a whole number, got {value!r}")
+            raise self._fail(f"{key!r} must be a whole number, got {_shown(value)}")
         if value < minimum:
             raise self._fail(f"{key!r} must be at least {minimum}, got {value}")
         return value
 
+    def widest(self, *keys: str, default: Any = _REQUIRED) -> Any:
+        """`int`, or the largest of a list of one whole number per block (Gemma-3n's per-layer
+        `intermediate_size`)."""
+        key, value = self._raw(keys, default)
+        if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            value = max(value)
+        if value is None or value is default:
+            return value
+        return _Reader({key: value}, self.where, self.model_type).int(key)
+
     def bool(self, *keys: str, default: Any = _REQUIRED) -> bool:
         key, value = self._raw(keys, default)
         if not isinstance(value, bool):
-            raise self._fail(f"{key!r} must be true or false, got {value!r}")
+            raise self._fail(f"{key!r} must be true or false, got {_shown(value)}")
         return value
 
     def int_list(self, *keys: str, default: Any = _REQUIRED) -> list[int]:
         key, value = self._raw(keys, default)
         if not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
-            raise self._fail(f"{key!r} must be a list of block numbers, got {value!r}")
+            raise self._fail(f"{key!r} must be a list of block numbers, got {_shown(value)}")
         return value
 
 
@@ -414,7 +430,7 @@ def _generic_shape(r: _Reader) -> dict[str, Any]:
         layers=r.int(*GENERIC_LAYER_KEYS) if layers is None else layers, hidden=hidden,
         heads=heads,
         kv_heads=r.int("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num", default=heads),
-        ffn=r.int("intermediate_size", "ffn_hidden_size", "n_inner", "d_ff", "decoder_ffn_dim", default=4 * hidden),
+        ffn=r.widest("intermediate_size", "ffn_hidden_size", "n_inner", "d_ff", "decoder_ffn_dim", default=4 * hidden),
         vocab=r.int("vocab_size", "padded_vocab_size", "n_vocab"),
         tie_embeddings=r.bool("tie_word_embeddings", default=False), bias=False)
     act = r.config.get("hidden_act", r.config.get("activation_function"))

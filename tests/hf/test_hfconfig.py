@@ -285,3 +285,17 @@ def test_the_common_keys_read_an_encoder_decoder_family_s_causal_lm_as_its_decod
     shape = _generic_shape(_Reader({"d_model": 384, "decoder_layers": 4, "encoder_layers": 6, "decoder_attention_heads": 6,
                                     "decoder_ffn_dim": 1536, "vocab_size": 51865}, "config.json", "whisper"))
     assert (shape["layers"], shape["heads"], shape["ffn"]) == (4, 6, 1536)
+
+
+def test_a_per_block_ffn_list_reads_as_its_widest_and_a_bad_value_is_shown_short():
+    """Gemma-3n lists one intermediate size per layer: the shape's ffn is the widest (the card holds
+    each block's own). A list that is not whole numbers is refused in one line that shows the start
+    of the value, not 100,000 entries of it."""
+    base = {"model_type": "gemma3n_text", "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 2,
+            "vocab_size": 256}
+    shape = hfconfig._generic_shape(hfconfig._Reader({**base, "intermediate_size": [128, 256, 128]}, "c.json", "g"))
+    assert shape["ffn"] == 256
+    with pytest.raises(hfconfig.HfConfigError) as err:
+        hfconfig._generic_shape(hfconfig._Reader({**base, "intermediate_size": ["x"] * 100_000}, "c.json", "g"))
+    message = str(err.value)
+    assert "'intermediate_size' must be a whole number" in message and len(message) < 200 and "\n" not in message

@@ -1275,10 +1275,28 @@ def test_a_model_whose_blocks_cannot_run_alone_is_learned_from_every_block():
     assert card["parameters"]["count"] == sum(p.numel() for p in model.parameters())
 
 
-def test_blocks_of_one_kind_that_ask_for_different_memory_are_refused_in_one_line():
-    """Gemma-3n's first layers run a sparse activation the others do not (and its last ones reuse
-    earlier layers' keys and values): the same weights, other requests. One card entry per kind
-    cannot hold them, and the learner says so rather than take one block for all."""
+def test_gemma3n_blocks_are_kinds_by_sparsity_and_shared_keys_and_values():
+    """Gemma-3n's first layers keep only the top of each activation (`activation_sparsity_pattern`)
+    and its last ones reuse an earlier layer's keys and values (`num_kv_shared_layers`): the same
+    weights, other requests. Each is a kind of its own beside sliding and full attention, and every
+    block of a kind asks for the same, but the shared kind's last two (autograd's sum of the shared
+    keys' and values' gradient)."""
+    config = json.loads((CARD_ONLY / "gemma3n-text-tiny.json").read_text())
+    card = learn(config)
+    # sliding / full x sparse (0-3), dense (4-7), dense with shared keys and values (8-11)
+    assert card["layers"]["kinds"] == [0, 0, 0, 1, 2, 2, 2, 3, 4, 4, 4, 5]
+    assert card["parameters"]["count"] == sum(p.numel() for p in build_model(config)[0].parameters())
+
+
+def test_blocks_of_one_kind_that_ask_for_different_memory_are_refused_in_one_line(monkeypatch):
+    """Blocks the config does not tell apart that ask for different memory on the same weights
+    (Gemma-3n read without its per-block sparsity and sharing) cannot share one card entry: the
+    learner says so rather than take one block for all."""
+    import zlayout.learn.learner as learner
+
+    read = learner.per_block_types
+    monkeypatch.setattr(learner, "per_block_types", lambda config, blocks: [
+        types for types in read(config, blocks) if not {"sparse", "shared_kv"} & set(types)])
     with pytest.raises(LearnError, match=r"blocks 1 and 4 have the same weights but ask for different memory"):
         learn(json.loads((CARD_ONLY / "gemma3n-text-tiny.json").read_text()))
 

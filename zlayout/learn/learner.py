@@ -107,11 +107,31 @@ def block_kinds(blocks: nn.ModuleList, layer_types: Sequence[Sequence[str]] = ()
 def per_block_types(config: Any, blocks: int) -> list[list[str]]:
     """The config's lists of one type name per block: `layer_types` (attention), `mlp_layer_types`
     (dense or sparse, DeepSeek-V4's hash or learned routing), `indexer_types` (HY-V4's blocks that
-    share the indexer before them), in the config's order."""
+    share the indexer before them), in the config's order; then Gemma-3n's per-block values, as
+    names: `activation_sparsity_pattern` (its first blocks keep only the top of each activation: a
+    sparse block asks for more than a dense one on the same weights) and `num_kv_shared_layers`
+    (its last blocks reuse an earlier block's keys and values, and make none)."""
     values = config.to_dict() if hasattr(config, "to_dict") else dict(config)
-    return [list(value) for key, value in values.items()
-            if key.endswith("types") and isinstance(value, (list, tuple)) and len(value) == blocks
-            and all(isinstance(name, str) for name in value)]
+    types = [list(value) for key, value in values.items()
+             if key.endswith("types") and isinstance(value, (list, tuple)) and len(value) == blocks
+             and all(isinstance(name, str) for name in value)]
+    sparsity = values.get("activation_sparsity_pattern")
+    if isinstance(sparsity, (list, tuple)) and len(sparsity) == blocks \
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in sparsity):
+        types.append(["sparse" if v > 0 else "dense" for v in sparsity])
+    shared = kv_shared_blocks(values, blocks)
+    if shared:
+        types.append(["shared_kv" if i in shared else "own_kv" for i in range(blocks)])
+    return types
+
+
+def kv_shared_blocks(values: Mapping[str, Any], blocks: int) -> set[int]:
+    """The blocks that reuse an earlier block's keys and values (Gemma-3n: the last
+    `num_kv_shared_layers`)."""
+    shared = values.get("num_kv_shared_layers")
+    if isinstance(shared, int) and not isinstance(shared, bool) and 0 < shared < blocks:
+        return set(range(blocks - shared, blocks))
+    return set()
 
 
 def traced_blocks(kinds: list[int]) -> list[int]:
@@ -796,7 +816,9 @@ def _learn_regimes(config: Mapping[str, Any], model: nn.Module, blocks: nn.Modul
             # longer sequences holds it past those, and the card holds no shorter one (min_tokens).
             return _learn_long_regime(config, model, blocks, kinds, keep, every_block)
         if len(keep) == len(blocks):  # every block ran: a kind whose blocks differ is seen, and refused
-            _same_requests(kinds, fitted, config.get("model_type"))
+            owner = _owner_config(model, blocks)
+            shared = kv_shared_blocks(owner.to_dict() if hasattr(owner, "to_dict") else {}, len(blocks))
+            _same_requests(kinds, fitted, config.get("model_type"), {kinds[i] for i in shared})
         if module_calls is None:  # the same at any token count: the first regime's
             module_calls = {"per_kind": [calls[keep.index(kinds.index(kind))] for kind in sorted(set(kinds))],
                             "outside": calls[-1]}
@@ -895,15 +917,19 @@ def _learn_long_regime(config: Mapping[str, Any], model: nn.Module, blocks: nn.M
                                  "learner traces")
 
 
-def _same_requests(kinds: list[int], fitted: dict, model_type: Any) -> None:
+def _same_requests(kinds: list[int], fitted: dict, model_type: Any, shared_kv_kinds: set[int] = frozenset()) -> None:
     """With every block traced: LearnError where two blocks of one kind ask for different requests
     (Gemma-3n's first layers run a sparse activation the others do not, on the same weights),
     which one card entry per kind cannot hold. Each kind's first and last block are left out (the
     first's backward and the last's forward free what every block of the kind uses: Gemma-4's
-    full-attention rotary tables), and the model's last block (measured up to the final norm)."""
+    full-attention rotary tables), and the model's last block (measured up to the final norm). The
+    last two of a kind are left out where its blocks read keys and values an earlier block made
+    (Gemma-3n's `num_kv_shared_layers`): autograd keeps the last block's gradient of them as the sum's
+    buffer, adds the next one's out of place, and the others' in place, so the kind's last two ask
+    for less and more than the rest."""
     runs = {kind: [i for i, k in enumerate(kinds[:-1]) if k == kind] for kind in set(kinds)}
     for kind, indices in runs.items():
-        inner = indices[1:-1]
+        inner = indices[1:-2] if kind in shared_kv_kinds else indices[1:-1]
         for index in inner[1:]:
             for phase in ("forward", "backward"):
                 a, b = fitted[False]["blocks"][inner[0]][phase], fitted[False]["blocks"][index][phase]
