@@ -350,16 +350,18 @@ SUPPORTED_MODEL_TYPES = tuple(sorted(READERS))
 # without the CUDA kernels) writes as a loop over the tokens: their requests grow in number with the
 # sequence, no card holds them, and `zlayout learn` cannot trace them in any time (Mamba-130M: over
 # 5 minutes at full CPU, not done). zamba2 shares one block's weights between layers whose backward
-# asks for different memory. Mamba-2 and its hybrids are learned (core.card.STATE_SPACE_MODEL_TYPES).
+# asks for different memory. Mamba-2 and its hybrids are learned (core.card.STATE_SPACE_MODEL_TYPES),
+# and Jamba with mamba-ssm's selective-scan kernel (core.card.MAMBA_KERNEL_MODEL_TYPES); Mamba and
+# Falcon-Mamba train through mamba-ssm's fused `mamba_inner_fn`, which has no stand-in yet.
 RECURRENT_TYPES = frozenset({
-    "mamba", "falcon_mamba", "rwkv", "recurrent_gemma", "xlstm", "jamba", "zamba", "zamba2"})
+    "mamba", "falcon_mamba", "rwkv", "recurrent_gemma", "xlstm", "zamba", "zamba2"})
 
 
 def recurrent_refusal(model_type: str) -> str:
     """One line for a model_type in RECURRENT_TYPES (plan and learn say the same)."""
     return (f"model_type {model_type!r} has state-space or recurrent blocks, not only attention: zlayout plans "
-            "transformer decoders and Mamba-2 hybrids and cannot learn a per-token scan; plan a transformer of its "
-            "size with --layers --hidden --heads --vocab")
+            "transformer decoders, Mamba-2 hybrids and Jamba, and cannot learn a per-token scan; plan a transformer of "
+            "its size with --layers --hidden --heads --vocab")
 
 
 def model_from_config(config: Mapping[str, Any], *, where: str = CONFIG_FILE, name: str | None = None,
@@ -459,6 +461,10 @@ def _generic_shape(r: _Reader) -> dict[str, Any]:
         types = r.config.get("mlp_layer_types")  # beam's and axk's: "dense" or "sparse" per block
         if isinstance(types, list) and len(types) == spec["layers"]:
             mlp_only |= {i for i, kind in enumerate(types) if kind == "dense"}
+        if "expert_layer_period" in r.config:  # Jamba's experts: every period-th block from the offset
+            period = r.int("expert_layer_period")
+            offset = r.int("expert_layer_offset", default=1, minimum=0)
+            mlp_only |= {i for i in range(spec["layers"]) if i % period != offset}
         spec["dense_layers"] = tuple(sorted(mlp_only | set(range(min(first_dense, spec["layers"])))))
     return spec
 

@@ -28,8 +28,9 @@ def tiny(name: str) -> dict:
 def test_every_state_space_type_has_a_tiny_config_and_none_is_refused():
     assert set(TYPES) == STATE_SPACE_MODEL_TYPES
     assert not STATE_SPACE_MODEL_TYPES & hfconfig.RECURRENT_TYPES
-    # Mamba-1's reference loops over the tokens: still one line
-    assert {"mamba", "falcon_mamba", "jamba", "zamba", "zamba2"} <= hfconfig.RECURRENT_TYPES
+    # Mamba-1's reference loops over the tokens: one line, but for Jamba (priced with mamba-ssm's kernels)
+    assert {"mamba", "falcon_mamba", "zamba", "zamba2"} <= hfconfig.RECURRENT_TYPES
+    assert "jamba" not in hfconfig.RECURRENT_TYPES
 
 
 @pytest.mark.parametrize("name", TYPES)
@@ -121,6 +122,15 @@ def test_the_runbook_states_the_environment_the_plan_priced(tmp_path, monkeypatc
             if "Train the Mamba-2 blocks with transformers' torch reference" in line]
     assert len(rows) == 1 and "`python -c 'import mamba_ssm'` fails" in rows[0]
     assert "Install flash-linear-attention" not in (out_dir / "RUNBOOK.md").read_text()
+    # Jamba's card priced the kernels: the runbook asks for them instead
+    jamba = CONFIGS / "jamba-tiny.json"
+    assert run_cli(["learn", "--hf-config", str(jamba)])[0] == 0
+    code, _, err = run_cli(["export", "--hf-config", str(jamba), "--seq", "1024", "--gpu", "h200",
+                            "--gpus-per-node", "1", "--stage", "2", "--out", str(tmp_path / "jamba")])
+    assert code == 0, err
+    runbook = (tmp_path / "jamba" / "RUNBOOK.md").read_text()
+    rows = [line for line in runbook.splitlines() if "Install mamba-ssm and causal-conv1d" in line]
+    assert len(rows) == 1 and "not yet measured on a GPU" in rows[0] and "Train the Mamba-2" not in runbook
 
 
 def test_a_sequence_the_scan_would_pad_is_refused_with_the_two_nearest(tmp_path, monkeypatch):
@@ -145,3 +155,64 @@ def test_a_card_with_a_token_quantum_that_is_not_a_token_count_is_refused(value)
     assert card["token_quantum"] == 64
     with pytest.raises(CardError, match="token_quantum must be a whole number of tokens"):
         card_from_dict({**card, "token_quantum": value}, "x")
+
+
+# ---------------------------------------------------------------- Jamba: mamba-ssm's selective scan
+
+
+def test_jamba_is_learned_with_mamba_ssm_kernels_and_its_experts_every_other_block(tmp_path, monkeypatch):
+    """Jamba's Mamba-1 mixer binds mamba-ssm's selective scan (a loop over every token without it):
+    the learner runs the scan's and causal-conv1d's stand-ins, the card says so, the plan says the
+    kernels are not yet measured on a GPU, and the header counts Jamba's MoE blocks (every
+    `expert_layer_period`-th from the offset), while the parameter count is transformers' own."""
+    from zlayout.core.card import STATE_SPACE_KERNELS
+
+    config = tiny("jamba")
+    card = learn(config)
+    assert card["linear_attention"] == STATE_SPACE_KERNELS and "token_quantum" not in card
+    assert card["parameters"]["count"] == sum(p.numel() for p in build_model(config)[0].parameters())
+    # blocks 0, 1, 3: Mamba (1 and 3 with experts); block 2: attention with a dense MLP
+    assert card["layers"]["kinds"] == [0, 1, 2, 1]
+    works = {block["kind"]: block["work"]["forward"] for block in card["regimes"][0]["blocks"]}
+    assert "selective_scan_forward" in works[0] and "selective_scan_forward" in works[1]
+    assert "selective_scan_forward" not in works[2] and "attention_forward" in works[2]
+    monkeypatch.setenv(cards.CARDS_DIR_ENV, str(tmp_path / "cards"))
+    path = tmp_path / "jamba.json"
+    path.write_text(json.dumps(config))
+    code, out, err = run_cli(["learn", "--hf-config", str(path)])
+    assert code == 0 and "state-space blocks as mamba-ssm + causal-conv1d" in out + err
+    code, out, err = run_cli(["plan", "--hf-config", str(path), "--seq", "4096", "--gpus-per-node", "1",
+                              "--stage", "2", "--json"])
+    assert code == 0, err
+    plan = json.loads(out)
+    assert plan["linear_attention"]["priced_as"] == STATE_SPACE_KERNELS
+    assert plan["linear_attention"]["measured_on_gpu"] is False
+    code, out, err = run_cli(["plan", "--hf-config", str(path), "--seq", "4096", "--gpus-per-node", "1", "--stage", "2"])
+    assert code == 0 and "2 MoE blocks" in out and "selective-scan kernel" in out
+
+
+def test_the_selective_scan_stand_in_makes_the_kernels_tensors():
+    """`_SelectiveScan` as mamba-ssm's SelectiveScanFn allocates (selective_scan.cpp): with z, the
+    output gated (out_z) and out kept for backward; the chunk states float32, one (2 x dstate) row a
+    channel per 2,048 tokens plus one; gradients in the inputs' shapes and dtypes."""
+    import torch
+
+    from zlayout.learn.trace import StorageLedger, selective_scan_standin
+
+    batch, dim, length, state = 2, 16, 4096, 8
+    ledger = StorageLedger()
+    scan = selective_scan_standin(ledger)
+    meta = dict(device="meta", requires_grad=True)
+    u, delta, z = (torch.empty(batch, dim, length, dtype=torch.bfloat16, **meta) for _ in range(3))
+    A = torch.empty(dim, state, dtype=torch.float32, **meta)
+    B, C = (torch.empty(batch, state, length, dtype=torch.bfloat16, **meta) for _ in range(2))
+    D, bias = (torch.empty(dim, dtype=torch.float32, **meta) for _ in range(2))
+    out = scan(u, delta, A, B, C, D=D, z=z, delta_bias=bias, delta_softplus=True, use_mambapy=False)
+    assert out.shape == (batch, dim, length) and out.dtype == torch.bfloat16
+    saved = out.grad_fn.saved_tensors
+    states = saved[8]
+    assert states.dtype == torch.float32 and states.numel() == batch * dim * 2 * state * (length // 2048 + 1)
+    assert saved[9] is not None and saved[9].shape == out.shape  # out, kept where z gates it
+    grads = torch.autograd.grad(out, (u, delta, A, B, C, D, z, bias), torch.empty_like(out))
+    for grad, given in zip(grads, (u, delta, A, B, C, D, z, bias)):
+        assert grad.shape == given.shape and grad.dtype == given.dtype

@@ -146,6 +146,26 @@ def test_a_mamba2_card_stops_verify_where_mamba_ssm_would_run_instead():
     assert "causal-conv1d and mamba-ssm's kernels" in linear_attention_refusal(STATE_SPACE_TORCH, both)
 
 
+# ------------------------------------------------- Jamba: priced with mamba-ssm's selective scan
+JAMBA = Path(__file__).resolve().parent.parent / "learn" / "configs" / "jamba-tiny.json"
+
+
+def test_a_jamba_card_stops_verify_where_the_per_token_loop_would_run():
+    """The card priced mamba-ssm's and causal-conv1d's kernels (core.card.STATE_SPACE_KERNELS): on
+    this CPU machine transformers resolves its per-token loop, so the worker stops in one line
+    naming both packages; with both resolved it trains."""
+    from zlayout.core.card import STATE_SPACE_KERNELS
+
+    build = hf_builder({**json.loads(JAMBA.read_text()), "use_cache": False}, checkpointing=False)
+    resolved = linear_attention_implementation(build.model_module)
+    assert resolved == {"causal_conv1d_fn": TORCH_FALLBACK, "selective_scan_fn": TORCH_FALLBACK}
+    refusal = linear_attention_refusal(STATE_SPACE_KERNELS, resolved)
+    assert "\n" not in refusal and f"the plan priced state-space blocks as {STATE_SPACE_KERNELS}" in refusal
+    assert "causal-conv1d and mamba-ssm are not installed" in refusal and "loops over every token" in refusal
+    assert linear_attention_refusal(STATE_SPACE_KERNELS, {"causal_conv1d_fn": "causal-conv1d",
+                                                          "selective_scan_fn": "mamba-ssm"}) is None
+
+
 @pytest.mark.slow
 def test_a_mamba2_hybrid_trains_at_zero3_on_a_real_engine(tmp_path, monkeypatch):
     """ZeRO-3 builds the model inside zero.Init: transformers' initialiser wrote Mamba-2's A_log

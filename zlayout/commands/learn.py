@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from zlayout.cli import UsageError
-from zlayout.core.card import STATE_SPACE_TORCH
+from zlayout.core.card import STATE_SPACE_KERNELS, STATE_SPACE_TORCH
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     fitted = " / ".join(", ".join(map(str, r["tokens_fitted"])) for r in card["regimes"])
     checked = " / ".join(str(r["tokens_checked"]) for r in card["regimes"])
     linear = "" if not card.get("linear_attention") else (
-        f", {'state-space blocks' if card['linear_attention'] == STATE_SPACE_TORCH else 'linear attention'} "
+        f", {'state-space blocks' if card['linear_attention'] in (STATE_SPACE_TORCH, STATE_SPACE_KERNELS) else 'linear attention'} "
         f"as {card['linear_attention']}")
     if (positions := card["regimes"][-1].get("max_positions")) is not None:  # learner.positions_regime
         checked += f" (the model holds {positions:,} positions: plan refuses longer sequences)"

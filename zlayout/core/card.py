@@ -79,13 +79,33 @@ STATE_SPACE_NOTE = (
     "zlayout verify stops there rather than compare)")
 
 
+# ------------------------------------------------------------- Mamba-1 state-space blocks (kernels)
+# Jamba's Mamba-1 mixer binds mamba-ssm's selective scan (`selective_scan_fn`) and causal-conv1d's
+# kernel where those import, else transformers' reference, which loops over the tokens in training
+# (a request count growing with the sequence, and a speed no one trains at). The learner prices the
+# kernels, read from their source (learn/trace.py `_SelectiveScan`, `_CausalConv1d`), as it prices
+# fla's: not yet measured on a GPU, and verify stops where the node resolves the torch loop.
+# Mamba and Falcon-Mamba call mamba-ssm's fused `mamba_inner_fn` instead, which has no stand-in yet;
+# Zamba calls the same two as Jamba, but shares one attention block's weights between layers, which
+# the card's per-block tensors and verify are not checked against (both stay refused).
+STATE_SPACE_KERNELS = "mamba-ssm + causal-conv1d"
+MAMBA_KERNEL_MODEL_TYPES = frozenset({"jamba"})
+STATE_SPACE_KERNELS_NOTE = (
+    "state-space (Mamba-1) blocks priced as mamba-ssm's selective-scan kernel with causal-conv1d (not yet measured "
+    "on a GPU); without them transformers loops over every token, which keeps far more and is not priced "
+    "(zlayout verify stops there rather than compare)")
+
+
 def linear_attention_assumed(config: Mapping[str, Any]) -> str | None:
     """How zlayout prices a config.json's linear-attention or state-space blocks (a multimodal one by
-    its text_config): LINEAR_ATTENTION_FLA, STATE_SPACE_TORCH, or None for a model without them."""
+    its text_config): LINEAR_ATTENTION_FLA, STATE_SPACE_TORCH, STATE_SPACE_KERNELS, or None for a
+    model without them."""
     text = config.get("text_config")
     types = {config.get("model_type"), text.get("model_type") if isinstance(text, Mapping) else None}
     if types & LINEAR_ATTENTION_MODEL_TYPES:
         return LINEAR_ATTENTION_FLA
+    if types & MAMBA_KERNEL_MODEL_TYPES:
+        return STATE_SPACE_KERNELS
     return STATE_SPACE_TORCH if types & STATE_SPACE_MODEL_TYPES else None
 
 
@@ -532,8 +552,8 @@ class ModelCard:
 
     def linear_attention_note(self) -> str | None:
         """The plan's line on how the card priced linear attention; None where it did not."""
-        return {LINEAR_ATTENTION_FLA: LINEAR_ATTENTION_NOTE, STATE_SPACE_TORCH: STATE_SPACE_NOTE}.get(
-            self.linear_attention or "")
+        return {LINEAR_ATTENTION_FLA: LINEAR_ATTENTION_NOTE, STATE_SPACE_TORCH: STATE_SPACE_NOTE,
+                STATE_SPACE_KERNELS: STATE_SPACE_KERNELS_NOTE}.get(self.linear_attention or "")
 
     def depth_note(self) -> str | None:
         """A line for a card resized from the depth it was learned at; None for one learned at this."""
@@ -879,9 +899,9 @@ def _linear_attention(value: Any, where: str) -> str | None:
     """The implementation a card's linear attention was priced as (cards without: None)."""
     if value is None:
         return None
-    if value not in (LINEAR_ATTENTION_FLA, STATE_SPACE_TORCH):
-        raise CardError(f"{where}: linear_attention must be {LINEAR_ATTENTION_FLA!r} or {STATE_SPACE_TORCH!r}, "
-                        f"not {value!r}")
+    if value not in (LINEAR_ATTENTION_FLA, STATE_SPACE_TORCH, STATE_SPACE_KERNELS):
+        raise CardError(f"{where}: linear_attention must be {LINEAR_ATTENTION_FLA!r}, {STATE_SPACE_TORCH!r} or "
+                        f"{STATE_SPACE_KERNELS!r}, not {value!r}")
     return value
 
 

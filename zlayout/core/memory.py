@@ -22,7 +22,7 @@ import functools
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
-from zlayout.core.card import STATE_SPACE_TORCH, TORCH_LOOP_ACTIVATIONS
+from zlayout.core.card import STATE_SPACE_KERNELS, STATE_SPACE_TORCH, TORCH_LOOP_ACTIVATIONS
 from zlayout.core.fit import flush_cost_s
 from zlayout.core.reductions import Device, device_of
 from zlayout.core.tensors import (  # noqa: F401 (read from here by tests and benchmarks)
@@ -746,13 +746,15 @@ def attention_note(model: ModelSpec, training: TrainingSpec) -> str:
 
 def linear_attention_note(model: ModelSpec, training: TrainingSpec) -> str:
     """Which kernels a hybrid model's linear-attention or state-space blocks were priced as (the
-    card's assumption, core.card.LINEAR_ATTENTION_FLA or STATE_SPACE_TORCH), so every surface that
+    card's assumption, core.card.LINEAR_ATTENTION_FLA, STATE_SPACE_TORCH or STATE_SPACE_KERNELS), so every surface that
     shows the activations term says it."""
     card = card_of(model, training)
     if card is None or card.linear_attention_note() is None:
         return ""
     if card.linear_attention == STATE_SPACE_TORCH:
         return "; state-space blocks as transformers' torch reference scan (mamba-ssm's kernels keep less)"
+    if card.linear_attention == STATE_SPACE_KERNELS:
+        return "; state-space blocks as mamba-ssm's selective-scan kernel (transformers' per-token loop keeps far more)"
     return (f"; linear-attention blocks as {card.linear_attention} kernels (transformers' torch fallback "
             f"keeps about {TORCH_LOOP_ACTIVATIONS:.1f}x theirs)")
 

@@ -17,8 +17,8 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import nn
 
-from zlayout.core.card import (LINEAR_ATTENTION_FLA, SCATTER_SUFFIX, STATE_SPACE_TORCH, STRIDED_SUFFIX,
-                               UNALIGNED_SUFFIX, linear_attention_assumed)
+from zlayout.core.card import (LINEAR_ATTENTION_FLA, SCATTER_SUFFIX, STATE_SPACE_KERNELS, STATE_SPACE_TORCH,
+                               STRIDED_SUFFIX, UNALIGNED_SUFFIX, linear_attention_assumed)
 from zlayout.learn.trace import (StorageLedger, UnpricedKernel, Window, exceptional_frees, fused_attention,
                                  linear_kernels_patch, value_answers_patch)
 
@@ -1030,13 +1030,17 @@ def linear_attention_entry(config: Mapping[str, Any], regimes: list[dict]) -> di
     for a Mamba-2 model (transformers' torch reference ran), else nothing. The card's key holds the
     assumption (cards.config_key): the two must agree, or a card priced one way would be served
     under the other's key."""
-    ran = any("linear_attention_forward" in block["work"]["forward"] for regime in regimes for block in regime["blocks"])
+    def ran(work: str) -> bool:
+        return any(work in block["work"]["forward"] for regime in regimes for block in regime["blocks"])
+
     assumed = linear_attention_assumed(config)
-    if ran != (assumed == LINEAR_ATTENTION_FLA):
-        raise LearnError(f"{config.get('model_type')!r}: its linear attention ran "
-                         + ("flash-linear-attention's kernels (as priced), which its model type is not known to"
-                            if ran else "transformers' torch loop, which the card cannot hold")
-                         + " use (zlayout.core.card.LINEAR_ATTENTION_MODEL_TYPES)")
+    for work, kernels, types in (("linear_attention_forward", LINEAR_ATTENTION_FLA, "LINEAR_ATTENTION_MODEL_TYPES"),
+                                 ("selective_scan_forward", STATE_SPACE_KERNELS, "MAMBA_KERNEL_MODEL_TYPES")):
+        if ran(work) != (assumed == kernels):
+            raise LearnError(f"{config.get('model_type')!r}: its {'linear attention' if 'linear' in work else 'scan'} "
+                             "ran " + (f"the stand-ins of {kernels}'s kernels (as priced), which its model type is "
+                                       "not known to" if ran(work) else "transformers' torch loop, which the card "
+                                       "cannot hold") + f" use (zlayout.core.card.{types})")
     if assumed != STATE_SPACE_TORCH:
         return {} if assumed is None else {"linear_attention": assumed}
     # the torch reference pads the sequence to a multiple of the scan's chunk (`pad_tensor_by_size`):

@@ -39,8 +39,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
-from zlayout.core.card import (BATCHED_GEMM_OPS, FP32_GEMM_SUFFIX, FREED_OUTSIDE, SCATTER_SUFFIX,
-                               STATE_SPACE_MODEL_TYPES, STRIDED_SUFFIX, UNALIGNED_SUFFIX, WIDE_BATCHED_GEMM)
+from zlayout.core.card import (BATCHED_GEMM_OPS, FP32_GEMM_SUFFIX, FREED_OUTSIDE, MAMBA_KERNEL_MODEL_TYPES,
+                               SCATTER_SUFFIX, STATE_SPACE_MODEL_TYPES, STRIDED_SUFFIX, UNALIGNED_SUFFIX, WIDE_BATCHED_GEMM)
 from zlayout.core.reductions import REDUCTION_EVENTS
 from zlayout.learn.launches import kernel_launches
 
@@ -1057,6 +1057,82 @@ def value_answers_patch():
     return restore
 
 
+# ------------------------------------------------------------- Mamba-1: mamba-ssm's selective scan
+# Jamba's mixer (core.card.MAMBA_KERNEL_MODEL_TYPES) calls its module's `mamba_selective_scan` and
+# `causal_conv1d_fn`, which transformers binds to mamba-ssm's `selective_scan_fn` and causal-conv1d's
+# kernel where they import, else to a Python loop over every token. The learner routes both to
+# stand-ins that make the kernels' allocations (core.card.STATE_SPACE_KERNELS).
+# Source: state-spaces/mamba at e9594ce, mamba_ssm/ops/selective_scan_interface.py `SelectiveScanFn`
+# and csrc/selective_scan/selective_scan.cpp.
+MAMBA_KERNEL_PACKAGES = tuple(sorted(MAMBA_KERNEL_MODEL_TYPES))
+# The scan's chunk (selective_scan.cpp: n_chunks = (seqlen + 2047) / 2048): its saved states are one
+# (2 x dstate) float32 row per channel and chunk
+SCAN_CHUNK = 2048
+
+
+class _SelectiveScan(torch.autograd.Function):
+    """mamba-ssm's `SelectiveScanFn` as its allocations. u, delta, z: [B, D, L]; A: [D, N] float32;
+    B, C: [B, N, L] (input-dependent); D, delta_bias: [D] float32.
+    Forward: u, delta, B, C, z made contiguous where their last stride is not 1 (transformers passes
+      u, B and C transposed, z as a chunk of the projection: copies); `selective_scan_cuda.fwd`:
+      out_z = empty_like(z), out = empty_like(delta), x = empty [B, D, n_chunks, 2N] in A's float32
+      (the chunk states). With z: saves u, delta, A, B, C, D, z, delta_bias, x and out (out stays),
+      returns out_z.
+      x is priced as L / 2048 + 1 chunks (a card's requests are polynomials in L; at a multiple of
+      2,048 that is one chunk, 2N x 4 bytes a channel, more than the kernel's).
+    Backward (`selective_scan_cuda.bwd`, recompute_out_z off): dz = empty_like(z), du, ddelta =
+      empty_like, dA = zeros_like(A), dB, dC = float32 zeros_like(B, C), dD, ddelta_bias = zeros_like;
+      the result casts dB and dC to B's and C's dtype (the float32 ones freed on return)."""
+
+    @staticmethod
+    def forward(ctx, u, delta, A, B, C, D, z, delta_bias, ledger):
+        u, delta = (t if t.stride(-1) == 1 else t.contiguous() for t in (u, delta))
+        B, C = (t if t.stride(-1) == 1 else t.contiguous() for t in (B, C))
+        if z is not None and z.stride(-1) != 1:
+            z = z.contiguous()
+        batch, dim, length = u.shape
+        out_z = torch.empty_like(z) if z is not None else None
+        out = torch.empty_like(delta)
+        states = batch * dim * 2 * A.shape[-1] * (length + SCAN_CHUNK) // SCAN_CHUNK
+        x = torch.empty(states, dtype=A.dtype, device=u.device)
+        ctx.save_for_backward(u, delta, A, B, C, D, z, delta_bias, x, out if z is not None else None)
+        ctx.ledger = ledger
+        moved = sum(_bytes(t) for t in (u, delta, B, C, out, x) + ((z, out_z) if z is not None else ()))
+        ledger.add_work("selective_scan_forward", 9 * batch * dim * length * A.shape[-1], moved)
+        return out_z if z is not None else out
+
+    @staticmethod
+    def backward(ctx, dout):
+        u, delta, A, B, C, D, z, delta_bias, x, out = ctx.saved_tensors
+        if dout.stride(-1) != 1:
+            dout = dout.contiguous()
+        dz = torch.empty_like(z) if z is not None else None
+        du, ddelta = torch.empty_like(u), torch.empty_like(delta)
+        dA = torch.zeros_like(A)
+        dB32, dC32 = torch.zeros_like(B, dtype=torch.float32), torch.zeros_like(C, dtype=torch.float32)
+        dD = torch.zeros_like(D) if D is not None else None
+        ddelta_bias = torch.zeros_like(delta_bias) if delta_bias is not None else None
+        dB, dC = dB32.to(B.dtype), dC32.to(C.dtype)
+        del dB32, dC32
+        batch, dim, length = u.shape
+        moved = 2 * sum(_bytes(t) for t in (u, delta, B, C, x, dout)) + (3 * _bytes(z) if z is not None else 0)
+        ctx.ledger.add_work("selective_scan_backward", 2 * 9 * batch * dim * length * A.shape[-1], moved, launches=2)
+        return du, ddelta, dA, dB, dC, dD, dz, ddelta_bias, None
+
+
+def selective_scan_standin(ledger: StorageLedger):
+    """A stand-in for transformers' `mamba_selective_scan` (a loop over every token without mamba-ssm)
+    that makes the requests mamba-ssm's `selective_scan_fn` makes (`_SelectiveScan`)."""
+
+    def mamba_selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
+                             return_last_state=False, **kwargs):
+        if return_last_state:
+            raise NotImplementedError("the selective-scan stand-in models training steps without cache")
+        return _SelectiveScan.apply(u, delta, A, B, C, D, z, delta_bias, ledger)
+
+    return mamba_selective_scan
+
+
 class UnpricedKernel(Exception):
     """A model called a kernel transformers takes from a package (flash-linear-attention,
     causal-conv1d, mamba-ssm) and falls back to a torch loop without it, for which the learner has
@@ -1097,7 +1173,8 @@ def _unpriced(name: str, package: str):
 
 def linear_kernels_patch(ledger: StorageLedger):
     """Route `torch_chunk_gated_delta_rule` and `causal_conv1d_fn` of every loaded modeling module
-    of LINEAR_ATTENTION_PACKAGES to the stand-ins, TORCH_CONV_PACKAGES' convolution and every
+    of LINEAR_ATTENTION_PACKAGES, and `mamba_selective_scan` and `causal_conv1d_fn` of
+    MAMBA_KERNEL_PACKAGES, to the stand-ins, TORCH_CONV_PACKAGES' convolution and every
     kernel wrapper of TORCH_SCAN_PACKAGES to transformers' torch code, and every other package kernel
     a loaded modeling module falls back from to a function that stops the trace (UnpricedKernel: a card of the torch
     loop would price neither what the package runs nor, its requests growing with the chunks of the
@@ -1110,6 +1187,13 @@ def linear_kernels_patch(ledger: StorageLedger):
     for package in LINEAR_ATTENTION_PACKAGES:
         module = sys.modules.get(f"transformers.models.{package}.modeling_{package}")
         for name, standin in standins.items():
+            if module is not None and callable(original := module.__dict__.get(name)):
+                swapped.append((module, name, original))
+                setattr(module, name, standin)
+    mamba_standins = {"mamba_selective_scan": selective_scan_standin(ledger), "causal_conv1d_fn": standins["causal_conv1d_fn"]}
+    for package in MAMBA_KERNEL_PACKAGES:
+        module = sys.modules.get(f"transformers.models.{package}.modeling_{package}")
+        for name, standin in mamba_standins.items():
             if module is not None and callable(original := module.__dict__.get(name)):
                 swapped.append((module, name, original))
                 setattr(module, name, standin)

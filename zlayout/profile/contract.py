@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zlayout.core.card import STATE_SPACE_TORCH, TORCH_LOOP_ACTIVATIONS
+from zlayout.core.card import STATE_SPACE_KERNELS, STATE_SPACE_TORCH, TORCH_LOOP_ACTIVATIONS
 from zlayout.core.memory import card_of, model_init
 from zlayout.profile.schema import Profile
 from zlayout.profile.summary import gib
@@ -95,6 +95,15 @@ def script_contract(profile: Profile) -> list[Requirement]:
             "less and steps faster than this profile says, and `zlayout verify` stops before training rather than "
             "compare",
             f"GPU peak {gib(gpu_plan)} allocated per GPU, priced as the torch reference"))
+    elif card is not None and card.linear_attention == STATE_SPACE_KERNELS:
+        # the card priced mamba-ssm's selective scan and causal-conv1d's kernel (core.card.STATE_SPACE_KERNELS)
+        out.append(Requirement(
+            "Install mamba-ssm and causal-conv1d in the environment the job runs in, so that transformers binds "
+            "the selective-scan and convolution kernels when it imports the model",
+            "`pip install mamba-ssm causal-conv1d --no-build-isolation` (both build against the node's CUDA); "
+            "transformers warns that `selective_scan_fn` is \"falling back to its reference PyTorch implementation\" "
+            "when they do not import, and then loops over every token; `zlayout verify` stops before training then",
+            f"GPU peak {gib(gpu_plan)} allocated per GPU, priced with those kernels (not yet measured on a GPU)"))
     elif card is not None and card.linear_attention_note() is not None:
         # the card priced fla's and causal-conv1d's kernels (core.card.LINEAR_ATTENTION_FLA); transformers
         # binds them only where they import when it imports the model (learn/trace.py)

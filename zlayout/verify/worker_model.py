@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
-from zlayout.core.card import STATE_SPACE_TORCH, TORCH_LOOP_ACTIVATIONS
+from zlayout.core.card import STATE_SPACE_KERNELS, STATE_SPACE_TORCH, TORCH_LOOP_ACTIVATIONS
 from zlayout.spec import ModelSpec
 
 
@@ -185,11 +185,13 @@ def hf_builder(config_dict: dict, checkpointing: bool, keep_outputs: bool = Fals
 # (core.card.TORCH_LOOP_ACTIVATIONS).
 # Mamba-2 and its hybrids (learn/trace.py, TORCH_SCAN_PACKAGES) bind their scan the same way, to
 # mamba-ssm's; a card prices transformers' torch reference there (core.card.STATE_SPACE_TORCH).
+# Jamba binds mamba-ssm's selective scan, which a card prices (core.card.STATE_SPACE_KERNELS).
 LINEAR_ATTENTION_FUNCTIONS = {  # module global: (transformers' name for the op, the package that provides it)
     "torch_chunk_gated_delta_rule": ("chunk_gated_delta_rule", "flash-linear-attention"),
     "causal_conv1d_fn": ("causal_conv1d_fn", "causal-conv1d"),
     "mamba2_split_conv1d_scan_combined": ("mamba_split_conv1d_scan_combined", "mamba-ssm"),
     "mamba2_chunk_scan": ("mamba_chunk_scan_combined", "mamba-ssm"),
+    "mamba_selective_scan": ("selective_scan_fn", "mamba-ssm"),  # Jamba (core.card.STATE_SPACE_KERNELS)
 }
 TORCH_FALLBACK = "torch fallback"
 
@@ -226,15 +228,18 @@ def linear_attention_refusal(assumed: str | None, resolved: dict[str, str] | Non
                 f"{' and '.join(kernels)}'s kernel{'s' if several else ''}, which keep{'' if several else 's'} "
                 "less than the plan: verify in an environment without mamba-ssm and causal-conv1d (the figures "
                 "would not compare)")
-    missing = [package for name, (op, package) in LINEAR_ATTENTION_FUNCTIONS.items()
-               if resolved.get(op) == TORCH_FALLBACK]
+    missing = list(dict.fromkeys(package for name, (op, package) in LINEAR_ATTENTION_FUNCTIONS.items()
+                                 if resolved.get(op) == TORCH_FALLBACK))
     if not missing:
         return None
-    return (f"the plan priced linear attention as {assumed}, but transformers on this node resolved its torch "
+    what, loop = (("state-space blocks", "loops over every token and keeps far more than")
+                  if assumed == STATE_SPACE_KERNELS else
+                  ("linear attention", f"loops over 64-token chunks and keeps about {TORCH_LOOP_ACTIVATIONS:.1f}x "
+                                       "the linear blocks' activations, not"))
+    return (f"the plan priced {what} as {assumed}, but transformers on this node resolved its torch "
             f"fallback because {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed (or "
             f"did not import): install {' and '.join(missing)} in the environment verify runs in; the fallback "
-            f"loops over 64-token chunks and keeps about {TORCH_LOOP_ACTIVATIONS:.1f}x the linear blocks' activations, "
-            "not the plan's")
+            f"{loop} the plan's")
 
 
 def class_default(config: dict, key: str):
