@@ -34,6 +34,7 @@ SUITE = (
     ("accuracy", "steptime_fit"),
     ("accuracy", "steptime_masked"),
     ("accuracy", "peak_relearned"),
+    ("coverage", "learn_coverage"),
     ("speed", "speed_plan"),
     ("speed", "speed_breakeven"),
     ("speed", "tui_startup"),
