@@ -1183,20 +1183,15 @@ def linear_kernels_patch(ledger: StorageLedger):
 
     standins = {"torch_chunk_gated_delta_rule": fla_chunk_gated_delta_rule(ledger),
                 "causal_conv1d_fn": causal_conv1d_standin(ledger)}
-    swapped = []
-    for package in LINEAR_ATTENTION_PACKAGES:
-        module = sys.modules.get(f"transformers.models.{package}.modeling_{package}")
-        for name, standin in standins.items():
-            if module is not None and callable(original := module.__dict__.get(name)):
-                swapped.append((module, name, original))
-                setattr(module, name, standin)
     mamba_standins = {"mamba_selective_scan": selective_scan_standin(ledger), "causal_conv1d_fn": standins["causal_conv1d_fn"]}
-    for package in MAMBA_KERNEL_PACKAGES:
-        module = sys.modules.get(f"transformers.models.{package}.modeling_{package}")
-        for name, standin in mamba_standins.items():
-            if module is not None and callable(original := module.__dict__.get(name)):
-                swapped.append((module, name, original))
-                setattr(module, name, standin)
+    swapped = []
+    for packages, routed in ((LINEAR_ATTENTION_PACKAGES, standins), (MAMBA_KERNEL_PACKAGES, mamba_standins)):
+        for package in packages:
+            module = sys.modules.get(f"transformers.models.{package}.modeling_{package}")
+            for name, standin in routed.items():
+                if module is not None and callable(original := module.__dict__.get(name)):
+                    swapped.append((module, name, original))
+                    setattr(module, name, standin)
     for package in TORCH_CONV_PACKAGES:
         module = sys.modules.get(f"transformers.models.{package}.modeling_{package}")
         original = module.__dict__.get("causal_conv1d_fn") if module is not None else None
