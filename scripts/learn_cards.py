@@ -32,6 +32,8 @@ POPULAR = ["gpt2", "pythia-160m", "pythia-1b", "Phi-3-mini-4k-instruct", "gemma-
            # no hand reader: the card is all hfconfig plans them from (shape from the common keys)
            "OLMoE-1B-7B-0924", "OLMo-1B-hf", "granite-3.0-2b-base", "granite-3.0-1b-a400m-base",
            "stablelm-2-1_6b", "LFM2-1.2B",
+           # Mamba-1, priced as mamba-ssm's kernels (core.card.STATE_SPACE_KERNELS)
+           "mamba-130m-hf",
            # families the hand model was not written for, at their other published sizes: without a
            # card it plans them by the hand model, under (Gemma-2-9B at 6 layers: 46.48 GiB for 61.62
            # measured, h200-2026-12-13 batch v)

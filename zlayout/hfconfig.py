@@ -351,16 +351,16 @@ SUPPORTED_MODEL_TYPES = tuple(sorted(READERS))
 # sequence, no card holds them, and `zlayout learn` cannot trace them in any time (Mamba-130M: over
 # 5 minutes at full CPU, not done). zamba2 shares one block's weights between layers whose backward
 # asks for different memory. Mamba-2 and its hybrids are learned (core.card.STATE_SPACE_MODEL_TYPES),
-# and Jamba with mamba-ssm's selective-scan kernel (core.card.MAMBA_KERNEL_MODEL_TYPES); Mamba and
-# Falcon-Mamba train through mamba-ssm's fused `mamba_inner_fn`, which has no stand-in yet.
-RECURRENT_TYPES = frozenset({
-    "mamba", "falcon_mamba", "rwkv", "recurrent_gemma", "xlstm", "zamba", "zamba2"})
+# and Jamba, Mamba and Falcon-Mamba with mamba-ssm's kernels (core.card.MAMBA_KERNEL_MODEL_TYPES);
+# Zamba shares one attention block's weights between layers, which no card is checked against.
+RECURRENT_TYPES = frozenset({"rwkv", "recurrent_gemma", "xlstm", "zamba", "zamba2"})
 
 
 def recurrent_refusal(model_type: str) -> str:
     """One line for a model_type in RECURRENT_TYPES (plan and learn say the same)."""
     return (f"model_type {model_type!r} has state-space or recurrent blocks, not only attention: zlayout plans "
-            "transformer decoders, Mamba-2 hybrids and Jamba, and cannot learn a per-token scan; plan a transformer of "
+            "transformer decoders, Mamba-2 and its hybrids, Mamba, Falcon-Mamba and Jamba, and cannot learn a per-token "
+            "scan or a block shared between layers; plan a transformer of "
             "its size with --layers --hidden --heads --vocab")
 
 

@@ -138,7 +138,7 @@ def _llama(**changes) -> dict:
     # found by a QA pass: a null read as a missing key, a number as a type to learn
     (_llama(hidden_size=None), ["'hidden_size' is null", "needs a number"]),
     (_llama(model_type=123), ["'model_type' must be a string", "123"]),
-    (_llama(model_type="mamba"), ["state-space", "--layers --hidden --heads --vocab"]),
+    (_llama(model_type="zamba"), ["state-space", "--layers --hidden --heads --vocab"]),
     ('{"model_type": "llama", "vocab_size": ' + "9" * 5000 + "}", ["a number in it is too long"]),
     ({**json.loads((PUBLISHED / "Mixtral-8x7B-v0.1.json").read_text()), "num_experts_per_tok": 9},
      ["top_k (9) must be at most experts (8)"]),

@@ -28,9 +28,10 @@ def tiny(name: str) -> dict:
 def test_every_state_space_type_has_a_tiny_config_and_none_is_refused():
     assert set(TYPES) == STATE_SPACE_MODEL_TYPES
     assert not STATE_SPACE_MODEL_TYPES & hfconfig.RECURRENT_TYPES
-    # Mamba-1's reference loops over the tokens: one line, but for Jamba (priced with mamba-ssm's kernels)
-    assert {"mamba", "falcon_mamba", "zamba", "zamba2"} <= hfconfig.RECURRENT_TYPES
-    assert "jamba" not in hfconfig.RECURRENT_TYPES
+    # Mamba-1's reference loops over the tokens: Jamba, Mamba and Falcon-Mamba are priced with mamba-ssm's
+    # kernels; Zamba (an attention block shared between layers) and zamba2 stay one line
+    assert {"zamba", "zamba2"} <= hfconfig.RECURRENT_TYPES
+    assert not {"jamba", "mamba", "falcon_mamba"} & hfconfig.RECURRENT_TYPES
 
 
 @pytest.mark.parametrize("name", TYPES)
@@ -188,7 +189,7 @@ def test_jamba_is_learned_with_mamba_ssm_kernels_and_its_experts_every_other_blo
     assert plan["linear_attention"]["priced_as"] == STATE_SPACE_KERNELS
     assert plan["linear_attention"]["measured_on_gpu"] is False
     code, out, err = run_cli(["plan", "--hf-config", str(path), "--seq", "4096", "--gpus-per-node", "1", "--stage", "2"])
-    assert code == 0 and "2 MoE blocks" in out and "selective-scan kernel" in out
+    assert code == 0 and "2 MoE blocks" in out and "mamba-ssm's kernels" in out
 
 
 def test_the_selective_scan_stand_in_makes_the_kernels_tensors():
@@ -216,3 +217,50 @@ def test_the_selective_scan_stand_in_makes_the_kernels_tensors():
     grads = torch.autograd.grad(out, (u, delta, A, B, C, D, z, bias), torch.empty_like(out))
     for grad, given in zip(grads, (u, delta, A, B, C, D, z, bias)):
         assert grad.shape == given.shape and grad.dtype == given.dtype
+
+
+@pytest.mark.parametrize("name", ["mamba", "falcon_mamba"])
+def test_mamba_and_falcon_mamba_are_learned_with_mamba_ssms_fused_inner_function(name):
+    """Mamba and Falcon-Mamba train through mamba-ssm's fused `mamba_inner_fn` (the per-token loop
+    without it): its stand-in runs, the card says the kernels were priced, every parameter that
+    trains gets a gradient (Falcon-Mamba's B/C/dt norms are weightless), and the count is
+    transformers' own. The scan's requests are fixed in number: the fit predicts 3,072 tokens exactly."""
+    from zlayout.core.card import STATE_SPACE_KERNELS
+
+    config = tiny(name)
+    card = learn(config)
+    assert card["linear_attention"] == STATE_SPACE_KERNELS and card["fit_error"] == 0
+    assert card["parameters"]["count"] == sum(p.numel() for p in build_model(config)[0].parameters())
+    assert card["parameters"]["untrained"] == []
+    forward = card["regimes"][0]["blocks"][0]["work"]["forward"]
+    assert "selective_scan_forward" in forward
+
+
+def test_the_mamba_inner_stand_in_saves_what_mamba_ssm_saves():
+    """`_MambaInner` at checkpoint level 1 saves xz (made contiguous), x_dbl, B and C, the float32 chunk
+    states and the ungated out, not the convolution's output or delta; gradients come back in the
+    inputs' shapes and dtypes."""
+    import torch
+
+    from zlayout.learn.trace import StorageLedger, mamba_inner_standin
+
+    batch, length, dim, state, rank, hidden = 1, 2048, 32, 4, 6, 16
+    meta = dict(device="meta", dtype=torch.bfloat16, requires_grad=True)
+    xz = torch.empty(batch, length, 2 * dim, **meta).transpose(1, 2)  # transformers' transposed projection
+    conv_w, conv_b = torch.empty(dim, 1, 4, **meta), torch.empty(dim, **meta)
+    x_proj, dt_proj = torch.empty(rank + 2 * state, dim, **meta), torch.empty(dim, rank, **meta)
+    out_proj = torch.empty(hidden, dim, **meta)
+    A = torch.empty(dim, state, device="meta", dtype=torch.float32, requires_grad=True)
+    D, dt_bias = (torch.empty(dim, device="meta", dtype=torch.float32, requires_grad=True) for _ in range(2))
+    out = mamba_inner_standin(StorageLedger())(xz, conv_w, conv_b, x_proj, dt_proj, out_proj, None, A, None, None,
+                                               D, delta_bias=dt_bias, delta_softplus=True)
+    assert out.shape == (batch, length, hidden)
+    saved = out.grad_fn.saved_tensors
+    shapes = [tuple(t.shape) for t in saved if t is not None]
+    assert (batch, 2 * dim, length) in shapes and (batch * length, rank + 2 * state) in shapes
+    assert (batch * dim * 2 * state * 2,) in shapes  # chunk states: 2,048 tokens priced as 2 chunks
+    assert (batch, dim, length) in shapes  # out
+    given = (xz, conv_w, conv_b, x_proj, dt_proj, out_proj, A, D, dt_bias)
+    grads = torch.autograd.grad(out, given, torch.empty_like(out))
+    for grad, tensor in zip(grads, given):
+        assert grad.shape == tensor.shape and grad.dtype == tensor.dtype

@@ -146,24 +146,29 @@ def test_a_mamba2_card_stops_verify_where_mamba_ssm_would_run_instead():
     assert "causal-conv1d and mamba-ssm's kernels" in linear_attention_refusal(STATE_SPACE_TORCH, both)
 
 
-# ------------------------------------------------- Jamba: priced with mamba-ssm's selective scan
+# ------------------------------------ Jamba, Mamba, Falcon-Mamba: priced with mamba-ssm's kernels
 JAMBA = Path(__file__).resolve().parent.parent / "learn" / "configs" / "jamba-tiny.json"
 
 
-def test_a_jamba_card_stops_verify_where_the_per_token_loop_would_run():
+@pytest.mark.parametrize("name", ["jamba", "mamba", "falcon_mamba"])
+def test_a_mamba1_card_stops_verify_where_the_per_token_loop_would_run(name):
     """The card priced mamba-ssm's and causal-conv1d's kernels (core.card.STATE_SPACE_KERNELS): on
     this CPU machine transformers resolves its per-token loop, so the worker stops in one line
-    naming both packages; with both resolved it trains."""
+    naming both packages; with both resolved it trains (Jamba calls the selective scan, Mamba and
+    Falcon-Mamba the fused `mamba_inner_fn`: each module wraps all three)."""
     from zlayout.core.card import STATE_SPACE_KERNELS
 
-    build = hf_builder({**json.loads(JAMBA.read_text()), "use_cache": False}, checkpointing=False)
+    config = json.loads((JAMBA.parent / f"{name}-tiny.json").read_text())
+    build = hf_builder({**config, "use_cache": False}, checkpointing=False)
     resolved = linear_attention_implementation(build.model_module)
-    assert resolved == {"causal_conv1d_fn": TORCH_FALLBACK, "selective_scan_fn": TORCH_FALLBACK}
+    assert resolved == {"causal_conv1d_fn": TORCH_FALLBACK, "selective_scan_fn": TORCH_FALLBACK,
+                        "mamba_inner_fn": TORCH_FALLBACK}
     refusal = linear_attention_refusal(STATE_SPACE_KERNELS, resolved)
     assert "\n" not in refusal and f"the plan priced state-space blocks as {STATE_SPACE_KERNELS}" in refusal
     assert "causal-conv1d and mamba-ssm are not installed" in refusal and "loops over every token" in refusal
     assert linear_attention_refusal(STATE_SPACE_KERNELS, {"causal_conv1d_fn": "causal-conv1d",
-                                                          "selective_scan_fn": "mamba-ssm"}) is None
+                                                          "selective_scan_fn": "mamba-ssm",
+                                                          "mamba_inner_fn": "mamba-ssm"}) is None
 
 
 @pytest.mark.slow

@@ -68,8 +68,9 @@ LINEAR_ATTENTION_NOTE = (
 # number at every token count and a card holds them. The learner prices that reference, which is
 # what a node without the packages trains and what verify can measure there; mamba-ssm's kernels
 # keep less (their Triton scan saves its inputs, not the (chunk, 256, 256) decay and score tensors)
-# and step faster, neither priced. Mamba-1's reference (mamba, falcon_mamba, jamba, zamba) loops
-# over the tokens and stays refused (hfconfig.RECURRENT_TYPES); zamba2 shares one block's weights
+# and step faster, neither priced. Mamba-1's reference loops over the tokens: Jamba, Mamba and
+# Falcon-Mamba are priced with mamba-ssm's kernels (STATE_SPACE_KERNELS below), zamba stays refused
+# (hfconfig.RECURRENT_TYPES); zamba2 shares one block's weights
 # between layers whose backward asks for different memory, which a card cannot hold.
 STATE_SPACE_TORCH = "transformers' torch reference (no mamba-ssm, no causal-conv1d)"
 STATE_SPACE_MODEL_TYPES = frozenset({"mamba2", "bamba", "granitemoehybrid", "nemotron_h", "falcon_h1"})
@@ -80,18 +81,18 @@ STATE_SPACE_NOTE = (
 
 
 # ------------------------------------------------------------- Mamba-1 state-space blocks (kernels)
-# Jamba's Mamba-1 mixer binds mamba-ssm's selective scan (`selective_scan_fn`) and causal-conv1d's
-# kernel where those import, else transformers' reference, which loops over the tokens in training
-# (a request count growing with the sequence, and a speed no one trains at). The learner prices the
-# kernels, read from their source (learn/trace.py `_SelectiveScan`, `_CausalConv1d`), as it prices
-# fla's: not yet measured on a GPU, and verify stops where the node resolves the torch loop.
-# Mamba and Falcon-Mamba call mamba-ssm's fused `mamba_inner_fn` instead, which has no stand-in yet;
-# Zamba calls the same two as Jamba, but shares one attention block's weights between layers, which
-# the card's per-block tensors and verify are not checked against (both stay refused).
+# Mamba-1 mixers bind mamba-ssm's kernels and causal-conv1d's where those import, else transformers'
+# reference, which loops over the tokens in training (a request count growing with the sequence, and
+# a speed no one trains at): Jamba calls the selective scan (`selective_scan_fn`) and the convolution,
+# Mamba and Falcon-Mamba the fused `mamba_inner_fn`. The learner prices the kernels, read from their
+# source (learn/trace.py `_SelectiveScan`, `_MambaInner`, `_CausalConv1d`), as it prices fla's: not
+# yet measured on a GPU, and verify stops where the node resolves the torch loop. Zamba calls the
+# same two as Jamba, but shares one attention block's weights between layers, which the card's
+# per-block tensors and verify are not checked against (it stays refused).
 STATE_SPACE_KERNELS = "mamba-ssm + causal-conv1d"
-MAMBA_KERNEL_MODEL_TYPES = frozenset({"jamba"})
+MAMBA_KERNEL_MODEL_TYPES = frozenset({"jamba", "mamba", "falcon_mamba"})
 STATE_SPACE_KERNELS_NOTE = (
-    "state-space (Mamba-1) blocks priced as mamba-ssm's selective-scan kernel with causal-conv1d (not yet measured "
+    "state-space (Mamba-1) blocks priced as mamba-ssm's kernels with causal-conv1d (not yet measured "
     "on a GPU); without them transformers loops over every token, which keeps far more and is not priced "
     "(zlayout verify stops there rather than compare)")
 

@@ -754,7 +754,7 @@ def linear_attention_note(model: ModelSpec, training: TrainingSpec) -> str:
     if card.linear_attention == STATE_SPACE_TORCH:
         return "; state-space blocks as transformers' torch reference scan (mamba-ssm's kernels keep less)"
     if card.linear_attention == STATE_SPACE_KERNELS:
-        return "; state-space blocks as mamba-ssm's selective-scan kernel (transformers' per-token loop keeps far more)"
+        return "; state-space blocks as mamba-ssm's kernels (transformers' per-token loop keeps far more)"
     return (f"; linear-attention blocks as {card.linear_attention} kernels (transformers' torch fallback "
             f"keeps about {TORCH_LOOP_ACTIVATIONS:.1f}x theirs)")
 

@@ -1120,6 +1120,133 @@ class _SelectiveScan(torch.autograd.Function):
         return du, ddelta, dA, dB, dC, dD, dz, ddelta_bias, None
 
 
+def _rms_norm_copy(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """mamba-ssm's `rms_norm_forward` between its rearranges, as allocations: the input made (rows, width)
+    contiguous, the Triton layer norm's output and float32 rstd, the output made contiguous back."""
+    flat = t.reshape(rows, -1).contiguous() if t.dim() == 2 else t.transpose(-1, -2).reshape(rows, -1).contiguous()
+    out, rstd = torch.empty_like(flat), _empty(rows, dtype=torch.float32, like=flat)
+    del rstd
+    return out
+
+
+class _MambaInner(torch.autograd.Function):
+    """mamba-ssm's `MambaInnerFn` (selective_scan_interface.py at e9594ce; checkpoint_lvl 1, input-dependent
+    B and C, no B/C projection bias) as its allocations, its torch ops run as written and its kernels
+    (causal-conv1d's fwd/bwd, `selective_scan_cuda`) as `_CausalConv1d` and `_SelectiveScan` allocate.
+    Forward: xz made contiguous (transformers passes the projection transposed: a copy, saved); the
+      convolution's output; x_dbl = its (b l, d) copy times x_proj; delta = dt_proj @ x_dbl's first
+      columns; B and C made (b, 1, N, l) contiguous; with Falcon-Mamba's norms each of B, C and delta
+      made row-major, normed (output, float32 rstd) and made contiguous back; the scan's out_z, out and
+      chunk states; the output projection of out_z. The convolution's output and delta are dropped
+      (recomputed in backward). Saved: xz, x_dbl, B, C, the states, out.
+    Backward: the convolution and delta (and the norms) recomputed; dxz empty; dout_y = out_proj^T @ dout;
+      the scan's backward into dxz's z half (out_z recomputed: a new one); dout_proj_weight from out_z's
+      (d, b l) copy; dx_dbl filled from dB, dC (each made (b l, N) contiguous) and delta's gradient; the
+      convolution's input gradient into dxz's x half, its weight and bias gradients float32 then cast.
+      The norms' weights get no gradient (mamba-ssm returns None for them)."""
+
+    @staticmethod
+    def forward(ctx, xz, conv_weight, conv_bias, x_proj_weight, delta_proj_weight, out_proj_weight, out_proj_bias,
+                A, D, delta_bias, normed, ledger):
+        F = torch.nn.functional
+        if xz.stride(-1) != 1:
+            xz = xz.contiguous()
+        batch, _, length = xz.shape
+        rows, rank, state = batch * length, delta_proj_weight.shape[1], A.shape[-1]
+        x, z = xz.chunk(2, dim=1)
+        conv_out = torch.empty_like(x)
+        x_dbl = F.linear(conv_out.transpose(1, 2).reshape(rows, -1), x_proj_weight)
+        delta = (delta_proj_weight @ x_dbl[:, :rank].t()).view(-1, batch, length).transpose(0, 1)
+        B = x_dbl[:, rank:rank + state].reshape(batch, length, 1, state).permute(0, 2, 3, 1).contiguous()
+        C = x_dbl[:, -state:].reshape(batch, length, 1, state).permute(0, 2, 3, 1).contiguous()
+        if normed:
+            B = _rms_norm_copy(B.view(batch, state, length), rows).view(batch, length, 1, state).permute(0, 2, 3, 1)
+            B = B.contiguous()
+            C = _rms_norm_copy(C.view(batch, state, length), rows).view(batch, length, 1, state).permute(0, 2, 3, 1)
+            C = C.contiguous()
+            delta = _rms_norm_copy(delta, rows).view(batch, length, -1).transpose(1, 2).contiguous()
+        out_z = torch.empty_like(z)
+        out = torch.empty_like(delta)
+        states = _empty(batch * x.shape[1] * 2 * state * (length + SCAN_CHUNK) // SCAN_CHUNK, dtype=A.dtype, like=xz)
+        del conv_out, delta
+        ctx.save_for_backward(xz, conv_weight, conv_bias, x_dbl, x_proj_weight, delta_proj_weight, out_proj_weight,
+                              A, B, C, D, delta_bias, states, out)
+        ctx.ledger, ctx.normed, ctx.has_out_bias = ledger, normed, out_proj_bias is not None
+        ledger.add_work("selective_scan_forward", 9 * batch * x.shape[1] * length * state,
+                        sum(_bytes(t) for t in (xz, out, out_z, states)) + 2 * _bytes(out))
+        return F.linear(out_z.transpose(1, 2), out_proj_weight, out_proj_bias)
+
+    @staticmethod
+    def backward(ctx, dout):
+        (xz, conv_weight, conv_bias, x_dbl, x_proj_weight, delta_proj_weight, out_proj_weight, A, B, C, D,
+         delta_bias, states, out) = ctx.saved_tensors
+        batch, _, length = xz.shape
+        rows, rank, state = batch * length, delta_proj_weight.shape[1], A.shape[-1]
+        x, z = xz.chunk(2, dim=1)
+        if dout.stride(-1) != 1:
+            dout = dout.contiguous()
+        conv_out = torch.empty_like(x)
+        delta = (delta_proj_weight @ x_dbl[:, :rank].t()).view(-1, batch, length).transpose(0, 1)
+        if ctx.normed:
+            delta = _rms_norm_copy(delta, rows).view(batch, length, -1).transpose(1, 2).contiguous()
+            B = _rms_norm_copy(B.view(batch, state, length), rows).view(batch, length, 1, state).permute(0, 2, 3, 1)
+            B = B.contiguous()
+            C = _rms_norm_copy(C.view(batch, state, length), rows).view(batch, length, 1, state).permute(0, 2, 3, 1)
+            C = C.contiguous()
+        dxz = torch.empty_like(xz)
+        dx, dz = dxz.chunk(2, dim=1)
+        dout = dout.permute(2, 0, 1).reshape(dout.shape[-1], rows)
+        dout_y = (out_proj_weight.t() @ dout).view(-1, batch, length).transpose(0, 1)
+        del dout_y
+        out_z = torch.empty_like(out)  # recompute_out_z
+        dconv_out, ddelta = torch.empty_like(conv_out), torch.empty_like(delta)
+        dA = torch.zeros_like(A)
+        dB32, dC32 = torch.zeros_like(B, dtype=torch.float32), torch.zeros_like(C, dtype=torch.float32)
+        dD = torch.zeros_like(D) if D is not None else None
+        ddelta_bias = torch.zeros_like(delta_bias) if delta_bias is not None else None
+        dB, dC = dB32.to(B.dtype), dC32.to(C.dtype)
+        del dB32, dC32
+        dout_proj_weight = dout @ out_z.permute(1, 0, 2).reshape(out_z.shape[1], rows).t()
+        dout_proj_bias = dout.sum(dim=1) if ctx.has_out_bias else None
+        del out_z
+        dx_dbl = torch.empty_like(x_dbl)
+        dx_dbl[:, rank:rank + state] = dB.permute(0, 3, 1, 2).reshape(rows, state).contiguous()
+        del dB
+        dx_dbl[:, -state:] = dC.permute(0, 3, 1, 2).reshape(rows, state).contiguous()
+        del dC
+        ddelta = ddelta.transpose(0, 1).reshape(ddelta.shape[1], rows)
+        ddelta_proj_weight = ddelta @ x_dbl[:, :rank]
+        dx_dbl[:, :rank] = ddelta.t() @ delta_proj_weight
+        dconv_out = dconv_out.permute(1, 0, 2).reshape(dconv_out.shape[1], rows)
+        dx_proj_weight = dx_dbl.t() @ conv_out.transpose(1, 2).reshape(rows, -1)
+        torch.addmm(dconv_out, x_proj_weight.t(), dx_dbl.t(), out=dconv_out)
+        dconv_weight = torch.zeros(conv_weight.shape[0], conv_weight.shape[-1], dtype=torch.float32,
+                                   device=xz.device).to(conv_weight.dtype).view(conv_weight.shape)
+        dconv_bias = (torch.zeros_like(conv_bias, dtype=torch.float32).to(conv_bias.dtype)
+                      if conv_bias is not None else None)
+        del dx, dz, delta, conv_out, dconv_out, ddelta
+        moved = 3 * sum(_bytes(t) for t in (xz, x_dbl, states, out, dxz))
+        ctx.ledger.add_work("selective_scan_backward", 2 * 9 * batch * x.shape[1] * length * state, moved, launches=3)
+        return (dxz, dconv_weight, dconv_bias, dx_proj_weight, ddelta_proj_weight, dout_proj_weight, dout_proj_bias,
+                dA, dD, ddelta_bias, None, None)
+
+
+def mamba_inner_standin(ledger: StorageLedger):
+    """A stand-in for transformers' `mamba_inner_fn` (None without mamba-ssm: the mixer then runs its
+    per-token loop) that makes the requests mamba-ssm's fused `mamba_inner_fn` makes (`_MambaInner`)."""
+
+    def mamba_inner_fn(xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_proj_weight, out_proj_weight,
+                       out_proj_bias, A, B=None, C=None, D=None, delta_bias=None, delta_softplus=True,
+                       b_rms_weight=None, c_rms_weight=None, dt_rms_weight=None, **kwargs):
+        if B is not None or C is not None:
+            raise NotImplementedError("the mamba_inner_fn stand-in models input-dependent B and C")
+        normed = b_rms_weight is not None
+        return _MambaInner.apply(xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_proj_weight, out_proj_weight,
+                                 out_proj_bias, A, D, delta_bias, normed, ledger)
+
+    return mamba_inner_fn
+
+
 def selective_scan_standin(ledger: StorageLedger):
     """A stand-in for transformers' `mamba_selective_scan` (a loop over every token without mamba-ssm)
     that makes the requests mamba-ssm's `selective_scan_fn` makes (`_SelectiveScan`)."""
@@ -1183,7 +1310,8 @@ def linear_kernels_patch(ledger: StorageLedger):
 
     standins = {"torch_chunk_gated_delta_rule": fla_chunk_gated_delta_rule(ledger),
                 "causal_conv1d_fn": causal_conv1d_standin(ledger)}
-    mamba_standins = {"mamba_selective_scan": selective_scan_standin(ledger), "causal_conv1d_fn": standins["causal_conv1d_fn"]}
+    mamba_standins = {"mamba_selective_scan": selective_scan_standin(ledger), "mamba_inner_fn": mamba_inner_standin(ledger),
+                      "causal_conv1d_fn": standins["causal_conv1d_fn"]}
     swapped = []
     for packages, routed in ((LINEAR_ATTENTION_PACKAGES, standins), (MAMBA_KERNEL_PACKAGES, mamba_standins)):
         for package in packages:

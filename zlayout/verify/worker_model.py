@@ -192,6 +192,7 @@ LINEAR_ATTENTION_FUNCTIONS = {  # module global: (transformers' name for the op,
     "mamba2_split_conv1d_scan_combined": ("mamba_split_conv1d_scan_combined", "mamba-ssm"),
     "mamba2_chunk_scan": ("mamba_chunk_scan_combined", "mamba-ssm"),
     "mamba_selective_scan": ("selective_scan_fn", "mamba-ssm"),  # Jamba (core.card.STATE_SPACE_KERNELS)
+    "mamba_inner_fn": ("mamba_inner_fn", "mamba-ssm"),  # Mamba, Falcon-Mamba (core.card.STATE_SPACE_KERNELS)
 }
 TORCH_FALLBACK = "torch fallback"
 
