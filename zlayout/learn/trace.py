@@ -1070,6 +1070,18 @@ MAMBA_KERNEL_PACKAGES = tuple(sorted(MAMBA_KERNEL_MODEL_TYPES))
 SCAN_CHUNK = 2048
 
 
+def _scan_gradients(u, delta, A, B, C, D, delta_bias):
+    """`selective_scan_cuda.bwd`'s gradients as it allocates them (selective_scan.cpp): du and ddelta
+    empty, dA zeros, dB and dC float32 zeros (input-dependent B and C), dD and ddelta_bias zeros; the
+    result cast to B's and C's dtype, the float32 ones freed on return."""
+    du, ddelta = torch.empty_like(u), torch.empty_like(delta)
+    dA = torch.zeros_like(A)
+    dB32, dC32 = torch.zeros_like(B, dtype=torch.float32), torch.zeros_like(C, dtype=torch.float32)
+    dD = torch.zeros_like(D) if D is not None else None
+    ddelta_bias = torch.zeros_like(delta_bias) if delta_bias is not None else None
+    return du, ddelta, dA, dB32.to(B.dtype), dC32.to(C.dtype), dD, ddelta_bias
+
+
 class _SelectiveScan(torch.autograd.Function):
     """mamba-ssm's `SelectiveScanFn` as its allocations. u, delta, z: [B, D, L]; A: [D, N] float32;
     B, C: [B, N, L] (input-dependent); D, delta_bias: [D] float32.
@@ -1107,13 +1119,7 @@ class _SelectiveScan(torch.autograd.Function):
         if dout.stride(-1) != 1:
             dout = dout.contiguous()
         dz = torch.empty_like(z) if z is not None else None
-        du, ddelta = torch.empty_like(u), torch.empty_like(delta)
-        dA = torch.zeros_like(A)
-        dB32, dC32 = torch.zeros_like(B, dtype=torch.float32), torch.zeros_like(C, dtype=torch.float32)
-        dD = torch.zeros_like(D) if D is not None else None
-        ddelta_bias = torch.zeros_like(delta_bias) if delta_bias is not None else None
-        dB, dC = dB32.to(B.dtype), dC32.to(C.dtype)
-        del dB32, dC32
+        du, ddelta, dA, dB, dC, dD, ddelta_bias = _scan_gradients(u, delta, A, B, C, D, delta_bias)
         batch, dim, length = u.shape
         moved = 2 * sum(_bytes(t) for t in (u, delta, B, C, x, dout)) + (3 * _bytes(z) if z is not None else 0)
         ctx.ledger.add_work("selective_scan_backward", 2 * 9 * batch * dim * length * A.shape[-1], moved, launches=2)
@@ -1197,15 +1203,9 @@ class _MambaInner(torch.autograd.Function):
         dx, dz = dxz.chunk(2, dim=1)
         dout = dout.permute(2, 0, 1).reshape(dout.shape[-1], rows)
         dout_y = (out_proj_weight.t() @ dout).view(-1, batch, length).transpose(0, 1)
-        del dout_y
         out_z = torch.empty_like(out)  # recompute_out_z
-        dconv_out, ddelta = torch.empty_like(conv_out), torch.empty_like(delta)
-        dA = torch.zeros_like(A)
-        dB32, dC32 = torch.zeros_like(B, dtype=torch.float32), torch.zeros_like(C, dtype=torch.float32)
-        dD = torch.zeros_like(D) if D is not None else None
-        ddelta_bias = torch.zeros_like(delta_bias) if delta_bias is not None else None
-        dB, dC = dB32.to(B.dtype), dC32.to(C.dtype)
-        del dB32, dC32
+        dconv_out, ddelta, dA, dB, dC, dD, ddelta_bias = _scan_gradients(conv_out, delta, A, B, C, D, delta_bias)
+        del dout_y
         dout_proj_weight = dout @ out_z.permute(1, 0, 2).reshape(out_z.shape[1], rows).t()
         dout_proj_bias = dout.sum(dim=1) if ctx.has_out_bias else None
         del out_z
