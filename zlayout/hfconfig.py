@@ -348,8 +348,8 @@ SUPPORTED_MODEL_TYPES = tuple(sorted(READERS))
 
 # Models whose blocks are (or include) a recurrent scan that transformers' reference (what it runs
 # without the CUDA kernels) writes as a loop over the tokens: their requests grow in number with the
-# sequence, no card holds them, and `zlayout learn` cannot trace them in any time (Mamba-130M: over
-# 5 minutes at full CPU, not done). zamba2 shares one block's weights between layers whose backward
+# sequence, no card holds them, and `zlayout learn` cannot trace them in any time (Mamba-130M's loop:
+# over 5 minutes at full CPU, not done). zamba2 shares one block's weights between layers whose backward
 # asks for different memory. Mamba-2 and its hybrids are learned (core.card.STATE_SPACE_MODEL_TYPES),
 # and Jamba, Mamba and Falcon-Mamba with mamba-ssm's kernels (core.card.MAMBA_KERNEL_MODEL_TYPES);
 # Zamba shares one attention block's weights between layers, which no card is checked against.
