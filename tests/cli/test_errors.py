@@ -175,7 +175,7 @@ def test_learn_refuses_remote_code_before_asking_for_force(capsys, tmp_path, mon
 
 def test_learn_refuses_a_state_space_model_at_once(capsys, tmp_path):
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({"model_type": "mamba", "hidden_size": 768, "num_hidden_layers": 24}))
+    path.write_text(json.dumps({"model_type": "rwkv", "hidden_size": 768, "num_hidden_layers": 24}))
     message = assert_one_line_error(*run(capsys, "learn", "--hf-config", str(path), "--out", str(tmp_path / "x")))
     assert "state-space" in message and not (tmp_path / "x").exists()
 
