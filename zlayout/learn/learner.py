@@ -1010,7 +1010,8 @@ def learn(config: Mapping[str, Any]) -> dict[str, Any]:
         if positions is not None and MIN_POSITIONS <= positions < LONG_CHECK * max(FIT_TOKENS) \
                 and (sliding_window(config) or positions) >= positions:
             # GPT-Neo's and MPT's 2,048-token causal mask and ALiBi buffers, BERT's 512-row token-type
-            # buffer: such a model cannot run the 1,024-4,096 tokens traced, nor train on them.
+            # buffer: such a model cannot run the 1,024-4,096 tokens traced, nor train on them (BigBird's
+            # 4,096-row table runs those but not the long check's 16,384; XLM leaves its 512 to its class).
             # Traced within its positions, the card holds what it can train on
             try:
                 return _learn(config, positions)
