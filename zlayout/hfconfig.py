@@ -70,13 +70,7 @@ class _Reader:
 
     def int(self, *keys: str, default: Any = _REQUIRED, minimum: int = 1, null: bool = False) -> Any:
         key, value = self._raw(keys, default, null)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise self._fail(f"{key!r} must be a whole number, got {_shown(value)}")
-        if value < minimum:
-            raise self._fail(f"{key!r} must be at least {minimum}, got {value}")
-        return value
+        return self._whole(key, value, minimum)
 
     def widest(self, *keys: str, default: Any = _REQUIRED) -> Any:
         """`int`, or the largest of a list of one whole number per block (Gemma-3n's per-layer
@@ -84,9 +78,17 @@ class _Reader:
         key, value = self._raw(keys, default)
         if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
             value = max(value)
-        if value is None or value is default:
-            return value
-        return _Reader({key: value}, self.where, self.model_type).int(key)
+        return self._whole(key, value, 1)
+
+    def _whole(self, key: str, value: Any, minimum: int) -> Any:
+        """`value` where it is a whole number of at least `minimum` (None passes); else the error."""
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self._fail(f"{key!r} must be a whole number, got {_shown(value)}")
+        if value < minimum:
+            raise self._fail(f"{key!r} must be at least {minimum}, got {value}")
+        return value
 
     def bool(self, *keys: str, default: Any = _REQUIRED) -> bool:
         key, value = self._raw(keys, default)

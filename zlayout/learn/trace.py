@@ -1070,6 +1070,12 @@ MAMBA_KERNEL_PACKAGES = tuple(sorted(MAMBA_KERNEL_MODEL_TYPES))
 SCAN_CHUNK = 2048
 
 
+def _chunk_states(batch: int, dim: int, state: int, length: int, like: torch.Tensor) -> torch.Tensor:
+    """The scan's float32 chunk states, [B, D, n_chunks, 2N], priced as L / 2048 + 1 chunks (a card's
+    requests are polynomials in L; at a multiple of 2,048 that is one chunk more than the kernel's)."""
+    return _empty(batch * dim * 2 * state * (length + SCAN_CHUNK) // SCAN_CHUNK, dtype=torch.float32, like=like)
+
+
 def _scan_gradients(u, delta, A, B, C, D, delta_bias):
     """`selective_scan_cuda.bwd`'s gradients as it allocates them (selective_scan.cpp): du and ddelta
     empty, dA zeros, dB and dC float32 zeros (input-dependent B and C), dD and ddelta_bias zeros; the
@@ -1105,8 +1111,7 @@ class _SelectiveScan(torch.autograd.Function):
         batch, dim, length = u.shape
         out_z = torch.empty_like(z) if z is not None else None
         out = torch.empty_like(delta)
-        states = batch * dim * 2 * A.shape[-1] * (length + SCAN_CHUNK) // SCAN_CHUNK
-        x = torch.empty(states, dtype=A.dtype, device=u.device)
+        x = _chunk_states(batch, dim, A.shape[-1], length, like=u)
         ctx.save_for_backward(u, delta, A, B, C, D, z, delta_bias, x, out if z is not None else None)
         ctx.ledger = ledger
         moved = sum(_bytes(t) for t in (u, delta, B, C, out, x) + ((z, out_z) if z is not None else ()))
@@ -1127,9 +1132,9 @@ class _SelectiveScan(torch.autograd.Function):
 
 
 def _rms_norm_copy(t: torch.Tensor, rows: int) -> torch.Tensor:
-    """mamba-ssm's `rms_norm_forward` between its rearranges, as allocations: the input made (rows, width)
-    contiguous, the Triton layer norm's output and float32 rstd, the output made contiguous back."""
-    flat = t.reshape(rows, -1).contiguous() if t.dim() == 2 else t.transpose(-1, -2).reshape(rows, -1).contiguous()
+    """mamba-ssm's `rms_norm_forward` after its first rearrange, as allocations: t [b, width, l] made
+    (b l, width) contiguous, the Triton layer norm's output and float32 rstd (freed at once)."""
+    flat = t.transpose(-1, -2).reshape(rows, -1).contiguous()
     out, rstd = torch.empty_like(flat), _empty(rows, dtype=torch.float32, like=flat)
     del rstd
     return out
@@ -1165,7 +1170,7 @@ class _MambaInner(torch.autograd.Function):
         delta = (delta_proj_weight @ x_dbl[:, :rank].t()).view(-1, batch, length).transpose(0, 1)
         B = x_dbl[:, rank:rank + state].reshape(batch, length, 1, state).permute(0, 2, 3, 1).contiguous()
         C = x_dbl[:, -state:].reshape(batch, length, 1, state).permute(0, 2, 3, 1).contiguous()
-        if normed:
+        if normed:  # each rebinding frees the tensor before it as mamba-ssm's does: kept as two statements
             B = _rms_norm_copy(B.view(batch, state, length), rows).view(batch, length, 1, state).permute(0, 2, 3, 1)
             B = B.contiguous()
             C = _rms_norm_copy(C.view(batch, state, length), rows).view(batch, length, 1, state).permute(0, 2, 3, 1)
@@ -1173,7 +1178,7 @@ class _MambaInner(torch.autograd.Function):
             delta = _rms_norm_copy(delta, rows).view(batch, length, -1).transpose(1, 2).contiguous()
         out_z = torch.empty_like(z)
         out = torch.empty_like(delta)
-        states = _empty(batch * x.shape[1] * 2 * state * (length + SCAN_CHUNK) // SCAN_CHUNK, dtype=A.dtype, like=xz)
+        states = _chunk_states(batch, x.shape[1], state, length, like=xz)
         del conv_out, delta
         ctx.save_for_backward(xz, conv_weight, conv_bias, x_dbl, x_proj_weight, delta_proj_weight, out_proj_weight,
                               A, B, C, D, delta_bias, states, out)
@@ -1193,7 +1198,7 @@ class _MambaInner(torch.autograd.Function):
             dout = dout.contiguous()
         conv_out = torch.empty_like(x)
         delta = (delta_proj_weight @ x_dbl[:, :rank].t()).view(-1, batch, length).transpose(0, 1)
-        if ctx.normed:
+        if ctx.normed:  # mamba-ssm's order here: delta, then B and C
             delta = _rms_norm_copy(delta, rows).view(batch, length, -1).transpose(1, 2).contiguous()
             B = _rms_norm_copy(B.view(batch, state, length), rows).view(batch, length, 1, state).permute(0, 2, 3, 1)
             B = B.contiguous()

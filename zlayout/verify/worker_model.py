@@ -185,7 +185,8 @@ def hf_builder(config_dict: dict, checkpointing: bool, keep_outputs: bool = Fals
 # (core.card.TORCH_LOOP_ACTIVATIONS).
 # Mamba-2 and its hybrids (learn/trace.py, TORCH_SCAN_PACKAGES) bind their scan the same way, to
 # mamba-ssm's; a card prices transformers' torch reference there (core.card.STATE_SPACE_TORCH).
-# Jamba binds mamba-ssm's selective scan, which a card prices (core.card.STATE_SPACE_KERNELS).
+# Jamba binds mamba-ssm's selective scan, Mamba and Falcon-Mamba its fused `mamba_inner_fn`; a card
+# prices those kernels (core.card.STATE_SPACE_KERNELS).
 LINEAR_ATTENTION_FUNCTIONS = {  # module global: (transformers' name for the op, the package that provides it)
     "torch_chunk_gated_delta_rule": ("chunk_gated_delta_rule", "flash-linear-attention"),
     "causal_conv1d_fn": ("causal_conv1d_fn", "causal-conv1d"),
