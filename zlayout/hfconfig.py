@@ -725,19 +725,52 @@ def config_to_build(user_config: Mapping[str, Any], model: ModelSpec) -> dict[st
         return config
     if model.card is not None and model.hf_model_type not in READERS:
         return _card_family_at_depth(config, model)
+    was = _layer_count(config)
     shape = to_hf_config(model)
     config.update(shape)
     layers = shape.get("num_hidden_layers") or shape.get("n_layer")
     if layers:
-        _layer_kinds_at_depth(config, layers)
+        _layer_kinds_at_depth(config, layers, was)
     return config
 
 
-def _layer_kinds_at_depth(config: dict[str, Any], layers: int) -> None:
-    """Per-layer kinds (Gemma-3's sliding/full pattern) follow the layer count."""
+def _layer_count(config: Mapping[str, Any]) -> int | None:
+    key = next((k for k in GENERIC_LAYER_KEYS if isinstance(config.get(k), int)), None)
+    return None if key is None else config[key]
+
+
+def per_block_flags(value: Any, blocks: int) -> bool:
+    """A list under a config key of the model's own, one entry a block, that tells blocks apart:
+    names (GPT-Neo's `attention_layers`, global or local) or on/off flags (SmolLM3's and Llama-4's
+    `no_rope_layers`: a block without rotary embeddings asks for less). Lists of block indices
+    (Llama-4's `moe_layers`, LFM2's `full_attn_idxs`) are not flags: their entries run past 1.
+    The learner makes such blocks kinds apart; verify's `--layers` cuts or repeats the list."""
+    if not isinstance(value, (list, tuple)) or len(value) != blocks or len(set(map(repr, value))) < 2:
+        return False
+    return all(isinstance(v, str) for v in value) or all(v in (0, 1) and isinstance(v, int) for v in value)
+
+
+def _layer_kinds_at_depth(config: dict[str, Any], layers: int, was: int | None = None) -> None:
+    """Per-layer kinds follow the layer count, cut or repeated: `layer_types` (Gemma-3's
+    sliding/full pattern), the lists `per_block_flags` reads (SmolLM3's `no_rope_layers`), and
+    GPT-Neo's `attention_types` (pairs of a pattern and its repeats, which its config class
+    expands and checks against the layer count)."""
+    def resized(pattern: list) -> list:
+        return [pattern[i % len(pattern)] for i in range(layers)]
+
     pattern = config.get("layer_types")
     if isinstance(pattern, list) and pattern and len(pattern) != layers:
-        config["layer_types"] = [pattern[i % len(pattern)] for i in range(layers)]
+        config["layer_types"] = resized(pattern)
+    if was is not None and was != layers:
+        for key, value in list(config.items()):
+            if key != "layer_types" and per_block_flags(value, was):
+                config[key] = resized(list(value))
+    pairs = config.get("attention_types") if config.get("model_type") == "gpt_neo" else None
+    if isinstance(pairs, list) and all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], list)
+                                       and isinstance(p[1], int) for p in pairs):
+        flat = [name for names, repeats in pairs for _ in range(repeats) for name in names]
+        if flat and len(flat) != layers:
+            config["attention_types"] = [[resized(flat), 1]]
 
 
 def _card_family_at_depth(config: dict[str, Any], model: ModelSpec) -> dict[str, Any]:
@@ -746,11 +779,12 @@ def _card_family_at_depth(config: dict[str, Any], model: ModelSpec) -> dict[str,
     for (`Card.at_layers`), so its key is the one laid over the config. The rebuilt model must
     count the plan's parameters, or the run would not be the layout planned."""
     key = next((k for k in GENERIC_LAYER_KEYS if k in config), None)
+    was = _layer_count(config)
     if key is None:  # a multimodal config: its layers are its text_config's, its card the whole model's
         raise HfConfigError(f"{model.name}: {model.hf_model_type} is read through its model card and its "
                             "config.json names no layer count to change; verify it as that file gives it")
     config[key] = model.layers
-    _layer_kinds_at_depth(config, model.layers)
+    _layer_kinds_at_depth(config, model.layers, was)
     # the plan's card, resized: a depth shorter than the blocks' pattern (2 of Qwen3.5's 3 linear :
     # 1 full) lists kinds no by-depth key finds; `where`, the user's file, is what to learn again
     where = model.hf_config or model.name

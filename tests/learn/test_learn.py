@@ -1373,3 +1373,42 @@ def test_a_multimodal_config_planned_as_its_language_model_says_so(tmp_path, mon
     assert run_cli(["learn", "--hf-config", tiny])[0] == 0
     code, _, err = run_cli(["plan", "--hf-config", tiny, "--seq", "256", "--gpu", "h200"])
     assert code == 0 and "vision tower" not in err, err
+
+
+@pytest.mark.parametrize(("config", "kinds", "key", "cut"), [
+    ({"model_type": "gpt_neo", "vocab_size": 256, "hidden_size": 64, "num_layers": 4, "num_heads": 4,
+      "attention_types": [[["global", "local"], 2]], "window_size": 32, "max_position_embeddings": 512},
+     [0, 1, 0, 1], "attention_layers", ["global", "local", "global"]),
+    ({"model_type": "smollm3", "vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+      "num_key_value_heads": 2, "intermediate_size": 128, "no_rope_layer_interval": 4, "pad_token_id": 0},
+     [0, 0, 0, 1], "no_rope_layers", [1, 1, 1]),
+], ids=["gpt_neo-global-local", "smollm3-no-rope"])
+def test_blocks_a_config_list_tells_apart_are_kinds_apart_and_verify_cuts_the_list(config, kinds, key, cut,
+                                                                                 tmp_path, monkeypatch):
+    """GPT-Neo's local blocks among its global ones (`attention_layers`, which its config class
+    expands from `attention_types`) and SmolLM3's blocks without rotary embeddings (`no_rope_layers`,
+    0 every fourth) have the same weights: the learner read one kind and traced only the first blocks.
+    Each is a kind apart now. Verify's `--layers` cuts those lists with the depth; GPT-Neo's config
+    class refused any depth but its own before ("len(config.attention_layers) = 24, num_layers = 2")."""
+    from zlayout import hfconfig
+
+    card = learn(config)
+    assert card["layers"]["kinds"] == kinds
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    assert zlayout("learn", "--hf-config", str(path), cards_dir=tmp_path / "cards").returncode == 0
+    monkeypatch.setenv(cards.CARDS_DIR_ENV, str(tmp_path / "cards"))
+    model = hfconfig.load(str(path)).with_layers(3)
+    built = hfconfig.config_to_build(config, model)
+    rebuilt = AutoConfig.for_model(**built)  # transformers' own checks of the depth
+    assert rebuilt.num_hidden_layers == 3 and getattr(rebuilt, key) == cut
+
+
+def test_index_lists_are_not_per_block_flags():
+    """Llama-4's `moe_layers` lists block indices, as many as blocks where every block is sparse."""
+    from zlayout.hfconfig import per_block_flags
+
+    assert per_block_flags([1, 1, 1, 0], 4) and per_block_flags(["global", "local"], 2)
+    assert not per_block_flags([0, 1, 2, 3], 4)  # indices
+    assert not per_block_flags([1, 1, 1, 1], 4)  # tells no block apart
+    assert not per_block_flags([1, 0], 4) and not per_block_flags("gl", 2)

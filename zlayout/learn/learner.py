@@ -19,6 +19,7 @@ from torch import nn
 
 from zlayout.core.card import (LINEAR_ATTENTION_FLA, SCATTER_SUFFIX, STATE_SPACE_KERNELS, STATE_SPACE_TORCH,
                                STRIDED_SUFFIX, UNALIGNED_SUFFIX, linear_attention_assumed)
+from zlayout.hfconfig import per_block_flags
 from zlayout.learn.trace import (StorageLedger, UnpricedKernel, Window, exceptional_frees, fused_attention,
                                  linear_kernels_patch, value_answers_patch)
 
@@ -107,14 +108,18 @@ def block_kinds(blocks: nn.ModuleList, layer_types: Sequence[Sequence[str]] = ()
 def per_block_types(config: Any, blocks: int) -> list[list[str]]:
     """The config's lists of one type name per block: `layer_types` (attention), `mlp_layer_types`
     (dense or sparse, DeepSeek-V4's hash or learned routing), `indexer_types` (HY-V4's blocks that
-    share the indexer before them), in the config's order; then Gemma-3n's per-block values, as
-    names: `activation_sparsity_pattern` (its first blocks keep only the top of each activation: a
-    sparse block asks for more than a dense one on the same weights) and `num_kv_shared_layers`
-    (its last blocks reuse an earlier block's keys and values, and make none)."""
+    share the indexer before them), in the config's order; then its other lists of per-block
+    names or flags (`zlayout.hfconfig.per_block_flags`), as "key=value"; then Gemma-3n's
+    per-block values, as names: `activation_sparsity_pattern` (its first blocks keep only the
+    top of each activation: a sparse block asks for more than a dense one on the same weights)
+    and `num_kv_shared_layers` (its last blocks reuse an earlier block's keys and values, and
+    make none)."""
     values = config.to_dict() if hasattr(config, "to_dict") else dict(config)
     types = [list(value) for key, value in values.items()
              if key.endswith("types") and isinstance(value, (list, tuple)) and len(value) == blocks
              and all(isinstance(name, str) for name in value)]
+    types += [[f"{key}={name}" for name in value] for key, value in values.items()
+              if not key.endswith("types") and per_block_flags(value, blocks)]
     sparsity = values.get("activation_sparsity_pattern")
     if isinstance(sparsity, (list, tuple)) and len(sparsity) == blocks \
             and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in sparsity):
@@ -985,6 +990,15 @@ def _reduction_entries(runs: dict[str, dict], tokens: int) -> dict[str, list]:
     return out
 
 
+def _gist(exc: BaseException) -> str:
+    """An error's first line, with the next where the first only introduces it (transformers'
+    config validation: "Validation error for field 'attn_pdrop':" then what is wrong)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].endswith(":"):
+        return f"{lines[0]} {lines[1]}"
+    return lines[0] if lines else ""
+
+
 def learn(config: Mapping[str, Any]) -> dict[str, Any]:
     """The model card of `config` (a parsed config.json), as a dict. LearnError (one line)
     when transformers cannot build or run the model from it."""
@@ -997,8 +1011,8 @@ def learn(config: Mapping[str, Any]) -> dict[str, Any]:
                          "yet; plan it by shape (--layers, --hidden, ...: the hand model)") from None
     except Exception as exc:  # noqa: BLE001: the model's own code fails in its own ways
         # (DeepSeek-V3 with more expert groups than routed experts: topk's "k not in range")
-        first_line = next((line for line in str(exc).splitlines() if line.strip()), "")
-        what = f"{type(exc).__name__}{': ' + first_line.strip() if first_line else ''}"
+        first_line = _gist(exc)
+        what = f"{type(exc).__name__}{': ' + first_line if first_line else ''}"
         if _reads_tensor_values(exc):
             # Qwen4-Exp selects tokens with torch.nonzero: the meta device holds no values,
             # so no trace without data can follow it (JetMoE's and XLM's reads are answered: trace.py)
@@ -1018,9 +1032,9 @@ def learn(config: Mapping[str, Any]) -> dict[str, Any]:
             except LearnError:
                 raise
             except Exception as within:  # noqa: BLE001: its code fails within its positions too
-                line = next((line for line in str(within).splitlines() if line.strip()), "")
+                line = _gist(within)
                 if (type(within), line) != (type(exc), first_line):  # else the same error: not the positions
-                    what = (f"{type(within).__name__}{': ' + line.strip() if line else ''} (traced within the "
+                    what = (f"{type(within).__name__}{': ' + line if line else ''} (traced within the "
                             f"{positions:,} positions this config holds)")
         raise LearnError(f"transformers' {config.get('model_type')!r} code cannot run this config: {what}") from exc
 
