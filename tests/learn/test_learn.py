@@ -1412,3 +1412,35 @@ def test_index_lists_are_not_per_block_flags():
     assert not per_block_flags([0, 1, 2, 3], 4)  # indices
     assert not per_block_flags([1, 1, 1, 1], 4)  # tells no block apart
     assert not per_block_flags([1, 0], 4) and not per_block_flags("gl", 2)
+
+
+def test_every_stand_in_is_put_back_after_a_learn_even_one_that_fails():
+    """The learner swaps torch's attention and dropout, transformers' mask checks, the GDN and Mamba
+    kernels and JetMoE's router for stand-ins while it traces: after it, in the same process (the app
+    learns beside everything else), every one is the original, whether the learn succeeded or not."""
+    import sys
+
+    import transformers.masking_utils as masking
+    from transformers.modeling_utils import PreTrainedModel
+
+    from zlayout.learn.trace import Swaps
+
+    watched = [(torch.nn.functional, "scaled_dot_product_attention"), (torch.nn.functional, "dropout"),
+               (masking, "fast_all"), (masking, "find_packed_sequence_indices"),
+               (PreTrainedModel, "warn_if_padding_and_no_attention_mask")]
+    before = [vars(owner)[name] for owner, name in watched]
+    learn(json.loads((CARD_ONLY / "jamba-tiny.json").read_text()))  # Mamba-1 kernel stand-ins
+    jamba = sys.modules["transformers.models.jamba.modeling_jamba"]
+    kernels = {name: value for name, value in vars(jamba).items() if callable(value)}
+    with pytest.raises(LearnError):
+        learn(json.loads((CARD_ONLY / "minimax-tiny.json").read_text()))
+    learn(json.loads((CARD_ONLY / "jamba-tiny.json").read_text()))
+    assert [vars(owner)[name] for owner, name in watched] == before
+    assert {name: value for name, value in vars(jamba).items() if callable(value)} == kernels
+
+    swaps, owner = Swaps(), type("Owner", (), {"f": 1})
+    swaps.swap(owner, "f", 2)
+    swaps.swap(owner, "f", 3)  # swapped twice: back to the first original
+    swaps.swap(owner, "g", 4)  # none of its own: deleted again
+    swaps.restore()
+    assert owner.f == 1 and not hasattr(owner, "g")

@@ -20,7 +20,7 @@ from torch import nn
 from zlayout.core.card import (LINEAR_ATTENTION_FLA, SCATTER_SUFFIX, STATE_SPACE_KERNELS, STATE_SPACE_TORCH,
                                STRIDED_SUFFIX, UNALIGNED_SUFFIX, linear_attention_assumed)
 from zlayout.hfconfig import per_block_flags
-from zlayout.learn.trace import (StorageLedger, UnpricedKernel, Window, exceptional_frees, fused_attention,
+from zlayout.learn.trace import (StorageLedger, Swaps, UnpricedKernel, Window, exceptional_frees, fused_attention,
                                  linear_kernels_patch, value_answers_patch)
 
 # Token counts traced (one sequence): three fix a quadratic term (attention's FLOPs; eager
@@ -215,7 +215,7 @@ def _patched(ledger: StorageLedger):
 
     functional = torch.nn.functional
     fast_all, bidirectional = masking.fast_all, masking._ignore_bidirectional_mask_sdpa
-    stand_ins = [  # (owner, attribute, what runs in its place), put back as linear_kernels_patch's are
+    stand_ins = [  # (owner, attribute, what runs in its place)
         (functional, "scaled_dot_product_attention", fused_attention(ledger, functional.scaled_dot_product_attention)),
         (functional, "dropout", cuda_dropout(functional.dropout)),
         (masking, "find_packed_sequence_indices", lambda position_ids: None),
@@ -224,18 +224,17 @@ def _patched(ledger: StorageLedger):
             None if padding_mask is not None and padding_mask.is_meta else padding_mask, *args, **kwargs)),
         (PreTrainedModel, "warn_if_padding_and_no_attention_mask", lambda self, input_ids, attention_mask: None),
     ]
-    swapped = [(owner, name, getattr(owner, name)) for owner, name, _ in stand_ins]
+    swaps = Swaps()
     for owner, name, stand_in in stand_ins:
-        setattr(owner, name, stand_in)
-    restore_linear = linear_kernels_patch(ledger)  # GDN linear attention: fla's kernels (trace.py)
-    restore_values = value_answers_patch()  # JetMoE's router counts, XLM's longest length (trace.py)
+        swaps.swap(owner, name, stand_in)
+    linear = linear_kernels_patch(ledger)  # GDN linear attention: fla's kernels (trace.py)
+    values = value_answers_patch()  # JetMoE's router counts, XLM's longest length (trace.py)
     try:
         yield
     finally:
-        for owner, name, original in swapped:
-            setattr(owner, name, original)
-        restore_linear()
-        restore_values()
+        values.restore()
+        linear.restore()
+        swaps.restore()
 
 
 def _first_tensor(values) -> torch.Tensor | None:

@@ -1037,24 +1037,40 @@ VALUE_ANSWERS = (("jetmoe", "JetMoeTopKGating", "forward", _jetmoe_router),
                  ("xlm", "XLMModel", "forward", _xlm_model))
 
 
-def value_answers_patch():
-    """Wrap VALUE_ANSWERS' methods of the loaded modeling modules; returns what puts them back."""
+class Swaps:
+    """Attributes of modules and classes set to stand-ins for a trace, each original kept as its
+    owner holds it (`vars`: a class's own function, not one bound or inherited). `restore` puts
+    them back in reverse, so that an attribute swapped twice ends as it began."""
+
+    _NONE = object()  # the owner had no attribute of its own by that name: restore deletes it
+
+    def __init__(self) -> None:
+        self._originals: list[tuple[Any, str, Any]] = []
+
+    def swap(self, owner: Any, name: str, stand_in: Any) -> None:
+        self._originals.append((owner, name, vars(owner).get(name, self._NONE)))
+        setattr(owner, name, stand_in)
+
+    def restore(self) -> None:
+        while self._originals:
+            owner, name, original = self._originals.pop()
+            if original is self._NONE:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)
+
+
+def value_answers_patch() -> Swaps:
+    """Wrap VALUE_ANSWERS' methods of the loaded modeling modules (`restore` puts them back)."""
     import sys
 
-    swapped = []
+    swaps = Swaps()
     for package, owner_name, method, wrap in VALUE_ANSWERS:
         module = sys.modules.get(f"transformers.models.{package}.modeling_{package}")
         owner = getattr(module, owner_name, None)
         if owner is not None:
-            original = owner.__dict__[method]
-            swapped.append((owner, method, original))
-            setattr(owner, method, wrap(original))
-
-    def restore() -> None:
-        for owner, method, original in swapped:
-            setattr(owner, method, original)
-
-    return restore
+            swaps.swap(owner, method, wrap(vars(owner)[method]))
+    return swaps
 
 
 # ------------------------------------------------------------- Mamba-1: mamba-ssm's selective scan
@@ -1303,53 +1319,44 @@ def _unpriced(name: str, package: str):
     return raises
 
 
-def linear_kernels_patch(ledger: StorageLedger):
+def linear_kernels_patch(ledger: StorageLedger) -> Swaps:
     """Route `torch_chunk_gated_delta_rule` and `causal_conv1d_fn` of every loaded modeling module
     of LINEAR_ATTENTION_PACKAGES, and `mamba_selective_scan` and `causal_conv1d_fn` of
     MAMBA_KERNEL_PACKAGES, to the stand-ins, TORCH_CONV_PACKAGES' convolution and every
     kernel wrapper of TORCH_SCAN_PACKAGES to transformers' torch code, and every other package kernel
     a loaded modeling module falls back from to a function that stops the trace (UnpricedKernel: a card of the torch
     loop would price neither what the package runs nor, its requests growing with the chunks of the
-    sequence, anything a card holds); returns what puts the originals back."""
+    sequence, anything a card holds); `restore` puts the originals back."""
     import sys
 
     standins = {"torch_chunk_gated_delta_rule": fla_chunk_gated_delta_rule(ledger),
                 "causal_conv1d_fn": causal_conv1d_standin(ledger)}
     mamba_standins = {"mamba_selective_scan": selective_scan_standin(ledger), "mamba_inner_fn": mamba_inner_standin(ledger),
                       "causal_conv1d_fn": standins["causal_conv1d_fn"]}
-    swapped = []
+    swaps = Swaps()
     for packages, routed in ((LINEAR_ATTENTION_PACKAGES, standins), (MAMBA_KERNEL_PACKAGES, mamba_standins)):
         for package in packages:
             module = sys.modules.get(f"transformers.models.{package}.modeling_{package}")
             for name, standin in routed.items():
-                if module is not None and callable(original := module.__dict__.get(name)):
-                    swapped.append((module, name, original))
-                    setattr(module, name, standin)
+                if module is not None and callable(module.__dict__.get(name)):
+                    swaps.swap(module, name, standin)
     for package in TORCH_CONV_PACKAGES:
         module = sys.modules.get(f"transformers.models.{package}.modeling_{package}")
         original = module.__dict__.get("causal_conv1d_fn") if module is not None else None
         torch_code = _closure(original).get("torch_function")
         if callable(torch_code):
-            swapped.append((module, "causal_conv1d_fn", original))
-            setattr(module, "causal_conv1d_fn", torch_code)
+            swaps.swap(module, "causal_conv1d_fn", torch_code)
     for package in TORCH_SCAN_PACKAGES:
         module = sys.modules.get(f"transformers.models.{package}.modeling_{package}")
         for name, original in list(vars(module).items()) if module is not None else ():
             torch_code = _closure(original).get("torch_function") if _package_fallback(original) else None
             if callable(torch_code):
-                swapped.append((module, name, original))
-                setattr(module, name, torch_code)
+                swaps.swap(module, name, torch_code)
     for module_name, module in list(sys.modules.items()):
         if not module_name.startswith("transformers.models.") or ".modeling_" not in module_name or module is None:
             continue
         for name, original in list(vars(module).items()):
             fallback = _package_fallback(original)
             if fallback is not None and name not in standins:
-                swapped.append((module, name, original))
-                setattr(module, name, _unpriced(*fallback))
-
-    def restore() -> None:
-        for module, name, original in swapped:
-            setattr(module, name, original)
-
-    return restore
+                swaps.swap(module, name, _unpriced(*fallback))
+    return swaps
