@@ -81,6 +81,20 @@ def test_a_crash_is_failed_with_the_last_output_lines(inp):
     assert result["output_tail"][-1] == tail[-1]
 
 
+@pytest.mark.parametrize("cpu", [False, True])
+def test_a_rank_the_kernel_killed_names_the_host_memory_the_plan_expects_there(inp, cpu):
+    """torchrun's SIGKILL of a rank is the OOM killer's: the cause quotes the plan's host peak. In
+    CPU mode the ranks' device memory is host memory too (as preflight's host check adds it): the
+    GPU-mode figure alone read as if a 17 GiB CPU run had been planned at 3 GiB."""
+    predicted = predicted_figures(inp, LAYOUT)
+    tail = ["Root Cause (first observed failure):", "traceback : Signal 9 (SIGKILL) received by PID 28079"]
+    result = build_result(inp, LAYOUT, [], cpu=cpu, returncode=1, output_tail=tail, expected_ranks=2)
+    host = predicted["host_peak_bytes"] + (2 * predicted["gpu_peak_allocated_bytes"] if cpu else 0)
+    assert result["status"] == "failed"
+    assert f"the plan's host peak: {host / GiB:.1f} GiB on this node" in result["cause"]
+    assert ("the ranks' device memory included" in result["cause"]) == cpu
+
+
 def test_a_rank_error_is_failed_with_its_message(inp):
     broken = report(0, None, status="error", phase="initialize", error="ValueError: bad config")
     result = build_result(inp, LAYOUT, [broken], cpu=False, returncode=1, output_tail=[],

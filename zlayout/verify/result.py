@@ -268,9 +268,13 @@ def verdict(reports: list[dict[str, Any]], measured: dict[str, Any], predicted: 
         if any("Signal 9 (SIGKILL)" in line for line in output_tail):
             # torchrun's words for a rank the kernel killed: nothing else sends SIGKILL to a rank
             # that did not time out (the launcher's own kills are the `cancelled`/timeout paths)
-            host = predicted.get("host_peak_bytes")
+            host, device = predicted.get("host_peak_bytes"), predicted.get("gpu_peak_allocated_bytes")
+            if host and cpu and device:  # the ranks' device memory is host memory too (preflight.check_host)
+                host += expected_ranks * device
             killed = ("a rank was killed with SIGKILL, most likely by the kernel's out-of-memory killer"
-                      + (f" (the plan's host peak: {host / GiB:.1f} GiB on this node)" if host else "")
+                      + (f" (the plan's host peak: {host / GiB:.1f} GiB on this node"
+                         + (", the ranks' device memory included: host memory in CPU mode" if cpu and device else "")
+                         + ")" if host else "")
                       + ": check `dmesg` or the job's memory limit; ")
         return "failed", (f"{killed}{len(done)} of {expected_ranks} ranks finished "
                           f"(launcher exit code {returncode}); last output:\n{tail}")
