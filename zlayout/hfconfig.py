@@ -751,11 +751,16 @@ def per_block_flags(value: Any, blocks: int) -> bool:
 
 
 def _layer_kinds_at_depth(config: dict[str, Any], layers: int, was: int | None = None) -> None:
-    """Per-layer kinds follow the layer count, cut or repeated: `layer_types` (Gemma-3's
-    sliding/full pattern), the lists `per_block_flags` reads (SmolLM3's `no_rope_layers`), and
-    GPT-Neo's `attention_types` (pairs of a pattern and its repeats, which its config class
-    expands and checks against the layer count)."""
+    """The config's per-layer lists follow the layer count, so that transformers' config class
+    accepts the depth (it checks their lengths) and builds the blocks the plan's card keeps
+    (`Card.at_layers`: the first `layers`, or the pattern repeated): `layer_types` (Gemma-3's
+    sliding/full pattern), and every list of one name, flag or number per layer of the `was`
+    layers (`mlp_layer_types`, SmolLM3's `no_rope_layers`, Laguna's `num_attention_heads_per_layer`;
+    a list of every layer's index, Llama-4's `moe_layers`, stays every index); GPT-Neo's
+    `attention_types` (pairs of a pattern and its repeats, which its config class expands)."""
     def resized(pattern: list) -> list:
+        if pattern == list(range(len(pattern))):
+            return list(range(layers))
         return [pattern[i % len(pattern)] for i in range(layers)]
 
     pattern = config.get("layer_types")
@@ -763,7 +768,7 @@ def _layer_kinds_at_depth(config: dict[str, Any], layers: int, was: int | None =
         config["layer_types"] = resized(pattern)
     if was is not None and was != layers:
         for key, value in list(config.items()):
-            if key != "layer_types" and per_block_flags(value, was):
+            if key != "layer_types" and _per_layer_list(key, value, was):
                 config[key] = resized(list(value))
     pairs = config.get("attention_types") if config.get("model_type") == "gpt_neo" else None
     if isinstance(pairs, list) and all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], list)
@@ -771,6 +776,12 @@ def _layer_kinds_at_depth(config: dict[str, Any], layers: int, was: int | None =
         flat = [name for names, repeats in pairs for _ in range(repeats) for name in names]
         if flat and len(flat) != layers:
             config["attention_types"] = [[resized(flat), 1]]
+
+
+def _per_layer_list(key: str, value: Any, layers: int) -> bool:
+    """A list of one name, flag or number for each of `layers` layers (token ids are not)."""
+    return (isinstance(value, list) and len(value) == layers and not key.endswith(("token_id", "token_ids"))
+            and key != "architectures" and all(isinstance(v, (str, int, float)) for v in value))
 
 
 def _card_family_at_depth(config: dict[str, Any], model: ModelSpec) -> dict[str, Any]:

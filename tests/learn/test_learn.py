@@ -1382,14 +1382,22 @@ def test_a_multimodal_config_planned_as_its_language_model_says_so(tmp_path, mon
     ({"model_type": "smollm3", "vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
       "num_key_value_heads": 2, "intermediate_size": 128, "no_rope_layer_interval": 4, "pad_token_id": 0},
      [0, 0, 0, 1], "no_rope_layers", [1, 1, 1]),
-], ids=["gpt_neo-global-local", "smollm3-no-rope"])
+    ({"model_type": "laguna", "vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+      "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "moe_intermediate_size": 32,
+      "shared_expert_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2, "sliding_window": 64,
+      "num_attention_heads_per_layer": [4, 4, 2, 2], "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"],
+      "layer_types": ["full_attention", "sliding_attention", "sliding_attention", "sliding_attention"]},
+     [0, 1, 2, 2], "num_attention_heads_per_layer", [4, 4, 2]),
+], ids=["gpt_neo-global-local", "smollm3-no-rope", "laguna-heads-per-layer"])
 def test_blocks_a_config_list_tells_apart_are_kinds_apart_and_verify_cuts_the_list(config, kinds, key, cut,
                                                                                  tmp_path, monkeypatch):
     """GPT-Neo's local blocks among its global ones (`attention_layers`, which its config class
     expands from `attention_types`) and SmolLM3's blocks without rotary embeddings (`no_rope_layers`,
     0 every fourth) have the same weights: the learner read one kind and traced only the first blocks.
-    Each is a kind apart now. Verify's `--layers` cuts those lists with the depth; GPT-Neo's config
-    class refused any depth but its own before ("len(config.attention_layers) = 24, num_layers = 2")."""
+    Each is a kind apart now. Verify's `--layers` cuts those lists with the depth, and every other
+    list of one entry a layer (Laguna's heads per layer, whose blocks differ in shape): transformers'
+    config classes refused any depth but the file's ("len(config.attention_layers) = 24, num_layers =
+    2", "num_attention_heads_per_layer length (40) must equal num_hidden_layers (2)")."""
     from zlayout import hfconfig
 
     card = learn(config)
@@ -1444,3 +1452,14 @@ def test_every_stand_in_is_put_back_after_a_learn_even_one_that_fails():
     swaps.swap(owner, "g", 4)  # none of its own: deleted again
     swaps.restore()
     assert owner.f == 1 and not hasattr(owner, "g")
+
+
+def test_verify_resizes_per_layer_lists_with_the_depth_and_keeps_every_index_and_the_token_ids():
+    from zlayout.hfconfig import _layer_kinds_at_depth
+
+    config = {"num_hidden_layers": 3, "moe_layers": [0, 1, 2], "eos_token_id": [1, 2, 3], "no_rope_layers": [1, 1, 0]}
+    shallower, deeper = dict(config), dict(config)
+    _layer_kinds_at_depth(shallower, 2, 3)
+    _layer_kinds_at_depth(deeper, 5, 3)
+    assert shallower == {**config, "moe_layers": [0, 1], "no_rope_layers": [1, 1]}
+    assert deeper == {**config, "moe_layers": [0, 1, 2, 3, 4], "no_rope_layers": [1, 1, 0, 1, 1]}
