@@ -654,6 +654,7 @@ class CardBlocks:
         self.freed_inputs: set[int] = set()  # block inputs the card's requests freed
         self.saved_by_input: dict[int, dict] = {}  # checkpointing: the forward's leftovers per input
         self.carried: list[int] = []  # a backward's leftovers, freed by the next block's requests
+        self.previous: dict | None = None  # the forward's last block: its leftovers, for the next one's frees
         self.unmatched = 0
         self.head_unmatched = 0  # the same, in the head's and loss's phases (masks made before the blocks)
         self.held: int | None = None  # the head's forward: the outputs the loop keeps (`run`'s hold)
@@ -978,11 +979,18 @@ class CardBlocks:
         if not self.forward_matmul_made:  # the forward's first matmul is this block's
             self.forward_matmul_made = True
             matmul_at = self.first_projection(kind, phase, self.s.sizes[x])
-        # the first block's input is the model's `inputs_embeds`, which the model's forward frees
-        outside = [] if first else [x]
+        # the first block's input is the model's `inputs_embeds`, which the model's forward frees.
+        # The block before's leftovers may die here too: a block that returns a tensor beside its
+        # output (MPT's attention weights) keeps it until the model's loop drops that tuple, in
+        # the next block's window; checkpointed, nothing else holds it (h200-2026-12-29: MPT-7B's
+        # 1 GiB a block, kept to the backward, was 8.4 GiB over at 8 blocks)
+        before = [] if first or self.previous is None else self.previous["saved"]
+        outside = [*before, *([] if first else [x])]
         live = self.run(kind, phase, outside, matmul_at=matmul_at)
-        if not first and not outside:
+        if not first and x not in outside:
             self.freed_inputs.add(x)
+        if before:
+            self.previous["saved"] = [n for n in before if n in outside]
         out = self.latest(live, self.s.sizes[x])
         if out is None:  # an output of another size than the input: the phase's last tensor
             everything = sorted(n for names in live.values() for n in names)
@@ -997,6 +1005,7 @@ class CardBlocks:
               "input": x if keeps_input else None}
         if self.ckpt:
             self.saved_by_input[x] = sv
+        self.previous = sv
         return sv, out
 
     def recompute(self, x: int) -> dict:
