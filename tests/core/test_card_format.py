@@ -98,3 +98,24 @@ def test_a_card_from_a_shortest_sequence_on_says_so():
     data = tomllib.loads(shipped("Qwen3-8B.json").read_text())
     data["regimes"][0]["min_tokens"] = 2048
     assert card_from_dict(data, "k").shortest_sequence == 2048
+
+
+@pytest.mark.parametrize("key, value", [
+    ("buffer_bytes", -1), ("buffer_bytes", "4096"), ("buffer_bytes", True), ("buffer_bytes", 2**60),
+    ("block_buffer_bytes", 4096), ("block_buffer_bytes", [1, 2, 3]), ("block_buffer_bytes", [-1]),
+])
+def test_a_card_s_buffer_bytes_are_whole_numbers_one_a_kind(key, value):
+    data = tomllib.loads(shipped("Qwen3-8B.json").read_text())
+    assert card_from_dict(data, "k").built_buffer_bytes() >= 0
+    data["parameters"][key] = value
+    with pytest.raises(CardError, match=f"parameters.{key} must"):
+        card_from_dict(data, "k")
+
+
+def test_a_card_without_buffer_bytes_reads_as_none():
+    """Cards learned before buffers were recorded (users' caches, measurement folders) plan as before."""
+    data = tomllib.loads(shipped("Qwen3-8B.json").read_text())
+    for key in ("buffer_bytes", "block_buffer_bytes"):
+        data["parameters"].pop(key, None)
+    card = card_from_dict(data, "k")
+    assert (card.buffer_bytes, card.block_buffer_bytes, card.built_buffer_bytes()) == (0, (), 0)

@@ -366,6 +366,11 @@ class ModelCard:
     untrained_tensors: int | None = None
     untrained_params: int | None = None  # their elements
     tied_embeddings: bool | None = None  # the output head is the input embedding (None: not recorded)
+    # the model's buffers as built, before any cast: outside the blocks (rotary tables), and one
+    # block's of each kind (GPT-Neo's causal masks: 4 MiB a block); host memory while the training
+    # script builds the model on the host (`built_buffer_bytes`; 0 and (): none, or not recorded)
+    buffer_bytes: int = 0
+    block_buffer_bytes: tuple[int, ...] = ()
     # the kernels sdpa runs on CUDA ("flash", "efficient", "math"); () for eager attention or an older card
     attention_kernels: tuple[str, ...] = ()
     transformers: str | None = None  # the release whose model code the card was learned from
@@ -550,6 +555,11 @@ class ModelCard:
         if layers == len(self.layer_kinds):
             return self
         return _at_layers(self, layers)
+
+    def built_buffer_bytes(self) -> int:
+        """The model's buffers as the training script builds it, at this card's depth."""
+        per_kind = self.block_buffer_bytes
+        return self.buffer_bytes + (sum(per_kind[kind] for kind in self.layer_kinds) if per_kind else 0)
 
     def linear_attention_note(self) -> str | None:
         """The plan's line on how the card priced linear attention; None where it did not."""
@@ -835,6 +845,8 @@ def card_from_dict(data: Mapping[str, Any], key: str, source: str = "", digest: 
         module_calls=module_calls, module_calls_outside=outside,
         source=source, digest=digest, untrained_tensors=None if untrained is None else len(untrained),
         untrained_params=untrained_params, tied_embeddings=_tied_embeddings(params.get("tied_embeddings"), where),
+        buffer_bytes=_buffer_bytes(params.get("buffer_bytes", 0), where),
+        block_buffer_bytes=_block_buffer_bytes(params.get("block_buffer_bytes", []), kinds, where),
         attention_kernels=tuple(str(k) for k in data.get("attention_kernels") or ()),
         transformers=_release(data.get("transformers"), where),
         linear_attention=_linear_attention(data.get("linear_attention"), where),
@@ -880,6 +892,19 @@ def _preamble(head: dict, at: str) -> Phase:
             isinstance(i, int) and not isinstance(i, bool) and 0 <= i < len(phase.requests) for i in per_step):
         raise CardError(f"{at}.preamble_per_step: indices of the preamble's requests")
     return replace(phase, per_step=frozenset(per_step)) if per_step else phase
+
+
+def _buffer_bytes(value: Any, where: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**50:
+        raise CardError(f"{where}: parameters.buffer_bytes must be a whole number of bytes")
+    return value
+
+
+def _block_buffer_bytes(value: Any, kinds: tuple[int, ...], where: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or (value and len(value) != max(kinds, default=-1) + 1) or any(
+            not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 2**50 for v in value):
+        raise CardError(f"{where}: parameters.block_buffer_bytes must list one block's bytes for each kind")
+    return tuple(value)
 
 
 def _tied_embeddings(value: Any, where: str) -> bool | None:

@@ -237,6 +237,10 @@ def _patched(ledger: StorageLedger):
         swaps.restore()
 
 
+def _bytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
 def _first_tensor(values) -> torch.Tensor | None:
     if isinstance(values, torch.Tensor):
         return values
@@ -1147,6 +1151,11 @@ def _learn(config: Mapping[str, Any], positions: int | None = None) -> dict[str,
     blocks = block_list(model)
     kinds = block_kinds(blocks, per_block_types(_owner_config(model, blocks), len(blocks)))
     keep = traced_blocks(kinds)
+    # the buffers as built, before the cast: outside the blocks, and one block's of each kind
+    block_buffers = {id(b) for b in blocks.buffers()}
+    buffer_bytes = sum(_bytes(b) for b in model.buffers() if id(b) not in block_buffers)
+    block_buffer_bytes = [sum(_bytes(b) for b in blocks[kinds.index(kind)].buffers())
+                          for kind in range(max(kinds) + 1)]
     model.bfloat16()  # DeepSpeed trains the bf16 copy
     in_blocks = {id(p) for p in blocks.parameters()}
     within = {} if positions is None else {"to_trace": positions_regime(positions), "long_check": False}
@@ -1182,6 +1191,8 @@ def _learn(config: Mapping[str, Any], positions: int | None = None) -> dict[str,
         "parameters": {"count": sum(p.numel() for p in model.parameters()),
                        # the output head is the input embedding's tensor (transformers tied them)
                        "tied_embeddings": _tied(model),
+                       # host memory while the training script builds the model (core.memory)
+                       "buffer_bytes": buffer_bytes, "block_buffer_bytes": block_buffer_bytes,
                        # outside the blocks (every block's are trained): the tensors no gradient
                        # reached in a text-only step, whose hooks never fire (a vision tower's)
                        "untrained": [name for name, p in model.named_parameters()
