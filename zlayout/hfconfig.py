@@ -772,10 +772,12 @@ def _layer_kinds_at_depth(config: dict[str, Any], layers: int, was: int | None =
                 config[key] = resized(list(value))
     pairs = config.get("attention_types") if config.get("model_type") == "gpt_neo" else None
     if isinstance(pairs, list) and all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], list)
-                                       and isinstance(p[1], int) for p in pairs):
+                                       and isinstance(p[1], int) and not isinstance(p[1], bool) for p in pairs) \
+            and sum(len(names) * repeats for names, repeats in pairs) == was != layers:
+        # expanded only when it names the file's layers, which the reader has bounded (a hostile
+        # repeat count would otherwise build a list of that many names)
         flat = [name for names, repeats in pairs for _ in range(repeats) for name in names]
-        if flat and len(flat) != layers:
-            config["attention_types"] = [[resized(flat), 1]]
+        config["attention_types"] = [[resized(flat), 1]]
 
 
 def _per_layer_list(key: str, value: Any, layers: int) -> bool:

@@ -1493,3 +1493,31 @@ def test_the_buffers_a_model_builds_are_host_memory_while_it_is_built(tmp_path, 
         return next(t.bytes for t in estimate_memory(i, Layout(stage=0), replay=False).terms
                     if t.name == "model_construction")
     assert construction(inp) - construction(bare) == 6 * 512 * 512
+
+
+def test_verify_leaves_a_gpt_neo_pattern_that_does_not_name_the_file_s_layers_unexpanded():
+    """A hostile `attention_types` repeat count would build a list of that many names; one that does
+    not name the file's layers is left for transformers' config class to refuse."""
+    from zlayout.hfconfig import _layer_kinds_at_depth
+
+    config = {"model_type": "gpt_neo", "num_layers": 4, "attention_types": [[["global", "local"], 10**12]]}
+    _layer_kinds_at_depth(config, 2, 4)
+    assert config["attention_types"] == [[["global", "local"], 10**12]]
+    config = {"model_type": "gpt_neo", "num_layers": 4, "attention_types": [[["global", "local"], 2]]}
+    _layer_kinds_at_depth(config, 3, 4)
+    assert config["attention_types"] == [[["global", "local", "global"], 1]]
+
+
+def test_an_error_whose_first_line_only_introduces_it_is_shown_with_the_next_cut_short():
+    """transformers' config validation says "Validation error for field 'attn_pdrop':" on one line and
+    what is wrong on the next (MPT's attn_pdrop of 0.0, typed int by transformers 5.24); a value it
+    prints whole is cut."""
+    from zlayout.learn.learner import GIST_CHARS, _gist
+
+    error = ValueError("Validation error for field 'attn_pdrop':\n    TypeError: Field 'attn_pdrop' expected int, "
+                       "got float (value: 0.0)")
+    assert _gist(error) == ("Validation error for field 'attn_pdrop': TypeError: Field 'attn_pdrop' expected int, "
+                            "got float (value: 0.0)")
+    assert _gist(ValueError("k not in range\nmore")) == "k not in range"
+    long = _gist(ValueError("bad value: " + "[1, " * 100_000))
+    assert len(long) == GIST_CHARS + 3 and long.endswith("...")

@@ -993,13 +993,15 @@ def _reduction_entries(runs: dict[str, dict], tokens: int) -> dict[str, list]:
     return out
 
 
+GIST_CHARS = 300
+
+
 def _gist(exc: BaseException) -> str:
     """An error's first line, with the next where the first only introduces it (transformers'
     config validation: "Validation error for field 'attn_pdrop':" then what is wrong)."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    if len(lines) > 1 and lines[0].endswith(":"):
-        return f"{lines[0]} {lines[1]}"
-    return lines[0] if lines else ""
+    gist = f"{lines[0]} {lines[1]}" if len(lines) > 1 and lines[0].endswith(":") else lines[0] if lines else ""
+    return gist if len(gist) <= GIST_CHARS else gist[:GIST_CHARS] + "..."  # a value printed whole can be huge
 
 
 def learn(config: Mapping[str, Any]) -> dict[str, Any]:
