@@ -1000,7 +1000,7 @@ class CardBlocks:
                     names.remove(out)
         # the block's input, for its backward's frees: alive unless freed here, or (the first
         # block's, with transformers' RMSNorm and no checkpoint) freed by the step before backward
-        keeps_input = (outside or first) and not (first and not self.ckpt and self.hf_norm)
+        keeps_input = (first or x in outside) and not (first and not self.ckpt and self.hf_norm)
         sv = {"kind": kind, "saved": sorted(n for names in live.values() for n in names),
               "input": x if keeps_input else None}
         if self.ckpt:
