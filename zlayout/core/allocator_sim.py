@@ -560,17 +560,12 @@ class _Training:
             if not r.ckpt and m.inputs[0] not in card.freed_inputs:
                 outside.append(m.inputs[0])
             outside.append(m.inputs[-1])
-        # the last block's leftovers its window did not free (MPT's attention weights, returned
-        # beside its output) die here as the next block's would (CardBlocks.forward)
-        before = list(card.previous["saved"]) if card.previous is not None else []
-        offered = [*before, *outside]
-        live = card.run(None, "checkpointed_forward" if r.ckpt else "forward", offered, made=made,
-                        hold=r.T * r.V * r.w if r.keeps_outputs else 0)
-        if before:
-            card.previous["saved"] = [n for n in before if n in offered]
+        # the last block's leftovers its window did not free die here, as the next block's would
+        live = card.run_after_block(None, "checkpointed_forward" if r.ckpt else "forward", outside, made=made,
+                                    hold=r.T * r.V * r.w if r.keeps_outputs else 0)
         if m.recording:
             s.f(*m.head_w)  # released after the head's forward, gathered again for its backward
-        s.f(*[n for n in outside if n in offered])  # what the card left of them dies here, as in the hand-written head
+        s.f(*outside)  # what the card left of them dies here, as in the hand-written head
         m.loss_kept = sorted(n for names in live.values() for n in names)
         if r.keeps_outputs and card.held is not None:
             s.f(r.held_logits)  # the previous micro-step's outputs, replaced

@@ -894,15 +894,19 @@ def _preamble(head: dict, at: str) -> Phase:
     return replace(phase, per_step=frozenset(per_step)) if per_step else phase
 
 
+def _whole_bytes(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**50
+
+
 def _buffer_bytes(value: Any, where: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**50:
+    if not _whole_bytes(value):
         raise CardError(f"{where}: parameters.buffer_bytes must be a whole number of bytes")
     return value
 
 
 def _block_buffer_bytes(value: Any, kinds: tuple[int, ...], where: str) -> tuple[int, ...]:
-    if not isinstance(value, list) or (value and len(value) != max(kinds, default=-1) + 1) or any(
-            not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 2**50 for v in value):
+    if not isinstance(value, list) or (value and len(value) != max(kinds, default=-1) + 1) \
+            or not all(map(_whole_bytes, value)):
         raise CardError(f"{where}: parameters.block_buffer_bytes must list one block's bytes for each kind")
     return tuple(value)
 

@@ -969,6 +969,22 @@ class CardBlocks:
         names = live.get(size)
         return names.pop() if names else None
 
+    def run_after_block(self, kind: int | None, phase: str, outside: list[int], offer: bool = True,
+                        **kwargs) -> dict[int, list[int]]:
+        """`run` a phase that follows a block's forward (the next block's, the head's): with `offer`,
+        that block's leftovers are offered to its frees too, after `outside` (a block that returns a
+        tensor beside its output, MPT's attention weights, keeps it until the model's loop drops
+        that tuple, in the next window; checkpointed, nothing else holds it: h200-2026-12-29, MPT-7B's
+        1 GiB a block, kept to the backward, was 8.4 GiB over at 8 blocks). What the frees took is
+        removed from `outside` and from that block's saved tensors."""
+        before = list(self.previous["saved"]) if offer and self.previous is not None else []
+        offered = [*before, *outside]
+        live = self.run(kind, phase, offered, **kwargs)
+        if before:
+            self.previous["saved"] = [n for n in before if n in offered]
+        outside[:] = [n for n in outside if n in offered]
+        return live
+
     def forward(self, x: int, first: bool) -> tuple[dict, int | None]:
         # a model with more layers than its card lists (break-even's deeper variants) repeats
         # the last kind: a MoE model's dense blocks come first
@@ -979,18 +995,11 @@ class CardBlocks:
         if not self.forward_matmul_made:  # the forward's first matmul is this block's
             self.forward_matmul_made = True
             matmul_at = self.first_projection(kind, phase, self.s.sizes[x])
-        # the first block's input is the model's `inputs_embeds`, which the model's forward frees.
-        # The block before's leftovers may die here too: a block that returns a tensor beside its
-        # output (MPT's attention weights) keeps it until the model's loop drops that tuple, in
-        # the next block's window; checkpointed, nothing else holds it (h200-2026-12-29: MPT-7B's
-        # 1 GiB a block, kept to the backward, was 8.4 GiB over at 8 blocks)
-        before = [] if first or self.previous is None else self.previous["saved"]
-        outside = [*before, *([] if first else [x])]
-        live = self.run(kind, phase, outside, matmul_at=matmul_at)
-        if not first and x not in outside:
+        # the first block's input is the model's `inputs_embeds`, which the model's forward frees
+        outside = [] if first else [x]
+        live = self.run_after_block(kind, phase, outside, offer=not first, matmul_at=matmul_at)
+        if not first and not outside:
             self.freed_inputs.add(x)
-        if before:
-            self.previous["saved"] = [n for n in before if n in outside]
         out = self.latest(live, self.s.sizes[x])
         if out is None:  # an output of another size than the input: the phase's last tensor
             everything = sorted(n for names in live.values() for n in names)
@@ -1000,7 +1009,7 @@ class CardBlocks:
                     names.remove(out)
         # the block's input, for its backward's frees: alive unless freed here, or (the first
         # block's, with transformers' RMSNorm and no checkpoint) freed by the step before backward
-        keeps_input = (first or x in outside) and not (first and not self.ckpt and self.hf_norm)
+        keeps_input = (outside or first) and not (first and not self.ckpt and self.hf_norm)
         sv = {"kind": kind, "saved": sorted(n for names in live.values() for n in names),
               "input": x if keeps_input else None}
         if self.ckpt:
