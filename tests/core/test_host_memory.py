@@ -97,3 +97,51 @@ def test_a_tied_head_allocates_its_own_fp32_weight_before_it_is_tied():
 def test_with_peers_cuda_is_up_before_the_model_is_built():
     one, two = small_input(1), small_input(2)
     assert per_rank(two, Layout(stage=1)) - per_rank(one, Layout(stage=1)) == HOST_CUDA_CONTEXT_BYTES
+
+
+def test_no_measured_offloaded_run_is_under_predicted():
+    """Before the step's host cast (ZeRO-3), the pinned gradient staging (ZeRO-1/2) and the
+    cached per-tensor pinned partitions (weights offloaded), offloaded rows ran to 5.0% under:
+    Falcon-7B L8 full offload 44.45 GiB planned, 46.81 measured; MiniMax-M2 ZeRO-3 opt->cpu
+    101.74 against 106.46. The 3 GiB steady base is an upper bound, so these sit 1-10% over."""
+    rows = [r for r in verify_rows() if r[2].offload_optimizer != "gpu" or r[2].offload_param != "gpu"]
+    assert len(rows) > 50
+    for source, inp, layout, measured in rows:
+        predicted = per_rank(inp, layout)
+        assert predicted >= 0.995 * measured, (source, layout.label, inp.model, predicted / GiB, measured / GiB)
+
+
+def test_zero3_step_casts_the_largest_sub_group_on_the_host_when_the_weights_are_on_the_gpu():
+    from zlayout.core.memory import _Layout
+
+    inp = small_input(impl="hf")
+    z3_opt = Layout(stage=3, offload_optimizer="cpu")
+    largest = max(_Layout(inp, z3_opt).sub_groups)
+    assert host_term(inp, z3_opt, "step_upload_cast") == 2 * largest
+    # the weights on the host: the fp32 -> bf16 copy stays on the CPU, no temporary
+    assert host_term(inp, Layout(stage=3, offload_optimizer="cpu", offload_param="cpu"), "step_upload_cast") == 0
+    # ZeRO-2 writes bf16 into its own pinned buffer (the CPU Adam's fp16 output)
+    assert host_term(inp, Layout(stage=2, offload_optimizer="cpu"), "step_upload_cast") == 0
+
+
+def test_zero2_offload_pins_a_bf16_buffer_of_the_largest_tensor():
+    from zlayout.core.memory import pinned_bytes
+
+    inp = small_input()
+    m = inp.model
+    assert host_term(inp, Layout(stage=2, offload_optimizer="cpu"), "offload_gradient_staging") == \
+        pinned_bytes(2 * m.largest_tensor_numel())
+    assert host_term(inp, Layout(stage=2), "offload_gradient_staging") == 0
+
+
+def test_offloaded_weights_keep_each_tensors_pinned_partition_cached():
+    from zlayout.core.memory import pinned_bytes
+    from zlayout.core.tensors import parameter_tensor_sizes
+
+    inp = small_input(world=2)
+    full = Layout(stage=3, offload_optimizer="cpu", offload_param="cpu")
+    sizes = parameter_tensor_sizes(inp.model, inp.training.impl)
+    p_shard = -(-inp.model.params // 2)
+    cached = sum(pinned_bytes(2 * -(-x // 2)) for x in sizes)
+    assert cached > 2 * p_shard  # each block rounded up on its own
+    assert host_term(inp, full, "param_offload_buffers") == pinned_bytes(2 * p_shard) - 2 * p_shard + cached

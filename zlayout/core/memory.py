@@ -1011,16 +1011,36 @@ def host_terms(c: _Layout, terms: _Terms, inp: PlanInput, layout: Layout, states
                                "deepspeed_buffers",
                                "pinned fp32 gradient partition and bf16 upload buffer; pinned blocks "
                                "round up to a power of two")
+            # stage_1_and_2.py: temp_grad_buffer_for_cpu_offload, the host side of the GPU's
+            # offload_staging, pinned at initialization
+            host_states += terms.add("host", "offload_gradient_staging", pin(w * model.largest_tensor_numel()),
+                               "deepspeed_buffers",
+                               "pinned buffer that receives the largest tensor's gradient from the GPU")
         else:
             host_states += terms.add("host", "offload_pinned_buffers",
                                sum(pin(FP32_BYTES * part) for part in sub_groups),
                                "deepspeed_buffers",
                                "pinned fp32 sub-group gradient buffers (power-of-two blocks)")
+    # stage3.py _reassign_or_swap_out_partitioned_parameters copies each updated fp32 sub-group
+    # into the GPU's bf16 partition with a blocking copy_, and PyTorch converts a CPU->GPU copy
+    # of another dtype on the CPU first: a bf16 temporary of the sub-group beside every state
+    # (h200-2026-12-30 MiniMax-M2: 4.7 GiB under without it, 2 x 3.08e9 elements the largest)
+    host_states += terms.add("host", "step_upload_cast",
+                             w * max(sub_groups) if stage == 3 and opt_where != "gpu" and param_where == "gpu"
+                             and w != FP32_BYTES else 0, "deepspeed_buffers",
+                             "the largest sub-group's updated weights cast to the training dtype on the host "
+                             "before they go to the GPU, inside step()")
     if param_where == "host":
-        host_states += params + terms.add("host", "param_offload_buffers", pin(w * p_shard) - params + w * p_shard,
+        # zero.Init pins each tensor's partition as it builds it (partition_parameters.py
+        # _partition_param); the flat buffer takes them over (stage3.py _move_to_flat_buffer) and
+        # PyTorch's pinned allocator caches the freed blocks, each rounded to a power of two
+        # (h200 results-l, Falcon-7B L8: 2.4 GiB under when they were counted at their size)
+        copies = sum(pin(w * -(-x // n)) for x in parameter_tensor_sizes(model, t.impl))
+        host_states += params + terms.add("host", "param_offload_buffers", pin(w * p_shard) - params + copies,
                                     "deepspeed_buffers",
-                                    "pinned flat weight buffer (power-of-two block) and the per-tensor "
-                                    "copies zero.Init makes before flattening")
+                                    "pinned flat weight buffer and the per-tensor pinned partitions zero.Init "
+                                    "makes before flattening, which the pinned allocator keeps cached "
+                                    "(power-of-two blocks)")
     if opt_where == "nvme":
         host_states += terms.add("host", "nvme_swap_buffers",
                            AIO_OPTIMIZER_BUFFER_COUNT * pin(FP32_BYTES * max(sub_groups)),
