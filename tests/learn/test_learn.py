@@ -1521,3 +1521,40 @@ def test_an_error_whose_first_line_only_introduces_it_is_shown_with_the_next_cut
     assert _gist(ValueError("k not in range\nmore")) == "k not in range"
     long = _gist(ValueError("bad value: " + "[1, " * 100_000))
     assert len(long) == GIST_CHARS + 3 and long.endswith("...")
+
+
+def test_a_model_whose_float32_buffers_meet_its_bf16_weights_asks_for_its_buffers_cast():
+    """DeepSpeed 0.19.8 casts the weights only (engine._cast_module_mixed_precision). openai-gpt's
+    float32 causal mask, multiplied into its attention weights, and xglm's float32 sinusoidal table,
+    added to its embeddings, make float32 activations that meet bf16 weights in a matmul: on the GPU
+    and on verify's CPU run it raised at the first step (h200-2026-12-31's smoke runs). The card
+    says so and the ds_config zlayout writes casts the buffers; a model whose buffers never meet a
+    weight (Llama's rotary table in float32) keeps them as built."""
+    from zlayout.core.card import card_from_dict
+
+    xglm = {"model_type": "xglm", "d_model": 64, "num_layers": 2, "attention_heads": 4, "ffn_dim": 128,
+            "vocab_size": 256, "max_position_embeddings": 2048, "dropout": 0.0, "attention_dropout": 0.0,
+            "activation_dropout": 0.0}
+    llama = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256}
+    gpt = json.loads((CARD_ONLY / "openai-gpt-tiny.json").read_text())
+    assert learn(gpt).get("buffer_dtype") == "bfloat16"
+    assert learn(xglm).get("buffer_dtype") == "bfloat16"
+    assert "buffer_dtype" not in learn(llama)
+    with pytest.raises(CardError, match="buffer_dtype"):
+        card_from_dict({**learn(llama), "buffer_dtype": "float8"}, key="k")
+
+
+def test_the_ds_config_casts_the_buffers_only_where_the_card_asks(tmp_path, monkeypatch):
+    from zlayout.cli import build_parser, layout_from_args, plan_input_from_args
+    from zlayout.profile.ds_config import ds_config
+
+    path = CARD_ONLY / "openai-gpt-tiny.json"
+    done = zlayout("learn", "--hf-config", str(path), cards_dir=tmp_path / "cards")
+    assert done.returncode == 0, done.stderr
+    monkeypatch.setenv(cards.CARDS_DIR_ENV, str(tmp_path / "cards"))
+    for precision, cast in (("bf16", {"buffer_dtype": "bf16"}), ("fp32", None)):
+        args = build_parser().parse_args(["plan", "--hf-config", str(path), "--stage", "2", "--precision", precision])
+        inp = plan_input_from_args(args)
+        assert inp.model.card is not None and inp.model.card.buffer_dtype == "bfloat16"
+        assert ds_config(inp, layout_from_args(args)).get("data_types") == cast

@@ -95,4 +95,9 @@ def run(args: argparse.Namespace) -> int:
           f"parameters in {len(card['parameters']['names'])} tensors, {card['layers']['count']} blocks of "
           f"{kinds} kind{'s' if kinds > 1 else ''}; fitted at {fitted} tokens, {card['fit_error']:.2%} off "
           f"at {checked}; learned in {time.perf_counter() - started:.1f} s")
+    if card.get("buffer_dtype"):  # learner.buffer_cast_needed
+        from zlayout.cli import _note
+        _note(args, f"{card['model_type']}'s float32 buffers meet its bf16 weights, which fails where DeepSpeed casts "
+                    "the weights only: the ds_config zlayout writes (export, verify) casts them too "
+                    "(data_types.buffer_dtype)")
     return 0

@@ -374,6 +374,9 @@ class ModelCard:
     # the kernels sdpa runs on CUDA ("flash", "efficient", "math"); () for eager attention or an older card
     attention_kernels: tuple[str, ...] = ()
     transformers: str | None = None  # the release whose model code the card was learned from
+    # "bfloat16": the model runs only with its buffers cast beside its weights, which DeepSpeed does
+    # only when data_types.buffer_dtype says so (learn.learner.buffer_cast_needed); None: as built
+    buffer_dtype: str | None = None
     # each parameter tensor's decoder block (parameters() order), -1 before the blocks (the
     # embedding, a vision tower), -2 after (the final norm, the head); None: the card names no
     # tensors, or its blocks are not one run of numbered modules (`at_layers` then refuses)
@@ -849,6 +852,7 @@ def card_from_dict(data: Mapping[str, Any], key: str, source: str = "", digest: 
         block_buffer_bytes=_block_buffer_bytes(params.get("block_buffer_bytes", []), kinds, where),
         attention_kernels=tuple(str(k) for k in data.get("attention_kernels") or ()),
         transformers=_release(data.get("transformers"), where),
+        buffer_dtype=_buffer_dtype(data.get("buffer_dtype"), where),
         linear_attention=_linear_attention(data.get("linear_attention"), where),
         token_quantum=_token_quantum(data.get("token_quantum"), where),
         checkpointing=_checkpointing(data.get("checkpointing", True), where),
@@ -932,6 +936,12 @@ def _linear_attention(value: Any, where: str) -> str | None:
     if value not in (LINEAR_ATTENTION_FLA, STATE_SPACE_TORCH, STATE_SPACE_KERNELS):
         raise CardError(f"{where}: linear_attention must be {LINEAR_ATTENTION_FLA!r}, {STATE_SPACE_TORCH!r} or "
                         f"{STATE_SPACE_KERNELS!r}, not {value!r}")
+    return value
+
+
+def _buffer_dtype(value: Any, where: str) -> str | None:
+    if value is not None and value != "bfloat16":
+        raise CardError(f"{where}: buffer_dtype must be \"bfloat16\" or absent, not {value!r}")
     return value
 
 

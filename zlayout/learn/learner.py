@@ -16,6 +16,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from zlayout.core.card import (LINEAR_ATTENTION_FLA, SCATTER_SUFFIX, STATE_SPACE_KERNELS, STATE_SPACE_TORCH,
                                STRIDED_SUFFIX, UNALIGNED_SUFFIX, linear_attention_assumed)
@@ -290,6 +291,48 @@ def weights_saved_as_views(model: nn.Module, blocks: nn.ModuleList, keep: list[i
     finally:
         torch.nn.functional.linear = original_linear
     return held
+
+
+class _SameDtypeMatmuls(TorchDispatchMode):
+    """Raises where a matrix product meets two floating dtypes, as CUDA's kernels do ("expected
+    mat1 and mat2 to have the same dtype"); the meta device's `addmm` returns the wider one."""
+
+    PRODUCTS = (torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm, torch.ops.aten.baddbmm,
+                torch.ops.aten.addbmm)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in self.PRODUCTS:
+            dtypes = {a.dtype for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()}
+            if len(dtypes) > 1:
+                raise RuntimeError(f"{func}: expected the same dtype, got {sorted(map(str, dtypes))}")
+        return func(*args, **(kwargs or {}))
+
+
+def buffer_cast_needed(model: nn.Module, blocks: nn.ModuleList, keep: list[int], tokens: int = 64) -> bool:
+    """Whether the model fails to run with bf16 weights beside its buffers as built, as DeepSpeed
+    0.19 trains it: the engine casts the parameters only and keeps each buffer's dtype unless the
+    config sets `data_types.buffer_dtype` (engine._cast_module_mixed_precision). openai-gpt
+    multiplies its float32 causal mask into the attention weights, xglm adds its float32
+    sinusoidal table to the embeddings; the next matmul or norm meets bf16 weights and raises.
+    Such a model trains only with the buffers cast (the card's `buffer_dtype`, which
+    profile.ds_config writes); every other keeps its buffers, as its code expects (rotary
+    inv_freq in float32). One forward and backward of the traced blocks at `tokens`; an error
+    that is not about dtypes is left to the learning that follows."""
+    floating = [p for p in model.parameters() if p.is_floating_point()]
+    before = [p.data for p in floating]
+    for p in floating:
+        p.data = p.data.to(torch.bfloat16)
+    ids = torch.zeros(1, tokens, dtype=torch.long, device=before[0].device if before else "meta")
+    try:
+        with _truncated(model, blocks, keep), _patched(StorageLedger()), _SameDtypeMatmuls():
+            out = model(input_ids=ids, labels=ids, use_cache=False)
+            (out.loss if hasattr(out, "loss") else out[0]).backward()
+    except Exception as exc:  # noqa: BLE001: the model's own code, run on a few of its blocks
+        return "dtype" in str(exc) or "scalar type" in str(exc)
+    finally:
+        for p, data in zip(floating, before):
+            p.data, p.grad = data, None
+    return False
 
 
 # --------------------------------------------------------------------------- one step
@@ -1158,7 +1201,8 @@ def _learn(config: Mapping[str, Any], positions: int | None = None) -> dict[str,
     buffer_bytes = sum(_bytes(b) for b in model.buffers() if id(b) not in block_buffers)
     block_buffer_bytes = [sum(_bytes(b) for b in blocks[kinds.index(kind)].buffers())
                           for kind in range(max(kinds) + 1)]
-    model.bfloat16()  # DeepSpeed trains the bf16 copy
+    buffer_cast = buffer_cast_needed(model, blocks, keep)
+    model.bfloat16()  # DeepSpeed trains the bf16 copy (and with buffer_dtype set, casts the buffers too)
     in_blocks = {id(p) for p in blocks.parameters()}
     within = {} if positions is None else {"to_trace": positions_regime(positions), "long_check": False}
     try:
@@ -1187,6 +1231,8 @@ def _learn(config: Mapping[str, Any], positions: int | None = None) -> dict[str,
         # the kernels scaled_dot_product_attention runs on a CUDA GPU (trace.cuda_sdpa_kernel)
         "attention_kernels": sorted(attention_kernels),
         "dtype": "bfloat16",
+        # DeepSpeed must cast the buffers too (data_types.buffer_dtype): `buffer_cast_needed`
+        **({"buffer_dtype": "bfloat16"} if buffer_cast else {}),
         "transformers": transformers.__version__,
         "torch": torch.__version__.split("+")[0],
         "fit_error": round(worst, 6),

@@ -54,6 +54,11 @@ def ds_config(inp: PlanInput, layout: Layout, nvme_path: str = DEFAULT_NVME_PATH
         config["bf16"] = {"enabled": True}
     elif t.precision == "fp16":
         config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
+    card = inp.model.card
+    if card is not None and card.buffer_dtype is not None and t.precision != "fp32":
+        # DeepSpeed casts only the weights unless told (engine._cast_module_mixed_precision); this
+        # model's float32 buffers meet its bf16 activations and the next matmul fails without it
+        config["data_types"] = {"buffer_dtype": t.precision}
     if team is not None:
         for key in ("optimizer", "steps_per_print", "wall_clock_breakdown"):
             config.pop(key)

@@ -17,7 +17,7 @@ import math
 from typing import Any, Mapping
 
 OWNED_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size",
-              "zero_optimization", "gradient_clipping", "bf16", "fp16")
+              "zero_optimization", "gradient_clipping", "bf16", "fp16", "data_types")
 # zlayout's own choice where the team gives none (what ds_config.json held before --ds-config)
 DEFAULT_TEAM = {"optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.0}},
                 "steps_per_print": 1_000_000_000, "wall_clock_breakdown": False}
@@ -123,6 +123,10 @@ def import_team_config(config: Any, zlayout_config: Mapping[str, Any]) -> tuple[
         if str(theirs).lower() != ours:
             raise TeamConfigError(f"zero_optimization.{block}.device is {theirs!r} in yours, {ours!r} in the layout: "
                                   f"an offload changes memory; export with {flag} {theirs} to plan it, or remove it")
+    if "data_types" in owned and owned["data_types"] != zlayout_config.get("data_types"):
+        # zlayout writes it only where the model needs its buffers cast (a card's buffer_dtype)
+        raise TeamConfigError(f"data_types: changes memory zlayout does not price ({REFUSED['data_types']}); "
+                              "remove it")
     for key in OWNED_KEYS:
         if key in owned and owned[key] != zlayout_config.get(key):
             notes.append(f"{key}: yours {_short(owned[key])}, zlayout's {_short(zlayout_config.get(key))}")
