@@ -63,7 +63,9 @@ def learn_default(model_type: str, folder: Path) -> tuple[str, str, str]:
              if line.strip() and not line.startswith("[transformers]")]
     card = [line.split(".toml: ", 1)[1] for line in lines if ".toml: " in line]
     last = card[0] if run.returncode == 0 and card else (lines[-1] if lines else "")
-    return model_type, outcome(run.returncode, last), last.replace(str(path), "CONFIG")[:220]
+    # learner.buffer_cast_needed: trains only with its float32 buffers cast (the card's buffer_dtype)
+    cast = " [buffers cast]" if any("float32 buffers meet" in line for line in lines) else ""
+    return model_type, outcome(run.returncode, last), last.replace(str(path), "CONFIG")[:220] + cast
 
 
 def main() -> int:

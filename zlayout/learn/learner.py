@@ -308,7 +308,7 @@ class _SameDtypeMatmuls(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def buffer_cast_needed(model: nn.Module, blocks: nn.ModuleList, keep: list[int], tokens: int = 64) -> bool:
+def buffer_cast_needed(model: nn.Module, blocks: nn.ModuleList, keep: list[int], tokens: int) -> bool:
     """Whether the model fails to run with bf16 weights beside its buffers as built, as DeepSpeed
     0.19 trains it: the engine casts the parameters only and keeps each buffer's dtype unless the
     config sets `data_types.buffer_dtype` (engine._cast_module_mixed_precision). openai-gpt
@@ -316,8 +316,8 @@ def buffer_cast_needed(model: nn.Module, blocks: nn.ModuleList, keep: list[int],
     sinusoidal table to the embeddings; the next matmul or norm meets bf16 weights and raises.
     Such a model trains only with the buffers cast (the card's `buffer_dtype`, which
     profile.ds_config writes); every other keeps its buffers, as its code expects (rotary
-    inv_freq in float32). One forward and backward of the traced blocks at `tokens`; an error
-    that is not about dtypes is left to the learning that follows."""
+    inv_freq in float32). One forward and backward of the traced blocks at `tokens` (the first
+    count traced); an error that is not about dtypes is left to the learning that follows."""
     floating = [p for p in model.parameters() if p.is_floating_point()]
     before = [p.data for p in floating]
     for p in floating:
@@ -1201,10 +1201,13 @@ def _learn(config: Mapping[str, Any], positions: int | None = None) -> dict[str,
     buffer_bytes = sum(_bytes(b) for b in model.buffers() if id(b) not in block_buffers)
     block_buffer_bytes = [sum(_bytes(b) for b in blocks[kinds.index(kind)].buffers())
                           for kind in range(max(kinds) + 1)]
-    buffer_cast = buffer_cast_needed(model, blocks, keep)
+    within = {} if positions is None else {"to_trace": positions_regime(positions), "long_check": False}
+    # at the first count traced, as _learn_regimes probes: BigBird turns its block-sparse attention
+    # into full attention for good below 704 tokens
+    buffer_cast = buffer_cast_needed(model, blocks, keep,
+                                     tokens=min((within.get("to_trace") or regimes_to_trace(config))[0][1]))
     model.bfloat16()  # DeepSpeed trains the bf16 copy (and with buffer_dtype set, casts the buffers too)
     in_blocks = {id(p) for p in blocks.parameters()}
-    within = {} if positions is None else {"to_trace": positions_regime(positions), "long_check": False}
     try:
         regimes, worst, attention_kernels, module_calls, trained = _learn_regimes(config, model, blocks, kinds, keep,
                                                                                   **within)
