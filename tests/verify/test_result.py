@@ -157,7 +157,10 @@ def test_an_offload_bound_prediction_says_one_run_is_not_the_layout(inp):
     assert "offload_s" in result["predicted"]
     result["predicted"].update(step_time_s=2.9, host_overhead_s=0.0, offload_s=2.8)
     assert "offload-bound (the CPU optimizer and host copies set 97% of the predicted step)" in format_result(result)
-    result["predicted"]["offload_s"] = 0.5  # 17%: the GPU's step
+    assert "zlayout calibrate" in format_result(result)  # 4.0 s measured against 2.9 planned: the host's rate
+    result["predicted"].update(step_time_s=4.0, offload_s=3.9)
+    assert "offload-bound" in format_result(result) and "zlayout calibrate" not in format_result(result)
+    result["predicted"].update(step_time_s=2.9, offload_s=0.5)  # 17%: the GPU's step
     assert "offload-bound" not in format_result(result)
 
 
