@@ -14,6 +14,8 @@ process into a temporary cards folder. Prints one line per type and a count per 
 About 35 minutes on 2 cores with --jobs 2 (Gemma-3n's default config alone takes a minute).
 2026-12-06 (transformers 5.24.0, torch 2.13.0 CPU, 2 cores): learned 164, transformers 19, refused 13,
 other 0 of 196 model types; after Mamba and Falcon-Mamba were learned (c64b6d2), learned 166 and refused 11.
+With the buffer-cast check (5adef3e, a7ab3ad): learned 166, transformers 19, refused 11, other 0; four learned
+types train only with their buffers cast (`[buffers cast]`): inkling2_loop_text, inkling2_text, openai-gpt, xglm.
 """
 
 from __future__ import annotations
