@@ -1558,3 +1558,15 @@ def test_the_ds_config_casts_the_buffers_only_where_the_card_asks(tmp_path, monk
         inp = plan_input_from_args(args)
         assert inp.model.card is not None and inp.model.card.buffer_dtype == "bfloat16"
         assert ds_config(inp, layout_from_args(args)).get("data_types") == cast
+
+
+def test_a_model_that_meets_float32_with_bf16_weights_even_with_its_buffers_cast_is_refused():
+    """Inkling-2's router casts its input to float32 for a weight it declares in float32, which
+    DeepSpeed casts to bf16 with every other (its keep-in-fp32 lists keep buffers only): the
+    product raises on a GPU whatever the buffers. Refused in one line, not planned."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model("inkling2_text").to_dict()
+    with pytest.raises(LearnError, match=r"^transformers' 'inkling2_text': its code runs a matrix product of float32 "
+                                         r"and bf16 tensors \(aten\.mm.* it cannot train in bf16 under DeepSpeed"):
+        learn(config)

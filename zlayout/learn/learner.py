@@ -310,29 +310,52 @@ class _SameDtypeMatmuls(TorchDispatchMode):
 
 def buffer_cast_needed(model: nn.Module, blocks: nn.ModuleList, keep: list[int], tokens: int) -> bool:
     """Whether the model fails to run with bf16 weights beside its buffers as built, as DeepSpeed
-    0.19 trains it: the engine casts the parameters only and keeps each buffer's dtype unless the
-    config sets `data_types.buffer_dtype` (engine._cast_module_mixed_precision). openai-gpt
-    multiplies its float32 causal mask into the attention weights, xglm adds its float32
-    sinusoidal table to the embeddings; the next matmul or norm meets bf16 weights and raises.
-    Such a model trains only with the buffers cast (the card's `buffer_dtype`, which
-    profile.ds_config writes); every other keeps its buffers, as its code expects (rotary
-    inv_freq in float32). One forward and backward of the traced blocks at `tokens` (the first
-    count traced); an error that is not about dtypes is left to the learning that follows."""
+    0.19 trains it, and runs with them cast: the engine casts the parameters only and keeps each
+    buffer's dtype unless the config sets `data_types.buffer_dtype`
+    (engine._cast_module_mixed_precision). openai-gpt multiplies its float32 causal mask into the
+    attention weights, xglm adds its float32 sinusoidal table to the embeddings; the next matmul
+    meets bf16 weights and raises. Such a model trains only with the buffers cast (the card's
+    `buffer_dtype`, which profile.ds_config writes); every other keeps its buffers, as its code
+    expects (rotary inv_freq in float32). A model that fails either way (Inkling-2's router casts
+    its input to float32 for a weight DeepSpeed makes bf16) cannot train in bf16 under DeepSpeed:
+    LearnError. A forward and backward of the traced blocks at `tokens` (the first count traced);
+    an error that is not about dtypes is left to the learning that follows."""
+    as_built = _dtype_error(model, blocks, keep, tokens, cast_buffers=False)
+    if as_built is None:
+        return False
+    cast = _dtype_error(model, blocks, keep, tokens, cast_buffers=True)
+    if cast is not None:
+        raise LearnError(f"its code runs a matrix product of float32 and bf16 tensors ({cast}) with every weight "
+                         "and buffer in bf16, as DeepSpeed casts them: it cannot train in bf16 under DeepSpeed "
+                         "as written; plan it by shape (--layers, --hidden, ...: the hand model)")
+    return True
+
+
+def _dtype_error(model: nn.Module, blocks: nn.ModuleList, keep: list[int], tokens: int,
+                 cast_buffers: bool) -> str | None:
+    """The first line of the dtype error a bf16 step raises (weights cast, buffers as built or
+    cast), or None where it runs (or fails otherwise: left to the learning)."""
     floating = [p for p in model.parameters() if p.is_floating_point()]
     before = [p.data for p in floating]
+    buffers = [(m, name, b) for m in model.modules() for name, b in m._buffers.items()
+               if cast_buffers and b is not None and b.is_floating_point()]
     for p in floating:
         p.data = p.data.to(torch.bfloat16)
+    for m, name, b in buffers:
+        m._buffers[name] = b.to(torch.bfloat16)
     ids = torch.zeros(1, tokens, dtype=torch.long, device=before[0].device if before else "meta")
     try:
         with _truncated(model, blocks, keep), _patched(StorageLedger()), _SameDtypeMatmuls():
             out = model(input_ids=ids, labels=ids, use_cache=False)
             (out.loss if hasattr(out, "loss") else out[0]).backward()
     except Exception as exc:  # noqa: BLE001: the model's own code, run on a few of its blocks
-        return "dtype" in str(exc) or "scalar type" in str(exc)
+        return _gist(exc) if "dtype" in str(exc) or "scalar type" in str(exc) else None
     finally:
         for p, data in zip(floating, before):
             p.data, p.grad = data, None
-    return False
+        for m, name, b in buffers:
+            m._buffers[name] = b
+    return None
 
 
 # --------------------------------------------------------------------------- one step
@@ -1204,8 +1227,11 @@ def _learn(config: Mapping[str, Any], positions: int | None = None) -> dict[str,
     within = {} if positions is None else {"to_trace": positions_regime(positions), "long_check": False}
     # at the first count traced, as _learn_regimes probes: BigBird turns its block-sparse attention
     # into full attention for good below 704 tokens
-    buffer_cast = buffer_cast_needed(model, blocks, keep,
-                                     tokens=min((within.get("to_trace") or regimes_to_trace(config))[0][1]))
+    try:
+        buffer_cast = buffer_cast_needed(model, blocks, keep,
+                                         tokens=min((within.get("to_trace") or regimes_to_trace(config))[0][1]))
+    except LearnError as exc:
+        raise LearnError(f"transformers' {config.get('model_type')!r}: {exc}") from None
     model.bfloat16()  # DeepSpeed trains the bf16 copy (and with buffer_dtype set, casts the buffers too)
     in_blocks = {id(p) for p in blocks.parameters()}
     try:
