@@ -1024,7 +1024,7 @@ def host_terms(c: _Layout, terms: _Terms, inp: PlanInput, layout: Layout, states
     # stage3.py _reassign_or_swap_out_partitioned_parameters copies each updated fp32 sub-group
     # into the GPU's bf16 partition with a blocking copy_, and PyTorch converts a CPU->GPU copy
     # of another dtype on the CPU first: a bf16 temporary of the sub-group beside every state
-    # (h200-2026-12-30 MiniMax-M2: 4.7 GiB under without it, 2 x 3.08e9 elements the largest)
+    # (h200-2026-12-30 MiniMax-M2: 4.7 GiB under without it; its largest sub-group 3.08e9 elements)
     host_states += terms.add("host", "step_upload_cast",
                              w * max(sub_groups) if stage == 3 and opt_where != "gpu" and param_where == "gpu"
                              and w != FP32_BYTES else 0, "deepspeed_buffers",
