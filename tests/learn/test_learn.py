@@ -480,14 +480,17 @@ def test_bigbird_keeps_the_block_sparse_attention_it_trains_with_at_its_4096_pos
     assert quadratic_flops(sparse) == 0 and quadratic_flops(full) > 0
 
 
+# XGLM at two blocks of width 64: its 2,048-row float32 sinusoidal table
+XGLM_TINY = {"model_type": "xglm", "d_model": 64, "num_layers": 2, "attention_heads": 4, "ffn_dim": 128,
+             "vocab_size": 256, "max_position_embeddings": 2048, "dropout": 0.0, "attention_dropout": 0.0,
+             "activation_dropout": 0.0}
+
+
 def test_a_buffer_the_first_step_grows_is_grown_before_the_traces():
     """XGLM's sinusoidal table holds 2,048 rows and is made again, longer, by a step past them, as a
     run's first step does once. The traces are of the steps after it (before: the 4,096-token trace
     made more requests than the 1,024-token one, and the card was refused as another path)."""
-    config = {"model_type": "xglm", "d_model": 64, "num_layers": 2, "attention_heads": 4, "ffn_dim": 128,
-              "vocab_size": 256, "max_position_embeddings": 2048, "dropout": 0.0, "attention_dropout": 0.0,
-              "activation_dropout": 0.0}
-    card = learn(config)
+    card = learn(XGLM_TINY)
     regime, = card["regimes"]
     assert regime["tokens_fitted"] == [1024, 2048, 4096] and "min_tokens" not in regime
 
@@ -1532,14 +1535,11 @@ def test_a_model_whose_float32_buffers_meet_its_bf16_weights_asks_for_its_buffer
     weight (Llama's rotary table in float32) keeps them as built."""
     from zlayout.core.card import card_from_dict
 
-    xglm = {"model_type": "xglm", "d_model": 64, "num_layers": 2, "attention_heads": 4, "ffn_dim": 128,
-            "vocab_size": 256, "max_position_embeddings": 2048, "dropout": 0.0, "attention_dropout": 0.0,
-            "activation_dropout": 0.0}
     llama = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256}
     gpt = json.loads((CARD_ONLY / "openai-gpt-tiny.json").read_text())
     assert learn(gpt).get("buffer_dtype") == "bfloat16"
-    assert learn(xglm).get("buffer_dtype") == "bfloat16"
+    assert learn(XGLM_TINY).get("buffer_dtype") == "bfloat16"
     assert "buffer_dtype" not in learn(llama)
     with pytest.raises(CardError, match="buffer_dtype"):
         card_from_dict({**learn(llama), "buffer_dtype": "float8"}, key="k")
