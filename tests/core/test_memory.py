@@ -304,6 +304,22 @@ def test_stage_2_holds_zeros_for_the_gradients_a_text_step_gives_a_vision_tower(
     assert "untrained_zero_gradients" not in {t.name for t in estimate_memory(inp, Layout(stage=3)).terms}
 
 
+def test_offload_staging_is_sized_by_the_cards_largest_tensor(monkeypatch):
+    """DeepSpeed sizes ZeRO-1/2's offload staging buffers by the largest parameter it flattens
+    (stage_1_and_2.py: temp_grad_buffer_for_gpu_offload, and the host's pinned twin). Phi-3's fused
+    gate/up (2 x 17,920 x 5,120 = 183.5M) is larger than its embedding (164.2M), which the hand
+    shape took for the largest: the card's tensor list is the one that says so."""
+    monkeypatch.delenv("ZLAYOUT_CARDS_DIR", raising=False)
+    inp = _shipped_card_input("Phi-3-medium-4k-instruct.json", "--seq", "4096")
+    model = inp.model
+    assert max(model.card.parameter_numels) == 2 * 17920 * 5120 > model.vocab * model.hidden
+    assert model.largest_tensor_numel() == 2 * 17920 * 5120
+    staging = {t.name: t.bytes for t in estimate_memory(inp, Layout(stage=2, offload_optimizer="cpu")).terms}
+    assert staging["offload_staging"] == 2 * 2 * 17920 * 5120
+    hand = model.model_copy(update={"card": None})
+    assert hand.largest_tensor_numel() == model.vocab * model.hidden
+
+
 def _planned(flags: str):
     import shlex
 

@@ -238,7 +238,9 @@ def _patched(ledger: StorageLedger):
         swaps.restore()
 
 
-def _bytes(tensor: torch.Tensor) -> int:
+def _numel_bytes(tensor: torch.Tensor) -> int:
+    """A tensor's bytes, every element counted (a buffer's size; trace._bytes is a kernel's traffic,
+    which reads a broadcast tensor's storage once)."""
     return tensor.numel() * tensor.element_size()
 
 
@@ -1221,8 +1223,8 @@ def _learn(config: Mapping[str, Any], positions: int | None = None) -> dict[str,
     keep = traced_blocks(kinds)
     # the buffers as built, before the cast: outside the blocks, and one block's of each kind
     block_buffers = {id(b) for b in blocks.buffers()}
-    buffer_bytes = sum(_bytes(b) for b in model.buffers() if id(b) not in block_buffers)
-    block_buffer_bytes = [sum(_bytes(b) for b in blocks[kinds.index(kind)].buffers())
+    buffer_bytes = sum(_numel_bytes(b) for b in model.buffers() if id(b) not in block_buffers)
+    block_buffer_bytes = [sum(_numel_bytes(b) for b in blocks[kinds.index(kind)].buffers())
                           for kind in range(max(kinds) + 1)]
     within = {} if positions is None else {"to_trace": positions_regime(positions), "long_check": False}
     # at the first count traced, as _learn_regimes probes: BigBird turns its block-sparse attention
