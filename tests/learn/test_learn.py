@@ -1545,6 +1545,28 @@ def test_a_model_whose_float32_buffers_meet_its_bf16_weights_asks_for_its_buffer
         card_from_dict({**learn(llama), "buffer_dtype": "float8"}, key="k")
 
 
+def test_float32_buffers_deepspeed_keeps_are_traced_in_float32(monkeypatch):
+    """DeepSpeed casts the parameters only; a buffer keeps its dtype, and an op that meets it runs in
+    it. CodeGen's sin/cos table is a float32 buffer, so its rotary runs in float32 on the GPU: the
+    card asks for those float32 tensors. Traced with every buffer cast (`model.bfloat16()`, the
+    learner before), its forward asked for less per token than the run does."""
+    from zlayout.learn import learner
+
+    codegen = {"model_type": "codegen", "n_embd": 128, "n_layer": 2, "n_head": 4, "rotary_dim": 16,
+               "vocab_size": 256, "bos_token_id": 0, "eos_token_id": 0, "n_positions": 2048, "n_ctx": 2048,
+               "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+
+    def forward_bytes_per_token(card: dict) -> float:
+        return sum(request[1] for request in card["regimes"][0]["blocks"][0]["forward"] if request[1] > 0)
+
+    as_deepspeed = learn(codegen)
+    assert "buffer_dtype" not in as_deepspeed  # it runs with the table as built
+    cast = learner.cast_as_deepspeed
+    monkeypatch.setattr(learner, "cast_as_deepspeed", lambda model, buffers: cast(model, buffers=True))
+    all_cast = learn(codegen)
+    assert forward_bytes_per_token(as_deepspeed) > forward_bytes_per_token(all_cast)
+
+
 def test_the_ds_config_casts_the_buffers_only_where_the_card_asks(tmp_path, monkeypatch):
     from zlayout.cli import build_parser, layout_from_args, plan_input_from_args
     from zlayout.profile.ds_config import ds_config

@@ -333,6 +333,21 @@ def buffer_cast_needed(model: nn.Module, blocks: nn.ModuleList, keep: list[int],
     return True
 
 
+def cast_as_deepspeed(model: nn.Module, buffers: bool) -> None:
+    """The dtypes DeepSpeed trains the model in: every floating parameter in bf16
+    (engine._cast_module_mixed_precision), a buffer only with `data_types.buffer_dtype` set (the
+    card's `buffer_dtype`); the others keep their dtype, and an op that meets one runs in it (CodeGen's
+    and GPT-J's float32 sin/cos table makes their rotary float32)."""
+    for p in model.parameters():
+        if p.is_floating_point():
+            p.data = p.data.to(torch.bfloat16)
+    if buffers:
+        for m in model.modules():
+            for name, b in m._buffers.items():
+                if b is not None and b.is_floating_point():
+                    m._buffers[name] = b.to(torch.bfloat16)
+
+
 def _dtype_error(model: nn.Module, blocks: nn.ModuleList, keep: list[int], tokens: int,
                  cast_buffers: bool) -> str | None:
     """The first line of the dtype error a bf16 step raises (weights cast, buffers as built or
@@ -1234,7 +1249,7 @@ def _learn(config: Mapping[str, Any], positions: int | None = None) -> dict[str,
                                          tokens=min((within.get("to_trace") or regimes_to_trace(config))[0][1]))
     except LearnError as exc:
         raise LearnError(f"transformers' {config.get('model_type')!r}: {exc}") from None
-    model.bfloat16()  # DeepSpeed trains the bf16 copy (and with buffer_dtype set, casts the buffers too)
+    cast_as_deepspeed(model, buffers=buffer_cast)
     in_blocks = {id(p) for p in blocks.parameters()}
     try:
         regimes, worst, attention_kernels, module_calls, trained = _learn_regimes(config, model, blocks, kinds, keep,
