@@ -355,11 +355,8 @@ def _dtype_error(model: nn.Module, blocks: nn.ModuleList, keep: list[int], token
     floating = [p for p in model.parameters() if p.is_floating_point()]
     before = [p.data for p in floating]
     buffers = [(m, name, b) for m in model.modules() for name, b in m._buffers.items()
-               if cast_buffers and b is not None and b.is_floating_point()]
-    for p in floating:
-        p.data = p.data.to(torch.bfloat16)
-    for m, name, b in buffers:
-        m._buffers[name] = b.to(torch.bfloat16)
+               if b is not None and b.is_floating_point()]
+    cast_as_deepspeed(model, buffers=cast_buffers)
     ids = torch.zeros(1, tokens, dtype=torch.long, device=before[0].device if before else "meta")
     try:
         with _truncated(model, blocks, keep), _patched(StorageLedger()), _SameDtypeMatmuls():
