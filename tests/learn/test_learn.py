@@ -1545,6 +1545,23 @@ def test_a_model_whose_float32_buffers_meet_its_bf16_weights_asks_for_its_buffer
         card_from_dict({**learn(llama), "buffer_dtype": "float8"}, key="k")
 
 
+def test_the_dtype_check_refuses_mixed_products_and_convolutions_as_cuda_does():
+    """The meta device runs a bf16 weight against a float32 input and returns float32; CUDA's kernels
+    raise. The check raises on both products and convolutions, and leaves same-dtype ones alone."""
+    from zlayout.learn.learner import SameDtypeProducts
+
+    def meta(*shape, dtype=torch.bfloat16):
+        return torch.empty(*shape, device="meta", dtype=dtype)
+
+    with SameDtypeProducts():
+        torch.nn.functional.linear(meta(4, 8), meta(16, 8))
+        torch.nn.functional.conv1d(meta(1, 8, 32), meta(8, 1, 4), groups=8)
+        with pytest.raises(RuntimeError, match="same dtype"):
+            torch.nn.functional.linear(meta(4, 8, dtype=torch.float32), meta(16, 8))
+        with pytest.raises(RuntimeError, match="same dtype"):
+            torch.nn.functional.conv1d(meta(1, 8, 32, dtype=torch.float32), meta(8, 1, 4), groups=8)
+
+
 def test_float32_buffers_deepspeed_keeps_are_traced_in_float32(monkeypatch):
     """DeepSpeed casts the parameters only; a buffer keeps its dtype, and an op that meets it runs in
     it. CodeGen's sin/cos table is a float32 buffer, so its rotary runs in float32 on the GPU: the
@@ -1589,6 +1606,6 @@ def test_a_model_that_meets_float32_with_bf16_weights_even_with_its_buffers_cast
     from transformers import AutoConfig
 
     config = AutoConfig.for_model("inkling2_text").to_dict()
-    with pytest.raises(LearnError, match=r"^transformers' 'inkling2_text': its code runs a matrix product of float32 "
+    with pytest.raises(LearnError, match=r"^transformers' 'inkling2_text': its code runs a product of float32 "
                                          r"and bf16 tensors \(aten\.mm.* it cannot train in bf16 under DeepSpeed"):
         learn(config)

@@ -295,16 +295,19 @@ def weights_saved_as_views(model: nn.Module, blocks: nn.ModuleList, keep: list[i
     return held
 
 
-class _SameDtypeMatmuls(TorchDispatchMode):
-    """Raises where a matrix product meets two floating dtypes, as CUDA's kernels do ("expected
-    mat1 and mat2 to have the same dtype"); the meta device's `addmm` returns the wider one."""
+class SameDtypeProducts(TorchDispatchMode):
+    """Raises where a matrix product or a convolution meets two floating dtypes, as CUDA's kernels
+    do ("expected mat1 and mat2 to have the same dtype", "Input type (float) and weight type
+    (c10::BFloat16) should be the same"); the meta device returns the wider one. Norms are not
+    checked: CUDA's layer norm takes a bf16 input with float32 weights."""
 
     PRODUCTS = (torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm, torch.ops.aten.baddbmm,
-                torch.ops.aten.addbmm)
+                torch.ops.aten.addbmm, torch.ops.aten.convolution)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func.overloadpacket in self.PRODUCTS:
-            dtypes = {a.dtype for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()}
+            operands = args[:3] if func.overloadpacket is torch.ops.aten.convolution else args  # input, weight, bias
+            dtypes = {a.dtype for a in operands if isinstance(a, torch.Tensor) and a.is_floating_point()}
             if len(dtypes) > 1:
                 raise RuntimeError(f"{func}: expected the same dtype, got {sorted(map(str, dtypes))}")
         return func(*args, **(kwargs or {}))
@@ -327,7 +330,7 @@ def buffer_cast_needed(model: nn.Module, blocks: nn.ModuleList, keep: list[int],
         return False
     cast = _dtype_error(model, blocks, keep, tokens, cast_buffers=True)
     if cast is not None:
-        raise LearnError(f"its code runs a matrix product of float32 and bf16 tensors ({cast}) with every weight "
+        raise LearnError(f"its code runs a product of float32 and bf16 tensors ({cast}) with every weight "
                          "and buffer in bf16, as DeepSpeed casts them: it cannot train in bf16 under DeepSpeed "
                          "as written; plan it by shape (--layers, --hidden, ...: the hand model)")
     return True
@@ -359,7 +362,7 @@ def _dtype_error(model: nn.Module, blocks: nn.ModuleList, keep: list[int], token
     cast_as_deepspeed(model, buffers=cast_buffers)
     ids = torch.zeros(1, tokens, dtype=torch.long, device=before[0].device if before else "meta")
     try:
-        with _truncated(model, blocks, keep), _patched(StorageLedger()), _SameDtypeMatmuls():
+        with _truncated(model, blocks, keep), _patched(StorageLedger()), SameDtypeProducts():
             out = model(input_ids=ids, labels=ids, use_cache=False)
             (out.loss if hasattr(out, "loss") else out[0]).backward()
     except Exception as exc:  # noqa: BLE001: the model's own code, run on a few of its blocks
