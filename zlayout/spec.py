@@ -561,11 +561,9 @@ class ModelSpec(Frozen):
         """The largest single parameter (sizes DeepSpeed's stage-3 fetch of one module).
 
         transformers (v5) stores a MoE block's experts as two fused tensors, [experts, 2*ffn,
-        hidden] and [experts, hidden, ffn]: each is one parameter. A learned card lists the class's
-        tensors exactly (Phi-3's fused gate/up above its embedding, Gemma-3n's per-layer table):
-        DeepSpeed sizes its offload staging buffers by the largest of those."""
-        if self.card is not None and self.card.parameter_numels:
-            return max(self.card.parameter_numels)
+        hidden] and [experts, hidden, ffn]: each is one parameter. The hand shape's: the plan
+        takes the largest of the tensors it lays out (core.tensors.parameter_tensor_sizes: a learned
+        card's for a transformers class)."""
         h = self.hidden
         sizes = [self.vocab * h, h * (self.q_size + 2 * self.kv_size), self.ffn_size * h]
         if self.is_moe:

@@ -308,16 +308,28 @@ def test_offload_staging_is_sized_by_the_cards_largest_tensor(monkeypatch):
     """DeepSpeed sizes ZeRO-1/2's offload staging buffers by the largest parameter it flattens
     (stage_1_and_2.py: temp_grad_buffer_for_gpu_offload, and the host's pinned twin). Phi-3's fused
     gate/up (2 x 17,920 x 5,120 = 183.5M) is larger than its embedding (164.2M), which the hand
-    shape took for the largest: the card's tensor list is the one that says so."""
+    shape took for the largest: the card's tensor list is the one that says so, for the transformers
+    class it was learned from. Without a card the tensors are laid out by hand, per implementation:
+    transformers' Phi-3 shape by hand keeps gate and up apart (the embedding is the largest),
+    zlayout's own GPT (`--impl zlayout`) fuses them."""
+    from zlayout.core.tensors import parameter_tensor_sizes
+
     monkeypatch.delenv("ZLAYOUT_CARDS_DIR", raising=False)
     inp = _shipped_card_input("Phi-3-medium-4k-instruct.json", "--seq", "4096")
     model = inp.model
     assert max(model.card.parameter_numels) == 2 * 17920 * 5120 > model.vocab * model.hidden
-    assert model.largest_tensor_numel() == 2 * 17920 * 5120
-    staging = {t.name: t.bytes for t in estimate_memory(inp, Layout(stage=2, offload_optimizer="cpu")).terms}
-    assert staging["offload_staging"] == 2 * 2 * 17920 * 5120
+    assert max(parameter_tensor_sizes(model, "hf")) == 2 * 17920 * 5120
+
+    def staging(plan_input) -> int:
+        terms = estimate_memory(plan_input, Layout(stage=2, offload_optimizer="cpu")).terms
+        return {t.name: t.bytes for t in terms}["offload_staging"]
+
+    assert staging(inp) == 2 * 2 * 17920 * 5120
     hand = model.model_copy(update={"card": None})
     assert hand.largest_tensor_numel() == model.vocab * model.hidden
+    assert staging(inp.model_copy(update={"model": hand})) == 2 * model.vocab * model.hidden
+    own_gpt = inp.model_copy(update={"training": inp.training.model_copy(update={"impl": "zlayout"})})
+    assert staging(own_gpt) == 2 * 2 * 17920 * 5120
 
 
 def _planned(flags: str):

@@ -574,10 +574,13 @@ class _Layout:
         # ZeRO-3's optimizer sub-groups, this GPU's partition of each (whole tensors until
         # sub_group_size is reached: tensors.stage3_sub_groups): the step, the host's pinned
         # gradient buffers and the NVMe swap buffers are sized by them
+        tensors = parameter_tensor_sizes(self.model, self.training.impl)
         self.sub_groups: list[int] = []
         if self.stage == 3:
-            self.sub_groups = [part for part, _ in stage3_sub_groups(
-                parameter_tensor_sizes(self.model, self.training.impl), self.n, self.zero.sub_group_size)]
+            self.sub_groups = [part for part, _ in stage3_sub_groups(tensors, self.n, self.zero.sub_group_size)]
+        # the largest parameter DeepSpeed flattens (the card's where the class is transformers':
+        # Phi-3's fused gate/up above its embedding): ZeRO-1/2's offload staging, the largest request
+        self.largest_tensor = max(tensors)
         self.init = model_init(self.training.init, self.stage)
         place: dict[str, Where] = {"gpu": "gpu", "cpu": "host", "nvme": "nvme"}
         self.opt_where, self.param_where = place[layout.offload_optimizer], place[layout.offload_param]
@@ -682,7 +685,7 @@ def deepspeed_buffer_terms(c: _Layout, terms: _Terms) -> Buffers:
               f"reduce_bucket_size = {zero.reduce_bucket_size:.0e} elements"
               + (" x2: overlap_comm double-buffers" if zero.overlap_comm and stage in (1, 2) else "")
               + ("; allocated at initialization" if stage == 3 else "; during backward"))
-    staging = terms.add("gpu", "offload_staging", model.largest_tensor_numel() * w if stage in (1, 2) and not opt_on_gpu
+    staging = terms.add("gpu", "offload_staging", c.largest_tensor * w if stage in (1, 2) and not opt_on_gpu
                   else 0, "deepspeed_buffers",
                   "GPU buffer that stages gradients for the host optimizer (the largest tensor)")
     live = persistent = held_head = held_block = 0
@@ -865,9 +868,9 @@ def phase_peaks(c: _Layout, states_: ModelStates, buffers: Buffers,
                                            card.largest_block_request(t.micro_batch, t.seq, ckpt, c.device))
     if stage == 3 and init == "bf16-gpu":
         # the whole model on every GPU before deepspeed.initialize partitions it
-        phases["model build"] = (w * p, model.largest_tensor_numel() * w)
+        phases["model build"] = (w * p, c.largest_tensor * w)
     if stage == 0:
-        phases["backward (end)"] = (states + grads + recompute, model.largest_tensor_numel() * w)
+        phases["backward (end)"] = (states + grads + recompute, c.largest_tensor * w)
     if model.is_moe:
         gate_up_numel = model.experts * (2 if model.mlp == "swiglu" else 1) * model.expert_ffn_size * model.hidden
         mask_bytes = tokens * (model.top_k or 0) * (model.experts + 1) * 8
@@ -919,7 +922,7 @@ def stage12_offload_cast_phase(c: _Layout, states: int, saved: int, head_in: int
         part = min(numel, c.p_shard)  # this GPU's share of it (grad_position's num_elements)
         return states + alive + ipg + numel * w + part * 8, part * 8
 
-    largest, vocab = model.largest_tensor_numel(), model.vocab * model.hidden
+    largest, vocab = c.largest_tensor, model.vocab * model.hidden
     if largest != vocab or largest <= zero.reduce_bucket_size:
         return cast(largest, every)
     if not model.tie_embeddings:
@@ -1013,7 +1016,7 @@ def host_terms(c: _Layout, terms: _Terms, inp: PlanInput, layout: Layout, states
                                "round up to a power of two")
             # stage_1_and_2.py: temp_grad_buffer_for_cpu_offload, the host side of the GPU's
             # offload_staging, pinned at initialization
-            host_states += terms.add("host", "offload_gradient_staging", pin(w * model.largest_tensor_numel()),
+            host_states += terms.add("host", "offload_gradient_staging", pin(w * c.largest_tensor),
                                "deepspeed_buffers",
                                "pinned buffer that receives the largest tensor's gradient from the GPU")
         else:
