@@ -309,3 +309,49 @@ def test_an_op_of_several_kernels_costs_the_host_one_op_and_a_launch_for_each_fu
     # a tiny model's step is its host's: the card that knows its ops is the shorter
     assert steptime.estimate_step_time(runs["cards"], layout).step_time_s \
         < steptime.estimate_step_time(runs["older"], layout).step_time_s
+
+
+BATCH_31 = Path(__file__).resolve().parents[2] / "benchmarks" / "measurements" / "h200-2026-12-31"
+
+
+@pytest.mark.parametrize(("vocab", "align"), [(50257, 1), (246534, 2), (40478, 2), (50358, 2), (32004, 4),
+                                              (50304, 8), (256000, 8)])
+def test_the_heads_gemm_alignment_is_the_vocabularys_largest_power_of_two_up_to_8(vocab, align):
+    assert steptime.head_gemm_alignment(vocab) == align
+
+
+def test_an_even_misaligned_vocabularys_head_runs_on_the_faster_half_aligned_kernels(monkeypatch):
+    """CTRL's 246,534-word head (h200-2026-12-31 profiles/prof-12: 5.17 TFLOP a GEMM on cuBLAS's
+    sm80 align2 kernels, 0.268 of the peak): its card records the head's GEMMs as misaligned; the
+    plan prices them at HALF_ALIGNED_HEAD_EFFICIENCY, where an odd vocabulary's run at
+    UNALIGNED_HEAD_EFFICIENCY, and the blocks' GEMMs keep the aligned rate."""
+    monkeypatch.setenv(cards.CARDS_DIR_ENV, str(BATCH_31 / "heldout" / "cards"))
+    args = build_parser().parse_args(["plan", "--hf-config", str(BATCH_31 / "configs" / "ctrl-default.json"),
+                                      "--layers", "16", "--seq", "256", "--micro-batch", "32", "--gpu", "h100",
+                                      "--gpus-per-node", "1"])
+    inp = plan_input_from_args(args)
+    assert inp.model.card is not None and inp.model.vocab == 246534
+    fwd, bwd = steptime.micro_step_work(inp, Layout(stage=1))
+    head = 2 * 256 * 32 * 1280 * 246534  # tokens x hidden x vocab, two FLOPs each
+    assert fwd.half_aligned_gemm_flops == pytest.approx(head, rel=1e-6)
+    assert bwd.half_aligned_gemm_flops == pytest.approx(2 * head, rel=1e-6)
+    assert fwd.unaligned_gemm_flops == bwd.unaligned_gemm_flops == 0
+    odd = replace(fwd, half_aligned_gemm_flops=0.0, unaligned_gemm_flops=head)
+    ratio = steptime.HALF_ALIGNED_HEAD_EFFICIENCY / steptime.UNALIGNED_HEAD_EFFICIENCY
+    saved = steptime.phase_kernel_s(inp, odd) - steptime.phase_kernel_s(inp, fwd)
+    assert saved == pytest.approx(head / (inp.hardware.gpu.peak_bf16_flops * steptime.UNALIGNED_HEAD_EFFICIENCY)
+                                  * (1 - 1 / ratio), rel=1e-6)
+    # the run (5 steps, one H100): 0.210 s a step; priced as an odd vocabulary's head it was 0.314
+    step = steptime.estimate_step_time(inp, Layout(stage=1)).step_time_s
+    assert 0.210 < step < 0.26
+
+
+def test_an_odd_vocabularys_head_stays_on_the_one_element_kernels():
+    args = build_parser().parse_args(["plan", "--layers", "4", "--hidden", "1024", "--heads", "16",
+                                      "--vocab", "50257", "--gpu", "h200", "--gpus-per-node", "1"])
+    fwd, _ = steptime.micro_step_work(plan_input_from_args(args), Layout(stage=1))
+    assert fwd.unaligned_gemm_flops > 0 and fwd.half_aligned_gemm_flops == 0
+    even = build_parser().parse_args(["plan", "--layers", "4", "--hidden", "1024", "--heads", "16",
+                                      "--vocab", "50258", "--gpu", "h200", "--gpus-per-node", "1"])
+    fwd2, _ = steptime.micro_step_work(plan_input_from_args(even), Layout(stage=1))
+    assert fwd2.unaligned_gemm_flops == 0 and fwd2.half_aligned_gemm_flops > 0

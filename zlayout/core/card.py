@@ -534,6 +534,26 @@ class ModelCard:
         phase = regime.head_checkpointed_forward if checkpointing else regime.head_forward
         return phase.net(micro_batch, seq)
 
+    def head_held_at_next_hook(self, micro_batch: int, seq: int, checkpointing: bool, weight_bytes: int,
+                               head_numel: int) -> int | None:
+        """What the final norm, the head and the loss hold when the weight gradient after the
+        head's reaches its hook (the final norm's, where ZeRO-3 reduces a head gradient larger
+        than its IPG bucket): the forward's saved tensors plus the head's backward up to that
+        hook, the head's gradient not counted (its hook comes first). None where the card's head
+        backward makes no gradient of the head's size."""
+        regime = self.regime(seq, micro_batch)
+        forward = regime.head_checkpointed_forward if checkpointing else regime.head_forward
+        backward = regime.head_checkpointed_backward if checkpointing else regime.head_backward
+        head, sizes = head_numel * weight_bytes, {numel * weight_bytes for numel in self.parameter_numels}
+        constant = [(i, int(poly[2])) for i, poly in enumerate(backward.requests) if poly[0] == 0 and poly[1] == 0]
+        made = next((i for i, size in constant if size == head), None)
+        own = next((i for i, size in constant if made is not None and i > made and size == -head), None)
+        if own is None:
+            return None
+        nxt = next((i for i, size in constant if i > own and -size in sizes), len(backward.requests))
+        live = sum(bytes_at(poly, micro_batch, seq) for poly in backward.requests[:nxt])
+        return max(0, int(round(forward.net(micro_batch, seq) + live)))
+
     def head_backward_peak_bytes(self, micro_batch: int, seq: int, checkpointing: bool, device: Device) -> int:
         """The most the loss's and head's backward hold above what the forward left."""
         regime = self.regime(seq, micro_batch)

@@ -966,10 +966,16 @@ def stage3_offload_reduce_phases(c: _Layout, states: int, live: int, saved: int,
     phases = {"backward (embedding reduce)": (states + (-(-embedding // n) * n * w if gather else 0)
                                               + reduce(embedding), request(embedding))}
     head = model.vocab * model.hidden
-    if not model.tie_embeddings and head > zero.reduce_bucket_size:
-        phases["backward (head reduce)"] = (states + max(0, live - head * w) + saved + head_in + reduce(head),
-                                            request(head))
     card = card_of(model, t)
+    if not model.tie_embeddings and head > zero.reduce_bucket_size:
+        # from a card, what the head's phase still holds at the final norm's hook: the loss's
+        # tensors are freed by then (cwm at 4 blocks, h200-2026-12-31: the forward's 2.0 GiB
+        # counted whole put this phase 1.86 GiB over the traced peak)
+        held_head = card.head_held_at_next_hook(t.micro_batch, t.seq, t.checkpointing == "full", w, head) \
+            if card is not None else None
+        phases["backward (head reduce)"] = (states + max(0, live - head * w) + saved
+                                            + (head_in if held_head is None else held_head) + reduce(head),
+                                            request(head))
     largest = card.largest_weight_gradient(t.micro_batch, t.seq, t.checkpointing == "full", w) if card else None
     if largest is not None:
         numel, held = largest.bytes // w, largest.live_at_next_hook

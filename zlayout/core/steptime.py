@@ -88,6 +88,13 @@ GEMM_HALF_WIDTH = 140
 # loads (GPT-2's 50257; nanoGPT pads it to 50304 for this): the head's three GEMMs and the loss's
 # passes run on slower kernels, the head's GEMMs at this achieved / peak.
 UNALIGNED_HEAD_EFFICIENCY = 0.127
+# A vocabulary of an even size that is not a multiple of 8 (CTRL's 246,534, openai-gpt's 40,478,
+# BigBird's 50,358) aligns its rows to 2 or 4 elements: cuBLAS then runs CUTLASS's sm80 16816
+# kernels for 2-element alignment, not the sm75 1688 ones an odd vocabulary gets. FITTED (in-sample)
+# on one profile: CTRL at 16 layers, 32 x 256 tokens, one H100 (h200-2026-12-31 profiles/prof-12:
+# the head's three GEMMs, 5.17 TFLOP each, in 20.06, 19.96 and 18.53 ms: 0.268 of the peak, where the
+# odd vocabularies' run at 0.10-0.15: GPT-2, granite-3.0-1b in h200-2026-12-13/-16's profiles).
+HALF_ALIGNED_HEAD_EFFICIENCY = 0.268
 # Memory-bound kernels on misaligned tensors (a card's `elementwise_unaligned`: rows of an odd
 # length, strided slices) run without vector loads, at this share of the aligned ones' bandwidth.
 # FITTED (in-sample) on one row: GPT-OSS-20B cut to 4 layers, ZeRO-2, 4096 tokens (h200-2026-12-06,
@@ -488,7 +495,7 @@ class PhaseWork:
     """What one pass (forward, or backward with its recompute) of one micro-step does on one GPU."""
 
     gemm_flops: float = 0.0  # dense layers' and the head's matmuls
-    unaligned_gemm_flops: float = 0.0  # the head's, when the vocabulary is not a multiple of 8
+    unaligned_gemm_flops: float = 0.0  # the head's, when the vocabulary is odd
     attention_flops: float = 0.0  # flash attention, in forward FLOPs (causal: halved) times forward-equivalents
     hbm_bytes: float = 0.0  # elementwise, norm, activation, rotary, loss and bookkeeping traffic
     kernels: float = 0.0  # kernel launches the host issues
@@ -507,6 +514,13 @@ class PhaseWork:
     unaligned_hbm_bytes: float = 0.0  # memory-bound ops on misaligned tensors (a card's `*_unaligned`)
     strided_hbm_bytes: float = 0.0  # pointwise ops over broadcast or strided operands (a card's `*_strided`)
     scatter_hbm_bytes: float = 0.0  # accumulating index_puts (a card's `*_scatter`)
+    half_aligned_gemm_flops: float = 0.0  # the head's, when the vocabulary is even but not a multiple of 8
+
+
+def head_gemm_alignment(vocab: int) -> int:
+    """The elements the head's GEMM rows align to: 8 (tensor cores' 16-byte loads), else 4, 2 or 1
+    (`UNALIGNED_HEAD_EFFICIENCY`, `HALF_ALIGNED_HEAD_EFFICIENCY`)."""
+    return min(8, vocab & -vocab) if vocab > 0 else 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -618,7 +632,9 @@ def card_work(inp: PlanInput, card) -> tuple[PhaseWork, PhaseWork]:
     stops once backward has what it needs)."""
     t = inp.training
     blocks_fwd, blocks_bwd, head_fwd, head_bwd = card.pass_work(t.micro_batch, t.seq, t.checkpointing == "full")
-    unaligned = inp.model.vocab % 8 != 0  # the head's GEMMs on the slower kernels (UNALIGNED_HEAD_EFFICIENCY)
+    # the head's GEMMs on the slower kernels of a misaligned vocabulary (head_gemm_alignment)
+    align = head_gemm_alignment(inp.model.vocab)
+    unaligned, half_aligned = align == 1, align in (2, 4)
     # The grouped experts' GEMMs run as fast as dense ones, their gradients' MOE_BACKWARD_GEMM_FACTOR
     # slower (the backward's recompute, with checkpointing, is a forward).
     recomputed = blocks_fwd.grouped_gemm_flops if t.checkpointing == "full" else 0.0
@@ -629,8 +645,11 @@ def card_work(inp: PlanInput, card) -> tuple[PhaseWork, PhaseWork]:
                                            (blocks_bwd, head_bwd, 0.0, grouped[1])):
         whole = blocks + head
         passes.append(PhaseWork(
-            gemm_flops=whole.gemm_flops - (head.gemm_flops if unaligned else 0.0) + experts,
-            unaligned_gemm_flops=whole.unaligned_gemm_flops + (head.gemm_flops if unaligned else 0.0),
+            gemm_flops=whole.gemm_flops - (head.gemm_flops if unaligned or half_aligned else 0.0) + experts,
+            unaligned_gemm_flops=whole.unaligned_gemm_flops + (head.gemm_flops if unaligned else 0.0)
+            - (head.unaligned_gemm_flops if half_aligned else 0.0),
+            # the head's GEMMs, misaligned by the vocabulary alone (a card records them as misaligned)
+            half_aligned_gemm_flops=head.gemm_flops + head.unaligned_gemm_flops if half_aligned else 0.0,
             unaligned_hbm_bytes=whole.unaligned_memory_bytes,
             strided_hbm_bytes=whole.strided_memory_bytes, scatter_hbm_bytes=whole.scatter_memory_bytes,
             batched_gemm_flops=whole.batched_gemm_flops, attention_flops=whole.attention_flops,
@@ -648,7 +667,8 @@ def hand_work(inp: PlanInput) -> tuple[PhaseWork, PhaseWork]:
     ckpt = t.checkpointing == "full"
     blocks = m.active_blocks_params()
     head = m.vocab * m.hidden
-    unaligned = m.vocab % 8 != 0
+    align = head_gemm_alignment(m.vocab)
+    unaligned = align < 8
     gemm_fwd = 2 * tokens * (blocks + (0 if unaligned else head))
     gemm_bwd = 2 * gemm_fwd + (2 * tokens * blocks if ckpt else 0)  # the head is never recomputed
     head_fwd = 2 * tokens * head if unaligned else 0.0
@@ -685,10 +705,12 @@ def hand_work(inp: PlanInput) -> tuple[PhaseWork, PhaseWork]:
     else:
         layer_fwd, layer_bwd = host_fwd, host_bwd
     top_fwd, top_bwd = TOP_KERNELS["hf" if t.impl == "hf" else "zlayout"]
-    return (PhaseWork(gemm_fwd, head_fwd, attn_fwd, bytes_fwd, layer_fwd + top_fwd, fixed_s=moe_fixed_fwd,
-                      host_kernels=host_fwd + top_fwd, host_fixed_s=HOST_FORWARD_FIXED_S),
-            PhaseWork(gemm_bwd, 2 * head_fwd, attn_bwd, bytes_bwd, layer_bwd + top_bwd + (layer_fwd if ckpt else 0),
-                      fixed_s=moe_fixed_bwd, host_kernels=host_bwd + top_bwd + (host_fwd if ckpt else 0)))
+    odd, even = (head_fwd, 0.0) if align == 1 else (0.0, head_fwd)
+    return (PhaseWork(gemm_fwd, odd, attn_fwd, bytes_fwd, layer_fwd + top_fwd, fixed_s=moe_fixed_fwd,
+                      host_kernels=host_fwd + top_fwd, host_fixed_s=HOST_FORWARD_FIXED_S, half_aligned_gemm_flops=even),
+            PhaseWork(gemm_bwd, 2 * odd, attn_bwd, bytes_bwd, layer_bwd + top_bwd + (layer_fwd if ckpt else 0),
+                      fixed_s=moe_fixed_bwd, host_kernels=host_bwd + top_bwd + (host_fwd if ckpt else 0),
+                      half_aligned_gemm_flops=2 * even))
 
 
 def micro_step_work(inp: PlanInput, layout: Layout) -> tuple[PhaseWork, PhaseWork]:
@@ -869,6 +891,7 @@ def phase_kernel_s(inp: PlanInput, work: PhaseWork, c: GpuStepConstants = SHIPPE
     return (work.gemm_flops * gemm_seconds_per_flop(inp, c)
             + work.batched_gemm_flops * batched_gemm_seconds_per_flop(inp, c)
             + work.unaligned_gemm_flops / (peak * c.unaligned_head_efficiency)
+            + work.half_aligned_gemm_flops / (peak * HALF_ALIGNED_HEAD_EFFICIENCY)
             + work.attention_flops / (peak * c.attention_efficiency)
             + work.masked_attention_flops / (peak * c.masked_attention_efficiency)
             + work.fp32_gemm_flops / (peak * FP32_NON_TENSOR_FRACTION * FP32_GEMM_EFFICIENCY)
