@@ -233,3 +233,15 @@ def test_an_untied_heads_reduction_holds_only_what_the_heads_backward_left(cwm):
     # the traced run's own peak, and the replay's
     trace = read_trace(CWM / "traces" / "trace-5-batch-f-h100.json.gz")
     assert est.gpu_peak_allocated_bytes == pytest.approx(trace["max_allocated_bytes"], rel=0.01)
+
+
+def test_each_float64_norm_part_is_its_own_request_as_in_the_trace(mixtral):
+    # _constant_buffered_norm2 casts a partition to float64 in parts of 250M elements, one at a
+    # time: Mixtral-8x22B's 1.36G-element gate/up gradient makes five 2 GB parts and a 0.88 GB rest
+    seq = allocator_sim._Seq()
+    allocation_sequence(mixtral, Layout(stage=3, offload_optimizer="cpu"), steps=2, _seq=seq)
+    replayed = [size for kind, _, size, *_ in seq.events if kind == "a" and size == 250_000_000 * 8]
+    doc = read_trace(MIXTRAL_TRACE)
+    traced = [size for action, _, size, *_ in doc["trace"] if action == doc["actions"]["alloc"]
+              and size == 250_000_000 * 8]
+    assert len(replayed) == len(traced) > 10

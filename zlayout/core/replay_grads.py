@@ -122,7 +122,9 @@ class GradientReduction:
             part = -(-size // n)
             copy = s.a(part * w, REDUCE_STREAM)
             if self.boundary:
-                s.transient(min(part, NORM_PART_ELEMENTS) * 8, REDUCE_STREAM)
+                # one float64 copy per part, each freed before the next (the last part the rest)
+                for start in range(0, part, NORM_PART_ELEMENTS):
+                    s.transient(min(NORM_PART_ELEMENTS, part - start) * 8, REDUCE_STREAM)
                 s.transient(part * 4, REDUCE_STREAM)
             s.f(copy)
         s.f(staged)
