@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from measurements import MeasuredLayout, load_measured  # noqa: E402
 
 from zlayout.core.memory import estimate_memory  # noqa: E402
+from zlayout.core.tensors import parameter_tensor_sizes  # noqa: E402
 from zlayout.spec import GiB  # noqa: E402
 
 
@@ -38,7 +39,7 @@ def deepspeed_estimate(m: MeasuredLayout) -> float | None:
     if lay.stage in (1, 2):
         _, gpu = estimate_zero2_model_states_mem_needs(p, n, 1, cpu_offload=lay.offload_optimizer != "gpu")
         return float(gpu)
-    largest = m.inp.model.largest_tensor_numel()
+    largest = max(parameter_tensor_sizes(m.inp.model, m.inp.training.impl))
     _, gpu, *_ = estimate_zero3_model_states_mem_needs(p, largest, n, 1, cpu_offload=lay.offload_optimizer != "gpu",
                                                        cpu_offload_params=lay.offload_param != "gpu")
     return float(gpu)

@@ -557,18 +557,6 @@ class ModelSpec(Frozen):
         active = self.params - self.blocks_params() + self.active_blocks_params()
         return active if 0 < active <= self.params else self.params
 
-    def largest_tensor_numel(self) -> int:
-        """The largest single parameter (sizes DeepSpeed's stage-3 fetch of one module).
-
-        transformers (v5) stores a MoE block's experts as two fused tensors, [experts, 2*ffn,
-        hidden] and [experts, hidden, ffn]: each is one parameter. The hand shape's: the plan
-        takes the largest of the tensors it lays out (core.tensors.parameter_tensor_sizes: a learned
-        card's for a transformers class)."""
-        h = self.hidden
-        sizes = [self.vocab * h, h * (self.q_size + 2 * self.kv_size), self.ffn_size * h]
-        if self.is_moe:
-            sizes.append(self.experts * (2 if self.mlp == "swiglu" else 1) * self.expert_ffn_size * h)
-        return max(sizes)
 
 
 EXTENSION_FIELDS = ("head_size", "out_bias", "mlp_bias", "norms_per_layer", "position_embeddings", "mla",

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from zlayout import catalog
 from zlayout.core.memory import estimate_memory
+from zlayout.core.tensors import parameter_tensor_sizes
 from zlayout.spec import GiB, HardwareSpec, Layout, ModelSpec, PlanInput, TrainingSpec, all_layouts
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/core/replay_golden.py, the grid's recorder
@@ -148,7 +149,7 @@ def test_agrees_with_deepspeeds_zero3_estimator_on_model_states():
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
 
     inp = reference_input(2)
-    p, largest = inp.model.params, inp.model.largest_tensor_numel()
+    p, largest = inp.model.params, max(parameter_tensor_sizes(inp.model, inp.training.impl))
     _, theirs, largest_bytes = estimate_zero3_model_states_mem_needs(p, largest, 2, 1, cpu_offload=False,
                                                                      cpu_offload_params=False)
     est = estimate_memory(inp, Layout(stage=3))
@@ -207,9 +208,10 @@ def test_offloading_never_raises_gpu_bytes_beyond_deepspeeds_staging_buffer(mode
     offload a one-GPU 'gather' is free). So offloading never raises GPU bytes by more than those
     buffers, and never raises them at all once the states it moves outweigh them."""
     inp = input_for(model, world)
-    allowance = model.largest_tensor_numel() * (2 + 2 + 4)
+    largest = max(parameter_tensor_sizes(model, inp.training.impl))
+    allowance = largest * (2 + 2 + 4)
     if world == 1:
-        allowance += (model.largest_tensor_numel() + inp.zero.stage3_prefetch_bucket_size) * 2
+        allowance += (largest + inp.zero.stage3_prefetch_bucket_size) * 2
     for layout in all_layouts():
         if layout.offload_optimizer == "gpu" and layout.offload_param == "gpu":
             continue
@@ -312,7 +314,6 @@ def test_offload_staging_is_sized_by_the_cards_largest_tensor(monkeypatch):
     class it was learned from. Without a card the tensors are laid out by hand, per implementation:
     transformers' Phi-3 shape by hand keeps gate and up apart (the embedding is the largest),
     zlayout's own GPT (`--impl zlayout`) fuses them."""
-    from zlayout.core.tensors import parameter_tensor_sizes
 
     monkeypatch.delenv("ZLAYOUT_CARDS_DIR", raising=False)
     inp = _shipped_card_input("Phi-3-medium-4k-instruct.json", "--seq", "4096")
@@ -326,7 +327,7 @@ def test_offload_staging_is_sized_by_the_cards_largest_tensor(monkeypatch):
 
     assert staging(inp) == 2 * 2 * 17920 * 5120
     hand = model.model_copy(update={"card": None})
-    assert hand.largest_tensor_numel() == model.vocab * model.hidden
+    assert max(parameter_tensor_sizes(hand, "hf")) == model.vocab * model.hidden
     assert staging(inp.model_copy(update={"model": hand})) == 2 * model.vocab * model.hidden
     own_gpt = inp.model_copy(update={"training": inp.training.model_copy(update={"impl": "zlayout"})})
     assert staging(own_gpt) == 2 * 2 * 17920 * 5120

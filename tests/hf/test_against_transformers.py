@@ -16,6 +16,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
 from zlayout import catalog, hfconfig
+from zlayout.core.tensors import parameter_tensor_sizes
 from zlayout.spec import ModelSpec
 from tests.hf.conftest import PUBLISHED_CONFIGS, SMALL_CONFIGS
 
@@ -59,7 +60,7 @@ def test_moe_blocks_and_experts_are_where_transformers_puts_them(path):
     assert sum(p.numel() for p in block.parameters()) == model.moe_layer_params()
     expert_params = sum(p.numel() for p in block.mlp.experts.parameters())
     assert expert_params == model.experts * model.mlp_params(model.expert_ffn_size, with_bias=False)
-    assert max(p.numel() for p in built.parameters()) == model.largest_tensor_numel()
+    assert max(p.numel() for p in built.parameters()) == max(parameter_tensor_sizes(model, "hf"))
 
 
 def build_from_dict(config: dict) -> torch.nn.Module:
