@@ -634,8 +634,8 @@ def _fit_terms(samples: list[tuple[int, Any]], check: tuple[int, Any], errors: l
                 for k in sorted(keys)}
     if isinstance(first, list):
         if len({len(v) for _, v in samples} | {len(check[1])}) != 1:
-            raise _PathChanged("the blocks' requests differ in number between token counts "
-                             f"({sorted({len(v) for _, v in samples})}): not a card this learner can fit")
+            raise _PathChanged(f"the blocks' requests differ in number between token counts "
+                               f"({sorted({len(v) for _, v in samples})}){LOOP_OVER_TOKENS}")
         polys = [fit([(t, v[i]) for t, v in samples]) for i in range(len(first))]
         predicted = net_and_peak([evaluate(poly, check[0]) for poly in polys])
         for guess, measured in zip(predicted, net_and_peak(check[1])):
@@ -666,6 +666,12 @@ def _launches(samples: list[tuple[int, Any]], key: str) -> list[float]:
     extrapolate; the longest trace is the nearest to the sequences a run trains on."""
     tokens, value = max(samples, key=lambda sample: sample[0])
     return [0.0, 0.0, float(value.get(key, 0))]
+
+
+# why a model whose requests grow in number with the tokens has no card, and what to do instead
+LOOP_OVER_TOKENS = (": its code loops over the sequence in Python (as MiniMax's lightning attention does, 256 tokens "
+                    "at a time), which is not a card this learner can fit; plan a transformer of its size "
+                    "with --layers --hidden --heads --vocab")
 
 
 class _PathChanged(LearnError):
@@ -787,7 +793,7 @@ def _learn_regime(model, blocks, keep, fit_tokens, check_tokens,
                     first, count = runs[checkpointing][0], _total_requests(measured)
                     raise _PathChanged(f"the blocks' requests differ in number between token counts "
                                        f"({_total_requests(first[1]):,} at {first[0]:,} tokens, {count:,} at "
-                                       f"{tokens:,}): not a card this learner can fit")
+                                       f"{tokens:,}){LOOP_OVER_TOKENS}")
                 runs[checkpointing].append((tokens, measured))
         if not checkpointable:
             runs[True] = runs[False]
