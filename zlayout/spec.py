@@ -558,7 +558,6 @@ class ModelSpec(Frozen):
         return active if 0 < active <= self.params else self.params
 
 
-
 EXTENSION_FIELDS = ("head_size", "out_bias", "mlp_bias", "norms_per_layer", "position_embeddings", "mla",
                     "qk_norm", "head_bias", "extra_params", "card",
                     "experts", "top_k", "expert_ffn", "shared_experts", "shared_expert_ffn",

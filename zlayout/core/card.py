@@ -509,22 +509,11 @@ class ModelCard:
             if not made:
                 continue
             first, grad = max(made, key=lambda item: item[1])
-            hooks = [i for i, poly in enumerate(requests)
-                     if poly[0] == 0 and poly[1] == 0 and -int(poly[2]) in sizes]
-            own = next((i for i in hooks if i > first and -int(requests[i][2]) == grad), None)
-            if own is None:
+            held = _held_at_hooks(requests, first, grad, sizes, micro_batch, seq)
+            if held is None:
                 continue
-            nxt = next((i for i in hooks if i > own), None)
-            live = 0.0
-            at = {}
-            for i, poly in enumerate(requests):
-                if i in (own, nxt):
-                    at[i] = live
-                live += bytes_at(poly, micro_batch, seq)
-            at_own = int(round(at[own])) - grad
-            at_next = int(round(at[nxt])) if nxt is not None else int(round(live))
             if best is None or grad > best.bytes:
-                best = BlockWeightGradient(grad, at_own, at_next)
+                best = BlockWeightGradient(grad, held[0] - grad, held[1])
         return best
 
     def head_saved_bytes(self, micro_batch: int, seq: int, checkpointing: bool) -> int:
@@ -545,14 +534,10 @@ class ModelCard:
         forward = regime.head_checkpointed_forward if checkpointing else regime.head_forward
         backward = regime.head_checkpointed_backward if checkpointing else regime.head_backward
         head, sizes = head_numel * weight_bytes, {numel * weight_bytes for numel in self.parameter_numels}
-        constant = [(i, int(poly[2])) for i, poly in enumerate(backward.requests) if poly[0] == 0 and poly[1] == 0]
-        made = next((i for i, size in constant if size == head), None)
-        own = next((i for i, size in constant if made is not None and i > made and size == -head), None)
-        if own is None:
-            return None
-        nxt = next((i for i, size in constant if i > own and -size in sizes), len(backward.requests))
-        live = sum(bytes_at(poly, micro_batch, seq) for poly in backward.requests[:nxt])
-        return max(0, int(round(forward.net(micro_batch, seq) + live)))
+        made = next((i for i, poly in enumerate(backward.requests)
+                     if poly[0] == 0 and poly[1] == 0 and int(poly[2]) == head), None)
+        held = None if made is None else _held_at_hooks(backward.requests, made, head, sizes, micro_batch, seq)
+        return None if held is None else max(0, forward.net(micro_batch, seq) + held[1])
 
     def head_backward_peak_bytes(self, micro_batch: int, seq: int, checkpointing: bool, device: Device) -> int:
         """The most the loss's and head's backward hold above what the forward left."""
@@ -595,6 +580,21 @@ class ModelCard:
             return None
         return (f"the model card {self.source} was learned from the same model at {self.learned_layers} "
                 f"layers; its blocks are planned at {len(self.layer_kinds)}")
+
+
+def _held_at_hooks(requests, made: int, grad: int, sizes: set[int], micro_batch: int,
+                   seq: int) -> tuple[int, int] | None:
+    """A phase's bytes held (from its start) when the gradient of `grad` bytes made at request
+    `made` reaches its hook (its free: AccumulateGrad hands it to DeepSpeed), and when the next
+    weight gradient (a constant free of one of `sizes`) reaches its own (the phase's end where
+    none follows). None where the gradient is never handed to a hook in this phase."""
+    hooks = [i for i, poly in enumerate(requests) if poly[0] == 0 and poly[1] == 0 and -int(poly[2]) in sizes]
+    own = next((i for i in hooks if i > made and -int(requests[i][2]) == grad), None)
+    if own is None:
+        return None
+    after = next((i for i in hooks if i > own), len(requests))
+    held = list(itertools.accumulate((bytes_at(poly, micro_batch, seq) for poly in requests), initial=0.0))
+    return int(round(held[own])), int(round(held[after]))
 
 
 @functools.lru_cache(maxsize=256)

@@ -634,7 +634,6 @@ def card_work(inp: PlanInput, card) -> tuple[PhaseWork, PhaseWork]:
     blocks_fwd, blocks_bwd, head_fwd, head_bwd = card.pass_work(t.micro_batch, t.seq, t.checkpointing == "full")
     # the head's GEMMs on the slower kernels of a misaligned vocabulary (head_gemm_alignment)
     align = head_gemm_alignment(inp.model.vocab)
-    unaligned, half_aligned = align == 1, align in (2, 4)
     # The grouped experts' GEMMs run as fast as dense ones, their gradients' MOE_BACKWARD_GEMM_FACTOR
     # slower (the backward's recompute, with checkpointing, is a forward).
     recomputed = blocks_fwd.grouped_gemm_flops if t.checkpointing == "full" else 0.0
@@ -644,12 +643,14 @@ def card_work(inp: PlanInput, card) -> tuple[PhaseWork, PhaseWork]:
     for blocks, head, fixed_s, experts in ((blocks_fwd, head_fwd, HOST_FORWARD_FIXED_S, grouped[0]),
                                            (blocks_bwd, head_bwd, 0.0, grouped[1])):
         whole = blocks + head
+        # a misaligned vocabulary's head GEMMs, wherever the card recorded them (a card learned
+        # before the learner marked misaligned operands holds them as aligned)
+        head_gemm = head.gemm_flops + head.unaligned_gemm_flops if align < 8 else 0.0
         passes.append(PhaseWork(
-            gemm_flops=whole.gemm_flops - (head.gemm_flops if unaligned or half_aligned else 0.0) + experts,
-            unaligned_gemm_flops=whole.unaligned_gemm_flops + (head.gemm_flops if unaligned else 0.0)
-            - (head.unaligned_gemm_flops if half_aligned else 0.0),
-            # the head's GEMMs, misaligned by the vocabulary alone (a card records them as misaligned)
-            half_aligned_gemm_flops=head.gemm_flops + head.unaligned_gemm_flops if half_aligned else 0.0,
+            gemm_flops=whole.gemm_flops - (head.gemm_flops if align < 8 else 0.0) + experts,
+            unaligned_gemm_flops=(whole.unaligned_gemm_flops - (head.unaligned_gemm_flops if align < 8 else 0.0)
+                                  + (head_gemm if align == 1 else 0.0)),
+            half_aligned_gemm_flops=head_gemm if align in (2, 4) else 0.0,
             unaligned_hbm_bytes=whole.unaligned_memory_bytes,
             strided_hbm_bytes=whole.strided_memory_bytes, scatter_hbm_bytes=whole.scatter_memory_bytes,
             batched_gemm_flops=whole.batched_gemm_flops, attention_flops=whole.attention_flops,
