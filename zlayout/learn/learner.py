@@ -381,7 +381,8 @@ def _dtype_error(model: nn.Module, blocks: nn.ModuleList, keep: list[int], token
 def trace_step(model: nn.Module, blocks: nn.ModuleList, tokens: int, checkpointing: bool,
                sequences: int = 1) -> dict[str, Any]:
     """One forward and backward of `sequences` sequences of `tokens`, its windows and op work."""
-    ledger = StorageLedger()
+    head = model.get_output_embeddings()
+    ledger = StorageLedger(logits_width=getattr(head, "out_features", None))
     state = {"backward": False, "head_backward": None, "head_forward": None, "preamble": None}
     forward_windows: dict[int, Window] = {}
     backward_windows: dict[int, Window] = {}

@@ -106,6 +106,16 @@ NO_KERNEL = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new
                        "alias", "lift_fresh", "_unsafe_view", "set_", "resize_", "_local_scalar_dense"})
 # Ops that read rows of a table (the embedding lookup): they move their output's bytes, not the table's.
 GATHERS = frozenset({"embedding", "index_select", "gather", "index"})
+# ATen's row-wise softmax ops (SoftMax.cu `host_softmax` / `host_softmax_backward`, the softmax over
+# the last dimension), whose kernel is chosen by the row's length (`_row_softmax_bytes`)
+SOFTMAX_FORWARD = frozenset({"_softmax", "_log_softmax"})
+SOFTMAX_BACKWARD = frozenset({"_softmax_backward_data", "_log_softmax_backward_data"})
+# the shared memory a CUDA block gets without opting in (cudaDeviceProp.sharedMemPerBlock: 48 KiB on
+# every GPU the planner knows), which bounds the rows SoftMax.cu stages in shared memory
+SHARED_MEMORY_PER_BLOCK = 48 * 1024
+# the negative log-likelihood's kernels (Loss.cu): forward reads one log-probability a row, backward
+# zero-fills the gradient and writes one element a row
+NLL_LOSS = frozenset({"nll_loss_forward", "nll_loss_backward", "nll_loss2d_forward", "nll_loss2d_backward"})
 # index_put(self, indices, values, accumulate): with accumulate (autograd's backward of `index`), CUDA
 # sorts the indices and runs indexing_backward_kernel (core.card.SCATTER_SUFFIX)
 INDEX_PUTS = frozenset({"index_put", "index_put_", "_index_put_impl_", "_index_put_impl"})
@@ -187,6 +197,63 @@ def _one_walk(func, tensors: list[torch.Tensor], out: torch.Tensor) -> bool:
     if torch.Tag.pointwise not in func.tags and func._overloadpacket.__name__ not in COPIES:
         return False
     return _dense(out) and all(t.numel() <= 1 or _layout(t) == _layout(out) for t in tensors)
+
+
+def _softmax_block(row: int) -> int:
+    """SoftMax.cu `SoftMaxForward_getBlockSize`: the row's length up to 1,024 threads, a whole number of warps."""
+    return min(-(-min(row, 1024) // 32) * 32, 1024)
+
+
+def _row_softmax_bytes(name: str, args: tuple, outputs: list[torch.Tensor], width: int | None) -> int | None:
+    """What a row-wise softmax moves when CUDA runs it on the global-memory kernels: rows too long for
+    the warp-per-row kernels, the register kernel (forward, under ten elements a thread) and shared
+    memory (or misaligned for it). `cunn_SoftMaxForward` then reads each row three times (its max,
+    the sum of exponentials, the write pass) and writes it once; `cunn_SoftMaxBackward` reads the
+    gradient twice (the sum pass, the write pass) and the output once, and writes the input's
+    gradient. Both realign a row that starts off a 16-byte boundary with a scalar prologue (`shift`)
+    and load the rest in 16-byte vectors, so a misaligned row runs at the vectorized rate: CTRL's
+    loss, rows of 246,534 float32, ran its log-softmax's 32 GB in 11.3 ms on an H100 (h200-2026-12-31
+    profiles/), where the misaligned rate priced it at 26.5. None for every other path (the op's
+    inputs and output, read and written once, as the caller counts them), and for rows other than
+    the logits' (`width`)."""
+    if not outputs or not isinstance(args[0], torch.Tensor) or args[0].dim() == 0:
+        return None
+    x = args[0]
+    dim = (args[2] if name in SOFTMAX_BACKWARD else args[1]) % x.dim()
+    if x.shape[dim] != width or any(size != 1 for size in x.shape[dim + 1:]):
+        return None  # not the loss's rows, or over an inner dimension (SoftMax.cu's spatial kernel)
+    row, out = x.shape[dim], outputs[0]
+    size = max(t.element_size() for t in (x, out))
+    vector = 16 // out.element_size()
+    smem_rows = (SHARED_MEMORY_PER_BLOCK - _softmax_block(row) // 32 * 4) // size
+    operands = (x, out) if name in SOFTMAX_FORWARD else (x, args[1], out)
+    fits_smem = row < smem_rows and row % vector == 0 and all(_aligned_start(t) for t in operands)
+    if name in SOFTMAX_FORWARD:
+        if row <= 2048 and row * x.element_size() <= 8192:
+            return None  # the warp-per-row kernels
+        if x.dtype == out.dtype and -(-row // _softmax_block(row)) < 10:
+            return None  # cunn_SoftMaxForwardReg (not for half_to_float)
+        if fits_smem:
+            return None
+        return 3 * _bytes(x) + _bytes(out)
+    if row <= 1024 and row * out.element_size() <= 4096:
+        return None
+    if fits_smem:
+        return None
+    return 2 * _bytes(x) + _bytes(args[1]) + _bytes(out)
+
+
+def _nll_loss_bytes(name: str, args: tuple, outputs: list[torch.Tensor]) -> int:
+    """What Loss.cu's negative log-likelihood moves: forward reads each row's target and its one
+    log-probability; backward zero-fills the input's gradient (one vectorized write of it all) and
+    writes one element a row. Not the log-probabilities' whole tensor, which neither reads."""
+    target = args[2] if name.endswith("backward") else args[1]
+    rows = target.numel()
+    if name.endswith("backward"):
+        grad_input = outputs[0]
+        return _bytes(grad_input) + rows * (target.element_size() + grad_input.element_size())
+    logp = args[0]
+    return rows * (target.element_size() + logp.element_size()) + sum(_bytes(t) for t in outputs)
 
 
 def _misaligned_start(tensors: list[torch.Tensor]) -> bool:
@@ -271,8 +338,13 @@ def _bytes(tensor: torch.Tensor) -> int:
 class StorageLedger(TorchDispatchMode):
     """Live bytes, their peak, per-window requests, and each op's FLOPs and bytes moved."""
 
-    def __init__(self) -> None:
+    def __init__(self, logits_width: int | None = None) -> None:
         super().__init__()
+        # the head's output width (the vocabulary): the loss's softmax rows, whose kernel
+        # `_row_softmax_bytes` picks by their length (attention's rows, as long as the tokens, keep
+        # one count: a card's terms are polynomials in the tokens, and SoftMax.cu switches kernels
+        # at a row length)
+        self.logits_width = logits_width
         self.live: dict[int, int] = {}
         # which storage a live address holds, numbered in the order they were seen: an address is
         # reused once its storage dies, and a set of addresses would take the new storage for the
@@ -452,8 +524,12 @@ class StorageLedger(TorchDispatchMode):
         operands = [*inputs, *outputs]
         elementwise = not flops and len(outputs) == 1
         one_walk = elementwise and _one_walk(func, operands, outputs[0])
+        row_softmax = _row_softmax_bytes(name, args, outputs, self.logits_width) \
+            if name in SOFTMAX_FORWARD | SOFTMAX_BACKWARD else None
         if name in INDEX_PUTS and _accumulates(args, kwargs):
             name += SCATTER_SUFFIX  # priced apart (core.card): sorted, each row's sources added in turn
+        elif row_softmax is not None or name in NLL_LOSS:
+            pass  # realigned row by row, or gathers: the vectorized rate whatever the rows' alignment
         elif _misaligned_start(operands) if one_walk else _misaligned(operands):
             name += UNALIGNED_SUFFIX  # priced apart (core.card): no 16-byte vector loads
         elif elementwise and not one_walk and _pointwise(func):
@@ -463,6 +539,9 @@ class StorageLedger(TorchDispatchMode):
         if name in GATHERS and inputs:  # reads the rows it returns, not the whole table
             inputs = inputs[1:]
             moved = 2 * sum(_bytes(t) for t in outputs)
+        elif row_softmax is not None or name in NLL_LOSS:
+            inputs = []
+            moved = row_softmax if row_softmax is not None else _nll_loss_bytes(name, args, outputs)
         else:
             moved = sum(_bytes(t) for t in outputs)
         # the kernels CUDA launches for it (zlayout.learn.launches), the in-place form where the ledger ran it
