@@ -395,6 +395,19 @@ class ModelCard:
     token_quantum: int | None = None
     # whether transformers' gradient_checkpointing_enable accepts the class (CTRL, openai-gpt: no)
     checkpointing: bool = True
+    # each parameter tensor's dimensions (parameters() order): a grouped-experts block's weights are
+    # the 3-D ones (`grouped_gemm_weights`); () where the card was built without its shapes
+    parameter_ranks: tuple[int, ...] = ()
+
+    @property
+    def grouped_gemm_weights(self) -> tuple[int, ...]:
+        """The parameter tensors (indices, parameters() order) torch's grouped GEMM reads: the 3-D
+        weights of a card whose blocks run `_grouped_mm` (transformers' experts, `[experts, out,
+        in]`). A 3-D convolution weight beside them is counted too: DeepSpeed's alignment is one
+        switch for every tensor, so naming one too many costs nothing."""
+        grouped = any(op.name in GROUPED_GEMM_OPS for regime in self.regimes for block in regime.blocks
+                      for phase in (block.work or {}).values() for op in phase.ops)
+        return tuple(i for i, rank in enumerate(self.parameter_ranks) if rank == 3) if grouped else ()
 
     # A card rides in the ModelSpec, which the planner hashes and compares for its caches:
     # by its key, file and text's digest, not by walking thousands of requests each time.
@@ -605,20 +618,23 @@ def _at_layers(card: ModelCard, layers: int) -> ModelCard:
                         "(zlayout learn --force); a model whose blocks are not one run of numbered layers (HRM's "
                         "cycled stacks) cannot be planned by its card")
     kinds = _extend_kinds(card.layer_kinds, layers)
-    per_layer: list[list[int]] = [[] for _ in card.layer_kinds]
+    per_layer: list[list[tuple[int, int]]] = [[] for _ in card.layer_kinds]
     before, after = [], []
-    for numel, layer in zip(card.parameter_numels, card.parameter_layers):
-        (before if layer == -1 else after if layer == -2 else per_layer[layer]).append(numel)
+    ranks = card.parameter_ranks or (0,) * len(card.parameter_numels)
+    for numel, rank, layer in zip(card.parameter_numels, ranks, card.parameter_layers):
+        (before if layer == -1 else after if layer == -2 else per_layer[layer]).append((numel, rank))
     last_of_kind = {kind: i for i, kind in enumerate(card.layer_kinds)}
-    numels, layer_of = list(before), [-1] * len(before)
+    tensors, layer_of = list(before), [-1] * len(before)
     for i, kind in enumerate(kinds):
-        tensors = per_layer[i if i < len(card.layer_kinds) else last_of_kind[kind]]
-        numels += tensors
-        layer_of += [i] * len(tensors)
-    numels += after
+        block = per_layer[i if i < len(card.layer_kinds) else last_of_kind[kind]]
+        tensors += block
+        layer_of += [i] * len(block)
+    tensors += after
     layer_of += [-2] * len(after)
+    numels = [numel for numel, _ in tensors]
     # another card, not equal to the one learned (the planner's caches tell them apart by digest)
     return replace(card, params=sum(numels), parameter_numels=tuple(numels), layer_kinds=kinds,
+                   parameter_ranks=tuple(rank for _, rank in tensors) if card.parameter_ranks else (),
                    digest=f"{card.digest}@L{layers}", parameter_layers=tuple(layer_of),
                    learned_layers=card.learned_layers or len(card.layer_kinds))
 
@@ -808,7 +824,7 @@ def card_from_dict(data: Mapping[str, Any], key: str, source: str = "", digest: 
         shapes = [shape.split() for shape in shapes.split(",")] if shapes else []
     if not isinstance(shapes, list):
         raise CardError(f"{where}: 'shapes' is missing or not a list")
-    numels = []
+    numels, ranks = [], tuple(len(shape) if isinstance(shape, list) else 0 for shape in shapes)
     for shape in shapes:
         n = 1
         for dim in shape:
@@ -876,6 +892,7 @@ def card_from_dict(data: Mapping[str, Any], key: str, source: str = "", digest: 
         linear_attention=_linear_attention(data.get("linear_attention"), where),
         token_quantum=_token_quantum(data.get("token_quantum"), where),
         checkpointing=_checkpointing(data.get("checkpointing", True), where),
+        parameter_ranks=ranks,
         parameter_layers=parameter_layers(names, len(kinds))
         if isinstance(names, list) and len(names) == len(numels)
         and all(isinstance(n, str) for n in names) else None)

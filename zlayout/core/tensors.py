@@ -248,3 +248,30 @@ def stage3_sub_groups(tensors: list[int] | tuple[int, ...], world: int, sub_grou
             groups.append((part, whole))
             part, whole = 0, 0
     return groups
+
+
+# torch's grouped GEMM (`_grouped_mm`, transformers' experts) refuses a weight whose data pointer is
+# not 16-byte aligned ("expected data_ptr to be aligned to 16 bytes": h200-2026-12-31c, zaya at ZeRO-2)
+GROUPED_GEMM_ALIGNMENT_BYTES = 16
+
+
+def grouped_gemm_misaligned(model: ModelSpec, impl: str, stage: int, world: int, param_offload: bool,
+                            element_bytes: int) -> int | None:
+    """The first weight torch's grouped GEMM reads (index, parameters() order) that DeepSpeed puts
+    off a 16-byte boundary, or None. ZeRO-1 and -2 make every parameter a view into one flat buffer
+    packed tensor after tensor (stage_1_and_2.py: no padding between them unless
+    `zero_optimization.parameter_alignment`); ZeRO-3 on one GPU with its weights there makes each a
+    view into its partitions' flat buffer, packed alike (stage3.py `defragment`: NoGatherHandle points
+    the parameter at its partition). One tensor of an odd size before the experts (zaya's 2-element
+    `qk_norm.temp`) shifts every expert after it. ZeRO-0 keeps the tensors as built; ZeRO-3 over
+    several GPUs, or with its weights on the host, gathers or copies each into a new allocation."""
+    card = model.card if impl == "hf" else None
+    weights = set(card.grouped_gemm_weights) if card is not None else set()
+    if not weights or stage == 0 or (stage == 3 and (world > 1 or param_offload)):
+        return None
+    offset = 0
+    for index, numel in enumerate(parameter_tensor_sizes(model, impl)):
+        if index in weights and offset * element_bytes % GROUPED_GEMM_ALIGNMENT_BYTES:
+            return index
+        offset += numel
+    return None
