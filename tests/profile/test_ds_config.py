@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -83,3 +84,37 @@ def test_nvme_path_reaches_the_config(make_input, tmp_path, world_of):
     cfg = _load(tmp_path / "ds_config.json", world_of, 8)
     assert str(cfg.zero_config.offload_optimizer.nvme_path) == "/scratch/nvme0"
     assert str(cfg.zero_config.offload_param.nvme_path) == "/scratch/nvme0"
+
+
+ZAYA_TINY = Path(__file__).resolve().parents[1] / "learn" / "configs" / "zaya-tiny.json"
+
+
+def test_a_grouped_experts_weight_off_a_16_byte_boundary_asks_deepspeed_to_align_every_tensor(tmp_path, monkeypatch):
+    """zaya's 2-element `qk_norm.temp` comes before its experts: ZeRO-1/2's flat buffer, packed tensor
+    after tensor, puts the experts 4 bytes off a 16-byte boundary, where torch's grouped GEMM refuses
+    them on a GPU (h200-2026-12-31c). The written config asks DeepSpeed to pad each tensor
+    (`parameter_alignment`) at those stages only: ZeRO-0 keeps the tensors as built, and ZeRO-3 over
+    several GPUs gathers each into its own allocation."""
+    pytest.importorskip("transformers")
+    from zlayout.cli import build_parser, layout_from_args, plan_input_from_args
+    from zlayout.core.tensors import grouped_gemm_misaligned
+    from zlayout.learn.learner import learn
+    from zlayout import cards
+    from zlayout.profile.ds_config import ds_config
+
+    monkeypatch.setenv("ZLAYOUT_CARDS_DIR", str(tmp_path))
+    config = json.loads(ZAYA_TINY.read_text())
+    key = cards.config_key(config)
+    cards.write_card(tmp_path, key, cards.dumps_card(learn(config), key, ZAYA_TINY.name), replace=False)
+    got = {}
+    for stage, gpus in ((0, 1), (1, 1), (2, 1), (2, 8), (3, 1), (3, 8)):
+        args = build_parser().parse_args(["plan", "--hf-config", str(ZAYA_TINY), "--stage", str(stage),
+                                          "--gpus-per-node", str(gpus), "--seq", "256"])
+        inp, layout = plan_input_from_args(args), layout_from_args(args)
+        got[stage, gpus] = (grouped_gemm_misaligned(inp.model, "hf", stage, gpus, False, 2),
+                            ds_config(inp, layout)["zero_optimization"].get("parameter_alignment"))
+        assert inp.model.card.grouped_gemm_weights  # the experts' 3-D weights, read from the card
+    first = got[2, 1][0]
+    assert first is not None and first in inp.model.card.grouped_gemm_weights
+    assert got == {(0, 1): (None, None), (1, 1): (first, True), (2, 1): (first, True), (2, 8): (first, True),
+                   (3, 1): (first, None), (3, 8): (None, None)}
