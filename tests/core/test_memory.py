@@ -395,3 +395,18 @@ def test_the_hand_models_peak_stays_the_per_phase_sum():
     for flags in ("--stage 2 --offload-optimizer cpu --gpus-per-node 1", "--stage 3 --gpus-per-node 8"):
         inp, layout = _planned(card + flags)
         assert inp.model.card is not None and not replayed_allocated_counts(inp, layout)
+
+
+def test_a_moe_model_cut_to_its_dense_blocks_is_planned_as_the_dense_model_it_trains():
+    """DeepSeek-V3.2 at 3 blocks is its 3 dense blocks: no expert's gradient, dispatch or phase (the
+    expert phases put h200-2026-12-31c's deepseek_v32 L3 line +39.6% over the run's peak)."""
+    hardware = HardwareSpec(gpu=catalog.load_gpu("h200"), gpus_per_node=1, intra_link=catalog.load_link("nvlink4"))
+    shape = dict(layers=2, hidden=1024, heads=8, vocab=32000, ffn=4096, mlp="swiglu")
+    cut = ModelSpec(name="moe-cut", experts=8, top_k=2, expert_ffn=512, dense_layers=(0, 1), **shape)
+    dense = ModelSpec(name="dense", **shape)
+    assert cut.params == dense.params and cut.moe_layer_count == 0
+    for layout in (Layout(stage=0), Layout(stage=3, offload_optimizer="cpu")):
+        a, b = (estimate_memory(PlanInput(model=m, hardware=hardware, training=TrainingSpec(seq=2048)), layout)
+                for m in (cut, dense))
+        assert not [t for t in a.terms if t.name.startswith("moe_") and t.bytes]
+        assert (a.gpu_peak_allocated_bytes, a.peak_phase) == (b.gpu_peak_allocated_bytes, b.peak_phase)

@@ -227,6 +227,14 @@ def moe_mlp_activation_bytes_per_token(model: ModelSpec, training: TrainingSpec)
     return routed + router + shared
 
 
+def has_moe_blocks(model: ModelSpec) -> bool:
+    """Whether any of the model's blocks at this depth is a MoE block: a MoE model cut to fewer
+    blocks than its dense ones (DeepSeek-V3.2 at 3 of its first 3 dense blocks) trains as a dense
+    model, and its terms and phases are a dense model's (h200-2026-12-31c: its expert phases put
+    deepseek_v32's peak allocated +39.6% over the run's)."""
+    return model.moe_layer_count > 0
+
+
 def moe_dispatch_bytes(model: ModelSpec, training: TrainingSpec, device: Device) -> int:
     """Token dispatch of one MoE block's forward: the one-hot expert mask transformers builds
     (tokens x top_k x (experts + 1), int64) and the block's zeroed output (tokens x hidden).
@@ -234,8 +242,8 @@ def moe_dispatch_bytes(model: ModelSpec, training: TrainingSpec, device: Device)
     card = card_of(model, training)
     if card is not None:  # the card's largest forward transient of a block, MoE dispatch or not
         return card.largest_forward_transient(training.micro_batch, training.seq,
-                                              training.checkpointing == "full", device) if model.is_moe else 0
-    if not model.is_moe:
+                                              training.checkpointing == "full", device) if has_moe_blocks(model) else 0
+    if not has_moe_blocks(model):
         return 0
     tokens = tokens_per_micro_batch(training)
     return tokens * ((model.top_k or 0) * (model.experts + 1) * 8 + model.hidden * weight_bytes_per_param(training))
@@ -249,8 +257,8 @@ def moe_expert_gradient_bytes(model: ModelSpec, training: TrainingSpec, device: 
     card = card_of(model, training)
     if card is not None:  # the card's block backward transient (checkpointing: with its recompute)
         return card.largest_block_transient(training.micro_batch, training.seq,
-                                            training.checkpointing == "full", device) if model.is_moe else 0
-    if not model.is_moe:
+                                            training.checkpointing == "full", device) if has_moe_blocks(model) else 0
+    if not has_moe_blocks(model):
         return 0
     gate_up = model.experts * (2 if model.mlp == "swiglu" else 1) * model.expert_ffn_size * model.hidden
     down = model.experts * model.expert_ffn_size * model.hidden
@@ -330,7 +338,7 @@ def recompute_bytes(model: ModelSpec, training: TrainingSpec, device: Device) ->
     card = card_of(model, training)
     if card is not None:  # the largest of a block's recompute and backward, from the card
         return card.largest_block_transient(training.micro_batch, training.seq, True, device)
-    if model.is_moe:
+    if has_moe_blocks(model):
         return layer_activation_bytes(model, training, moe=True) + moe_dispatch_bytes(model, training, device)
     return layer_activation_bytes(model, training)
 
@@ -341,7 +349,7 @@ def block_backward_bytes(model: ModelSpec, training: TrainingSpec, device: Devic
     checkpointing it is `recompute_bytes`). Small where attention is fused; the math attention's
     float32 T x T gradients make it several GiB (Falcon's multi-query attention)."""
     card = card_of(model, training)
-    if card is None or model.is_moe or training.checkpointing == "full":
+    if card is None or has_moe_blocks(model) or training.checkpointing == "full":
         return 0
     return card.largest_block_transient(training.micro_batch, training.seq, False, device)
 
@@ -771,7 +779,7 @@ def activation_terms(c: _Layout, terms: _Terms) -> Activations:
     training = t
     device = c.device
     moe_note = ""
-    if model.is_moe and t.checkpointing != "full":
+    if has_moe_blocks(model) and t.checkpointing != "full":
         moe_note = (f"; {model.moe_layer_count} MoE blocks keep each token's top-{model.top_k} experts' "
                     f"tensors and fp32 router probabilities over {model.experts} experts")
     saved = terms.add("gpu", "activations", saved_activation_bytes(model, t), "activations",
@@ -781,7 +789,7 @@ def activation_terms(c: _Layout, terms: _Terms) -> Activations:
                 + linear_attention_note(model, t))
     recompute = terms.add("gpu", "recompute", recompute_bytes(model, t, device), "activations",
                     "one block's activations rebuilt during its backward (checkpointing)"
-                    + (", with its token dispatch" if model.is_moe else ""))
+                    + (", with its token dispatch" if has_moe_blocks(model) else ""))
     dispatch = terms.add("gpu", "moe_dispatch", moe_dispatch_bytes(model, t, device), "activations",
                    "one MoE block's token dispatch in its forward: one-hot expert mask (int64) "
                    "and the zeroed output; transient")
@@ -855,7 +863,7 @@ def phase_peaks(c: _Layout, states_: ModelStates, buffers: Buffers,
     if stage == 3 and c.opt_where == "host":
         phases.update(stage3_offload_reduce_phases(c, states, live, saved, recompute, head_in))
     card = card_of(model, t)
-    if card is not None and not model.is_moe:
+    if card is not None and not has_moe_blocks(model):
         # the first block's backward (the last block): every block's activations, the head's freed,
         # and what the block's backward holds above them (with checkpointing its recompute, the
         # `recompute` term). The head's phases dominate where attention is fused; not where a
@@ -871,7 +879,7 @@ def phase_peaks(c: _Layout, states_: ModelStates, buffers: Buffers,
         phases["model build"] = (w * p, c.largest_tensor * w)
     if stage == 0:
         phases["backward (end)"] = (states + grads + recompute, c.largest_tensor * w)
-    if model.is_moe:
+    if has_moe_blocks(model):
         gate_up_numel = model.experts * (2 if model.mlp == "swiglu" else 1) * model.expert_ffn_size * model.hidden
         mask_bytes = tokens * (model.top_k or 0) * (model.experts + 1) * 8
         # the last MoE block's forward: every earlier block's activations and its dispatch
