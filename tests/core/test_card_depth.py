@@ -192,3 +192,21 @@ def test_the_shortest_period_is_the_brute_force_one_and_linear_on_long_lists():
     assert _shortest_period([]) == []
     # a hostile config.json's 200,000 distinct kinds: the whole list, without a quadratic scan
     assert len(_shortest_period([str(i) for i in range(200_000)])) == 200_000
+
+
+def test_a_depth_without_moe_blocks_takes_no_bound_from_the_cards_moe_block():
+    """DeepSeek-V2-Lite's first block is dense: cut to it, the card's MoE block (its experts'
+    gradients) is no block of the model, and no bound a block sets (its backward's transient, its
+    largest request or weight gradient) comes from it. The same mistake put DeepSeek-V3.2 at its 3
+    dense blocks +39.6% over the run's peak allocated (h200-2026-12-31c)."""
+    from zlayout.core.reductions import device_of
+
+    full, cut = plan_input("DeepSeek-V2-Lite.json"), plan_input("DeepSeek-V2-Lite.json", "--layers", "1")
+    device = device_of(full.hardware.gpu)
+    card = cut.model.card
+    assert set(card.layer_kinds) == {0} and {b.kind for b in full.model.card.regime(2048, 2).blocks} == {0, 1}
+    assert [b.kind for b in card.blocks_at(2048, 2)] == [0]
+    assert card.largest_block_transient(2, 2048, False, device) \
+        < full.model.card.largest_block_transient(2, 2048, False, device)
+    assert not cut.model.moe_layer_count
+    assert "backward (experts)" != estimate_memory(cut, Layout(stage=2)).peak_phase

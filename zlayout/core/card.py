@@ -484,22 +484,29 @@ class ModelCard:
             total += phase.net(micro_batch, seq)
         return total
 
+    def blocks_at(self, seq: int, micro_batch: int) -> list[BlockCard]:
+        """The regime's blocks of the kinds this depth has: DeepSeek-V3.2 cut to its 3 dense blocks
+        has no MoE block, whose 14 GiB expert gradients set its block bounds before (h200-2026-12-31c:
+        peak allocated +39.6% over the run's)."""
+        kinds = set(self.layer_kinds)
+        return [b for b in self.regime(seq, micro_batch).blocks if b.kind in kinds]
+
     def largest_block_transient(self, micro_batch: int, seq: int, checkpointing: bool, device: Device) -> int:
         """The most a block's backward holds above what it started with (with checkpointing:
         its recompute and backward), over the kinds of block."""
         return max((b.checkpointed_backward if checkpointing else b.backward).net_and_peak(micro_batch, seq,
                                                                                           device)[1]
-                   for b in self.regime(seq, micro_batch).blocks)
+                   for b in self.blocks_at(seq, micro_batch))
 
     def largest_block_request(self, micro_batch: int, seq: int, checkpointing: bool, device: Device) -> int:
         """The largest single request of a block's backward (with checkpointing: with its recompute)."""
         return max(max((b.checkpointed_backward if checkpointing else b.backward).sizes(micro_batch, seq, device),
-                       default=0) for b in self.regime(seq, micro_batch).blocks)
+                       default=0) for b in self.blocks_at(seq, micro_batch))
 
     def largest_forward_transient(self, micro_batch: int, seq: int, checkpointing: bool, device: Device) -> int:
         """The most a block's forward holds above what it keeps."""
         worst = 0
-        for b in self.regime(seq, micro_batch).blocks:
+        for b in self.blocks_at(seq, micro_batch):
             net, peak = (b.checkpointed_forward if checkpointing else b.forward).net_and_peak(micro_batch, seq, device)
             worst = max(worst, peak - net)
         return worst
@@ -515,7 +522,7 @@ class ModelCard:
         than its IPG bucket (stage3.py reduce_independent_p_g_buckets_and_remove_grads)."""
         sizes = {numel * weight_bytes for numel in self.parameter_numels}
         best = None
-        for block in self.regime(seq, micro_batch).blocks:
+        for block in self.blocks_at(seq, micro_batch):
             requests = (block.checkpointed_backward if checkpointing else block.backward).requests
             made = [(i, int(poly[2])) for i, poly in enumerate(requests)
                     if poly[0] == 0 and poly[1] == 0 and int(poly[2]) in sizes]
