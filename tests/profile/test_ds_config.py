@@ -118,3 +118,39 @@ def test_a_grouped_experts_weight_off_a_16_byte_boundary_asks_deepspeed_to_align
     assert first is not None and first in inp.model.card.grouped_gemm_weights
     assert got == {(0, 1): (None, None), (1, 1): (first, True), (2, 1): (first, True), (2, 8): (first, True),
                    (3, 1): (first, None), (3, 8): (None, None)}
+
+
+def test_zero3_on_one_gpu_is_refused_where_its_packed_weights_misalign_the_experts(tmp_path):
+    """ZeRO-3 on one GPU points each weight at its partition in one packed buffer (stage3.py
+    `defragment`, no padding switch): zaya's experts land 4 bytes off a boundary there too (checked
+    on a CPU engine). plan says why in a note; verify and export refuse the layout in one line
+    rather than launch or write a run that fails at its first forward; over 8 GPUs ZeRO-3 gathers
+    each weight into its own tensor and runs."""
+    pytest.importorskip("transformers")
+    import os
+    import subprocess
+    import sys
+
+    from zlayout import cards
+    from zlayout.learn.learner import learn
+
+    config = json.loads(ZAYA_TINY.read_text())
+    key = cards.config_key(config)
+    cards.write_card(tmp_path / "cards", key, cards.dumps_card(learn(config), key, ZAYA_TINY.name), replace=False)
+    env = dict(os.environ, ZLAYOUT_CARDS_DIR=str(tmp_path / "cards"))
+
+    def zlayout(*argv):
+        return subprocess.run([sys.executable, "-m", "zlayout", *argv, "--hf-config", str(ZAYA_TINY), "--seq", "256"],
+                              capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+
+    plan = zlayout("plan", "--gpus-per-node", "1")
+    assert plan.returncode == 0 and "Note: ZeRO-3 on one GPU will not run this model" in plan.stdout
+    for argv in (("verify", "--stage", "3", "--out", str(tmp_path / "v")),
+                 ("export", "--stage", "3", "--out", str(tmp_path / "p"))):
+        refused = zlayout(*argv, "--gpus-per-node", "1")
+        assert refused.returncode == 2 and "grouped GEMM refuses it" in refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "v").exists() and not (tmp_path / "p").exists()
+    eight = zlayout("export", "--stage", "3", "--gpus-per-node", "8", "--out", str(tmp_path / "p8"))
+    assert eight.returncode == 0, eight.stderr
+    assert "will not run" not in zlayout("plan", "--gpus-per-node", "8").stdout

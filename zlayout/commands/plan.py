@@ -145,6 +145,21 @@ def linear_attention(plan: Plan) -> dict | None:
             "note": note}
 
 
+def grouped_gemm_note(plan: Plan) -> str | None:
+    """Why ZeRO-3 on one GPU will not run a grouped-experts model whose weights DeepSpeed misaligns
+    (core.tensors.grouped_gemm_refusal), where the plan holds that layout; verify and export refuse it."""
+    from zlayout.core.memory import weight_bytes_per_param
+    from zlayout.core.tensors import grouped_gemm_refusal
+
+    inp = plan.input
+    for lp in plan.layouts:
+        refusal = grouped_gemm_refusal(inp.model, inp.training.impl, lp.layout.stage, inp.hardware.world,
+                                       lp.layout.offload_param != "gpu", weight_bytes_per_param(inp.training))
+        if refusal is not None:
+            return refusal
+    return None
+
+
 def recommendation_note(plan: Plan, layout: Layout) -> str:
     """Whether the recommendation (made over every layout) is the layout asked about."""
     rec = plan.recommendation.layout
@@ -205,6 +220,8 @@ def plan_table(plan: Plan, layout=None) -> str:
                  "cache fills the card); fits: what the step needs against the card less --headroom")
     if (linear := linear_attention(plan)) is not None:
         lines.append(f"Note: {linear['note']}.")
+    if (refusal := grouped_gemm_note(plan)) is not None:
+        lines.append(f"Note: {refusal}.")
     if layout is not None:
         mem = chosen[0].memory
         lines += ["", f"GPU: {mem.gpu_fit.summary()}."]

@@ -293,6 +293,14 @@ def run_command(args: argparse.Namespace) -> int:
             raise UsageError("--preflight-only checks one run: give one line's flags without --batch")
         return _run_batch(args)
     inp, layout, profile, profile_path = _inputs(args)
+    if not args.cpu:  # CPU's grouped GEMM takes a misaligned weight; a GPU's refuses it
+        from zlayout.core.memory import weight_bytes_per_param
+        from zlayout.core.tensors import grouped_gemm_refusal
+
+        refusal = grouped_gemm_refusal(inp.model, inp.training.impl, layout.stage, inp.hardware.world,
+                                       layout.offload_param != "gpu", weight_bytes_per_param(inp.training))
+        if refusal is not None:
+            raise UsageError(refusal)
     options = _options(args, profile, inp)
     if args.submit and not args.slurm:
         raise UsageError("--submit needs --slurm SCRIPT")

@@ -275,3 +275,20 @@ def grouped_gemm_misaligned(model: ModelSpec, impl: str, stage: int, world: int,
             return index
         offset += numel
     return None
+
+
+def grouped_gemm_refusal(model: ModelSpec, impl: str, stage: int, world: int, param_offload: bool,
+                         element_bytes: int) -> str | None:
+    """One line where a layout cannot run because DeepSpeed puts a grouped-experts weight off a
+    16-byte boundary and has no switch to pad it: ZeRO-3 on one GPU with its weights there (ZeRO-1/2
+    pad with `parameter_alignment`, which zlayout's ds_config sets). None where it runs."""
+    if stage != 3:
+        return None
+    index = grouped_gemm_misaligned(model, impl, stage, world, param_offload, element_bytes)
+    if index is None:
+        return None
+    return (f"ZeRO-3 on one GPU will not run this model: DeepSpeed packs its weights into one buffer "
+            f"without padding (stage3.py defragment), which puts parameter tensor #{index} (a 3-D weight "
+            f"of a model whose experts run a grouped GEMM) off a 16-byte boundary, and torch's grouped GEMM refuses it "
+            f"(\"expected data_ptr to be aligned to 16 bytes\"); train it with ZeRO-1 or -2 (zlayout's "
+            f"ds_config pads each weight there), ZeRO-0, or ZeRO-3 over more than one GPU")
