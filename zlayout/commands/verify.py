@@ -120,12 +120,27 @@ def _inputs(args: argparse.Namespace) -> tuple[PlanInput, Layout, Any, Path | No
             raise UsageError("reading profiles needs zlayout.profile (not available in this "
                              "build): give the plan flags and --stage instead") from None
         profile, path = open_profile(args.profile)
-        return profile.inputs, profile.layout, profile, path
+        return _runnable(args, profile.inputs, profile.layout), profile.layout, profile, path
     layout = layout_from_args(args)
     if layout is None:
         raise UsageError("verify runs one layout: add --stage 0|1|2|3 (and --offload-optimizer/"
                          "--offload-param), or give a PROFILE")
-    return plan_input_from_args(args), layout, None, None
+    return _runnable(args, plan_input_from_args(args), layout), layout, None, None
+
+
+def _runnable(args: argparse.Namespace, inp: PlanInput, layout: Layout) -> PlanInput:
+    """The input, unless the layout cannot run on a GPU whatever its memory (core.tensors.
+    grouped_gemm_refusal): refused before anything launches. CPU's grouped GEMM takes a misaligned
+    weight, so a --cpu check runs it."""
+    if not getattr(args, "cpu", False):
+        from zlayout.core.memory import weight_bytes_per_param
+        from zlayout.core.tensors import grouped_gemm_refusal
+
+        refusal = grouped_gemm_refusal(inp.model, inp.training.impl, layout.stage, inp.hardware.world,
+                                       layout.offload_param != "gpu", weight_bytes_per_param(inp.training))
+        if refusal is not None:
+            raise UsageError(refusal)
+    return inp
 
 
 def _user_hf_config(inp: PlanInput, profile: Any) -> dict[str, Any] | None:
@@ -293,14 +308,6 @@ def run_command(args: argparse.Namespace) -> int:
             raise UsageError("--preflight-only checks one run: give one line's flags without --batch")
         return _run_batch(args)
     inp, layout, profile, profile_path = _inputs(args)
-    if not args.cpu:  # CPU's grouped GEMM takes a misaligned weight; a GPU's refuses it
-        from zlayout.core.memory import weight_bytes_per_param
-        from zlayout.core.tensors import grouped_gemm_refusal
-
-        refusal = grouped_gemm_refusal(inp.model, inp.training.impl, layout.stage, inp.hardware.world,
-                                       layout.offload_param != "gpu", weight_bytes_per_param(inp.training))
-        if refusal is not None:
-            raise UsageError(refusal)
     options = _options(args, profile, inp)
     if args.submit and not args.slurm:
         raise UsageError("--submit needs --slurm SCRIPT")
