@@ -102,13 +102,6 @@ def run(args: argparse.Namespace) -> int:
     if not args.out.strip():
         raise UsageError("--out is empty: give a directory, e.g. --out profiles/llama3-8b")
     inp = plan_input_from_args(args)
-    from zlayout.core.memory import weight_bytes_per_param
-    from zlayout.core.tensors import grouped_gemm_refusal
-
-    refusal = grouped_gemm_refusal(inp.model, inp.training.impl, layout.stage, inp.hardware.world,
-                                   layout.offload_param != "gpu", weight_bytes_per_param(inp.training))
-    if refusal is not None:  # a profile the training job would fail with at its first forward
-        raise UsageError(refusal)
     given = {key: value for key, value in (("train_script", args.train_script),
                                            ("checkpoint_dir", args.checkpoint_dir),
                                            ("nvme_path", args.nvme_path)) if value is not None}

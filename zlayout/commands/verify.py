@@ -129,17 +129,14 @@ def _inputs(args: argparse.Namespace) -> tuple[PlanInput, Layout, Any, Path | No
 
 
 def _runnable(args: argparse.Namespace, inp: PlanInput, layout: Layout) -> PlanInput:
-    """The input, unless the layout cannot run on a GPU whatever its memory (core.tensors.
-    grouped_gemm_refusal): refused before anything launches. CPU's grouped GEMM takes a misaligned
-    weight, so a --cpu check runs it."""
-    if not getattr(args, "cpu", False):
-        from zlayout.core.memory import weight_bytes_per_param
-        from zlayout.core.tensors import grouped_gemm_refusal
+    """The input, unless the layout cannot run on a GPU whatever its memory (verify.options.
+    check_runnable): refused before anything launches, a --batch line and a --slurm script too."""
+    from zlayout.verify.options import LaunchError, check_runnable
 
-        refusal = grouped_gemm_refusal(inp.model, inp.training.impl, layout.stage, inp.hardware.world,
-                                       layout.offload_param != "gpu", weight_bytes_per_param(inp.training))
-        if refusal is not None:
-            raise UsageError(refusal)
+    try:
+        check_runnable(inp, layout, getattr(args, "cpu", False))
+    except LaunchError as exc:
+        raise UsageError(str(exc)) from None
     return inp
 
 

@@ -185,3 +185,19 @@ def resolved_dirs(layout: Layout, options: VerifyOptions) -> tuple[Path, Path, b
     out_dir = (options.out_dir or default_out_dir(layout)).resolve()
     checkpoint_dir = (options.checkpoint_dir or out_dir / "checkpoint").resolve()
     return out_dir, checkpoint_dir, default
+
+
+def check_runnable(inp: PlanInput, layout: Layout, cpu: bool) -> None:
+    """Refuse (LaunchError, one line) a layout that cannot run on a GPU whatever its memory:
+    ZeRO-3 on one GPU of a model whose grouped-experts weights DeepSpeed misaligns
+    (core.tensors.grouped_gemm_refusal). CPU's grouped GEMM takes a misaligned weight, so a CPU
+    check runs it."""
+    if cpu:
+        return
+    from zlayout.core.memory import weight_bytes_per_param
+    from zlayout.core.tensors import grouped_gemm_refusal
+
+    refusal = grouped_gemm_refusal(inp.model, inp.training.impl, layout.stage, inp.hardware.world,
+                                   layout.offload_param != "gpu", weight_bytes_per_param(inp.training))
+    if refusal is not None:
+        raise LaunchError(refusal)

@@ -24,7 +24,7 @@ from zlayout.verify import guard, oplocks, preflight
 from zlayout.verify.environment import worker_env, worker_env_notes
 from zlayout.verify.launcher import (LaunchOutcome, launch_command, read_reports, run_spec,
                                      stream_process)
-from zlayout.verify.options import (LaunchError, VerifyOptions, check_request, checkpoint_bytes,
+from zlayout.verify.options import (LaunchError, VerifyOptions, check_request, check_runnable, checkpoint_bytes,
                                     input_for_run, resolved_dirs, world_for)
 from zlayout.verify.result import build_result, reference_row, restart_drill_result
 
@@ -92,6 +92,7 @@ def run_verification(inp: PlanInput, layout: Layout, options: VerifyOptions | No
     options = options or VerifyOptions()
     cancel = cancel or threading.Event()
     check_request(inp, options)
+    check_runnable(inp, layout, options.cpu)  # the app's verify too, which builds no command line
     processes = world_for(inp, options)
     run_inp = input_for_run(inp, processes, options.emulate)
     out_dir, checkpoint_dir, default_out = resolved_dirs(layout, options)
