@@ -154,3 +154,26 @@ def test_zero3_on_one_gpu_is_refused_where_its_packed_weights_misalign_the_exper
     eight = zlayout("export", "--stage", "3", "--gpus-per-node", "8", "--out", str(tmp_path / "p8"))
     assert eight.returncode == 0, eight.stderr
     assert "will not run" not in zlayout("plan", "--gpus-per-node", "8").stdout
+
+
+def test_the_recommendation_never_picks_a_layout_that_will_not_run(tmp_path, monkeypatch):
+    """Where ZeRO-3 on one GPU is the only layout left that fits, zaya's misaligned experts leave none
+    to recommend (the suggestions say what to change); over 8 GPUs ZeRO-3 runs and is recommended."""
+    pytest.importorskip("transformers")
+    from zlayout import cards
+    from zlayout.cli import build_parser, plan_input_from_args
+    from zlayout.core.plan import plan_layout
+    from zlayout.core.recommend import recommend
+    from zlayout.learn.learner import learn
+
+    monkeypatch.setenv("ZLAYOUT_CARDS_DIR", str(tmp_path))
+    config = json.loads(ZAYA_TINY.read_text())
+    key = cards.config_key(config)
+    cards.write_card(tmp_path, key, cards.dumps_card(learn(config), key, ZAYA_TINY.name), replace=False)
+    for gpus, expected in ((1, None), (8, Layout(stage=3))):
+        args = build_parser().parse_args(["plan", "--hf-config", str(ZAYA_TINY), "--gpus-per-node", str(gpus),
+                                          "--seq", "256"])
+        inp = plan_input_from_args(args)
+        only = plan_layout(inp, Layout(stage=3), with_breakeven=False)
+        assert only.memory.fits
+        assert recommend(inp, (only,)).layout == expected
