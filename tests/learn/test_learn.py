@@ -1642,3 +1642,20 @@ def test_a_model_that_meets_float32_with_bf16_weights_even_with_its_buffers_cast
     with pytest.raises(LearnError, match=r"^transformers' 'inkling2_text': its code runs a product of float32 "
                                          r"and bf16 tensors \(aten\.mm.* it cannot train in bf16 under DeepSpeed"):
         learn(config)
+
+
+def test_a_kind_only_the_last_block_has_stays_last_at_any_depth(tmp_path):
+    """GPT-NeoX-Japanese gives its attention's output bias to the last block alone
+    (`use_bias=layer_number == num_hidden_layers - 1`): cut or grown with --layers, the card keeps
+    that block last, and the plan's count is the class's at every depth (cut to fewer blocks it was
+    one bias short, and verify's worker refused the run: h200-2026-12-31c)."""
+    path = CARD_ONLY / "gpt_neox_japanese-tiny.json"
+    config = json.loads(path.read_text())
+    key = cards.config_key(config)
+    cards.write_card(tmp_path, key, cards.dumps_card(learn(config), key, path.name), replace=False)
+    for layers in (3, 16, 20):
+        plan = zlayout("plan", "--hf-config", str(path), "--layers", str(layers), "--seq", "256",
+                       "--gpus-per-node", "1", "--json", cards_dir=tmp_path)
+        assert plan.returncode == 0, plan.stderr
+        model, _ = build_model({**config, "num_hidden_layers": layers})
+        assert json.loads(plan.stdout)["params"] == sum(p.numel() for p in model.parameters()), layers

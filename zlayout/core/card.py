@@ -633,7 +633,7 @@ def _at_layers(card: ModelCard, layers: int) -> ModelCard:
     last_of_kind = {kind: i for i, kind in enumerate(card.layer_kinds)}
     tensors, layer_of = list(before), [-1] * len(before)
     for i, kind in enumerate(kinds):
-        block = per_layer[i if i < len(card.layer_kinds) else last_of_kind[kind]]
+        block = per_layer[i if i < len(card.layer_kinds) and card.layer_kinds[i] == kind else last_of_kind[kind]]
         tensors += block
         layer_of += [i] * len(block)
     tensors += after
@@ -646,11 +646,20 @@ def _at_layers(card: ModelCard, layers: int) -> ModelCard:
                    learned_layers=card.learned_layers or len(card.layer_kinds))
 
 
+FINAL_KIND_MIN_BLOCKS = 12  # twice the longest period of block kinds seen (Gemma 3's 6)
+
+
 def _extend_kinds(kinds: tuple[int, ...], layers: int) -> tuple[int, ...]:
     """The kinds of the first `layers` blocks of the model whose first blocks are `kinds`: the
     shortest period p with which the blocks repeat from some block on, seen at least twice
     (every block alike: 1; Gemma 3's five sliding-window blocks and a global one: 6; DeepSeek's
-    dense first block, then MoE blocks: 1 from block 1), continued; else the last kind repeated."""
+    dense first block, then MoE blocks: 1 from block 1), continued; else the last kind repeated.
+    A kind only the last block has stays the last block's at any depth (GPT-NeoX-Japanese's
+    attention bias, on its last block alone: cut to fewer blocks, the card had dropped it and its
+    count was one bias short of the class's). Only from FINAL_KIND_MIN_BLOCKS blocks on: a shorter
+    card may hold one period of a pattern (Gemma 3's six, Qwen3.5's four) whose last kind repeats."""
+    if len(kinds) >= FINAL_KIND_MIN_BLOCKS and kinds.count(kinds[-1]) == 1 and layers >= 2:
+        return _extend_kinds(kinds[:-1], layers - 1) + kinds[-1:]
     if layers <= len(kinds):
         return kinds[:layers]
     n = len(kinds)
