@@ -509,6 +509,9 @@ def _model_from_args(args: argparse.Namespace):
             # model of its own
             name = f"{base.name} at {given['layers']} layers" if changed == ["layers"] else "custom"
             data.update(given, name=name, family=None)
+            if "layers" in given and data.get("dense_layers"):
+                # a MoE model cut into its first dense blocks (DeepSeek-V3's 3) keeps those it has
+                data["dense_layers"] = tuple(i for i in data["dense_layers"] if i < given["layers"])
             custom = ModelSpec.model_validate(data)
             if base.card is not None and custom.card is None:
                 flags = ", ".join(f"--{key.replace('_', '-')}" for key in changed)

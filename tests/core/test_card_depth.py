@@ -210,3 +210,12 @@ def test_a_depth_without_moe_blocks_takes_no_bound_from_the_cards_moe_block():
         < full.model.card.largest_block_transient(2, 2048, False, device)
     assert not cut.model.moe_layer_count
     assert "backward (experts)" != estimate_memory(cut, Layout(stage=2)).peak_phase
+
+
+def test_a_moe_model_cut_into_its_dense_blocks_is_planned_not_refused():
+    """DeepSeek-V3 keeps its first 3 blocks dense; --layers 2 is its first two, both dense (was
+    refused: "dense_layers must name distinct blocks 0..1, got [0, 1, 2]"). The count is
+    transformers' (DeepseekV3ForCausalLM at 2 layers on the meta device: 3,020,332,032)."""
+    inp = plan_input("DeepSeek-V3.json", "--layers", "2")
+    assert inp.model.dense_layers == (0, 1) and inp.model.moe_layer_count == 0
+    assert inp.model.params == 3_020_332_032
