@@ -145,6 +145,13 @@ def test_zero3_on_one_gpu_is_refused_where_its_packed_weights_misalign_the_exper
 
     plan = zlayout("plan", "--gpus-per-node", "1")
     assert plan.returncode == 0 and "Note: ZeRO-3 on one GPU will not run this model" in plan.stdout
+    row = next(line for line in plan.stdout.splitlines() if line.split()[:2] == ["ZeRO-3", "1.00"]
+               or (line.startswith("ZeRO-3 ") and "opt" not in line))
+    assert row.endswith("but will not run (Note)")
+    wont = json.loads(zlayout("plan", "--gpus-per-node", "1", "--json").stdout)["will_not_run"]
+    # every ZeRO-3 layout with its weights on the GPU, whatever holds the optimizer
+    assert sorted(wont) == ["z3-opt_cpu-param_gpu", "z3-opt_gpu-param_gpu", "z3-opt_nvme-param_gpu"]
+    assert "grouped GEMM refuses it" in wont["z3-opt_gpu-param_gpu"]
     for argv in (("verify", "--stage", "3", "--out", str(tmp_path / "v")),
                  ("export", "--stage", "3", "--out", str(tmp_path / "p"))):
         refused = zlayout(*argv, "--gpus-per-node", "1")
@@ -154,6 +161,7 @@ def test_zero3_on_one_gpu_is_refused_where_its_packed_weights_misalign_the_exper
     eight = zlayout("export", "--stage", "3", "--gpus-per-node", "8", "--out", str(tmp_path / "p8"))
     assert eight.returncode == 0, eight.stderr
     assert "will not run" not in zlayout("plan", "--gpus-per-node", "8").stdout
+    assert "will_not_run" not in json.loads(zlayout("plan", "--gpus-per-node", "8", "--json").stdout)
 
 
 def test_the_recommendation_never_picks_a_layout_that_will_not_run(tmp_path, monkeypatch):

@@ -125,6 +125,9 @@ def plan_json(plan: Plan, layout=None) -> dict:
             "recommendation": recommendation_dict(plan)}
     if (linear := linear_attention(plan)) is not None:
         base["linear_attention"] = linear
+    wont = {lp.layout.key: r for lp in plan.layouts if (r := _refusal(plan.input, lp.layout)) is not None}
+    if wont:  # layouts that fit but will not run (core.tensors.grouped_gemm_refusal), and why
+        base["will_not_run"] = wont
     if layout is not None:
         return {**base, **_layout_json(plan.for_layout(layout)),
                 "recommended": plan.recommendation.layout == layout,
@@ -148,16 +151,15 @@ def linear_attention(plan: Plan) -> dict | None:
 def grouped_gemm_note(plan: Plan) -> str | None:
     """Why ZeRO-3 on one GPU will not run a grouped-experts model whose weights DeepSpeed misaligns
     (core.tensors.grouped_gemm_refusal), where the plan holds that layout; verify and export refuse it."""
+    return next((r for lp in plan.layouts if (r := _refusal(plan.input, lp.layout)) is not None), None)
+
+
+def _refusal(inp, layout: Layout) -> str | None:
     from zlayout.core.memory import weight_bytes_per_param
     from zlayout.core.tensors import grouped_gemm_refusal
 
-    inp = plan.input
-    for lp in plan.layouts:
-        refusal = grouped_gemm_refusal(inp.model, inp.training.impl, lp.layout.stage, inp.hardware.world,
-                                       lp.layout.offload_param != "gpu", weight_bytes_per_param(inp.training))
-        if refusal is not None:
-            return refusal
-    return None
+    return grouped_gemm_refusal(inp.model, inp.training.impl, layout.stage, inp.hardware.world,
+                                layout.offload_param != "gpu", weight_bytes_per_param(inp.training))
 
 
 def recommendation_note(plan: Plan, layout: Layout) -> str:
@@ -211,6 +213,8 @@ def plan_table(plan: Plan, layout=None) -> str:
     for lp in chosen:
         mem = lp.memory
         mark = " <- recommended" if lp.layout == rec else ""
+        if _refusal(inp, lp.layout) is not None:
+            mark = ", but will not run (Note)"
         lines.append(
             f"{lp.layout.label:26} {_gib(mem.gpu_peak_allocated_bytes):>9} {_gib(mem.gpu_peak_reserved_bytes):>9} "
             f"{_gib(mem.gpu_device_used_bytes):>9} {_gib(mem.gpu_headroom_bytes):>9} "
