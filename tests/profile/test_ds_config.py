@@ -158,6 +158,9 @@ def test_zero3_on_one_gpu_is_refused_where_its_packed_weights_misalign_the_exper
         assert refused.returncode == 2 and "grouped GEMM refuses it" in refused.stderr
         assert len(refused.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "v").exists() and not (tmp_path / "p").exists()
+    # an 8-GPU plan run as one process on this node is ZeRO-3 on one GPU
+    one = zlayout("verify", "--stage", "3", "--gpus-per-node", "8", "--processes", "1", "--out", str(tmp_path / "v1"))
+    assert one.returncode == 2 and "grouped GEMM refuses it" in one.stderr and not (tmp_path / "v1").exists()
     eight = zlayout("export", "--stage", "3", "--gpus-per-node", "8", "--out", str(tmp_path / "p8"))
     assert eight.returncode == 0, eight.stderr
     assert "will not run" not in zlayout("plan", "--gpus-per-node", "8").stdout

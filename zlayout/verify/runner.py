@@ -92,9 +92,11 @@ def run_verification(inp: PlanInput, layout: Layout, options: VerifyOptions | No
     options = options or VerifyOptions()
     cancel = cancel or threading.Event()
     check_request(inp, options)
-    check_runnable(inp, layout, options.cpu)  # the app's verify too, which builds no command line
     processes = world_for(inp, options)
     run_inp = input_for_run(inp, processes, options.emulate)
+    # at the world this node runs (--processes 1 of an 8-GPU plan is ZeRO-3 on one GPU); the app's
+    # verify too, which builds no command line
+    check_runnable(run_inp, layout, options.cpu)
     out_dir, checkpoint_dir, default_out = resolved_dirs(layout, options)
     out_dir, checkpoint_dir = claim_dirs(out_dir, checkpoint_dir, options.restart_drill)
     options = replace(options, out_dir=out_dir, checkpoint_dir=checkpoint_dir)
