@@ -111,7 +111,7 @@ def test_a_grouped_experts_weight_off_a_16_byte_boundary_asks_deepspeed_to_align
         args = build_parser().parse_args(["plan", "--hf-config", str(ZAYA_TINY), "--stage", str(stage),
                                           "--gpus-per-node", str(gpus), "--seq", "256"])
         inp, layout = plan_input_from_args(args), layout_from_args(args)
-        got[stage, gpus] = (grouped_gemm_misaligned(inp.model, "hf", stage, gpus, False, 2),
+        got[stage, gpus] = (grouped_gemm_misaligned(inp, layout),
                             ds_config(inp, layout)["zero_optimization"].get("parameter_alignment"))
         assert inp.model.card.grouped_gemm_weights  # the experts' 3-D weights, read from the card
     first = got[2, 1][0]

@@ -125,8 +125,7 @@ def plan_json(plan: Plan, layout=None) -> dict:
             "recommendation": recommendation_dict(plan)}
     if (linear := linear_attention(plan)) is not None:
         base["linear_attention"] = linear
-    wont = {lp.layout.key: r for lp in plan.layouts if (r := _refusal(plan.input, lp.layout)) is not None}
-    if wont:  # layouts that fit but will not run (core.tensors.grouped_gemm_refusal), and why
+    if wont := will_not_run(plan):
         base["will_not_run"] = wont
     if layout is not None:
         return {**base, **_layout_json(plan.for_layout(layout)),
@@ -148,18 +147,14 @@ def linear_attention(plan: Plan) -> dict | None:
             "note": note}
 
 
-def grouped_gemm_note(plan: Plan) -> str | None:
-    """Why ZeRO-3 on one GPU will not run a grouped-experts model whose weights DeepSpeed misaligns
-    (core.tensors.grouped_gemm_refusal), where the plan holds that layout; verify and export refuse it."""
-    return next((r for lp in plan.layouts if (r := _refusal(plan.input, lp.layout)) is not None), None)
-
-
-def _refusal(inp, layout: Layout) -> str | None:
-    from zlayout.core.memory import weight_bytes_per_param
+def will_not_run(plan: Plan) -> dict[str, str]:
+    """The plan's layouts that will not run whatever their memory, by key, and why
+    (core.tensors.grouped_gemm_refusal: ZeRO-3 on one GPU of a model whose grouped-experts weights
+    DeepSpeed misaligns); verify and export refuse them."""
     from zlayout.core.tensors import grouped_gemm_refusal
 
-    return grouped_gemm_refusal(inp.model, inp.training.impl, layout.stage, inp.hardware.world,
-                                layout.offload_param != "gpu", weight_bytes_per_param(inp.training))
+    return {lp.layout.key: why for lp in plan.layouts
+            if (why := grouped_gemm_refusal(plan.input, lp.layout)) is not None}
 
 
 def recommendation_note(plan: Plan, layout: Layout) -> str:
@@ -210,11 +205,10 @@ def plan_table(plan: Plan, layout=None) -> str:
              f"{'host/node':>10} {'NVMe':>8} {'step s':>7}  fits (+ GiB missing)"
     lines += [header, "-" * len(header)]
     rec = plan.recommendation.layout
+    wont = will_not_run(plan)
     for lp in chosen:
         mem = lp.memory
-        mark = " <- recommended" if lp.layout == rec else ""
-        if _refusal(inp, lp.layout) is not None:
-            mark = ", but will not run (Note)"
+        mark = ", but will not run (Note)" if lp.layout.key in wont else " <- recommended" if lp.layout == rec else ""
         lines.append(
             f"{lp.layout.label:26} {_gib(mem.gpu_peak_allocated_bytes):>9} {_gib(mem.gpu_peak_reserved_bytes):>9} "
             f"{_gib(mem.gpu_device_used_bytes):>9} {_gib(mem.gpu_headroom_bytes):>9} "
@@ -224,8 +218,8 @@ def plan_table(plan: Plan, layout=None) -> str:
                  "cache fills the card); fits: what the step needs against the card less --headroom")
     if (linear := linear_attention(plan)) is not None:
         lines.append(f"Note: {linear['note']}.")
-    if (refusal := grouped_gemm_note(plan)) is not None:
-        lines.append(f"Note: {refusal}.")
+    if wont:  # one reason, whichever layouts it rules out
+        lines.append(f"Note: {next(iter(wont.values()))}.")
     if layout is not None:
         mem = chosen[0].memory
         lines += ["", f"GPU: {mem.gpu_fit.summary()}."]

@@ -399,7 +399,7 @@ class ModelCard:
     # the 3-D ones (`grouped_gemm_weights`); () where the card was built without its shapes
     parameter_ranks: tuple[int, ...] = ()
 
-    @property
+    @functools.cached_property
     def grouped_gemm_weights(self) -> tuple[int, ...]:
         """The parameter tensors (indices, parameters() order) torch's grouped GEMM reads: the 3-D
         weights of a card whose blocks run `_grouped_mm` (transformers' experts, `[experts, out,

@@ -27,7 +27,8 @@ from zlayout.core.fit import flush_cost_s
 from zlayout.core.reductions import Device, device_of
 from zlayout.core.tensors import (  # noqa: F401 (read from here by tests and benchmarks)
     NORM_PART_ELEMENTS, layer_tensor_sizes, parameter_tensor_sizes, stage3_live_param_elements,
-    Regathered, stage3_regathered_elements, stage3_sub_groups, zero3_leaf_moe_tensor_sizes)
+    Regathered, stage3_regathered_elements, stage3_sub_groups, weight_bytes_per_param,
+    zero3_leaf_moe_tensor_sizes)
 from zlayout.spec import GiB, Layout, ModelSpec, PlanInput, TrainingSpec, ZeroKnobs, gib_figure
 
 Where = Literal["gpu", "host", "nvme"]
@@ -182,10 +183,6 @@ class MemoryEstimate:
 
 
 # --------------------------------------------------------------------------- sizes
-
-
-def weight_bytes_per_param(training: TrainingSpec) -> int:
-    return 4 if training.precision == "fp32" else 2
 
 
 def tokens_per_micro_batch(training: TrainingSpec) -> int:

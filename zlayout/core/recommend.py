@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from zlayout.core.comm import estimate_comm
 from zlayout.core.layoutplan import LayoutPlan
-from zlayout.core.memory import MemoryEstimate, estimate_memory, weight_bytes_per_param
+from zlayout.core.memory import MemoryEstimate, estimate_memory
 from zlayout.core.steptime import estimate_step_time
 from zlayout.core.tensors import grouped_gemm_refusal
 from zlayout.messages import EXPANDABLE_NOTE
@@ -111,7 +111,8 @@ def _why(best: LayoutPlan, ranked: list[LayoutPlan], fastest: LayoutPlan) -> str
 
 def recommend(inp: PlanInput, planned: tuple[LayoutPlan, ...]) -> Recommendation:
     """The simplest of the (tied) fastest fitting layouts with a reason; else verified suggestions."""
-    fitting = [lp for lp in planned if lp.memory.fits and _runs(inp, lp.layout)]
+    # a layout that fits but will not run (tensors.grouped_gemm_refusal; verify and export refuse it) is none
+    fitting = [lp for lp in planned if lp.memory.fits and grouped_gemm_refusal(inp, lp.layout) is None]
     if fitting:
         fastest = min(fitting, key=lambda lp: lp.time.step_time_s)
         ranked = sorted(fitting, key=lambda lp: _order_key(lp, fastest.time.step_time_s))
@@ -126,13 +127,6 @@ def recommend(inp: PlanInput, planned: tuple[LayoutPlan, ...]) -> Recommendation
     if closest is not None:
         reason += f": the closest, {closest.layout.label}, {closest.memory.shortfall}"
     return Recommendation(None, reason + ".", tuple(f.text for f in fixes), fixes)
-
-
-def _runs(inp: PlanInput, layout: Layout) -> bool:
-    """Whether the layout runs at all on a GPU: not ZeRO-3 on one GPU of a model whose grouped-experts
-    weights DeepSpeed misaligns there (tensors.grouped_gemm_refusal; verify and export refuse it)."""
-    return grouped_gemm_refusal(inp.model, inp.training.impl, layout.stage, inp.hardware.world,
-                                layout.offload_param != "gpu", weight_bytes_per_param(inp.training)) is None
 
 
 def _expandable_note(inp: PlanInput, best: LayoutPlan, planned: "tuple[LayoutPlan, ...]") -> str:

@@ -9,9 +9,13 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
-from zlayout.spec import ModelSpec, ZeroKnobs
+from zlayout.spec import Layout, ModelSpec, PlanInput, TrainingSpec, ZeroKnobs
 
 NORM_PART_ELEMENTS = 250_000_000  # stage3.py _constant_buffered_norm2(buffer_size): float64 parts
+
+
+def weight_bytes_per_param(training: TrainingSpec) -> int:
+    return 4 if training.precision == "fp32" else 2
 
 
 def stage3_live_param_elements(model: ModelSpec, zero: ZeroKnobs, world: int, param_offload: bool) -> int:
@@ -255,21 +259,22 @@ def stage3_sub_groups(tensors: list[int] | tuple[int, ...], world: int, sub_grou
 GROUPED_GEMM_ALIGNMENT_BYTES = 16
 
 
-def grouped_gemm_misaligned(model: ModelSpec, impl: str, stage: int, world: int, param_offload: bool,
-                            element_bytes: int) -> int | None:
+def grouped_gemm_misaligned(inp: PlanInput, layout: Layout) -> int | None:
     """The first weight torch's grouped GEMM reads (index, parameters() order) that DeepSpeed puts
-    off a 16-byte boundary, or None. ZeRO-1 and -2 make every parameter a view into one flat buffer
-    packed tensor after tensor (stage_1_and_2.py: no padding between them unless
+    off a 16-byte boundary in this layout, or None. ZeRO-1 and -2 make every parameter a view into
+    one flat buffer packed tensor after tensor (stage_1_and_2.py: no padding between them unless
     `zero_optimization.parameter_alignment`); ZeRO-3 on one GPU with its weights there makes each a
     view into its partitions' flat buffer, packed alike (stage3.py `defragment`: NoGatherHandle points
     the parameter at its partition). One tensor of an odd size before the experts (zaya's 2-element
     `qk_norm.temp`) shifts every expert after it. ZeRO-0 keeps the tensors as built; ZeRO-3 over
     several GPUs, or with its weights on the host, gathers or copies each into a new allocation."""
-    card = model.card if impl == "hf" else None
-    weights = set(card.grouped_gemm_weights) if card is not None else set()
-    if not weights or stage == 0 or (stage == 3 and (world > 1 or param_offload)):
+    model, impl = inp.model, inp.training.impl
+    if layout.stage == 0 or (layout.stage == 3 and (inp.hardware.world > 1 or layout.offload_param != "gpu")):
         return None
-    offset = 0
+    weights = set(model.card.grouped_gemm_weights) if model.card is not None and impl == "hf" else set()
+    if not weights:
+        return None
+    element_bytes, offset = weight_bytes_per_param(inp.training), 0
     for index, numel in enumerate(parameter_tensor_sizes(model, impl)):
         if index in weights and offset * element_bytes % GROUPED_GEMM_ALIGNMENT_BYTES:
             return index
@@ -277,14 +282,11 @@ def grouped_gemm_misaligned(model: ModelSpec, impl: str, stage: int, world: int,
     return None
 
 
-def grouped_gemm_refusal(model: ModelSpec, impl: str, stage: int, world: int, param_offload: bool,
-                         element_bytes: int) -> str | None:
+def grouped_gemm_refusal(inp: PlanInput, layout: Layout) -> str | None:
     """One line where a layout cannot run because DeepSpeed puts a grouped-experts weight off a
     16-byte boundary and has no switch to pad it: ZeRO-3 on one GPU with its weights there (ZeRO-1/2
     pad with `parameter_alignment`, which zlayout's ds_config sets). None where it runs."""
-    if stage != 3:
-        return None
-    index = grouped_gemm_misaligned(model, impl, stage, world, param_offload, element_bytes)
+    index = grouped_gemm_misaligned(inp, layout) if layout.stage == 3 else None
     if index is None:
         return None
     return (f"ZeRO-3 on one GPU will not run this model: DeepSpeed packs its weights into one buffer "

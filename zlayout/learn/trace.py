@@ -110,6 +110,7 @@ GATHERS = frozenset({"embedding", "index_select", "gather", "index"})
 # the last dimension), whose kernel is chosen by the row's length (`_row_softmax_bytes`)
 SOFTMAX_FORWARD = frozenset({"_softmax", "_log_softmax"})
 SOFTMAX_BACKWARD = frozenset({"_softmax_backward_data", "_log_softmax_backward_data"})
+ROW_SOFTMAX = SOFTMAX_FORWARD | SOFTMAX_BACKWARD
 # the shared memory a CUDA block gets without opting in (cudaDeviceProp.sharedMemPerBlock: 48 KiB on
 # every GPU the planner knows), which bounds the rows SoftMax.cu stages in shared memory
 SHARED_MEMORY_PER_BLOCK = 48 * 1024
@@ -524,12 +525,14 @@ class StorageLedger(TorchDispatchMode):
         operands = [*inputs, *outputs]
         elementwise = not flops and len(outputs) == 1
         one_walk = elementwise and _one_walk(func, operands, outputs[0])
-        row_softmax = _row_softmax_bytes(name, args, outputs, self.logits_width) \
-            if name in SOFTMAX_FORWARD | SOFTMAX_BACKWARD else None
+        row_softmax = _row_softmax_bytes(name, args, outputs, self.logits_width) if name in ROW_SOFTMAX else None
+        # realigned row by row (the loss's long softmax rows), or gathers (nll_loss): the vectorized
+        # rate whatever the rows' alignment, and their own byte counts
+        own_bytes = row_softmax is not None or name in NLL_LOSS
         if name in INDEX_PUTS and _accumulates(args, kwargs):
             name += SCATTER_SUFFIX  # priced apart (core.card): sorted, each row's sources added in turn
-        elif row_softmax is not None or name in NLL_LOSS:
-            pass  # realigned row by row, or gathers: the vectorized rate whatever the rows' alignment
+        elif own_bytes:
+            pass
         elif _misaligned_start(operands) if one_walk else _misaligned(operands):
             name += UNALIGNED_SUFFIX  # priced apart (core.card): no 16-byte vector loads
         elif elementwise and not one_walk and _pointwise(func):
@@ -539,7 +542,7 @@ class StorageLedger(TorchDispatchMode):
         if name in GATHERS and inputs:  # reads the rows it returns, not the whole table
             inputs = inputs[1:]
             moved = 2 * sum(_bytes(t) for t in outputs)
-        elif row_softmax is not None or name in NLL_LOSS:
+        elif own_bytes:
             inputs = []
             moved = row_softmax if row_softmax is not None else _nll_loss_bytes(name, args, outputs)
         else:

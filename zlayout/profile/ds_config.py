@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from zlayout.core.memory import weight_bytes_per_param
 from zlayout.core.tensors import grouped_gemm_misaligned
 from zlayout.spec import Layout, PlanInput
 
@@ -38,9 +37,7 @@ def ds_config(inp: PlanInput, layout: Layout, nvme_path: str = DEFAULT_NVME_PATH
             "stage3_param_persistence_threshold": z.stage3_param_persistence_threshold,
             "sub_group_size": z.sub_group_size,
         })
-    if layout.stage in (1, 2) and grouped_gemm_misaligned(
-            inp.model, t.impl, layout.stage, inp.hardware.world, layout.offload_param != "gpu",
-            weight_bytes_per_param(t)) is not None:
+    if layout.stage in (1, 2) and grouped_gemm_misaligned(inp, layout) is not None:
         # DeepSpeed packs the weights into one flat buffer without padding, and torch's grouped GEMM
         # refuses an expert weight it puts off a 16-byte boundary; this pads each tensor to one
         zero["parameter_alignment"] = True

@@ -258,12 +258,9 @@ def export_profile(inp: PlanInput, layout: Layout, path: str | os.PathLike[str],
     there, `replace` is False) or ProfileError. `host_ram_given`: whether the host RAM is the user's
     (--host-ram-gib) or zlayout's default; None: given when it is not the default.
     """
-    from zlayout.core.memory import weight_bytes_per_param
     from zlayout.core.tensors import grouped_gemm_refusal
 
-    refusal = grouped_gemm_refusal(inp.model, inp.training.impl, layout.stage, inp.hardware.world,
-                                   layout.offload_param != "gpu", weight_bytes_per_param(inp.training))
-    if refusal is not None:  # a profile the training job would fail with at its first forward
+    if (refusal := grouped_gemm_refusal(inp, layout)) is not None:  # a profile the training job would fail with at its first forward
         raise ProfileError(refusal)
     if why is not None and len(why) > MAX_WHY_CHARS:
         raise ProfileError(f"--why is {len(why):,} characters long; the change log keeps at most "

@@ -194,10 +194,7 @@ def check_runnable(inp: PlanInput, layout: Layout, cpu: bool) -> None:
     check runs it."""
     if cpu:
         return
-    from zlayout.core.memory import weight_bytes_per_param
     from zlayout.core.tensors import grouped_gemm_refusal
 
-    refusal = grouped_gemm_refusal(inp.model, inp.training.impl, layout.stage, inp.hardware.world,
-                                   layout.offload_param != "gpu", weight_bytes_per_param(inp.training))
-    if refusal is not None:
+    if (refusal := grouped_gemm_refusal(inp, layout)) is not None:
         raise LaunchError(refusal)
