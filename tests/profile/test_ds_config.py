@@ -93,8 +93,9 @@ def test_a_grouped_experts_weight_off_a_16_byte_boundary_asks_deepspeed_to_align
     """zaya's 2-element `qk_norm.temp` comes before its experts: ZeRO-1/2's flat buffer, packed tensor
     after tensor, puts the experts 4 bytes off a 16-byte boundary, where torch's grouped GEMM refuses
     them on a GPU (h200-2026-12-31c). The written config asks DeepSpeed to pad each tensor
-    (`parameter_alignment`) at those stages only: ZeRO-0 keeps the tensors as built, and ZeRO-3 over
-    several GPUs gathers each into its own allocation."""
+    (`parameter_alignment`) at those stages only: ZeRO-0's FP16_Optimizer and ZeRO-3 on one GPU pack
+    alike with no switch to pad (the plan refuses them), and ZeRO-3 over several GPUs gathers each
+    into its own allocation."""
     pytest.importorskip("transformers")
     from zlayout.cli import build_parser, layout_from_args, plan_input_from_args
     from zlayout.core.tensors import grouped_gemm_misaligned
@@ -116,16 +117,17 @@ def test_a_grouped_experts_weight_off_a_16_byte_boundary_asks_deepspeed_to_align
         assert inp.model.card.grouped_gemm_weights  # the experts' 3-D weights, read from the card
     first = got[2, 1][0]
     assert first is not None and first in inp.model.card.grouped_gemm_weights
-    assert got == {(0, 1): (None, None), (1, 1): (first, True), (2, 1): (first, True), (2, 8): (first, True),
+    assert got == {(0, 1): (first, None), (1, 1): (first, True), (2, 1): (first, True), (2, 8): (first, True),
                    (3, 1): (first, None), (3, 8): (None, None)}
 
 
-def test_zero3_on_one_gpu_is_refused_where_its_packed_weights_misalign_the_experts(tmp_path):
+def test_zero0_and_zero3_on_one_gpu_are_refused_where_their_packed_weights_misalign_the_experts(tmp_path):
     """ZeRO-3 on one GPU points each weight at its partition in one packed buffer (stage3.py
     `defragment`, no padding switch): zaya's experts land 4 bytes off a boundary there too (checked
-    on a CPU engine). plan says why in a note; verify and export refuse the layout in one line
-    rather than launch or write a run that fails at its first forward; over 8 GPUs ZeRO-3 gathers
-    each weight into its own tensor and runs."""
+    on a CPU engine; on an H100, torch's grouped GEMM refused it: h200-2026-12-31c). ZeRO-0's
+    FP16_Optimizer packs the weights the same way (fused_optimizer.py). plan says why in a note for
+    each; verify and export refuse the layouts in one line rather than launch or write a run that
+    fails at its first forward; over 8 GPUs ZeRO-3 gathers each weight into its own tensor and runs."""
     pytest.importorskip("transformers")
     import os
     import subprocess
@@ -145,15 +147,19 @@ def test_zero3_on_one_gpu_is_refused_where_its_packed_weights_misalign_the_exper
 
     plan = zlayout("plan", "--gpus-per-node", "1")
     assert plan.returncode == 0 and "Note: ZeRO-3 on one GPU will not run this model" in plan.stdout
+    assert "Note: ZeRO-0 will not run this model: DeepSpeed's FP16_Optimizer packs" in plan.stdout
     row = next(line for line in plan.stdout.splitlines() if line.split()[:2] == ["ZeRO-3", "1.00"]
                or (line.startswith("ZeRO-3 ") and "opt" not in line))
     assert row.endswith("but will not run (Note)")
     wont = json.loads(zlayout("plan", "--gpus-per-node", "1", "--json").stdout)["will_not_run"]
     # every ZeRO-3 layout with its weights on the GPU, whatever holds the optimizer
-    assert sorted(wont) == ["z3-opt_cpu-param_gpu", "z3-opt_gpu-param_gpu", "z3-opt_nvme-param_gpu"]
+    assert sorted(wont) == ["z0-opt_gpu-param_gpu", "z3-opt_cpu-param_gpu", "z3-opt_gpu-param_gpu",
+                            "z3-opt_nvme-param_gpu"]
     assert "grouped GEMM refuses it" in wont["z3-opt_gpu-param_gpu"]
     for argv in (("verify", "--stage", "3", "--out", str(tmp_path / "v")),
-                 ("export", "--stage", "3", "--out", str(tmp_path / "p"))):
+                 ("export", "--stage", "3", "--out", str(tmp_path / "p")),
+                 ("verify", "--stage", "0", "--out", str(tmp_path / "v")),
+                 ("export", "--stage", "0", "--out", str(tmp_path / "p"))):
         refused = zlayout(*argv, "--gpus-per-node", "1")
         assert refused.returncode == 2 and "grouped GEMM refuses it" in refused.stderr
         assert len(refused.stderr.strip().splitlines()) == 1
@@ -163,8 +169,9 @@ def test_zero3_on_one_gpu_is_refused_where_its_packed_weights_misalign_the_exper
     assert one.returncode == 2 and "grouped GEMM refuses it" in one.stderr and not (tmp_path / "v1").exists()
     eight = zlayout("export", "--stage", "3", "--gpus-per-node", "8", "--out", str(tmp_path / "p8"))
     assert eight.returncode == 0, eight.stderr
-    assert "will not run" not in zlayout("plan", "--gpus-per-node", "8").stdout
-    assert "will_not_run" not in json.loads(zlayout("plan", "--gpus-per-node", "8", "--json").stdout)
+    assert "ZeRO-3 on one GPU will not run" not in zlayout("plan", "--gpus-per-node", "8").stdout
+    assert sorted(json.loads(zlayout("plan", "--gpus-per-node", "8", "--json").stdout)["will_not_run"]) == [
+        "z0-opt_gpu-param_gpu"]  # FP16_Optimizer packs at any world
 
 
 def test_the_recommendation_never_picks_a_layout_that_will_not_run(tmp_path, monkeypatch):
@@ -188,3 +195,44 @@ def test_the_recommendation_never_picks_a_layout_that_will_not_run(tmp_path, mon
         only = plan_layout(inp, Layout(stage=3), with_breakeven=False)
         assert only.memory.fits
         assert recommend(inp, (only,)).layout == expected
+
+
+APERTUS_TINY = Path(__file__).resolve().parents[1] / "learn" / "configs" / "apertus-tiny.json"
+
+
+def test_dense_weights_packed_off_a_boundary_run_on_slower_gemms_where_nothing_pads_them(tmp_path, monkeypatch):
+    """Apertus's xIELU keeps two 1-element scalars after each block's MLP: packed tensor after tensor,
+    block 1's matrices start 4 bytes off a 16-byte boundary and the head, after two blocks and the
+    final norm, 8 bytes off. ZeRO-0 (FP16_Optimizer) and ZeRO-3 on one GPU pack with no padding, so
+    the GEMMs reading those weights are priced on cuBLAS's 2- and 4-element kernels (h200-2026-12-31c:
+    apertus1p5_text at ZeRO-3 on one GPU ran `..._align2` CUTLASS kernels, -24.8% -> -5.3%); ZeRO-1/2
+    get `parameter_alignment` in the written config and run aligned; ZeRO-3 over 8 GPUs gathers."""
+    pytest.importorskip("transformers")
+    from zlayout import cards
+    from zlayout.cli import build_parser, layout_from_args, plan_input_from_args
+    from zlayout.core.steptime import card_with_work, card_work, micro_step_work
+    from zlayout.core.tensors import gemm_weight_alignment
+    from zlayout.learn.learner import learn
+    from zlayout.profile.ds_config import ds_config
+
+    monkeypatch.setenv("ZLAYOUT_CARDS_DIR", str(tmp_path))
+    config = json.loads(APERTUS_TINY.read_text())
+    key = cards.config_key(config)
+    cards.write_card(tmp_path, key, cards.dumps_card(learn(config), key, APERTUS_TINY.name), replace=False)
+    got = {}
+    for stage, gpus in ((0, 1), (1, 1), (2, 1), (3, 1), (3, 8)):
+        args = build_parser().parse_args(["plan", "--hf-config", str(APERTUS_TINY), "--stage", str(stage),
+                                          "--gpus-per-node", str(gpus), "--seq", "256"])
+        inp, layout = plan_input_from_args(args), layout_from_args(args)
+        got[stage, gpus] = (gemm_weight_alignment(inp, layout),
+                            ds_config(inp, layout)["zero_optimization"].get("parameter_alignment"))
+        forward, _ = micro_step_work(inp, layout)
+        aligned, _ = card_work(inp, card_with_work(inp))
+        # the same GEMM FLOPs, moved to the slower kernels where a weight is off its boundary
+        moved = forward.half_aligned_gemm_flops - aligned.half_aligned_gemm_flops
+        assert forward.gemm_flops + forward.half_aligned_gemm_flops == pytest.approx(
+            aligned.gemm_flops + aligned.half_aligned_gemm_flops)
+        assert (moved > 0) == (got[stage, gpus][0] is not None)
+    packed = ({2: pytest.approx(0.5)}, 4)
+    assert got == {(0, 1): (packed, None), (1, 1): (None, True), (2, 1): (None, True), (3, 1): (packed, None),
+                   (3, 8): (None, None)}

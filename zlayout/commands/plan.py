@@ -149,8 +149,8 @@ def linear_attention(plan: Plan) -> dict | None:
 
 def will_not_run(plan: Plan) -> dict[str, str]:
     """The plan's layouts that will not run whatever their memory, by key, and why
-    (core.tensors.grouped_gemm_refusal: ZeRO-3 on one GPU of a model whose grouped-experts weights
-    DeepSpeed misaligns); verify and export refuse them."""
+    (core.tensors.grouped_gemm_refusal: ZeRO-0, or ZeRO-3 on one GPU, of a model whose grouped-experts
+    weights DeepSpeed misaligns); verify and export refuse them."""
     from zlayout.core.tensors import grouped_gemm_refusal
 
     return {lp.layout.key: why for lp in plan.layouts
@@ -218,8 +218,8 @@ def plan_table(plan: Plan, layout=None) -> str:
                  "cache fills the card); fits: what the step needs against the card less --headroom")
     if (linear := linear_attention(plan)) is not None:
         lines.append(f"Note: {linear['note']}.")
-    if wont:  # one reason, whichever layouts it rules out
-        lines.append(f"Note: {next(iter(wont.values()))}.")
+    for why in dict.fromkeys(wont.values()):  # each reason once, whichever layouts it rules out
+        lines.append(f"Note: {why}.")
     if layout is not None:
         mem = chosen[0].memory
         lines += ["", f"GPU: {mem.gpu_fit.summary()}."]

@@ -67,6 +67,7 @@ import math
 from dataclasses import dataclass, replace
 
 from zlayout.core.comm import Collective, CommEstimate, estimate_comm, stage3_fetched_modules
+from zlayout.core.tensors import gemm_weight_alignment
 from zlayout.spec import Layout, LinkSpec, PlanInput
 
 # The GPU-resident step, phase by phase: forward, backward (with checkpointing's recompute), and
@@ -620,7 +621,7 @@ def card_counts_experts(inp: PlanInput, card) -> bool:
     return card.block_matmul_flops(1, seq) >= 0.9 * 2 * inp.model.active_blocks_params() * seq
 
 
-def card_work(inp: PlanInput, card) -> tuple[PhaseWork, PhaseWork]:
+def card_work(inp: PlanInput, card, weights: tuple[dict[int, float], int] | None = None) -> tuple[PhaseWork, PhaseWork]:
     """The model's own work in a micro-step's forward and backward, from what the card recorded
     op by op (`ModelCard.pass_work`): layers x each kind of block, and the head. GEMMs, batched
     GEMMs (eager attention's T^2 matmuls) and the fused attention kernels by their FLOPs, every
@@ -629,28 +630,46 @@ def card_work(inp: PlanInput, card) -> tuple[PhaseWork, PhaseWork]:
     more), each on the GPU's side; the host issues the op once and launches its further kernels
     (`host_floor_s`; a card learned before its ops were recorded: each launch an op). With
     checkpointing the card's backward holds the recompute as the run does it (non-reentrant: it
-    stops once backward has what it needs)."""
+    stops once backward has what it needs).
+
+    `weights` (tensors.gemm_weight_alignment), where the layout leaves weights off a 16-byte boundary:
+    the GEMMs that read such a weight (the forward's, the recompute's, and the backward's input
+    gradients; a weight gradient reads only activations) run on cuBLAS's 2- or 4-element kernels
+    (`HALF_ALIGNED_HEAD_EFFICIENCY`), or its 1-element ones."""
     t = inp.training
     blocks_fwd, blocks_bwd, head_fwd, head_bwd = card.pass_work(t.micro_batch, t.seq, t.checkpointing == "full")
-    # the head's GEMMs on the slower kernels of a misaligned vocabulary (head_gemm_alignment)
+    # the head's GEMMs on the slower kernels of a misaligned vocabulary (head_gemm_alignment), or of
+    # a head weight packed off a boundary
     align = head_gemm_alignment(inp.model.vocab)
+    shares, head_weight = weights if weights is not None else ({}, 8)
+    ckpt = t.checkpointing == "full"
     # The grouped experts' GEMMs run as fast as dense ones, their gradients' MOE_BACKWARD_GEMM_FACTOR
     # slower (the backward's recompute, with checkpointing, is a forward).
     recomputed = blocks_fwd.grouped_gemm_flops if t.checkpointing == "full" else 0.0
     grouped = (blocks_fwd.grouped_gemm_flops,
                recomputed + MOE_BACKWARD_GEMM_FACTOR * (blocks_bwd.grouped_gemm_flops - recomputed))
     passes = []
-    for blocks, head, fixed_s, experts in ((blocks_fwd, head_fwd, HOST_FORWARD_FIXED_S, grouped[0]),
-                                           (blocks_bwd, head_bwd, 0.0, grouped[1])):
+    for backward, (blocks, head, fixed_s, experts) in enumerate(
+            ((blocks_fwd, head_fwd, HOST_FORWARD_FIXED_S, grouped[0]), (blocks_bwd, head_bwd, 0.0, grouped[1]))):
         whole = blocks + head
+        # the share of a pass's GEMM FLOPs that reads the weights: all of the forward's; the
+        # backward's recompute and half of the rest (input gradients, not weight gradients)
+        recompute = blocks_fwd.gemm_flops if backward and ckpt else 0.0
+        reading = blocks.gemm_flops if not backward else recompute + (blocks.gemm_flops - recompute) / 2
+        off = {a: share * reading for a, share in shares.items()}
+        head_align = align if align < 8 else head_weight
+        head_reading = head.gemm_flops / (2 if backward else 1)
         # a misaligned vocabulary's head GEMMs, wherever the card recorded them (a card learned
-        # before the learner marked misaligned operands holds them as aligned)
-        head_gemm = head.gemm_flops + head.unaligned_gemm_flops if align < 8 else 0.0
+        # before the learner marked misaligned operands holds them as aligned); a head weight off a
+        # boundary slows the GEMMs that read it
+        head_gemm = (head.gemm_flops + head.unaligned_gemm_flops if align < 8
+                     else head_reading if head_weight < 8 else 0.0)
+        head_moved = head.gemm_flops if align < 8 else head_gemm
         passes.append(PhaseWork(
-            gemm_flops=whole.gemm_flops - (head.gemm_flops if align < 8 else 0.0) + experts,
+            gemm_flops=whole.gemm_flops - head_moved - sum(off.values()) + experts,
             unaligned_gemm_flops=(whole.unaligned_gemm_flops - (head.unaligned_gemm_flops if align < 8 else 0.0)
-                                  + (head_gemm if align == 1 else 0.0)),
-            half_aligned_gemm_flops=head_gemm if align in (2, 4) else 0.0,
+                                  + (head_gemm if head_align == 1 else 0.0) + off.get(1, 0.0)),
+            half_aligned_gemm_flops=(head_gemm if head_align in (2, 4) else 0.0) + off.get(2, 0.0) + off.get(4, 0.0),
             unaligned_hbm_bytes=whole.unaligned_memory_bytes,
             strided_hbm_bytes=whole.strided_memory_bytes, scatter_hbm_bytes=whole.scatter_memory_bytes,
             batched_gemm_flops=whole.batched_gemm_flops, attention_flops=whole.attention_flops,
@@ -721,7 +740,7 @@ def micro_step_work(inp: PlanInput, layout: Layout) -> tuple[PhaseWork, PhaseWor
     m = inp.model
     ckpt = inp.training.checkpointing == "full"
     card = card_with_work(inp)
-    fwd, bwd = card_work(inp, card) if card is not None else hand_work(inp)
+    fwd, bwd = card_work(inp, card, gemm_weight_alignment(inp, layout)) if card is not None else hand_work(inp)
     bytes_fwd, bytes_bwd = fwd.hbm_bytes, bwd.hbm_bytes
     # gradient bookkeeping in the backward hooks: stage 0 accumulates bf16 grads into fp32 (r2 r4 w4);
     # stages 1-3 copy them into the reduction buckets (r2 w2). Only for the gradients a step makes:

@@ -7,6 +7,7 @@ matters). Pure arithmetic over a `ModelSpec`; imports nothing else of the core, 
 from __future__ import annotations
 
 import functools
+import math
 from typing import NamedTuple
 
 from zlayout.spec import Layout, ModelSpec, PlanInput, TrainingSpec, ZeroKnobs
@@ -254,43 +255,97 @@ def stage3_sub_groups(tensors: list[int] | tuple[int, ...], world: int, sub_grou
     return groups
 
 
-# torch's grouped GEMM (`_grouped_mm`, transformers' experts) refuses a weight whose data pointer is
-# not 16-byte aligned ("expected data_ptr to be aligned to 16 bytes": h200-2026-12-31c, zaya at ZeRO-2)
+# A weight's data pointer on a 16-byte boundary: tensor cores' 16-byte loads. torch's grouped GEMM
+# (`_grouped_mm`, transformers' experts) refuses one off it ("expected data_ptr to be aligned to 16
+# bytes": h200-2026-12-31c, zaya at ZeRO-2); cuBLAS runs a dense GEMM on one off it with CUTLASS's
+# 2- or 4-element kernels (h200-2026-12-31c, apertus1p5_text at ZeRO-3 on one GPU: `..._align2`).
 GROUPED_GEMM_ALIGNMENT_BYTES = 16
 
 
-def grouped_gemm_misaligned(inp: PlanInput, layout: Layout) -> int | None:
-    """The first weight torch's grouped GEMM reads (index, parameters() order) that DeepSpeed puts
-    off a 16-byte boundary in this layout, or None. ZeRO-1 and -2 make every parameter a view into
-    one flat buffer packed tensor after tensor (stage_1_and_2.py: no padding between them unless
-    `zero_optimization.parameter_alignment`); ZeRO-3 on one GPU with its weights there makes each a
-    view into its partitions' flat buffer, packed alike (stage3.py `defragment`: NoGatherHandle points
-    the parameter at its partition). One tensor of an odd size before the experts (zaya's 2-element
-    `qk_norm.temp`) shifts every expert after it. ZeRO-0 keeps the tensors as built; ZeRO-3 over
-    several GPUs, or with its weights on the host, gathers or copies each into a new allocation."""
-    model, impl = inp.model, inp.training.impl
-    if layout.stage == 0 or (layout.stage == 3 and (inp.hardware.world > 1 or layout.offload_param != "gpu")):
-        return None
-    weights = set(model.card.grouped_gemm_weights) if model.card is not None and impl == "hf" else set()
-    if not weights:
-        return None
-    element_bytes, offset = weight_bytes_per_param(inp.training), 0
-    for index, numel in enumerate(parameter_tensor_sizes(model, impl)):
-        if index in weights and offset * element_bytes % GROUPED_GEMM_ALIGNMENT_BYTES:
-            return index
+def packs_unpadded(inp: PlanInput, layout: Layout) -> bool:
+    """Whether this layout, as zlayout's ds_config runs it, makes every weight a view into one flat
+    buffer packed tensor after tensor with nothing between them: ZeRO-0 (bf16 without ZeRO is
+    DeepSpeed's FP16_Optimizer: `_flatten_dense_tensors` of the weights' clones, each weight pointed
+    at its slice; fused_optimizer.py, no switch pads it) and ZeRO-3 on one GPU with its weights there
+    (stage3.py `defragment`: NoGatherHandle points each parameter at its partition). ZeRO-1 and -2
+    pack alike (stage_1_and_2.py), but zlayout's ds_config pads them (`parameter_alignment`) wherever
+    a weight would land off a boundary (`misaligned_weights`); ZeRO-3 over several GPUs, or with its
+    weights on the host, gathers or copies each weight into an allocation of its own."""
+    return layout.stage == 0 or (layout.stage == 3 and inp.hardware.world == 1 and layout.offload_param == "gpu")
+
+
+def packed_alignments(inp: PlanInput) -> tuple[int, ...]:
+    """Each parameter tensor's alignment (elements its start is a multiple of, at most 8: on a
+    16-byte boundary) when DeepSpeed packs them in parameters() order with no padding. One tensor of
+    an odd size (zaya's 2-element `qk_norm.temp`, xIELU's scalar alphas) shifts every one after it."""
+    element_bytes, offset, out = weight_bytes_per_param(inp.training), 0, []
+    for numel in parameter_tensor_sizes(inp.model, inp.training.impl):
+        start = offset * element_bytes % GROUPED_GEMM_ALIGNMENT_BYTES
+        out.append(8 if start == 0 else math.gcd(start, GROUPED_GEMM_ALIGNMENT_BYTES) // element_bytes or 1)
         offset += numel
-    return None
+    return tuple(out)
+
+
+def misaligned_weights(inp: PlanInput) -> tuple[int, ...]:
+    """The matrices (parameter tensors of two or more dimensions, parameters() order) that packing
+    without padding would put off a 16-byte boundary; () where the card does not record shapes (or
+    there is no card: the hand models' tensors are all multiples of 8)."""
+    card = inp.model.card if inp.training.impl == "hf" else None
+    if card is None or not card.parameter_ranks:
+        return ()
+    return tuple(i for i, (rank, align) in enumerate(zip(card.parameter_ranks, packed_alignments(inp)))
+                 if rank >= 2 and align < 8)
+
+
+def grouped_gemm_misaligned(inp: PlanInput, layout: Layout) -> int | None:
+    """The first weight torch's grouped GEMM reads (index, parameters() order) that DeepSpeed would put
+    off a 16-byte boundary in this layout without padding, or None: ZeRO-1 and -2 (which zlayout's
+    ds_config then pads) and the layouts that pack with no way to pad (`packs_unpadded`)."""
+    if not (layout.stage in (1, 2) or packs_unpadded(inp, layout)):
+        return None
+    card = inp.model.card if inp.training.impl == "hf" else None
+    weights = set(card.grouped_gemm_weights) if card is not None else set()
+    return next((i for i in misaligned_weights(inp) if i in weights), None) if weights else None
+
+
+def gemm_weight_alignment(inp: PlanInput, layout: Layout) -> tuple[dict[int, float], int] | None:
+    """Where a layout packs the weights with no padding (`packs_unpadded`): the share of the blocks'
+    matrix elements at each alignment below 8 (a linear layer's FLOPs are tokens x its elements, so
+    this is the share of the blocks' GEMM FLOPs cuBLAS runs on the slower kernels), and the alignment
+    of the weight the head's GEMM reads (the embedding where tied). None where every weight is aligned."""
+    misaligned = misaligned_weights(inp) if packs_unpadded(inp, layout) else ()
+    if not misaligned:
+        return None
+    card, aligns = inp.model.card, packed_alignments(inp)
+    layers = card.parameter_layers or (0,) * len(card.parameter_numels)
+    blocks = [(n, a) for n, r, a, at in zip(card.parameter_numels, card.parameter_ranks, aligns, layers)
+              if r == 2 and at >= 0]
+    total = sum(n for n, _ in blocks) or 1
+    shares: dict[int, float] = {}
+    for numel, align in blocks:
+        if align < 8:
+            shares[align] = shares.get(align, 0.0) + numel / total
+    head_numel = inp.model.vocab * inp.model.hidden
+    heads = [i for i, (n, at) in enumerate(zip(card.parameter_numels, layers)) if n == head_numel and at < 0]
+    head = (heads[0] if card.tied_embeddings else heads[-1]) if heads else None
+    return shares, (aligns[head] if head is not None else 8)
 
 
 def grouped_gemm_refusal(inp: PlanInput, layout: Layout) -> str | None:
     """One line where a layout cannot run because DeepSpeed puts a grouped-experts weight off a
-    16-byte boundary and has no switch to pad it: ZeRO-3 on one GPU with its weights there (ZeRO-1/2
-    pad with `parameter_alignment`, which zlayout's ds_config sets). None where it runs."""
-    index = grouped_gemm_misaligned(inp, layout) if layout.stage == 3 else None
+    16-byte boundary and has no switch to pad it (`packs_unpadded`: ZeRO-0, ZeRO-3 on one GPU with
+    its weights there; ZeRO-1/2 pad with `parameter_alignment`, which zlayout's ds_config sets).
+    None where it runs."""
+    if not packs_unpadded(inp, layout):
+        return None
+    index = grouped_gemm_misaligned(inp, layout)
     if index is None:
         return None
-    return (f"ZeRO-3 on one GPU will not run this model: DeepSpeed packs its weights into one buffer "
-            f"without padding (stage3.py defragment), which puts parameter tensor #{index} (a 3-D weight "
+    where = ("ZeRO-0 will not run this model: DeepSpeed's FP16_Optimizer packs its weights into one buffer "
+             "without padding (fused_optimizer.py)" if layout.stage == 0 else
+             "ZeRO-3 on one GPU will not run this model: DeepSpeed packs its weights into one buffer "
+             "without padding (stage3.py defragment)")
+    return (f"{where}, which puts parameter tensor #{index} (a 3-D weight "
             f"of a model whose experts run a grouped GEMM) off a 16-byte boundary, and torch's grouped GEMM refuses it "
             f"(\"expected data_ptr to be aligned to 16 bytes\"); train it with ZeRO-1 or -2 (zlayout's "
-            f"ds_config pads each weight there), ZeRO-0, or ZeRO-3 over more than one GPU")
+            f"ds_config pads each weight there), or ZeRO-3 over more than one GPU")

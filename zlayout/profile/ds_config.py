@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from zlayout.core.tensors import grouped_gemm_misaligned
+from zlayout.core.tensors import misaligned_weights
 from zlayout.spec import Layout, PlanInput
 
 DEFAULT_NVME_PATH = "/local_nvme"
@@ -37,9 +37,10 @@ def ds_config(inp: PlanInput, layout: Layout, nvme_path: str = DEFAULT_NVME_PATH
             "stage3_param_persistence_threshold": z.stage3_param_persistence_threshold,
             "sub_group_size": z.sub_group_size,
         })
-    if layout.stage in (1, 2) and grouped_gemm_misaligned(inp, layout) is not None:
-        # DeepSpeed packs the weights into one flat buffer without padding, and torch's grouped GEMM
-        # refuses an expert weight it puts off a 16-byte boundary; this pads each tensor to one
+    if layout.stage in (1, 2) and misaligned_weights(inp):
+        # DeepSpeed packs the weights into one flat buffer without padding: a weight it puts off a
+        # 16-byte boundary runs its GEMMs on cuBLAS's slower 2- or 4-element kernels, and torch's
+        # grouped GEMM refuses an expert weight there; this pads each tensor to one
         zero["parameter_alignment"] = True
     if layout.offload_optimizer != "gpu":
         zero["offload_optimizer"] = _offload(layout.offload_optimizer, z.pin_memory, nvme_path)
