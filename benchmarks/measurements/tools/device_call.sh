@@ -6,8 +6,10 @@
 #   setup            install the carried wheels, record the host, build fused Adam, then CPU Adam
 #                    (before any timed run: a JIT build killed by a timeout leaves a lock)
 #   setup-gpu        the same without CPU Adam (a batch with no optimizer on the CPU)
+#   setup-cpu        CPU Adam alone (an offloaded trace or profile needs no fused Adam)
 #   fam:FILE         zlayout verify --batch FILE (held-out lines, predicted before: see the folder's README)
 #   trace:FILE:LINE  an allocator trace (tools/allocator_trace.py) of line LINE of batch FILE
+#                    ($TRACE_STEPS training steps, 2 unless set: env:TRACE_STEPS=5 before it)
 #   prof:FILE:LINE   a step-time profile (tools/steptime_profile.py: 3 timed steps, 1 profiled) of that line
 #   env:NAME=VALUE   export NAME=VALUE for the parts after it (a profile's output is named -NAME after it)
 #   setup-fla        install .whl/extra's einops and flash-linear-attention wheels, and start building
@@ -42,6 +44,8 @@ for part in "$@"; do
       build cpuadam CPUAdamBuilder ;;
     setup-gpu)
       build fused FusedAdamBuilder ;;
+    setup-cpu)
+      build cpuadam CPUAdamBuilder ;;
     fam:*)
       f=${part#fam:}; n=$(basename $f .txt)
       [ $(left) -gt 90 ] || { echo "$n: no time left"; continue; }
@@ -56,7 +60,7 @@ for part in "$@"; do
       args=$(line_args $f $n | sed 's/--gpus-per-node 1 --gpu h200//; s/--host-cores 16//; s/--steps 4//')
       OUT=$OUT ZLAYOUT_CARDS_DIR=$PWD/$(dirname $f)/heldout/${CARDS:-cards} timeout -s TERM $(( $(left) - 20 )) \
         torchrun --standalone --nproc_per_node 1 benchmarks/measurements/tools/allocator_trace.py \
-        --name trace-$n-$(basename $f .txt) -- $args --gpus-per-node 1 --gpu h200 > $OUT/trace-$n.log 2>&1
+        --name trace-$n-$(basename $f .txt) --steps ${TRACE_STEPS:-2} -- $args --gpus-per-node 1 --gpu h200 > $OUT/trace-$n.log 2>&1
       echo "trace $spec rc=$? $(grep -h '^TRACE' $OUT/trace-$n.log)" ;;
     prof:*)
       spec=${part#prof:}; f=${spec%:*}; n=${spec##*:}
