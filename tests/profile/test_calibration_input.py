@@ -105,3 +105,18 @@ def test_calibrate_refuses_a_device_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "/dev/zero: not a file" in err
     assert not (tmp_path / "c.toml").exists()
+
+
+def test_a_result_whose_model_card_is_not_here_says_so(tmp_path, capsys, monkeypatch):
+    """A result planned from a learned card names the card by key; where this machine has no such card
+    the line is skipped with the reason (which card, where it was looked for), not pydantic's
+    "1 validation error for PlanInput"."""
+    monkeypatch.setenv("ZLAYOUT_CARDS_DIR", str(tmp_path / "no-cards"))
+
+    def edit(result):
+        result["inputs"]["model"]["card"] = "0123456789abcdef"
+    results = _results(tmp_path, edit)
+    code, out, err = run(capsys, "calibrate", str(results), "--out", str(tmp_path / "c.toml"))
+    assert code == 2 and not (tmp_path / "c.toml").exists()
+    assert "results.jsonl:1: inputs unreadable (model.card: model card 0123456789abcdef is in neither" in err
+    assert "validation error for" not in err

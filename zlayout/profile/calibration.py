@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from zlayout.core.calibrate import GROUPS, CalibrationFit, MeasuredStep
 from zlayout.core.steptime import steady_step_s
+from zlayout.profile.errors import describe_validation_error
 from zlayout import tomlsafe
 from zlayout.smallfile import NotARegularFile, TooLarge, read_small_file
 from zlayout.messages import type_error_text
@@ -203,7 +204,10 @@ def read_results(paths: Iterable[str | os.PathLike[str]],
                 lay = result["layout"]
                 layout = Layout(stage=lay["stage"], offload_optimizer=lay["offload_optimizer"],
                                 offload_param=lay["offload_param"])
-            except (ValidationError, KeyError, TypeError) as exc:
+            except ValidationError as exc:  # what is wrong, not pydantic's "1 validation error for PlanInput"
+                skipped.append(f"{where}: inputs unreadable ({describe_validation_error(exc)})")
+                continue
+            except (KeyError, TypeError) as exc:
                 skipped.append(f"{where}: inputs or layout unreadable ({str(exc).splitlines()[0]})")
                 continue
             cores = _host_cores(result) or default_host_cores
