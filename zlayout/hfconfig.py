@@ -734,6 +734,22 @@ def config_to_build(user_config: Mapping[str, Any], model: ModelSpec) -> dict[st
     return config
 
 
+def config_at_depth(config: Mapping[str, Any], layers: int) -> dict[str, Any] | None:
+    """A copy of `config` at `layers` blocks: its layer count (at the top, or a multimodal model's
+    text_config's) and its per-layer lists (`_layer_kinds_at_depth`); None where it names no count."""
+    out = dict(config)
+    inner = out.get("text_config") if _layer_count(out) is None else None
+    target = dict(inner) if isinstance(inner, Mapping) else out
+    key = next((k for k in GENERIC_LAYER_KEYS if isinstance(target.get(k), int)), None)
+    if key is None:
+        return None
+    was, target[key] = target[key], layers
+    _layer_kinds_at_depth(target, layers, was)
+    if target is not out:
+        out["text_config"] = target
+    return out
+
+
 def _layer_count(config: Mapping[str, Any]) -> int | None:
     key = next((k for k in GENERIC_LAYER_KEYS if isinstance(config.get(k), int)), None)
     return None if key is None else config[key]
@@ -770,6 +786,15 @@ def _layer_kinds_at_depth(config: dict[str, Any], layers: int, was: int | None =
         for key, value in list(config.items()):
             if key != "layer_types" and _per_layer_list(key, value, was):
                 config[key] = resized(list(value))
+    overrides = config.get("per_layer_config")
+    if was is not None and was != layers and isinstance(overrides, dict) and overrides \
+            and all(isinstance(k, str) and k.isdigit() for k in overrides):
+        # Gemma-4's per-layer overrides, keyed by layer index ("02": its full-attention blocks' head
+        # size): transformers refuses an index past the depth; a deeper model repeats them as the lists
+        width = len(next(iter(overrides)))
+        by_index = {int(k): v for k, v in overrides.items()}
+        config["per_layer_config"] = {f"{i:0{width}d}": by_index[i % was] for i in range(layers)
+                                      if i % was in by_index}
     pairs = config.get("attention_types") if config.get("model_type") == "gpt_neo" else None
     if isinstance(pairs, list) and all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], list)
                                        and isinstance(p[1], int) and not isinstance(p[1], bool) for p in pairs) \

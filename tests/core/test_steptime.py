@@ -396,3 +396,22 @@ def test_stage0_optimizer_is_fp16_optimizers_per_tensor_walk():
     # stages 1-2 keep the ZeRO optimizer's fixed part and their own rate
     assert step(inp, Layout(stage=2)).step_overhead_s == pytest.approx(
         STEP_BASE_OVERHEAD_S + STEP_OVERHEAD_PER_TENSOR_S * parameter_tensors(inp))
+
+
+def test_a_moe_model_cut_to_its_dense_blocks_moves_the_dense_mlps_activations():
+    """The hand model's elementwise work per token: a dense block moves its MLP's activations, a MoE
+    block its top-k experts'. A MoE model cut to its dense blocks (DeepSeek's first three) moves what
+    the dense model does, and one of its two blocks dense, half of each."""
+    from zlayout.core.steptime import _elementwise_bytes_per_token
+
+    shape = dict(layers=2, hidden=1024, heads=8, vocab=32000, ffn=4096, mlp="swiglu")
+    dense = ModelSpec(name="dense", **shape)
+    moe = dict(experts=8, top_k=2, expert_ffn=512)
+    cut = ModelSpec(name="moe-cut", dense_layers=(0, 1), **moe, **shape)
+    half = ModelSpec(name="moe-half", dense_layers=(0,), **moe, **shape)
+    routed = ModelSpec(name="moe", **moe, **shape)
+    fwd = {m.name: _elementwise_bytes_per_token(make_input(model=m))[0] for m in (dense, cut, half, routed)}
+    assert fwd["moe-cut"] == fwd["dense"]
+    # swiglu: 10 bytes per MLP activation element; the dense MLP's 4096 against two experts' 2 x 512
+    assert fwd["dense"] - fwd["moe"] == 2 * 10 * (4096 - 2 * 512)
+    assert fwd["moe-half"] == (fwd["dense"] + fwd["moe"]) / 2

@@ -1309,9 +1309,22 @@ def test_a_model_whose_blocks_cannot_run_alone_is_learned_from_every_block():
     assert [kind["traced_block"] for kind in card["regimes"][0]["blocks"]] == [1, 2]
     model, _ = build_model(config)
     assert card["parameters"]["count"] == sum(p.numel() for p in model.parameters())
+    # its per-layer embedding table and the projection into it grow with the depth (vocabulary x
+    # 16 a block, 16 x 64 a block): the card resized to another depth counts what transformers builds
+    # there (its per-layer head-size overrides follow the depth: hfconfig.config_at_depth)
+    assert card["parameters"]["per_block"] == {"model.language_model.embed_tokens_per_layer.weight": 512 * 16,
+                                               "model.language_model.per_layer_model_projection.weight": 16 * 64}
+    assert card["layers"].get("resizable", True)
+    from zlayout.core.card import card_from_dict
+    from zlayout.hfconfig import config_at_depth
+
+    resized = card_from_dict(card, "gemma4-tiny")
+    for depth in (2, 3, 9):
+        built = sum(p.numel() for p in build_model(config_at_depth(config, depth))[0].parameters())
+        assert resized.at_layers(depth).params == built, depth
 
 
-def test_gemma3n_blocks_are_kinds_by_sparsity_and_shared_keys_and_values():
+def test_gemma3n_blocks_are_kinds_by_sparsity_and_shared_keys_and_values(tmp_path, monkeypatch, capsys):
     """Gemma-3n's first layers keep only the top of each activation (`activation_sparsity_pattern`)
     and its last ones reuse an earlier layer's keys and values (`num_kv_shared_layers`): the same
     weights, other requests. Each is a kind of its own beside sliding and full attention, and every
@@ -1322,6 +1335,29 @@ def test_gemma3n_blocks_are_kinds_by_sparsity_and_shared_keys_and_values():
     # sliding / full x sparse (0-3), dense (4-7), dense with shared keys and values (8-11)
     assert card["layers"]["kinds"] == [0, 0, 0, 1, 2, 2, 2, 3, 4, 4, 4, 5]
     assert card["parameters"]["count"] == sum(p.numel() for p in build_model(config)[0].parameters())
+    # which blocks share keys and values moves with the depth (the last num_kv_shared_layers), which
+    # the card cannot follow: it says so, and planning it at another depth is refused in one line
+    # rather than counted wrong (transformers builds 199,360 parameters at 3 blocks; resized, the card
+    # had 203,488)
+    assert card["layers"]["resizable"] is False
+    from zlayout.core.card import CardError, card_from_dict
+
+    one = card_from_dict(card, "gemma3n-tiny")
+    assert one.at_layers(12) is one
+    with pytest.raises(CardError, match=r"blocks change with its depth .* cannot be planned at 3: learn a copy"):
+        one.at_layers(3)
+    from zlayout import cards
+    from zlayout.cli import main
+
+    monkeypatch.setenv("ZLAYOUT_CARDS_DIR", str(tmp_path))
+    key = cards.config_key(config)
+    cards.write_card(tmp_path, key, cards.dumps_card(card, key, "gemma3n-text-tiny.json"), replace=False)
+    path = str(CARD_ONLY / "gemma3n-text-tiny.json")
+    assert main(["plan", "--hf-config", path, "--seq", "256", "--stage", "2"]) == 0
+    capsys.readouterr()
+    assert main(["plan", "--hf-config", path, "--layers", "3", "--seq", "256", "--stage", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--layers 3: " in err and "cannot be planned at 3" in err
 
 
 def test_blocks_of_one_kind_that_ask_for_different_memory_are_refused_in_one_line(monkeypatch):

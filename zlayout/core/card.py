@@ -398,6 +398,13 @@ class ModelCard:
     # each parameter tensor's dimensions (parameters() order): a grouped-experts block's weights are
     # the 3-D ones (`grouped_gemm_weights`); () where the card was built without its shapes
     parameter_ranks: tuple[int, ...] = ()
+    # elements each parameter tensor gains per block (parameters() order; () where none grows):
+    # tensors outside the blocks that grow with the depth, Gemma-3n's per-layer embeddings
+    # (zlayout.learn.learner.outside_growth); `at_layers` resizes them with the blocks
+    parameter_growth: tuple[int, ...] = ()
+    # False: the learner found the card resized one block shallower counts other parameters than the
+    # class builds there (`learn.learner.resizes_exactly`): `at_layers` refuses another depth
+    resizable: bool = True
 
     @functools.cached_property
     def grouped_gemm_weights(self) -> tuple[int, ...]:
@@ -619,6 +626,11 @@ def _held_at_hooks(requests, made: int, grad: int, sizes: set[int], micro_batch:
 
 @functools.lru_cache(maxsize=256)
 def _at_layers(card: ModelCard, layers: int) -> ModelCard:
+    if not card.resizable:
+        raise CardError(f"{card.source or card.key}: this model's blocks change with its depth beyond what its card "
+                        f"records (learned at {len(card.layer_kinds)} blocks; resized to fewer, it did not count what "
+                        f"transformers builds there), so it cannot be planned at {layers}: learn a copy of "
+                        f"the config.json with that many layers (zlayout learn --hf-config COPY) and plan that")
     if card.parameter_layers is None:
         raise CardError(f"{card.source or card.key}: the card holds {len(card.layer_kinds)} blocks, not the {layers} "
                         "layers the config names, and names no block tensors to resize by: learn this config again "
@@ -628,8 +640,12 @@ def _at_layers(card: ModelCard, layers: int) -> ModelCard:
     per_layer: list[list[tuple[int, int]]] = [[] for _ in card.layer_kinds]
     before, after = [], []
     ranks = card.parameter_ranks or (0,) * len(card.parameter_numels)
-    for numel, rank, layer in zip(card.parameter_numels, ranks, card.parameter_layers):
-        (before if layer == -1 else after if layer == -2 else per_layer[layer]).append((numel, rank))
+    growth = card.parameter_growth or (0,) * len(card.parameter_numels)
+    added = layers - len(card.layer_kinds)  # blocks more (or fewer) than the card holds
+    for numel, rank, layer, grows in zip(card.parameter_numels, ranks, card.parameter_layers, growth):
+        # a tensor outside the blocks that grows with them (Gemma-3n's per-layer embeddings)
+        numel += grows * added if layer < 0 else 0
+        (before if layer == -1 else after if layer == -2 else per_layer[layer]).append((numel, rank, grows))
     last_of_kind = {kind: i for i, kind in enumerate(card.layer_kinds)}
     tensors, layer_of = list(before), [-1] * len(before)
     for i, kind in enumerate(kinds):
@@ -638,10 +654,11 @@ def _at_layers(card: ModelCard, layers: int) -> ModelCard:
         layer_of += [i] * len(block)
     tensors += after
     layer_of += [-2] * len(after)
-    numels = [numel for numel, _ in tensors]
+    numels = [numel for numel, _, _ in tensors]
     # another card, not equal to the one learned (the planner's caches tell them apart by digest)
     return replace(card, params=sum(numels), parameter_numels=tuple(numels), layer_kinds=kinds,
-                   parameter_ranks=tuple(rank for _, rank in tensors) if card.parameter_ranks else (),
+                   parameter_growth=tuple(grows for _, _, grows in tensors) if card.parameter_growth else (),
+                   parameter_ranks=tuple(rank for _, rank, _ in tensors) if card.parameter_ranks else (),
                    digest=f"{card.digest}@L{layers}", parameter_layers=tuple(layer_of),
                    learned_layers=card.learned_layers or len(card.layer_kinds))
 
@@ -829,6 +846,27 @@ def _get(data: Mapping[str, Any], key: str, kind: type, where: str) -> Any:
     return value
 
 
+def _resizable(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise CardError(f"{where}: layers.resizable must be true or false")
+    return value
+
+
+def _parameter_growth(per_block: Any, names: Any, numels: list[int], where: str) -> tuple[int, ...]:
+    """`parameters.per_block` ({name: elements a block adds}) as one entry per tensor; () for none."""
+    if not per_block:
+        return ()
+    index = {n: i for i, n in enumerate(names)} if isinstance(names, list) and len(names) == len(numels) else {}
+    if not isinstance(per_block, dict) or any(n not in index or not isinstance(v, int) or isinstance(v, bool)
+                                              or not 0 < v <= numels[index[n]] for n, v in per_block.items()):
+        raise CardError(f"{where}: parameters.per_block must give, for tensors in parameters.names, the "
+                        "elements one block adds (at most the tensor's own)")
+    growth = [0] * len(numels)
+    for name, elements in per_block.items():
+        growth[index[name]] = elements
+    return tuple(growth)
+
+
 def card_from_dict(data: Mapping[str, Any], key: str, source: str = "", digest: str = "") -> ModelCard:
     """The card a parsed TOML holds (`zlayout learn`'s format 1); CardError names what is wrong."""
     where = source or key
@@ -894,6 +932,7 @@ def card_from_dict(data: Mapping[str, Any], key: str, source: str = "", digest: 
         if not isinstance(untrained, list) or any(n not in index for n in untrained):
             raise CardError(f"{where}: parameters.untrained must list names from parameters.names")
         untrained_params = sum(numels[index[n]] for n in untrained)
+    growth = _parameter_growth(params.get("per_block", {}), names, numels, where)
     return ModelCard(
         key=key, model_type=str(data.get("model_type")), attention=str(data.get("attention")),
         params=count, parameter_numels=tuple(numels), layer_kinds=kinds, regimes=tuple(regimes),
@@ -908,7 +947,7 @@ def card_from_dict(data: Mapping[str, Any], key: str, source: str = "", digest: 
         linear_attention=_linear_attention(data.get("linear_attention"), where),
         token_quantum=_token_quantum(data.get("token_quantum"), where),
         checkpointing=_checkpointing(data.get("checkpointing", True), where),
-        parameter_ranks=ranks,
+        parameter_ranks=ranks, parameter_growth=growth, resizable=_resizable(layers.get("resizable", True), where),
         parameter_layers=parameter_layers(names, len(kinds))
         if isinstance(names, list) and len(names) == len(numels)
         and all(isinstance(n, str) for n in names) else None)

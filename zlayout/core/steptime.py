@@ -584,11 +584,13 @@ def _elementwise_bytes_per_token(inp: PlanInput) -> tuple[float, float]:
     """HBM bytes per token of the blocks' elementwise work, forward and backward (all layers)."""
     m, t = inp.model, inp.training
     h, q, kv = m.hidden, m.q_size, m.kv_size
-    ffn = m.ffn_size
-    if m.is_moe:  # per token: its top-k experts' (and the shared experts') activations
-        ffn = (m.top_k or 1) * m.expert_ffn_size + m.shared_experts * m.shared_expert_ffn_size
-    act = (10 if m.mlp == "swiglu" else 4) * ffn  # silu r2 w2 + mul r4 w2; gelu r2 w2
-    fwd = 4 * m.norms_per_layer * h + 12 * h + 4 * m.attn_out_size + act  # fused norms, 2 adds, transpose copy
+    # per token, a dense block's MLP activations, and a MoE block's top-k experts' (and shared
+    # experts'): a MoE model's dense blocks (DeepSeek's first three; all of them, cut to those) have
+    # the dense MLP
+    per = 10 if m.mlp == "swiglu" else 4  # silu r2 w2 + mul r4 w2; gelu r2 w2
+    moe_ffn = (m.top_k or 1) * m.expert_ffn_size + m.shared_experts * m.shared_expert_ffn_size if m.is_moe else 0
+    acts = per * (m.ffn_size * m.dense_layer_count + moe_ffn * m.moe_layer_count)
+    fwd = 4 * m.norms_per_layer * h + 12 * h + 4 * m.attn_out_size  # fused norms, 2 adds, transpose copy
     if t.impl == "hf":
         if m.norm == "rmsnorm":
             fwd += (HF_RMSNORM_BYTES_PER_ELEMENT - 4) * m.norms_per_layer * h
@@ -596,7 +598,8 @@ def _elementwise_bytes_per_token(inp: PlanInput) -> tuple[float, float]:
             fwd += HF_ROPE_BYTES_PER_ELEMENT * (q + kv)
         if m.num_kv_heads != m.heads:
             fwd += 2 * (2 * q + 2 * kv)  # repeat_kv: read keys and values, write them at the queries' width
-    return fwd * m.layers, 2 * fwd * m.layers
+    fwd = fwd * m.layers + acts
+    return fwd, 2 * fwd
 
 
 def card_with_work(inp: PlanInput):

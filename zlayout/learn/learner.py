@@ -9,7 +9,9 @@ that the block measured has a block before it, as every block but the first has 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import itertools
+import json
 import re
 from collections import Counter
 from typing import Any, Mapping, Sequence
@@ -73,6 +75,60 @@ def build_model(config: Mapping[str, Any]) -> tuple[nn.Module, str]:
             model.to("meta")
         return model, attention
     raise LearnError(f"transformers has no causal-LM or image-text-to-text class for model_type {model_type!r}")
+
+
+def shallower_build(config: Mapping[str, Any], blocks: int) -> tuple[int, nn.Module] | None:
+    """The class built again at fewer blocks on the meta device (a second of building, no trace):
+    one fewer, else two fewer, else half (Gemma-4's config builds only where its full-attention
+    blocks keep their overrides' pattern); None where no such depth builds."""
+    from zlayout.hfconfig import config_at_depth
+
+    for depth in dict.fromkeys(d for d in (blocks - 1, blocks - 2, blocks // 2) if d >= 1):
+        shallower = config_at_depth(config, depth)
+        if shallower is None:
+            return None
+        try:
+            other, _ = build_model(shallower)
+        except Exception:  # noqa: BLE001: a config valid at some depths only (its own checks)
+            continue
+        if len(block_list(other)) == depth:
+            return depth, other
+    return None
+
+
+def outside_growth(model: nn.Module, blocks: nn.ModuleList, shallower: tuple[int, nn.Module] | None) -> dict[str, int]:
+    """Elements each tensor outside the blocks gains per block, where it grows with the depth
+    (Gemma-3n's and Gemma-4's per-layer embeddings, vocabulary x blocks x 256, and the projection
+    into them), from the class built at fewer blocks (`shallower_build`); {} where none grows."""
+    if shallower is None:
+        return {}
+    depth, other = shallower
+    inside = {id(p) for p in block_list(other).parameters()}
+    fewer = {name: p.numel() for name, p in other.named_parameters() if id(p) not in inside}
+    inside = {id(p) for p in blocks.parameters()}
+    added = len(blocks) - depth
+    return {name: (p.numel() - fewer[name]) // added for name, p in model.named_parameters()
+            if id(p) not in inside and name in fewer and p.numel() != fewer[name]
+            and (p.numel() - fewer[name]) % added == 0}
+
+
+def resizes_exactly(card: Mapping[str, Any], shallower: tuple[int, nn.Module] | None) -> bool:
+    """Whether the card resized to the shallower depth (`ModelCard.at_layers`) counts what the class
+    builds there: a family whose blocks change with the depth otherwise (Gemma-3n's last blocks
+    reuse earlier blocks' keys and values, so which blocks have them moves) cannot be planned at
+    another depth from its card. True where no shallower class was built to check against."""
+    from zlayout.core.card import CardError, card_from_dict
+
+    if shallower is None:
+        return True
+    depth, other = shallower
+    # a digest of its own: cards are told apart by key and digest (at_layers' cache among them)
+    digest = hashlib.sha256(json.dumps(card, sort_keys=True, default=str).encode()).hexdigest()
+    try:
+        resized = card_from_dict(card, "check", digest=digest).at_layers(depth)
+    except CardError:  # it cannot tell its blocks' tensors apart: at_layers refuses any depth already
+        return True
+    return resized.params == sum(p.numel() for p in other.parameters())
 
 
 def _tied(model: nn.Module) -> bool:
@@ -1241,6 +1297,8 @@ def _learn(config: Mapping[str, Any], positions: int | None = None) -> dict[str,
     parameters = [(name, list(p.shape), str(p.dtype).removeprefix("torch."))
                   for name, p in model.named_parameters()]
     blocks = block_list(model)
+    shallower = shallower_build(config, len(blocks))
+    growth = outside_growth(model, blocks, shallower)
     kinds = block_kinds(blocks, per_block_types(_owner_config(model, blocks), len(blocks)))
     keep = traced_blocks(kinds)
     # the buffers as built, before the cast: outside the blocks, and one block's of each kind
@@ -1277,7 +1335,7 @@ def _learn(config: Mapping[str, Any], positions: int | None = None) -> dict[str,
         positions = table
     if positions is not None:  # plan refuses a longer sequence (core.card.ModelCard.longest_sequence)
         regimes[-1] = {"max_positions": positions, **regimes[-1]}
-    return {
+    card = {
         "format": 1,
         "model_type": config.get("model_type"),
         "attention": attention,
@@ -1299,7 +1357,10 @@ def _learn(config: Mapping[str, Any], positions: int | None = None) -> dict[str,
                        "untrained": [name for name, p in model.named_parameters()
                                      if id(p) not in trained and id(p) not in in_blocks],
                        "names": [n for n, _, _ in parameters], "shapes": [s for _, s, _ in parameters],
-                       "dtypes": [d for _, _, d in parameters]},
+                       "dtypes": [d for _, _, d in parameters],
+                       # outside the blocks, the tensors that grow with the depth (`outside_growth`):
+                       # the card resized to another depth resizes them too (core.card.ModelCard.at_layers)
+                       **({"per_block": growth} if growth else {})},
         # module forwards a step calls (ZeRO-3 runs its hooks on each): per block of each kind, and
         # outside the blocks (the model, the embedding, rotary tables, the final norm, the head)
         "layers": {"count": len(kinds), "kinds": kinds, "module_calls": module_calls["per_kind"],
@@ -1310,3 +1371,6 @@ def _learn(config: Mapping[str, Any], positions: int | None = None) -> dict[str,
         **({} if getattr(model, "supports_gradient_checkpointing", False) else {"checkpointing": False}),
         "regimes": regimes,
     }
+    if not resizes_exactly(card, shallower):
+        card["layers"]["resizable"] = False  # plan refuses another depth from it (ModelCard.at_layers)
+    return card
