@@ -89,6 +89,26 @@ def test_nvme_path_reaches_the_config(make_input, tmp_path, world_of):
 ZAYA_TINY = Path(__file__).resolve().parents[1] / "learn" / "configs" / "zaya-tiny.json"
 
 
+def _learned(path: Path, folder: Path) -> dict:
+    """The config at `path`, its card learned into `folder` (where ZLAYOUT_CARDS_DIR points)."""
+    from zlayout import cards
+    from zlayout.learn.learner import learn
+
+    config = json.loads(path.read_text())
+    key = cards.config_key(config)
+    cards.write_card(folder, key, cards.dumps_card(learn(config), key, path.name), replace=False)
+    return config
+
+
+def _planned(path: Path, stage: int, gpus: int):
+    """The plan input and layout of `plan --hf-config PATH --stage STAGE` on GPUS GPUs, 256 tokens."""
+    from zlayout.cli import build_parser, layout_from_args, plan_input_from_args
+
+    args = build_parser().parse_args(["plan", "--hf-config", str(path), "--stage", str(stage),
+                                      "--gpus-per-node", str(gpus), "--seq", "256"])
+    return plan_input_from_args(args), layout_from_args(args)
+
+
 def test_a_grouped_experts_weight_off_a_16_byte_boundary_asks_deepspeed_to_align_every_tensor(tmp_path, monkeypatch):
     """zaya's 2-element `qk_norm.temp` comes before its experts: ZeRO-1/2's flat buffer, packed tensor
     after tensor, puts the experts 4 bytes off a 16-byte boundary, where torch's grouped GEMM refuses
@@ -97,21 +117,14 @@ def test_a_grouped_experts_weight_off_a_16_byte_boundary_asks_deepspeed_to_align
     alike with no switch to pad (the plan refuses them), and ZeRO-3 over several GPUs gathers each
     into its own allocation."""
     pytest.importorskip("transformers")
-    from zlayout.cli import build_parser, layout_from_args, plan_input_from_args
     from zlayout.core.tensors import grouped_gemm_misaligned
-    from zlayout.learn.learner import learn
-    from zlayout import cards
     from zlayout.profile.ds_config import ds_config
 
     monkeypatch.setenv("ZLAYOUT_CARDS_DIR", str(tmp_path))
-    config = json.loads(ZAYA_TINY.read_text())
-    key = cards.config_key(config)
-    cards.write_card(tmp_path, key, cards.dumps_card(learn(config), key, ZAYA_TINY.name), replace=False)
+    _learned(ZAYA_TINY, tmp_path)
     got = {}
     for stage, gpus in ((0, 1), (1, 1), (2, 1), (2, 8), (3, 1), (3, 8)):
-        args = build_parser().parse_args(["plan", "--hf-config", str(ZAYA_TINY), "--stage", str(stage),
-                                          "--gpus-per-node", str(gpus), "--seq", "256"])
-        inp, layout = plan_input_from_args(args), layout_from_args(args)
+        inp, layout = _planned(ZAYA_TINY, stage, gpus)
         got[stage, gpus] = (grouped_gemm_misaligned(inp, layout),
                             ds_config(inp, layout)["zero_optimization"].get("parameter_alignment"))
         assert inp.model.card.grouped_gemm_weights  # the experts' 3-D weights, read from the card
@@ -208,22 +221,15 @@ def test_dense_weights_packed_off_a_boundary_run_on_slower_gemms_where_nothing_p
     apertus1p5_text at ZeRO-3 on one GPU ran `..._align2` CUTLASS kernels, -24.8% -> -5.3%); ZeRO-1/2
     get `parameter_alignment` in the written config and run aligned; ZeRO-3 over 8 GPUs gathers."""
     pytest.importorskip("transformers")
-    from zlayout import cards
-    from zlayout.cli import build_parser, layout_from_args, plan_input_from_args
     from zlayout.core.steptime import card_with_work, card_work, micro_step_work
     from zlayout.core.tensors import gemm_weight_alignment
-    from zlayout.learn.learner import learn
     from zlayout.profile.ds_config import ds_config
 
     monkeypatch.setenv("ZLAYOUT_CARDS_DIR", str(tmp_path))
-    config = json.loads(APERTUS_TINY.read_text())
-    key = cards.config_key(config)
-    cards.write_card(tmp_path, key, cards.dumps_card(learn(config), key, APERTUS_TINY.name), replace=False)
+    _learned(APERTUS_TINY, tmp_path)
     got = {}
     for stage, gpus in ((0, 1), (1, 1), (2, 1), (3, 1), (3, 8)):
-        args = build_parser().parse_args(["plan", "--hf-config", str(APERTUS_TINY), "--stage", str(stage),
-                                          "--gpus-per-node", str(gpus), "--seq", "256"])
-        inp, layout = plan_input_from_args(args), layout_from_args(args)
+        inp, layout = _planned(APERTUS_TINY, stage, gpus)
         got[stage, gpus] = (gemm_weight_alignment(inp, layout),
                             ds_config(inp, layout)["zero_optimization"].get("parameter_alignment"))
         forward, _ = micro_step_work(inp, layout)
