@@ -314,3 +314,25 @@ def test_a_sequence_a_mamba2_scan_would_pad_is_reported_on_the_seq_field(tmp_pat
     assert set(caught.value.errors) == {"seq"}
     assert "chunk (64 tokens: 1,000 runs as 1,024)" in caught.value.errors["seq"]
     assert plan_input_from_form({**form_values(inp), "seq": "1024"}, model, inp, fixed_presets()).training.seq == 1024
+
+
+def test_a_model_whose_card_does_not_resize_refuses_another_depth_on_the_layers_field():
+    """A card the learner found does not count what transformers builds at fewer blocks (Gemma-3n's
+    kv-shared blocks move with the depth: `layers.resizable = false`) cannot plan another depth, and
+    the hand model would plan another model: Layers says why, as `plan --layers` refuses."""
+    from dataclasses import replace
+
+    from pathlib import Path
+
+    from zlayout import hfconfig
+    from zlayout.tui.form import model_from_form
+
+    base = hfconfig.load(Path(__file__).resolve().parents[1] / "hf" / "configs" / "published" / "Qwen2.5-0.5B.json")
+    assert base.card is not None  # shipped in presets/cards
+    fixed = base.model_copy(update={"card": replace(base.card, resizable=False)})
+    values = form_values(PlanInput(model=fixed, hardware=fixed_input().hardware, training=fixed_input().training))
+    assert model_from_form(values, fixed) == fixed
+    with pytest.raises(FormInvalid) as refused:
+        model_from_form({**values, "layers": "48"}, fixed)
+    assert "blocks change with its depth: learn a copy of its config.json at 48 layers" in refused.value.errors["layers"]
+    assert model_from_form({**values, "layers": "48"}, base).layers == 48  # a card that resizes does

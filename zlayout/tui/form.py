@@ -97,6 +97,12 @@ def model_from_form(values: Mapping[str, Any], model_base: ModelSpec) -> ModelSp
         _parse_int(values, field, arch, errors, optional=field in OPTIONAL_INT_FIELDS)
     for field in MODEL_CHOICE_FIELDS + MODEL_BOOL_FIELDS:
         arch[field] = values[field]
+    card = model_base.card
+    if card is not None and not card.resizable and arch.get("layers", model_base.layers) != model_base.layers:
+        # its card says its blocks change with the depth beyond what it records (Gemma-3n): the
+        # hand model would plan another model, so the field says why rather than show its figures
+        errors["layers"] = (f"{model_base.hf_model_type or 'this model'}'s blocks change with its depth: learn a "
+                            f"copy of its config.json at {arch['layers']} layers to plan that depth")
     data = model_base.model_dump()
     changed = any(data.get(k) != v for k, v in arch.items())
     data.update(arch)  # a field that did not parse keeps the base's value: the others are checked too
