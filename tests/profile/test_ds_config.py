@@ -242,3 +242,11 @@ def test_dense_weights_packed_off_a_boundary_run_on_slower_gemms_where_nothing_p
     packed = ({2: pytest.approx(0.5)}, 4)
     assert got == {(0, 1): (packed, None), (1, 1): (None, True), (2, 1): (None, True), (3, 1): (packed, None),
                    (3, 8): (None, None)}
+    # the runbook's contract keeps the setting, and says a checkpoint saved without it will not load
+    from zlayout.profile.contract import script_contract
+
+    rows = {stage: [r for r in script_contract(build_profile(*_planned(APERTUS_TINY, stage, 1)))
+                    if "parameter_alignment" in r.what] for stage in (0, 2)}
+    assert not rows[0] and len(rows[2]) == 1
+    assert "DeepSpeed refuses to load a ZeRO-1/2 checkpoint saved with the other setting" in rows[2][0].how
+    assert "grouped GEMM" not in rows[2][0].protects  # apertus has no grouped experts

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from zlayout.core.card import STATE_SPACE_KERNELS, STATE_SPACE_TORCH, TORCH_LOOP_ACTIVATIONS
 from zlayout.core.memory import card_of, model_init
+from zlayout.core.tensors import misaligned_weights
 from zlayout.profile.schema import Profile
 from zlayout.profile.summary import gib
 from zlayout.spec import BOUNDS, PlanInput
@@ -167,4 +168,16 @@ def script_contract(profile: Profile) -> list[Requirement]:
         "the job's exit status: a rank that exits with the group alive can abort in NCCL's or gloo's destructors "
         "(`terminate called without an active exception`, SIGABRT) after every step ran, and the scheduler then "
         "records a finished run as FAILED (seen on the exported launch_slurm.sbatch with gloo, 2026-12-03)"))
+
+    if layout.stage in (1, 2) and (misaligned := misaligned_weights(inp)):
+        grouped = set(inp.model.card.grouped_gemm_weights) & set(misaligned)
+        out.append(Requirement(
+            "Keep ds_config.json's `zero_optimization.parameter_alignment`, and resume only from checkpoints "
+            "saved with it",
+            f"zlayout set it: packed without padding, {len(misaligned)} of the weights would start off a 16-byte "
+            "boundary; DeepSpeed refuses to load a ZeRO-1/2 checkpoint saved with the other setting "
+            "(stage_1_and_2.py), so a run resumed from one saved without it keeps that run's setting",
+            f"step time {pred.step_time_s:.3f} s (weights off a boundary run their GEMMs on cuBLAS's 2- or "
+            "4-element kernels)" + ("; without it torch's grouped GEMM refuses the experts at the first forward "
+                                    "(\"expected data_ptr to be aligned to 16 bytes\")" if grouped else "")))
     return out
