@@ -7,7 +7,7 @@ here means it is tested without an app, and the app cannot drift from the core's
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Sequence
 
 from zlayout.messages import EXPANDABLE_NOTE, EXPANDABLE_NOTE_IN_APP
@@ -185,13 +185,22 @@ class LayoutRow:
     recommended: bool
 
 
+WILL_NOT_RUN = "✗ run"  # the Free column of a layout that fits but will not run (plan: "but will not run")
+
+
 def layout_rows(plan: Plan) -> list[LayoutRow]:
+    from zlayout.core.tensors import grouped_gemm_refusal
+
     recommended = plan.recommendation.layout
     rows = []
     for lp in plan.layouts:
         mem, layout = lp.memory, lp.layout
         by_column = gpu_bytes_by_column(mem)
         gpu = gpu_figures(mem)
+        if mem.fits and grouped_gemm_refusal(plan.input, layout) is not None:
+            # DeepSpeed packs a grouped-experts weight off a 16-byte boundary there, with no switch to
+            # pad it: torch's grouped GEMM refuses it at the first forward (export and verify refuse)
+            gpu = replace(gpu, free=WILL_NOT_RUN, level="over")
         rows.append(LayoutRow(
             key=layout.key,
             stage=str(layout.stage),
