@@ -278,8 +278,13 @@ def packed_alignments(inp: PlanInput) -> tuple[int, ...]:
     """Each parameter tensor's alignment (elements its start is a multiple of, at most 8: on a
     16-byte boundary) when DeepSpeed packs them in parameters() order with no padding. One tensor of
     an odd size (zaya's 2-element `qk_norm.temp`, xIELU's scalar alphas) shifts every one after it."""
-    element_bytes, offset, out = weight_bytes_per_param(inp.training), 0, []
-    for numel in parameter_tensor_sizes(inp.model, inp.training.impl):
+    return _packed_alignments(inp.model, inp.training.impl, weight_bytes_per_param(inp.training))
+
+
+@functools.lru_cache(maxsize=256)
+def _packed_alignments(model: ModelSpec, impl: str, element_bytes: int) -> tuple[int, ...]:
+    offset, out = 0, []
+    for numel in parameter_tensor_sizes(model, impl):
         start = offset * element_bytes % GROUPED_GEMM_ALIGNMENT_BYTES
         out.append(8 if start == 0 else math.gcd(start, GROUPED_GEMM_ALIGNMENT_BYTES) // element_bytes or 1)
         offset += numel
@@ -289,12 +294,18 @@ def packed_alignments(inp: PlanInput) -> tuple[int, ...]:
 def misaligned_weights(inp: PlanInput) -> tuple[int, ...]:
     """The matrices (parameter tensors of two or more dimensions, parameters() order) that packing
     without padding would put off a 16-byte boundary; () where the card does not record shapes (or
-    there is no card: the hand models' tensors are all multiples of 8)."""
-    card = inp.model.card if inp.training.impl == "hf" else None
+    there is no card: the hand models' tensors are all multiples of 8). Memoized, as
+    `parameter_tensor_sizes`: every layout of a plan, and break-even's estimates, ask."""
+    return _misaligned_weights(inp.model, inp.training.impl, weight_bytes_per_param(inp.training))
+
+
+@functools.lru_cache(maxsize=256)
+def _misaligned_weights(model: ModelSpec, impl: str, element_bytes: int) -> tuple[int, ...]:
+    card = model.card if impl == "hf" else None
     if card is None or not card.parameter_ranks:
         return ()
-    return tuple(i for i, (rank, align) in enumerate(zip(card.parameter_ranks, packed_alignments(inp)))
-                 if rank >= 2 and align < 8)
+    aligns = _packed_alignments(model, impl, element_bytes)
+    return tuple(i for i, (rank, align) in enumerate(zip(card.parameter_ranks, aligns)) if rank >= 2 and align < 8)
 
 
 def grouped_gemm_misaligned(inp: PlanInput, layout: Layout) -> int | None:
