@@ -259,7 +259,7 @@ def stage3_sub_groups(tensors: list[int] | tuple[int, ...], world: int, sub_grou
 # (`_grouped_mm`, transformers' experts) refuses one off it ("expected data_ptr to be aligned to 16
 # bytes": h200-2026-12-31c, zaya at ZeRO-2); cuBLAS runs a dense GEMM on one off it with CUTLASS's
 # 2- or 4-element kernels (h200-2026-12-31c, apertus1p5_text at ZeRO-3 on one GPU: `..._align2`).
-GROUPED_GEMM_ALIGNMENT_BYTES = 16
+WEIGHT_ALIGNMENT_BYTES = 16
 
 
 def packs_unpadded(inp: PlanInput, layout: Layout) -> bool:
@@ -285,8 +285,8 @@ def packed_alignments(inp: PlanInput) -> tuple[int, ...]:
 def _packed_alignments(model: ModelSpec, impl: str, element_bytes: int) -> tuple[int, ...]:
     offset, out = 0, []
     for numel in parameter_tensor_sizes(model, impl):
-        start = offset * element_bytes % GROUPED_GEMM_ALIGNMENT_BYTES
-        out.append(8 if start == 0 else math.gcd(start, GROUPED_GEMM_ALIGNMENT_BYTES) // element_bytes or 1)
+        start = offset * element_bytes % WEIGHT_ALIGNMENT_BYTES
+        out.append(8 if start == 0 else math.gcd(start, WEIGHT_ALIGNMENT_BYTES) // element_bytes or 1)
         offset += numel
     return tuple(out)
 
