@@ -125,7 +125,7 @@ def plan_json(plan: Plan, layout=None) -> dict:
             "recommendation": recommendation_dict(plan)}
     if (linear := linear_attention(plan)) is not None:
         base["linear_attention"] = linear
-    if wont := will_not_run(plan):
+    if wont := plan.will_not_run():
         base["will_not_run"] = wont
     if layout is not None:
         return {**base, **_layout_json(plan.for_layout(layout)),
@@ -145,16 +145,6 @@ def linear_attention(plan: Plan) -> dict | None:
         return None
     return {"priced_as": card.linear_attention, "measured_on_gpu": card.linear_attention == STATE_SPACE_TORCH,
             "note": note}
-
-
-def will_not_run(plan: Plan) -> dict[str, str]:
-    """The plan's layouts that will not run whatever their memory, by key, and why
-    (core.tensors.grouped_gemm_refusal: ZeRO-0, or ZeRO-3 on one GPU, of a model whose grouped-experts
-    weights DeepSpeed misaligns); verify and export refuse them."""
-    from zlayout.core.tensors import grouped_gemm_refusal
-
-    return {lp.layout.key: why for lp in plan.layouts
-            if (why := grouped_gemm_refusal(plan.input, lp.layout)) is not None}
 
 
 def recommendation_note(plan: Plan, layout: Layout) -> str:
@@ -205,7 +195,7 @@ def plan_table(plan: Plan, layout=None) -> str:
              f"{'host/node':>10} {'NVMe':>8} {'step s':>7}  fits (+ GiB missing)"
     lines += [header, "-" * len(header)]
     rec = plan.recommendation.layout
-    wont = will_not_run(plan)
+    wont = plan.will_not_run()
     for lp in chosen:
         mem = lp.memory
         mark = ", but will not run (Note)" if lp.layout.key in wont else " <- recommended" if lp.layout == rec else ""

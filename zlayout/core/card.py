@@ -591,6 +591,19 @@ class ModelCard:
             return self
         return _at_layers(self, layers)
 
+    def depth_refusal(self, layers: int) -> str | None:
+        """Why this card cannot be planned at `layers` blocks, where it says it does not resize (the
+        learner found it counts other parameters than transformers builds at fewer blocks: Gemma-3n's
+        kv-shared blocks move with the depth); None at its own depth or where it resizes. `at_layers`
+        raises it; `plan --layers` and the app's Layers field refuse with it rather than fall back to
+        the hand model."""
+        if self.resizable or layers == len(self.layer_kinds):
+            return None
+        return (f"{self.source or self.key}: this model's blocks change with its depth beyond what its card "
+                f"records (learned at {len(self.layer_kinds)} blocks; resized to fewer, it did not count what "
+                f"transformers builds there), so it cannot be planned at {layers}: learn a copy of "
+                f"the config.json with that many layers (zlayout learn --hf-config COPY) and plan that")
+
     def built_buffer_bytes(self) -> int:
         """The model's buffers as the training script builds it, at this card's depth."""
         per_kind = self.block_buffer_bytes
@@ -626,11 +639,8 @@ def _held_at_hooks(requests, made: int, grad: int, sizes: set[int], micro_batch:
 
 @functools.lru_cache(maxsize=256)
 def _at_layers(card: ModelCard, layers: int) -> ModelCard:
-    if not card.resizable:
-        raise CardError(f"{card.source or card.key}: this model's blocks change with its depth beyond what its card "
-                        f"records (learned at {len(card.layer_kinds)} blocks; resized to fewer, it did not count what "
-                        f"transformers builds there), so it cannot be planned at {layers}: learn a copy of "
-                        f"the config.json with that many layers (zlayout learn --hf-config COPY) and plan that")
+    if (why := card.depth_refusal(layers)) is not None:
+        raise CardError(why)
     if card.parameter_layers is None:
         raise CardError(f"{card.source or card.key}: the card holds {len(card.layer_kinds)} blocks, not the {layers} "
                         "layers the config names, and names no block tensors to resize by: learn this config again "

@@ -10,6 +10,7 @@ from zlayout.core.layoutplan import LayoutPlan
 from zlayout.core.memory import estimate_memory
 from zlayout.core.recommend import Recommendation, recommend
 from zlayout.core.steptime import estimate_step_time
+from zlayout.core.tensors import grouped_gemm_refusal
 from zlayout.spec import Layout, PlanInput, all_layouts
 
 __all__ = ["LayoutPlan", "Plan", "make_plan", "plan_layout"]
@@ -27,6 +28,13 @@ class Plan:
             if lp.layout == layout:
                 return lp
         raise KeyError(layout.key)
+
+    def will_not_run(self) -> dict[str, str]:
+        """The layouts that will not run whatever their memory, by key, and why (tensors.grouped_gemm_refusal:
+        ZeRO-0, or ZeRO-3 on one GPU, of a model whose grouped-experts weights DeepSpeed misaligns); the
+        recommendation skips them, verify and export refuse them, plan and the app mark them."""
+        return {lp.layout.key: why for lp in self.layouts
+                if (why := grouped_gemm_refusal(self.input, lp.layout)) is not None}
 
 
 def plan_layout(inp: PlanInput, layout: Layout, with_breakeven: bool = True,

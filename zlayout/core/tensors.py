@@ -314,9 +314,9 @@ def grouped_gemm_misaligned(inp: PlanInput, layout: Layout) -> int | None:
     ds_config then pads) and the layouts that pack with no way to pad (`packs_unpadded`)."""
     if not (layout.stage in (1, 2) or packs_unpadded(inp, layout)):
         return None
-    card = inp.model.card if inp.training.impl == "hf" else None
-    weights = set(card.grouped_gemm_weights) if card is not None else set()
-    return next((i for i in misaligned_weights(inp) if i in weights), None) if weights else None
+    misaligned = misaligned_weights(inp)  # () without a card that records shapes
+    weights = set(inp.model.card.grouped_gemm_weights) if misaligned else set()
+    return next((i for i in misaligned if i in weights), None)
 
 
 def gemm_weight_alignment(inp: PlanInput, layout: Layout) -> tuple[dict[int, float], int] | None:

@@ -189,15 +189,14 @@ WILL_NOT_RUN = "✗ run"  # the Free column of a layout that fits but will not r
 
 
 def layout_rows(plan: Plan) -> list[LayoutRow]:
-    from zlayout.core.tensors import grouped_gemm_refusal
-
     recommended = plan.recommendation.layout
+    wont = plan.will_not_run()
     rows = []
     for lp in plan.layouts:
         mem, layout = lp.memory, lp.layout
         by_column = gpu_bytes_by_column(mem)
         gpu = gpu_figures(mem)
-        if mem.fits and grouped_gemm_refusal(plan.input, layout) is not None:
+        if mem.fits and layout.key in wont:
             # DeepSpeed packs a grouped-experts weight off a 16-byte boundary there, with no switch to
             # pad it: torch's grouped GEMM refuses it at the first forward (export and verify refuse)
             gpu = replace(gpu, free=WILL_NOT_RUN, level="over")
