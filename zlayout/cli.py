@@ -512,16 +512,11 @@ def _model_from_args(args: argparse.Namespace):
             if "layers" in given and data.get("dense_layers"):
                 # a MoE model cut into its first dense blocks (DeepSeek-V3's 3) keeps those it has
                 data["dense_layers"] = tuple(i for i in data["dense_layers"] if i < given["layers"])
-            if changed == ["layers"] and base.card is not None and not base.card.resizable:
-                # its card says its blocks change with the depth beyond what it records (Gemma-3n):
-                # the hand model would plan another model, so no figure rather than a wrong one
-                from zlayout.core.card import CardError
-
-                try:
-                    base.card.at_layers(given["layers"])
-                except CardError as exc:
-                    raise UsageError(f"--layers {given['layers']}: {exc}") from None
-            custom = ModelSpec.model_validate(data)
+            custom = ModelSpec.model_validate(data)  # the layer count's own bounds first
+            if changed == ["layers"] and base.card is not None \
+                    and (why := base.card.depth_refusal(custom.layers)) is not None:
+                # the hand model would plan another model: no figure rather than a wrong one
+                raise UsageError(f"--layers {custom.layers}: {why}")
             if base.card is not None and custom.card is None:
                 flags = ", ".join(f"--{key.replace('_', '-')}" for key in changed)
                 _note(args, f"the model card {base.card.source} describes {base.name}'s own shape; with "

@@ -1358,6 +1358,9 @@ def test_gemma3n_blocks_are_kinds_by_sparsity_and_shared_keys_and_values(tmp_pat
     assert main(["plan", "--hf-config", path, "--layers", "3", "--seq", "256", "--stage", "2"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--layers 3: " in err and "cannot be planned at 3" in err
+    # a count outside --layers' bounds is refused as such first
+    assert main(["plan", "--hf-config", path, "--layers", "0", "--seq", "256", "--stage", "2"]) == 2
+    assert "--layers: must be from 1 to 1,000 (got 0)" in capsys.readouterr().err
 
 
 def test_blocks_of_one_kind_that_ask_for_different_memory_are_refused_in_one_line(monkeypatch):

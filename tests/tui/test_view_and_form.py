@@ -335,4 +335,8 @@ def test_a_model_whose_card_does_not_resize_refuses_another_depth_on_the_layers_
     with pytest.raises(FormInvalid) as refused:
         model_from_form({**values, "layers": "48"}, fixed)
     assert "blocks change with its depth: learn a copy of its config.json at 48 layers" in refused.value.errors["layers"]
+    # a count outside the field's bounds says so first (the card's line would name a depth no model has)
+    with pytest.raises(FormInvalid) as out_of_range:
+        model_from_form({**values, "layers": "0"}, fixed)
+    assert out_of_range.value.errors["layers"] == "must be from 1 to 1,000 (got 0)"
     assert model_from_form({**values, "layers": "48"}, base).layers == 48  # a card that resizes does

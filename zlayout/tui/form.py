@@ -97,12 +97,6 @@ def model_from_form(values: Mapping[str, Any], model_base: ModelSpec) -> ModelSp
         _parse_int(values, field, arch, errors, optional=field in OPTIONAL_INT_FIELDS)
     for field in MODEL_CHOICE_FIELDS + MODEL_BOOL_FIELDS:
         arch[field] = values[field]
-    card = model_base.card
-    if card is not None and not card.resizable and arch.get("layers", model_base.layers) != model_base.layers:
-        # its card says its blocks change with the depth beyond what it records (Gemma-3n): the
-        # hand model would plan another model, so the field says why rather than show its figures
-        errors["layers"] = (f"{model_base.hf_model_type or 'this model'}'s blocks change with its depth: learn a "
-                            f"copy of its config.json at {arch['layers']} layers to plan that depth")
     data = model_base.model_dump()
     changed = any(data.get(k) != v for k, v in arch.items())
     data.update(arch)  # a field that did not parse keeps the base's value: the others are checked too
@@ -114,6 +108,13 @@ def model_from_form(values: Mapping[str, Any], model_base: ModelSpec) -> ModelSp
         # every bad field is named, not only the first kind found: a Vocab typed as 0 hid
         # Hidden 4097's "must be divisible by Heads" ("1 field invalid" for two)
         raise FormInvalid({**_errors_by_field(exc, _model_field_of), **errors}) from None
+    card = model_base.card
+    if card is not None and card.depth_refusal(model.layers) is not None:
+        # within the layer count's bounds, a depth this card cannot plan: the hand model would plan
+        # another model, so the field says why rather than show its figures (`plan --layers` refuses
+        # with the card's longer line)
+        errors.setdefault("layers", f"{model_base.hf_model_type or 'this model'}'s blocks change with its depth: "
+                                    f"learn a copy of its config.json at {model.layers} layers to plan that depth")
     if errors:
         raise FormInvalid(errors)
     return model
