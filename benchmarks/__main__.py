@@ -32,6 +32,7 @@ SUITE = (
     ("accuracy", "steptime_relearned"),
     ("accuracy", "steptime_moe"),
     ("accuracy", "steptime_fit"),
+    ("accuracy", "steptime_overlap"),
     ("accuracy", "steptime_masked"),
     ("accuracy", "peak_relearned"),
     ("coverage", "learn_coverage"),

@@ -27,8 +27,9 @@ half-width/efficiency) and the overheads, so non-negative least squares finds th
 per phase where verify timed forward, backward and optimizer apart (each over the row's measured
 step, so a phase counts by its share of the step), one per whole step elsewhere. Each round takes
 the weights, and the exposed communication (2-GPU rows), from the previous round's constants and
-solves the linear part again. OVERLAP_P is held through a fit; `--overlap-p` fits at each
-exponent of a grid and prints the fit's loss, the shipped one is the least. Offloaded rows are
+solves the linear part again. OVERLAP_P (the forward's exponent) and BACKWARD_OVERLAP_P are held
+through a fit; `--overlap-p` fits at each forward exponent of a grid and prints the fit's loss
+(benchmarks/steptime_overlap.py shows each pass against its two sides, where both were read). Offloaded rows are
 not fitted here (their CPU optimizer and PCIe constants have their own measurements), nor the
 host-floor rows (the host's constants are theirs); they are reported by
 benchmarks/steptime_accuracy.py.
@@ -86,10 +87,10 @@ def _design(step: MeasuredStep, c: GpuStepConstants) -> tuple[np.ndarray, np.nda
     hbm = hw.gpu.hbm_gbps * 1e9
     gather = STAGE3_GATHER_OVERHEAD_S if hw.world > 1 else 0.0
     rows, fixed = [], []
-    for work in micro_step_work(inp, layout):
+    for work, p in zip(micro_step_work(inp, layout), (c.overlap_p, c.backward_overlap_p)):
         x = np.zeros(PASS_TERMS + OPT_TERMS)
         w_gpu, w_host = pass_weights(phase_kernel_s(inp, work, c) + work.kernels * c.kernel_overhead_s,
-                                     host_pass_s(inp, work, c), c.overlap_p)
+                                     host_pass_s(inp, work, c), p)
         x[:5] = w_gpu * np.array([work.gemm_flops / peak, work.gemm_flops / peak / inp.model.hidden,
                                   work.unaligned_gemm_flops / peak, work.attention_flops / peak, work.kernels])
         x[5:7] = w_host * np.array([work.stage3_fetches, work.stage3_grad_hooks])
