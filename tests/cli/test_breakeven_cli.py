@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -220,3 +221,97 @@ def test_fits_the_current_model_is_the_plans_own_verdict(capsys):
         layout = Layout(stage=row["stage"], offload_optimizer=row["offload_optimizer"], offload_param=row["offload_param"])
         assert row["fits_current_model"] == estimate_memory(inp, layout).fits
     assert [row["fits_current_model"] for row in data["layouts"]] == [False, True]
+
+
+# -- a layout that fits but will not run (plan's `will_not_run`) has no break-even size -------------
+
+ZAYA_TINY = Path(__file__).resolve().parents[1] / "learn" / "configs" / "zaya-tiny.json"
+ZAYA_DEFAULT = (Path(__file__).resolve().parents[2] / "benchmarks" / "measurements" / "h200-2026-12-31c"
+                / "configs" / "zaya-default.json")  # its card: heldout/cards beside it
+
+
+def _layout_of(row: dict) -> Layout:
+    return Layout(stage=row["stage"], offload_optimizer=row["offload_optimizer"], offload_param=row["offload_param"])
+
+
+@pytest.fixture
+def zaya_tiny_card(tmp_path, monkeypatch):
+    """zaya-tiny's card learned from its config (its experts run a grouped GEMM on weights that
+    DeepSpeed's unpadded packing puts off a 16-byte boundary), where $ZLAYOUT_CARDS_DIR points."""
+    pytest.importorskip("transformers")
+    from zlayout import cards
+    from zlayout.learn.learner import learn
+
+    config = json.loads(ZAYA_TINY.read_text())
+    key = cards.config_key(config)
+    cards.write_card(tmp_path / "cards", key, cards.dumps_card(learn(config), key, ZAYA_TINY.name), replace=False)
+    monkeypatch.setenv("ZLAYOUT_CARDS_DIR", str(tmp_path / "cards"))
+    return ["--hf-config", str(ZAYA_TINY), "--seq", "256"]
+
+
+def test_a_layout_that_will_not_run_gets_no_size_but_plans_reason(capsys, zaya_tiny_card):
+    """ZeRO-0, and ZeRO-3 with its weights on one GPU, fit zaya but will not run it (plan's `✗ run`);
+    breakeven printed a largest model and micro-batch for them as for any other. Now their rows hold
+    no figure and say why in plan's words, in the JSON (null sizes, `will_not_run`) and the table."""
+    for gpus, refused in (("1", {"z0-opt_gpu-param_gpu", "z3-opt_gpu-param_gpu", "z3-opt_cpu-param_gpu",
+                                 "z3-opt_nvme-param_gpu"}),
+                          ("8", {"z0-opt_gpu-param_gpu"})):  # over 8 GPUs ZeRO-3 gathers each weight: it runs
+        flags = [*zaya_tiny_card, "--gpus-per-node", gpus]
+        assert main(["plan", *flags, "--json"]) == 0
+        wont = json.loads(capsys.readouterr().out)["will_not_run"]
+        assert set(wont) == refused
+        data = run_json(capsys, *flags)
+        assert data["will_not_run"] == wont  # as plan --json: layout key -> why
+        for row in data["layouts"]:
+            key = _layout_of(row).key
+            if key in refused:
+                assert row["will_not_run"] == wont[key] and "will not run this model" in row["will_not_run"]
+                assert [row[k] for k in ("max_params", "max_micro_batch", "limited_by", "next_params",
+                                         "max_model")] == [None] * 5
+            else:
+                assert row["will_not_run"] is None and isinstance(row["max_params"], int)
+                if "nvme" not in (row["offload_optimizer"], row["offload_param"]):  # no NVMe given: none
+                    assert row["max_params"] > 0 and row["max_micro_batch"] > 0
+        assert not any(_layout_of(c[side]).key in refused for c in data["crossovers"]
+                       for side in ("stops_fitting", "takes_over") if c[side] is not None)
+        assert main(["breakeven", *flags]) == 0
+        out = capsys.readouterr().out
+        for layout in all_layouts():
+            line = next(line for line in out.splitlines() if line[2:].split("  ")[0] == layout.label)
+            if layout.key in refused:
+                assert "will not run" in line
+                assert not any(ch.isdigit() for ch in line.replace(layout.label, "")), line
+                assert not line.startswith("*")
+            else:
+                assert "will not run" not in line
+        for why in set(wont.values()):
+            assert f"Note: {why}." in out
+
+
+def test_breakeven_of_zaya_names_no_size_or_crossover_for_a_layout_that_will_not_run(capsys, monkeypatch):
+    """zaya's full card on one H200: breakeven said ZeRO-0 carries up to 4.9B, and its crossovers
+    had ZeRO-3 (weights on the one GPU: will not run) take over from ZeRO-1. The layout that takes
+    over is one that runs."""
+    monkeypatch.setenv("ZLAYOUT_CARDS_DIR", str(ZAYA_DEFAULT.parents[1] / "heldout" / "cards"))
+    flags = ["--hf-config", str(ZAYA_DEFAULT), "--gpu", "h200", "--gpus-per-node", "1"]
+    data = run_json(capsys, *flags)
+    assert set(data["will_not_run"]) == {"z0-opt_gpu-param_gpu", "z3-opt_gpu-param_gpu", "z3-opt_cpu-param_gpu",
+                                         "z3-opt_nvme-param_gpu"}
+    zero0 = next(row for row in data["layouts"] if row["stage"] == 0)
+    assert zero0["max_params"] is None and zero0["will_not_run"].startswith("ZeRO-0 will not run this model")
+    named = [_layout_of(c[side]).key for c in data["crossovers"] for side in ("stops_fitting", "takes_over")
+             if c[side] is not None]
+    assert named and not set(named) & set(data["will_not_run"])
+    zero1 = next(c for c in data["crossovers"] if c["stops_fitting"]["label"] == "ZeRO-1")
+    assert zero1["takes_over"]["label"] == "ZeRO-3 param→cpu"  # was ZeRO-3, which will not run here
+
+
+def test_the_runbook_gives_no_size_for_a_layout_that_will_not_run(capsys, tmp_path, zaya_tiny_card):
+    """The exported profile's [limits] and its runbook's table of every layout's largest model."""
+    out = tmp_path / "profile"
+    assert main(["export", *zaya_tiny_card, "--gpus-per-node", "1", "--stage", "1", "--host-ram-gib", "64",
+                 "--out", str(out)]) == 0
+    runbook = (out / "RUNBOOK.md").read_text()
+    assert "| ZeRO-0 | will not run | — |" in runbook and "| ZeRO-3 | will not run | — |" in runbook
+    assert "| ZeRO-3 param→cpu | will not run" not in runbook  # its weights are not packed on the GPU
+    assert main(["show", str(out)]) == 0  # the stored limits are the ones recomputed from its inputs

@@ -939,6 +939,58 @@ async def test_break_even_sentence_uses_the_tables_number_and_names_the_family()
             assert len(rows) >= 2  # the sentence and the layout's table row: one number
 
 
+ZAYA_TINY = Path(__file__).resolve().parents[1] / "learn" / "configs" / "zaya-tiny.json"
+
+
+async def test_break_even_gives_no_size_for_a_layout_that_will_not_run(tmp_path, monkeypatch):
+    """zaya on one GPU: ZeRO-0, and ZeRO-3 with its weights there, fit but will not run (the layouts
+    table's `✗ run`: DeepSpeed packs the grouped-experts weights off a 16-byte boundary). The panel
+    listed a largest model and micro-batch for them like any layout; now it has no row for them,
+    one `✗ run:` line names them with plan's reason, wrapped within the panel at 80 columns."""
+    pytest.importorskip("transformers")
+    import json
+
+    from textual.geometry import Region
+
+    from zlayout import cards
+    from zlayout.cli import build_parser, plan_input_from_args
+    from zlayout.learn.learner import learn
+
+    config = json.loads(ZAYA_TINY.read_text())
+    key = cards.config_key(config)
+    cards.write_card(tmp_path, key, cards.dumps_card(learn(config), key, ZAYA_TINY.name), replace=False)
+    monkeypatch.setenv("ZLAYOUT_CARDS_DIR", str(tmp_path))
+    inp = plan_input_from_args(build_parser().parse_args(
+        ["plan", "--hf-config", str(ZAYA_TINY), "--gpus-per-node", "1", "--seq", "256"]))
+    for size in (COMPACT, WIDE):
+        app = make_app(initial=inp)
+        async with app.run_test(size=size) as pilot:
+            await settle(pilot)
+            assert all(lp.breakeven is not None for lp in app.plan.layouts)  # break-even's plan, not the quick one
+            table = {row.key: row.headroom for row in view.layout_rows(app.plan)}
+            assert {k for k, free in table.items() if free == view.WILL_NOT_RUN} == {
+                "z0-opt_gpu-param_gpu", "z3-opt_gpu-param_gpu", "z3-opt_cpu-param_gpu"}
+            panel = app.query_one("#breakeven")
+            text = str(panel.render())
+            lines = text.splitlines()
+            sized = [line.split() for line in lines[2:] if line[:1] == " " and line.split()[0].isdigit()]
+            assert sized  # ZeRO-1, -2 and ZeRO-3 with its weights off the GPU: sizes as before
+            # no size for a layout that will not run: ZeRO-0 had a row, as had ZeRO-3 with its weights on the GPU
+            assert not [row for row in sized if row[0] == "0" or (row[0] == "3" and row[2] == "gpu")]
+            joined = " ".join(text.split())
+            assert ("✗ run: Z0 gpu/gpu, Z3 gpu/gpu, Z3 cpu/gpu, Z3 nvme/gpu: no size (ZeRO-0 will not run this "
+                    "model; ZeRO-3 on one GPU will not run this model:") in joined
+            assert "no fit:" in joined and "Z0 gpu/gpu" not in joined.split("no fit:")[1].split("✗ run")[0]
+            # drawn as the panel's lines (all of them, also those scrolled away at 80x24): the line is
+            # wrapped at the panel's width, inside the screen, never cut
+            assert panel.region.right <= size[0]
+            drawn = [strip.text for strip in panel.render_lines(Region(0, 0, *panel.outer_size))]
+            assert all(len(line) <= panel.outer_size.width for line in drawn)
+            drawn_text = " ".join(" ".join(line[1:-1] for line in drawn[1:-1]).split())  # inside the border
+            assert "✗ run: Z0 gpu/gpu, Z3 gpu/gpu, Z3 cpu/gpu, Z3 nvme/gpu: no size" in drawn_text
+            assert "grouped GEMM refuses)" in drawn_text and "…" not in drawn_text
+
+
 async def test_size_needs_a_unit_and_bounds_speak_in_field_labels():
     app = make_app()
     async with app.run_test(size=WIDE) as pilot:

@@ -7,7 +7,13 @@ a custom architecture grows in depth at fixed width) that fits GPU memory with t
 "offload_optimizer": "none|cpu|nvme", "offload_param": ..., "max_params": N,
 "max_micro_batch": N, "limited_by": "gpu|host|nvme|range", ...}, ...], "crossovers": [...]}`.
 `--stage N` narrows both to that ZeRO stage's layouts (crossovers then name only those), and
-the object carries `"stage": N` (null for every layout).
+the object carries `"stage": N` (null for every layout). A layout that will not run the model
+whatever its memory (`plan`'s `will_not_run`: ZeRO-0, or ZeRO-3 on one GPU, of a model whose
+grouped-experts weights DeepSpeed packs off a 16-byte boundary) has no size: its row's
+`max_params`, `max_micro_batch`, `limited_by`, `next_params` and `max_model` are null and its
+`will_not_run` says why (null in every other row); the object's `will_not_run`, present when
+any layout will not run, maps each such layout's key to why, as `plan --json` does; the
+table says "will not run" in its row, with a note why, and crossovers never name it.
 """
 
 from __future__ import annotations
@@ -39,6 +45,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def layout_breakeven_dict(inp: PlanInput, layout: Layout, be: BreakEven) -> dict[str, Any]:
     out = layout_dict(layout)
+    if be.will_not_run is not None:  # no size runs there: no figure to misread as one
+        out.update({"max_params": None, "max_micro_batch": None, "limited_by": None,
+                    "fits_current_model": estimate_memory(inp, layout).fits, "next_params": None,
+                    "max_model": None, "will_not_run": be.will_not_run})
+        return out
     out.update({
         "max_params": be.max_params,
         "max_micro_batch": be.max_micro_batch,
@@ -50,6 +61,7 @@ def layout_breakeven_dict(inp: PlanInput, layout: Layout, be: BreakEven) -> dict
         "max_model": None if be.max_model is None else {
             "name": be.max_model.name, "layers": be.max_model.layers, "hidden": be.max_model.hidden,
             "heads": be.max_model.heads, "params": be.max_model.params},
+        "will_not_run": None,
     })
     return out
 
@@ -73,6 +85,7 @@ def breakeven_json(inp: PlanInput, presets_dirs: tuple[str, ...] = (),
                    stage: int | None = None) -> dict[str, Any]:
     layouts = stage_layouts(stage)
     evens = [(layout, break_even(inp, layout, presets_dirs)) for layout in layouts]
+    wont = {layout.key: be.will_not_run for layout, be in evens if be.will_not_run is not None}
     return {
         "params": inp.model.params,
         "model": inp.model.name,
@@ -83,6 +96,7 @@ def breakeven_json(inp: PlanInput, presets_dirs: tuple[str, ...] = (),
         "stage": stage,
         "layouts": [layout_breakeven_dict(inp, layout, be) for layout, be in evens],
         "crossovers": [crossover_dict(c, stage) for c in crossovers(inp, layouts, presets_dirs)],
+        **({"will_not_run": wont} if wont else {}),  # as plan --json: layout key -> why
     }
 
 
@@ -104,6 +118,9 @@ def breakeven_table(inp: PlanInput, presets_dirs: tuple[str, ...] = (), stage: i
     ]
     lines.append("-" * len(lines[-1]))
     for row in data["layouts"]:
+        if row["will_not_run"] is not None:  # fits or not, no size of this model runs there
+            lines.append(f"  {row['label']:26} {'will not run':>14} {'':>16} {'(Note)':>13} {'—':>16}")
+            continue
         shape = ("" if row["max_model"] is None
                  else f"{row['max_model']['layers']} x {row['max_model']['hidden']}")
         size = format_params(row["max_params"]) if row["max_params"] else "none"
@@ -112,6 +129,8 @@ def breakeven_table(inp: PlanInput, presets_dirs: tuple[str, ...] = (), stage: i
         lines.append(f"{mark} {row['label']:26} {size:>14} {shape:>16} "
                      f"{_LIMIT_WORDS.get(row['limited_by'], row['limited_by']):>13} {micro:>16}")
     lines.append("* fits the current model")
+    for why in dict.fromkeys(data.get("will_not_run", {}).values()):  # each reason once, as plan's notes
+        lines.append(f"Note: {why}.")
     if hw.nvme_bytes == 0 and any(row["offload_optimizer"] == "nvme" or row["offload_param"] == "nvme"
                                   for row in data["layouts"]):
         lines.append("The NVMe layouts need NVMe: give its size per node with --nvme-gib N.")

@@ -16,6 +16,11 @@ neighbouring sizes map to the same shape), a micro-batch search that extrapolate
 answer per (input, layout). A caller that may stop wanting the answer (the TUI, when the
 user edits again) runs the searches inside `cancellable(stop)`: every evaluation first asks
 `stop()`, and `Cancelled` ends the search within one evaluation.
+
+A layout that will not run the model whatever its memory (tensors.grouped_gemm_refusal: ZeRO-0, or
+ZeRO-3 on one GPU, of a model whose grouped-experts weights DeepSpeed packs off a 16-byte boundary)
+carries no size of it: its BreakEven says why (`will_not_run`) and no search runs; crossovers
+neither name it as stopping nor as taking over.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from typing import Callable, Iterator
 from zlayout.catalog import PresetFileError, family_scaler, format_params
 from zlayout.core import memory
 from zlayout.core.memory import MemoryEstimate
+from zlayout.core.tensors import grouped_gemm_refusal
 from zlayout.spec import BOUNDS, Layout, ModelSpec, PlanInput, all_layouts
 
 MIN_PARAMS = 1e8
@@ -46,11 +52,17 @@ MAX_RESTARTS = 4
 class BreakEven:
     max_params: int  # largest model of the family that fits with the requested headroom
     max_micro_batch: int  # largest micro-batch that fits the current model (0: none)
-    limited_by: str  # what the next larger model runs out of: "gpu", "host", "nvme"; "range" if none up to 1e13 params or 1000 layers (the spec's range)
+    limited_by: str  # what the next larger model runs out of: "gpu", "host", "nvme"; "range" if none up to 1e13 params or 1000 layers (the spec's range); WILL_NOT_RUN: see will_not_run
     max_model: ModelSpec | None = None  # the model at max_params (None when none fits)
     next_params: int = 0  # the smallest larger model of the family, which does not fit (0: none)
     next_model: ModelSpec | None = None  # that model
     scaling: str = "family"  # "family" (model_for_size) or "depth" (layers at fixed width)
+    # why this layout will not run this model at any size (tensors.grouped_gemm_refusal, the line
+    # Plan.will_not_run gives): max_params and max_micro_batch are then 0 and nothing was searched
+    will_not_run: str | None = None
+
+
+WILL_NOT_RUN = "will_not_run"  # BreakEven.limited_by of a layout that will not run the model
 
 
 @dataclass(frozen=True, slots=True)
@@ -424,6 +436,10 @@ def break_even(inp: PlanInput, layout: Layout, presets_dirs: tuple[str, ...] = (
 @functools.lru_cache(maxsize=1024)
 def _break_even(inp: PlanInput, layout: Layout, presets_dirs: tuple[str, ...]) -> BreakEven:
     rule = scaling_rule(inp.model, presets_dirs)
+    refusal = grouped_gemm_refusal(inp, layout)
+    if refusal is not None:  # no size of this model runs there: nothing to search
+        return BreakEven(max_params=0, max_micro_batch=0, limited_by=WILL_NOT_RUN, scaling=rule,
+                         will_not_run=refusal)
     model = inp.model
     if rule == "family":
         def candidate(log_params: float) -> ModelSpec:
@@ -456,7 +472,8 @@ def crossovers(inp: PlanInput, layouts: tuple[Layout, ...] | None = None,
 
     One entry per layout that fits some size of the family and stops within the range, in
     order of size; `takes_over` is the fastest (by predicted step time) of the layouts that
-    still fit at the first size `stops_fitting` cannot carry.
+    still fit at the first size `stops_fitting` cannot carry. A layout that will not run the
+    model (BreakEven.will_not_run: it carries no size) is neither.
     """
     from zlayout.core.comm import estimate_comm
     from zlayout.core.steptime import estimate_step_time

@@ -14,6 +14,7 @@ import re
 import shlex
 
 from zlayout.catalog import format_params
+from zlayout.core.breakeven import WILL_NOT_RUN
 from zlayout.core.fit import NEARLY_FULL_FRACTION, PREDICTED_DEVICE_USED_WORST_UNDER, fills_alert_range
 from zlayout.profile.contract import script_contract
 from zlayout.profile.diff import Effect, diff_profiles
@@ -186,7 +187,10 @@ def _stops_fitting(p: Profile) -> list[str]:
                 f"(the profile runs {inp.training.micro_batch}).", ""]
     rows = [(f"**{row.layout}**" if row.layout == p.layout.label else row.layout,
              format_params(row.max_params) if row.max_params else "none",
-             row.max_micro_batch or "none", RUN_OUT_OF.get(row.limited_by, row.limited_by)) for row in lim.layouts]
+             row.max_micro_batch or "none", RUN_OUT_OF.get(row.limited_by, row.limited_by))
+            if row.limited_by != WILL_NOT_RUN else  # no size: the layout will not run this model
+            (row.layout, "will not run", "—", "— (it will not run this model: `zlayout plan` says why)")
+            for row in lim.layouts]
     out += _table(("layout", "largest model", "largest micro-batch", "beyond it, runs out of"), rows, right=(1, 2))
     out += ["", "What to change first if the model grows:", ""]
     steps = []

@@ -322,7 +322,8 @@ class LayoutLimit(Section):
     layout: str
     max_params: int = Field(description="largest model this layout carries here (0: none)")
     max_micro_batch: int
-    limited_by: str = Field(description="what the next larger model runs out of: gpu, host, nvme; range: none within 10T")
+    limited_by: str = Field(description="what the next larger model runs out of: gpu, host, nvme; range: none within 10T; "
+                                        "will_not_run: the layout will not run this model at any size (max_params 0)")
 
 
 class Limits(Section):

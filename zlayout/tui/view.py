@@ -282,11 +282,13 @@ class BreakEvenRow:
     max_micro_batch: str
     limited_by: str
     then: str  # the fastest layout that still fits the next size up ('—': none known)
+    will_not_run: str = ""  # why no size of this model runs there (max_params is then WILL_NOT_RUN)
 
 
 def breakeven_rows(plan: Plan, crossovers: Sequence[Any] | None = None) -> list[BreakEvenRow]:
     """Largest model and micro-batch per layout, and what takes over beyond it; '—' where
-    nothing fits or nothing was computed. `crossovers` are the core's `Crossover`s."""
+    nothing fits or nothing was computed, WILL_NOT_RUN (no figures) where the layout will not
+    run this model (Plan.will_not_run's layouts). `crossovers` are the core's `Crossover`s."""
     takes_over = {c.stops_fitting: c.takes_over for c in (crossovers or ())}
     rows = []
     for lp in plan.layouts:
@@ -300,6 +302,9 @@ def breakeven_rows(plan: Plan, crossovers: Sequence[Any] | None = None) -> list[
         if be is None:
             rows.append(BreakEvenRow(lp.layout.key, label, "—", "—", "not computed", then))
             continue
+        if be.will_not_run is not None:  # no size to show: it would read as one this layout trains
+            rows.append(BreakEvenRow(lp.layout.key, label, WILL_NOT_RUN, "—", "—", then, be.will_not_run))
+            continue
         rows.append(BreakEvenRow(
             key=lp.layout.key, label=label,
             max_params=fmt_params(be.max_params),
@@ -308,6 +313,19 @@ def breakeven_rows(plan: Plan, crossovers: Sequence[Any] | None = None) -> list[
             then=then,
         ))
     return rows
+
+
+def will_not_run_line(rows: Sequence[BreakEvenRow]) -> str:
+    """The break-even panel's line for the layouts that will not run this model: which, and the
+    head of each reason (tensors.grouped_gemm_refusal: 'ZeRO-0 will not run this model'), once;
+    '' when every layout runs."""
+    wont = [row for row in rows if row.will_not_run]
+    if not wont:
+        return ""
+    heads = "; ".join(dict.fromkeys(row.will_not_run.split(":")[0] for row in wont))
+    names = ", ".join("Z{} {}/{}".format(*row.label.split()) for row in wont)
+    return (f"{names}: no size ({heads}: DeepSpeed packs its grouped-experts weights off a "
+            "16-byte boundary, which torch's grouped GEMM refuses)")
 
 
 def first_crossover_line(plan: Plan, crossovers: Sequence[Any] | None) -> str:
