@@ -4,6 +4,12 @@ or given a mask: the kernel torch picks and its forward and backward times (CUDA
 dropout_p), by wrapping the function while one GPT-2 block runs forward in train mode.
 
     python benchmarks/measurements/tools/attention_probe.py [--out FILE.json]
+    python benchmarks/measurements/tools/attention_probe.py --sweep [--out FILE.json]
+
+The events time the host's launch too, which is longer than a small kernel (under 0.1 ms: the
+first call's GPT-2 shapes). `--sweep` times the kernels themselves (torch.profiler, the CUDA
+kernels each call launched, summed) causal, with and without dropout, over sequence lengths at
+16,384 tokens a call and head sizes 64, 128 and 256.
 
 Prints one line per case and writes them as JSON (default $OUT/attention-probe.json).
 """
@@ -61,6 +67,39 @@ def case(b: int, h: int, s: int, d: int, dropout: float, masked: bool) -> dict:
             "forward_of_peak_on_half": round(flops / (fwd_ms * 1e-3) / peak, 3)}
 
 
+SWEEP = tuple((16384 // s, 2048 // d, s, d) for d in (64, 128) for s in (512, 1024, 2048, 4096, 8192)) \
+    + tuple((16384 // s, 8, s, 256) for s in (1024, 4096))
+
+
+def kernel_ms(fn, iters: int = 10) -> float:
+    """The CUDA kernels' own time per call of `fn` (torch.profiler), after 3 warm-up calls."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    kernels = [ev for ev in prof.events() if ev.device_type == torch.autograd.DeviceType.CUDA]
+    return sum(ev.time_range.elapsed_us() for ev in kernels) / iters / 1e3
+
+
+def sweep_case(b: int, h: int, s: int, d: int, dropout: float) -> dict:
+    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    grad = torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16)
+    kwargs = dict(dropout_p=dropout, is_causal=True)
+    fwd = kernel_ms(lambda: F.scaled_dot_product_attention(q, k, v, **kwargs))
+    out = F.scaled_dot_product_attention(q, k, v, **kwargs)
+    both = kernel_ms(lambda: torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, **kwargs), (q, k, v), grad))
+    flops = 4 * b * h * s * s * d / 2
+    del out
+    return {"shape": [b, h, s, d], "dropout": dropout, "forward_kernel_ms": round(fwd, 4),
+            "backward_kernel_ms": round(both - fwd, 4), "forward_of_peak_on_half": round(flops / (fwd * 1e-3) / 989e12, 3),
+            "backward_of_peak_on_half": round(2.5 * flops / ((both - fwd) * 1e-3) / 989e12, 3)}
+
+
 def gpt2_calls() -> list[dict]:
     """What transformers' GPT-2 passes to sdpa in one training forward (2 blocks, its config's dropout)."""
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -87,7 +126,15 @@ def gpt2_calls() -> list[dict]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "attention-probe.json"))
+    parser.add_argument("--sweep", action="store_true", help="kernel times over sequence and head size")
     args = parser.parse_args()
+    if args.sweep:
+        rows = [sweep_case(*shape, dropout) for shape in SWEEP for dropout in (0.0, 0.1)]
+        for row in rows:
+            print(json.dumps(row), flush=True)
+        with open(args.out, "w") as f:
+            json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "sweep": rows}, f, indent=1)
+        return 0
     rows = []
     for b, h, s, d in SHAPES:
         for dropout in (0.0, 0.1):
