@@ -50,7 +50,7 @@ from zlayout.core.calibrate import MeasuredStep  # noqa: E402
 from zlayout.core.comm import estimate_comm  # noqa: E402
 from zlayout.core.steptime import (HALF_ALIGNED_HEAD_EFFICIENCY, HBM_EFFICIENCY, HOST_S_PER_EXTRA_KERNEL, HOST_S_PER_KERNEL,  # noqa: E402
                                    STAGE3_GATHER_OVERHEAD_S, STAGE3_GRAD_HOOK_S,
-                                   GpuStepConstants, estimate_step_time, host_floor_s, host_pass_s,
+                                   GpuStepConstants, attention_dropout_s, estimate_step_time, host_floor_s, host_pass_s,
                                    micro_step_work, optimizer_kernels, optimizer_work, pass_weights,
                                    phase_kernel_s)
 
@@ -95,7 +95,7 @@ def _design(step: MeasuredStep, c: GpuStepConstants) -> tuple[np.ndarray, np.nda
                                   work.unaligned_gemm_flops / peak, work.attention_flops / peak, work.kernels])
         x[5:7] = w_host * np.array([work.stage3_fetches, work.stage3_grad_hooks])
         # the host floor is measured apart (no fitted constant); ZeRO-3's gathers are not fitted either
-        fixed.append(accum * (w_gpu * (work.hbm_bytes / (hbm * HBM_EFFICIENCY) + work.fixed_s
+        fixed.append(accum * (w_gpu * (work.hbm_bytes / (hbm * HBM_EFFICIENCY) + work.fixed_s + attention_dropout_s(inp, work)
                                        + work.half_aligned_gemm_flops / (peak * HALF_ALIGNED_HEAD_EFFICIENCY))
                               + w_host * (host_floor_s(work) + work.stage3_fetches * gather)))
         rows.append(x * accum)

@@ -355,3 +355,33 @@ def test_an_odd_vocabularys_head_stays_on_the_one_element_kernels():
                                       "--vocab", "50258", "--gpu", "h200", "--gpus-per-node", "1"])
     fwd2, _ = steptime.micro_step_work(plan_input_from_args(even), Layout(stage=1))
     assert fwd2.unaligned_gemm_flops == 0 and fwd2.half_aligned_gemm_flops > 0
+
+
+def test_attention_dropout_is_priced_per_score_the_kernel_draws(monkeypatch):
+    """gpt2-medium (attn_pdrop 0.1) at 8 x 1024: its shipped card counts the scores the fused
+    attention draws dropout for; the same config's card learned before they were recorded
+    (h200-2026-12-31e's held-out one) prices each pass's GPU side lower by exactly those scores
+    times their measured cost (24 layers x 16 heads x T^2 / 2 x 8 sequences, forward; the backward
+    draws them again)."""
+    root = HELDOUT.parents[1] / "h200-2026-12-31e"
+    flags = ["plan", "--hf-config", str(root / "configs" / "gpt2-medium.json"), "--gpu", "h200",
+             "--gpus-per-node", "1", "--seq", "1024", "--micro-batch", "8"]
+    monkeypatch.delenv(cards.CARDS_DIR_ENV, raising=False)
+    shipped = plan_input_from_args(build_parser().parse_args(flags))
+    monkeypatch.setenv(cards.CARDS_DIR_ENV, str(root / "heldout" / "cards"))
+    before = plan_input_from_args(build_parser().parse_args(flags))
+    assert shipped.model.card.key == before.model.card.key
+    scores = 24 * 16 * 1024 * 1024 / 2 * 8
+    layout = Layout(stage=2)
+    (fwd, bwd), (old_fwd, old_bwd) = (steptime.micro_step_work(inp, layout) for inp in (shipped, before))
+    assert fwd.dropout_scores == pytest.approx((scores, 0.0))
+    assert bwd.dropout_scores == pytest.approx((0.0, scores))
+    assert old_fwd.dropout_scores == old_bwd.dropout_scores == (0.0, 0.0)
+    assert steptime.phase_kernel_s(shipped, fwd) - steptime.phase_kernel_s(before, old_fwd) == pytest.approx(
+        scores * steptime.ATTENTION_DROPOUT_FORWARD_S_PER_SCORE)
+    assert steptime.phase_kernel_s(shipped, bwd) - steptime.phase_kernel_s(before, old_bwd) == pytest.approx(
+        scores * steptime.ATTENTION_DROPOUT_BACKWARD_S_PER_SCORE)
+    monkeypatch.delenv(cards.CARDS_DIR_ENV)
+    with_checkpointing = plan_input_from_args(build_parser().parse_args([*flags, "--checkpointing", "full"]))
+    _, ckpt_bwd = steptime.micro_step_work(with_checkpointing, layout)
+    assert ckpt_bwd.dropout_scores == pytest.approx((scores, scores))  # the recompute draws them again

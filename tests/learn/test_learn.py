@@ -570,6 +570,25 @@ def test_attention_past_a_sliding_window_is_recorded_as_masked_over_the_full_squ
     assert past["backward"]["masked_attention_backward"][0][0] == 10 * 96
 
 
+@pytest.mark.parametrize("dropout", [0.1, 0.0])
+def test_attention_dropout_is_recorded_as_the_scores_it_draws_for(dropout):
+    """GPT-2 passes its attn_pdrop to SDPA (dropout_p, is_causal): the fused kernel draws a random
+    number per score it computes, forward and again in the backward, and launches nothing more.
+    The card counts those scores (heads x T^2 / 2, causal) under their own names; without dropout
+    there are none."""
+    config = {**small_config("gpt2"), "attn_pdrop": dropout}  # 4 heads
+    card = learn(config)
+    assert card["attention"] == "sdpa"
+    work = card["regimes"][0]["blocks"][0]["work"]
+    for phase in ("forward", "backward"):
+        if dropout:
+            scores = work[phase][f"attention_dropout_{phase}"]
+            assert scores[0] == [4 / 2, 0, 0]  # T^2 coefficient per sequence: 4 heads, the causal half
+            assert all(v == 0 for row in scores[1:] for v in row)  # no kernel, no bytes, no op of its own
+        else:
+            assert f"attention_dropout_{phase}" not in work[phase]
+
+
 def test_full_attention_layers_among_sliding_ones_are_their_own_kind_without_the_masks_bias():
     """Gemma-3's full-attention layers have the sliding layers' weights but run causal flash with no
     mask: a kind of their own (the config's layer_types), saving no batch x queries x keys bias."""

@@ -202,6 +202,11 @@ ATTENTION_OPS = frozenset({"attention_forward", "attention_backward"})
 # the same kernels given an explicit attn_mask (a sliding window past its width): the full square, no
 # tile skipped, at the masked kernels' lower rate (zlayout.learn.trace._FusedAttention)
 MASKED_ATTENTION_OPS = frozenset({"masked_attention_forward", "masked_attention_backward"})
+# the scores a fused attention call with dropout draws a random number for (its forward, and its
+# backward, which draws them again): a count in the op's FLOPs field, no kernel of its own
+# (zlayout.learn.trace._dropout_scores), priced per score (core.steptime ATTENTION_DROPOUT_*)
+ATTENTION_DROPOUT_FORWARD = "attention_dropout_forward"
+ATTENTION_DROPOUT_BACKWARD = "attention_dropout_backward"
 BATCHED_GEMM_OPS = frozenset({"bmm", "baddbmm"})
 UNALIGNED_SUFFIX = "_unaligned"  # an op on a tensor 16-byte loads cannot walk (zlayout.learn.trace._vector_aligned)
 # a pointwise op over a broadcast or strided operand (not zlayout.learn.trace._one_walk): PyTorch's
@@ -243,6 +248,8 @@ class WorkTotals:
     strided_memory_bytes: float = 0.0  # pointwise ops over broadcast or strided operands (not in memory_bytes)
     scatter_memory_bytes: float = 0.0  # accumulating index_puts (`SCATTER_SUFFIX`; not in memory_bytes)
     ops: float = 0.0  # the ops that launched `kernels` (the host issues an op once, its kernels each)
+    dropout_forward_scores: float = 0.0  # scores fused attention drew dropout for, forward (ATTENTION_DROPOUT_FORWARD)
+    dropout_backward_scores: float = 0.0  # and in its backward
 
     def __add__(self, other: "WorkTotals") -> "WorkTotals":
         return WorkTotals(*(a + b for a, b in zip(self.astuple(), other.astuple())))
@@ -254,7 +261,7 @@ class WorkTotals:
         return (self.gemm_flops, self.batched_gemm_flops, self.attention_flops, self.memory_bytes, self.kernels,
                 self.grouped_gemm_flops, self.fp32_gemm_flops, self.masked_attention_flops,
                 self.unaligned_gemm_flops, self.unaligned_memory_bytes, self.strided_memory_bytes,
-                self.scatter_memory_bytes, self.ops)
+                self.scatter_memory_bytes, self.ops, self.dropout_forward_scores, self.dropout_backward_scores)
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,6 +271,7 @@ class WorkPhase:
     def totals(self, micro_batch: int, seq: int) -> WorkTotals:
         gemm = batched = attention = masked = memory = kernels = grouped = fp32 = ops = 0.0
         unaligned_gemm = unaligned_memory = strided_memory = scatter_memory = 0.0
+        dropout = {ATTENTION_DROPOUT_FORWARD: 0.0, ATTENTION_DROPOUT_BACKWARD: 0.0}
         for op in self.ops:
             flops = bytes_at(op.flops, micro_batch, seq)
             launches = bytes_at(op.calls, micro_batch, seq)
@@ -280,6 +288,8 @@ class WorkPhase:
                 strided_memory += bytes_at(op.bytes, micro_batch, seq)
             elif flops == 0 and op.name.endswith(SCATTER_SUFFIX):
                 scatter_memory += bytes_at(op.bytes, micro_batch, seq)
+            elif op.name in dropout:
+                dropout[op.name] += flops
             elif op.name in ATTENTION_OPS:
                 attention += flops
             elif op.name in MASKED_ATTENTION_OPS:
@@ -293,7 +303,8 @@ class WorkPhase:
             else:
                 memory += bytes_at(op.bytes, micro_batch, seq)
         return WorkTotals(gemm, batched, attention, memory, kernels, grouped, fp32, masked, unaligned_gemm,
-                          unaligned_memory, strided_memory, scatter_memory, ops)
+                          unaligned_memory, strided_memory, scatter_memory, ops,
+                          dropout[ATTENTION_DROPOUT_FORWARD], dropout[ATTENTION_DROPOUT_BACKWARD])
 
 
 class BlockWeightGradient(NamedTuple):

@@ -129,6 +129,17 @@ STRIDED_HBM_FRACTION = 0.55
 # one H200): 48 such kernels, 16.36 ms, for the 27.47 GB its card records: 1.68 TB/s, 0.437 of 3.84.
 SCATTER_HBM_FRACTION = 0.437
 ATTENTION_EFFICIENCY = 0.546  # causal flash attention forward (SDPA): achieved / peak on its halved FLOPs
+# Attention dropout (GPT-2's attn_pdrop, XGLM's, StarCoder's, Granite's attention_dropout: a card's
+# ATTENTION_DROPOUT_* scores) is done inside the fused kernel: a Philox draw and a compare per score it
+# computes, and the backward draws them again from the seed. It costs the kernel time per score, not
+# per FLOP. MEASURED, not fitted to step rows (benchmarks/measurements/h200-2026-12-31e,
+# tools/attention_probe.py, one H100, torch 2.11's cuDNN attention at 1 x 32 heads x 4,096 x 128,
+# causal, 2.68e8 scores a call): forward 0.278 ms without dropout, 0.596 ms at p 0.1; backward 0.950
+# and 1.096 ms. Per score: 1.19e-12 s forward, 0.54e-12 s backward, on a GPU of 989 TFLOP/s (H100,
+# H200 SXM: the same SMs and clocks); another GPU scales with its peak.
+ATTENTION_DROPOUT_FORWARD_S_PER_SCORE = 1.19e-12
+ATTENTION_DROPOUT_BACKWARD_S_PER_SCORE = 0.54e-12
+ATTENTION_DROPOUT_REFERENCE_PEAK = 989e12
 # Attention given an explicit attn_mask (transformers' sliding window once the sequence reaches it):
 # every kernel that takes a mask (cuDNN with a bias, memory-efficient) does the full square, read
 # tile by tile with the bias, none skipped (the card records these FLOPs in full, core.card
@@ -524,6 +535,8 @@ class PhaseWork:
     strided_hbm_bytes: float = 0.0  # pointwise ops over broadcast or strided operands (a card's `*_strided`)
     scatter_hbm_bytes: float = 0.0  # accumulating index_puts (a card's `*_scatter`)
     half_aligned_gemm_flops: float = 0.0  # the head's, when the vocabulary is even but not a multiple of 8
+    # attention scores with dropout: (forward draws, backward draws; a recompute's are forward draws)
+    dropout_scores: tuple[float, float] = (0.0, 0.0)
 
 
 def head_gemm_alignment(vocab: int) -> int:
@@ -687,7 +700,8 @@ def card_work(inp: PlanInput, card, weights: tuple[dict[int, float], int] | None
             batched_gemm_flops=whole.batched_gemm_flops, attention_flops=whole.attention_flops,
             fp32_gemm_flops=whole.fp32_gemm_flops, masked_attention_flops=whole.masked_attention_flops,
             hbm_bytes=whole.memory_bytes, kernels=whole.kernels, host_kernels=whole.kernels,
-            host_extra_kernels=max(0.0, whole.kernels - whole.ops), host_fixed_s=fixed_s))
+            host_extra_kernels=max(0.0, whole.kernels - whole.ops), host_fixed_s=fixed_s,
+            dropout_scores=(whole.dropout_forward_scores, whole.dropout_backward_scores)))
     return passes[0], passes[1]
 
 
@@ -931,7 +945,15 @@ def phase_kernel_s(inp: PlanInput, work: PhaseWork, c: GpuStepConstants = SHIPPE
             + work.unaligned_hbm_bytes / (elementwise_bytes_per_s(inp) * UNALIGNED_HBM_FRACTION)
             + work.strided_hbm_bytes / (elementwise_bytes_per_s(inp) * STRIDED_HBM_FRACTION)
             + work.scatter_hbm_bytes / (elementwise_bytes_per_s(inp) * SCATTER_HBM_FRACTION)
+            + attention_dropout_s(inp, work)
             + work.fixed_s)
+
+
+def attention_dropout_s(inp: PlanInput, work: PhaseWork) -> float:
+    """What attention dropout adds to the fused attention kernels of a pass: per score drawn."""
+    forward, backward = work.dropout_scores
+    return ((forward * ATTENTION_DROPOUT_FORWARD_S_PER_SCORE + backward * ATTENTION_DROPOUT_BACKWARD_S_PER_SCORE)
+            * ATTENTION_DROPOUT_REFERENCE_PEAK / inp.hardware.gpu.peak_bf16_flops)
 
 
 def trained_parameters(inp: PlanInput) -> tuple[int, int]:

@@ -688,6 +688,15 @@ def _attention_op(phase: str, masked: bool) -> str:
     return f"masked_attention_{phase}" if masked else f"attention_{phase}"
 
 
+def _dropout_scores(ledger: StorageLedger, phase: str, dropout: float, scores: int) -> None:
+    """A fused attention call with dropout draws a random number for every score it computes (the
+    kernel's Philox generator; the backward draws them again from the seed): recorded as their count
+    under core.card ATTENTION_DROPOUT_OPS' name, in the FLOPs field, launching nothing of its own
+    (the attention kernel does it). Priced per score by core.steptime."""
+    if dropout > 0.0:
+        ledger.add_work(f"attention_dropout_{phase}", scores, 0, launches=0)
+
+
 def _output_like_query(query: torch.Tensor, dim_v: int) -> torch.Tensor:
     """A fused kernel's output (batch, heads, seq, dim_v), laid out in memory in query's stride
     order. Flash allocates it `empty_like` its (batch, seq, heads, dim) view of q (flash_api.cpp
@@ -753,16 +762,17 @@ class _FusedAttention(torch.autograd.Function):
     are recorded under MASKED_ATTENTION_OPS' names, priced apart (core.steptime)."""
 
     @staticmethod
-    def forward(ctx, query, key, value, bias, ledger, causal):
+    def forward(ctx, query, key, value, bias, ledger, causal, dropout=0.0):
         masked = bias is not None
         batch, heads, seq, _ = query.shape
         out = _output_like_query(query, value.shape[-1])
         lse = torch.empty(batch, heads, seq, dtype=torch.float32, device=query.device)
         ctx.save_for_backward(query, key, value, out, lse, bias)
-        ctx.ledger, ctx.masked, ctx.causal = ledger, masked, causal
+        ctx.ledger, ctx.masked, ctx.causal, ctx.dropout = ledger, masked, causal, dropout
         flops = 4 * batch * heads * seq * key.shape[2] * query.shape[-1] // (2 if causal else 1)
         ledger.add_work(_attention_op("forward", masked), flops, sum(t.numel() * t.element_size()
                                                         for t in (query, key, value, out, lse)))
+        _dropout_scores(ledger, "forward", dropout, batch * heads * seq * key.shape[2] // (2 if causal else 1))
         return out
 
     @staticmethod
@@ -776,7 +786,8 @@ class _FusedAttention(torch.autograd.Function):
         flops = 10 * batch * heads * seq * key.shape[2] * dim // (2 if ctx.causal else 1)
         ctx.ledger.add_work(_attention_op("backward", ctx.masked), flops, sum(t.numel() * t.element_size()
                                                              for t in (query, key, value, out, grad_out, *grads)))
-        return (*grads, None, None, None)  # no gradient for the bias, the ledger, is_causal
+        _dropout_scores(ctx.ledger, "backward", ctx.dropout, batch * heads * seq * key.shape[2] // (2 if ctx.causal else 1))
+        return (*grads, None, None, None, None)  # no gradient for the bias, the ledger, is_causal, dropout
 
 
 # The dtypes each fused kernel takes on sm80 and newer (sdp_utils.cpp: check_dtypes_low_precision,
@@ -851,7 +862,8 @@ def fused_attention(ledger: StorageLedger, math_sdpa=None):
             finally:
                 ledger.math_mask_add = False
         # grouped k/v heads (enable_gqa) are expanded inside the kernels; gradients come back at k/v's size
-        return _FusedAttention.apply(query, key, value, attention_bias(attn_mask, query), ledger, bool(is_causal))
+        return _FusedAttention.apply(query, key, value, attention_bias(attn_mask, query), ledger, bool(is_causal),
+                                     float(dropout_p))
 
     return sdpa
 
