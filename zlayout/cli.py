@@ -543,6 +543,12 @@ def _model_from_args(args: argparse.Namespace):
             _note(args, f"the model card {base.card.source} was learned before zlayout priced the attention "
                         "kernel CUDA runs (the math fallback where no fused kernel takes the inputs, as "
                         f"Falcon's); `zlayout learn --force --hf-config {shlex.quote(args.hf_config)}` learns it again")
+        if args.hf_config and base.card is not None and base.card.attention == "sdpa" \
+                and not base.card.attention_dropout_counted \
+                and hfconfig.attention_dropout(hfconfig.read_config(args.hf_config)[0]) > 0:
+            _note(args, f"the model card {base.card.source} was learned before zlayout priced attention dropout "
+                        "(the fused kernel draws it per score: its step time is under); "
+                        f"`zlayout learn --force --hf-config {shlex.quote(args.hf_config)}` learns it again")
         installed = _installed("transformers") if args.hf_config and base.card is not None else None
         if installed and base.card.transformers and installed != base.card.transformers:
             # a release changes what a model's code asks for (5.25.0 runs Falcon's multi-query

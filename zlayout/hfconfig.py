@@ -528,6 +528,18 @@ LANGUAGE_MODEL_ONLY = {"dots3_note": "Dots3NoteForCausalLM", "emu3": "Emu3ForCau
                        "qwen4_exp": "Qwen4ExpForCausalLM"}
 
 
+# the keys transformers' configs give the attention's dropout under (GPT-2 and its descendants, most
+# decoders, BERT-style ones)
+ATTENTION_DROPOUT_KEYS = ("attn_pdrop", "attention_dropout", "attention_probs_dropout_prob")
+
+
+def attention_dropout(config: Mapping[str, Any]) -> float:
+    """The attention dropout a config.json asks for (0.0: none), as a number; anything else is 0."""
+    values = [config.get(key) for key in ATTENTION_DROPOUT_KEYS]
+    return max((float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)
+                and 0 < v < 1), default=0.0)
+
+
 def language_model_only_note(config: Mapping[str, Any], where: str) -> str | None:
     """A line when the config.json is a multimodal model's (its architectures name another class)
     but the class zlayout plans and verifies is its language model alone; None otherwise."""

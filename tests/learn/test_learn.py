@@ -879,6 +879,28 @@ def test_jetmoe_routing_read_as_python_ints_is_learned_as_an_even_split():
     assert forward["mm"][0][1] == 2 * (top_k * (h * 2 * f + f * h + h * kv + kv * h) + 2 * h * experts + h * 2 * kv)
 
 
+def test_a_card_learned_before_attention_dropout_was_priced_is_named(tmp_path):
+    """A cached card of a model with attention dropout, learned before its scores were counted, plans
+    with one note saying its step time is under and how to learn it again; learned now, no note; a
+    model without attention dropout gets none either way."""
+    for dropout, noted in ((0.1, True), (0.0, False)):
+        config = {**small_config("gpt2"), "attn_pdrop": dropout}
+        path = tmp_path / f"gpt2-{dropout}.json"
+        path.write_text(json.dumps(config))
+        card = learn(config)
+        assert card["attention_dropout_counted"] is True
+        older = {k: v for k, v in card.items() if k != "attention_dropout_counted"}
+        key = cards.config_key(config)
+        cards.write_card(tmp_path, key, cards.dumps_card(older, key, path.name), replace=False)
+        run = zlayout("plan", "--hf-config", str(path), "--gpus-per-node", "1", "--seq", "128", cards_dir=tmp_path)
+        assert run.returncode == 0, run.stderr
+        assert ("learned before zlayout priced attention dropout" in run.stderr) == noted, run.stderr
+        (tmp_path / f"{key}.toml").unlink()
+        cards.write_card(tmp_path, key, cards.dumps_card(card, key, path.name), replace=False)
+        again = zlayout("plan", "--hf-config", str(path), "--gpus-per-node", "1", "--seq", "128", cards_dir=tmp_path)
+        assert again.returncode == 0 and "attention dropout" not in again.stderr, again.stderr
+
+
 def test_a_card_learned_before_attention_kernels_were_priced_is_named(tmp_path):
     """A cached card without `attention_kernels` (learned by an older zlayout, which priced every
     sdpa call as flash) still plans, with one note saying how to learn it again."""

@@ -384,6 +384,9 @@ class ModelCard:
     block_buffer_bytes: tuple[int, ...] = ()
     # the kernels sdpa runs on CUDA ("flash", "efficient", "math"); () for eager attention or an older card
     attention_kernels: tuple[str, ...] = ()
+    # whether the learner counted attention dropout's scores (ATTENTION_DROPOUT_*): False for a card
+    # learned before, which prices a model with attention dropout without them
+    attention_dropout_counted: bool = False
     transformers: str | None = None  # the release whose model code the card was learned from
     # "bfloat16": the model runs only with its buffers cast beside its weights, which DeepSpeed does
     # only when data_types.buffer_dtype says so (learn.learner.buffer_cast_needed); None: as built
@@ -963,6 +966,7 @@ def card_from_dict(data: Mapping[str, Any], key: str, source: str = "", digest: 
         buffer_bytes=_buffer_bytes(params.get("buffer_bytes", 0), where),
         block_buffer_bytes=_block_buffer_bytes(params.get("block_buffer_bytes", []), kinds, where),
         attention_kernels=tuple(str(k) for k in data.get("attention_kernels") or ()),
+        attention_dropout_counted=data.get("attention_dropout_counted") is True,
         transformers=_release(data.get("transformers"), where),
         buffer_dtype=_buffer_dtype(data.get("buffer_dtype"), where),
         linear_attention=_linear_attention(data.get("linear_attention"), where),

@@ -1341,6 +1341,8 @@ def _learn(config: Mapping[str, Any], positions: int | None = None) -> dict[str,
         "attention": attention,
         # the kernels scaled_dot_product_attention runs on a CUDA GPU (trace.cuda_sdpa_kernel)
         "attention_kernels": sorted(attention_kernels),
+        # the fused attention's dropout is counted, per score (trace._dropout_scores)
+        "attention_dropout_counted": True,
         "dtype": "bfloat16",
         # DeepSpeed must cast the buffers too (data_types.buffer_dtype): `buffer_cast_needed`
         **({"buffer_dtype": "bfloat16"} if buffer_cast else {}),
