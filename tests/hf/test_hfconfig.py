@@ -299,3 +299,14 @@ def test_a_per_block_ffn_list_reads_as_its_widest_and_a_bad_value_is_shown_short
         hfconfig._generic_shape(hfconfig._Reader({**base, "intermediate_size": ["x"] * 100_000}, "c.json", "g"))
     message = str(err.value)
     assert "'intermediate_size' must be a whole number" in message and len(message) < 200 and "\n" not in message
+
+
+def test_attention_dropout_reads_the_keys_configs_use_and_nothing_else():
+    """GPT-2's attn_pdrop, most decoders' attention_dropout, BERT-style attention_probs_dropout_prob;
+    a value that is not a probability strictly between 0 and 1 (a string, a bool, 1.5) is no dropout."""
+    attention_dropout = hfconfig.attention_dropout
+    assert attention_dropout({"attn_pdrop": 0.1}) == 0.1
+    assert attention_dropout({"attention_dropout": 0.0, "attention_probs_dropout_prob": 0.2}) == 0.2
+    assert attention_dropout({"hidden_dropout": 0.3}) == 0.0
+    for odd in ("0.1", True, 1.5, -0.1, None, float("nan")):
+        assert attention_dropout({"attention_dropout": odd}) == 0.0
