@@ -151,7 +151,9 @@ def test_host_bound_rows_are_named_and_repeats_fitted_at_their_median(tmp_path, 
     one_run = HOST_BOUND / "results" / "batch-calibrate-c-results.jsonl"
     assert main(["calibrate", str(one_run), "--out", str(tmp_path / "a.toml")]) == 0
     printed = capsys.readouterr().out
-    assert "note: 2 of the 3 rows are host-bound and one run each" in printed  # granite and Qwen3-0.6B
+    # Qwen3-0.6B (its host side 59% of its step); granite-3.0-1b-a400m's was 26%, at the line, until
+    # its attention dropout was priced (22%)
+    assert "note: 1 of the 3 rows is host-bound and one run (" in printed
     repeats = HOST_BOUND / "results-call2" / "batch-repeat-g-results.jsonl"
     assert main(["calibrate", str(one_run), str(repeats), "--out", str(tmp_path / "b.toml"), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -175,4 +177,4 @@ def test_a_host_bound_row_is_named_by_itself_not_by_its_label(tmp_path, monkeypa
     granite, llama, qwen = rows
     fit = fit_calibration([granite, replace(llama, label=qwen.label), qwen])
     named = [r.row for r in host_bound_rows(fit)]
-    assert qwen in named and granite in named and not any(r.inp == llama.inp for r in named)
+    assert qwen in named and not any(r.inp == llama.inp for r in named)
