@@ -129,7 +129,7 @@ STRIDED_HBM_FRACTION = 0.55
 # one H200): 48 such kernels, 16.36 ms, for the 27.47 GB its card records: 1.68 TB/s, 0.437 of 3.84.
 SCATTER_HBM_FRACTION = 0.437
 ATTENTION_EFFICIENCY = 0.546  # causal flash attention forward (SDPA): achieved / peak on its halved FLOPs
-# Attention dropout (GPT-2's attn_pdrop, XGLM's, StarCoder's, Granite's attention_dropout: a card's
+# Attention dropout (GPT-2's attn_pdrop, StarCoder's and Granite's attention_dropout, where SDPA runs it: a card's
 # ATTENTION_DROPOUT_* scores) is done inside the fused kernel: a Philox draw and a compare per score it
 # computes, and the backward draws them again from the seed. It costs the kernel time per score, not
 # per FLOP. MEASURED, not fitted to step rows (benchmarks/measurements/h200-2026-12-31e,
@@ -191,7 +191,7 @@ HOST_GRAD_HOOK_S = 0.119e-3
 OVERLAP_P = 2.5
 # The backward's exponent. Autograd's engine issues the backward from C++ (no module Python between
 # ops, only the gradient hooks), so its host side wanders less than the forward's and a pass comes
-# closer to the plain maximum. Chosen on the GPU-resident card rows (`steptime_fit.py --overlap-p`):
+# closer to the plain maximum. Chosen on the GPU-resident card rows (`benchmarks/steptime_overlap.py`):
 # with p = 2.5 for both passes the backward was over by 16.7% on average where its two sides were
 # within 15% of each other (14 rows) and by 7.1% at 50-70% (34 rows), on every ZeRO stage; the
 # hard maximum was under by 8.5% and 2.6% there. At 4: +5.3% and +0.3%, and within 6% on average in

@@ -691,7 +691,7 @@ def _attention_op(phase: str, masked: bool) -> str:
 def _dropout_scores(ledger: StorageLedger, phase: str, dropout: float, scores: int) -> None:
     """A fused attention call with dropout draws a random number for every score it computes (the
     kernel's Philox generator; the backward draws them again from the seed): recorded as their count
-    under core.card ATTENTION_DROPOUT_OPS' name, in the FLOPs field, launching nothing of its own
+    under core.card ATTENTION_DROPOUT_FORWARD's or _BACKWARD's name, in the FLOPs field, launching nothing of its own
     (the attention kernel does it). Priced per score by core.steptime."""
     if dropout > 0.0:
         ledger.add_work(f"attention_dropout_{phase}", scores, 0, launches=0)
