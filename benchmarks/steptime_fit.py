@@ -29,8 +29,8 @@ step, so a phase counts by its share of the step), one per whole step elsewhere.
 the weights, and the exposed communication (2-GPU rows), from the previous round's constants and
 solves the linear part again. OVERLAP_P (the forward's exponent) and BACKWARD_OVERLAP_P are held
 through a fit; `--overlap-p` fits at each forward exponent of a grid and prints the fit's loss
-(benchmarks/steptime_overlap.py shows each pass against its two sides, where both were read). Offloaded rows are
-not fitted here (their CPU optimizer and PCIe constants have their own measurements), nor the
+(benchmarks/steptime_overlap.py shows each pass against its two sides, where both were read).
+Offloaded rows are not fitted here (their CPU optimizer and PCIe constants have their own measurements), nor the
 host-floor rows (the host's constants are theirs); they are reported by
 benchmarks/steptime_accuracy.py.
 """
@@ -95,7 +95,8 @@ def _design(step: MeasuredStep, c: GpuStepConstants) -> tuple[np.ndarray, np.nda
                                   work.unaligned_gemm_flops / peak, work.attention_flops / peak, work.kernels])
         x[5:7] = w_host * np.array([work.stage3_fetches, work.stage3_grad_hooks])
         # the host floor is measured apart (no fitted constant); ZeRO-3's gathers are not fitted either
-        fixed.append(accum * (w_gpu * (work.hbm_bytes / (hbm * HBM_EFFICIENCY) + work.fixed_s + attention_dropout_s(inp, work)
+        fixed.append(accum * (w_gpu * (work.hbm_bytes / (hbm * HBM_EFFICIENCY) + work.fixed_s
+                                       + attention_dropout_s(inp, work)
                                        + work.half_aligned_gemm_flops / (peak * HALF_ALIGNED_HEAD_EFFICIENCY))
                               + w_host * (host_floor_s(work) + work.stage3_fetches * gather)))
         rows.append(x * accum)

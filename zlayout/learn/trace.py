@@ -688,12 +688,13 @@ def _attention_op(phase: str, masked: bool) -> str:
     return f"masked_attention_{phase}" if masked else f"attention_{phase}"
 
 
-def _dropout_scores(ledger: StorageLedger, phase: str, dropout: float, scores: int) -> None:
+def _dropout_scores(ledger: StorageLedger, phase: str, scores: int) -> None:
     """A fused attention call with dropout draws a random number for every score it computes (the
     kernel's Philox generator; the backward draws them again from the seed): recorded as their count
-    under core.card ATTENTION_DROPOUT_FORWARD's or _BACKWARD's name, in the FLOPs field, launching nothing of its own
-    (the attention kernel does it). Priced per score by core.steptime."""
-    if dropout > 0.0:
+    (0: no dropout, nothing recorded) under core.card ATTENTION_DROPOUT_FORWARD's or _BACKWARD's
+    name, in the FLOPs field, launching nothing of its own (the attention kernel does it). Priced
+    per score by core.steptime."""
+    if scores > 0:
         ledger.add_work(f"attention_dropout_{phase}", scores, 0, launches=0)
 
 
@@ -768,11 +769,14 @@ class _FusedAttention(torch.autograd.Function):
         out = _output_like_query(query, value.shape[-1])
         lse = torch.empty(batch, heads, seq, dtype=torch.float32, device=query.device)
         ctx.save_for_backward(query, key, value, out, lse, bias)
-        ctx.ledger, ctx.masked, ctx.causal, ctx.dropout = ledger, masked, causal, dropout
+        # the scores the kernel computes (causal: the tiles above the diagonal skipped), each drawn
+        # dropout for where `dropout`, again in the backward
+        scores = batch * heads * seq * key.shape[2] // (2 if causal else 1)
+        ctx.ledger, ctx.masked, ctx.causal, ctx.dropout_scores = ledger, masked, causal, scores if dropout > 0 else 0
         flops = 4 * batch * heads * seq * key.shape[2] * query.shape[-1] // (2 if causal else 1)
         ledger.add_work(_attention_op("forward", masked), flops, sum(t.numel() * t.element_size()
                                                         for t in (query, key, value, out, lse)))
-        _dropout_scores(ledger, "forward", dropout, batch * heads * seq * key.shape[2] // (2 if causal else 1))
+        _dropout_scores(ledger, "forward", ctx.dropout_scores)
         return out
 
     @staticmethod
@@ -786,7 +790,7 @@ class _FusedAttention(torch.autograd.Function):
         flops = 10 * batch * heads * seq * key.shape[2] * dim // (2 if ctx.causal else 1)
         ctx.ledger.add_work(_attention_op("backward", ctx.masked), flops, sum(t.numel() * t.element_size()
                                                              for t in (query, key, value, out, grad_out, *grads)))
-        _dropout_scores(ctx.ledger, "backward", ctx.dropout, batch * heads * seq * key.shape[2] // (2 if ctx.causal else 1))
+        _dropout_scores(ctx.ledger, "backward", ctx.dropout_scores)
         return (*grads, None, None, None, None)  # no gradient for the bias, the ledger, is_causal, dropout
 
 

@@ -315,6 +315,12 @@ def breakeven_rows(plan: Plan, crossovers: Sequence[Any] | None = None) -> list[
     return rows
 
 
+def list_label(row: BreakEvenRow) -> str:
+    """'Z0 gpu/gpu': a break-even row's layout (its compact label's three columns) in the panel's
+    one-line lists (the layouts no size fits, those that will not run)."""
+    return "Z{} {}/{}".format(*row.label.split())
+
+
 def will_not_run_line(rows: Sequence[BreakEvenRow]) -> str:
     """The break-even panel's line for the layouts that will not run this model: which, and the
     head of each reason (tensors.grouped_gemm_refusal: 'ZeRO-0 will not run this model'), once;
@@ -323,7 +329,7 @@ def will_not_run_line(rows: Sequence[BreakEvenRow]) -> str:
     if not wont:
         return ""
     heads = "; ".join(dict.fromkeys(row.will_not_run.split(":")[0] for row in wont))
-    names = ", ".join("Z{} {}/{}".format(*row.label.split()) for row in wont)
+    names = ", ".join(list_label(row) for row in wont)
     return (f"{names}: no size ({heads}: DeepSpeed packs its grouped-experts weights off a "
             "16-byte boundary, which torch's grouped GEMM refuses)")
 

@@ -516,7 +516,7 @@ class BreakEvenPanel(PlanPanel):
         unfit = [row for row in rows if row.max_params == "—"]
         if sized and unfit:  # one line for the layouts no size fits
             out.append("no fit: ", style="bold")
-            out.append(", ".join("Z{} {}/{}".format(*row.label.split()) for row in unfit) + "\n")
+            out.append(", ".join(view.list_label(row) for row in unfit) + "\n")
         wont = view.will_not_run_line(rows)
         if wont:  # the layouts table's ✗ run: no size, whatever fits (wrapped at the panel's width)
             out.append(f"{view.WILL_NOT_RUN}: ", style="bold red")
