@@ -8,8 +8,8 @@ dropout_p), by wrapping the function while one GPT-2 block runs forward in train
 
 The events time the host's launch too, which is longer than a small kernel (under 0.1 ms: the
 first call's GPT-2 shapes). `--sweep` times the kernels themselves (torch.profiler, the CUDA
-kernels each call launched, summed) causal, with and without dropout, over sequence lengths at
-16,384 tokens a call and head sizes 64, 128 and 256.
+kernels each call launched, summed) causal, with and without dropout, over sequence lengths 512 to
+8,192 at 16,384 tokens a call and head sizes 64, 80, 96, 128 and 256, then the shapes above.
 
 Prints one line per case and writes them as JSON (default $OUT/attention-probe.json).
 """
@@ -67,8 +67,8 @@ def case(b: int, h: int, s: int, d: int, dropout: float, masked: bool) -> dict:
             "forward_of_peak_on_half": round(flops / (fwd_ms * 1e-3) / peak, 3)}
 
 
-SWEEP = tuple((16384 // s, 2048 // d, s, d) for d in (64, 128) for s in (512, 1024, 2048, 4096, 8192)) \
-    + tuple((16384 // s, 8, s, 256) for s in (1024, 4096))
+SWEEP = tuple((16384 // s, 2048 // d, s, d) for d in (64, 80, 96, 128) for s in (512, 1024, 2048, 4096, 8192)) \
+    + tuple((16384 // s, 8, s, 256) for s in (512, 1024, 2048, 4096, 8192)) + SHAPES
 
 
 def kernel_ms(fn, iters: int = 10) -> float:
@@ -90,12 +90,16 @@ def sweep_case(b: int, h: int, s: int, d: int, dropout: float) -> dict:
     q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     grad = torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16)
     kwargs = dict(dropout_p=dropout, is_causal=True)
+    try:
+        choice = BACKENDS.get(int(torch._fused_sdp_choice(q, k, v, **kwargs)), "?")
+    except Exception as e:  # noqa: BLE001 - a private function: record why it did not answer
+        choice = f"? ({type(e).__name__})"
     fwd = kernel_ms(lambda: F.scaled_dot_product_attention(q, k, v, **kwargs))
     out = F.scaled_dot_product_attention(q, k, v, **kwargs)
     both = kernel_ms(lambda: torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, **kwargs), (q, k, v), grad))
     flops = 4 * b * h * s * s * d / 2
     del out
-    return {"shape": [b, h, s, d], "dropout": dropout, "forward_kernel_ms": round(fwd, 4),
+    return {"shape": [b, h, s, d], "dropout": dropout, "backend": choice, "forward_kernel_ms": round(fwd, 4),
             "backward_kernel_ms": round(both - fwd, 4), "forward_of_peak_on_half": round(flops / (fwd * 1e-3) / 989e12, 3),
             "backward_of_peak_on_half": round(2.5 * flops / ((both - fwd) * 1e-3) / 989e12, 3)}
 
