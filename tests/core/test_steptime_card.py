@@ -152,9 +152,9 @@ def test_attention_past_a_sliding_window_is_priced_as_the_masked_kernels_full_sq
     causal = replace(fwd, attention_flops=fwd.masked_attention_flops / 2, masked_attention_flops=0.0)
     extra_s = steptime.phase_kernel_s(inp, fwd) - steptime.phase_kernel_s(inp, causal)
     peak = steptime.peak_flops(inp)
-    assert extra_s == pytest.approx(fwd.masked_attention_flops / peak * (
-        1 / steptime.MASKED_ATTENTION_EFFICIENCY - 0.5 / steptime.ATTENTION_EFFICIENCY))
-    assert steptime.MASKED_ATTENTION_EFFICIENCY < steptime.ATTENTION_EFFICIENCY
+    assert extra_s == pytest.approx(fwd.masked_attention_flops / peak / steptime.MASKED_ATTENTION_EFFICIENCY
+                                    - steptime.attention_kernel_s(inp, causal))
+    assert extra_s > 0
 
 
 BATCH_J = HELDOUT.parent.parent / "h200-2026-12-06" / "heldout"
@@ -357,12 +357,12 @@ def test_an_odd_vocabularys_head_stays_on_the_one_element_kernels():
     assert fwd2.unaligned_gemm_flops == 0 and fwd2.half_aligned_gemm_flops > 0
 
 
-def test_attention_dropout_is_priced_per_score_the_kernel_draws(monkeypatch):
+def test_attention_dropout_runs_at_the_dropout_kernels_measured_efficiency(monkeypatch):
     """gpt2-medium (attn_pdrop 0.1) at 8 x 1024: its shipped card counts the scores the fused
     attention draws dropout for; the same config's card learned before they were recorded
-    (h200-2026-12-31e's held-out one) prices each pass's GPU side lower by exactly those scores
-    times their measured cost (24 layers x 16 heads x T^2 / 2 x 8 sequences, forward; the backward
-    draws them again)."""
+    (h200-2026-12-31e's held-out one) prices each pass's GPU side lower by exactly its attention
+    FLOPs at the dropout kernels' efficiency less at the plain kernels' (head size 64, 1,024
+    tokens, 8 x 16 x 1024 / 128 query tiles; the backward draws them again)."""
     root = HELDOUT.parents[1] / "h200-2026-12-31e"
     flags = ["plan", "--hf-config", str(root / "configs" / "gpt2-medium.json"), "--gpu", "h200",
              "--gpus-per-node", "1", "--seq", "1024", "--micro-batch", "8"]
@@ -377,11 +377,40 @@ def test_attention_dropout_is_priced_per_score_the_kernel_draws(monkeypatch):
     assert fwd.dropout_scores == pytest.approx((scores, 0.0))
     assert bwd.dropout_scores == pytest.approx((0.0, scores))
     assert old_fwd.dropout_scores == old_bwd.dropout_scores == (0.0, 0.0)
+    assert fwd.attention_flops == pytest.approx(4 * 64 * scores) and fwd.attention_backward_flops == 0
+    assert bwd.attention_flops == bwd.attention_backward_flops == pytest.approx(10 * 64 * scores)
+    peak = steptime.peak_flops(shipped)
+
+    def slower(flops: float, backward: bool) -> float:  # the dropout kernels' time less the plain ones'
+        eff = steptime.attention_kernel_efficiency
+        return flops / peak * (1 / eff(64, 1024, 1024, backward, True) - 1 / eff(64, 1024, 1024, backward, False))
+
     assert steptime.phase_kernel_s(shipped, fwd) - steptime.phase_kernel_s(before, old_fwd) == pytest.approx(
-        scores * steptime.ATTENTION_DROPOUT_FORWARD_S_PER_SCORE)
+        slower(fwd.attention_flops, False))
     assert steptime.phase_kernel_s(shipped, bwd) - steptime.phase_kernel_s(before, old_bwd) == pytest.approx(
-        scores * steptime.ATTENTION_DROPOUT_BACKWARD_S_PER_SCORE)
+        slower(bwd.attention_flops, True))
     monkeypatch.delenv(cards.CARDS_DIR_ENV)
     with_checkpointing = plan_input_from_args(build_parser().parse_args([*flags, "--checkpointing", "full"]))
     _, ckpt_bwd = steptime.micro_step_work(with_checkpointing, layout)
     assert ckpt_bwd.dropout_scores == pytest.approx((scores, scores))  # the recompute draws them again
+    # the recompute runs the forward kernels: its FLOPs are not the backward's
+    assert ckpt_bwd.attention_flops - ckpt_bwd.attention_backward_flops == pytest.approx(4 * 64 * scores)
+
+
+def test_attention_kernel_efficiency_is_the_sweep_between_and_at_its_shapes():
+    """The table's own points come back at the sweep's call size (16,384 tokens, 2,048 / d heads);
+    between them it is linear in log2(seq) and in the head size; past the edges it holds; a call
+    with fewer query tiles fills the GPU less (h200-2026-12-31f's GPT-2-XL shape, 4 x 25 x 1,024 x
+    64: measured 0.288 forward and 0.214 backward)."""
+    eff = steptime.attention_kernel_efficiency
+    tiles = 16384 * 16 / 128
+    assert eff(128, 4096, tiles, False, False) == pytest.approx(0.600)
+    assert eff(128, 4096, tiles, True, True) == pytest.approx(0.390)
+    between = eff(128, 2896, tiles, False, False)  # 2^11.5
+    assert between == pytest.approx((0.548 + 0.600) / 2, rel=1e-3)
+    assert eff(112, 4096, 16384 * 18 / 128, False, False) == pytest.approx((0.471 + 0.600) / 2, rel=0.01)
+    assert eff(128, 65536, tiles, False, False) == pytest.approx(0.633)
+    assert eff(128, 128, tiles, False, False) == pytest.approx(0.349)
+    assert eff(64, 1024, 4 * 25 * 1024 / 128, False, False) == pytest.approx(0.288, rel=0.03)
+    assert eff(64, 1024, 4 * 25 * 1024 / 128, True, False) == pytest.approx(0.214, rel=0.03)
+    assert eff(64, 1024, 100, False, False) < eff(64, 1024, 1000, False, False) < eff(64, 1024, 4096, False, False)

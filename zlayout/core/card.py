@@ -204,7 +204,8 @@ ATTENTION_OPS = frozenset({"attention_forward", "attention_backward"})
 MASKED_ATTENTION_OPS = frozenset({"masked_attention_forward", "masked_attention_backward"})
 # the scores a fused attention call with dropout draws a random number for (its forward, and its
 # backward, which draws them again): a count in the op's FLOPs field, no kernel of its own
-# (zlayout.learn.trace._dropout_scores), priced per score (core.steptime ATTENTION_DROPOUT_*)
+# (zlayout.learn.trace._dropout_scores): which calls run the dropout kernels (core.steptime
+# ATTENTION_DROPOUT_KERNEL_EFFICIENCY)
 ATTENTION_DROPOUT_FORWARD = "attention_dropout_forward"
 ATTENTION_DROPOUT_BACKWARD = "attention_dropout_backward"
 BATCHED_GEMM_OPS = frozenset({"bmm", "baddbmm"})
@@ -250,6 +251,7 @@ class WorkTotals:
     ops: float = 0.0  # the ops that launched `kernels` (the host issues an op once, its kernels each)
     dropout_forward_scores: float = 0.0  # scores fused attention drew dropout for, forward (ATTENTION_DROPOUT_FORWARD)
     dropout_backward_scores: float = 0.0  # and in its backward
+    attention_backward_flops: float = 0.0  # of attention_flops, the backward kernels' (the rest: forward)
 
     def __add__(self, other: "WorkTotals") -> "WorkTotals":
         return WorkTotals(*(a + b for a, b in zip(self.astuple(), other.astuple())))
@@ -261,7 +263,8 @@ class WorkTotals:
         return (self.gemm_flops, self.batched_gemm_flops, self.attention_flops, self.memory_bytes, self.kernels,
                 self.grouped_gemm_flops, self.fp32_gemm_flops, self.masked_attention_flops,
                 self.unaligned_gemm_flops, self.unaligned_memory_bytes, self.strided_memory_bytes,
-                self.scatter_memory_bytes, self.ops, self.dropout_forward_scores, self.dropout_backward_scores)
+                self.scatter_memory_bytes, self.ops, self.dropout_forward_scores, self.dropout_backward_scores,
+                self.attention_backward_flops)
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,7 +272,7 @@ class WorkPhase:
     ops: tuple[OpWork, ...]
 
     def totals(self, micro_batch: int, seq: int) -> WorkTotals:
-        gemm = batched = attention = masked = memory = kernels = grouped = fp32 = ops = 0.0
+        gemm = batched = attention = attention_backward = masked = memory = kernels = grouped = fp32 = ops = 0.0
         unaligned_gemm = unaligned_memory = strided_memory = scatter_memory = 0.0
         dropout = {ATTENTION_DROPOUT_FORWARD: 0.0, ATTENTION_DROPOUT_BACKWARD: 0.0}
         for op in self.ops:
@@ -292,6 +295,7 @@ class WorkPhase:
                 dropout[op.name] += flops
             elif op.name in ATTENTION_OPS:
                 attention += flops
+                attention_backward += flops if op.name == "attention_backward" else 0.0
             elif op.name in MASKED_ATTENTION_OPS:
                 masked += flops
             elif op.name in BATCHED_GEMM_OPS:
@@ -304,7 +308,7 @@ class WorkPhase:
                 memory += bytes_at(op.bytes, micro_batch, seq)
         return WorkTotals(gemm, batched, attention, memory, kernels, grouped, fp32, masked, unaligned_gemm,
                           unaligned_memory, strided_memory, scatter_memory, ops,
-                          dropout[ATTENTION_DROPOUT_FORWARD], dropout[ATTENTION_DROPOUT_BACKWARD])
+                          dropout[ATTENTION_DROPOUT_FORWARD], dropout[ATTENTION_DROPOUT_BACKWARD], attention_backward)
 
 
 class BlockWeightGradient(NamedTuple):

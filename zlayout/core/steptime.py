@@ -129,17 +129,40 @@ STRIDED_HBM_FRACTION = 0.55
 # one H200): 48 such kernels, 16.36 ms, for the 27.47 GB its card records: 1.68 TB/s, 0.437 of 3.84.
 SCATTER_HBM_FRACTION = 0.437
 ATTENTION_EFFICIENCY = 0.546  # causal flash attention forward (SDPA): achieved / peak on its halved FLOPs
-# Attention dropout (GPT-2's attn_pdrop, StarCoder's and Granite's attention_dropout, where SDPA runs it: a card's
-# ATTENTION_DROPOUT_* scores) is done inside the fused kernel: a Philox draw and a compare per score it
-# computes, and the backward draws them again from the seed. It costs the kernel time per score, not
-# per FLOP. MEASURED, not fitted to step rows (benchmarks/measurements/h200-2026-12-31e,
-# tools/attention_probe.py, one H100, torch 2.11's cuDNN attention at 1 x 32 heads x 4,096 x 128,
-# causal, 2.68e8 scores a call): forward 0.278 ms without dropout, 0.596 ms at p 0.1; backward 0.950
-# and 1.096 ms. Per score: 1.19e-12 s forward, 0.54e-12 s backward, on a GPU of 989 TFLOP/s (H100,
-# H200 SXM: the same SMs and clocks); another GPU scales with its peak.
-ATTENTION_DROPOUT_FORWARD_S_PER_SCORE = 1.19e-12
-ATTENTION_DROPOUT_BACKWARD_S_PER_SCORE = 0.54e-12
-ATTENTION_DROPOUT_REFERENCE_PEAK = 989e12
+# SDPA's fused attention kernels by shape (torch 2.11 runs cuDNN's on sm90, causal, bfloat16): achieved /
+# peak on the causal half's FLOPs, forward (4 x b x h x s^2/2 x d) and backward (2.5 times that), by head
+# size (rows) and sequence length (ATTENTION_SEQS), without and with dropout (GPT-2's attn_pdrop,
+# StarCoder's and Granite's attention_dropout: the kernel draws a Philox number per score, and again in its
+# backward; a card's ATTENTION_DROPOUT_* scores say which calls do). MEASURED, not fitted to step rows:
+# benchmarks/measurements/h200-2026-12-31f/probes/attention-sweep.json (tools/attention_probe.py --sweep:
+# the kernels' own time from torch.profiler, one H100 80GB HBM3; 16,384 tokens a call, 2,048 / d heads,
+# d = 256 at 8 heads). Efficiency grows with the sequence (a query tile's row of key tiles is longer) and
+# the head size; the backward is 2.7-5 forwards' time, not the 2.5 its FLOPs say. The H200 has the same
+# SMs and clocks; another GPU takes the same fractions of its own peak.
+ATTENTION_SEQS = (512, 1024, 2048, 4096, 8192)
+ATTENTION_KERNEL_EFFICIENCY = {  # head size: ((forward by ATTENTION_SEQS), (backward by them))
+    64: ((0.268, 0.349, 0.406, 0.449, 0.472), (0.154, 0.238, 0.322, 0.389, 0.434)),
+    80: ((0.240, 0.310, 0.365, 0.403, 0.425), (0.153, 0.223, 0.285, 0.325, 0.351)),
+    96: ((0.288, 0.369, 0.432, 0.471, 0.497), (0.169, 0.253, 0.328, 0.386, 0.415)),
+    128: ((0.349, 0.467, 0.548, 0.600, 0.633), (0.174, 0.294, 0.402, 0.481, 0.536)),
+    256: ((0.335, 0.477, 0.561, 0.615, 0.646), (0.159, 0.244, 0.320, 0.373, 0.422)),
+}
+ATTENTION_DROPOUT_KERNEL_EFFICIENCY = {  # the same at dropout 0.1 (the draw's cost, not p's)
+    64: ((0.128, 0.152, 0.167, 0.176, 0.182), (0.143, 0.203, 0.256, 0.290, 0.313)),
+    80: ((0.130, 0.157, 0.173, 0.180, 0.189), (0.137, 0.190, 0.234, 0.267, 0.285)),
+    96: ((0.157, 0.186, 0.205, 0.212, 0.218), (0.154, 0.217, 0.265, 0.307, 0.339)),
+    128: ((0.204, 0.242, 0.266, 0.279, 0.283), (0.170, 0.261, 0.337, 0.390, 0.438)),
+    256: ((0.124, 0.152, 0.171, 0.180, 0.184), (0.147, 0.212, 0.270, 0.311, 0.363)),
+}
+# A call with fewer query tiles (b x h x s / 128) than the sweep's fills the GPU's 132 SMs less well
+# (the causal rows' unequal lengths leave the last waves part-empty): efficiency scales by n / (n + n0).
+# n0 FITTED on the probe's four shapes off the sweep (GPT-2-XL 4 x 25 x 1,024 x 64, GPT-2-medium
+# 8 x 16 x 1,024, 2 x 16 x 2,048 x 64, 1 x 32 x 4,096 x 128), with and without dropout: 220 forward and
+# 150 backward leave them within -3.1..+2.6% forward and -2.9..+2.1% backward (without the scaling: up to
+# +33% and +27%).
+ATTENTION_QUERY_TILE = 128
+ATTENTION_FILL_TILES = (220.0, 150.0)  # forward, backward
+ATTENTION_SWEEP_TOKENS = 16384
 # Attention given an explicit attn_mask (transformers' sliding window once the sequence reaches it):
 # every kernel that takes a mask (cuDNN with a bias, memory-efficient) does the full square, read
 # tile by tile with the bias, none skipped (the card records these FLOPs in full, core.card
@@ -537,6 +560,7 @@ class PhaseWork:
     half_aligned_gemm_flops: float = 0.0  # the head's, when the vocabulary is even but not a multiple of 8
     # attention scores with dropout: (forward draws, backward draws; a recompute's are forward draws)
     dropout_scores: tuple[float, float] = (0.0, 0.0)
+    attention_backward_flops: float = 0.0  # of attention_flops, the backward kernels' (the rest: forward kernels)
 
 
 def head_gemm_alignment(vocab: int) -> int:
@@ -701,7 +725,8 @@ def card_work(inp: PlanInput, card, weights: tuple[dict[int, float], int] | None
             fp32_gemm_flops=whole.fp32_gemm_flops, masked_attention_flops=whole.masked_attention_flops,
             hbm_bytes=whole.memory_bytes, kernels=whole.kernels, host_kernels=whole.kernels,
             host_extra_kernels=max(0.0, whole.kernels - whole.ops), host_fixed_s=fixed_s,
-            dropout_scores=(whole.dropout_forward_scores, whole.dropout_backward_scores)))
+            dropout_scores=(whole.dropout_forward_scores, whole.dropout_backward_scores),
+            attention_backward_flops=whole.attention_backward_flops))
     return passes[0], passes[1]
 
 
@@ -756,7 +781,7 @@ def hand_work(inp: PlanInput) -> tuple[PhaseWork, PhaseWork]:
                       host_kernels=host_fwd + top_fwd, host_fixed_s=HOST_FORWARD_FIXED_S, half_aligned_gemm_flops=even),
             PhaseWork(gemm_bwd, 2 * odd, attn_bwd, bytes_bwd, layer_bwd + top_bwd + (layer_fwd if ckpt else 0),
                       fixed_s=moe_fixed_bwd, host_kernels=host_bwd + top_bwd + (host_fwd if ckpt else 0),
-                      half_aligned_gemm_flops=2 * even))
+                      half_aligned_gemm_flops=2 * even, attention_backward_flops=attn_fwd * ATTENTION_BACKWARD_RATIO))
 
 
 def micro_step_work(inp: PlanInput, layout: Layout) -> tuple[PhaseWork, PhaseWork]:
@@ -938,22 +963,65 @@ def phase_kernel_s(inp: PlanInput, work: PhaseWork, c: GpuStepConstants = SHIPPE
             + work.batched_gemm_flops * batched_gemm_seconds_per_flop(inp, c)
             + work.unaligned_gemm_flops / (peak * c.unaligned_head_efficiency)
             + work.half_aligned_gemm_flops / (peak * HALF_ALIGNED_HEAD_EFFICIENCY)
-            + work.attention_flops / (peak * c.attention_efficiency)
+            + attention_kernel_s(inp, work, c)
             + work.masked_attention_flops / (peak * c.masked_attention_efficiency)
             + work.fp32_gemm_flops / (peak * FP32_NON_TENSOR_FRACTION * FP32_GEMM_EFFICIENCY)
             + work.hbm_bytes / elementwise_bytes_per_s(inp)
             + work.unaligned_hbm_bytes / (elementwise_bytes_per_s(inp) * UNALIGNED_HBM_FRACTION)
             + work.strided_hbm_bytes / (elementwise_bytes_per_s(inp) * STRIDED_HBM_FRACTION)
             + work.scatter_hbm_bytes / (elementwise_bytes_per_s(inp) * SCATTER_HBM_FRACTION)
-            + attention_dropout_s(inp, work)
             + work.fixed_s)
 
 
-def attention_dropout_s(inp: PlanInput, work: PhaseWork) -> float:
-    """What attention dropout adds to the fused attention kernels of a pass: per score drawn."""
-    forward, backward = work.dropout_scores
-    return ((forward * ATTENTION_DROPOUT_FORWARD_S_PER_SCORE + backward * ATTENTION_DROPOUT_BACKWARD_S_PER_SCORE)
-            * ATTENTION_DROPOUT_REFERENCE_PEAK / inp.hardware.gpu.peak_bf16_flops)
+def attention_kernel_efficiency(head_size: int, seq: int, query_tiles: float, backward: bool,
+                                dropout: bool) -> float:
+    """The fused attention kernels' achieved / peak at a shape (ATTENTION_KERNEL_EFFICIENCY): linear
+    in log2(seq) and in the head size between the measured ones, held at the table's edges, scaled
+    by how well `query_tiles` fill the GPU against the sweep's."""
+    table = ATTENTION_DROPOUT_KERNEL_EFFICIENCY if dropout else ATTENTION_KERNEL_EFFICIENCY
+
+    def by_seq(row: tuple[float, ...]) -> float:
+        x = min(max(math.log2(max(seq, 1)), math.log2(ATTENTION_SEQS[0])), math.log2(ATTENTION_SEQS[-1]))
+        i = min(int(x - math.log2(ATTENTION_SEQS[0])), len(ATTENTION_SEQS) - 2)
+        f = x - math.log2(ATTENTION_SEQS[i])
+        return row[i] + f * (row[i + 1] - row[i])
+
+    sizes = sorted(table)
+    d = min(max(head_size, sizes[0]), sizes[-1])
+    upper = next(size for size in sizes if size >= d)
+    lower = max(size for size in sizes if size <= d)
+    low, high = (by_seq(table[size][int(backward)]) for size in (lower, upper))
+    efficiency = low if upper == lower else low + (d - lower) / (upper - lower) * (high - low)
+    n0 = ATTENTION_FILL_TILES[int(backward)]
+    sweep_heads = 2048 // d if d <= 128 else 8  # the sweep's calls: 2,048 / d heads, 8 at d = 256
+    sweep_tiles = ATTENTION_SWEEP_TOKENS * sweep_heads / ATTENTION_QUERY_TILE
+    fill = (query_tiles / (query_tiles + n0)) / (sweep_tiles / (sweep_tiles + n0))
+    return efficiency * fill
+
+
+def attention_kernel_s(inp: PlanInput, work: PhaseWork, c: GpuStepConstants = SHIPPED) -> float:
+    """A pass's causal fused attention kernels: forward and backward FLOPs, each split by the share
+    that draws dropout (a score costs 4 x d FLOPs forward, 10 x d backward), at the kernels'
+    measured efficiency for the model's head size, the sequence and the call's query tiles.
+    `c.attention_efficiency` scales the table (ATTENTION_EFFICIENCY: as measured)."""
+    m, t = inp.model, inp.training
+    if work.attention_flops <= 0:
+        return 0.0
+    d = m.mla.qk_head_dim if m.mla else m.head_dim
+    tiles = t.micro_batch * m.heads * t.seq / ATTENTION_QUERY_TILE
+    scale = c.attention_efficiency / ATTENTION_EFFICIENCY
+    seconds = 0.0
+    dropout_forward, dropout_backward = work.dropout_scores
+    for backward, flops, scores, per_score in (
+            (False, work.attention_flops - work.attention_backward_flops, dropout_forward, 4 * d),
+            (True, work.attention_backward_flops, dropout_backward, 10 * d)):
+        if flops <= 0:
+            continue
+        dropped = min(1.0, scores * per_score / flops)
+        for dropout, share in ((False, 1.0 - dropped), (True, dropped)):
+            if share > 0:
+                seconds += share * flops / (attention_kernel_efficiency(d, t.seq, tiles, backward, dropout) * scale)
+    return seconds / peak_flops(inp)
 
 
 def trained_parameters(inp: PlanInput) -> tuple[int, int]:
