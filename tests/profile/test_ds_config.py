@@ -211,13 +211,13 @@ def test_the_recommendation_never_picks_a_layout_that_will_not_run(tmp_path, mon
     # the app's table marks them where the plan's rows say "but will not run": ZeRO-0, and every ZeRO-3
     # layout with its weights on the one GPU
     from zlayout.core.plan import make_plan
-    from zlayout.tui.view import WILL_NOT_RUN, layout_rows
+    from zlayout.tui.view import WILL_NOT_RUN_CELL, layout_rows
 
     args = build_parser().parse_args(["plan", "--hf-config", str(ZAYA_TINY), "--gpus-per-node", "1", "--seq", "256"])
     rows = layout_rows(make_plan(plan_input_from_args(args), with_breakeven=False))
-    assert {r.key for r in rows if r.headroom == WILL_NOT_RUN} == {
+    assert {r.key for r in rows if r.headroom == WILL_NOT_RUN_CELL} == {
         "z0-opt_gpu-param_gpu", "z3-opt_gpu-param_gpu", "z3-opt_cpu-param_gpu"}
-    assert all(r.headroom_level == "over" and not r.recommended for r in rows if r.headroom == WILL_NOT_RUN)
+    assert all(r.headroom_level == "over" and not r.recommended for r in rows if r.headroom == WILL_NOT_RUN_CELL)
 
 
 APERTUS_TINY = Path(__file__).resolve().parents[1] / "learn" / "configs" / "apertus-tiny.json"

@@ -968,7 +968,7 @@ async def test_break_even_gives_no_size_for_a_layout_that_will_not_run(tmp_path,
             await settle(pilot)
             assert all(lp.breakeven is not None for lp in app.plan.layouts)  # break-even's plan, not the quick one
             table = {row.key: row.headroom for row in view.layout_rows(app.plan)}
-            assert {k for k, free in table.items() if free == view.WILL_NOT_RUN} == {
+            assert {k for k, free in table.items() if free == view.WILL_NOT_RUN_CELL} == {
                 "z0-opt_gpu-param_gpu", "z3-opt_gpu-param_gpu", "z3-opt_cpu-param_gpu"}
             panel = app.query_one("#breakeven")
             text = str(panel.render())

@@ -11,7 +11,9 @@ the values, the evidence, in-sample, leave-one-out and held-out errors), price i
   efficiency that grows with the hidden size (`GEMM_EFFICIENCY` * h / (h + `GEMM_HALF_WIDTH`));
   the head's GEMMs much slower when the vocabulary is not a multiple of 8.
 - Flash attention: 4 x layers x q width x seq FLOPs per token forward, halved by the causal
-  kernel, at `ATTENTION_EFFICIENCY`; backward 2.5 forwards, the recompute one more.
+  kernel; backward 2.5 forwards' FLOPs, the recompute one more. Each at the kernels' measured
+  efficiency for the head size, the sequence and the call's query tiles, forward and backward
+  apart, with or without dropout (`ATTENTION_KERNEL_EFFICIENCY`, `attention_kernel_s`).
   Given an explicit mask (a sliding window past its width; a card's `masked_attention_*` ops) the
   full square, at `MASKED_ATTENTION_EFFICIENCY`.
 - Elementwise, norm, activation, rotary, loss and gradient-bookkeeping work: counted HBM bytes at

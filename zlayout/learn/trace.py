@@ -693,7 +693,7 @@ def _dropout_scores(ledger: StorageLedger, phase: str, scores: int) -> None:
     kernel's Philox generator; the backward draws them again from the seed): recorded as their count
     (0: no dropout, nothing recorded) under core.card ATTENTION_DROPOUT_FORWARD's or _BACKWARD's
     name, in the FLOPs field, launching nothing of its own (the attention kernel does it). Priced
-    per score by core.steptime."""
+    by core.steptime as the share of attention run on its dropout kernels."""
     if scores > 0:
         ledger.add_work(f"attention_dropout_{phase}", scores, 0, launches=0)
 

@@ -185,7 +185,7 @@ class LayoutRow:
     recommended: bool
 
 
-WILL_NOT_RUN = "✗ run"  # the Free column of a layout that fits but will not run (plan: "but will not run")
+WILL_NOT_RUN_CELL = "✗ run"  # a cell (Free, break-even) of a layout that will not run; breakeven.WILL_NOT_RUN is its limited_by
 
 
 def layout_rows(plan: Plan) -> list[LayoutRow]:
@@ -199,7 +199,7 @@ def layout_rows(plan: Plan) -> list[LayoutRow]:
         if mem.fits and layout.key in wont:
             # DeepSpeed packs a grouped-experts weight off a 16-byte boundary there, with no switch to
             # pad it: torch's grouped GEMM refuses it at the first forward (export and verify refuse)
-            gpu = replace(gpu, free=WILL_NOT_RUN, level="over")
+            gpu = replace(gpu, free=WILL_NOT_RUN_CELL, level="over")
         rows.append(LayoutRow(
             key=layout.key,
             stage=str(layout.stage),
@@ -282,12 +282,12 @@ class BreakEvenRow:
     max_micro_batch: str
     limited_by: str
     then: str  # the fastest layout that still fits the next size up ('—': none known)
-    will_not_run: str = ""  # why no size of this model runs there (max_params is then WILL_NOT_RUN)
+    will_not_run: str = ""  # why no size of this model runs there (max_params is then WILL_NOT_RUN_CELL)
 
 
 def breakeven_rows(plan: Plan, crossovers: Sequence[Any] | None = None) -> list[BreakEvenRow]:
     """Largest model and micro-batch per layout, and what takes over beyond it; '—' where
-    nothing fits or nothing was computed, WILL_NOT_RUN (no figures) where the layout will not
+    nothing fits or nothing was computed, WILL_NOT_RUN_CELL (no figures) where the layout will not
     run this model (Plan.will_not_run's layouts). `crossovers` are the core's `Crossover`s."""
     takes_over = {c.stops_fitting: c.takes_over for c in (crossovers or ())}
     rows = []
@@ -303,7 +303,7 @@ def breakeven_rows(plan: Plan, crossovers: Sequence[Any] | None = None) -> list[
             rows.append(BreakEvenRow(lp.layout.key, label, "—", "—", "not computed", then))
             continue
         if be.will_not_run is not None:  # no size to show: it would read as one this layout trains
-            rows.append(BreakEvenRow(lp.layout.key, label, WILL_NOT_RUN, "—", "—", then, be.will_not_run))
+            rows.append(BreakEvenRow(lp.layout.key, label, WILL_NOT_RUN_CELL, "—", "—", then, be.will_not_run))
             continue
         rows.append(BreakEvenRow(
             key=lp.layout.key, label=label,

@@ -509,7 +509,7 @@ class BreakEvenPanel(PlanPanel):
         out.append(f"{'ZeRO Opt  Par':<14} {'max model':>9} {'max mb':>6}  {'limit':<5}  beyond →\n",
                    style="bold")
         rows = view.breakeven_rows(plan, self.crossovers)
-        sized = [row for row in rows if row.max_params not in ("—", view.WILL_NOT_RUN)]
+        sized = [row for row in rows if row.max_params not in ("—", view.WILL_NOT_RUN_CELL)]
         for row in sized:
             out.append(f"{row.label:<14} {row.max_params:>9} {row.max_micro_batch:>6}  "
                        f"{row.limited_by:<5}  {row.then}\n")
@@ -519,7 +519,7 @@ class BreakEvenPanel(PlanPanel):
             out.append(", ".join(view.list_label(row) for row in unfit) + "\n")
         wont = view.will_not_run_line(rows)
         if wont:  # the layouts table's ✗ run: no size, whatever fits (wrapped at the panel's width)
-            out.append(f"{view.WILL_NOT_RUN}: ", style="bold red")
+            out.append(f"{view.WILL_NOT_RUN_CELL}: ", style="bold red")
             out.append(wont + "\n")
         line = view.first_crossover_line(plan, self.crossovers)
         if line:
