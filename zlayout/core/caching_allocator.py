@@ -255,8 +255,9 @@ class Pools:
 
 def replay(events: list[tuple[str, object, int]], track_allocated: bool = True) -> Pools:
     """events: ("a", name, bytes) allocates a tensor called name on the default stream,
-    ("a", name, bytes, stream) on another stream; ("f", name, 0) frees it; ("e", None, 0)
-    empties every pool's cache (`CachingAllocator.empty_cache`).
+    ("a", name, bytes, stream) on another stream; ("f", name, 0) frees it; ("d", name, 0) counts
+    it freed while its block stays in use to its "f" (a block `record_stream` holds for another
+    stream, `_Seq.drop`); ("e", None, 0) empties every pool's cache (`CachingAllocator.empty_cache`).
     `track_allocated=False` skips the peak allocated (planning reads only reserved)."""
     out = Pools()
     pools = out.pools
@@ -264,6 +265,8 @@ def replay(events: list[tuple[str, object, int]], track_allocated: bool = True) 
     handles: dict[object, tuple[CachingAllocator, _Block | None]] = {}
     several = any(len(event) > 3 for event in events)
     peak = 0
+    dropped: dict[object, int] = {}  # names counted freed whose blocks are still held ("d")
+    held_dropped = 0
     for event in events:
         if event[0] == "a":
             if len(event) > 3:
@@ -275,14 +278,19 @@ def replay(events: list[tuple[str, object, int]], track_allocated: bool = True) 
             handles[event[1]] = (pool, pool.malloc(event[2]))
             if track_allocated:
                 allocated = sum(p.allocated for p in pools.values()) if several else default.allocated
-                if allocated > peak:
-                    peak = allocated
+                if allocated - held_dropped > peak:
+                    peak = allocated - held_dropped
         elif event[0] == "f":
             pool, handle = handles.pop(event[1])
             pool.free(handle)
+            held_dropped -= dropped.pop(event[1], 0)
+        elif event[0] == "d":
+            pool, handle = handles[event[1]]
+            dropped[event[1]] = handle.size if handle is not None else 0
+            held_dropped += dropped[event[1]]
         else:
             out.empty_cache()
-    out.allocated = sum(p.allocated for p in pools.values())
+    out.allocated = sum(p.allocated for p in pools.values()) - held_dropped
     out.peak_allocated = peak
     return out
 

@@ -906,14 +906,19 @@ def stage12_offload_cast_phase(c: _Layout, states: int, saved: int, head_in: int
     stage 3's _constant_buffered_norm2), freed before `async_inplace_copy_grad_to_fp32_buffer_
     from_gpu` casts it to fp32 (4 bytes) for the pinned host partition.
     - A gradient larger than reduce_bucket_size is held whole in `.grad` (extra_large_param_to_
-      reduce) and reduced alone at the next gradient's hook, or by the reduce epilogue if it is
-      the last. An untied head's: at the final norm's hook, the loss's tensors and the head's
-      inputs freed, no block recomputed yet (Llama-3-8B's 525M-element head with checkpointing,
-      deepseek_v3's 927M: the peak of both H200 rows). A tied embedding's (the sum of the head's
-      and the embedding's gradients, hooked once) is the last gradient of the backward: reduced
-      by the epilogue, every activation freed (gemma-2-9b-L8's 917.5M, whose backward peaked at
-      the loss instead: bounded with every activation it was planned 5.3% over). A block's:
-      with every activation and the recompute, as a bound.
+      reduce; cloned first where the offload's gradient safety is on, the original freed) and
+      reduced alone at the next gradient's hook, or by the reduce epilogue if it is the last. An
+      untied head's: at the final norm's hook, the loss's tensors and the head's inputs freed, no
+      block recomputed yet (Llama-3-8B's 525M-element head with checkpointing, deepseek_v3's 927M:
+      the peak of both H200 rows). A tied embedding's (the sum of the head's and the embedding's
+      gradients, hooked once) is the last gradient of the backward: reduced by the epilogue, every
+      activation freed (gemma-2-9b-L8's 917.5M, whose backward peaked at the loss instead: bounded
+      with every activation it was planned 5.3% over). A block's: the head's and the loss's
+      tensors freed long before, every block's saved activations and what this block's backward
+      holds at the next weight gradient's hook (a card's `largest_weight_gradient`; by hand the
+      recompute). Counted with the head's inputs and the whole block, the fused experts of
+      dots.llm1 L2 (gate_up 1.48e9 elements, reduced at the router's hook) were planned 11.4% over
+      and granitemoeshared's 7.9% (h200-2026-12-31f, 12-31c).
     - One that fits the bucket is copied into it; kept as it was, the bf16 gradient and its fp32
       cast with every activation (a bound: the bucket is flushed once later gradients fill it).
     The largest tensor's (a tied embedding above the bucket: the larger of its and the blocks'
@@ -928,6 +933,12 @@ def stage12_offload_cast_phase(c: _Layout, states: int, saved: int, head_in: int
         return states + alive + ipg + numel * w + part * 8, part * 8
 
     largest, vocab = c.largest_tensor, model.vocab * model.hidden
+    if largest != vocab and largest > zero.reduce_bucket_size:  # a block's, at the next gradient's hook
+        t = c.training
+        card = card_of(model, t)
+        found = card.largest_weight_gradient(t.micro_batch, t.seq, t.checkpointing == "full", w) if card else None
+        held = found.live_at_next_hook if found is not None and found.bytes == largest * w else recompute
+        return cast(largest, saved + held)
     if largest != vocab or largest <= zero.reduce_bucket_size:
         return cast(largest, every)
     if not model.tie_embeddings:

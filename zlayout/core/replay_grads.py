@@ -28,6 +28,10 @@ class GradientReduction:
         self.grads: list[int] = []  # stage 0, and stage 1 between accumulation boundaries: per weight
         # stage 1/2's IPG buckets (ipg_buffer), made by the first gradient hook of a backward
         self.buckets: list[int] = []
+        # stage 1/2 with the optimizer on the host: the clones of gradients larger than the bucket,
+        # held to the next hook's flush (reduce_independent_p_g_buckets_and_remove_grads)
+        self.held_large: list[int] = []
+        self.waiting: list[int] = []  # their blocks, dropped but in use on the reduction stream
         self.grad_stream = REDUCE_STREAM if r.zero.overlap_comm else DEFAULT_STREAM
         # stage 1/2 with the optimizer on the GPU, more than one GPU: the bucket is flattened
         self.flattens = r.n > 1 and r.stage in (1, 2) and r.opt_on_gpu
@@ -68,13 +72,27 @@ class GradientReduction:
         element, freed at once) and async_inplace_copy_grad_to_fp32_buffer_from_gpu
         (`.to(fp32)` then a non-blocking copy to the pinned partition, freed on return);
         between boundaries async_accumulate_grad_in_cpu_via_gpu only uses the
-        preallocated temp_grad_buffer_for_gpu_offload."""
+        preallocated temp_grad_buffer_for_gpu_offload. A held gradient larger than the bucket
+        (extra_large_param_to_reduce, its clone) is dropped after its copy, its block kept to
+        the epilogue: dots.llm1 L2's experts (h200-2026-12-31f: 47.69 GiB reserved in 30
+        segments; 42.20 planned when the gradient was taken as copied into the bucket and freed
+        at its hook, 47.68 with the clone held and its block waiting for the reduction stream)."""
         s = self.s
         self.flatten_reduced(sum(self.in_bucket))
         if self.boundary:
             for size in self.in_bucket:
                 s.transient(size * 8, self.grad_stream)
                 s.transient(size * 4, self.grad_stream)
+        # a held gradient larger than the bucket is dropped once copied (clear_grad_attribute),
+        # but async_inplace_copy_grad_to_fp32_buffer_from_gpu recorded it on the reduction
+        # stream (`_record_gradient_stream`): its block waits for that stream, taken as the
+        # reduce epilogue's synchronize (end_backward)
+        if self.grad_stream == DEFAULT_STREAM:  # no reduction stream (overlap_comm off): freed
+            s.f(*self.held_large)
+        else:
+            s.drop(*self.held_large)
+            self.waiting.extend(self.held_large)
+        self.held_large.clear()
         self.in_bucket.clear()
         self.filled = 0
 
@@ -198,6 +216,11 @@ class GradientReduction:
                     size = s.sizes[gr] // w
                     if self.filled + size > zero.reduce_bucket_size:
                         self.offload_flush()
+                    if size > zero.reduce_bucket_size and zero.contiguous_gradients:
+                        # extra_large_param_to_reduce: not copied into the bucket but held for
+                        # the next hook's reduce_ipg_grads, cloned first (the offload's gradient
+                        # safety: `grad_reduc.detach().clone()`, the original freed below)
+                        self.held_large.append(s.a(size * w))
                     self.in_bucket.append(size)
                     self.filled += size
                 s.f(*weight_grads)
@@ -229,6 +252,9 @@ class GradientReduction:
             self.flatten_reduced(self.pending)  # the reduce epilogue's last, partly filled bucket
         if offload12 and (stage == 2 or self.boundary):
             self.offload_flush()  # the reduce epilogue's last bucket
+            # ... and its synchronize (overlap_comm): the blocks recorded on the reduction stream
+            s.f(*self.waiting)
+            self.waiting.clear()
         elif stage in (1, 2) and (stage == 2 or self.boundary) and self.partition is None:
             # overlapping_partition_gradients_reduce_epilogue reduces the last, partly filled
             # bucket: copy_grads_in_partition makes grads_in_partition then if no full bucket

@@ -110,6 +110,19 @@ class _Seq:
         else:
             self.events.extend(("f", name, 0) for name in names if name is not None)
 
+    def drop(self, *names: int) -> None:
+        """A tensor freed whose block the allocator cannot hand out yet: `record_stream` put it in
+        use on another stream, and the allocator waits for that stream's event (polled at each
+        malloc) before reusing it. Counted as freed now (torch.cuda.memory_allocated drops at the
+        free), its block held until `f` (where the replay takes the other stream to be done)."""
+        if self.live:
+            for name in names:
+                if self.held[name]:
+                    self.held[name] = False
+                    self.allocated -= self.sizes[name]
+        else:
+            self.events.extend(("d", name, 0) for name in names)
+
     def transient(self, size: int, stream: int = DEFAULT_STREAM) -> None:
         """`f(a(size, stream))`: a tensor freed before the next request (a cast, a norm's
         partial sums); live, served without a block of its own (`CachingAllocator.transient`)."""
