@@ -413,6 +413,13 @@ GENERIC_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", 
                       "num_decoder_layers")
 
 
+# Shape keys a config nests under a part's own dict (DBRX: its attention's KV heads, its MoE's width,
+# experts and top-k), read as if at the top; only these (DBRX's ffn_config also holds a `hidden_size`
+# of its class default, not the model's `d_model`).
+NESTED_SHAPE_KEYS = {"attn_config": ("kv_n_heads",),
+                     "ffn_config": ("ffn_hidden_size", "moe_num_experts", "moe_top_k", "ffn_act_fn")}
+
+
 def _generic_shape(r: _Reader) -> dict[str, Any]:
     """The shape the keys most config classes share give (the first key present of each list),
     for a model_type without a hand reader. Only the plan's header, its MoE figures (experts,
@@ -433,11 +440,17 @@ def _generic_shape(r: _Reader) -> dict[str, Any]:
     spec: dict[str, Any] = dict(
         layers=r.int(*GENERIC_LAYER_KEYS) if layers is None else layers, hidden=hidden,
         heads=heads,
-        kv_heads=r.int("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num", default=heads),
+        kv_heads=r.int("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num", "kv_n_heads",
+                       default=heads),
         ffn=r.widest("intermediate_size", "ffn_hidden_size", "n_inner", "d_ff", "decoder_ffn_dim", default=4 * hidden),
         vocab=r.int("vocab_size", "padded_vocab_size", "n_vocab"),
         tie_embeddings=r.bool("tie_word_embeddings", default=False), bias=False)
     act = r.config.get("hidden_act", r.config.get("activation_function"))
+    if act is None and isinstance(r.config.get("ffn_config"), Mapping):
+        # DBRX: ffn_config's ffn_act_fn, {"name": "silu"} where it names none (transformers 5.24
+        # dbrx/configuration_dbrx.py DbrxFFNConfig's default; its experts are GLUs: w1, v1, w2)
+        named = r.config.get("ffn_act_fn")
+        act = named.get("name", "silu") if isinstance(named, Mapping) else "silu"
     spec["mlp"] = "swiglu" if act in ("silu", "swish", "swiglu") else "gelu"
     spec["norm"] = "layernorm" if any(k in r.config for k in ("layer_norm_eps", "layer_norm_epsilon")) \
         and "rms_norm_eps" not in r.config else "rmsnorm"
@@ -482,7 +495,11 @@ def _generic(config: Mapping[str, Any], model_type: str, *, where: str, name: st
     if card is None:
         raise HfConfigError(f"{where}: {_learn_first(model_type, where)}")
     nested = config.get("text_config")
-    keys = {**config, **nested} if isinstance(nested, Mapping) else config
+    keys = {**config, **nested} if isinstance(nested, Mapping) else dict(config)
+    for part, names in NESTED_SHAPE_KEYS.items():
+        inner = keys.get(part)
+        if isinstance(inner, Mapping):
+            keys.update({key: inner[key] for key in names if key in inner and key not in keys})
     spec = _generic_shape(_Reader(keys, where, model_type))
     spec.update(name=name or _config_name(config) or model_type, hf_model_type=model_type, hf_config=source)
     shape = _validated(spec, where)

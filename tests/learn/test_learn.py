@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from zlayout import cards
+from zlayout import cards, hfconfig
 from zlayout.core.card import CardError
 from zlayout.learn.learner import (LearnError, block_list, build_model, evaluate, learn, measure, net_and_peak,
                                    regimes_to_trace, trace_step, weights_saved_as_views)
@@ -877,6 +877,37 @@ def test_jetmoe_routing_read_as_python_ints_is_learned_as_an_even_split():
     top_k, experts = config["num_experts_per_tok"], config["num_local_experts"]
     forward = card["regimes"][0]["blocks"][0]["work"]["forward"]
     assert forward["mm"][0][1] == 2 * (top_k * (h * 2 * f + f * h + h * kv + kv * h) + 2 * h * experts + h * 2 * kv)
+
+
+def test_dbrx_looping_over_the_experts_it_hit_is_learned_as_an_even_split_and_planned(tmp_path, monkeypatch):
+    """DBRX's experts loop in Python over `(mask.sum(...) > 0).nonzero()` and take each expert's
+    tokens with `torch.where(mask[e])`: the learner answers every expert hit and an even share of
+    the tokens x top-k rows each, inside DbrxExperts.forward only. The card has transformers'
+    parameter count, the experts' GEMMs together do the whole rows' work, and `torch.where` and
+    `Tensor.nonzero` are torch's own afterwards. The plan reads the shape DBRX nests (its KV heads
+    in attn_config; width, experts, top-k in ffn_config; GLU experts, silu by default): the shape's
+    count is the card's (no parameters unaccounted) and its active share is top-k of the experts."""
+    original_where, original_nonzero = torch.where, torch.Tensor.nonzero
+    config = AutoConfig.for_model("dbrx", n_layers=2, d_model=64, n_heads=4, vocab_size=128, max_seq_len=2048,
+                                  attn_config={"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},
+                                  ffn_config={"ffn_hidden_size": 96, "moe_num_experts": 8, "moe_top_k": 2}).to_dict()
+    card = learn(config)
+    assert torch.where is original_where and torch.Tensor.nonzero is original_nonzero
+    assert torch.tensor([0, 3]).nonzero().tolist() == [[1]]
+    assert card["parameters"]["count"] == sum(p.numel() for p in build_model(config)[0].parameters())
+    h, f = 64, 96
+    forward = card["regimes"][0]["blocks"][0]["work"]["forward"]
+    # per token: q, k, v (4 + 2 + 2 heads of 16), out; the router; top-k experts' w1, v1, w2
+    assert forward["mm"][0][1] == 2 * (h * (h + 2 * 32) + h * h + h * 8 + 2 * 3 * h * f)
+    monkeypatch.setenv(cards.CARDS_DIR_ENV, str(tmp_path / "cards"))
+    path = tmp_path / "dbrx.json"
+    path.write_text(json.dumps(config))
+    assert run_cli(["learn", "--hf-config", str(path)])[0] == 0
+    code, out, err = run_cli(["plan", "--hf-config", str(path), "--gpus-per-node", "1", "--seq", "512"])
+    assert code == 0, err
+    assert "heads 4/2 kv ffn 96 vocab 128; 8 experts, top-2" in out.splitlines()[0]
+    model = hfconfig.model_from_config(config, card=cards.find_card(config))
+    assert model.mlp == "swiglu" and model.extra_params == 0
 
 
 def test_a_card_learned_before_attention_dropout_was_priced_is_named(tmp_path):

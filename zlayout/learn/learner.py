@@ -1166,7 +1166,7 @@ def learn(config: Mapping[str, Any]) -> dict[str, Any]:
         what = f"{type(exc).__name__}{': ' + first_line if first_line else ''}"
         if _reads_tensor_values(exc):
             # Qwen4-Exp selects tokens with torch.nonzero: the meta device holds no values,
-            # so no trace without data can follow it (JetMoE's and XLM's reads are answered: trace.py)
+            # so no trace without data can follow it (JetMoE's, XLM's and DBRX's reads are answered: trace.py)
             raise LearnError(f"transformers' {config.get('model_type')!r} code reads tensor values while it "
                              f"runs ({what}), which a trace on the meta device has none of: this model type "
                              "cannot be learned here; plan it by shape (--layers, --hidden, ...: the hand "

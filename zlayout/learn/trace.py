@@ -1068,7 +1068,7 @@ def causal_conv1d_standin(ledger: StorageLedger):
 
 
 # ---------------------------------------------------------------- values read as Python numbers
-# Two models read a tensor's values into Python while they run, which the meta device holds none of;
+# Three models read a tensor's values into Python while they run, which the meta device holds none of;
 # each is answered inside its own forward only, as a real run's are for the learner's input (one
 # unpadded sequence per row), and nowhere else:
 # - JetMoE's router (transformers 5.24 jetmoe/modeling_jetmoe.py `JetMoeTopKGating.forward`) turns its
@@ -1079,6 +1079,11 @@ def causal_conv1d_standin(ledger: StorageLedger):
 #   to), what a freshly initialised router does on average.
 # - XLM (xlm/modeling_xlm.py `XLMModel.forward` and its `get_masks`) asserts that its lengths' largest
 #   (`lengths.max().item()`) is at most the sequence: for a sequence without padding it is the sequence.
+# - DBRX's experts (dbrx/modeling_dbrx.py `DbrxExperts.forward`) loop in Python over the experts any
+#   token chose (`expert_mask.sum(...) > 0).nonzero()`) and take each expert's tokens with
+#   `torch.where(expert_mask[e])`: a gather of those rows, the expert's three matmuls, and an index_add
+#   back. As JetMoE's, the rows only decide how tokens x top-k are cut between experts: every expert is
+#   hit, and each gets an even share.
 
 
 def even_split(total: int, parts: int) -> list[int]:
@@ -1130,9 +1135,35 @@ def _xlm_model(original):
     return forward
 
 
+def _dbrx_experts(original):
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        if not hidden_states.is_meta:
+            return original(self, hidden_states, top_k_index, top_k_weights)
+        shares = iter(even_split(top_k_index.numel(), self.num_experts))
+        where = torch.where
+
+        def every_expert(tensor):  # the experts hit: [[0], [1], ...], each row indexed [0]
+            return [[e] for e in range(self.num_experts)] if tensor.dim() == 1 else None
+
+        def rows(condition, *args, **kwargs):  # one expert's (top-k slot, token) pairs
+            if args or kwargs or not condition.is_meta:
+                return where(condition, *args, **kwargs)
+            share = next(shares)
+            return tuple(torch.empty(share, dtype=torch.long, device=condition.device) for _ in range(2))
+
+        torch.where = rows
+        try:
+            with _answering("nonzero", every_expert):
+                return original(self, hidden_states, top_k_index, top_k_weights)
+        finally:
+            torch.where = where
+    return forward
+
+
 # (modeling module, class, method, what wraps the original)
 VALUE_ANSWERS = (("jetmoe", "JetMoeTopKGating", "forward", _jetmoe_router),
-                 ("xlm", "XLMModel", "forward", _xlm_model))
+                 ("xlm", "XLMModel", "forward", _xlm_model),
+                 ("dbrx", "DbrxExperts", "forward", _dbrx_experts))
 
 
 class Swaps:
