@@ -836,6 +836,18 @@ def test_a_model_whose_code_reads_tensor_values_is_one_line_saying_so(tmp_path, 
     assert "cannot run this config" not in err and "Traceback" not in err
 
 
+def learned_and_planned(config: dict, tmp_path: Path, monkeypatch) -> str:
+    """`zlayout learn` then `zlayout plan` on the config written to a file, the card cached under
+    tmp_path: plan's output (one GPU, 512 tokens)."""
+    monkeypatch.setenv(cards.CARDS_DIR_ENV, str(tmp_path / "cards"))
+    path = tmp_path / f"{config['model_type']}.json"
+    path.write_text(json.dumps(config))
+    assert run_cli(["learn", "--hf-config", str(path)])[0] == 0
+    code, out, err = run_cli(["plan", "--hf-config", str(path), "--gpus-per-node", "1", "--seq", "512"])
+    assert code == 0, err
+    return out
+
+
 def test_xlm_asserting_on_its_longest_length_is_learned_and_planned(tmp_path, monkeypatch):
     """XLM asserts `lengths.max().item() <= slen` (and again in get_masks): the learner answers the
     sequence's length, what an unpadded row's is, inside XLMModel.forward only; the card has
@@ -847,12 +859,7 @@ def test_xlm_asserting_on_its_longest_length_is_learned_and_planned(tmp_path, mo
     assert torch.Tensor.item is original and torch.tensor(3).item() == 3
     assert card["parameters"]["count"] == sum(p.numel() for p in build_model(config)[0].parameters())
     assert card["layers"]["count"] == 2 and card["regimes"][-1]["max_positions"] == 512
-    monkeypatch.setenv(cards.CARDS_DIR_ENV, str(tmp_path / "cards"))
-    path = tmp_path / "xlm.json"
-    path.write_text(json.dumps(config))
-    assert run_cli(["learn", "--hf-config", str(path)])[0] == 0
-    code, out, err = run_cli(["plan", "--hf-config", str(path), "--gpus-per-node", "1", "--seq", "512"])
-    assert code == 0, err
+    out = learned_and_planned(config, tmp_path, monkeypatch)
     assert out.startswith("xlm: 141K params (L2 h64 heads 2 ffn 256 vocab 128)")
 
 
@@ -899,12 +906,7 @@ def test_dbrx_looping_over_the_experts_it_hit_is_learned_as_an_even_split_and_pl
     forward = card["regimes"][0]["blocks"][0]["work"]["forward"]
     # per token: q, k, v (4 + 2 + 2 heads of 16), out; the router; top-k experts' w1, v1, w2
     assert forward["mm"][0][1] == 2 * (h * (h + 2 * 32) + h * h + h * 8 + 2 * 3 * h * f)
-    monkeypatch.setenv(cards.CARDS_DIR_ENV, str(tmp_path / "cards"))
-    path = tmp_path / "dbrx.json"
-    path.write_text(json.dumps(config))
-    assert run_cli(["learn", "--hf-config", str(path)])[0] == 0
-    code, out, err = run_cli(["plan", "--hf-config", str(path), "--gpus-per-node", "1", "--seq", "512"])
-    assert code == 0, err
+    out = learned_and_planned(config, tmp_path, monkeypatch)
     assert "heads 4/2 kv ffn 96 vocab 128; 8 experts, top-2" in out.splitlines()[0]
     model = hfconfig.model_from_config(config, card=cards.find_card(config))
     assert model.mlp == "swiglu" and model.extra_params == 0
