@@ -997,7 +997,8 @@ def attention_kernel_efficiency(head_size: int, seq: int, query_tiles: float, ba
     n0 = ATTENTION_FILL_TILES[int(backward)]
     sweep_heads = 2048 // d if d <= 128 else 8  # the sweep's calls: 2,048 / d heads, 8 at d = 256
     sweep_tiles = ATTENTION_SWEEP_TOKENS * sweep_heads / ATTENTION_QUERY_TILE
-    fill = (query_tiles / (query_tiles + n0)) / (sweep_tiles / (sweep_tiles + n0))
+    # never above the sweep's own: a larger call than it ran is not extrapolated to
+    fill = min(1.0, (query_tiles / (query_tiles + n0)) / (sweep_tiles / (sweep_tiles + n0)))
     return efficiency * fill
 
 
