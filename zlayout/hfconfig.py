@@ -49,8 +49,13 @@ def _shown(value: Any, limit: int = 60) -> str:
 class _Reader:
     """Typed access to one config's keys; errors name the key and the file."""
 
-    def __init__(self, config: Mapping[str, Any], where: str, model_type: str):
+    def __init__(self, config: Mapping[str, Any], where: str, model_type: str,
+                 paths: Mapping[str, str] | None = None):
         self.config, self.where, self.model_type = config, where, model_type
+        self.paths = paths or {}  # a key read from a nested part: its name there (DBRX's attn_config.kv_n_heads)
+
+    def _name(self, key: str) -> str:
+        return self.paths.get(key, key)
 
     def _fail(self, message: str) -> HfConfigError:
         return HfConfigError(f"{self.where}: {message}")
@@ -63,7 +68,8 @@ class _Reader:
         if default is _REQUIRED:
             null_key = next((key for key in keys if key in self.config), None)
             if null_key is not None:  # there, but null
-                raise self._fail(f"{null_key!r} is null; model_type {self.model_type!r} needs a number there")
+                raise self._fail(f"{self._name(null_key)!r} is null; model_type {self.model_type!r} "
+                                 "needs a number there")
             raise self._fail(f"no {keys[0]!r} key, which model_type {self.model_type!r} needs "
                              "(is this the model's config.json?)")
         return keys[0], default
@@ -85,21 +91,21 @@ class _Reader:
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, int):
-            raise self._fail(f"{key!r} must be a whole number, got {_shown(value)}")
+            raise self._fail(f"{self._name(key)!r} must be a whole number, got {_shown(value)}")
         if value < minimum:
-            raise self._fail(f"{key!r} must be at least {minimum}, got {value}")
+            raise self._fail(f"{self._name(key)!r} must be at least {minimum}, got {value}")
         return value
 
     def bool(self, *keys: str, default: Any = _REQUIRED) -> bool:
         key, value = self._raw(keys, default)
         if not isinstance(value, bool):
-            raise self._fail(f"{key!r} must be true or false, got {_shown(value)}")
+            raise self._fail(f"{self._name(key)!r} must be true or false, got {_shown(value)}")
         return value
 
     def int_list(self, *keys: str, default: Any = _REQUIRED) -> list[int]:
         key, value = self._raw(keys, default)
         if not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
-            raise self._fail(f"{key!r} must be a list of block numbers, got {_shown(value)}")
+            raise self._fail(f"{self._name(key)!r} must be a list of block numbers, got {_shown(value)}")
         return value
 
 
@@ -496,11 +502,14 @@ def _generic(config: Mapping[str, Any], model_type: str, *, where: str, name: st
         raise HfConfigError(f"{where}: {_learn_first(model_type, where)}")
     nested = config.get("text_config")
     keys = {**config, **nested} if isinstance(nested, Mapping) else dict(config)
+    paths: dict[str, str] = {}
     for part, names in NESTED_SHAPE_KEYS.items():
         inner = keys.get(part)
         if isinstance(inner, Mapping):
-            keys.update({key: inner[key] for key in names if key in inner and key not in keys})
-    spec = _generic_shape(_Reader(keys, where, model_type))
+            found = {key: inner[key] for key in names if key in inner and key not in keys}
+            keys.update(found)
+            paths.update({key: f"{part}.{key}" for key in found})
+    spec = _generic_shape(_Reader(keys, where, model_type, paths))
     spec.update(name=name or _config_name(config) or model_type, hf_model_type=model_type, hf_config=source)
     shape = _validated(spec, where)
     card = _at_depth(card, shape.layers, where)

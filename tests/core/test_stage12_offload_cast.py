@@ -140,3 +140,9 @@ def test_a_held_gradients_block_waits_for_the_reduction_stream_until_the_epilogu
                          2952790016, 1476395008, 1245708288, 1245708288]  # the run's above 1 GB
     assert sorted((x for x in pools.segments if x > 1 << 30), reverse=True) == measured_segments
     assert pools.peak_allocated == pytest.approx(28_985_222_656, rel=0.003)
+    # the live replay planning runs (no event list) serves the same requests the same way
+    live = _Seq(live=True)
+    allocator_sim.allocation_sequence(inp, OFFLOAD, 2, live, allocator_sim.SETTLE_STEPS, None)
+    # (its allocated counts each request's bytes, as torch does; the event replay its block's)
+    assert live.reserved == pools.peak_reserved
+    assert live.peak_allocated == pytest.approx(pools.peak_allocated, abs=1 << 20)

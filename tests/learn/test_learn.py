@@ -910,6 +910,10 @@ def test_dbrx_looping_over_the_experts_it_hit_is_learned_as_an_even_split_and_pl
     assert "heads 4/2 kv ffn 96 vocab 128; 8 experts, top-2" in out.splitlines()[0]
     model = hfconfig.model_from_config(config, card=cards.find_card(config))
     assert model.mlp == "swiglu" and model.extra_params == 0
+    # a nested key's error names it where it is
+    broken = {**config, "ffn_config": {**config["ffn_config"], "moe_top_k": "two"}}
+    with pytest.raises(hfconfig.HfConfigError, match=r"'ffn_config\.moe_top_k' must be a whole number"):
+        hfconfig.model_from_config(broken, card=cards.find_card(config))
 
 
 def test_a_card_learned_before_attention_dropout_was_priced_is_named(tmp_path):
