@@ -306,6 +306,21 @@ def test_breakeven_of_zaya_names_no_size_or_crossover_for_a_layout_that_will_not
     assert zero1["takes_over"]["label"] == "ZeRO-3 param→cpu"  # was ZeRO-3, which will not run here
 
 
+def test_a_model_smaller_than_the_searchs_floor_gets_its_largest_size_not_none(capsys, zaya_tiny_card):
+    """zaya-tiny (107K parameters, hidden 64) at 65,536 tokens on one H100: its depth series ends at
+    1,000 blocks (45M), under the search's 100M floor, and that shape does not fit; breakeven said
+    "none" beside a largest micro-batch of 85. The search now starts from the model's own size: a
+    largest depth that fits, one block more that does not, for every layout that runs it."""
+    flags = [*zaya_tiny_card[:2], "--seq", "65536", "--gpu", "h100", "--gpus-per-node", "1"]
+    data = run_json(capsys, *flags)
+    sized = [row for row in data["layouts"] if row["will_not_run"] is None
+             and "nvme" not in (row["offload_optimizer"], row["offload_param"])]
+    assert sized
+    for row in sized:
+        assert row["max_micro_batch"] > 0 and row["max_params"] >= data["params"], row
+        assert row["limited_by"] == "gpu" and row["next_params"] > row["max_params"]
+
+
 def test_the_runbook_gives_no_size_for_a_layout_that_will_not_run(capsys, tmp_path, zaya_tiny_card):
     """The exported profile's [limits] and its runbook's table of every layout's largest model."""
     out = tmp_path / "profile"

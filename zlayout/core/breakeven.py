@@ -219,13 +219,22 @@ def _largest_fitting(inp: PlanInput, layout: Layout, candidate, grid: float | No
     lo_model = candidate(lo)
     est = judge(lo_model)
     if not est.fits:
-        return None, lo_model, _binding(est)
-    f_lo = min(_load_log(est), 0.0)
-    hi_model = candidate(hi)
-    est = judge(hi_model)
-    if est.fits:
-        return hi_model, None, "range"
-    f_hi, hi_binding = max(_load_log(est), 1e-9), _binding(est)
+        # a model under MIN_PARAMS (zaya-tiny's 107K at 65,536 tokens: its depth series ends at
+        # 45M, which does not fit): search from its own size before saying none fits
+        own = snap(math.log(max(inp.model.params, 1)))
+        own_model = candidate(own) if own < lo else None
+        own_est = judge(own_model) if own_model is not None and own_model != lo_model else None
+        if own_est is None or not own_est.fits:
+            return None, lo_model, _binding(est)
+        hi, hi_model, f_hi, hi_binding = lo, lo_model, max(_load_log(est), 1e-9), _binding(est)
+        lo, lo_model, f_lo = own, own_model, min(_load_log(own_est), 0.0)
+    else:
+        f_lo = min(_load_log(est), 0.0)
+        hi_model = candidate(hi)
+        est = judge(hi_model)
+        if est.fits:
+            return hi_model, None, "range"
+        f_hi, hi_binding = max(_load_log(est), 1e-9), _binding(est)
     top, f_top, top_model, top_binding = hi, f_hi, hi_model, hi_binding
     for _ in range(MAX_RESTARTS + 1):
         side = 0
