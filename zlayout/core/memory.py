@@ -898,6 +898,19 @@ def largest_block_tensor_numel(model: ModelSpec) -> int:
     return max(max(layer_tensor_sizes(model, moe=moe)) for moe in kinds or [False])
 
 
+def block_gradient_at_next_hook(c: _Layout, recompute: int) -> tuple[int, int]:
+    """The largest weight gradient a block's backward makes (elements), and what that backward
+    holds above its start at the next weight gradient's hook, where a gradient larger than the
+    reduce bucket is reduced: from a card (`ModelCard.largest_weight_gradient`); by hand the
+    largest block tensor, with the whole block's recompute."""
+    t, w = c.training, c.w
+    card = card_of(c.model, t)
+    found = card.largest_weight_gradient(t.micro_batch, t.seq, t.checkpointing == "full", w) if card else None
+    if found is None:
+        return largest_block_tensor_numel(c.model), recompute
+    return found.bytes // w, found.live_at_next_hook
+
+
 def stage12_offload_cast_phase(c: _Layout, states: int, saved: int, head_in: int, recompute: int,
                                ipg: int) -> tuple[int, int]:
     """Stage 1/2 with the optimizer on the host (stage_1_and_2.py copy_grads_in_partition, at the
@@ -934,12 +947,9 @@ def stage12_offload_cast_phase(c: _Layout, states: int, saved: int, head_in: int
 
     largest, vocab = c.largest_tensor, model.vocab * model.hidden
     if largest != vocab and largest > zero.reduce_bucket_size:  # a block's, at the next gradient's hook
-        t = c.training
-        card = card_of(model, t)
-        found = card.largest_weight_gradient(t.micro_batch, t.seq, t.checkpointing == "full", w) if card else None
-        held = found.live_at_next_hook if found is not None and found.bytes == largest * w else recompute
-        return cast(largest, saved + held)
-    if largest != vocab or largest <= zero.reduce_bucket_size:
+        numel, held = block_gradient_at_next_hook(c, recompute)
+        return cast(largest, saved + (held if numel == largest else recompute))
+    if largest <= zero.reduce_bucket_size:
         return cast(largest, every)
     if not model.tie_embeddings:
         return cast(vocab, saved)  # the head's
@@ -992,11 +1002,7 @@ def stage3_offload_reduce_phases(c: _Layout, states: int, live: int, saved: int,
         phases["backward (head reduce)"] = (states + max(0, live - head * w) + saved
                                             + (head_in if held_head is None else held_head) + reduce(head),
                                             request(head))
-    largest = card.largest_weight_gradient(t.micro_batch, t.seq, t.checkpointing == "full", w) if card else None
-    if largest is not None:
-        numel, held = largest.bytes // w, largest.live_at_next_hook
-    else:
-        numel, held = largest_block_tensor_numel(model), recompute
+    numel, held = block_gradient_at_next_hook(c, recompute)
     leaf = zero3_leaf_moe_tensor_sizes(model, t.impl)
     if numel in leaf:
         # a leaf MoE block's gradients are handed over together at the block's end: those
