@@ -392,9 +392,38 @@ def test_the_hand_models_peak_stays_the_per_phase_sum():
     assert not replayed_allocated_counts(inp, layout)
     assert not any(t.name == "request_order" for t in estimate_memory(inp, layout).terms)
     card = "--hf-config tests/hf/configs/published/falcon-7b.json --layers 8 --seq 2048 --gpu h200 "
-    for flags in ("--stage 2 --offload-optimizer cpu --gpus-per-node 1", "--stage 3 --gpus-per-node 8"):
+    for flags in ("--stage 3 --offload-optimizer cpu --gpus-per-node 1", "--stage 3 --gpus-per-node 8"):
         inp, layout = _planned(card + flags)
         assert inp.model.card is not None and not replayed_allocated_counts(inp, layout)
+
+
+def test_stage2_offload_cast_is_placed_by_the_replay_not_bounded():
+    """OLMo-2-7B at 8 layers, ZeRO-2 with the optimizer on the CPU, one 4,096-token sequence on an
+    H100 (h200-2026-12-31g, predicted before the run): max_memory_allocated 19,672,140,800 bytes. The
+    per-phase rule bounds the offload cast of the head's gradient (it fits the reduce bucket) with
+    every activation alive, 5.8% over; the card's requests replayed in DeepSpeed's order (the buckets
+    reduced and cast as backward fills them) hold what the run held. Without the replay (break-even's
+    searches) the bound stands."""
+    from zlayout.core.allocator_sim import offload_cast_replayed, replayed_allocated_counts
+
+    flags = ("--hf-config tests/hf/configs/published/OLMo-2-1124-7B.json --layers 8 --stage 2 --offload-optimizer cpu "
+             "--seq 4096 --micro-batch 1 --loop trainer --gpus-per-node 1 --gpu h100 --host-cores 16")
+    inp, layout = _planned(flags)
+    assert inp.model.card is not None
+    assert offload_cast_replayed(inp, layout) and replayed_allocated_counts(inp, layout)
+    run = 19_672_140_800
+    est = estimate_memory(inp, layout)
+    assert abs(est.gpu_peak_allocated_bytes / run - 1) < 0.005
+    assert est.peak_phase != "backward (offload cast)"
+    bound = estimate_memory(inp, layout, replay=False)
+    assert bound.peak_phase == "backward (offload cast)" and bound.gpu_peak_allocated_bytes > 1.05 * run
+    expandable = estimate_memory(*_planned(flags + " --allocator expandable"))
+    assert expandable.gpu_peak_allocated_bytes == est.gpu_peak_allocated_bytes
+    # expandable segments reserve the replayed peak (plus their slack), not the bound
+    expandable_bound = estimate_memory(*_planned(flags + " --allocator expandable"), replay=False)
+    assert est.gpu_peak_allocated_bytes < expandable.gpu_peak_reserved_bytes
+    assert expandable_bound.gpu_peak_reserved_bytes - expandable.gpu_peak_reserved_bytes == \
+        bound.gpu_peak_allocated_bytes - est.gpu_peak_allocated_bytes
 
 
 def test_a_moe_model_cut_to_its_dense_blocks_is_planned_as_the_dense_model_it_trains():

@@ -808,6 +808,9 @@ def activation_terms(c: _Layout, terms: _Terms) -> Activations:
     return Activations(saved, recompute, dispatch, expert_grads, head_in, loss, held, misc, block_backward)
 
 
+OFFLOAD_CAST = "backward (offload cast)"  # stage 1/2's, the optimizer on the host
+
+
 def phase_peaks(c: _Layout, states_: ModelStates, buffers: Buffers,
                 acts: Activations) -> tuple[dict[str, tuple[int, int]], int]:
     """Each phase's (allocated bytes at its peak, largest single request), and the bytes
@@ -856,7 +859,7 @@ def phase_peaks(c: _Layout, states_: ModelStates, buffers: Buffers,
         transient = model.layer_params() * w + 2 * tokens * model.hidden * w
         phases["backward (first reduce)"] = (states + grads + ipg + remaining + recompute + transient, grads)
     if stage in (1, 2) and not opt_on_gpu:
-        phases["backward (offload cast)"] = stage12_offload_cast_phase(c, states, saved, head_in, recompute, ipg)
+        phases[OFFLOAD_CAST] = stage12_offload_cast_phase(c, states, saved, head_in, recompute, ipg)
     if stage == 3 and c.opt_where == "host":
         phases.update(stage3_offload_reduce_phases(c, states, live, saved, recompute, head_in))
     card = card_of(model, t)
@@ -1121,6 +1124,10 @@ def estimate_memory(inp: PlanInput, layout: Layout, replay: bool = True) -> Memo
         from zlayout.core.allocator_sim import replayed_peak_allocated
 
         ordered = replayed_peak_allocated(inp, layout)
+        if ordered is not None:
+            bound = peak
+            peak_phase, peak = _replay_places_offload_cast(inp, layout, phases, peak_phase, peak, ordered)
+            misc += peak - bound  # expandable segments reserve the replayed peak, not the bound
         if ordered is not None and ordered > peak:
             terms.add("gpu", "request_order", ordered - peak, "overhead", REQUEST_ORDER)
             misc += ordered - peak  # expandable segments reserve the peak: every phase's share of it
@@ -1141,6 +1148,9 @@ def estimate_memory(inp: PlanInput, layout: Layout, replay: bool = True) -> Memo
             # the headroom holds for where best fit puts the blocks too: the step must also run
             # on the card less the headroom (see allocator_on_the_card)
             within = replay_at_capacity(inp, layout, usable - context - small)
+        if flushes is not None and not flushes.out_of_memory and replayed_allocated_counts(inp, layout):
+            peak_phase, peak = _replay_places_offload_cast(inp, layout, phases, peak_phase, peak,
+                                                           flushes.peak_allocated)
         if flushes is not None and flushes.peak_allocated > peak and replayed_allocated_counts(inp, layout):
             # the card's requests in their order hold more at once than the per-phase sum
             # (Falcon-7B, h200-2026-12-18): the run's max_memory_allocated is the replay's
@@ -1172,6 +1182,21 @@ def estimate_memory(inp: PlanInput, layout: Layout, replay: bool = True) -> Memo
         gpu_flush_cost_s=flush_cost_s(retries, flushes.freed_per_step) if retries else 0.0,  # type: ignore[union-attr]
         gpu_driver_reserved_bytes=hw.gpu.driver_reserved_bytes,
     )
+
+
+def _replay_places_offload_cast(inp: PlanInput, layout: Layout, phases: dict[str, tuple[int, int]],
+                                peak_phase: str, peak: int, replayed_peak: int) -> tuple[str, int]:
+    """Stage 1/2 with the optimizer on the host, a carded model (`allocator_sim.offload_cast_
+    replayed`): the replay's peak allocated is the run's, below the per-phase rule where that
+    bounds what it cannot order (the offload cast of a gradient that fits the bucket, beside
+    every activation; the head's gradient beside both reduce buckets); above it, `request_order`
+    adds the difference. The peak's phase: the highest but the cast's bound."""
+    from zlayout.core.allocator_sim import offload_cast_replayed
+
+    if not offload_cast_replayed(inp, layout) or replayed_peak >= peak:
+        return peak_phase, peak
+    rest = [name for name in phases if name != OFFLOAD_CAST]
+    return max(rest, key=lambda name: phases[name][0]), replayed_peak
 
 
 @dataclass(frozen=True, slots=True)
