@@ -34,6 +34,7 @@ SUITE = (
     ("accuracy", "steptime_fit"),
     ("accuracy", "steptime_overlap"),
     ("accuracy", "steptime_masked"),
+    ("accuracy", "steptime_cpu_optimizer"),
     ("accuracy", "peak_relearned"),
     ("coverage", "learn_coverage"),
     ("speed", "speed_plan"),

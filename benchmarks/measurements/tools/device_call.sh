@@ -16,6 +16,8 @@
 #                    causal-conv1d from its sdist for sm_90 only (its setup.py compiles 6-9 archs) in the background
 #   wait-fla         wait for that build, then record triton, fla, causal_conv1d and what transformers
 #                    resolves for Qwen3.5's linear attention ($OUT/linear-attention.txt)
+#   adam             DeepSpeedCPUAdam's rate on this host at 1 and 16 threads (tools/cpu_adam_scaling.py, 100M
+#                    parameters; after `setup`: the op loads with the environment it was built with) -> $OUT/cpu-adam.jsonl
 #   nofla            the parts after it see neither fla nor causal_conv1d (a shadow package that raises on
 #                    import): transformers resolves its torch fallback, as on a node without them
 # A batch's cards are read from heldout/cards beside it (heldout/$CARDS when CARDS is set). Every part stops 30 s before DEADLINE
@@ -109,6 +111,16 @@ PY
       mkdir -p /tmp/nofla/fla /tmp/nofla/causal_conv1d
       for p in fla causal_conv1d; do echo "raise ImportError('hidden by device_call.sh nofla')" > /tmp/nofla/$p/__init__.py; done
       export PYTHONPATH=/tmp/nofla:$PYTHONPATH; SUFFIX="$SUFFIX-nofla"; echo "nofla: fla and causal_conv1d hidden" ;;
+    adam)
+      [ $(left) -gt 60 ] || { echo "adam: no time left"; continue; }
+      timeout -s TERM $(( $(left) - 10 )) python3 -c "
+import os, runpy, sys
+from zlayout.verify.environment import corrected_env
+os.environ.update(corrected_env(dict(os.environ))[0])
+sys.argv = ['cpu_adam_scaling.py', '--threads', '1,16', '--params', '100e6', '--repeats', '3', '--deadline', '40',
+            '--host', 'node-$(date +%H%M%S)', '--out', '$OUT/cpu-adam.jsonl']
+runpy.run_path('benchmarks/measurements/tools/cpu_adam_scaling.py', run_name='__main__')" > $OUT/cpu-adam.log 2>&1
+      echo "adam rc=$?"; tail -4 $OUT/cpu-adam.log ;;
     env:*)
       kv=${part#env:}; export "$kv"; SUFFIX="$SUFFIX-${kv%%=*}"; echo "exported $kv" ;;
     *) echo "unknown part $part" ;;
