@@ -19,7 +19,6 @@ import math
 import os
 import sys
 import tempfile
-from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
