@@ -27,7 +27,8 @@ from zlayout.core.fit import flush_cost_s
 from zlayout.core.reductions import Device, device_of
 from zlayout.core.tensors import (  # noqa: F401 (read from here by tests and benchmarks)
     NORM_PART_ELEMENTS, layer_tensor_sizes, parameter_tensor_sizes, stage3_live_param_elements,
-    Regathered, stage3_regathered_elements, stage3_sub_groups, weight_bytes_per_param,
+    Regathered, stage3_card_trace, stage3_gathered_at_loss, stage3_regathered_elements, stage3_sub_groups,
+    weight_bytes_per_param,
     zero3_leaf_moe_tensor_sizes)
 from zlayout.spec import GiB, Layout, ModelSpec, PlanInput, TrainingSpec, ZeroKnobs, gib_figure
 
@@ -414,6 +415,24 @@ def stage3_kept_elements(model: ModelSpec, zero: ZeroKnobs, world: int, param_of
     return live
 
 
+def stage3_kept_from_card(model: ModelSpec, training: TrainingSpec, zero: ZeroKnobs, kept: int) -> int:
+    """The gathered weights at the loss from a card's own tensors (`tensors.stage3_gathered_at_loss`:
+    the coordinator's fetches, prefetches and releases replayed over the step's trace), where that
+    is more than `kept` (the cap's count): the prefetch overshoots stage3_max_live_parameters by
+    the last weight it takes, and the reuse distance keeps whole modules. Phi-3-medium-L6 with its
+    weights on the host (h200-2026-12-31g): 1,121M elements against the cap's 1,000M; the run held
+    0.35 GiB more than the plan's cap, 0.23 GiB of it this (in-sample). Not for a MoE block (ZeRO-3
+    fetches it as one leaf module) or a card that names no tensors' blocks."""
+    card = card_of(model, training)
+    if not kept or card is None or card.parameter_layers is None or has_moe_blocks(model) \
+            or len(card.parameter_layers) != len(card.parameter_numels):
+        return kept
+    tied = model.tie_embeddings if card.tied_embeddings is None else card.tied_embeddings
+    trace, head = stage3_card_trace(card.parameter_numels, card.parameter_layers, model.layers, tied,
+                                    zero.stage3_param_persistence_threshold, training.checkpointing == "full")
+    return max(kept, stage3_gathered_at_loss(trace, head, zero))
+
+
 class Held(NamedTuple):
     """ZeRO-3's gathered weights held by autograd's views (`stage3_held_elements`), elements:
     `live` through the loss, `head` more during the head's backward, `block` more in the last
@@ -695,7 +714,7 @@ def deepspeed_buffer_terms(c: _Layout, terms: _Terms) -> Buffers:
                   "GPU buffer that stages gradients for the host optimizer (the largest tensor)")
     live = persistent = held_head = held_block = 0
     if stage == 3:
-        kept = stage3_kept_elements(model, zero, n, not param_on_gpu)
+        kept = stage3_kept_from_card(model, t, zero, stage3_kept_elements(model, zero, n, not param_on_gpu))
         views = stage3_held_elements(model, training, zero, n, not param_on_gpu)
         held = views.live
         top = max(kept, held)

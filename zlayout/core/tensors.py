@@ -31,6 +31,90 @@ def stage3_live_param_elements(model: ModelSpec, zero: ZeroKnobs, world: int, pa
     return min(zero.stage3_max_reuse_distance, zero.stage3_max_live_parameters, model.params)
 
 
+def stage3_gathered_at_loss(trace: list[list[tuple[int, int]]], loss_after: int, zero: ZeroKnobs) -> int:
+    """Elements ZeRO-3 holds gathered when the loss runs (after module `loss_after` of the trace,
+    the head's forward, and its release), a steady step replayed module by module as DeepSpeed
+    0.19.8's partitioned_param_coordinator runs it (the trace complete: from the second step).
+    `trace`: the step's modules in the order their hooks fetch them, forward then backward, each
+    as its weights' (id, elements); a weight two modules share (a tied head) has one id.
+    - fetch_sub_module gathers the module's own weights whatever the cap, pops them off the trace's
+      queue, then prefetches while the elements taken are under min(stage3_max_live_parameters -
+      available, stage3_prefetch_bucket_size), checked before each weight: the last one taken may
+      overshoot the cap by its whole size (Phi-3's fused gate_up, 183.5M elements);
+    - release_sub_module keeps a module's weights whose later use a prefetch skipped, and those
+      found in the modules that follow within stage3_max_reuse_distance elements, counted module by
+      module (the module that crosses the distance is still looked at)."""
+    sizes: dict[int, int] = {}
+    modules: list[list[int]] = []
+    for module in trace:
+        ids = []
+        for ident, numel in module:
+            sizes[ident] = numel
+            ids.append(ident)
+        modules.append(ids)
+    queue = [(ident, i) for i, ids in enumerate(modules) for ident in ids]
+    at, available, n, recent = 0, set(), 0, {}
+    for i, ids in enumerate(modules):
+        for ident in ids:
+            if ident not in available:
+                available.add(ident)
+                n += sizes[ident]
+        need = {ident for ident in ids if recent.get(ident, -1) < i}
+        popped = 0
+        while at < len(queue) and popped < len(need):
+            ident, used = queue[at]
+            at += 1
+            recent[ident] = used
+            popped += 1
+        most, taken, prefetch = min(zero.stage3_max_live_parameters - n, zero.stage3_prefetch_bucket_size), 0, set()
+        while at < len(queue) and taken < most:
+            ident, used = queue[at]
+            at += 1
+            recent[ident] = max(recent.get(ident, -1), used)
+            if ident not in available and ident not in prefetch:
+                prefetch.add(ident)
+                taken += sizes[ident]
+        available |= prefetch
+        n += taken
+        release = {ident for ident in ids if recent.get(ident, -1) <= i}
+        seen = 0
+        for later in modules[i + 1:]:
+            if seen >= zero.stage3_max_reuse_distance or not release:
+                break
+            for ident in later:
+                release.discard(ident)
+                seen += sizes[ident]
+        for ident in release & available:
+            available.discard(ident)
+            n -= sizes[ident]
+        if i == loss_after:
+            return n
+    return n
+
+
+def stage3_card_trace(numels: tuple[int, ...], layers: tuple[int, ...], blocks: int, tied: bool,
+                      small: int, checkpointing: bool) -> tuple[list[list[tuple[int, int]]], int]:
+    """A card's step as ZeRO-3's hooks fetch it, for `stage3_gathered_at_loss`, and the index of
+    the head's forward in it: each parameter tensor above the persistence threshold its own module,
+    in parameters() order (the order most decoder blocks run their projections in), the embedding
+    first, the blocks, the head (tied: the embedding's weight again); then the head's backward and
+    each block's in reverse (checkpointed: its recompute first, in forward order), the embedding's
+    last. Each module: [(id, elements)]."""
+    def modules(where) -> list[list[tuple[int, int]]]:
+        return [[(i, numel)] for i, (numel, layer) in enumerate(zip(numels, layers)) if where(layer) and numel > small]
+
+    embedding = modules(lambda layer: layer == -1)
+    head = modules(lambda layer: layer == -2)
+    if tied and embedding:
+        head = [embedding[0]]
+    block = [modules(lambda layer, b=b: layer == b) for b in range(blocks)]
+    forward = embedding + [m for b in block for m in b] + head
+    backward = head[::-1]
+    for b in reversed(block):
+        backward += (b if checkpointing else []) + b[::-1]
+    return forward + backward + embedding[::-1], len(forward) - 1
+
+
 def block_fetch_modules(model, impl: str) -> list[list[int]] | None:
     """One dense block's modules in the order their forward runs (the order ZeRO-3's trace
     fetches them), each as the element counts of its weights (a module without one: a norm,
