@@ -67,3 +67,20 @@ def test_phi3_mediums_fused_weights_overshoot_the_live_cap():
     assert live.bytes == 2 * 1_120_993_280
     run = 11_956_121_088
     assert -0.015 < est.gpu_peak_allocated_bytes / run - 1 < 0
+
+
+def test_a_deep_models_tail_decides_what_is_gathered_at_the_loss():
+    """The plan replays only the last blocks holding twice the reach (the reuse distance or the live
+    cap, and the largest weight): the same count as the whole step's replay, tied or not, checkpointed
+    or not, at the default knobs and tighter ones."""
+    numels = (50_000_000,) + (4_000, 8_000_000, 2_000_000, 2_000_000, 8_000_000, 30_000_000, 30_000_000, 30_000_000) * 60 \
+        + (4_000, 50_000_000)
+    layers = (-1,) + tuple(b for b in range(60) for _ in range(8)) + (-2, -2)
+    for zero in (ZeroKnobs(), knobs(3e7, 5e6, 1e8), knobs(1e8, 2e7, 3e7)):
+        reach = max(zero.stage3_max_reuse_distance, zero.stage3_max_live_parameters) + max(numels)
+        for tied in (False, True):
+            for ckpt in (False, True):
+                trace, loss = stage3_card_trace(numels, layers, 60, tied, 100_000, ckpt)
+                tail, head = stage3_card_trace(numels, layers, 60, tied, 100_000, ckpt, reach)
+                assert len(tail) < len(trace) / 2  # 110M elements a block: 20 blocks hold 2.2e9
+                assert stage3_gathered_at_loss(tail, head, zero) == stage3_gathered_at_loss(trace, loss, zero)

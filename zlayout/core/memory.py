@@ -428,9 +428,18 @@ def stage3_kept_from_card(model: ModelSpec, training: TrainingSpec, zero: ZeroKn
             or len(card.parameter_layers) != len(card.parameter_numels):
         return kept
     tied = model.tie_embeddings if card.tied_embeddings is None else card.tied_embeddings
-    trace, head = stage3_card_trace(card.parameter_numels, card.parameter_layers, model.layers, tied,
-                                    zero.stage3_param_persistence_threshold, training.checkpointing == "full")
-    return max(kept, stage3_gathered_at_loss(trace, head, zero))
+    return max(kept, _card_gathered_at_loss(card.parameter_numels, card.parameter_layers, model.layers, tied,
+                                            training.checkpointing == "full", zero))
+
+
+@functools.lru_cache(maxsize=256)
+def _card_gathered_at_loss(numels: tuple[int, ...], layers: tuple[int, ...], blocks: int, tied: bool,
+                           checkpointing: bool, zero: ZeroKnobs) -> int:
+    # memoised: break-even's searches plan one card at one depth many times (7 ms a 70B card)
+    reach = max(zero.stage3_max_reuse_distance, zero.stage3_max_live_parameters) + max(numels)
+    trace, head = stage3_card_trace(numels, layers, blocks, tied, zero.stage3_param_persistence_threshold,
+                                    checkpointing, reach)
+    return stage3_gathered_at_loss(trace, head, zero)
 
 
 class Held(NamedTuple):

@@ -93,22 +93,35 @@ def stage3_gathered_at_loss(trace: list[list[tuple[int, int]]], loss_after: int,
 
 
 def stage3_card_trace(numels: tuple[int, ...], layers: tuple[int, ...], blocks: int, tied: bool,
-                      small: int, checkpointing: bool) -> tuple[list[list[tuple[int, int]]], int]:
+                      small: int, checkpointing: bool, reach: int = 0) -> tuple[list[list[tuple[int, int]]], int]:
     """A card's step as ZeRO-3's hooks fetch it, for `stage3_gathered_at_loss`, and the index of
     the head's forward in it: each parameter tensor above the persistence threshold its own module,
     in parameters() order (the order most decoder blocks run their projections in), the embedding
     first, the blocks, the head (tied: the embedding's weight again); then the head's backward and
     each block's in reverse (checkpointed: its recompute first, in forward order), the embedding's
-    last. Each module: [(id, elements)]."""
-    def modules(where) -> list[list[tuple[int, int]]]:
-        return [[(i, numel)] for i, (numel, layer) in enumerate(zip(numels, layers)) if where(layer) and numel > small]
-
-    embedding = modules(lambda layer: layer == -1)
-    head = modules(lambda layer: layer == -2)
+    last. Each module: [(id, elements)]. `reach` > 0: only the last blocks holding at least twice
+    that many elements (and not the embedding's forward): what the forward gathered before them is
+    released before they run, since no weight there is used again within the reuse distance, and
+    the prefetch runs no further ahead than the live cap (`reach`: their larger)."""
+    embedding: list[list[tuple[int, int]]] = []
+    head: list[list[tuple[int, int]]] = []
+    block: list[list[list[tuple[int, int]]]] = [[] for _ in range(blocks)]
+    for i, (numel, layer) in enumerate(zip(numels, layers)):
+        if numel > small:
+            (embedding if layer == -1 else head if layer == -2 else block[layer]).append([(i, numel)])
     if tied and embedding:
         head = [embedding[0]]
-    block = [modules(lambda layer, b=b: layer == b) for b in range(blocks)]
-    forward = embedding + [m for b in block for m in b] + head
+    start = 0
+    if reach:
+        tail = 0
+        for start in reversed(range(blocks)):
+            tail += sum(numel for m in block[start] for _, numel in m)
+            if tail >= 2 * reach:
+                break
+        else:
+            start = 0
+    block = block[start:]
+    forward = (embedding if start == 0 else []) + [m for b in block for m in b] + head
     backward = head[::-1]
     for b in reversed(block):
         backward += (b if checkpointing else []) + b[::-1]

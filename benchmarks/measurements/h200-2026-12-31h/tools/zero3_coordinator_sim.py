@@ -17,7 +17,9 @@ loss (`core.tensors.stage3_live_param_elements`, at least the head's). Printed: 
 simulation holds there and at most, beside the gap each measured row leaves (peak allocated,
 run minus plan, in elements of 2 bytes). Fortieth session: it explains 121M of Phi-3-medium-L6's
 188M (h200-2026-12-31g: its fused gate_up, 183.5M elements, overshoots the cap) and a quarter to
-a half of the 0.1-0.5% the other one-GPU parameter-offload rows are under; not yet in the plan.
+a half of the 0.1-0.5% the other one-GPU parameter-offload rows are under. The plan now runs the
+same rules over a card's tensors (`zlayout.core.tensors.stage3_gathered_at_loss`); this script is
+the first version, on hand-written shapes, kept as the session used it.
 """
 
 from __future__ import annotations
