@@ -13,85 +13,41 @@ What it copies from the coordinator (runtime/zero/partitioned_param_coordinator.
   stage3_max_reuse_distance elements (counted module by module: the module that crosses the
   distance is still looked at).
 The plan counts min(stage3_max_reuse_distance, stage3_max_live_parameters, params) gathered at the
-loss (`core.tensors.stage3_live_param_elements`, at least the head's). Printed: what this
-simulation holds there and at most, beside the gap each measured row leaves (peak allocated,
-run minus plan, in elements of 2 bytes). Fortieth session: it explains 121M of Phi-3-medium-L6's
+loss (`core.tensors.stage3_live_param_elements`, at least the head's). Printed: what the
+replay holds there, beside the gap each measured row leaves (peak allocated, run minus plan, in
+elements of 2 bytes). Fortieth session: it explains 121M of Phi-3-medium-L6's
 188M (h200-2026-12-31g: its fused gate_up, 183.5M elements, overshoots the cap) and a quarter to
-a half of the 0.1-0.5% the other one-GPU parameter-offload rows are under. The plan now runs the
-same rules over a card's tensors (`zlayout.core.tensors.stage3_gathered_at_loss`); this script is
-the first version, on hand-written shapes, kept as the session used it.
+a half of the 0.1-0.5% the other one-GPU parameter-offload rows are under. The plan now runs these
+rules over a card's tensors (`zlayout.core.tensors.stage3_gathered_at_loss`, which this script
+calls on hand-written shapes).
 """
 
 from __future__ import annotations
 
-from collections import deque
+import sys
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
 
-def simulate(modules: list[tuple[str, list[str]]], sizes: dict[str, int], max_live: float = 1e9,
-             bucket: float = 5e7, reuse: float = 1e9) -> list[tuple[str, int]]:
-    """(module, elements gathered after it runs and after its release) along the step's trace."""
-    queue = deque((p, i) for i, (_, ps) in enumerate(modules) for p in ps)
-    available: set[str] = set()
-    n, recent, log = 0, {}, []
-    for i, (name, ps) in enumerate(modules):
-        for p in ps:
-            if p not in available:
-                available.add(p)
-                n += sizes[p]
-        need = {p for p in ps if recent.get(p, -1) < i}
-        popped: set[str] = set()
-        while queue and len(popped) < len(need):
-            p, at = queue.popleft()
-            recent[p] = at
-            popped.add(p)
-        most, taken, prefetch = min(max_live - n, bucket), 0, set()
-        while queue and taken < most:
-            p, at = queue.popleft()
-            recent[p] = max(recent.get(p, -1), at)
-            if p not in available and p not in prefetch:
-                prefetch.add(p)
-                taken += sizes[p]
-        for p in prefetch:
-            available.add(p)
-            n += sizes[p]
-        log.append((name, n))
-        release, seen = set(ps), 0
-        release -= {p for p in ps if recent.get(p, -1) > i}
-        for _, later in modules[i + 1:]:
-            if seen >= reuse:
-                break
-            for p in later:
-                release.discard(p)
-                seen += sizes[p]
-        for p in release & available:
-            available.discard(p)
-            n -= sizes[p]
-        log.append((name + " released", n))
-    return log
+from zlayout.core.tensors import stage3_gathered_at_loss  # noqa: E402
+from zlayout.spec import ZeroKnobs  # noqa: E402
 
 
 def decoder(name: str, layers: int, block: list[tuple[str, list[int]]], vocab: int, hidden: int, tied: bool,
             gap_elements: float) -> None:
-    sizes: dict[str, int] = {"embed": vocab * hidden}
-    forward: list[tuple[str, list[str]]] = [("embed", ["embed"])]
-    blocks = []
-    for layer in range(layers):
-        mods = []
-        for module, shapes in block:
-            names = [f"L{layer}.{module}.{j}" for j in range(len(shapes))]
-            sizes.update(zip(names, shapes))
-            mods.append((f"L{layer}.{module}", names))
-        blocks.append(mods)
-        forward += mods
-    head = ["embed"] if tied else ["head"]
-    if not tied:
-        sizes["head"] = vocab * hidden
-    backward = [("head.b", head)] + [(m + ".b", ps) for mods in reversed(blocks) for m, ps in reversed(mods)]
-    log = simulate(forward + [("head", head)] + backward + [("embed.b", ["embed"])], sizes)
-    at_loss = dict(log)["head released"]
-    plan = max(min(1e9, sum(sizes.values())), vocab * hidden)
-    print(f"{name:20s} plan {plan / 1e6:6.0f}M  simulated at the loss {at_loss / 1e6:6.0f}M ({(at_loss - plan) / 1e6:+5.0f}M), "
-          f"at most {max(n for _, n in log) / 1e6:6.0f}M; the run's gap {gap_elements / 1e6:4.0f}M")
+    """One decoder's step by hand (each weight its own id, a module's weights together), replayed to
+    the loss by the plan's own rules; the cap's count beside it and the run's gap."""
+    ids = iter(range(1, 1 << 30))
+    embedding = [(0, vocab * hidden)]
+    blocks = [[[(next(ids), numel) for numel in shapes] for _, shapes in block] for _ in range(layers)]
+    head = embedding if tied else [(next(ids), vocab * hidden)]
+    forward = [embedding] + [m for mods in blocks for m in mods] + [head]
+    backward = [head] + [m for mods in reversed(blocks) for m in reversed(mods)] + [embedding]
+    at_loss = stage3_gathered_at_loss(forward + backward, len(forward) - 1, ZeroKnobs())
+    params = sum(numel for m in forward for _, numel in m) - (vocab * hidden if tied else 0)
+    plan = max(min(1e9, params), vocab * hidden)
+    print(f"{name:20s} plan's cap {plan / 1e6:6.0f}M  replayed at the loss {at_loss / 1e6:6.0f}M "
+          f"({(at_loss - plan) / 1e6:+5.0f}M); the run's gap {gap_elements / 1e6:4.0f}M")
 
 
 def llama(h: int, q: int, kv: int, f: int) -> list[tuple[str, list[int]]]:
