@@ -84,3 +84,23 @@ def test_a_deep_models_tail_decides_what_is_gathered_at_the_loss():
                 tail, head = stage3_card_trace(numels, layers, 60, tied, 100_000, ckpt, reach)
                 assert len(tail) < len(trace) / 2  # 110M elements a block: 20 blocks hold 2.2e9
                 assert stage3_gathered_at_loss(tail, head, zero) == stage3_gathered_at_loss(trace, loss, zero)
+
+
+def test_a_card_whose_blocks_do_not_match_the_planned_depth_keeps_the_caps_count(monkeypatch):
+    """A card naming a tensor in a block the plan does not have (or an index the card format does
+    not define) is not replayed: the cap's count stands, and nothing raises."""
+    import dataclasses
+
+    from zlayout.cli import build_parser, plan_input_from_args
+    from zlayout.core import memory
+
+    flags = ("--hf-config tests/hf/configs/published/Phi-3-medium-4k-instruct.json --layers 6 --stage 3 "
+             "--offload-param cpu --gpus-per-node 1 --gpu h100")
+    inp = plan_input_from_args(build_parser().parse_args(["plan", *shlex.split(flags)]))
+    card = inp.model.card
+    for bad in (6, -3):
+        odd = dataclasses.replace(card, parameter_layers=card.parameter_layers[:-1] + (bad,))
+        monkeypatch.setattr(memory, "card_of", lambda model, training, odd=odd: odd)
+        assert memory.stage3_kept_from_card(inp.model, inp.training, inp.zero, 1_000_000_000) == 1_000_000_000
+    monkeypatch.setattr(memory, "card_of", lambda model, training: card)
+    assert memory.stage3_kept_from_card(inp.model, inp.training, inp.zero, 1_000_000_000) > 1_000_000_000

@@ -425,7 +425,8 @@ def stage3_kept_from_card(model: ModelSpec, training: TrainingSpec, zero: ZeroKn
     fetches it as one leaf module) or a card that names no tensors' blocks."""
     card = card_of(model, training)
     if not kept or card is None or card.parameter_layers is None or has_moe_blocks(model) \
-            or len(card.parameter_layers) != len(card.parameter_numels):
+            or len(card.parameter_layers) != len(card.parameter_numels) \
+            or not all(-2 <= layer < model.layers for layer in card.parameter_layers):
         return kept
     tied = model.tie_embeddings if card.tied_embeddings is None else card.tied_embeddings
     return max(kept, _card_gathered_at_loss(card.parameter_numels, card.parameter_layers, model.layers, tied,
