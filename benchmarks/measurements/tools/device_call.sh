@@ -59,10 +59,10 @@ for part in "$@"; do
     trace:*)
       spec=${part#trace:}; f=${spec%:*}; n=${spec##*:}
       [ $(left) -gt 150 ] || { echo "trace $spec: no time left"; continue; }
-      args=$(line_args $f $n | sed 's/--gpus-per-node 1 --gpu h200//; s/--host-cores 16//; s/--steps 4//')
+      args=$(line_args $f $n | sed 's/--steps [0-9]*//')  # the line's own GPU: an H100 line is traced as one
       OUT=$OUT ZLAYOUT_CARDS_DIR=$PWD/$(dirname $f)/heldout/${CARDS:-cards} timeout -s TERM $(( $(left) - 20 )) \
         torchrun --standalone --nproc_per_node 1 benchmarks/measurements/tools/allocator_trace.py \
-        --name trace-$n-$(basename $f .txt) --steps ${TRACE_STEPS:-2} -- $args --gpus-per-node 1 --gpu h200 > $OUT/trace-$n.log 2>&1
+        --name trace-$n-$(basename $f .txt) --steps ${TRACE_STEPS:-2} -- $args > $OUT/trace-$n.log 2>&1
       echo "trace $spec rc=$? $(grep -h '^TRACE' $OUT/trace-$n.log)" ;;
     prof:*)
       spec=${part#prof:}; f=${spec%:*}; n=${spec##*:}
