@@ -4,9 +4,10 @@ batch, and the step errors it gives in-sample and on the batches from that one o
 
     python benchmarks/steptime_cpu_optimizer.py [--cards DIR] [--held-out h200-2026-12-31g]
 
-Rows: every GPU verify result under benchmarks/measurements/ with the optimizer on the CPU and
-one GPU, planned with the cards `steptime_relearned.py --cards DIR` learns (default a temporary
-folder: about ten seconds a config the first time). The fit scales the CPU optimizer's part of
+Rows: every GPU verify run under benchmarks/measurements/ with the optimizer on the CPU and one
+GPU (`measurements.verify_results`' runs, each once), planned with the cards
+`steptime_relearned.py --cards DIR` learns (default a temporary folder: about ten seconds a
+config the first time). The fit scales the CPU optimizer's part of
 the step (`StepTimeCalibration.cpu_optimizer_factor`, what `zlayout calibrate` fits for one
 cluster) to minimise the rows' squared relative errors; factor 1.00 is the shipped constant.
 Figures are split by the host kind (the GPU named) because the lent nodes' hosts differ.
@@ -15,10 +16,12 @@ Figures are split by the host kind (the GPU named) because the lent nodes' hosts
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
 import tempfile
+from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,20 +33,29 @@ FACTORS = [round(0.60 + 0.01 * i, 2) for i in range(61)]  # 0.60 .. 1.20
 
 
 def offloaded_rows(held_out: str):
-    """(row, host kind, 'fit' or 'held out') of each offloaded one-GPU row."""
-    from zlayout.profile.calibration import CalibrationError, read_results
+    """(row, host kind, 'fit' or 'held out') of each offloaded one-GPU run, from the results
+    `benchmarks.measurements.verify_results` keeps (not a run of another model than the planned
+    one), each run once (a batch's merged results file repeats its calls' lines)."""
+    from benchmarks.measurements import verify_results
+    from zlayout.profile.calibration import read_results
 
-    for path in sorted(MEASUREMENTS.rglob("*results*.jsonl")) + sorted(MEASUREMENTS.rglob("result.json")):
-        try:
-            rows, _ = read_results([str(path)])
-        except CalibrationError:
-            continue
+    kept: dict[Path, list[dict]] = defaultdict(list)
+    for path, result in verify_results():
+        kept[path].append(result)
+    seen: set[tuple] = set()
+    for path, results in sorted(kept.items()):
+        lines = path.read_text().splitlines()
         batch = path.relative_to(MEASUREMENTS).parts[0]
-        for row in rows:
-            if row.layout.offload_optimizer == "gpu" or row.inp.hardware.world != 1:
+        for row in read_results([str(path)])[0]:
+            run = (row.inp.model.name, row.label, row.measured_step_s)
+            if row.layout.offload_optimizer == "gpu" or row.inp.hardware.world != 1 or run in seen \
+                    or json.loads(lines[int(row.source.rsplit(":", 1)[1]) - 1]) not in results:
                 continue
+            seen.add(run)
             kind = "h100" if "h100" in row.inp.hardware.gpu.name.lower() else "h200"
-            yield row, kind, "held out" if batch >= held_out else "fit"
+            # a batch folder from the held-out one on (a file at the top: the first runs, 2026-11-30)
+            later = path.parent != MEASUREMENTS and batch >= held_out
+            yield row, kind, "held out" if later else "fit"
 
 
 def errors(rows, factor: float) -> list[float]:

@@ -296,11 +296,12 @@ CPU_OPTIMIZER_BYTES_PER_PARAM = 42  # clip r/w 8 + Adam r 16 w 12 + fp32->bf16 c
 # `python benchmarks/measurements/tools/cpu_adam_scaling.py --fit`): the 2-GPU torchrun rows (1 thread per rank)
 # and the 1-GPU rows (32 threads) of the 32-core H200 host; the 16-core host was held out.
 # Then scaled by 0.92 (2.638e-9 -> 2.427e-9), the least-squares factor of the relative step errors of
-# the 86 offloaded one-GPU verify rows measured before h200-2026-12-31g (55 on the lent H200 nodes'
-# 16-core hosts, 31 on the H100 nodes'; `python -m benchmarks steptime_cpu_optimizer`): in-sample
-# rms 13.4% -> 11.9%, rows beyond 25% 6 -> 4 (the H200 hosts' mean -1.0% -> -6.6%, the H100 hosts'
-# +14.0% -> +7.1%: the two kinds of host run DeepSpeedCPUAdam some 15% apart, and one H100 node
-# from the next up to 25%). h200-2026-12-31g (six rows on one H100 node, left out of the fit and
+# the offloaded one-GPU verify rows measured before h200-2026-12-31g (`python -m benchmarks
+# steptime_cpu_optimizer`; the fit first read 86 rows, three of them twice, and took 0.92; on the
+# 85 runs, each once, 54 on the lent H200 nodes' 16-core hosts and 31 on the H100 nodes', it reads
+# 0.91, rms 12.1% either way): in-sample rms 13.9% -> 12.1%, rows beyond 25% 7 -> 4 (the H200
+# hosts' mean -0.5% -> -6.2%, the H100 hosts' +14.0% -> +7.1%: the two kinds of host run
+# DeepSpeedCPUAdam some 15% apart, and one H100 node from the next up to 25%). h200-2026-12-31g (six rows on one H100 node, left out of the fit and
 # scored after it): mean +28.8% -> +21.0%, three rows beyond 25% either way. `zlayout calibrate`
 # fits a cluster's own factor from its verify runs.
 CPU_OPTIMIZER_S_PER_PARAM_ONE_THREAD = 2.427e-9
