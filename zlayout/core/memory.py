@@ -1177,14 +1177,15 @@ def estimate_memory(inp: PlanInput, layout: Layout, replay: bool = True) -> Memo
             # the headroom holds for where best fit puts the blocks too: the step must also run
             # on the card less the headroom (see allocator_on_the_card)
             within = replay_at_capacity(inp, layout, usable - context - small)
-        if flushes is not None and not flushes.out_of_memory and replayed_allocated_counts(inp, layout):
-            peak_phase, peak = _replay_places_offload_cast(inp, layout, phases, peak_phase, peak,
-                                                           flushes.peak_allocated)
-        if flushes is not None and flushes.peak_allocated > peak and replayed_allocated_counts(inp, layout):
-            # the card's requests in their order hold more at once than the per-phase sum
-            # (Falcon-7B, h200-2026-12-18): the run's max_memory_allocated is the replay's
-            terms.add("gpu", "request_order", flushes.peak_allocated - peak, "overhead", REQUEST_ORDER)
-            peak = flushes.peak_allocated
+        if flushes is not None and replayed_allocated_counts(inp, layout):
+            if not flushes.out_of_memory:
+                peak_phase, peak = _replay_places_offload_cast(inp, layout, phases, peak_phase, peak,
+                                                               flushes.peak_allocated)
+            if flushes.peak_allocated > peak:
+                # the card's requests in their order hold more at once than the per-phase sum
+                # (Falcon-7B, h200-2026-12-18): the run's max_memory_allocated is the replay's
+                terms.add("gpu", "request_order", flushes.peak_allocated - peak, "overhead", REQUEST_ORDER)
+                peak = flushes.peak_allocated
         if flushes is not None:
             replayed, allocator = allocator_on_the_card(flushes, phases, misc, peak, usable - context, small,
                                                         within, inp.headroom_fraction)
