@@ -44,14 +44,8 @@ def stage3_gathered_at_loss(trace: list[list[tuple[int, int]]], loss_after: int,
     - release_sub_module keeps a module's weights whose later use a prefetch skipped, and those
       found in the modules that follow within stage3_max_reuse_distance elements, counted module by
       module (the module that crosses the distance is still looked at)."""
-    sizes: dict[int, int] = {}
-    modules: list[list[int]] = []
-    for module in trace:
-        ids = []
-        for ident, numel in module:
-            sizes[ident] = numel
-            ids.append(ident)
-        modules.append(ids)
+    sizes = {ident: numel for module in trace for ident, numel in module}
+    modules = [[ident for ident, _ in module] for module in trace]
     queue = [(ident, i) for i, ids in enumerate(modules) for ident in ids]
     at, available, n, recent = 0, set(), 0, {}
     for i, ids in enumerate(modules):
