@@ -593,7 +593,7 @@ def _trace_large_requests(doc, phase: str) -> list[int]:
     names = [name for name, _ in doc["phase_marks"]]
     bounds = [0] + [i for _, i in doc["phase_marks"]]
     k = names.index(phase)
-    return [size for action, _, size in doc["trace"][bounds[k]:bounds[k + 1]]
+    return [size for action, _, size, *_ in doc["trace"][bounds[k]:bounds[k + 1]]
             if action == doc["actions"]["alloc"] and size > sim.SMALL_SIZE]
 
 
@@ -1180,3 +1180,31 @@ def test_the_held_logits_are_the_tensor_the_loop_keeps_not_the_latest_of_their_s
     _, replayed, measured = _replayed_beside_trace(doc, inp, layout, 2)
     _assert_every_phase_within(doc, replayed, measured)
     assert abs(sim.replayed_peak_reserved(inp, layout) - doc["max_reserved_bytes"]) < 64 * MiB
+
+
+def test_zero3s_head_backward_makes_the_input_gradient_before_the_workspace_and_the_weight_gradient():
+    """ZeRO-3's linear backward (LinearFunctionForZeroStage3) makes the input's gradient, then the
+    autograd thread's cuBLAS workspace, then the weight's gradient; the card records torch's linear,
+    weight first. In gemma-2-2b's five-step trace (ZeRO-3, weights on the CPU, h200-2026-12-31d)
+    the workspace then sits alone at the start of a 2,000 MiB segment and step 3's fp32 logits
+    need a new one: the replay in the card's order cycled at 36.52 GiB from step 2, the run made
+    the segment (device used -6.1%)."""
+    from unittest import mock
+
+    from zlayout.cards import CARDS_DIR_ENV
+    from zlayout.cli import build_parser, layout_from_args, plan_input_from_args
+    folder = MEASUREMENTS / "h200-2026-12-31d"
+    doc = read_trace(folder / "traces" / "gemma-2-2b-z3-param-cpu-5steps.json.gz")
+    args = build_parser().parse_args(["verify", *doc["argv"].split()])
+    with mock.patch.dict(os.environ, {CARDS_DIR_ENV: str(folder / "heldout" / "cards")}):
+        inp = plan_input_from_args(args)
+    layout = layout_from_args(args)
+    seq = sim._Seq()
+    sim.allocation_sequence(inp, layout, 2, seq)
+
+    def around_workspace(sizes):
+        i = sizes.index(32 * MiB)
+        return sizes[i - 1:i + 2]
+    assert around_workspace(_large_requests(seq, "step1.backward")) \
+        == around_workspace(_trace_large_requests(doc, "step1.backward")) == [9 * MiB, 32 * MiB, 1125 * MiB]
+    assert sim.replayed_peak_reserved(inp, layout) > 38 * 1024 * MiB  # the run: 39.45 (one more segment of timing)

@@ -603,8 +603,9 @@ class _Training:
             self.head_prefetch(m, 2)
             r.first_matmul("backward")
 
+        # ZeRO-3's linear backward makes the input's gradient first, as `head_backward`
         live = card.run(None, "checkpointed_backward" if r.ckpt else "backward", outside, self.grads.hook,
-                        first_grad=head_weight_gradient, hook_left=not tied)
+                        first_grad=head_weight_gradient, hook_left=not tied, input_grad_first=r.stage == 3)
         self.head_prefetch(m, 2)  # a card whose head makes no weight gradient: at its end
         r.first_matmul("backward")  # a card whose head makes no weight gradient still multiplies
         m.head_grad = card.latest(live, V * h * w) if tied else None

@@ -884,7 +884,7 @@ class CardBlocks:
 
     def run(self, kind: int | None, phase: str, outside: list[int], hook=None, *, made: tuple[int, ...] = (),
             hold: int = 0, first_grad=None, hook_left: bool = True, matmul_at: int = -1,
-            made_first: bool = False) -> dict[int, list[int]]:
+            made_first: bool = False, input_grad_first: bool = False) -> dict[int, list[int]]:
         """Replay one phase; `outside`: live tensors made before it that its frees may take
         (tried last first; taken ones are removed). Returns the phase's live tensors by size.
         For the head's phases: `made`, sizes whose first free the replay has made already (the
@@ -895,7 +895,13 @@ class CardBlocks:
         returned among the live tensors, not hooked. For a block's forward: `matmul_at`, the op
         before which the forward thread's first matmul takes its cuBLAS workspace
         (`first_projection`). `made_first`: the phase's first request was made by the caller (the
-        preamble's embedding output, before ZeRO-3 releases the embedding's weight)."""
+        preamble's embedding output, before ZeRO-3 releases the embedding's weight).
+        `input_grad_first`: the first weight gradient's matmul is ZeRO-3's
+        LinearFunctionForZeroStage3 backward (deepspeed/runtime/zero/linear.py), which makes the
+        input's gradient before the weight's, where torch's linear (the card's recording) makes
+        the weight's first: the allocation the card lists after that gradient is made before it,
+        then `first_grad` (the matmul's output, then the thread's cuBLAS workspace), then the
+        gradient (gemma-2-2b ZeRO-3 five-step trace, h200-2026-12-31d: +9 +32 +1125 MiB)."""
         s = self.s
         own: dict[int, list[int]] = {}
         grads: dict[int, list[int | None]] = {}
@@ -913,10 +919,21 @@ class CardBlocks:
         name_of: dict[int, int | None] = {}  # an own tensor's op -> its name (`pairs`)
         held_at = max((i for i, (size, _) in enumerate(ops) if size == -hold), default=-1) if hold else -1
         self.held = None
+        ahead = -1  # an allocation made ahead of the first weight gradient (`input_grad_first`)
         for i, (size, grad) in enumerate(ops):
             if i == matmul_at:
                 self.first_matmul("forward")
+            if i == ahead:
+                continue
             if size > 0:
+                if grad and first_grad is not None and input_grad_first and i + 1 < len(ops) \
+                        and ops[i + 1][0] > 0 and not ops[i + 1][1]:
+                    ahead = i + 1
+                    made_ahead = s.a(ops[ahead][0]) if ops[ahead][0] > SMALL_SIZE else None
+                    own.setdefault(ops[ahead][0], []).append(made_ahead)
+                    name_of[ahead] = made_ahead
+                    first_grad()
+                    first_grad = None
                 name = s.a(size) if size > SMALL_SIZE else None
                 if grad and first_grad is not None:
                     first_grad()
