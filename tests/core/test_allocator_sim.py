@@ -566,14 +566,16 @@ def test_the_parameter_tensors_add_up_to_the_model_for_every_preset(impl):
 MEASUREMENTS = TRACES.parent.parent
 
 
-def _trace_at(day: str, name: str):
+def _trace_at(day: str, name: str, loop: str | None = "trainer"):
+    """A trace of h200-2026-12-DAY/traces and its layout planned as it ran; `loop` None: the loop
+    its argv names (the traces before `--loop` existed ran the trainer's)."""
     from unittest import mock
 
     from zlayout.cards import CARDS_DIR_ENV
     from zlayout.cli import build_parser, layout_from_args, plan_input_from_args
     folder = MEASUREMENTS / f"h200-2026-12-{day}"
     doc = read_trace(folder / "traces" / f"{name}.json.gz")
-    args = build_parser().parse_args(["verify", *doc["argv"].split(), "--loop", "trainer"])
+    args = build_parser().parse_args(["verify", *doc["argv"].split(), *(("--loop", loop) if loop else ())])
     # an --hf-config layout's card: the folder's, learned again by today's learner (cards-v2) where it was
     cards = next((d for d in (folder / "heldout" / "cards-v2", folder / "heldout" / "cards") if d.is_dir()), None)
     with mock.patch.dict(os.environ, {CARDS_DIR_ENV: str(cards)} if cards else {}):
@@ -1166,17 +1168,8 @@ def test_the_held_logits_are_the_tensor_the_loop_keeps_not_the_latest_of_their_s
     stranded in a 9.6 GiB segment and the step's fp32 gradient found no room: the run reserved
     71.12 GiB, the replay 61.56 (device used -13.2%, h200-2026-12-31c). Every phase's reserve now
     matches the trace's."""
-    from unittest import mock
-
-    from zlayout.cards import CARDS_DIR_ENV
-    from zlayout.cli import build_parser, layout_from_args, plan_input_from_args
-    folder = MEASUREMENTS / "h200-2026-12-31c"
-    doc = read_trace(folder / "traces" / "trace-5-batch-i-h200.json.gz")
-    args = build_parser().parse_args(["verify", *doc["argv"].split()])
-    assert args.loop == "deepspeed"
-    with mock.patch.dict(os.environ, {CARDS_DIR_ENV: str(folder / "heldout" / "cards")}):
-        inp = plan_input_from_args(args)
-    layout = layout_from_args(args)
+    doc, inp, layout = _trace_at("31c", "trace-5-batch-i-h200", loop=None)
+    assert inp.training.loop == "deepspeed"
     _, replayed, measured = _replayed_beside_trace(doc, inp, layout, 2)
     _assert_every_phase_within(doc, replayed, measured)
     assert abs(sim.replayed_peak_reserved(inp, layout) - doc["max_reserved_bytes"]) < 64 * MiB
@@ -1189,16 +1182,8 @@ def test_zero3s_head_backward_makes_the_input_gradient_before_the_workspace_and_
     the workspace then sits alone at the start of a 2,000 MiB segment and step 3's fp32 logits
     need a new one: the replay in the card's order cycled at 36.52 GiB from step 2, the run made
     the segment (device used -6.1%)."""
-    from unittest import mock
-
-    from zlayout.cards import CARDS_DIR_ENV
-    from zlayout.cli import build_parser, layout_from_args, plan_input_from_args
-    folder = MEASUREMENTS / "h200-2026-12-31d"
-    doc = read_trace(folder / "traces" / "gemma-2-2b-z3-param-cpu-5steps.json.gz")
-    args = build_parser().parse_args(["verify", *doc["argv"].split()])
-    with mock.patch.dict(os.environ, {CARDS_DIR_ENV: str(folder / "heldout" / "cards")}):
-        inp = plan_input_from_args(args)
-    layout = layout_from_args(args)
+    doc, inp, layout = _trace_at("31d", "gemma-2-2b-z3-param-cpu-5steps", loop=None)
+    assert inp.training.loop == "deepspeed"
     seq = sim._Seq()
     sim.allocation_sequence(inp, layout, 2, seq)
 

@@ -943,22 +943,15 @@ class CardBlocks:
                     name_of[i] = name
                 continue
             size = -size
-            if not grad and i in paired and i != held_at and paired[i] in name_of \
-                    and name_of[paired[i]] in own.get(size, ()):
+            if not grad and i in paired and paired[i] in name_of and name_of[paired[i]] in own.get(size, ()):
                 named = name_of.pop(paired[i])
                 own[size].remove(named)
-                if named is not None:
+                if i == held_at:  # kept, not freed: the tensor this free drops, not the latest of its
+                    self.held = named  # size (CPM-Ant's logits beside CrossEntropyLoss's bf16 log_softmax)
+                elif named is not None:
                     s.f(named)
             elif i == held_at and own.get(size):
-                # the tensor this free would drop (its pair), not the latest of its size: CPM-Ant's
-                # head makes its logits and CrossEntropyLoss's bf16 log_softmax, both tokens x vocab
-                # x 2 bytes; the loop keeps the logits, the loss's backward frees the other
-                named = name_of.pop(paired[i], None) if i in paired else None
-                if named is not None and named in own[size]:
-                    own[size].remove(named)
-                    self.held = named
-                else:
-                    self.held = own[size].pop()
+                self.held = own[size].pop()
             elif not grad and paired.get(i) == FREED_OUTSIDE and size not in made:
                 if size > SMALL_SIZE:  # made before the phase, though one of its own lives
                     self.free_outside(kind, outside, size)
